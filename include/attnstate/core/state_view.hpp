@@ -1,0 +1,188 @@
+/// @file state_view.hpp
+/// @brief Non-owning views of attention states `(o, lse)` and of stacks of states, tagged with
+///        their LSE base, dtype and memory space.
+///
+/// A state view describes, for `tokens × heads` rows, the normalised output
+/// `o (tokens, heads, head_dim)` in f32/f16/bf16 and `lse (tokens, heads)` in fp32. Strides are
+/// in elements; `head_dim` is always contiguous (stride 1). The LSE base is part of the view, so
+/// states of different conventions cannot be mixed silently.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/lse_base.hpp"
+
+namespace attnstate {
+
+/// Where a view's memory lives.
+enum class MemorySpace : std::uint8_t {
+  kHost = 0,    ///< Host memory (the cpu backend).
+  kDevice = 1,  ///< CUDA device memory (the cuda backend).
+};
+
+/// Name of a memory space ("host" or "device").
+inline const char* to_string(MemorySpace s) { return s == MemorySpace::kDevice ? "device" : "host"; }
+
+/// Shape, strides and tags of a state view (everything but the pointers).
+struct StateLayout {
+  std::int64_t tokens = 0;           ///< Number of tokens (rows of independent states).
+  std::int64_t heads = 0;            ///< Heads per token.
+  std::int64_t head_dim = 0;         ///< Elements of `o` per (token, head); contiguous.
+  std::int64_t o_stride_token = 0;   ///< Elements between consecutive tokens of `o`.
+  std::int64_t o_stride_head = 0;    ///< Elements between consecutive heads of `o`.
+  std::int64_t lse_stride_token = 0; ///< Elements between consecutive tokens of `lse`.
+  std::int64_t lse_stride_head = 0;  ///< Elements between consecutive heads of `lse`.
+  DType dtype = DType::kF32;         ///< Storage type of `o`.
+  LseBase base = LseBase::kNatural;  ///< Base of `lse`.
+  MemorySpace space = MemorySpace::kHost;  ///< Where `o` and `lse` live.
+
+  /// Offset in elements of `o[token, head, 0]`.
+  ATTNSTATE_HOST_DEVICE std::int64_t o_offset(std::int64_t token, std::int64_t head) const {
+    return token * o_stride_token + head * o_stride_head;
+  }
+  /// Offset in elements of `lse[token, head]`.
+  ATTNSTATE_HOST_DEVICE std::int64_t lse_offset(std::int64_t token, std::int64_t head) const {
+    return token * lse_stride_token + head * lse_stride_head;
+  }
+};
+
+/// A writable state view: `o (tokens, heads, head_dim)` and `lse (tokens, heads)`.
+struct StateView : StateLayout {
+  void* o = nullptr;     ///< First element of `o`, of type `dtype`.
+  float* lse = nullptr;  ///< First element of `lse` (fp32).
+};
+
+/// A read-only state view; any `StateView` converts to it.
+struct ConstStateView : StateLayout {
+  const void* o = nullptr;     ///< First element of `o`, of type `dtype`.
+  const float* lse = nullptr;  ///< First element of `lse` (fp32).
+
+  ConstStateView() = default;
+  /// Views the same memory read-only.
+  ConstStateView(const StateView& v)  // NOLINT(google-explicit-constructor): a widening conversion
+      : StateLayout(v), o(v.o), lse(v.lse) {}
+};
+
+/// A contiguous state view: `o` laid out `[tokens, heads, head_dim]`, `lse` `[tokens, heads]`.
+inline StateView make_state_view(void* o, DType dtype, float* lse, std::int64_t tokens,
+                                 std::int64_t heads, std::int64_t head_dim, LseBase base,
+                                 MemorySpace space = MemorySpace::kHost) {
+  StateView v;
+  v.o = o;
+  v.lse = lse;
+  v.tokens = tokens;
+  v.heads = heads;
+  v.head_dim = head_dim;
+  v.o_stride_head = head_dim;
+  v.o_stride_token = heads * head_dim;
+  v.lse_stride_head = 1;
+  v.lse_stride_token = heads;
+  v.dtype = dtype;
+  v.base = base;
+  v.space = space;
+  return v;
+}
+
+/// @copydoc make_state_view
+inline ConstStateView make_const_state_view(const void* o, DType dtype, const float* lse,
+                                            std::int64_t tokens, std::int64_t heads,
+                                            std::int64_t head_dim, LseBase base,
+                                            MemorySpace space = MemorySpace::kHost) {
+  return make_state_view(const_cast<void*>(o), dtype, const_cast<float*>(lse), tokens, heads,
+                         head_dim, base, space);
+}
+
+/// Shape, strides and tags of a stack of `num_states` states over the same tokens and heads.
+struct StateStackLayout : StateLayout {
+  std::int64_t num_states = 0;        ///< S, the number of states merged per (token, head).
+  std::int64_t o_stride_state = 0;    ///< Elements between consecutive states of `o`.
+  std::int64_t lse_stride_state = 0;  ///< Elements between consecutive states of `lse`.
+};
+
+/// A read-only stack of states: for each (token, head) there are `num_states` states to merge.
+struct ConstStateStackView : StateStackLayout {
+  const void* o = nullptr;     ///< First element of `o`, of type `dtype`.
+  const float* lse = nullptr;  ///< First element of `lse` (fp32).
+};
+
+/// The layout of a dense stack of states.
+enum class StackOrder : std::uint8_t {
+  kTokensMajor = 0,  ///< `o [tokens, S, heads, head_dim]`, `lse [tokens, S, heads]`.
+  kStatesMajor = 1,  ///< `o [S, tokens, heads, head_dim]`, `lse [S, tokens, heads]`.
+};
+
+/// A contiguous stack of states in one of the two dense layouts (see `StackOrder`).
+inline ConstStateStackView make_state_stack(const void* o, DType dtype, const float* lse,
+                                            StackOrder order, std::int64_t tokens,
+                                            std::int64_t num_states, std::int64_t heads,
+                                            std::int64_t head_dim, LseBase base,
+                                            MemorySpace space = MemorySpace::kHost) {
+  ConstStateStackView v;
+  v.o = o;
+  v.lse = lse;
+  v.tokens = tokens;
+  v.num_states = num_states;
+  v.heads = heads;
+  v.head_dim = head_dim;
+  v.o_stride_head = head_dim;
+  v.lse_stride_head = 1;
+  if (order == StackOrder::kTokensMajor) {
+    v.o_stride_state = heads * head_dim;
+    v.o_stride_token = num_states * heads * head_dim;
+    v.lse_stride_state = heads;
+    v.lse_stride_token = num_states * heads;
+  } else {
+    v.o_stride_token = heads * head_dim;
+    v.o_stride_state = tokens * heads * head_dim;
+    v.lse_stride_token = heads;
+    v.lse_stride_state = tokens * heads;
+  }
+  v.dtype = dtype;
+  v.base = base;
+  v.space = space;
+  return v;
+}
+
+/// A read-only view of a tensor of rank 1 to 4 (e.g. queries `[tokens, heads, head_dim]` or a
+/// paged KV pool `[pages, page_size, heads, head_dim]`). Strides are in elements.
+struct ConstTensorView {
+  const void* data = nullptr;            ///< First element, of type `dtype`.
+  DType dtype = DType::kF32;             ///< Element type.
+  int rank = 0;                          ///< Number of dimensions (1..4).
+  std::int64_t shape[4] = {0, 0, 0, 0};  ///< Extent of each dimension.
+  std::int64_t stride[4] = {0, 0, 0, 0}; ///< Elements between consecutive indices of each dim.
+  MemorySpace space = MemorySpace::kHost;  ///< Where `data` lives.
+
+  /// Total number of elements.
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+/// A contiguous (row-major) tensor view of rank `dims.size()` (1..4).
+inline ConstTensorView make_tensor_view(const void* data, DType dtype,
+                                        std::initializer_list<std::int64_t> dims,
+                                        MemorySpace space = MemorySpace::kHost) {
+  ConstTensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.space = space;
+  t.rank = static_cast<int>(dims.size() > 4 ? 4 : dims.size());
+  int i = 0;
+  for (std::int64_t d : dims) {
+    if (i == 4) break;
+    t.shape[i++] = d;
+  }
+  std::int64_t s = 1;
+  for (int k = t.rank - 1; k >= 0; --k) {
+    t.stride[k] = s;
+    s *= t.shape[k];
+  }
+  return t;
+}
+
+}  // namespace attnstate

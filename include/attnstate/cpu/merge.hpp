@@ -1,0 +1,61 @@
+/// @file merge.hpp
+/// @brief CPU backend: merging attention states (⊕), and rebasing them. Multi-threaded.
+///
+/// All functions take views of host memory (`MemorySpace::kHost`), validate every argument
+/// before touching memory and throw `attnstate::Error` naming the offending argument. Inputs and
+/// outputs may use different dtypes and different LSE bases: inputs are converted on load, the
+/// result is written in the output view's dtype and base, rounded once.
+#pragma once
+
+#include <cstdint>
+
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace cpu {
+
+/// `out = a ⊕ b` for every (token, head).
+///
+/// @param a    state `(tokens, heads, head_dim)`, any dtype and base.
+/// @param b    state of the same shape, any dtype and base.
+/// @param out  state of the same shape; written in its own dtype and base. May alias `a` or `b`
+///             exactly (same pointers and strides), not partially.
+/// @throws Error (`kInvalidArgument`) on a null pointer, a shape mismatch, a bad stride or a
+///         non-host view.
+void merge_state(ConstStateView a, ConstStateView b, StateView out);
+
+/// `acc = acc ⊕ other` for every (token, head) whose `mask[token]` is non-zero (all tokens if
+/// `mask` is null).
+///
+/// @param acc    state `(tokens, heads, head_dim)`, updated in place in its own dtype and base.
+/// @param other  state of the same shape, any dtype and base.
+/// @param mask   optional `(tokens)` bytes; tokens with `mask[t] == 0` are left untouched.
+void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask = nullptr);
+
+/// `out[t, h] = ⊕_s states[t, s, h]`: merges `num_states` states per (token, head).
+///
+/// @param states  a stack `(tokens, S, heads, head_dim)` in either dense layout (see
+///                `make_state_stack`) or any strides; S ≥ 1.
+/// @param out     state `(tokens, heads, head_dim)`.
+void merge_states(ConstStateStackView states, StateView out);
+
+/// Ragged merge: `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`. A token with no
+/// rows gets the empty state `(0, -inf)`.
+///
+/// @param rows    states `(total_rows, heads, head_dim)`.
+/// @param indptr  `(out.tokens + 1)` non-decreasing row offsets, `indptr[0] ≥ 0` and
+///                `indptr[out.tokens] ≤ rows.tokens`.
+/// @param out     state `(tokens, heads, head_dim)`.
+void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out);
+
+/// Copies `in` to `out`, converting the LSE to `out.base` and `o` to `out.dtype`. `out` may be
+/// `in` itself (same pointers and strides): then only the LSEs are rewritten.
+void rebase(ConstStateView in, StateView out);
+
+/// Number of worker threads the CPU backend uses (defaults to the hardware concurrency).
+int num_threads();
+/// Sets the number of worker threads (≥ 1); `0` restores the default.
+void set_num_threads(int n);
+
+}  // namespace cpu
+}  // namespace attnstate

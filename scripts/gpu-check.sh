@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU check for attnstate, run on a machine with an NVIDIA GPU (the project's H200):
+#   1. configures and builds for sm_90a (tests, examples, benchmarks),
+#   2. runs every test with CTest (GPU tests included),
+#   3. runs compute-sanitizer memcheck and racecheck over the GPU test executables,
+#   4. runs the GPU benchmarks, each writing a CSV,
+# and leaves logs and CSVs in $OUT (default ./gpu-out): summary.txt plus gpu-check.tar.gz.
+#
+# Knobs (environment): GPU_TARGETS   build only these targets (default: all)
+#                      GPU_TESTS     ctest -R regex (default: every test)
+#                      GPU_SANITIZE  0 to skip compute-sanitizer (default 1)
+#                      GPU_SAN_EXES  names of executables to sanitize (default: every test_cuda_*)
+#                      GPU_BENCH     names of bench executables to run (default: every bench_*
+#                                    built with CUDA); "none" to skip
+#                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick)
+# GoogleTest/RapidCheck are taken from .deps/usr when present (scripts/make-device-deps.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+LOG=$OUT/logs
+mkdir -p "$LOG"
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+status=0
+
+say "== gpu-check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$LOG/nvidia-smi.csv" 2>&1
+say "$(tail -n +2 "$LOG/nvidia-smi.csv")"
+
+prefix=()
+[ -d .deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr")
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+BUILD=${BUILD_DIR:-build-gpu}
+if ! cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DATTNSTATE_BUILD_DOCS=OFF -DATTNSTATE_INSTALL=OFF "${prefix[@]}" >"$LOG/configure.log" 2>&1; then
+  say "CONFIGURE FAILED"; tail -30 "$LOG/configure.log"; status=1
+fi
+targets=(${GPU_TARGETS:-all})
+t0=$(date +%s)
+if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >"$LOG/build.log" 2>&1; then
+  say "BUILD FAILED"; grep -E "error|Error" "$LOG/build.log" | head -40 | tee -a "$SUMMARY"; status=1
+fi
+say "build: $(( $(date +%s) - t0 )) s"
+
+# 2. every test
+if [ -f "$BUILD/CTestTestfile.cmake" ]; then
+  ctest --test-dir "$BUILD" --output-on-failure -j 4 --timeout 900 ${GPU_TESTS:+-R "$GPU_TESTS"} >"$LOG/ctest.log" 2>&1 || status=1
+  say "ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)"
+  grep -E "\*\*\*Failed|Not Run|Timeout" "$LOG/ctest.log" | head -40 | tee -a "$SUMMARY"
+fi
+
+# 3. compute-sanitizer over the GPU tests (tests named *Large* are skipped: too slow there)
+if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
+  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 3 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
+  for name in $exes; do
+    exe=$(find "$BUILD" -type f -name "$name" -perm -u+x | head -1)
+    [ -n "$exe" ] || continue
+    for tool in memcheck racecheck; do
+      if compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$exe" \
+           --gtest_filter='-*Large*' >"$LOG/san-$tool-$name.log" 2>&1; then
+        say "sanitizer $tool $name: clean ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san-$tool-$name.log" | tail -1))"
+      else
+        say "sanitizer $tool $name: FAILED"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|FAILED|hazard" "$LOG/san-$tool-$name.log" | head -10 | tee -a "$SUMMARY"; status=1
+      fi
+    done
+  done
+fi
+
+# 4. benchmarks
+if [ "${GPU_BENCH:-}" != none ]; then
+  benches=${GPU_BENCH:-$(find "$BUILD/bench" -maxdepth 1 -type f -perm -u+x -name 'bench_*' -printf '%f\n' 2>/dev/null | sort)}
+  for name in $benches; do
+    exe="$BUILD/bench/$name"
+    [ -x "$exe" ] || { say "bench $name: not built"; continue; }
+    if "$exe" --csv "$LOG/$name.csv" ${GPU_BENCH_ARGS:-} >"$LOG/$name.txt" 2>&1; then
+      say "bench $name: ok"; cat "$LOG/$name.txt" >>"$SUMMARY"
+    else
+      say "bench $name: FAILED"; tail -20 "$LOG/$name.txt" | tee -a "$SUMMARY"; status=1
+    fi
+  done
+fi
+
+say "== gpu-check status $status"
+tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT" logs && rm -rf "$LOG"
+exit $status

@@ -1,0 +1,74 @@
+/// @file cuda_test_utils.hpp
+/// @brief Helpers for GPU tests: skip without a GPU, RAII device buffers, NaN poisoning.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "attnstate/cuda/check.hpp"
+
+namespace attnstate_test {
+
+/// True when a CUDA device is usable.
+inline bool gpu_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+/// Skips the current test cleanly when no GPU is present.
+#define ATTNSTATE_REQUIRE_GPU()                                  \
+  do {                                                           \
+    if (!::attnstate_test::gpu_available()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+/// Owning device allocation of `n` elements of T.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (n) ATTNSTATE_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  void upload(const std::vector<T>& host) {
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    if (n_) ATTNSTATE_CUDA_CHECK(cudaMemcpy(h.data(), p_, bytes(), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  /// Fills every byte with 0xFF: NaN for f32, f16 and bf16, so unwritten outputs show.
+  void poison() {
+    if (n_) ATTNSTATE_CUDA_CHECK(cudaMemset(p_, 0xFF, bytes()));
+  }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+}  // namespace attnstate_test
