@@ -9,7 +9,7 @@
 /// - the empty state is `(o = 0, lse = -inf)`; an empty input's `o` is never read as a factor,
 ///   so garbage or NaN there contributes nothing; all-empty input gives `(0, -inf)`;
 /// - NaN in a non-empty input (in `lse` or `o`) propagates to the output;
-/// - `lse = +inf` is invalid input (the result is NaN);
+/// - `lse = +inf` is invalid input: merged with any non-empty state it gives NaN (never hidden);
 /// - all arithmetic is fp32.
 #pragma once
 
@@ -85,6 +85,7 @@ ATTNSTATE_HOST_DEVICE float merge_weight(LseBase base, float lse, float m) {
 /// Turns the max `m` and the weight sum into the merged LSE and the normalising factor.
 ATTNSTATE_HOST_DEVICE MergeResult merge_finalize(LseBase base, float m, float sum) {
   if (m == -INFINITY) return MergeResult{-INFINITY, 0.f};  // all inputs empty
+  if (m == INFINITY) return MergeResult{NAN, NAN};          // invalid input: +inf LSE
   return MergeResult{m + log_in(base, sum), 1.f / sum};
 }
 
@@ -110,6 +111,10 @@ ATTNSTATE_HOST_DEVICE PairWeights pair_weights(LseBase base, float lse_a, float 
     return p;
   }
   const float m = nan_max(lse_a, lse_b);
+  if (m == INFINITY) {  // invalid input: +inf LSE
+    p.wa = p.wb = p.lse = NAN;
+    return p;
+  }
   const float ea = exp_in(base, lse_a - m);
   const float eb = exp_in(base, lse_b - m);
   const float sum = ea + eb;

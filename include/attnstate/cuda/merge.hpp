@@ -1,0 +1,48 @@
+/// @file merge.hpp
+/// @brief CUDA backend: merging attention states (⊕) and rebasing them on the GPU.
+///
+/// Same operations, argument checks and numerics as `attnstate::cpu` (see cpu/merge.hpp), over
+/// views of device memory (`MemorySpace::kDevice`). Every function launches on the caller's
+/// stream, never allocates, never synchronises (unless `ATTNSTATE_DEBUG_SYNC=1`), and can be
+/// captured in a CUDA graph. Supported head_dim: 64, 128, 256, 512 (others raise
+/// `Status::kNotSupported`); any number of tokens and heads; o in f32, f16 or bf16, input and
+/// output dtypes and LSE bases may differ.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace cuda {
+
+/// `out = a ⊕ b` for every (token, head). `out` may alias `a` or `b` exactly.
+/// @param a, b   device states `(tokens, heads, head_dim)`, any dtype and base.
+/// @param out    device state of the same shape, written in its own dtype and base.
+/// @param stream the caller's stream.
+void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t stream = nullptr);
+
+/// `acc = acc ⊕ other` where `mask[token] != 0` (every token if `mask` is null).
+/// @param mask  optional device array `(tokens)` of bytes.
+void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask = nullptr,
+                         cudaStream_t stream = nullptr);
+
+/// `out[t, h] = ⊕_s states[t, s, h]` for a dense stack `(tokens, S, heads, head_dim)` in either
+/// layout (`make_state_stack`) or any strides.
+void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream = nullptr);
+
+/// Ragged merge: `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`.
+/// @param indptr  device array `(out.tokens + 1)`; read on the device, so a graph captured for a
+///                maximum `out.tokens` replays for fewer tokens (empty ranges give `(0, -inf)`).
+///                Offsets are clamped to `[0, rows.tokens]`, so a bad indptr never reads out of
+///                bounds.
+void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out,
+                         cudaStream_t stream = nullptr);
+
+/// Copies `in` to `out` converting the LSE base and the dtype of `o`; `out` may be `in` itself.
+void rebase(ConstStateView in, StateView out, cudaStream_t stream = nullptr);
+
+}  // namespace cuda
+}  // namespace attnstate

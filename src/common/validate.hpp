@@ -1,0 +1,376 @@
+/// @file validate.hpp
+/// @brief Argument checks shared by the CPU and CUDA backends (internal header).
+///
+/// Every public entry point validates every argument with these functions before it touches
+/// memory. A violation throws `attnstate::Error` (via `detail::throw_argument`) whose message
+/// names the argument, e.g. `"b.lse"`, `"out.o_stride_token"` or `"indptr[3]"`.
+///
+/// Rules for a state view `(tokens, heads, head_dim)` named `v`:
+/// - `v.tokens >= 0`, `v.heads >= 1`, `v.head_dim >= 1`; `head_dim` is contiguous (stride 1,
+///   implied by the view type);
+/// - every stride `>= 0`, and the span of `o` and `lse` in elements fits in 62 bits;
+/// - `v.dtype` is a known dtype and `v.base` a known base; `v.space` is the backend's space;
+/// - `v.o` and `v.lse` are non-null unless `v.tokens == 0`;
+/// - output views (`check_output_state`) must not overlap themselves: the `(token, head)` rows
+///   of `o` (each `head_dim` elements) and of `lse` (one element) are pairwise disjoint. Input
+///   views may overlap themselves (e.g. a stride of 0 broadcasts one state over tokens);
+/// - an output may alias an input only where the operation says so, and then exactly (same
+///   pointers, strides and dtype: `check_alias`), otherwise not at all (`check_disjoint`).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "attnstate/core/error.hpp"
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace detail {
+
+/// `"name.field"` for error messages.
+inline std::string arg_name(const char* name, const char* field) {
+  return std::string(name) + "." + field;
+}
+
+/// Throws naming `name` unless `p` is non-null.
+inline void check_not_null(const char* func, const char* name, const void* p) {
+  if (p == nullptr) throw_argument(func, name, "a non-null pointer", "nullptr");
+}
+
+/// Throws naming `name` unless `dt` is f32, f16 or bf16.
+inline void check_dtype(const char* func, const char* name, DType dt) {
+  if (!is_valid(dt)) {
+    throw_argument(func, name, "a valid dtype (f32, f16 or bf16)",
+                   "value " + std::to_string(static_cast<int>(dt)));
+  }
+}
+
+/// Throws naming `name` unless `base` is `kNatural` or `kBase2`.
+inline void check_base(const char* func, const char* name, LseBase base) {
+  if (base != LseBase::kNatural && base != LseBase::kBase2) {
+    throw_argument(func, name, "a valid LSE base (natural or base2)",
+                   "value " + std::to_string(static_cast<int>(base)));
+  }
+}
+
+/// Throws naming `name` unless `got == expected`.
+inline void check_space(const char* func, const char* name, MemorySpace got, MemorySpace expected) {
+  if (got != expected) {
+    throw_argument(func, name, std::string(to_string(expected)) + " memory",
+                   std::string(to_string(got)) + " memory");
+  }
+}
+
+/// Throws naming `name` unless `value >= min`.
+inline void check_min(const char* func, const char* name, std::int64_t value, std::int64_t min) {
+  if (value < min) {
+    throw_argument(func, name, ">= " + std::to_string(min), std::to_string(value));
+  }
+}
+
+/// Throws naming `name` unless `x` is finite.
+inline void check_finite(const char* func, const char* name, float x) {
+  if (!(x - x == 0.f)) throw_argument(func, name, "a finite value", std::to_string(x));
+}
+
+/// `a * b + c` for non-negative operands; false on overflow past 2^62.
+inline bool checked_mul_add(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t* r) {
+  constexpr std::int64_t kLimit = std::int64_t{1} << 62;
+  if (a < 0 || b < 0 || c < 0) return false;
+  if (a != 0 && b > kLimit / a) return false;
+  const std::int64_t p = a * b;
+  if (p > kLimit - c) return false;
+  *r = p + c;
+  return true;
+}
+
+/// Elements spanned by `n` items of stride `stride` plus an inner `inner`-element block
+/// (`(n-1)*stride + inner`, 0 when `n == 0`); -1 on overflow.
+inline std::int64_t span_of(std::int64_t n, std::int64_t stride, std::int64_t inner) {
+  if (n <= 0) return 0;
+  std::int64_t r = 0;
+  return checked_mul_add(n - 1, stride, inner, &r) ? r : -1;
+}
+
+/// Elements of `o` spanned by a layout (0 when it has no tokens).
+inline std::int64_t o_span(const StateLayout& v) {
+  if (v.tokens <= 0) return 0;
+  const std::int64_t inner = span_of(v.heads, v.o_stride_head, v.head_dim);
+  return inner < 0 ? -1 : span_of(v.tokens, v.o_stride_token, inner);
+}
+
+/// Elements of `lse` spanned by a layout (0 when it has no tokens).
+inline std::int64_t lse_span(const StateLayout& v) {
+  if (v.tokens <= 0) return 0;
+  const std::int64_t inner = span_of(v.heads, v.lse_stride_head, 1);
+  return inner < 0 ? -1 : span_of(v.tokens, v.lse_stride_token, inner);
+}
+
+/// Shape, strides, dtype, base and space of a state layout named `name` (no pointers).
+inline void check_layout(const char* func, const char* name, const StateLayout& v,
+                         MemorySpace space) {
+  check_min(func, arg_name(name, "tokens").c_str(), v.tokens, 0);
+  check_min(func, arg_name(name, "heads").c_str(), v.heads, 1);
+  check_min(func, arg_name(name, "head_dim").c_str(), v.head_dim, 1);
+  check_min(func, arg_name(name, "o_stride_token").c_str(), v.o_stride_token, 0);
+  check_min(func, arg_name(name, "o_stride_head").c_str(), v.o_stride_head, 0);
+  check_min(func, arg_name(name, "lse_stride_token").c_str(), v.lse_stride_token, 0);
+  check_min(func, arg_name(name, "lse_stride_head").c_str(), v.lse_stride_head, 0);
+  check_dtype(func, arg_name(name, "dtype").c_str(), v.dtype);
+  check_base(func, arg_name(name, "base").c_str(), v.base);
+  check_space(func, arg_name(name, "space").c_str(), v.space, space);
+  if (o_span(v) < 0) {
+    throw_argument(func, arg_name(name, "o_stride_token").c_str(),
+                   "strides whose span fits in 62 bits", std::to_string(v.o_stride_token));
+  }
+  if (lse_span(v) < 0) {
+    throw_argument(func, arg_name(name, "lse_stride_token").c_str(),
+                   "strides whose span fits in 62 bits", std::to_string(v.lse_stride_token));
+  }
+}
+
+/// An input state named `name`: `check_layout` plus non-null `o` and `lse` (unless empty).
+inline void check_state(const char* func, const char* name, const StateLayout& v, const void* o,
+                        const float* lse, MemorySpace space) {
+  check_layout(func, name, v, space);
+  if (v.tokens > 0) {
+    check_not_null(func, arg_name(name, "o").c_str(), o);
+    check_not_null(func, arg_name(name, "lse").c_str(), lse);
+  }
+}
+
+/// @copydoc check_state
+inline void check_state(const char* func, const char* name, const ConstStateView& v,
+                        MemorySpace space) {
+  check_state(func, name, v, v.o, v.lse, space);
+}
+
+/// Throws unless `tokens` rows of stride `s_tok` and `heads` rows of stride `s_head`, each an
+/// `inner`-element block, are pairwise disjoint. Names the stride that is too small.
+inline void check_rows_disjoint(const char* func, const char* name, const char* tok_field,
+                                const char* head_field, std::int64_t tokens, std::int64_t s_tok,
+                                std::int64_t heads, std::int64_t s_head, std::int64_t inner) {
+  // Order the two dims by stride (heads first on ties), ignoring dims of extent 1.
+  struct Dim {
+    std::int64_t n, s;
+    const char* field;
+  };
+  Dim d[2] = {{heads, s_head, head_field}, {tokens, s_tok, tok_field}};
+  if (d[1].s < d[0].s) {
+    const Dim t = d[0];
+    d[0] = d[1];
+    d[1] = t;
+  }
+  std::int64_t block = inner;
+  for (const Dim& x : d) {
+    if (x.n <= 1) continue;
+    if (x.s < block) {
+      throw_argument(func, arg_name(name, x.field).c_str(),
+                     ">= " + std::to_string(block) + " (rows of the output must not overlap)",
+                     std::to_string(x.s));
+    }
+    block = span_of(x.n, x.s, block);
+  }
+}
+
+/// An output state named `name`: `check_state` plus pairwise-disjoint `(token, head)` rows.
+inline void check_output_state(const char* func, const char* name, const StateLayout& v,
+                               const void* o, const float* lse, MemorySpace space) {
+  check_state(func, name, v, o, lse, space);
+  check_rows_disjoint(func, name, "o_stride_token", "o_stride_head", v.tokens, v.o_stride_token,
+                      v.heads, v.o_stride_head, v.head_dim);
+  check_rows_disjoint(func, name, "lse_stride_token", "lse_stride_head", v.tokens,
+                      v.lse_stride_token, v.heads, v.lse_stride_head, 1);
+}
+
+/// @copydoc check_output_state
+inline void check_output_state(const char* func, const char* name, const ConstStateView& v,
+                               MemorySpace space) {
+  check_output_state(func, name, v, v.o, v.lse, space);
+}
+
+/// Throws naming `b_name.tokens`/`.heads`/`.head_dim` unless `b` has the shape of `a`.
+inline void check_same_shape(const char* func, const char* a_name, const StateLayout& a,
+                             const char* b_name, const StateLayout& b) {
+  const auto check = [&](const char* field, std::int64_t va, std::int64_t vb) {
+    if (va != vb) {
+      throw_argument(func, arg_name(b_name, field).c_str(),
+                     std::to_string(va) + " (as " + a_name + "." + field + ")", std::to_string(vb));
+    }
+  };
+  check("tokens", a.tokens, b.tokens);
+  check("heads", a.heads, b.heads);
+  check("head_dim", a.head_dim, b.head_dim);
+}
+
+/// True when the byte ranges `[a, a + a_bytes)` and `[b, b + b_bytes)` intersect.
+inline bool ranges_overlap(const void* a, std::int64_t a_bytes, const void* b,
+                           std::int64_t b_bytes) {
+  if (a == nullptr || b == nullptr || a_bytes <= 0 || b_bytes <= 0) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b);
+  return pa < pb + static_cast<std::uintptr_t>(b_bytes) &&
+         pb < pa + static_cast<std::uintptr_t>(a_bytes);
+}
+
+/// Bytes of `o` spanned by a (validated) layout.
+inline std::int64_t o_bytes(const StateLayout& v) {
+  return o_span(v) * static_cast<std::int64_t>(size_of(v.dtype));
+}
+/// Bytes of `lse` spanned by a (validated) layout.
+inline std::int64_t lse_bytes(const StateLayout& v) { return lse_span(v) * 4; }
+
+/// An output `out` that may alias the input `in` only exactly: their memory is either disjoint
+/// or the same pointers, strides and dtype (checked separately for `o` and `lse`). Both views
+/// must already be validated and of the same shape.
+inline void check_alias(const char* func, const char* out_name, const ConstStateView& out,
+                        const char* in_name, const ConstStateView& in) {
+  if (ranges_overlap(out.o, o_bytes(out), in.o, o_bytes(in))) {
+    const bool exact = out.o == in.o && out.o_stride_token == in.o_stride_token &&
+                       out.o_stride_head == in.o_stride_head && out.dtype == in.dtype;
+    if (!exact) {
+      throw_argument(func, arg_name(out_name, "o").c_str(),
+                     std::string("memory disjoint from ") + in_name +
+                         ".o or the same pointer, strides and dtype",
+                     "a partial overlap");
+    }
+  }
+  if (ranges_overlap(out.lse, lse_bytes(out), in.lse, lse_bytes(in))) {
+    const bool exact = out.lse == in.lse && out.lse_stride_token == in.lse_stride_token &&
+                       out.lse_stride_head == in.lse_stride_head;
+    if (!exact) {
+      throw_argument(func, arg_name(out_name, "lse").c_str(),
+                     std::string("memory disjoint from ") + in_name +
+                         ".lse or the same pointer and strides",
+                     "a partial overlap");
+    }
+  }
+}
+
+/// Throws unless the memory of `out` is disjoint from the byte ranges of the input named
+/// `in_name` (`in_o`/`in_o_bytes` and `in_lse`/`in_lse_bytes`).
+inline void check_disjoint(const char* func, const char* out_name, const ConstStateView& out,
+                           const char* in_name, const void* in_o, std::int64_t in_o_bytes,
+                           const void* in_lse, std::int64_t in_lse_bytes) {
+  if (ranges_overlap(out.o, o_bytes(out), in_o, in_o_bytes) ||
+      ranges_overlap(out.o, o_bytes(out), in_lse, in_lse_bytes)) {
+    throw_argument(func, arg_name(out_name, "o").c_str(),
+                   std::string("memory disjoint from ") + in_name, "an overlap");
+  }
+  if (ranges_overlap(out.lse, lse_bytes(out), in_o, in_o_bytes) ||
+      ranges_overlap(out.lse, lse_bytes(out), in_lse, in_lse_bytes)) {
+    throw_argument(func, arg_name(out_name, "lse").c_str(),
+                   std::string("memory disjoint from ") + in_name, "an overlap");
+  }
+}
+
+/// Elements of `o` spanned by a stack (0 when it has no tokens); -1 on overflow.
+inline std::int64_t stack_o_span(const StateStackLayout& v) {
+  const std::int64_t per_state = o_span(v);
+  if (per_state <= 0) return per_state;
+  return span_of(v.num_states, v.o_stride_state, per_state);
+}
+/// Elements of `lse` spanned by a stack (0 when it has no tokens); -1 on overflow.
+inline std::int64_t stack_lse_span(const StateStackLayout& v) {
+  const std::int64_t per_state = lse_span(v);
+  if (per_state <= 0) return per_state;
+  return span_of(v.num_states, v.lse_stride_state, per_state);
+}
+
+/// A stack of input states named `name`: `check_state` rules plus `num_states >= 1` and
+/// non-negative state strides.
+inline void check_stack(const char* func, const char* name, const ConstStateStackView& v,
+                        MemorySpace space) {
+  check_layout(func, name, v, space);
+  check_min(func, arg_name(name, "num_states").c_str(), v.num_states, 1);
+  check_min(func, arg_name(name, "o_stride_state").c_str(), v.o_stride_state, 0);
+  check_min(func, arg_name(name, "lse_stride_state").c_str(), v.lse_stride_state, 0);
+  if (stack_o_span(v) < 0) {
+    throw_argument(func, arg_name(name, "o_stride_state").c_str(),
+                   "strides whose span fits in 62 bits", std::to_string(v.o_stride_state));
+  }
+  if (stack_lse_span(v) < 0) {
+    throw_argument(func, arg_name(name, "lse_stride_state").c_str(),
+                   "strides whose span fits in 62 bits", std::to_string(v.lse_stride_state));
+  }
+  if (v.tokens > 0) {
+    check_not_null(func, arg_name(name, "o").c_str(), v.o);
+    check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
+  }
+}
+
+/// Throws unless `out` is disjoint from the memory of the stack `in`.
+inline void check_disjoint(const char* func, const char* out_name, const ConstStateView& out,
+                           const char* in_name, const ConstStateStackView& in) {
+  check_disjoint(func, out_name, out, in_name, in.o,
+                 stack_o_span(in) * static_cast<std::int64_t>(size_of(in.dtype)), in.lse,
+                 stack_lse_span(in) * 4);
+}
+
+/// A host `indptr` of `segments + 1` entries (reads `indptr[0..segments]`): non-null,
+/// `indptr[0] >= 0`, non-decreasing, `indptr[segments] <= max_row`. Names e.g. `"indptr[3]"`.
+inline void check_indptr_host(const char* func, const char* name, const std::int32_t* indptr,
+                              std::int64_t segments, std::int64_t max_row) {
+  check_not_null(func, name, indptr);
+  const auto entry = [&](std::int64_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; };
+  if (indptr[0] < 0) throw_argument(func, entry(0).c_str(), ">= 0", std::to_string(indptr[0]));
+  for (std::int64_t i = 1; i <= segments; ++i) {
+    if (indptr[i] < indptr[i - 1]) {
+      throw_argument(func, entry(i).c_str(),
+                     ">= " + std::to_string(indptr[i - 1]) + " (non-decreasing offsets)",
+                     std::to_string(indptr[i]));
+    }
+  }
+  if (indptr[segments] > max_row) {
+    throw_argument(func, entry(segments).c_str(), "<= " + std::to_string(max_row),
+                   std::to_string(indptr[segments]));
+  }
+}
+
+/// An optional per-token mask of `acc.tokens` bytes: null is allowed (every token); a non-null
+/// mask must not overlap the memory of `acc`, which the operation writes.
+inline void check_mask(const char* func, const char* name, const std::uint8_t* mask,
+                       const char* acc_name, const ConstStateView& acc) {
+  if (mask == nullptr || acc.tokens == 0) return;
+  if (ranges_overlap(mask, acc.tokens, acc.o, o_bytes(acc)) ||
+      ranges_overlap(mask, acc.tokens, acc.lse, lse_bytes(acc))) {
+    throw_argument(func, name, std::string("memory disjoint from ") + acc_name, "an overlap");
+  }
+}
+
+/// A tensor view named `name` of rank `rank`: non-null data (unless it has no elements), a
+/// valid dtype, non-negative shape and strides, the last dimension contiguous, the given space.
+inline void check_tensor(const char* func, const char* name, const ConstTensorView& t, int rank,
+                         MemorySpace space) {
+  if (t.rank != rank) {
+    throw_argument(func, arg_name(name, "rank").c_str(), std::to_string(rank),
+                   std::to_string(t.rank));
+  }
+  check_dtype(func, arg_name(name, "dtype").c_str(), t.dtype);
+  check_space(func, arg_name(name, "space").c_str(), t.space, space);
+  std::int64_t span = 1;
+  bool empty = false;
+  for (int i = 0; i < rank; ++i) {
+    const std::string dim = std::to_string(i);
+    check_min(func, (std::string(name) + ".shape[" + dim + "]").c_str(), t.shape[i], 0);
+    check_min(func, (std::string(name) + ".stride[" + dim + "]").c_str(), t.stride[i], 0);
+    if (t.shape[i] == 0) empty = true;
+  }
+  if (t.stride[rank - 1] != 1 && t.shape[rank - 1] > 1) {
+    throw_argument(func, (std::string(name) + ".stride[" + std::to_string(rank - 1) + "]").c_str(),
+                   "1 (last dimension contiguous)", std::to_string(t.stride[rank - 1]));
+  }
+  if (empty) return;
+  for (int i = rank - 1; i >= 0; --i) {
+    span = span_of(t.shape[i], t.stride[i], span);
+    if (span < 0) {
+      throw_argument(func, (std::string(name) + ".stride[" + std::to_string(i) + "]").c_str(),
+                     "strides whose span fits in 62 bits", std::to_string(t.stride[i]));
+    }
+  }
+  check_not_null(func, arg_name(name, "data").c_str(), t.data);
+}
+
+}  // namespace detail
+}  // namespace attnstate
