@@ -240,10 +240,10 @@ inline void check_alias(const char* func, const char* out_name, const ConstState
     const bool exact = out.lse == in.lse && out.lse_stride_token == in.lse_stride_token &&
                        out.lse_stride_head == in.lse_stride_head;
     if (!exact) {
-      throw_argument(func, arg_name(out_name, "lse").c_str(),
-                     std::string("memory disjoint from ") + in_name +
-                         ".lse or the same pointer and strides",
-                     "a partial overlap");
+      throw_argument(
+          func, arg_name(out_name, "lse").c_str(),
+          std::string("memory disjoint from ") + in_name + ".lse or the same pointer and strides",
+          "a partial overlap");
     }
   }
 }
@@ -313,7 +313,9 @@ inline void check_disjoint(const char* func, const char* out_name, const ConstSt
 inline void check_indptr_host(const char* func, const char* name, const std::int32_t* indptr,
                               std::int64_t segments, std::int64_t max_row) {
   check_not_null(func, name, indptr);
-  const auto entry = [&](std::int64_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; };
+  const auto entry = [&](std::int64_t i) {
+    return std::string(name) + "[" + std::to_string(i) + "]";
+  };
   if (indptr[0] < 0) throw_argument(func, entry(0).c_str(), ">= 0", std::to_string(indptr[0]));
   for (std::int64_t i = 1; i <= segments; ++i) {
     if (indptr[i] < indptr[i - 1]) {

@@ -1,0 +1,446 @@
+/// @file bench_cascade.cu
+/// @brief Cascade benchmark: a shared prefix {4k, 32k} + a unique suffix {64, 256, 1024} per
+///        request, batch {16, 64, 256} (plus every shape of the ANCHORS.md cascade table), 32/8
+///        heads, head_dim 128, bf16, pages of 16 tokens NHD. For each shape: the median time of
+///        the cascade call, of each level and of the merge (L2 flushed before every timed call);
+///        the library's plain split-KV decode of the same caches (each request's page list = the
+///        shared prefix pages + its own suffix pages) and the cascade kernel run as one level of
+///        concatenated segments; the floor Σ_level max(bytes / measured copy bandwidth,
+///        FLOP / 790 TFLOP/s); FlashInfer's cascade time where ANCHORS.md has the shape; the
+///        largest difference between the cascade and the plain-decode outputs.
+///        `--csv <path>` writes a CSV; `--quick` runs the anchor shapes with fewer repeats.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attnstate/cuda/cascade.hpp"
+#include "attnstate/cuda/check.hpp"
+#if __has_include("attnstate/cuda/decode.hpp")
+#include "attnstate/cuda/decode.hpp"
+#define BENCH_CASCADE_HAS_DECODE 1
+#else
+#define BENCH_CASCADE_HAS_DECODE 0
+#endif
+
+namespace {
+
+using namespace attnstate;
+
+constexpr int kHeadDim = 128, kHeadsKv = 8, kHeadsQ = 32, kPage = 16;
+constexpr double kTensorFlops = 790e12;  // bf16 dense tensor throughput of the H200 (wgmma)
+
+/// ANCHORS.md: FlashInfer cascade (µs) and its prefix level (µs) per (prefix, suffix, batch).
+struct Anchor {
+  int prefix, suffix, batch;
+  double cascade_us, plain_us, prefix_us;
+};
+const Anchor kAnchors[] = {
+    {4096, 64, 16, 28.4, 100.4, 18.8},       {4096, 256, 128, 103.3, 772.4, 48.8},
+    {32768, 64, 16, 62.4, 729.9, 51.7},      {32768, 256, 64, 158.8, 2941.9, 125.3},
+    {32768, 256, 128, 289.1, 5839.7, 233.8}, {32768, 64, 256, 522.2, 11240.7, 455.4},
+    {32768, 1024, 256, 741.9, 11559.4, 462.1},
+};
+const Anchor* find_anchor(int p, int s, int b) {
+  for (const Anchor& a : kAnchors)
+    if (a.prefix == p && a.suffix == s && a.batch == b) return &a;
+  return nullptr;
+}
+
+__global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
+                      static_cast<std::uint32_t>(i >> 32) * 40503u;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    const float f = (static_cast<float>(x & 0xFFFFu) / 32768.f) - 1.f;
+    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+}
+
+template <class T>
+T* dalloc(std::size_t n) {
+  T* p = nullptr;
+  ATTNSTATE_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+template <class T>
+T* dupload(const std::vector<T>& h) {
+  T* p = dalloc<T>(h.size());
+  if (!h.empty())
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+struct Timer {
+  cudaStream_t stream;
+  void* flush = nullptr;
+  std::size_t flush_bytes = 256ull << 20;  // > 4x the 60 MiB L2
+  cudaEvent_t e0, e1;
+  int reps;
+  explicit Timer(cudaStream_t s, int r) : stream(s), reps(r) {
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+    ATTNSTATE_CUDA_CHECK(cudaEventCreate(&e0));
+    ATTNSTATE_CUDA_CHECK(cudaEventCreate(&e1));
+  }
+  /// Median µs of `f` with the L2 flushed (overwritten) before every call.
+  template <class F>
+  double median_us(F&& f) {
+    f();  // warm-up
+    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream));
+      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, stream));
+      f();
+      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, stream));
+      ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      t.push_back(ms * 1e3);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+/// Device-to-device copy bandwidth (bytes read + written per second).
+double copy_bandwidth(cudaStream_t stream) {
+  const std::size_t bytes = 2ull << 30;
+  void *a = nullptr, *b = nullptr;
+  ATTNSTATE_CUDA_CHECK(cudaMalloc(&a, bytes));
+  ATTNSTATE_CUDA_CHECK(cudaMalloc(&b, bytes));
+  ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
+  Timer t(stream, 10);
+  const double us = t.median_us(
+      [&] { ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); });
+  ATTNSTATE_CUDA_CHECK(cudaFree(a));
+  ATTNSTATE_CUDA_CHECK(cudaFree(b));
+  return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
+}
+
+float bf16_to_float(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Row {
+  int prefix, suffix, batch;
+  double cascade_us, prefix_us, suffix_us, merge_us, decode_us, flat_us, floor_us, fi_us;
+  double max_diff;
+  int prefix_tile, prefix_splits, suffix_tile, suffix_splits;
+};
+
+/// Optional exploration: prefix-level time for each (tile_rows, chunk) override.
+struct Explore {
+  bool on = false;
+  std::vector<std::string> lines;
+};
+
+Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStream_t stream,
+              int reps, Explore* explore = nullptr) {
+  Row row{};
+  row.prefix = prefix;
+  row.suffix = suffix;
+  row.batch = batch;
+  const int pp = (prefix + kPage - 1) / kPage, sp = (suffix + kPage - 1) / kPage;
+  const std::int64_t num_pages = pp + static_cast<std::int64_t>(batch) * sp;
+  const std::int64_t page_elems = static_cast<std::int64_t>(kPage) * kHeadsKv * kHeadDim;
+  const std::size_t pool = static_cast<std::size_t>(num_pages * page_elems);
+  std::uint16_t* k = dalloc<std::uint16_t>(pool);
+  std::uint16_t* v = dalloc<std::uint16_t>(pool);
+  const std::size_t qn = static_cast<std::size_t>(batch) * kHeadsQ * kHeadDim;
+  std::uint16_t* q = dalloc<std::uint16_t>(qn);
+  fill_bf16<<<1024, 256, 0, stream>>>(k, pool, 1);
+  fill_bf16<<<1024, 256, 0, stream>>>(v, pool, 2);
+  fill_bf16<<<256, 256, 0, stream>>>(q, qn, 3);
+  ATTNSTATE_CHECK_LAUNCH(stream, "fill_bf16");
+
+  // shuffled page placement (prefix pages first in id order, suffix pages interleaved)
+  std::vector<std::int32_t> prefix_ids(pp), suffix_ids(static_cast<std::size_t>(batch) * sp);
+  for (int i = 0; i < pp; ++i) prefix_ids[i] = i;
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < sp; ++j) suffix_ids[static_cast<std::size_t>(b) * sp + j] = pp + j * batch + b;
+
+  // two-level cascade
+  std::vector<std::int32_t> l0_req{0, batch}, l0_pind{0, pp}, l0_len{prefix};
+  std::vector<std::int32_t> l1_req(batch + 1), l1_pind(batch + 1), l1_len(batch, suffix);
+  for (int b = 0; b <= batch; ++b) {
+    l1_req[b] = b;
+    l1_pind[b] = b * sp;
+  }
+  // one level: each request's concatenated pages
+  std::vector<std::int32_t> f_pind(batch + 1), f_ids, f_len(batch, prefix + suffix);
+  for (int b = 0; b < batch; ++b) {
+    f_pind[b] = static_cast<std::int32_t>(f_ids.size());
+    f_ids.insert(f_ids.end(), prefix_ids.begin(), prefix_ids.end());
+    f_ids.insert(f_ids.end(), suffix_ids.begin() + static_cast<std::ptrdiff_t>(b) * sp,
+                 suffix_ids.begin() + static_cast<std::ptrdiff_t>(b + 1) * sp);
+  }
+  f_pind[batch] = static_cast<std::int32_t>(f_ids.size());
+  if (prefix % kPage != 0) {
+    std::fprintf(stderr, "prefix must be a multiple of the page size\n");
+    std::exit(2);
+  }
+
+  auto host_level = [](const std::vector<std::int32_t>& req, const std::vector<std::int32_t>& pind,
+                       const std::vector<std::int32_t>& ids, const std::vector<std::int32_t>& len) {
+    CascadeLevel l;
+    l.num_segments = static_cast<std::int64_t>(len.size());
+    l.request_indptr = req.data();
+    l.page_indptr = pind.data();
+    l.page_indices = ids.data();
+    l.seg_lens = len.data();
+    return l;
+  };
+  auto dev_level = [](const CascadeLevel& h, std::int64_t n_ids, std::vector<void*>& owned) {
+    CascadeLevel d = h;
+    const std::int64_t ns = h.num_segments;
+    auto up = [&](const std::int32_t* p, std::int64_t n) {
+      std::int32_t* dp = dupload(std::vector<std::int32_t>(p, p + n));
+      owned.push_back(dp);
+      return dp;
+    };
+    d.request_indptr = up(h.request_indptr, ns + 1);
+    d.page_indptr = up(h.page_indptr, ns + 1);
+    d.page_indices = up(h.page_indices, n_ids);
+    d.seg_lens = up(h.seg_lens, ns);
+    return d;
+  };
+  std::vector<void*> owned;
+  const CascadeLevel h_levels[2] = {host_level(l0_req, l0_pind, prefix_ids, l0_len),
+                                    host_level(l1_req, l1_pind, suffix_ids, l1_len)};
+  const CascadeLevel d_levels[2] = {dev_level(h_levels[0], pp, owned),
+                                    dev_level(h_levels[1], static_cast<std::int64_t>(batch) * sp,
+                                              owned)};
+  const CascadeLevel h_flat = host_level(l1_req, f_pind, f_ids, f_len);
+  const CascadeLevel d_flat = dev_level(h_flat, static_cast<std::int64_t>(f_ids.size()), owned);
+
+  cuda::CascadeShape shape;
+  shape.batch = batch;
+  shape.q_len = 1;
+  shape.heads_q = kHeadsQ;
+  shape.heads_kv = kHeadsKv;
+  shape.head_dim = kHeadDim;
+  shape.page_size = kPage;
+  shape.num_pages = num_pages;
+  shape.dtype = DType::kBF16;
+  const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms);
+  const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, {}, num_sms);
+  row.prefix_tile = plan.levels[0].tile_rows;
+  row.prefix_splits = plan.levels[0].max_splits;
+  row.suffix_tile = plan.levels[1].tile_rows;
+  row.suffix_splits = plan.levels[1].max_splits;
+  std::size_t ws_bytes = std::max(plan.workspace_bytes(), flat_plan.workspace_bytes());
+  if (explore && explore->on) ws_bytes = std::max<std::size_t>(ws_bytes, 512ull << 20);
+  void* ws = dalloc<std::uint8_t>(ws_bytes);
+
+  PagedKvCache kv;
+  kv.k = k;
+  kv.v = v;
+  kv.dtype = DType::kBF16;
+  kv.layout = KvLayout::kNHD;
+  kv.num_pages = num_pages;
+  kv.page_size = kPage;
+  kv.heads_kv = kHeadsKv;
+  kv.head_dim = kHeadDim;
+  kv.space = MemorySpace::kDevice;
+  const ConstTensorView qv =
+      make_tensor_view(q, DType::kBF16, {batch, 1, kHeadsQ, kHeadDim}, MemorySpace::kDevice);
+  std::uint16_t* o_c = dalloc<std::uint16_t>(qn);
+  std::uint16_t* o_d = dalloc<std::uint16_t>(qn);
+  float* lse = dalloc<float>(static_cast<std::size_t>(batch) * kHeadsQ);
+  const StateView out_c = make_state_view(o_c, DType::kBF16, lse, batch, kHeadsQ, kHeadDim,
+                                          LseBase::kNatural, MemorySpace::kDevice);
+  const StateView out_d = make_state_view(o_d, DType::kBF16, lse, batch, kHeadsQ, kHeadDim,
+                                          LseBase::kNatural, MemorySpace::kDevice);
+
+  Timer timer(stream, reps);
+  row.cascade_us = timer.median_us(
+      [&] { cuda::run_cascade(plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
+  row.prefix_us = timer.median_us(
+      [&] { cuda::run_cascade_level(plan, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
+  row.suffix_us = timer.median_us(
+      [&] { cuda::run_cascade_level(plan, 1, qv, kv, d_levels[1], ws, ws_bytes, stream); });
+  row.merge_us = timer.median_us([&] { cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream); });
+  if (explore && explore->on) {
+    for (int tile : {64, 128})
+      for (int chunk : {0, 1024, 2048, 4096, 8192}) {
+        cuda::CascadeTuning t;
+        t.tile_rows = tile;
+        t.chunk = chunk;
+        const cuda::CascadePlan ep = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, t);
+        if (ep.workspace_bytes() > ws_bytes) continue;
+        const double us = timer.median_us(
+            [&] { cuda::run_cascade_level(ep, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "  prefix %d batch %d: tile %3d chunk %5d (splits %2d): %8.1f us",
+                      prefix, batch, tile, ep.levels[0].chunk, ep.levels[0].max_splits, us);
+        explore->lines.push_back(buf);
+      }
+  }
+  cuda::run_cascade(plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream);
+  row.flat_us = timer.median_us(
+      [&] { cuda::run_cascade(flat_plan, qv, kv, &d_flat, 1, out_d, ws, ws_bytes, stream); });
+  row.decode_us = -1;
+#if BENCH_CASCADE_HAS_DECODE
+  {
+    DecodeProblem prob;
+    prob.batch = batch;
+    prob.q_len = 1;
+    prob.heads_q = kHeadsQ;
+    prob.heads_kv = kHeadsKv;
+    prob.head_dim = kHeadDim;
+    prob.q_dtype = prob.kv_dtype = DType::kBF16;
+    const cuda::DecodePlan dplan = cuda::plan_decode(prob, f_len.data(), DecodeOptions{}, num_sms);
+    const std::size_t dws_bytes = dplan.workspace_bytes();
+    void* dws = dalloc<std::uint8_t>(dws_bytes);
+    cuda::init_decode_workspace(dplan, dws, dws_bytes, stream);
+    PagedKvCache dkv = kv;
+    dkv.page_indptr = static_cast<const std::int32_t*>(d_flat.page_indptr);
+    dkv.page_indices = static_cast<const std::int32_t*>(d_flat.page_indices);
+    dkv.seq_lens = static_cast<const std::int32_t*>(d_flat.seg_lens);
+    dkv.batch = batch;
+    row.decode_us = timer.median_us(
+        [&] { cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream); });
+    cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream);
+    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ATTNSTATE_CUDA_CHECK(cudaFree(dws));
+  }
+#endif
+  // the reference output of the comparison: plain decode if built, else the one-level cascade
+  if (row.decode_us < 0)
+    cuda::run_cascade(flat_plan, qv, kv, &d_flat, 1, out_d, ws, ws_bytes, stream);
+  ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<std::uint16_t> hc(qn), hd(qn);
+  ATTNSTATE_CUDA_CHECK(cudaMemcpy(hc.data(), o_c, qn * 2, cudaMemcpyDeviceToHost));
+  ATTNSTATE_CUDA_CHECK(cudaMemcpy(hd.data(), o_d, qn * 2, cudaMemcpyDeviceToHost));
+  double md = 0;
+  for (std::size_t i = 0; i < qn; ++i) {
+    const double d = std::fabs(double(bf16_to_float(hc[i])) - double(bf16_to_float(hd[i])));
+    md = std::isnan(d) ? INFINITY : std::max(md, d);
+  }
+  row.max_diff = md;
+
+  // floor: per level max(bytes / bandwidth, FLOP / tensor throughput)
+  const double kv_tok = 2.0 * kHeadsKv * kHeadDim * 2;  // K and V bytes per token
+  const double pre_bytes = prefix * kv_tok, suf_bytes = double(batch) * suffix * kv_tok;
+  const double flop_tok = 4.0 * kHeadsQ * kHeadDim;  // QKᵀ + PV per (query, key)
+  const double pre_flop = double(batch) * prefix * flop_tok;
+  const double suf_flop = double(batch) * suffix * flop_tok;
+  row.floor_us = 1e6 * (std::max(pre_bytes / bw, pre_flop / kTensorFlops) +
+                        std::max(suf_bytes / bw, suf_flop / kTensorFlops));
+  const Anchor* a = find_anchor(prefix, suffix, batch);
+  row.fi_us = a ? a->cascade_us : -1;
+
+  for (void* p : owned) ATTNSTATE_CUDA_CHECK(cudaFree(p));
+  for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q), ws,
+                  static_cast<void*>(o_c), static_cast<void*>(o_d), static_cast<void*>(lse)})
+    ATTNSTATE_CUDA_CHECK(cudaFree(p));
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string csv;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+      csv = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--csv path] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    int dev = 0, num_sms = 0;
+    ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
+    ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop{};
+    ATTNSTATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    cudaStream_t stream;
+    ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const double bw = copy_bandwidth(stream);
+    std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + written); floor uses it and "
+                "%.0f TFLOP/s\n", prop.name, num_sms, bw / 1e9, kTensorFlops / 1e12);
+    std::printf("plain decode: %s\n", BENCH_CASCADE_HAS_DECODE
+                                          ? "the library's split-KV decode (run_decode)"
+                                          : "not built; 'flat' = the cascade kernel, one level");
+    struct Shape {
+      int p, s, b;
+    };
+    std::vector<Shape> shapes;
+    for (const Anchor& a : kAnchors) shapes.push_back({a.prefix, a.suffix, a.batch});
+    if (!quick)
+      for (int p : {4096, 32768})
+        for (int s : {64, 256, 1024})
+          for (int b : {16, 64, 256})
+            if (!find_anchor(p, s, b)) shapes.push_back({p, s, b});
+    const int reps = quick ? 7 : 25;
+    std::vector<Row> rows;
+    std::printf("%6s %5s %5s | %9s %9s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | %s\n",
+                "prefix", "suf", "batch", "cascade", "prefix", "suffix", "merge", "decode",
+                "flat", "x-dec", "floor", "x-flr", "FI", "x-FI", "maxdiff", "tiles/splits");
+    Explore explore;
+    for (const Shape& sh : shapes) {
+      explore.on = !quick && sh.s == 256 && ((sh.p == 32768 && sh.b == 128) ||
+                                             (sh.p == 4096 && sh.b == 16) ||
+                                             (sh.p == 32768 && sh.b == 16));
+      const Row r = run_shape(sh.p, sh.s, sh.b, num_sms, bw, stream, reps, &explore);
+      rows.push_back(r);
+      std::printf("%6d %5d %5d | %9.1f %9.1f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f %6.2f | "
+                  "%8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
+                  r.prefix, r.suffix, r.batch, r.cascade_us, r.prefix_us, r.suffix_us,
+                  r.merge_us, r.decode_us, r.flat_us,
+                  (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
+                  r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
+                  r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits);
+      std::fflush(stdout);
+    }
+    if (!explore.lines.empty()) {
+      std::printf("prefix level by row tile and split size (chunk 0 = automatic):\n");
+      for (const std::string& l : explore.lines) std::printf("%s\n", l.c_str());
+    }
+    if (!csv.empty()) {
+      FILE* f = std::fopen(csv.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "cannot write %s\n", csv.c_str());
+        return 1;
+      }
+      std::fprintf(f, "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
+                      "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
+                      "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
+                      "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps\n");
+      for (const Row& r : rows)
+        std::fprintf(f, "%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.2f,%.3f,%.1f,%.3f,%.3e,%d,"
+                        "%d,%d,%d,%.0f\n",
+                     r.prefix, r.suffix, r.batch, r.cascade_us, r.prefix_us, r.suffix_us,
+                     r.merge_us, r.decode_us, r.flat_us,
+                     (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
+                     r.cascade_us / r.floor_us, r.fi_us,
+                     r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0, r.max_diff, r.prefix_tile,
+                     r.prefix_splits, r.suffix_tile, r.suffix_splits, bw / 1e9);
+      std::fclose(f);
+    }
+    int bad = 0;
+    for (const Row& r : rows)
+      if (!(r.max_diff < 2e-2)) ++bad;
+    if (bad) std::printf("FAILED: %d shapes where cascade and plain attention disagree\n", bad);
+    return bad ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cascade: %s\n", e.what());
+    return 1;
+  }
+}

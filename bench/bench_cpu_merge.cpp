@@ -1,0 +1,214 @@
+/// @file bench_cpu_merge.cpp
+/// @brief CPU benchmark: `cpu::merge_states` over >= 1 GiB of input states against this
+///        machine's multi-threaded memcpy bandwidth measured in the same run.
+///
+/// Usage: `bench_cpu_merge [--quick] [--csv <path>]`. Each case runs once to warm up, then is
+/// timed `repeats` times, each timed run of the merge right after a timed memcpy of the same
+/// input size (so both see the same machine load); medians are reported, and the fraction is
+/// median merge GB/s over median memcpy GB/s of that case. GB/s counts bytes read plus bytes
+/// written (o and lse of every input and of the output); memcpy counts the bytes it reads and
+/// writes. The inputs (>= 1 GiB) are far larger than any cache, so every run streams from memory.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../src/cpu/parallel.hpp"  // the backend's own pool, so memcpy uses the same threads
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/cpu/merge.hpp"
+
+namespace {
+
+using namespace attnstate;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::int64_t kStates = 8, kHeads = 32, kHeadDim = 128;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct Row {
+  std::string name, din, dout, layout;
+  std::int64_t tokens;
+  double bytes, median_s, gbps, fraction;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+double time_once(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Fills `n` elements of dtype `dt` in parallel (first touch spreads pages over the threads).
+void fill(void* p, DType dt, std::int64_t n, float lo, float hi, std::uint32_t seed) {
+  cpu::detail::parallel_for(0, n, 1 << 16, [&](std::int64_t b, std::int64_t e) {
+    std::uint32_t x = seed ^ static_cast<std::uint32_t>(b * 2654435761u);
+    dispatch_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      T* q = static_cast<T*>(p);
+      for (std::int64_t i = b; i < e; ++i) {
+        x = x * 1664525u + 1013904223u;
+        q[i] = from_float<T>(lo + (hi - lo) * static_cast<float>(x >> 8) * (1.f / 16777216.f));
+      }
+    });
+  });
+}
+
+/// 64-byte aligned, uninitialised byte buffer.
+struct Buffer {
+  explicit Buffer(std::size_t n) : size(n), mem(n + 64) {}
+  void* data() {
+    auto p = reinterpret_cast<std::uintptr_t>(mem.data());
+    return reinterpret_cast<void*>((p + 63) & ~std::uintptr_t{63});
+  }
+  std::size_t size;
+  std::vector<unsigned char> mem;
+};
+
+/// Multi-threaded memcpy of `bytes` on the backend's pool, 1 MiB per task.
+void parallel_memcpy(void* dst, const void* src, std::size_t bytes) {
+  const std::int64_t chunk = std::int64_t{1} << 20;
+  const std::int64_t chunks = static_cast<std::int64_t>((bytes + chunk - 1) / chunk);
+  cpu::detail::parallel_for(0, chunks, 1, [&](std::int64_t b, std::int64_t e) {
+    const std::size_t off = static_cast<std::size_t>(b * chunk);
+    const std::size_t end = std::min(bytes, static_cast<std::size_t>(e * chunk));
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, end - off);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  const char* csv = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--csv" && i + 1 < argc) {
+      csv = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--csv <path>]\n", argv[0]);
+      return 2;
+    }
+  }
+  const int repeats = quick ? 3 : 7;
+  // 1 GiB of f32 input o: tokens x 8 x 32 x 128 x 4 B = tokens x 128 KiB.
+  const std::int64_t tokens = 8192;
+  const std::int64_t in_elems = tokens * kStates * kHeads * kHeadDim;
+  const std::int64_t in_rows = tokens * kStates * kHeads;
+  const std::int64_t out_elems = tokens * kHeads * kHeadDim;
+
+  Buffer in_o(static_cast<std::size_t>(in_elems) * 4),
+      out_o(static_cast<std::size_t>(out_elems) * 4);
+  std::vector<float> in_lse(static_cast<std::size_t>(in_rows)), out_lse(tokens * kHeads);
+  fill(in_lse.data(), DType::kF32, in_rows, -8.f, 8.f, 7u);
+  fill(out_o.data(), DType::kF32, out_elems, 0.f, 0.f, 1u);
+
+  std::printf(
+      "bench_cpu_merge: merge_states, S=%lld heads=%lld head_dim=%lld, %d threads, "
+      "median of %d\n",
+      static_cast<long long>(kStates), static_cast<long long>(kHeads),
+      static_cast<long long>(kHeadDim), cpu::num_threads(), repeats);
+
+  std::vector<Row> rows;
+  // The memcpy runs copy the input buffer into a buffer of the same size (read + write).
+  fill(in_o.data(), DType::kF32, in_elems, -1.f, 1.f, 3u);
+  Buffer copy_dst(in_o.size);
+  fill(copy_dst.data(), DType::kF32, in_elems, 0.f, 0.f, 1u);
+  const double copy_bytes = 2.0 * static_cast<double>(in_o.size);
+  std::vector<double> all_copy_s;
+
+  struct Case {
+    DType din, dout;
+    StackOrder order;
+    std::int64_t tokens;
+  };
+  std::vector<Case> cases = {{DType::kF32, DType::kF32, StackOrder::kTokensMajor, tokens}};
+  if (!quick) {
+    cases.push_back({DType::kF32, DType::kF32, StackOrder::kStatesMajor, tokens});
+    cases.push_back({DType::kBF16, DType::kBF16, StackOrder::kTokensMajor, 2 * tokens});
+    cases.push_back({DType::kBF16, DType::kF32, StackOrder::kStatesMajor, 2 * tokens});
+    cases.push_back({DType::kF16, DType::kF16, StackOrder::kTokensMajor, 2 * tokens});
+  }
+  std::vector<Row> merge_rows;
+  for (const Case& c : cases) {
+    // 16-bit inputs use twice the tokens so the input stays 1 GiB; lse and out are resized.
+    const std::int64_t t = c.tokens;
+    const std::int64_t n_in = t * kStates * kHeads * kHeadDim;
+    if (static_cast<std::size_t>(n_in) * size_of(c.din) > in_o.size) return 1;
+    std::vector<float> lse_in(static_cast<std::size_t>(t * kStates * kHeads));
+    std::vector<float> lse_out(static_cast<std::size_t>(t * kHeads));
+    Buffer o_out(static_cast<std::size_t>(t * kHeads * kHeadDim) * size_of(c.dout));
+    fill(lse_in.data(), DType::kF32, static_cast<std::int64_t>(lse_in.size()), -8.f, 8.f, 5u);
+    fill(in_o.data(), c.din, n_in, -1.f, 1.f, 9u);
+    fill(o_out.data(), c.dout, t * kHeads * kHeadDim, 0.f, 0.f, 1u);
+    const ConstStateStackView st = make_state_stack(in_o.data(), c.din, lse_in.data(), c.order, t,
+                                                    kStates, kHeads, kHeadDim, LseBase::kNatural);
+    const StateView out =
+        make_state_view(o_out.data(), c.dout, lse_out.data(), t, kHeads, kHeadDim, LseBase::kBase2);
+    const auto copy = [&] { parallel_memcpy(copy_dst.data(), in_o.data(), in_o.size); };
+    const auto merge = [&] { cpu::merge_states(st, out); };
+    copy();  // warm-up
+    merge();
+    std::vector<double> copy_s, merge_s;
+    for (int i = 0; i < repeats; ++i) {
+      copy_s.push_back(time_once(copy));
+      merge_s.push_back(time_once(merge));
+    }
+    all_copy_s.insert(all_copy_s.end(), copy_s.begin(), copy_s.end());
+    const double bytes = static_cast<double>(n_in) * size_of(c.din) + lse_in.size() * 4.0 +
+                         static_cast<double>(t * kHeads * kHeadDim) * size_of(c.dout) +
+                         lse_out.size() * 4.0;
+    const double s = median(merge_s);
+    const double gbps = bytes / s / 1e9;
+    const double copy_gbps = copy_bytes / median(copy_s) / 1e9;
+    merge_rows.push_back({"merge_states", to_string(c.din), to_string(c.dout),
+                          c.order == StackOrder::kTokensMajor ? "[T,S,H,D]" : "[S,T,H,D]", t, bytes,
+                          s, gbps, gbps / copy_gbps});
+  }
+  const double copy_s = median(all_copy_s);
+  rows.push_back(
+      {"memcpy", "-", "-", "-", tokens, copy_bytes, copy_s, copy_bytes / copy_s / 1e9, 1.0});
+  rows.insert(rows.end(), merge_rows.begin(), merge_rows.end());
+
+  std::printf("%-13s %-5s %-5s %-10s %7s %9s %10s %8s %10s %9s\n", "case", "in", "out", "layout",
+              "tokens", "GiB", "median ms", "GB/s", "memcpy GB/s", "% memcpy");
+  for (const Row& r : rows) {
+    std::printf("%-13s %-5s %-5s %-10s %7lld %9.3f %10.2f %8.2f %10.2f %8.1f%%\n", r.name.c_str(),
+                r.din.c_str(), r.dout.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens),
+                r.bytes / kGiB, r.median_s * 1e3, r.gbps, r.gbps / r.fraction, 100.0 * r.fraction);
+  }
+  bool ok = true;
+  for (const Row& r : merge_rows) ok = ok && r.fraction >= 0.7;
+  std::printf("target: merge_states >= 70%% of memcpy (every row): %s\n", ok ? "met" : "NOT met");
+
+  if (csv) {
+    FILE* f = std::fopen(csv, "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", csv);
+      return 1;
+    }
+    std::fprintf(f,
+                 "case,dtype_in,dtype_out,layout,tokens,states,heads,head_dim,threads,bytes,"
+                 "median_s,gbps,memcpy_gbps,fraction_of_memcpy\n");
+    for (const Row& r : rows) {
+      std::fprintf(f, "%s,%s,%s,%s,%lld,%lld,%lld,%lld,%d,%.0f,%.6e,%.3f,%.3f,%.4f\n",
+                   r.name.c_str(), r.din.c_str(), r.dout.c_str(), r.layout.c_str(),
+                   static_cast<long long>(r.tokens), static_cast<long long>(kStates),
+                   static_cast<long long>(kHeads), static_cast<long long>(kHeadDim),
+                   cpu::num_threads(), r.bytes, r.median_s, r.gbps, r.gbps / r.fraction,
+                   r.fraction);
+    }
+    std::fclose(f);
+  }
+  return 0;
+}

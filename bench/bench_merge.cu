@@ -1,0 +1,287 @@
+/// @file bench_merge.cu
+/// @brief Benchmark of the CUDA merges on bf16 states (32 heads, head_dim 128): `merge_states`
+///        for S ∈ {2, 8, 32} and tokens ∈ {1, 64, 4096, 65536} in both stack layouts, and the
+///        pairwise `merge_state` / `merge_state_inplace` at 4096 tokens.
+///
+/// Each point is a CUDA graph of many back-to-back calls whose inputs rotate over enough buffer
+/// sets that L2 (60 MiB on the H200) does not serve them; the time per call is the median over
+/// repeated graph launches. Bandwidth counts bytes read + written (o and LSEs) and is also given
+/// as a fraction of a device-to-device cudaMemcpy measured in the same run (read + written).
+///
+/// Usage: bench_merge [--csv <path>] [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/merge.hpp"
+
+namespace {
+
+using attnstate::bfloat16_t;
+using attnstate::ConstStateStackView;
+using attnstate::DType;
+using attnstate::LseBase;
+using attnstate::MemorySpace;
+using attnstate::StackOrder;
+using attnstate::StateView;
+
+constexpr std::int64_t kHeads = 32;
+constexpr std::int64_t kHeadDim = 128;
+constexpr std::int64_t kL2Bytes = 60ll << 20;
+
+/// Deterministic pseudo-random fill: o in [-1, 1) as bf16, LSEs in [-5, 5).
+__global__ void fill_kernel(bfloat16_t* o, std::int64_t n_o, float* lse, std::int64_t n_lse,
+                            std::uint32_t salt) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n_o || i < n_lse; i += stride) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float u = static_cast<float>(h & 0xFFFFFF) / 16777216.f;
+    if (i < n_o) o[i] = attnstate::from_float<bfloat16_t>(2.f * u - 1.f);
+    if (i < n_lse) lse[i] = 10.f * u - 5.f;
+  }
+}
+
+/// A device allocation of bf16 o and fp32 LSEs for `rows` rows of (heads, head_dim).
+struct States {
+  bfloat16_t* o = nullptr;
+  float* lse = nullptr;
+  std::int64_t rows = 0;
+  explicit States(std::int64_t r, std::uint32_t salt) : rows(r) {
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&o, rows * kHeads * kHeadDim * sizeof(bfloat16_t)));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&lse, rows * kHeads * sizeof(float)));
+    fill_kernel<<<1024, 256>>>(o, rows * kHeads * kHeadDim, lse, rows * kHeads, salt);
+    ATTNSTATE_CHECK_LAUNCH(nullptr, "fill_kernel");
+  }
+  ~States() {
+    cudaFree(o);
+    cudaFree(lse);
+  }
+  States(const States&) = delete;
+  States& operator=(const States&) = delete;
+  StateView view(std::int64_t tokens) const {
+    return attnstate::make_state_view(o, DType::kBF16, lse, tokens, kHeads, kHeadDim,
+                                      LseBase::kNatural, MemorySpace::kDevice);
+  }
+};
+
+/// Median of `v`.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Median time in microseconds of one call of `body(i)` (i = call index), measured as graphs of
+/// `calls` back-to-back calls launched `reps` times.
+double time_per_call_us(const std::function<void(int, cudaStream_t)>& body, int calls, int reps) {
+  cudaStream_t s;
+  ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) body(i, s);
+  ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  ATTNSTATE_CUDA_CHECK(cudaEventCreate(&e0));
+  ATTNSTATE_CUDA_CHECK(cudaEventCreate(&e1));
+  ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, s));
+    ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, s));
+    ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(1e3 * ms / calls);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return median(t);
+}
+
+/// Device-to-device cudaMemcpy bandwidth in GB/s (bytes read + written) over 1 GiB: the median
+/// over `reps` of back-to-back copies on a stream.
+double copy_bandwidth_gbs(int reps) {
+  const std::size_t bytes = std::size_t{1} << 30;
+  constexpr int kCopies = 8;
+  void *a, *b;
+  ATTNSTATE_CUDA_CHECK(cudaMalloc(&a, bytes));
+  ATTNSTATE_CUDA_CHECK(cudaMalloc(&b, bytes));
+  ATTNSTATE_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  ATTNSTATE_CUDA_CHECK(cudaMemset(b, 2, bytes));
+  cudaEvent_t e0, e1;
+  ATTNSTATE_CUDA_CHECK(cudaEventCreate(&e0));
+  ATTNSTATE_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int r = 0; r <= reps; ++r) {
+    ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < kCopies; ++i) {
+      ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes,
+                                           cudaMemcpyDeviceToDevice));
+    }
+    ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1));
+    ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r > 0) t.push_back(1e3 * ms / kCopies);  // the first round is a warm-up
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / (median(t) * 1e3);
+}
+
+struct Row {
+  std::string op, layout;
+  std::int64_t states, tokens;
+  double us, gbs, frac;
+};
+
+/// Number of buffer sets to rotate so that consecutive calls do not find their inputs in L2.
+int rotation(std::int64_t set_bytes) {
+  const std::int64_t n = (3 * kL2Bytes + set_bytes - 1) / set_bytes;
+  return static_cast<int>(std::min<std::int64_t>(std::max<std::int64_t>(n, 1), 64));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string csv;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--csv <path>] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    cudaDeviceProp prop;
+    ATTNSTATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int reps = quick ? 7 : 25;
+    const double copy_gbs = copy_bandwidth_gbs(reps);
+    std::printf("device: %s, %d SMs; device-to-device copy: %.0f GB/s (read + written)\n",
+                prop.name, prop.multiProcessorCount, copy_gbs);
+    std::vector<Row> rows;
+    const auto report = [&](Row r) {
+      r.frac = r.gbs / copy_gbs;
+      std::printf("%-20s %-13s S=%-3lld tokens=%-6lld %10.2f us %9.0f GB/s %6.3f of copy\n",
+                  r.op.c_str(), r.layout.c_str(), static_cast<long long>(r.states),
+                  static_cast<long long>(r.tokens), r.us, r.gbs, r.frac);
+      std::fflush(stdout);
+      rows.push_back(r);
+    };
+
+    const auto stack_point = [&](std::int64_t S, std::int64_t T, StackOrder order,
+                                 const std::string& op) {
+      const std::int64_t in_bytes = S * T * kHeads * (kHeadDim * 2 + 4);
+      const std::int64_t out_bytes = T * kHeads * (kHeadDim * 2 + 4);
+      const int sets = rotation(in_bytes + out_bytes);
+      std::vector<std::unique_ptr<States>> ins, outs;
+      for (int k = 0; k < sets; ++k) {
+        ins.push_back(std::make_unique<States>(S * T, 17u * k + 1u));
+        outs.push_back(std::make_unique<States>(T, 31u * k + 7u));
+      }
+      const int calls = T == 1 ? 200 : std::max(4, std::min(64, 2 * sets));
+      const double us = time_per_call_us(
+          [&](int i, cudaStream_t s) {
+            const States& in = *ins[i % sets];
+            const ConstStateStackView stack = attnstate::make_state_stack(
+                in.o, DType::kBF16, in.lse, order, T, S, kHeads, kHeadDim, LseBase::kNatural,
+                MemorySpace::kDevice);
+            attnstate::cuda::merge_states(stack, outs[i % sets]->view(T), s);
+          },
+          calls, reps);
+      report(Row{op, order == StackOrder::kTokensMajor ? "tokens-major" : "states-major", S, T,
+                 us, static_cast<double>(in_bytes + out_bytes) / (us * 1e3), 0.0});
+    };
+    const auto pair_points = [&](std::int64_t T, const std::string& suffix) {
+      const std::int64_t state_bytes = T * kHeads * (kHeadDim * 2 + 4);
+      const int sets = rotation(3 * state_bytes);
+      std::vector<std::unique_ptr<States>> as, bs, outs;
+      for (int k = 0; k < sets; ++k) {
+        as.push_back(std::make_unique<States>(T, 3u * k + 11u));
+        bs.push_back(std::make_unique<States>(T, 5u * k + 13u));
+        outs.push_back(std::make_unique<States>(T, 7u * k + 17u));
+      }
+      const int calls = T == 1 ? 200 : std::max(4, std::min(64, 2 * sets));
+      double us = time_per_call_us(
+          [&](int i, cudaStream_t s) {
+            attnstate::cuda::merge_state(as[i % sets]->view(T), bs[i % sets]->view(T),
+                                         outs[i % sets]->view(T), s);
+          },
+          calls, reps);
+      report(Row{"merge_state" + suffix, "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
+      us = time_per_call_us(
+          [&](int i, cudaStream_t s) {
+            attnstate::cuda::merge_state_inplace(outs[i % sets]->view(T), bs[i % sets]->view(T),
+                                                 nullptr, s);
+          },
+          calls, reps);
+      report(Row{"merge_state_inplace" + suffix, "-", 2, T, us, 3.0 * state_bytes / (us * 1e3),
+                 0.0});
+    };
+
+    // merge_states: S × tokens × layouts.
+    const std::vector<std::int64_t> token_list =
+        quick ? std::vector<std::int64_t>{1, 4096} : std::vector<std::int64_t>{1, 64, 4096, 65536};
+    for (std::int64_t S : {2, 8, 32})
+      for (std::int64_t T : token_list)
+        for (StackOrder order : {StackOrder::kTokensMajor, StackOrder::kStatesMajor}) {
+          if (quick && order == StackOrder::kStatesMajor) continue;
+          stack_point(S, T, order, "merge_states");
+        }
+    // Pairwise and in-place merges at 4096 tokens (and one token, for latency).
+    for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}}) pair_points(T, "");
+
+    // The same without the L2 prefetch of the next batch / row (ATTNSTATE_MERGE_PREFETCH=0).
+    if (!quick) {
+      setenv("ATTNSTATE_MERGE_PREFETCH", "0", 1);
+      for (std::int64_t S : {2, 8, 32})
+        for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}, std::int64_t{65536}})
+          stack_point(S, T, StackOrder::kTokensMajor, "merge_states/nopf");
+      pair_points(4096, "/nopf");
+      unsetenv("ATTNSTATE_MERGE_PREFETCH");
+    }
+
+    if (!csv.empty()) {
+      FILE* f = std::fopen(csv.c_str(), "w");
+      if (!f) {
+        std::fprintf(stderr, "cannot write %s\n", csv.c_str());
+        return 1;
+      }
+      std::fprintf(f, "op,layout,states,tokens,heads,head_dim,dtype,time_us,gb_per_s,fraction_of_copy,copy_gb_per_s\n");
+      for (const Row& r : rows)
+        std::fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,bf16,%.3f,%.1f,%.4f,%.1f\n", r.op.c_str(),
+                     r.layout.c_str(), static_cast<long long>(r.states),
+                     static_cast<long long>(r.tokens), static_cast<long long>(kHeads),
+                     static_cast<long long>(kHeadDim), r.us, r.gbs, r.frac, copy_gbs);
+      std::fclose(f);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_merge: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,47 @@
+/// @file decode.hpp
+/// @brief CPU backend: split-KV decode over a paged KV cache in host memory (the reference of the
+///        CUDA decode, and usable on its own). Multi-threaded over (request, KV head, split).
+///
+/// Same problem and split layouts as `attnstate::cuda` (see core/decode_split.hpp): every split is
+/// an attention state computed with `math::OnlineSoftmax` in fp32 over blocks of 16 keys, and the
+/// splits of a request are merged in split order with the max-subtracted merge. Queries and KV may
+/// be f32, f16 or bf16 (independently).
+#pragma once
+
+#include "attnstate/core/decode_split.hpp"
+#include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace cpu {
+
+/// Split-KV decode with an explicit split layout (e.g. the one of a CUDA `DecodePlan`).
+///
+/// Row `i` of request `b` (the `i`-th of its `q_len` new tokens, which are the last `q_len` of
+/// its `seq_lens[b]` keys) attends to keys `[0, seq_lens[b] − q_len + i]`; when
+/// `seq_lens[b] < q_len` the first `q_len − seq_lens[b]` rows see no key and get `(0, -inf)`.
+///
+/// @param q       host queries `(batch, q_len, heads_q, head_dim)`, last dim contiguous,
+///                f32/f16/bf16; `q_len` 1..8, `heads_q % kv.heads_kv == 0`.
+/// @param kv      host paged cache (`kv.space == kHost`), f32/f16/bf16, CSR or block table,
+///                `seq_lens ≥ 0` within the pages of each request, page ids inside the pool.
+/// @param splits  the split layout (`max_splits ≥ 1`; `kFixedCount` or `kFixedSize`).
+/// @param scale   softmax scale, finite and non-zero.
+/// @param out     host state `(batch·q_len, heads_q, head_dim)` (token `b·q_len + i`), any dtype
+///                and base.
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation.
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+            float scale, StateView out);
+
+/// Split-KV decode with a split policy: the layout is planned with `plan_split_layout` from the
+/// host `kv.seq_lens`, with the worker threads as the slots of `kAuto`.
+/// @param q        host queries `(batch, q_len, heads_q, head_dim)` (as above).
+/// @param kv       host paged cache (as above).
+/// @param options  scale (0 → `1/sqrt(head_dim)`) and split policy.
+/// @param out      host state `(batch·q_len, heads_q, head_dim)`, any dtype and base.
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation.
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
+            StateView out);
+
+}  // namespace cpu
+}  // namespace attnstate

@@ -1,0 +1,134 @@
+/// @file cascade.hpp
+/// @brief CUDA backend: cascade (shared-prefix) attention over a paged KV pool, plan/run.
+///
+/// Call shape: `plan_cascade` (host only, from the shapes, the host copies of the level arrays
+/// and the SM count: picks a row tile and a KV split per level, sizes the fp32 workspace) →
+/// allocate `plan.workspace_bytes()` of device memory → `run_cascade` (any number of times, on
+/// the caller's stream; never allocates, never synchronises, capturable in a CUDA graph).
+///
+/// How it runs. For every level one kernel launch: a CTA takes one segment, one KV head, one tile
+/// of query rows and one KV split of the segment. The rows of a tile are the queries of ALL the
+/// requests sharing the segment (requests × new tokens × the GQA group's query heads), so each
+/// page of a shared segment is read from memory once per tile, not once per request. `QKᵀ` and
+/// `PV` run on tensor cores (`mma.sync` m16n8k16, bf16/f16 operands, fp32 accumulation; the
+/// probabilities are rounded to the KV dtype as the `PV` operand); KV tiles of 64 tokens stream
+/// through a 3-stage `cp.async` pipeline. Each CTA writes a partial state (o, base-2 lse) in fp32
+/// to the workspace; one merge launch then folds every level's and every split's partial state
+/// of a row with the library's max-subtracted merge (`math::merge_weight`/`merge_finalize`, the
+/// same numerics as `cuda::merge_states`) and writes the output in its dtype and base. No
+/// floating-point atomics: results are bitwise repeatable for a given plan.
+///
+/// Device lengths may differ from the planned ones (e.g. a graph replayed as suffixes grow):
+/// the split of a segment is derived on the device from its device length (the last split takes
+/// any excess), lengths are clamped to the segment's pages and page ids to the pool. The request
+/// grouping (`request_indptr`) and `num_segments` must be the planned ones.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/cpu/cascade.hpp"
+
+namespace attnstate {
+namespace cuda {
+
+/// The shape of a cascade problem (everything but the tensors and the level arrays).
+struct CascadeShape {
+  std::int64_t batch = 0;      ///< Requests (≥ 1).
+  std::int64_t q_len = 1;      ///< New tokens per request, 1..kMaxCascadeQueryLen.
+  std::int64_t heads_q = 0;    ///< Query heads, a multiple of `heads_kv`, group ≤ 64.
+  std::int64_t heads_kv = 0;   ///< KV heads.
+  std::int64_t head_dim = 0;   ///< 64 or 128 (others: `Status::kNotSupported`).
+  std::int64_t page_size = 0;  ///< Tokens per page (any ≥ 1).
+  std::int64_t num_pages = 0;  ///< Pages in the pool.
+  DType dtype = DType::kBF16;  ///< Query and KV dtype: f16 or bf16 (others: `kNotSupported`).
+};
+
+/// Overrides of the plan's choices (0 = automatic); for tests and tuning.
+struct CascadeTuning {
+  int tile_rows = 0;  ///< Query rows per CTA tile: 16, 64 or 128.
+  int chunk = 0;      ///< KV tokens per split, a positive multiple of 64.
+};
+
+/// What the plan chose for one level.
+struct CascadeLevelPlan {
+  std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
+  int tile_rows = 0;              ///< Query rows per CTA tile (16, 64 or 128).
+  int max_tiles = 0;              ///< Most row tiles of any segment.
+  int chunk = 0;                  ///< KV tokens per split (a multiple of 64).
+  int max_splits = 0;             ///< Most splits of any segment (planned lengths).
+  int slot_offset = 0;            ///< First workspace slot of this level's partial states.
+  bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
+};
+
+/// A cascade plan: everything `run_cascade` needs besides the tensors (a small host value).
+struct CascadePlan {
+  CascadeShape shape;                                 ///< The planned shape.
+  int num_levels = 0;                                 ///< Levels (1..kMaxCascadeLevels).
+  CascadeLevelPlan levels[kMaxCascadeLevels] = {};    ///< Per-level choices.
+  int num_slots = 0;                                  ///< Partial states per query row.
+  float scale = 0.f;                                  ///< Softmax scale (resolved, never 0).
+  bool causal = true;                                 ///< Causal mask on the last level.
+  int num_sms = 0;                                    ///< SMs planned for.
+
+  /// Query rows `batch · q_len · heads_q`.
+  std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
+  /// Bytes of device workspace `run_cascade` needs: fp32 partial states
+  /// `(num_slots, rows, head_dim)` and their LSEs `(num_slots, rows)`, 256-byte aligned sections.
+  std::size_t workspace_bytes() const;
+};
+
+/// Plans a cascade (host only; reads the host level arrays, makes no CUDA call).
+///
+/// @param shape        the problem shape (see `CascadeShape`).
+/// @param host_levels  `num_levels` levels whose arrays are in HOST memory: `request_indptr`,
+///                     `page_indptr` and `seg_lens` are read (the lengths the plan serves);
+///                     `page_indices` is checked against the pool when non-null.
+/// @param num_levels   1..kMaxCascadeLevels.
+/// @param options      scale (0 → `1/sqrt(head_dim)`) and causal masking (see `CascadeOptions`).
+/// @param num_sms      SMs of the device (`cudaDevAttrMultiProcessorCount`), ≥ 1.
+/// @param tuning       optional overrides of the tile and split choices.
+/// @throws Error `kInvalidArgument` naming the argument, or `kNotSupported` naming `head_dim`
+///         or `dtype`.
+CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels,
+                         int num_levels, const CascadeOptions& options, int num_sms,
+                         const CascadeTuning& tuning = {});
+
+/// Runs a planned cascade on `stream`: every level, then the merge (see the file comment).
+///
+/// @param plan           from `plan_cascade`.
+/// @param q              device queries `(batch, q_len, heads_q, head_dim)`, dtype
+///                       `plan.shape.dtype`, last dim contiguous, 16-byte aligned rows.
+/// @param kv             device pool (`kv.space == kDevice`) of the planned shape: `k`, `v`
+///                       16-byte aligned, `page_elems()` a multiple of 8, NHD or HND; its
+///                       page-table fields are ignored.
+/// @param device_levels  `num_levels` levels (a host array of structs) whose arrays are in
+///                       DEVICE memory, with the planned `num_segments` and request grouping.
+/// @param num_levels     `plan.num_levels`.
+/// @param out            device state `(batch · q_len, heads_q, head_dim)`, token `b·q_len + t`;
+///                       any dtype, any base (written in `out.base`).
+/// @param workspace      device memory of at least `plan.workspace_bytes()`, 256-byte aligned.
+/// @param workspace_bytes its size.
+/// @param stream         the caller's stream.
+/// @throws Error (`kInvalidArgument`, `kWorkspaceTooSmall`, `kCudaError`).
+void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                 const CascadeLevel* device_levels, int num_levels, StateView out,
+                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+/// One stage of `run_cascade`: the partial states of level `level` (for profiling; `run_cascade`
+/// is every level followed by `run_cascade_merge`). Arguments as in `run_cascade`.
+void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView& q,
+                       const PagedKvCache& kv, const CascadeLevel& device_level, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+/// The last stage of `run_cascade`: merges the partial states of every level into `out`.
+/// Arguments as in `run_cascade`.
+void run_cascade_merge(const CascadePlan& plan, StateView out, const void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,94 @@
+/// @file decode.hpp
+/// @brief CUDA backend: split-KV (Flash-Decoding) attention over a paged KV cache, plan/run.
+///
+/// Call shape: `plan_decode` (host, once per shape: picks the splits from the real lengths and
+/// the SM count, sizes the workspace) → allocate `plan.workspace_bytes()` of device memory and
+/// zero it once (`init_decode_workspace`) → `run_decode` (any number of times, on the caller's
+/// stream, never allocates, never synchronises, capturable in a CUDA graph).
+///
+/// The kernel reads `seq_lens` and the page table on the device and derives each request's splits
+/// from its device length (clamped to the pages the table gives it), so a plan made for maximum
+/// lengths and batch replays correctly for shorter requests, fewer requests or empty ones
+/// (`seq_len = 0` gives the empty state `(0, -inf)`).
+///
+/// Numerics: scores and softmax in fp32 (base 2 internally), `QKᵀ` and `PV` on tensor cores
+/// (bf16/f16 operands, fp32 accumulation; the probabilities are rounded to the KV dtype as the
+/// `PV` operand). Each split's partial state `(o, lse)` goes to an fp32 workspace; the last CTA of
+/// a (request, KV head) merges its request's splits in split order with the library's
+/// max-subtracted merge (integer tickets, no floating-point atomics), so results are bitwise
+/// repeatable for a given plan. A request with one split skips the merge.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attnstate/core/decode_split.hpp"
+#include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace cuda {
+
+/// A decode plan: everything `run_decode` needs besides the tensors (a small host value).
+struct DecodePlan {
+  DecodeProblem problem;   ///< The (maximum) shape planned for.
+  SplitLayout splits;      ///< How requests are cut into splits.
+  float scale = 0.f;       ///< Softmax scale (resolved: never 0).
+  int num_sms = 0;         ///< SMs the plan was made for.
+  int row_tiles = 1;       ///< Tiles of 16 query rows per KV head: `ceil(q_len·group / 16)`.
+  /// Benchmark aid: when true the cross-split merge is skipped (outputs of split requests are
+  /// then left unwritten). Never set this outside of profiling.
+  bool profile_skip_combine = false;
+  /// Benchmark aid: kernel variants compared by the benchmark (0 is the default). Never set
+  /// this outside of profiling.
+  int profile_variant = 0;
+
+  /// Bytes of device workspace `run_decode` needs (0 when no request can be split):
+  /// fp32 partial states `(batch·q_len, max_splits, heads_q, head_dim)` plus their LSEs and one
+  /// int32 ticket per (request, KV head, row tile). 256-byte aligned sections.
+  std::size_t workspace_bytes() const;
+};
+
+/// Plans a decode (host only; no CUDA call).
+///
+/// @param problem        shape: `batch ≥ 0`, `1 ≤ q_len ≤ 8`, `heads_q % heads_kv == 0`,
+///                       `heads_q / heads_kv ≤ 16`, `head_dim ∈ {64, 128, 256}`, `q_dtype ==
+///                       kv_dtype ∈ {f16, bf16}` (others: `Status::kNotSupported`).
+/// @param seq_lens_host  host array `(batch)`: the (maximum) lengths the plan must serve.
+/// @param options        scale (0 → `1/sqrt(head_dim)`) and split policy (see `SplitLayout`).
+/// @param num_sms        SMs of the device (`cudaDevAttrMultiProcessorCount`), ≥ 1.
+/// @throws Error naming the argument on a violation.
+DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_lens_host,
+                       const DecodeOptions& options, int num_sms);
+
+/// Zeroes the ticket counters of a workspace on `stream` (one `cudaMemsetAsync`). Call once after
+/// allocating the workspace (or after a failed run); every `run_decode` leaves them zero again.
+void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t workspace_bytes,
+                           cudaStream_t stream = nullptr);
+
+/// Runs a planned decode on `stream`.
+///
+/// Row `i` of request `b` (the `i`-th of its `q_len` new tokens, which are the last `q_len` of
+/// its `seq_lens[b]` keys) attends to keys `[0, seq_lens[b] − q_len + i]`; when
+/// `seq_lens[b] < q_len` the first `q_len − seq_lens[b]` rows see no key and get `(0, -inf)`.
+///
+/// @param plan       from `plan_decode`; `kv.batch` may be smaller than `plan.problem.batch`.
+/// @param q          device queries `(batch, q_len, heads_q, head_dim)`, any strides with the last
+///                   dim contiguous, dtype `plan.problem.q_dtype`.
+/// @param kv         device paged cache (`kv.space == kDevice`): `k`, `v` 16-byte aligned,
+///                   `page_elems()` a multiple of 8, CSR table or block table, device `seq_lens`.
+///                   Lengths are clamped to the pages each request owns; page ids to the pool.
+/// @param out        device state `(batch·q_len, heads_q, head_dim)`, token `b·q_len + i`; any
+///                   dtype, any base (written in `out.base`).
+/// @param workspace  device memory of at least `plan.workspace_bytes()`, initialised once with
+///                   `init_decode_workspace`; may be null when that size is 0.
+/// @param stream     the caller's stream.
+/// @throws Error (`kInvalidArgument`, `kNotSupported`, `kWorkspaceTooSmall`, `kCudaError`).
+void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                StateView out, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream = nullptr);
+
+}  // namespace cuda
+}  // namespace attnstate

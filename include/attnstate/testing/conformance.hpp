@@ -1,0 +1,125 @@
+/// @file conformance.hpp
+/// @brief `check_state_kernel`: property-tests a user's attention kernel against the algebra of
+///        attention states (exactness, split/merge, identity, declared base, large logits,
+///        determinism) and reports which law broke, the shrunk minimal case and the seed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attnstate/testing/generators.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/problem.hpp"
+
+namespace attnstate {
+namespace testing {
+
+/// A kernel under test: returns the attention state of `problem`'s queries over the keys
+/// `keys` (indices into `problem.k` / `problem.v`, sorted, possibly empty). Use
+/// `select_keys(problem, keys)` to get a problem holding only those keys and
+/// `make_output_state(problem)` for an output shaped `(tokens, H_q, head_dim)` in the
+/// requested dtype and base. The returned state's base tag is its declared base.
+using StateKernel = std::function<HostState(const AttentionProblem& problem,
+                                            const std::vector<std::int64_t>& keys)>;
+
+/// The laws `check_state_kernel` property-tests.
+enum class Law {
+  kExactness,  ///< `fn(K)` matches the double-precision reference for a random key subset K.
+  kSplitMerge,  ///< `fn(P1 ∪ … ∪ Pn) ≈ fn(P1) ⊕ … ⊕ fn(Pn)` for a random partition (empty
+                ///< and one-key parts included, each part requested in a random base, the
+                ///< merge in double); n = 2 is `fn(I ∪ J) ≈ fn(I) ⊕ fn(J)`.
+  kIdentity,      ///< `fn(∅)` is exactly the empty state: `lse = -inf`, `o = 0` (no NaN).
+  kDeclaredBase,  ///< The state's base tag is the one requested and its LSEs are in that base.
+  kLargeLogits,   ///< Scores in the hundreds (q × 40) give finite `o` and `lse`, matching the
+                  ///< reference (a kernel without max subtraction overflows here).
+  kDeterminism,   ///< Two calls with the same inputs give bitwise-identical states.
+};
+
+/// Name of a law ("exactness", "split_merge", "identity", "declared_base", "large_logits",
+/// "determinism").
+const char* to_string(Law law);
+
+/// Every law, in the order they are checked.
+std::vector<Law> all_laws();
+
+/// Options of `check_state_kernel`.
+struct KernelCheckOptions {
+  ProblemGenOptions problems;          ///< The problems drawn (shapes, dtypes, bases).
+  std::vector<Law> laws = all_laws();  ///< The laws to check.
+  int num_tests = 200;                 ///< Successful cases required per law.
+  int max_parts = 5;                   ///< Largest partition for `kSplitMerge`.
+  std::uint64_t seed = 0;              ///< RapidCheck seed; 0 takes the seed of `RC_PARAMS`
+                                       ///< (random per process unless set there).
+  double tolerance_factor = 1.0;       ///< Multiplies every tolerance (relax for low-precision
+                                       ///< kernels; the defaults are `tolerance_for(problem)`).
+  bool shrink = true;                  ///< Shrink failures to a minimal case.
+};
+
+/// The outcome of one RapidCheck property.
+struct PropertyResult {
+  std::string name;     ///< The property's (law's) name.
+  bool passed = false;  ///< True when every case passed.
+  int num_tests = 0;    ///< Cases that passed (before the failure, if any).
+  std::string message;  ///< For a failure: the law's name, the shrunk minimal case, what
+                        ///< differed and how to reproduce it (seed); empty on success.
+};
+
+/// The outcome of one law of `check_state_kernel`.
+struct LawResult : PropertyResult {
+  Law law = Law::kExactness;  ///< The law.
+};
+
+/// The outcome of `check_state_kernel`.
+struct KernelCheckReport {
+  std::uint64_t seed = 0;       ///< The RapidCheck seed every law ran with.
+  std::vector<LawResult> laws;  ///< One entry per checked law.
+
+  /// True when every checked law passed.
+  bool passed() const;
+  /// True when `law` was checked and failed.
+  bool failed(Law law) const;
+  /// The names of the failed laws, comma-separated ("" when all passed).
+  std::string failed_laws() const;
+  /// A multi-line summary: one line per law (`PASS`/`FAIL`, cases), then each failure's
+  /// message, then the seed and how to reproduce (`KernelCheckOptions::seed = <seed>` or
+  /// `RC_PARAMS="seed=<seed>"`).
+  std::string summary() const;
+};
+
+/// Property-tests `fn` against the laws in `options.laws` with RapidCheck and returns a report.
+///
+/// Each law runs `options.num_tests` random cases drawn from `options.problems`; a failing case
+/// is shrunk to a minimal one (fewest tokens, heads, keys, parts; simplest dtype and base),
+/// printed in the report with the law's name and the seed. Exceptions thrown by `fn` count as
+/// failures of the law being checked. Comparisons use `tolerance_for(problem)` scaled by
+/// `options.tolerance_factor` (twice that for `kSplitMerge`, where both sides carry error).
+///
+/// Example (a kernel author's whole test):
+/// @code
+///   auto report = attnstate::testing::check_state_kernel(
+///       [](const AttentionProblem& p, const std::vector<std::int64_t>& keys) {
+///         return my_kernel(select_keys(p, keys));   // returns a HostState
+///       });
+///   EXPECT_TRUE(report.passed()) << report.summary();
+/// @endcode
+KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOptions& options = {});
+
+/// Runs one RapidCheck property with explicit parameters and no console output: the building
+/// block of `check_state_kernel`, usable for custom laws.
+/// @param name       the law's name, used in the failure message.
+/// @param property   the property body: draws with `*gen` and asserts with `RC_ASSERT` /
+///                   `RC_FAIL` (as a body passed to `rc::check`).
+/// @param num_tests  cases required to pass.
+/// @param seed       RapidCheck seed (0: the seed of `RC_PARAMS`).
+/// @param shrink     whether to shrink a failure.
+PropertyResult run_property(const std::string& name, const std::function<void()>& property,
+                            int num_tests, std::uint64_t seed, bool shrink = true);
+
+/// The seed RapidCheck uses in this process when none is given (from `RC_PARAMS`, else
+/// drawn randomly once per process).
+std::uint64_t default_seed();
+
+}  // namespace testing
+}  // namespace attnstate

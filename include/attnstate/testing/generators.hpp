@@ -1,0 +1,138 @@
+/// @file generators.hpp
+/// @brief RapidCheck generators for states, key subsets, partitions and attention problems.
+///
+/// Shapes, dtypes, bases and the kind of every LSE are drawn by RapidCheck and shrink towards
+/// small, simple cases; bulk values (`o`, `q`, `k`, `v`) are drawn from a generated 64-bit seed,
+/// so a counterexample prints compactly and still reproduces exactly.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/lse_base.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/problem.hpp"
+
+namespace attnstate {
+namespace testing {
+
+/// The extents of a state `(tokens, heads, head_dim)`.
+struct StateShape {
+  std::int64_t tokens = 1;    ///< Number of tokens.
+  std::int64_t heads = 1;     ///< Heads per token.
+  std::int64_t head_dim = 1;  ///< Elements of `o` per (token, head).
+};
+
+/// What `gen_state` may produce.
+struct StateGenOptions {
+  std::int64_t max_tokens = 3;    ///< Tokens drawn from `[1, max_tokens]`.
+  std::int64_t max_heads = 3;     ///< Heads drawn from `[1, max_heads]`.
+  std::int64_t max_head_dim = 8;  ///< head_dim drawn from `[1, max_head_dim]`.
+  std::vector<DType> dtypes = {DType::kF32, DType::kF16, DType::kBF16};  ///< `o` dtypes.
+  std::vector<LseBase> bases = {LseBase::kNatural, LseBase::kBase2};     ///< LSE bases.
+  bool empty_rows = true;      ///< Some rows are empty (`lse = -inf`).
+  bool nan_in_empty_o = true;  ///< An empty row's `o` may hold NaN or garbage (never read).
+  bool extreme_lse = true;     ///< Some LSEs lie within ±30 of ±`lse_magnitude`.
+  double lse_magnitude = 1e4;  ///< Magnitude of the extreme LSEs.
+  bool nan_rows = false;       ///< Some non-empty rows hold NaN in `o` or `lse`.
+};
+
+/// A random state shape within `options`' limits.
+rc::Gen<StateShape> gen_state_shape(const StateGenOptions& options = {});
+
+/// States of random shape, dtype and base: each row's LSE is ordinary (`[-20, 20]`), extreme
+/// (near ±`lse_magnitude`), or empty (`-inf`, with NaN or garbage in `o` when
+/// `nan_in_empty_o`); `o` of non-empty rows lies in `[-1, 1]`, rounded to the dtype.
+rc::Gen<HostState> gen_state(const StateGenOptions& options = {});
+/// States of the given shape (dtype, base and values random as above).
+rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& options = {});
+/// Empty states `(o = garbage or NaN, lse = -inf)` of the given shape, random dtype and base.
+rc::Gen<HostState> gen_empty_state(const StateShape& shape, const StateGenOptions& options = {});
+/// Between `min_count` and `max_count` states (≥ 1) of one shape (random per list).
+rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
+                                           const StateGenOptions& options = {});
+
+/// A random subset of `[0, n_keys)`, sorted; may be empty or the whole set.
+rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys);
+/// Two disjoint random subsets of `[0, n_keys)` (each sorted, either may be empty).
+rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_disjoint_pair(
+    std::int64_t n_keys);
+/// A random partition of `[0, n_keys)` into 1 to `max_parts` parts, each sorted. Parts may be
+/// empty or hold a single key; their union is the whole set and they are pairwise disjoint.
+rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_keys, int max_parts);
+
+/// What `gen_attention_problem` may produce.
+struct ProblemGenOptions {
+  std::int64_t max_tokens = 3;                        ///< Query rows drawn from `[1, max_tokens]`.
+  std::int64_t min_keys = 0;                          ///< Keys drawn from `[min_keys, max_keys]`.
+  std::int64_t max_keys = 40;                         ///< See `min_keys`.
+  std::int64_t max_heads_kv = 2;                      ///< `H_kv` drawn from `[1, max_heads_kv]`.
+  std::vector<std::int64_t> group_sizes = {1, 2, 4};  ///< `H_q / H_kv` choices (GQA).
+  std::vector<std::int64_t> head_dims = {1, 2, 4, 8, 16, 32};  ///< head_dim choices.
+  std::vector<DType> input_dtypes = {DType::kF32, DType::kF16, DType::kBF16};   ///< q/k/v.
+  std::vector<DType> output_dtypes = {DType::kF32, DType::kF16, DType::kBF16};  ///< out `o`.
+  std::vector<LseBase> bases = {LseBase::kNatural, LseBase::kBase2};  ///< Requested bases.
+  int large_logits_percent = 20;    ///< Share of problems with `q` amplified (0 to 100).
+  float large_logit_factor = 40.f;  ///< The amplification: scores reach the hundreds.
+};
+
+/// Decode-shaped problems: 1 to 8 query rows (speculative decode), GQA groups 4 and 8,
+/// head_dim 64 or 128, up to 300 keys, f16/bf16 inputs.
+ProblemGenOptions decode_problem_options();
+
+/// Random attention problems: `q`, `k`, `v` uniform in `[-1, 1]` rounded to the input dtype
+/// (`q` multiplied by `large_logit_factor` in `large_logits_percent`% of problems), scale
+/// `1/sqrt(head_dim)` or 1, a random output dtype and base.
+rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& options = {});
+
+/// A problem and a partition of its keys into up to `max_parts` parts.
+struct PartitionedProblem {
+  AttentionProblem problem;                      ///< The problem.
+  std::vector<std::vector<std::int64_t>> parts;  ///< Disjoint parts covering all its keys.
+};
+/// A random problem with a random partition of its keys (see `gen_partition`).
+rc::Gen<PartitionedProblem> gen_partitioned_problem(const ProblemGenOptions& options,
+                                                    int max_parts);
+/// RapidCheck's hook for showing a partitioned problem.
+void showValue(const PartitionedProblem& value, std::ostream& os);
+/// RapidCheck's hook for showing a shape.
+void showValue(const StateShape& shape, std::ostream& os);
+
+}  // namespace testing
+}  // namespace attnstate
+
+namespace attnstate {
+/// RapidCheck's hook for showing a dtype in a counterexample ("f32", "f16", "bf16").
+inline void showValue(DType dtype, std::ostream& os) { os << to_string(dtype); }
+/// RapidCheck's hook for showing an LSE base in a counterexample ("natural", "base2").
+inline void showValue(LseBase base, std::ostream& os) { os << to_string(base); }
+}  // namespace attnstate
+
+namespace rc {
+/// `rc::gen::arbitrary<DType>()`: f32, f16 or bf16 (shrinks towards f32).
+template <>
+struct Arbitrary<attnstate::DType> {
+  /// The generator.
+  static Gen<attnstate::DType> arbitrary() {
+    return gen::element(attnstate::DType::kF32, attnstate::DType::kF16, attnstate::DType::kBF16);
+  }
+};
+/// `rc::gen::arbitrary<LseBase>()`: natural or base 2 (shrinks towards natural).
+template <>
+struct Arbitrary<attnstate::LseBase> {
+  /// The generator.
+  static Gen<attnstate::LseBase> arbitrary() {
+    return gen::element(attnstate::LseBase::kNatural, attnstate::LseBase::kBase2);
+  }
+};
+/// `rc::gen::arbitrary<HostState>()`: `attnstate::testing::gen_state()` with default options.
+template <>
+struct Arbitrary<attnstate::testing::HostState> {
+  /// The generator.
+  static Gen<attnstate::testing::HostState> arbitrary() { return attnstate::testing::gen_state(); }
+};
+}  // namespace rc

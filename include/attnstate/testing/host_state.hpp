@@ -1,0 +1,104 @@
+/// @file host_state.hpp
+/// @brief `HostState`: an owning attention state `(o, lse)` in host memory, tagged with its
+///        dtype and LSE base, viewable by the library and by user kernels.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/lse_base.hpp"
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/testing/host_tensor.hpp"
+
+namespace attnstate {
+namespace testing {
+
+/// An owning attention state in host memory: `o (tokens, heads, head_dim)` stored in `dtype`
+/// and `lse (tokens, heads)` in fp32, in base `base`. The storage is contiguous, so `view()`
+/// can be handed to `attnstate::cpu` functions or to a user kernel that writes a state.
+///
+/// A freshly constructed state is the identity of ⊕: every row is `(o = 0, lse = -inf)`.
+class HostState {
+ public:
+  /// A state with no rows (0 tokens, 0 heads, 0 head_dim).
+  HostState() = default;
+  /// The empty state `(0, -inf)` of shape `(tokens, heads, head_dim)`, `o` stored in `dtype`,
+  /// LSE in `base`. @throws attnstate::Error (`kInvalidArgument`) on a negative extent.
+  HostState(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, DType dtype,
+            LseBase base);
+  /// A deep copy of a host state view of any strides (`o` keeps the view's dtype, the LSEs
+  /// keep its base). @throws attnstate::Error (`kInvalidArgument`) on a null pointer or a
+  /// device view.
+  static HostState from_view(const ConstStateView& view);
+
+  /// Number of tokens (independent query rows).
+  std::int64_t tokens() const { return tokens_; }
+  /// Heads per token.
+  std::int64_t heads() const { return heads_; }
+  /// Elements of `o` per (token, head).
+  std::int64_t head_dim() const { return head_dim_; }
+  /// Storage type of `o`.
+  DType dtype() const { return o_.dtype(); }
+  /// Base of the stored LSEs.
+  LseBase base() const { return base_; }
+
+  /// `o[t, h, d]` converted to float (exact).
+  float o(std::int64_t t, std::int64_t h, std::int64_t d) const;
+  /// Stores `o[t, h, d] = x`, rounded once to `dtype()`.
+  void set_o(std::int64_t t, std::int64_t h, std::int64_t d, float x);
+  /// `lse[t, h]` in `base()`.
+  float lse(std::int64_t t, std::int64_t h) const;
+  /// Stores `lse[t, h] = x` (interpreted in `base()`).
+  void set_lse(std::int64_t t, std::int64_t h, float x);
+  /// True when row `(t, h)` is empty (`lse == -inf`).
+  bool is_empty_row(std::int64_t t, std::int64_t h) const;
+
+  /// The `o` tensor `(tokens, heads, head_dim)`.
+  const HostTensor& o_tensor() const { return o_; }
+  /// @copydoc o_tensor() const
+  HostTensor& o_tensor() { return o_; }
+  /// The LSEs, row-major `(tokens, heads)`.
+  const std::vector<float>& lse_values() const { return lse_; }
+  /// @copydoc lse_values() const
+  std::vector<float>& lse_values() { return lse_; }
+
+  /// A writable contiguous view (`MemorySpace::kHost`) of this state.
+  StateView view();
+  /// A read-only contiguous view of this state.
+  ConstStateView view() const;
+  /// Same as the const `view()`, callable on a non-const state.
+  ConstStateView const_view() const { return view(); }
+
+  /// Fills `o` and `lse` with NaN, so that a kernel that leaves a value unwritten is caught.
+  void poison();
+  /// Changes the base tag WITHOUT touching the values (only for building deliberately
+  /// mislabeled states in tests; use `converted()` to change the base correctly).
+  void relabel_base(LseBase base) { base_ = base; }
+  /// A copy stored in `dtype` with LSEs converted to `base` (via `math::convert_lse`; `o`
+  /// rounded once).
+  HostState converted(DType dtype, LseBase base) const;
+
+ private:
+  std::int64_t tokens_ = 0;
+  std::int64_t heads_ = 0;
+  std::int64_t head_dim_ = 0;
+  LseBase base_ = LseBase::kNatural;
+  HostTensor o_{DType::kF32, {0, 0, 0}};
+  std::vector<float> lse_;
+};
+
+/// True when `a` and `b` have the same shape, dtype and base and bitwise-identical `o` and
+/// `lse` (NaN payloads included).
+bool bitwise_equal(const HostState& a, const HostState& b);
+
+/// Prints a state in a compact human-readable form (shape, dtype, base, each row's LSE and
+/// its first `o` values). Used by RapidCheck to show counterexamples.
+void showValue(const HostState& state, std::ostream& os);
+/// Streams `showValue(state)`.
+std::ostream& operator<<(std::ostream& os, const HostState& state);
+
+}  // namespace testing
+}  // namespace attnstate

@@ -1,0 +1,66 @@
+/// @file host_tensor.hpp
+/// @brief `HostTensor`: an owning, contiguous host tensor stored in its declared dtype.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace testing {
+
+/// An owning, contiguous (row-major) host tensor of rank 1 to 4 whose elements are stored in
+/// `dtype` (f32, f16 or bf16). Values are written as floats and rounded once to the dtype
+/// (round to nearest even); reads convert back exactly. `view()` exposes the storage to the
+/// library and to user kernels.
+class HostTensor {
+ public:
+  /// An empty tensor (rank 0, no elements).
+  HostTensor() = default;
+  /// A zero-filled tensor of `shape` (1 to 4 extents, each ≥ 0) stored as `dtype`.
+  /// @throws attnstate::Error (`kInvalidArgument`) for a bad rank, a negative extent or an
+  ///         unknown dtype.
+  HostTensor(DType dtype, std::vector<std::int64_t> shape);
+  /// A tensor of `shape` holding `values` (row-major, `values.size()` = number of elements),
+  /// each rounded once to `dtype`.
+  static HostTensor from_floats(DType dtype, std::vector<std::int64_t> shape,
+                                const std::vector<float>& values);
+
+  /// Storage type of the elements.
+  DType dtype() const { return dtype_; }
+  /// Number of dimensions.
+  int rank() const { return static_cast<int>(shape_.size()); }
+  /// Extents, outermost first.
+  const std::vector<std::int64_t>& shape() const { return shape_; }
+  /// Extent of dimension `i`.
+  std::int64_t dim(int i) const { return shape_.at(static_cast<std::size_t>(i)); }
+  /// Total number of elements.
+  std::int64_t numel() const { return numel_; }
+
+  /// Element `i` of the flattened tensor, converted to float (exact).
+  float get(std::int64_t i) const;
+  /// Stores `x` at flat index `i`, rounded once to the dtype.
+  void set(std::int64_t i, float x);
+  /// Stores `x` in every element.
+  void fill(float x);
+  /// All elements as floats, row-major.
+  std::vector<float> to_floats() const;
+
+  /// Raw storage (`numel() * size_of(dtype())` bytes).
+  void* data() { return storage_.data(); }
+  /// @copydoc data()
+  const void* data() const { return storage_.data(); }
+  /// A read-only, contiguous host view of the tensor.
+  ConstTensorView view() const;
+
+ private:
+  DType dtype_ = DType::kF32;
+  std::vector<std::int64_t> shape_;
+  std::int64_t numel_ = 0;
+  std::vector<float> storage_;  // float-aligned backing store, reinterpreted per dtype
+};
+
+}  // namespace testing
+}  // namespace attnstate

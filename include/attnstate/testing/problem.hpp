@@ -1,0 +1,91 @@
+/// @file problem.hpp
+/// @brief `AttentionProblem`: queries, keys and values on the host, plus helpers that restrict
+///        a problem to a subset of its keys and allocate the matching output state.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/lse_base.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/host_tensor.hpp"
+
+namespace attnstate {
+namespace testing {
+
+/// One attention problem: query rows against one KV segment.
+///
+/// `q (tokens, H_q, head_dim)`, `k` and `v (num_keys, H_kv, head_dim)` with `H_q` a multiple
+/// of `H_kv` (query head `h` reads KV head `h / (H_q / H_kv)`), scores `s = scale · q·k`. The
+/// state a kernel should return has `o` stored in `out_dtype` and its LSE in `base`.
+struct AttentionProblem {
+  HostTensor q;                      ///< Queries `(tokens, H_q, head_dim)`.
+  HostTensor k;                      ///< Keys `(num_keys, H_kv, head_dim)`.
+  HostTensor v;                      ///< Values, same shape and dtype as `k`.
+  float scale = 1.f;                 ///< Softmax scale applied to `q·k`.
+  DType out_dtype = DType::kF32;     ///< Storage dtype requested for the output `o`.
+  LseBase base = LseBase::kNatural;  ///< LSE base requested for the output.
+  bool large_logits = false;         ///< True when `q` was amplified so that scores reach the
+                                     ///< hundreds (informational).
+  std::uint64_t value_seed = 0;      ///< Seed the values were drawn from (informational).
+
+  /// Query rows.
+  std::int64_t tokens() const { return q.dim(0); }
+  /// Query heads `H_q`.
+  std::int64_t heads_q() const { return q.dim(1); }
+  /// KV heads `H_kv`.
+  std::int64_t heads_kv() const { return k.dim(1); }
+  /// Elements per head.
+  std::int64_t head_dim() const { return q.dim(2); }
+  /// Keys in the segment (`T`).
+  std::int64_t num_keys() const { return k.dim(0); }
+  /// `H_q / H_kv`.
+  std::int64_t group_size() const { return heads_q() / heads_kv(); }
+};
+
+/// Builds a problem from float values (each rounded once to `dtype`).
+///
+/// @param tokens     query rows.
+/// @param heads_q    query heads `H_q`, a multiple of `heads_kv`.
+/// @param heads_kv   KV heads `H_kv` (≥ 1).
+/// @param head_dim   elements per head (≥ 1).
+/// @param num_keys   keys `T` (≥ 0).
+/// @param dtype      storage dtype of `q`, `k` and `v`.
+/// @param q          `(tokens, H_q, head_dim)` row-major values.
+/// @param k          `(num_keys, H_kv, head_dim)` row-major values.
+/// @param v          same shape as `k`.
+/// @param scale      softmax scale applied to `q·k`.
+/// @param out_dtype  dtype requested for the output `o`.
+/// @param base       LSE base requested for the output.
+/// @throws attnstate::Error (`kInvalidArgument`) when the sizes do not match the extents or
+///         `H_q % H_kv != 0`.
+AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::int64_t heads_kv,
+                              std::int64_t head_dim, std::int64_t num_keys, DType dtype,
+                              const std::vector<float>& q, const std::vector<float>& k,
+                              const std::vector<float>& v, float scale, DType out_dtype,
+                              LseBase base);
+
+/// The same problem with only the keys (and values) at indices `keys`, in that order.
+///
+/// @param problem  the problem to restrict.
+/// @param keys  indices into `[0, problem.num_keys())`; may be empty (a `T = 0` segment).
+/// @throws attnstate::Error (`kInvalidArgument`) for an index out of range.
+AttentionProblem select_keys(const AttentionProblem& problem,
+                             const std::vector<std::int64_t>& keys);
+
+/// A state shaped for `problem`'s output, `(tokens, H_q, head_dim)` in `out_dtype` and `base`,
+/// poisoned with NaN so that any value a kernel fails to write shows up.
+HostState make_output_state(const AttentionProblem& problem);
+
+/// The indices `0 .. n-1`.
+std::vector<std::int64_t> all_keys(std::int64_t n);
+
+/// Prints the problem's shape, dtypes, base, scale and value seed (not the values).
+std::ostream& operator<<(std::ostream& os, const AttentionProblem& problem);
+/// RapidCheck's hook for showing a problem in a counterexample.
+void showValue(const AttentionProblem& problem, std::ostream& os);
+
+}  // namespace testing
+}  // namespace attnstate

@@ -1,0 +1,71 @@
+/// @file reference.hpp
+/// @brief The double-precision reference: attention states of a key subset and the ⊕ merge,
+///        computed in double from the exact stored values.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attnstate/core/lse_base.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/problem.hpp"
+
+namespace attnstate {
+namespace testing {
+
+/// A state in double precision: `o (tokens, heads, head_dim)` and `lse (tokens, heads)`,
+/// row-major, LSEs in `base`. The empty row is `(0, -inf)`.
+struct ReferenceState {
+  std::int64_t tokens = 0;           ///< Number of tokens.
+  std::int64_t heads = 0;            ///< Heads per token.
+  std::int64_t head_dim = 0;         ///< Elements of `o` per (token, head).
+  LseBase base = LseBase::kNatural;  ///< Base of `lse`.
+  std::vector<double> o;             ///< `(tokens, heads, head_dim)`.
+  std::vector<double> lse;           ///< `(tokens, heads)`.
+
+  /// `o[t, h, d]`.
+  double o_at(std::int64_t t, std::int64_t h, std::int64_t d) const {
+    return o[static_cast<std::size_t>((t * heads + h) * head_dim + d)];
+  }
+  /// `lse[t, h]`.
+  double lse_at(std::int64_t t, std::int64_t h) const {
+    return lse[static_cast<std::size_t>(t * heads + h)];
+  }
+};
+
+/// The exact widening of a stored state to double (same base).
+ReferenceState to_reference(const HostState& state);
+
+/// The same state with its LSEs converted to `base` (in double; ±inf and NaN preserved).
+ReferenceState rebased(const ReferenceState& state, LseBase base);
+
+/// The attention state of `problem`'s queries over the keys `keys`, in double.
+///
+/// For each query token `t` and head `h` (KV head `g = h / group_size`): scores
+/// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over `i ∈ keys`, `m = max s_i`,
+/// `o = Σ e^{s_i - m} v[i,g] / Σ e^{s_i - m}`, `lse = m + ln Σ e^{s_i - m}` (converted to
+/// `base`). An empty `keys` gives `(0, -inf)`. Cost `O(tokens · H_q · |keys| · head_dim)`.
+///
+/// @throws attnstate::Error (`kInvalidArgument`) for a key index out of range.
+ReferenceState reference_state(const AttentionProblem& problem,
+                               const std::vector<std::int64_t>& keys, LseBase base);
+/// As above, in the problem's requested base `problem.base`.
+ReferenceState reference_state(const AttentionProblem& problem,
+                               const std::vector<std::int64_t>& keys);
+
+/// `⊕_i states[i]` in double, written in `base`, with the library's contract: max-subtracted
+/// weights, an empty input row contributes nothing (its `o` is never read, even if NaN),
+/// all-empty rows give `(0, -inf)`, NaN in a non-empty input propagates. Inputs may have
+/// different bases. @throws attnstate::Error (`kInvalidArgument`) when the shapes differ or
+/// `states` is empty.
+ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBase base);
+/// `⊕_i states[i]` of stored states (each widened exactly to double first), in `base`.
+ReferenceState reference_merge(const std::vector<HostState>& states, LseBase base);
+
+/// The largest `|scale| · Σ_d |q[t,h,d] k[i,g,d]|` over all (token, head, key) of the
+/// problem: it bounds the magnitude of every score and scales the fp32 rounding error a kernel
+/// can make in computing them.
+double max_abs_score(const AttentionProblem& problem);
+
+}  // namespace testing
+}  // namespace attnstate

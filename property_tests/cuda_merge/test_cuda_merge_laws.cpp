@@ -1,0 +1,235 @@
+/// @file test_cuda_merge_laws.cpp
+/// @brief The laws of ⊕ checked with RapidCheck on the GPU: associativity, commutativity, the
+///        identity (bitwise), base invariance, empty states with NaN `o`, all-empty input and
+///        NaN propagation. Each law is a plain test that skips without a GPU and otherwise
+///        runs `rc::check`, failing on a counterexample.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnstate/cuda/merge.hpp"
+#include "merge_test_support.hpp"
+
+namespace attnstate_test {
+namespace {
+
+namespace gpu = attnstate::cuda;
+
+/// The shape and tags of a random problem; the values come from `seed`.
+struct Problem {
+  std::int64_t tokens, heads, head_dim;
+  DType dtype;
+  std::uint64_t seed;
+  double p_empty;
+  bool huge;  ///< LSEs around ±1e4 instead of [-30, 30).
+};
+
+rc::Gen<Problem> gen_problem() {
+  return rc::gen::apply(
+      [](int tokens, int heads, int dim_index, int dtype, std::uint64_t seed, int empty_pct,
+         bool huge) {
+        const std::int64_t dims[] = {64, 128, 256, 512};
+        return Problem{tokens, heads, dims[dim_index], static_cast<DType>(dtype), seed,
+                       empty_pct / 100.0, huge};
+      },
+      rc::gen::inRange(1, 5), rc::gen::inRange(1, 4), rc::gen::inRange(0, 4),
+      rc::gen::inRange(0, 3), rc::gen::arbitrary<std::uint64_t>(),
+      rc::gen::element(0, 0, 20, 50), rc::gen::element(false, false, false, true));
+}
+
+/// A random state of the problem's shape in `base` (values drawn from `rng`).
+TestState random_state(const Problem& p, Rng& rng, LseBase base, DType dtype) {
+  TestState s(p.tokens, p.heads, p.head_dim, dtype, base);
+  const float c = p.huge ? (rng.chance(0.5) ? 1e4f : -1e4f) : 0.f;
+  s.fill_random(rng, c - 30.f, c + 30.f, p.p_empty);
+  return s;
+}
+
+void sync() { ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+/// `a ⊕ b` on the GPU into a fresh, poisoned state of `dtype` and `base`.
+TestState merged(TestState& a, TestState& b, DType dtype, LseBase base) {
+  TestState out(a.tokens(), a.heads(), a.head_dim(), dtype, base);
+  out.poison_device();
+  gpu::merge_state(a.dev_view(), b.dev_view(), out.dev_view());
+  sync();
+  out.download();
+  out.upload();  // host and device agree, so the result can be merged further
+  return out;
+}
+
+/// Fails the RapidCheck case with the comparison's message.
+void rc_expect(const ::testing::AssertionResult& r, const std::string& what) {
+  if (!r) RC_FAIL(what + ": " + r.message());
+}
+
+/// Runs the property; the test fails on a counterexample.
+template <class Prop>
+void check_law(const std::string& name, Prop prop) {
+  ATTNSTATE_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check(name, prop)) << "counterexample above";
+}
+
+TEST(CudaMergeLaws, IsAssociative) {
+  check_law("(a ⊕ b) ⊕ c == a ⊕ (b ⊕ c) on the GPU", [] {
+    const Problem p = *gen_problem();
+    Rng rng(p.seed);
+    TestState a = random_state(p, rng, rng.base(), DType::kF32);
+    TestState b = random_state(p, rng, rng.base(), DType::kF32);
+    TestState c = random_state(p, rng, rng.base(), DType::kF32);
+    TestState ab = merged(a, b, DType::kF32, LseBase::kNatural);
+    TestState bc = merged(b, c, DType::kF32, LseBase::kNatural);
+    TestState left = merged(ab, c, DType::kF32, LseBase::kNatural);
+    TestState right = merged(a, bc, DType::kF32, LseBase::kNatural);
+    rc_expect(states_close(left, right, 2e-5f), "associativity");
+  });
+}
+
+TEST(CudaMergeLaws, IsCommutative) {
+  check_law("a ⊕ b == b ⊕ a on the GPU", [] {
+    const Problem p = *gen_problem();
+    Rng rng(p.seed);
+    TestState a = random_state(p, rng, rng.base(), p.dtype);
+    TestState b = random_state(p, rng, rng.base(), p.dtype);
+    const LseBase base = rng.base();
+    TestState ab = merged(a, b, DType::kF32, base);
+    TestState ba = merged(b, a, DType::kF32, base);
+    rc_expect(states_close(ab, ba), "commutativity");
+  });
+}
+
+TEST(CudaMergeLaws, EmptyStateIsTheIdentityBitwise) {
+  check_law("a ⊕ empty == empty ⊕ a == a bitwise on the GPU, NaN in the empty o", [] {
+    const Problem p = *gen_problem();
+    Rng rng(p.seed);
+    TestState a = random_state(p, rng, LseBase::kNatural, p.dtype);
+    for (std::int64_t t = 0; t < p.tokens; ++t)  // a's own empty rows hold the canonical (0, -inf)
+      for (std::int64_t h = 0; h < p.heads; ++h)
+        if (a.lse(t, h) == -INFINITY)
+          for (std::int64_t d = 0; d < p.head_dim; ++d) a.set_o(t, h, d, 0.f);
+    a.upload();
+    Problem pe = p;
+    pe.p_empty = 1.0;
+    TestState e = random_state(pe, rng, rng.base(), *rc::gen::element(DType::kF32, DType::kBF16));
+    TestState ae = merged(a, e, p.dtype, LseBase::kNatural);
+    TestState ea = merged(e, a, p.dtype, LseBase::kNatural);
+    RC_ASSERT(rows_bitwise_equal(ae, a));
+    RC_ASSERT(rows_bitwise_equal(ea, a));
+  });
+}
+
+TEST(CudaMergeLaws, IsBaseInvariant) {
+  check_law("merging in any bases == rebasing first, then merging", [] {
+    const Problem p = *gen_problem();
+    Rng rng(p.seed);
+    TestState a = random_state(p, rng, rng.base(), p.dtype);
+    TestState b = random_state(p, rng, rng.base(), p.dtype);
+    const LseBase out_base = rng.base();
+    TestState direct = merged(a, b, DType::kF32, out_base);
+    TestState an(p.tokens, p.heads, p.head_dim, p.dtype, out_base);
+    TestState bn(p.tokens, p.heads, p.head_dim, p.dtype, out_base);
+    gpu::rebase(a.dev_view(), an.dev_view());
+    gpu::rebase(b.dev_view(), bn.dev_view());
+    TestState rebased = merged(an, bn, DType::kF32, out_base);
+    rc_expect(states_close(direct, rebased), "base invariance");
+  });
+}
+
+/// The n-ary merge of the problem's states, stored in a states-major stack.
+TestState merge_stack(const Problem& p, std::vector<TestState*> inputs, LseBase base) {
+  const std::int64_t S = static_cast<std::int64_t>(inputs.size());
+  TestStack stack(StackOrder::kStatesMajor, p.tokens, S, p.heads, p.head_dim, DType::kF32,
+                  inputs[0]->base());
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t t = 0; t < p.tokens; ++t)
+      for (std::int64_t h = 0; h < p.heads; ++h) {
+        stack.set_lse(t, s, h, inputs[s]->lse(t, h));
+        for (std::int64_t d = 0; d < p.head_dim; ++d) stack.set_o(t, s, h, d, inputs[s]->o(t, h, d));
+      }
+  stack.upload();
+  TestState out(p.tokens, p.heads, p.head_dim, DType::kF32, base);
+  out.poison_device();
+  gpu::merge_states(stack.dev_view(), out.dev_view());
+  sync();
+  out.download();
+  return out;
+}
+
+TEST(CudaMergeLaws, EmptyStatesWithNanOContributeNothing) {
+  check_law("merge_states([x1, empty, x2, empty]) == merge_states([x1, x2])", [] {
+    const Problem p = *gen_problem();
+    Rng rng(p.seed);
+    const LseBase base = rng.base();
+    TestState x1 = random_state(p, rng, base, DType::kF32);
+    TestState x2 = random_state(p, rng, base, DType::kF32);
+    Problem pe = p;
+    pe.p_empty = 1.0;
+    TestState e = random_state(pe, rng, base, DType::kF32);  // o = NaN everywhere
+    TestState with = merge_stack(p, {&x1, &e, &x2, &e}, base);
+    TestState without = merge_stack(p, {&x1, &x2}, base);
+    rc_expect(states_close(with, without), "empty inputs");
+  });
+}
+
+TEST(CudaMergeLaws, AllEmptyGivesTheEmptyState) {
+  check_law("⊕ of empty states is (0, -inf), whatever their o", [] {
+    Problem p = *gen_problem();
+    p.p_empty = 1.0;
+    Rng rng(p.seed);
+    const int n = *rc::gen::inRange(1, 40);
+    std::vector<TestState> states;
+    std::vector<TestState*> ptrs;
+    states.reserve(n);
+    for (int i = 0; i < n; ++i) states.push_back(random_state(p, rng, LseBase::kBase2, DType::kF32));
+    for (auto& s : states) ptrs.push_back(&s);
+    TestState out = merge_stack(p, ptrs, LseBase::kNatural);
+    TestState pair = merged(states[0], states[n - 1], p.dtype, LseBase::kNatural);
+    for (const TestState* r : {&out, &pair})
+      for (std::int64_t t = 0; t < p.tokens; ++t)
+        for (std::int64_t h = 0; h < p.heads; ++h) {
+          RC_ASSERT(r->lse(t, h) == -INFINITY);
+          for (std::int64_t d = 0; d < p.head_dim; ++d) {
+            RC_ASSERT(r->o(t, h, d) == 0.f);
+            RC_ASSERT(!std::signbit(r->o(t, h, d)));
+          }
+        }
+  });
+}
+
+TEST(CudaMergeLaws, NanInANonEmptyInputPropagates) {
+  check_law("a NaN in a non-empty input's o or lse reaches the output", [] {
+    Problem p = *gen_problem();
+    p.p_empty = 0.0;
+    Rng rng(p.seed);
+    const LseBase base = rng.base();
+    TestState a = random_state(p, rng, base, p.dtype);
+    TestState b = random_state(p, rng, base, p.dtype);
+    const std::int64_t t = *rc::gen::inRange<std::int64_t>(0, p.tokens);
+    const std::int64_t h = *rc::gen::inRange<std::int64_t>(0, p.heads);
+    const std::int64_t d = *rc::gen::inRange<std::int64_t>(0, p.head_dim);
+    const bool in_lse = *rc::gen::arbitrary<bool>();
+    if (in_lse) b.set_lse(t, h, NAN);
+    else b.set_o(t, h, d, NAN);
+    b.upload();
+    TestState out = merged(a, b, DType::kF32, LseBase::kNatural);
+    if (in_lse) {
+      RC_ASSERT(std::isnan(out.lse(t, h)));
+    } else {
+      RC_ASSERT(std::isnan(out.o(t, h, d)));
+    }
+    TestState stacked = merge_stack(p, {&a, &b, &a}, LseBase::kNatural);
+    if (in_lse) {
+      RC_ASSERT(std::isnan(stacked.lse(t, h)));
+    } else {
+      RC_ASSERT(std::isnan(stacked.o(t, h, d)));
+    }
+  });
+}
+
+}  // namespace
+}  // namespace attnstate_test

@@ -1,0 +1,139 @@
+/// @file property_decode_cpu.cpp
+/// @brief RapidCheck properties of the CPU split-KV decode (≥ 500 cases each): on random paged
+///        problems it equals the one-pass state `cpu::attention_state` of each row's keys, and
+///        splitting anywhere (any count, any size) equals not splitting, to rounding.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "attnstate/cpu/attention.hpp"
+#include "attnstate/cpu/decode.hpp"
+#include "attnstate/testing/rapidcheck_support.hpp"
+#include "decode_problem.hpp"
+
+ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");
+
+namespace {
+
+using namespace attnstate;
+using namespace attnstate_test;
+
+/// A random small problem (any head_dim works on the CPU).
+DecodeProblemHost random_problem() {
+  DecodeConfig cfg;
+  cfg.q_len = *rc::gen::inRange<std::int64_t>(1, 5);
+  cfg.heads_kv = *rc::gen::inRange<std::int64_t>(1, 3);
+  cfg.heads_q = cfg.heads_kv * *rc::gen::inRange<std::int64_t>(1, 5);
+  cfg.head_dim = *rc::gen::element<std::int64_t>(4, 8, 16, 24);
+  cfg.page_size = *rc::gen::element<std::int64_t>(1, 3, 16, 32);
+  cfg.layout = *rc::gen::element(KvLayout::kNHD, KvLayout::kHND);
+  cfg.block_table = *rc::gen::arbitrary<bool>();
+  cfg.q_dtype = *rc::gen::element(DType::kF32, DType::kBF16);
+  cfg.kv_dtype = *rc::gen::element(DType::kF32, DType::kF16);
+  cfg.q_gain = *rc::gen::element(1.f, 8.f, 40.f);
+  const int batch = *rc::gen::inRange(1, 4);
+  for (int b = 0; b < batch; ++b) cfg.seq_lens.push_back(*rc::gen::inRange(0, 150));
+  return make_decode_problem(cfg, *rc::gen::arbitrary<std::uint32_t>());
+}
+
+/// A random split layout able to serve lengths up to 150.
+SplitLayout random_layout() {
+  SplitLayout l;
+  if (*rc::gen::arbitrary<bool>()) {
+    l.policy = SplitPolicy::kFixedCount;
+    l.num_splits = *rc::gen::inRange(1, 12);
+    l.max_splits = l.num_splits;
+  } else {
+    l.policy = SplitPolicy::kFixedSize;
+    l.split_size = kSplitGranularity * *rc::gen::inRange(1, 6);
+    l.max_splits = (150 + l.split_size - 1) / l.split_size;
+  }
+  return l;
+}
+
+HostState run(const DecodeProblemHost& p, const SplitLayout& l, float scale) {
+  HostState out(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, DType::kF32, LseBase::kNatural);
+  cpu::decode(p.q_view(), p.kv_view(), l, scale, out.view);
+  return out;
+}
+
+float f32_at(const HostState& s, std::size_t i) {
+  float x;
+  std::memcpy(&x, s.o.data() + 4 * i, 4);
+  return x;
+}
+
+// Decode of a random paged problem equals, row by row, the one-pass state of the keys that row
+// sees (gathered into a contiguous segment).
+RC_GTEST_PROP(DecodeProps, EqualsOnePassAttentionState, ()) {
+  const DecodeProblemHost p = random_problem();
+  const SplitLayout l = random_layout();
+  const auto& c = p.cfg;
+  const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  const HostState got = run(p, l, scale);
+  const double tol_o = c.q_gain > 1.f ? 1e-4 * c.q_gain : 5e-5;
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t qi = 0; qi < c.q_len; ++qi) {
+      const std::int64_t n = std::max<std::int64_t>(0, p.seq_lens[b] - c.q_len + qi + 1);
+      std::vector<float> k(std::max<std::int64_t>(1, n * c.heads_kv * c.head_dim));
+      std::vector<float> v(k.size());
+      for (std::int64_t t = 0; t < n; ++t)
+        for (std::int64_t h = 0; h < c.heads_kv; ++h)
+          for (std::int64_t d = 0; d < c.head_dim; ++d) {
+            const std::int64_t src = p.kv_offset(b, t, h) + d;
+            k[(t * c.heads_kv + h) * c.head_dim + d] = static_cast<float>(get(p.k.data(), c.kv_dtype, src));
+            v[(t * c.heads_kv + h) * c.head_dim + d] = static_cast<float>(get(p.v.data(), c.kv_dtype, src));
+          }
+      const std::int64_t token = b * c.q_len + qi;
+      const std::int64_t qrow = c.heads_q * c.head_dim;
+      const ConstTensorView qv = make_tensor_view(
+          p.q.data() + token * qrow * size_of(c.q_dtype), c.q_dtype, {1, c.heads_q, c.head_dim});
+      const ConstTensorView kv = make_tensor_view(k.data(), DType::kF32, {n, c.heads_kv, c.head_dim});
+      const ConstTensorView vv = make_tensor_view(v.data(), DType::kF32, {n, c.heads_kv, c.head_dim});
+      HostState one(1, c.heads_q, c.head_dim, DType::kF32, LseBase::kNatural);
+      cpu::attention_state(qv, kv, vv, scale, one.view);
+      for (std::int64_t h = 0; h < c.heads_q; ++h) {
+        const float la = got.lse[token * c.heads_q + h];
+        const float lb = one.lse[h];
+        if (std::isinf(lb)) {
+          RC_ASSERT(std::isinf(la) && la < 0);
+        } else {
+          RC_ASSERT(std::fabs(la - lb) <= 1e-5 * std::max(1.f, std::fabs(lb)));
+        }
+        for (std::int64_t d = 0; d < c.head_dim; ++d) {
+          const float a = f32_at(got, (token * c.heads_q + h) * c.head_dim + d);
+          const float e = f32_at(one, h * c.head_dim + d);
+          RC_ASSERT(std::fabs(a - e) <= tol_o);
+        }
+      }
+    }
+}
+
+// Any split layout gives the same states as a single split, to rounding.
+RC_GTEST_PROP(DecodeProps, SplittingAnywhereEqualsNotSplitting, ()) {
+  const DecodeProblemHost p = random_problem();
+  const SplitLayout l = random_layout();
+  SplitLayout one;
+  one.policy = SplitPolicy::kFixedCount;
+  one.num_splits = 1;
+  one.max_splits = 1;
+  const float scale = 1.f / std::sqrt(static_cast<float>(p.cfg.head_dim));
+  const HostState a = run(p, l, scale);
+  const HostState b = run(p, one, scale);
+  const double tol_o = p.cfg.q_gain > 1.f ? 2e-5 * p.cfg.q_gain : 1e-5;
+  for (std::size_t i = 0; i < a.lse.size(); ++i) {
+    if (std::isinf(b.lse[i])) {
+      RC_ASSERT(a.lse[i] == b.lse[i]);
+    } else {
+      RC_ASSERT(std::fabs(a.lse[i] - b.lse[i]) <= 1e-5 * std::max(1.f, std::fabs(b.lse[i])));
+    }
+  }
+  for (std::size_t i = 0; i < a.o.size() / 4; ++i)
+    RC_ASSERT(std::fabs(f32_at(a, i) - f32_at(b, i)) <= tol_o);
+}
+
+}  // namespace

@@ -1,0 +1,162 @@
+/// @file cascade_validate.hpp
+/// @brief Argument checks of the cascade API shared by the CPU and CUDA backends (private).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "attnstate/core/error.hpp"
+#include "attnstate/cpu/cascade.hpp"
+
+namespace attnstate {
+namespace detail {
+
+inline std::string cascade_str(std::int64_t v) { return std::to_string(v); }
+
+/// Level-indexed argument name, e.g. "levels[1].seg_lens".
+inline std::string cascade_level_arg(int l, const char* field) {
+  return "levels[" + std::to_string(l) + "]." + field;
+}
+
+/// Checks the scalar fields and pointers of a KV pool.
+inline void check_cascade_pool(const char* func, const PagedKvCache& kv, MemorySpace space) {
+  if (kv.k == nullptr) throw_argument(func, "kv.k", "a non-null pointer");
+  if (kv.v == nullptr) throw_argument(func, "kv.v", "a non-null pointer");
+  if (kv.space != space) throw_argument(func, "kv.space", to_string(space), to_string(kv.space));
+  if (!is_valid(kv.dtype)) throw_argument(func, "kv.dtype", "f32, f16 or bf16");
+  if (kv.layout != KvLayout::kNHD && kv.layout != KvLayout::kHND)
+    throw_argument(func, "kv.layout", "kNHD or kHND");
+  if (kv.num_pages < 0) throw_argument(func, "kv.num_pages", ">= 0", cascade_str(kv.num_pages));
+  if (kv.page_size < 1) throw_argument(func, "kv.page_size", ">= 1", cascade_str(kv.page_size));
+  if (kv.heads_kv < 1) throw_argument(func, "kv.heads_kv", ">= 1", cascade_str(kv.heads_kv));
+  if (kv.head_dim < 1) throw_argument(func, "kv.head_dim", ">= 1", cascade_str(kv.head_dim));
+  const std::int64_t dense = kv.page_size * kv.heads_kv * kv.head_dim;
+  if (kv.page_stride != 0 && kv.page_stride < dense)
+    throw_argument(func, "kv.page_stride", "0 or >= page_size * heads_kv * head_dim = " +
+                   cascade_str(dense), cascade_str(kv.page_stride));
+}
+
+/// Checks the query view `(batch, q_len, H_q, head_dim)` against the pool.
+inline void check_cascade_query(const char* func, const ConstTensorView& q, const PagedKvCache& kv,
+                                MemorySpace space) {
+  if (q.data == nullptr) throw_argument(func, "q.data", "a non-null pointer");
+  if (q.space != space) throw_argument(func, "q.space", to_string(space), to_string(q.space));
+  if (!is_valid(q.dtype)) throw_argument(func, "q.dtype", "f32, f16 or bf16");
+  if (q.rank != 4) throw_argument(func, "q.rank", "4 (batch, q_len, H_q, head_dim)",
+                                  cascade_str(q.rank));
+  if (q.shape[0] < 1) throw_argument(func, "q.shape[0]", "batch >= 1", cascade_str(q.shape[0]));
+  if (q.shape[1] < 1 || q.shape[1] > kMaxCascadeQueryLen)
+    throw_argument(func, "q.shape[1]", "q_len in 1.." + cascade_str(kMaxCascadeQueryLen),
+                   cascade_str(q.shape[1]));
+  if (q.shape[2] < 1 || q.shape[2] % kv.heads_kv != 0)
+    throw_argument(func, "q.shape[2]", "H_q, a positive multiple of kv.heads_kv = " +
+                   cascade_str(kv.heads_kv), cascade_str(q.shape[2]));
+  if (q.shape[3] != kv.head_dim)
+    throw_argument(func, "q.shape[3]", "head_dim = kv.head_dim = " + cascade_str(kv.head_dim),
+                   cascade_str(q.shape[3]));
+  if (q.stride[3] != 1) throw_argument(func, "q.stride[3]", "1", cascade_str(q.stride[3]));
+  for (int d = 0; d < 3; ++d)
+    if (q.stride[d] < 0) throw_argument(func, "q.stride", ">= 0", cascade_str(q.stride[d]));
+}
+
+/// Checks the output state view `(batch · q_len, H_q, head_dim)`.
+inline void check_cascade_out(const char* func, const StateView& out, std::int64_t tokens,
+                              std::int64_t heads, std::int64_t head_dim, MemorySpace space) {
+  if (out.o == nullptr) throw_argument(func, "out.o", "a non-null pointer");
+  if (out.lse == nullptr) throw_argument(func, "out.lse", "a non-null pointer");
+  if (out.space != space) throw_argument(func, "out.space", to_string(space), to_string(out.space));
+  if (!is_valid(out.dtype)) throw_argument(func, "out.dtype", "f32, f16 or bf16");
+  if (out.base != LseBase::kNatural && out.base != LseBase::kBase2)
+    throw_argument(func, "out.base", "kNatural or kBase2");
+  if (out.tokens != tokens)
+    throw_argument(func, "out.tokens", "batch * q_len = " + cascade_str(tokens),
+                   cascade_str(out.tokens));
+  if (out.heads != heads) throw_argument(func, "out.heads", "H_q = " + cascade_str(heads),
+                                         cascade_str(out.heads));
+  if (out.head_dim != head_dim)
+    throw_argument(func, "out.head_dim", cascade_str(head_dim), cascade_str(out.head_dim));
+  if (out.o_stride_token < 0 || out.o_stride_head < 0)
+    throw_argument(func, "out.o_stride", "non-negative strides");
+  if (out.lse_stride_token < 0 || out.lse_stride_head < 0)
+    throw_argument(func, "out.lse_stride", "non-negative strides");
+}
+
+/// Checks a finite scale and returns the effective one.
+inline float cascade_scale(const char* func, const CascadeOptions& options, std::int64_t head_dim) {
+  if (!std::isfinite(options.scale))
+    throw_argument(func, "options.scale", "a finite value (0 = 1/sqrt(head_dim))");
+  return options.scale != 0.f ? options.scale
+                              : 1.f / std::sqrt(static_cast<float>(head_dim));
+}
+
+/// Checks the level descriptions (host arrays) against the batch, the pool and the query length.
+/// When `pages_optional` is true, a level whose `page_indices` is null is not checked against
+/// the pool (a CUDA plan need not see the page ids).
+inline void check_cascade_levels(const char* func, const CascadeLevel* levels, int num_levels,
+                                 std::int64_t batch, std::int64_t q_len, bool causal,
+                                 const PagedKvCache& kv, bool pages_optional) {
+  if (levels == nullptr) throw_argument(func, "levels", "a non-null pointer");
+  if (num_levels < 1 || num_levels > kMaxCascadeLevels)
+    throw_argument(func, "num_levels", "1.." + cascade_str(kMaxCascadeLevels),
+                   cascade_str(num_levels));
+  for (int l = 0; l < num_levels; ++l) {
+    const CascadeLevel& lv = levels[l];
+    const std::int64_t ns = lv.num_segments;
+    if (ns < 1 || ns > (std::int64_t{1} << 30))
+      throw_argument(func, cascade_level_arg(l, "num_segments").c_str(), ">= 1", cascade_str(ns));
+    if (lv.request_indptr == nullptr)
+      throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "a non-null pointer");
+    if (lv.page_indptr == nullptr)
+      throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "a non-null pointer");
+    if (lv.seg_lens == nullptr)
+      throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(), "a non-null pointer");
+    if (lv.request_indptr[0] != 0)
+      throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "[0] == 0",
+                     cascade_str(lv.request_indptr[0]));
+    if (lv.request_indptr[ns] != batch)
+      throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(),
+                     "[num_segments] == batch = " + cascade_str(batch),
+                     cascade_str(lv.request_indptr[ns]));
+    if (lv.page_indptr[0] < 0)
+      throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "[0] >= 0",
+                     cascade_str(lv.page_indptr[0]));
+    for (std::int64_t s = 0; s < ns; ++s) {
+      if (lv.request_indptr[s + 1] < lv.request_indptr[s])
+        throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(),
+                       "non-decreasing offsets", "a decrease at segment " + cascade_str(s));
+      if (lv.page_indptr[s + 1] < lv.page_indptr[s])
+        throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(),
+                       "non-decreasing offsets", "a decrease at segment " + cascade_str(s));
+      const std::int64_t len = lv.seg_lens[s];
+      const std::int64_t pages = lv.page_indptr[s + 1] - lv.page_indptr[s];
+      if (len < 0 || len > pages * kv.page_size)
+        throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(),
+                       "0 <= seg_lens[s] <= pages * page_size = " +
+                       cascade_str(pages * kv.page_size) + " at segment " + cascade_str(s),
+                       cascade_str(len));
+      const bool used = lv.request_indptr[s + 1] > lv.request_indptr[s];
+      if (causal && q_len > 1 && l == num_levels - 1 && used && len < q_len - 1)
+        throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(),
+                       "a last-level segment of >= q_len - 1 = " + cascade_str(q_len - 1) +
+                       " tokens when causal (segment " + cascade_str(s) + ")",
+                       cascade_str(len));
+    }
+    const std::int64_t used_pages = lv.page_indptr[ns];
+    if (used_pages > 0 && !(pages_optional && lv.page_indices == nullptr)) {
+      if (lv.page_indices == nullptr)
+        throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer");
+      for (std::int64_t s = 0; s < ns; ++s) {
+        const std::int64_t need = (lv.seg_lens[s] + kv.page_size - 1) / kv.page_size;
+        for (std::int64_t p = lv.page_indptr[s]; p < lv.page_indptr[s] + need; ++p)
+          if (lv.page_indices[p] < 0 || lv.page_indices[p] >= kv.num_pages)
+            throw_argument(func, cascade_level_arg(l, "page_indices").c_str(),
+                           "page ids in [0, kv.num_pages = " + cascade_str(kv.num_pages) + ")",
+                           cascade_str(lv.page_indices[p]) + " at position " + cascade_str(p));
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace attnstate

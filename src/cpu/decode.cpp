@@ -1,0 +1,258 @@
+/// @file decode.cpp
+/// @brief CPU split-KV decode: per (request, KV head, split) an attention state with
+///        `math::OnlineSoftmax`, then the ordered max-subtracted merge of a request's splits.
+#include "attnstate/cpu/decode.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cpu/decode_validate.hpp"
+#include "cpu/parallel.hpp"
+
+namespace attnstate {
+namespace cpu {
+namespace {
+
+using attnstate::detail::decode_str;
+using attnstate::detail::throw_argument;
+
+/// Loads `n` elements of dtype `dt` at `p` (element offset `off`) as floats.
+inline void load_row(const void* p, DType dt, std::int64_t off, std::int64_t n, float* dst) {
+  switch (dt) {
+    case DType::kF32: {
+      const float* s = static_cast<const float*>(p) + off;
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = s[i];
+      break;
+    }
+    case DType::kF16: {
+      const half_t* s = static_cast<const half_t*>(p) + off;
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
+      break;
+    }
+    case DType::kBF16: {
+      const bfloat16_t* s = static_cast<const bfloat16_t*>(p) + off;
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
+      break;
+    }
+  }
+}
+
+/// Stores `n` floats as dtype `dt` at element offset `off`, rounded once.
+inline void store_row(void* p, DType dt, std::int64_t off, std::int64_t n, const float* src) {
+  switch (dt) {
+    case DType::kF32: {
+      float* d = static_cast<float*>(p) + off;
+      for (std::int64_t i = 0; i < n; ++i) d[i] = src[i];
+      break;
+    }
+    case DType::kF16: {
+      half_t* d = static_cast<half_t*>(p) + off;
+      for (std::int64_t i = 0; i < n; ++i) d[i] = from_float<half_t>(src[i]);
+      break;
+    }
+    case DType::kBF16: {
+      bfloat16_t* d = static_cast<bfloat16_t*>(p) + off;
+      for (std::int64_t i = 0; i < n; ++i) d[i] = from_float<bfloat16_t>(src[i]);
+      break;
+    }
+  }
+}
+
+/// Pages owned by request `b`.
+inline std::int64_t pages_of(const PagedKvCache& kv, std::int64_t b) {
+  if (kv.block_table != nullptr) return kv.block_table_stride;
+  return static_cast<std::int64_t>(kv.page_indptr[b + 1]) - kv.page_indptr[b];
+}
+
+/// Page id of the `p`-th page of request `b`.
+inline std::int64_t page_id(const PagedKvCache& kv, std::int64_t b, std::int64_t p) {
+  if (kv.block_table != nullptr) return kv.block_table[b * kv.block_table_stride + p];
+  return kv.page_indices[kv.page_indptr[b] + p];
+}
+
+/// Checks the contents of the host page table and lengths.
+void validate_tables(const char* fn, const PagedKvCache& kv) {
+  if (kv.block_table == nullptr) {
+    if (kv.page_indptr[0] < 0)
+      throw_argument(fn, "kv.page_indptr", "indptr[0] >= 0", decode_str(kv.page_indptr[0]));
+    for (std::int64_t b = 0; b < kv.batch; ++b)
+      if (kv.page_indptr[b + 1] < kv.page_indptr[b])
+        throw_argument(fn, "kv.page_indptr", "non-decreasing offsets",
+                       "a decrease at request " + decode_str(b));
+  }
+  for (std::int64_t b = 0; b < kv.batch; ++b) {
+    const std::int64_t len = kv.seq_lens[b];
+    if (len < 0) throw_argument(fn, "kv.seq_lens", "lengths >= 0", decode_str(len));
+    const std::int64_t need = (len + kv.page_size - 1) / kv.page_size;
+    if (need > pages_of(kv, b))
+      throw_argument(fn, "kv.seq_lens", "at most the pages of the request times page_size",
+                     decode_str(len) + " tokens with " + decode_str(pages_of(kv, b)) +
+                         " pages for request " + decode_str(b));
+    for (std::int64_t p = 0; p < need; ++p) {
+      const std::int64_t id = page_id(kv, b, p);
+      if (id < 0 || id >= kv.num_pages)
+        throw_argument(fn, kv.block_table ? "kv.block_table" : "kv.page_indices",
+                       "page ids in [0, num_pages = " + decode_str(kv.num_pages) + ")",
+                       decode_str(id));
+    }
+  }
+}
+
+/// One split of one (request, KV head): the states of all `q_len × group` rows, written
+/// normalised (fp32 `o`, base-2 `lse`) into `po` / `plse` at row `r` → offset `r·D` / `r`.
+void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t b,
+                  std::int64_t hkv, TokenRange range, std::int32_t len, float s2_scale,
+                  float* po, float* plse) {
+  const std::int64_t q_len = q.shape[1];
+  const std::int64_t hq_n = q.shape[2];
+  const std::int64_t group = hq_n / kv.heads_kv;
+  const std::int64_t D = kv.head_dim;
+  const std::int64_t page_elems = kv.page_elems();
+  std::vector<float> qrow(D), acc(D), vrow(static_cast<std::size_t>(D));
+  std::vector<float> krows(static_cast<std::size_t>(kSplitGranularity * D));
+  std::vector<float> vrows(static_cast<std::size_t>(kSplitGranularity * D));
+  float s2[kSplitGranularity];
+  for (std::int64_t r = 0; r < q_len * group; ++r) {
+    const std::int64_t qi = r / group;
+    const std::int64_t hq = hkv * group + r % group;
+    load_row(q.data, q.dtype, b * q.stride[0] + qi * q.stride[1] + hq * q.stride[2], D,
+             qrow.data());
+    // Causal among the new tokens: row qi sees keys [0, len - q_len + qi].
+    const std::int64_t row_end =
+        std::min<std::int64_t>(range.end, static_cast<std::int64_t>(len) - q_len + qi + 1);
+    math::OnlineSoftmax os;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (std::int64_t t0 = range.begin; t0 < row_end; t0 += kSplitGranularity) {
+      const std::int64_t n = std::min<std::int64_t>(kSplitGranularity, row_end - t0);
+      float bm = math::neg_inf();
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::int64_t t = t0 + j;
+        const std::int64_t off = page_id(kv, b, t / kv.page_size) * page_elems +
+                                 kv.in_page_offset(t % kv.page_size, hkv);
+        load_row(kv.k, kv.dtype, off, D, &krows[j * D]);
+        load_row(kv.v, kv.dtype, off, D, &vrows[j * D]);
+        float dot = 0.f;
+        for (std::int64_t d = 0; d < D; ++d) dot += qrow[d] * krows[j * D + d];
+        s2[j] = dot * s2_scale;
+        bm = math::nan_max(bm, s2[j]);
+      }
+      const float alpha = os.rescale(bm);
+      for (std::int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      float psum = 0.f;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float p = os.prob(s2[j]);
+        psum += p;
+        for (std::int64_t d = 0; d < D; ++d) acc[d] += p * vrows[j * D + d];
+      }
+      os.add(psum);
+    }
+    const float inv = os.inv_sum();
+    for (std::int64_t d = 0; d < D; ++d) po[r * D + d] = acc[d] * inv;
+    plse[r] = os.lse(LseBase::kBase2);
+  }
+}
+
+}  // namespace
+
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+            float scale, StateView out) {
+  const char* fn = "attnstate::cpu::decode";
+  attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
+  attnstate::detail::validate_split_layout(fn, splits);
+  attnstate::detail::validate_scale(fn, scale);
+  if (kv.batch > 0) validate_tables(fn, kv);
+
+  const std::int64_t batch = kv.batch;
+  const std::int64_t q_len = q.shape[1];
+  const std::int64_t hq_n = q.shape[2];
+  const std::int64_t hkv_n = kv.heads_kv;
+  const std::int64_t group = hq_n / hkv_n;
+  const std::int64_t D = kv.head_dim;
+  const std::int64_t rows = q_len * group;
+  const std::int64_t S = splits.max_splits;
+  const float s2_scale = math::base2_score_scale(scale);
+
+  // Partial states: [batch][hkv][split][rows] (o: × D), fp32, base-2 LSE.
+  std::vector<float> po(static_cast<std::size_t>(batch * hkv_n * S * rows * D));
+  std::vector<float> plse(static_cast<std::size_t>(batch * hkv_n * S * rows));
+  const std::int64_t tasks = batch * hkv_n * S;
+  detail::parallel_for(0, tasks, 1, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t s = t % S;
+      const std::int64_t hkv = (t / S) % hkv_n;
+      const std::int64_t b = t / (S * hkv_n);
+      const std::int32_t len = kv.seq_lens[b];
+      if (s >= splits.splits_for(len)) continue;
+      const TokenRange range = splits.range(len, static_cast<std::int32_t>(s));
+      split_states(q, kv, b, hkv, range, len, s2_scale, &po[t * rows * D], &plse[t * rows]);
+    }
+  });
+
+  // Merge the splits of each (request, KV head) in split order; write in out's dtype and base.
+  detail::parallel_for(0, batch * hkv_n, 1, [&](std::int64_t t0, std::int64_t t1) {
+    std::vector<float> acc(D);
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t hkv = t % hkv_n;
+      const std::int64_t b = t / hkv_n;
+      const std::int32_t n = splits.splits_for(kv.seq_lens[b]);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t qi = r / group;
+        const std::int64_t hq = hkv * group + r % group;
+        const std::int64_t token = b * q_len + qi;
+        float lse2;
+        if (n == 1) {
+          const std::int64_t base = t * S * rows + r;
+          for (std::int64_t d = 0; d < D; ++d) acc[d] = po[base * D + d];
+          lse2 = plse[base];
+        } else {
+          float m = math::neg_inf();
+          for (std::int32_t s = 0; s < n; ++s) m = math::nan_max(m, plse[(t * S + s) * rows + r]);
+          float sum = 0.f;
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (std::int32_t s = 0; s < n; ++s) {
+            const std::int64_t base = (t * S + s) * rows + r;
+            if (math::is_empty_lse(plse[base])) continue;
+            const float w = math::merge_weight(LseBase::kBase2, plse[base], m);
+            sum += w;
+            for (std::int64_t d = 0; d < D; ++d) acc[d] += w * po[base * D + d];
+          }
+          const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
+          for (std::int64_t d = 0; d < D; ++d) acc[d] *= res.inv_sum;
+          lse2 = res.lse;
+        }
+        store_row(out.o, out.dtype, out.o_offset(token, hq), D, acc.data());
+        out.lse[out.lse_offset(token, hq)] = math::convert_lse(lse2, LseBase::kBase2, out.base);
+      }
+    }
+  });
+}
+
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
+            StateView out) {
+  const char* fn = "attnstate::cpu::decode";
+  attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
+  const float scale = options.scale != 0.f
+                          ? options.scale
+                          : 1.f / std::sqrt(static_cast<float>(kv.head_dim));
+  attnstate::detail::validate_scale(fn, scale);
+  if (kv.batch > 0) validate_tables(fn, kv);
+  DecodeProblem p;
+  p.batch = kv.batch;
+  p.q_len = q.shape[1];
+  p.heads_q = q.shape[2];
+  p.heads_kv = kv.heads_kv;
+  p.head_dim = kv.head_dim;
+  p.q_dtype = q.dtype;
+  p.kv_dtype = kv.dtype;
+  const SplitLayout layout =
+      plan_split_layout(p, kv.seq_lens, options, detail::pool_threads(), kv.heads_kv);
+  decode(q, kv, layout, scale, out);
+}
+
+}  // namespace cpu
+}  // namespace attnstate

@@ -1,0 +1,116 @@
+/// @file decode_validate.hpp
+/// @brief Argument checks shared by the CPU and CUDA decode entry points (internal, host only):
+///        shapes, strides, dtypes, memory spaces and table presence. Contents of host tables are
+///        checked by the CPU backend only (device tables are clamped on the device).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "attnstate/core/decode_split.hpp"
+#include "attnstate/core/error.hpp"
+#include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/state_view.hpp"
+
+namespace attnstate {
+namespace detail {
+
+inline std::string decode_str(std::int64_t v) { return std::to_string(v); }
+
+/// Checks `q`, `kv` and `out` of a decode call against each other and against `space`.
+inline void validate_decode_args(const char* fn, const ConstTensorView& q, const PagedKvCache& kv,
+                                 const StateView& out, MemorySpace space) {
+  const std::string sp = to_string(space);
+  // kv
+  if (kv.space != space) throw_argument(fn, "kv.space", sp, to_string(kv.space));
+  if (!is_valid(kv.dtype)) throw_argument(fn, "kv.dtype", "f32, f16 or bf16", "unknown");
+  if (kv.batch < 0) throw_argument(fn, "kv.batch", ">= 0", decode_str(kv.batch));
+  if (kv.page_size < 1) throw_argument(fn, "kv.page_size", ">= 1", decode_str(kv.page_size));
+  if (kv.heads_kv < 1) throw_argument(fn, "kv.heads_kv", ">= 1", decode_str(kv.heads_kv));
+  if (kv.head_dim < 1) throw_argument(fn, "kv.head_dim", ">= 1", decode_str(kv.head_dim));
+  if (kv.num_pages < 0) throw_argument(fn, "kv.num_pages", ">= 0", decode_str(kv.num_pages));
+  const std::int64_t dense = kv.page_size * kv.heads_kv * kv.head_dim;
+  if (kv.page_stride != 0 && kv.page_stride < dense)
+    throw_argument(fn, "kv.page_stride", "0 or >= page_size*heads_kv*head_dim = " +
+                   decode_str(dense), decode_str(kv.page_stride));
+  if (kv.batch > 0) {
+    if (kv.num_pages > 0 && (kv.k == nullptr || kv.v == nullptr))
+      throw_argument(fn, kv.k == nullptr ? "kv.k" : "kv.v", "non-null", "null");
+    if (kv.seq_lens == nullptr) throw_argument(fn, "kv.seq_lens", "non-null", "null");
+    const bool csr = kv.page_indptr != nullptr || kv.page_indices != nullptr;
+    const bool bt = kv.block_table != nullptr;
+    if (csr == bt)
+      throw_argument(fn, "kv.block_table", "exactly one of a CSR table and a block table",
+                     csr ? "both" : "neither");
+    if (csr && (kv.page_indptr == nullptr || kv.page_indices == nullptr))
+      throw_argument(fn, kv.page_indptr == nullptr ? "kv.page_indptr" : "kv.page_indices",
+                     "non-null with a CSR table", "null");
+    if (bt && kv.block_table_stride < 0)
+      throw_argument(fn, "kv.block_table_stride", ">= 0", decode_str(kv.block_table_stride));
+  }
+  // q
+  if (q.space != space) throw_argument(fn, "q.space", sp, to_string(q.space));
+  if (q.rank != 4) throw_argument(fn, "q.rank", "4 (batch, q_len, heads_q, head_dim)",
+                                  decode_str(q.rank));
+  if (!is_valid(q.dtype)) throw_argument(fn, "q.dtype", "f32, f16 or bf16", "unknown");
+  if (q.shape[0] != kv.batch) throw_argument(fn, "q.shape[0]", "kv.batch = " +
+                                             decode_str(kv.batch), decode_str(q.shape[0]));
+  if (q.shape[1] < 1 || q.shape[1] > 8)
+    throw_argument(fn, "q.shape[1]", "q_len in 1..8", decode_str(q.shape[1]));
+  if (q.shape[2] < 1 || q.shape[2] % kv.heads_kv != 0)
+    throw_argument(fn, "q.shape[2]", "heads_q, a positive multiple of kv.heads_kv = " +
+                   decode_str(kv.heads_kv), decode_str(q.shape[2]));
+  if (q.shape[3] != kv.head_dim)
+    throw_argument(fn, "q.shape[3]", "kv.head_dim = " + decode_str(kv.head_dim),
+                   decode_str(q.shape[3]));
+  if (q.stride[3] != 1) throw_argument(fn, "q.stride[3]", "1", decode_str(q.stride[3]));
+  for (int d = 0; d < 3; ++d)
+    if (q.stride[d] < 0) throw_argument(fn, "q.stride", "non-negative strides",
+                                        decode_str(q.stride[d]));
+  const std::int64_t tokens = q.shape[0] * q.shape[1];
+  if (tokens > 0 && q.data == nullptr) throw_argument(fn, "q.data", "non-null", "null");
+  // out
+  if (out.space != space) throw_argument(fn, "out.space", sp, to_string(out.space));
+  if (!is_valid(out.dtype)) throw_argument(fn, "out.dtype", "f32, f16 or bf16", "unknown");
+  if (out.tokens != tokens)
+    throw_argument(fn, "out.tokens", "batch*q_len = " + decode_str(tokens),
+                   decode_str(out.tokens));
+  if (out.heads != q.shape[2])
+    throw_argument(fn, "out.heads", "heads_q = " + decode_str(q.shape[2]), decode_str(out.heads));
+  if (out.head_dim != kv.head_dim)
+    throw_argument(fn, "out.head_dim", "kv.head_dim = " + decode_str(kv.head_dim),
+                   decode_str(out.head_dim));
+  if (out.o_stride_token < 0 || out.o_stride_head < 0 || out.lse_stride_token < 0 ||
+      out.lse_stride_head < 0)
+    throw_argument(fn, "out.o_stride_token", "non-negative strides", "a negative stride");
+  if (tokens > 0 && (out.o == nullptr || out.lse == nullptr))
+    throw_argument(fn, out.o == nullptr ? "out.o" : "out.lse", "non-null", "null");
+}
+
+/// Checks a split layout.
+inline void validate_split_layout(const char* fn, const SplitLayout& s) {
+  if (s.max_splits < 1 || s.max_splits > kMaxSplits)
+    throw_argument(fn, "splits.max_splits", "1.." + decode_str(kMaxSplits),
+                   decode_str(s.max_splits));
+  if (s.policy == SplitPolicy::kFixedCount) {
+    if (s.num_splits < 1 || s.num_splits > kMaxSplits)
+      throw_argument(fn, "splits.num_splits", "1.." + decode_str(kMaxSplits),
+                     decode_str(s.num_splits));
+  } else if (s.policy == SplitPolicy::kFixedSize) {
+    if (s.split_size <= 0 || s.split_size % kSplitGranularity != 0)
+      throw_argument(fn, "splits.split_size", "a positive multiple of 16",
+                     decode_str(s.split_size));
+  } else {
+    throw_argument(fn, "splits.policy", "kFixedCount or kFixedSize (a planned layout)", "kAuto");
+  }
+}
+
+/// Checks a resolved softmax scale.
+inline void validate_scale(const char* fn, float scale) {
+  if (!std::isfinite(scale) || scale == 0.f)
+    throw_argument(fn, "scale", "finite and non-zero", std::to_string(scale));
+}
+
+}  // namespace detail
+}  // namespace attnstate

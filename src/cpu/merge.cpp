@@ -1,0 +1,367 @@
+/// @file merge.cpp
+/// @brief CPU backend: `merge_state`, `merge_state_inplace`, `merge_states` (dense and ragged)
+///        and `rebase`, multi-threaded over (token, head) rows, numerics from merge_math.hpp.
+///
+/// Inputs are converted on load (`math::convert_lse` into the output's base, `to_float` for o);
+/// sums are fp32 and the result is rounded once to the output dtype. Every (token, head) row is
+/// computed by one thread in a fixed order, so results do not depend on scheduling.
+#include "attnstate/cpu/merge.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attnstate/core/merge_math.hpp"
+#include "common/validate.hpp"
+#include "cpu/parallel.hpp"
+
+namespace attnstate {
+namespace cpu {
+namespace {
+
+namespace v = attnstate::detail;
+constexpr MemorySpace kHost = MemorySpace::kHost;
+/// Elements of o touched per parallel chunk (amortises scheduling).
+constexpr std::int64_t kGrainElems = std::int64_t{1} << 15;
+/// Floats of fp32 accumulator per block of heads of one token (stays in L1/L2).
+constexpr std::int64_t kBlockFloats = 8192;
+
+template <class T>
+const T* typed(const void* p) {
+  return static_cast<const T*>(p);
+}
+
+/// Loads a stored element as fp32 through `to_float`. For f16 the results of `to_float` for all
+/// 65536 bit patterns are tabulated once (bit-identical, and much faster than converting each
+/// element with the portable bit manipulation, which does not vectorise).
+template <class T>
+struct Loader {
+  float operator()(T x) const { return to_float(x); }
+};
+const float* half_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t u = 0; u < 65536; ++u)
+      t[u] = to_float(half_t{static_cast<std::uint16_t>(u)});
+    return t;
+  }();
+  return table.data();
+}
+template <>
+struct Loader<half_t> {
+  const float* table = half_table();
+  float operator()(half_t x) const { return table[x.bits]; }
+};
+
+std::int64_t grain_rows(std::int64_t head_dim, std::int64_t states) {
+  return std::max<std::int64_t>(1, kGrainElems / (head_dim * std::max<std::int64_t>(1, states)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pairwise: out = a ⊕ b (out may be a or b exactly); with a mask for the in-place form.
+
+template <class Ta, class Tb, class To>
+void pair_rows(const ConstStateView& a, const ConstStateView& b, const StateView& out,
+               const std::uint8_t* mask, std::int64_t r0, std::int64_t r1) {
+  const LseBase base = out.base;
+  const std::int64_t heads = out.heads, dim = out.head_dim;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t t = r / heads, h = r % heads;
+    if (mask != nullptr && mask[t] == 0) continue;
+    const float la = math::convert_lse(a.lse[a.lse_offset(t, h)], a.base, base);
+    const float lb = math::convert_lse(b.lse[b.lse_offset(t, h)], b.base, base);
+    const math::PairWeights p = math::pair_weights(base, la, lb);
+    const Loader<Ta> load_a;
+    const Loader<Tb> load_b;
+    const Ta* oa = typed<Ta>(a.o) + a.o_offset(t, h);
+    const Tb* ob = typed<Tb>(b.o) + b.o_offset(t, h);
+    To* oo = static_cast<To*>(out.o) + out.o_offset(t, h);
+    // Branch once per row; pair_combine then folds to a straight loop (and never reads the
+    // o of an empty side).
+    if (p.a_empty && p.b_empty) {
+      for (std::int64_t d = 0; d < dim; ++d)
+        oo[d] = from_float<To>(math::pair_combine(p, 0.f, 0.f));
+    } else if (p.b_empty) {
+      for (std::int64_t d = 0; d < dim; ++d)
+        oo[d] = from_float<To>(math::pair_combine(p, load_a(oa[d]), 0.f));
+    } else if (p.a_empty) {
+      for (std::int64_t d = 0; d < dim; ++d)
+        oo[d] = from_float<To>(math::pair_combine(p, 0.f, load_b(ob[d])));
+    } else {
+      for (std::int64_t d = 0; d < dim; ++d)
+        oo[d] = from_float<To>(math::pair_combine(p, load_a(oa[d]), load_b(ob[d])));
+    }
+    out.lse[out.lse_offset(t, h)] = p.lse;
+  }
+}
+
+void pair_merge(const ConstStateView& a, const ConstStateView& b, const StateView& out,
+                const std::uint8_t* mask) {
+  const std::int64_t rows = out.tokens * out.heads;
+  if (rows == 0) return;
+  dispatch_dtype(a.dtype, [&](auto ta) {
+    dispatch_dtype(b.dtype, [&](auto tb) {
+      dispatch_dtype(out.dtype, [&](auto to) {
+        using Ta = decltype(ta);
+        using Tb = decltype(tb);
+        using To = decltype(to);
+        detail::parallel_for(0, rows, grain_rows(out.head_dim, 2),
+                             [&](std::int64_t r0, std::int64_t r1) {
+                               pair_rows<Ta, Tb, To>(a, b, out, mask, r0, r1);
+                             });
+      });
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// N-ary: out[t, h] = ⊕ of a run of states per token (a dense stack, or ragged rows).
+
+/// Where the states of token t live: `count(t)` states, state s of head h at
+/// `o + o_token(t) + s * o_stride_state + h * o_stride_head` (likewise for lse).
+struct StackSource {
+  const void* o = nullptr;
+  const float* lse = nullptr;
+  LseBase base = LseBase::kNatural;
+  std::int64_t o_stride_head = 0, lse_stride_head = 0;
+  std::int64_t o_stride_state = 0, lse_stride_state = 0;
+  std::int64_t o_stride_token = 0, lse_stride_token = 0, num_states = 0;
+  const std::int32_t* indptr = nullptr;  ///< Ragged when non-null.
+
+  std::int64_t count(std::int64_t t) const {
+    return indptr ? static_cast<std::int64_t>(indptr[t + 1]) - indptr[t] : num_states;
+  }
+  std::int64_t first(std::int64_t t) const { return indptr ? indptr[t] : 0; }
+  std::int64_t o_token(std::int64_t t) const {
+    return indptr ? first(t) * o_stride_state : t * o_stride_token;
+  }
+  std::int64_t lse_token(std::int64_t t) const {
+    return indptr ? first(t) * lse_stride_state : t * lse_stride_token;
+  }
+};
+
+/// Per-thread scratch of the n-ary merge of a block of heads of one token.
+struct Scratch {
+  std::vector<float> w;            // (S, nh) converted LSEs, then weights
+  std::vector<std::uint8_t> live;  // (S, nh) 1 when the input is non-empty
+  std::vector<float> m, sum, inv, lse, acc;
+  std::vector<std::uint8_t> started;
+};
+/// Merges heads `[h0, h0 + nh)` of token `t`. Reads the inputs state by state (for a dense
+/// stack a sequential scan), accumulating `Σ w o` in an fp32 block that stays in L1/L2, then
+/// normalises once and rounds once to the output dtype.
+template <class Ti, class To>
+void merge_block(const StackSource& src, const StateView& out, std::int64_t t, std::int64_t h0,
+                 std::int64_t nh, Scratch& sc) {
+  const LseBase base = out.base;
+  const std::int64_t dim = out.head_dim;
+  const std::int64_t states = src.count(t);
+  const std::size_t n = static_cast<std::size_t>(states * nh);
+  if (sc.w.size() < n) {
+    sc.w.resize(n);
+    sc.live.resize(n);
+  }
+  sc.m.assign(nh, math::neg_inf());
+  sc.sum.assign(nh, 0.f);
+  sc.inv.resize(nh);
+  sc.lse.resize(nh);
+  sc.started.assign(nh, 0);
+  if (sc.acc.size() < static_cast<std::size_t>(nh * dim)) sc.acc.resize(nh * dim);
+  // Pass 1: LSEs in the working base and their max.
+  const float* lse_t = src.lse + src.lse_token(t) + h0 * src.lse_stride_head;
+  for (std::int64_t s = 0; s < states; ++s) {
+    const float* ls = lse_t + s * src.lse_stride_state;
+    float* w = sc.w.data() + s * nh;
+    for (std::int64_t j = 0; j < nh; ++j) {
+      w[j] = math::convert_lse(ls[j * src.lse_stride_head], src.base, base);
+      sc.m[j] = math::nan_max(sc.m[j], w[j]);
+    }
+  }
+  // Pass 2: weights of the non-empty inputs, their sum, and the merged LSE.
+  for (std::int64_t s = 0; s < states; ++s) {
+    float* w = sc.w.data() + s * nh;
+    std::uint8_t* live = sc.live.data() + s * nh;
+    for (std::int64_t j = 0; j < nh; ++j) {
+      live[j] = !math::is_empty_lse(w[j]);
+      if (live[j]) {
+        w[j] = math::merge_weight(base, w[j], sc.m[j]);
+        sc.sum[j] += w[j];
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < nh; ++j) {
+    const math::MergeResult r = math::merge_finalize(base, sc.m[j], sc.sum[j]);
+    sc.inv[j] = r.inv_sum;
+    sc.lse[j] = r.lse;
+  }
+  // Pass 3: the weighted sum of o, state by state, then normalise once.
+  const Loader<Ti> load;
+  const Ti* o_t = typed<Ti>(src.o) + src.o_token(t) + h0 * src.o_stride_head;
+  for (std::int64_t s = 0; s < states; ++s) {
+    const Ti* os = o_t + s * src.o_stride_state;
+    const float* w = sc.w.data() + s * nh;
+    const std::uint8_t* live = sc.live.data() + s * nh;
+    for (std::int64_t j = 0; j < nh; ++j) {
+      if (!live[j]) continue;  // an empty input's o is never read
+      const Ti* o = os + j * src.o_stride_head;
+      float* acc = sc.acc.data() + j * dim;
+      const float wj = w[j];
+      if (!sc.started[j]) {  // assign the first term so a lone input passes through bitwise
+        for (std::int64_t d = 0; d < dim; ++d) acc[d] = wj * load(o[d]);
+        sc.started[j] = 1;
+      } else {
+        for (std::int64_t d = 0; d < dim; ++d) acc[d] += wj * load(o[d]);
+      }
+    }
+  }
+  for (std::int64_t j = 0; j < nh; ++j) {
+    To* oo = static_cast<To*>(out.o) + out.o_offset(t, h0 + j);
+    const float* acc = sc.acc.data() + j * dim;
+    const float inv = sc.inv[j];
+    if (!sc.started[j]) {
+      for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(0.f);
+    } else {
+      for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(acc[d] * inv);
+    }
+    out.lse[out.lse_offset(t, h0 + j)] = sc.lse[j];
+  }
+}
+
+void nary_merge(const StackSource& src, DType in_dtype, const StateView& out,
+                std::int64_t avg_states) {
+  const std::int64_t heads = out.heads, dim = out.head_dim;
+  const std::int64_t rows = out.tokens * heads;
+  if (rows == 0) return;
+  const std::int64_t block = std::max<std::int64_t>(1, kBlockFloats / dim);
+  dispatch_dtype(in_dtype, [&](auto ti) {
+    dispatch_dtype(out.dtype, [&](auto to) {
+      using Ti = decltype(ti);
+      using To = decltype(to);
+      detail::parallel_for(0, rows, grain_rows(dim, avg_states),
+                           [&](std::int64_t r0, std::int64_t r1) {
+                             thread_local Scratch sc;
+                             for (std::int64_t r = r0; r < r1;) {
+                               const std::int64_t t = r / heads, h0 = r % heads;
+                               const std::int64_t nh = std::min({heads - h0, r1 - r, block});
+                               merge_block<Ti, To>(src, out, t, h0, nh, sc);
+                               r += nh;
+                             }
+                           });
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rebase: out = in converted to out's base and dtype.
+
+template <class Ti, class To>
+void rebase_rows(const ConstStateView& in, const StateView& out, bool copy_o, std::int64_t r0,
+                 std::int64_t r1) {
+  const std::int64_t heads = out.heads, dim = out.head_dim;
+  const Loader<Ti> load;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t t = r / heads, h = r % heads;
+    if (copy_o) {
+      const Ti* oi = typed<Ti>(in.o) + in.o_offset(t, h);
+      To* oo = static_cast<To*>(out.o) + out.o_offset(t, h);
+      for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(load(oi[d]));
+    }
+    out.lse[out.lse_offset(t, h)] =
+        math::convert_lse(in.lse[in.lse_offset(t, h)], in.base, out.base);
+  }
+}
+
+}  // namespace
+
+void merge_state(ConstStateView a, ConstStateView b, StateView out) {
+  static const char* const kFunc = "attnstate::cpu::merge_state";
+  v::check_state(kFunc, "a", a, kHost);
+  v::check_state(kFunc, "b", b, kHost);
+  v::check_output_state(kFunc, "out", out, kHost);
+  v::check_same_shape(kFunc, "a", a, "b", b);
+  v::check_same_shape(kFunc, "a", a, "out", out);
+  v::check_alias(kFunc, "out", out, "a", a);
+  v::check_alias(kFunc, "out", out, "b", b);
+  pair_merge(a, b, out, nullptr);
+}
+
+void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask) {
+  static const char* const kFunc = "attnstate::cpu::merge_state_inplace";
+  v::check_output_state(kFunc, "acc", acc, kHost);
+  v::check_state(kFunc, "other", other, kHost);
+  v::check_same_shape(kFunc, "acc", acc, "other", other);
+  v::check_alias(kFunc, "acc", acc, "other", other);
+  v::check_mask(kFunc, "mask", mask, "acc", acc);
+  pair_merge(acc, other, acc, mask);
+}
+
+void merge_states(ConstStateStackView states, StateView out) {
+  static const char* const kFunc = "attnstate::cpu::merge_states";
+  v::check_stack(kFunc, "states", states, kHost);
+  v::check_output_state(kFunc, "out", out, kHost);
+  v::check_same_shape(kFunc, "states", states, "out", out);
+  v::check_disjoint(kFunc, "out", out, "states", states);
+  StackSource src;
+  src.o = states.o;
+  src.lse = states.lse;
+  src.base = states.base;
+  src.o_stride_head = states.o_stride_head;
+  src.lse_stride_head = states.lse_stride_head;
+  src.o_stride_state = states.o_stride_state;
+  src.lse_stride_state = states.lse_stride_state;
+  src.o_stride_token = states.o_stride_token;
+  src.lse_stride_token = states.lse_stride_token;
+  src.num_states = states.num_states;
+  nary_merge(src, states.dtype, out, states.num_states);
+}
+
+void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out) {
+  static const char* const kFunc = "attnstate::cpu::merge_states_ragged";
+  v::check_state(kFunc, "rows", rows, kHost);
+  v::check_output_state(kFunc, "out", out, kHost);
+  if (rows.heads != out.heads) {
+    v::throw_argument(kFunc, "rows.heads", std::to_string(out.heads) + " (as out.heads)",
+                      std::to_string(rows.heads));
+  }
+  if (rows.head_dim != out.head_dim) {
+    v::throw_argument(kFunc, "rows.head_dim", std::to_string(out.head_dim) + " (as out.head_dim)",
+                      std::to_string(rows.head_dim));
+  }
+  v::check_indptr_host(kFunc, "indptr", indptr, out.tokens, rows.tokens);
+  v::check_disjoint(kFunc, "out", out, "rows", rows.o, v::o_bytes(rows), rows.lse,
+                    v::lse_bytes(rows));
+  StackSource src;
+  src.o = rows.o;
+  src.lse = rows.lse;
+  src.base = rows.base;
+  src.o_stride_head = rows.o_stride_head;
+  src.lse_stride_head = rows.lse_stride_head;
+  src.o_stride_state = rows.o_stride_token;
+  src.lse_stride_state = rows.lse_stride_token;
+  src.indptr = indptr;
+  const std::int64_t used = static_cast<std::int64_t>(indptr[out.tokens]) - indptr[0];
+  nary_merge(src, rows.dtype, out, out.tokens > 0 ? used / out.tokens : 1);
+}
+
+void rebase(ConstStateView in, StateView out) {
+  static const char* const kFunc = "attnstate::cpu::rebase";
+  v::check_state(kFunc, "in", in, kHost);
+  v::check_output_state(kFunc, "out", out, kHost);
+  v::check_same_shape(kFunc, "in", in, "out", out);
+  v::check_alias(kFunc, "out", out, "in", in);
+  const std::int64_t rows = out.tokens * out.heads;
+  if (rows == 0) return;
+  const bool copy_o = out.o != in.o;  // exact alias (checked above): o is already in place
+  dispatch_dtype(in.dtype, [&](auto ti) {
+    dispatch_dtype(out.dtype, [&](auto to) {
+      using Ti = decltype(ti);
+      using To = decltype(to);
+      detail::parallel_for(
+          0, rows, grain_rows(out.head_dim, 1),
+          [&](std::int64_t r0, std::int64_t r1) { rebase_rows<Ti, To>(in, out, copy_o, r0, r1); });
+    });
+  });
+}
+
+}  // namespace cpu
+}  // namespace attnstate

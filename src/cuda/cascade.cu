@@ -1,0 +1,374 @@
+/// @file cascade.cu
+/// @brief CUDA cascade attention: planning (tiles, splits, workspace), argument checks, and the
+///        launches of the level kernels and the merge.
+#include "attnstate/cuda/cascade.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/error.hpp"
+#include "attnstate/cuda/check.hpp"
+#include "cpu/cascade_validate.hpp"
+#include "cuda/kernels/cascade_launch.cuh"
+#include "cuda/kernels/cascade_merge.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace {
+
+using ::attnstate::detail::cascade_str;
+using ::attnstate::detail::throw_argument;
+
+constexpr int kKvTile = 64;       // keys per KV tile (CascadeTile::BN)
+constexpr int kMaxSplits = 64;    // splits per segment the heuristic may choose
+constexpr std::size_t kAlign = 256;
+
+std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+/// The pool scalars of a shape, for the shared level checks.
+PagedKvCache pool_of(const CascadeShape& s) {
+  PagedKvCache kv;
+  kv.page_size = s.page_size;
+  kv.num_pages = s.num_pages;
+  kv.heads_kv = s.heads_kv;
+  kv.head_dim = s.head_dim;
+  kv.dtype = s.dtype;
+  return kv;
+}
+
+/// Chooses the KV split (tokens per split) of a level by wave efficiency: the fewest splits
+/// whose CTAs fill the machine in the fewest, fullest waves.
+int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64_t nseg,
+                 std::int64_t max_len, std::int64_t heads_kv, int tile_rows, int num_sms,
+                 std::int64_t rows_total, std::int64_t head_dim) {
+  if (max_len <= 0) return kKvTile;
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * (tile_rows >= 128 ? 1 : 2);
+  std::int64_t best_chunk = ceil_div(max_len, kKvTile) * kKvTile;
+  double best_cost = std::numeric_limits<double>::infinity();
+  std::int64_t prev = -1;
+  for (int n = 1; n <= kMaxSplits; ++n) {
+    const std::int64_t chunk = ceil_div(ceil_div(max_len, n), kKvTile) * kKvTile;
+    if (chunk == prev) continue;
+    prev = chunk;
+    const std::int64_t splits = ceil_div(max_len, chunk);
+    // partial states beyond 1 GiB of workspace are not worth it
+    if (splits > 1 && rows_total * splits * head_dim * 4 > (std::int64_t{1} << 30)) break;
+    std::int64_t ctas = 0;
+    for (std::int64_t s = 0; s < nseg; ++s)
+      ctas += tiles[s] * std::max<std::int64_t>(1, ceil_div(lens[s], chunk));
+    ctas *= heads_kv;
+    const std::int64_t waves = ceil_div(ctas, slots);
+    // a CTA costs its keys plus a fixed start-up; each split adds partial-state traffic
+    const double cost = static_cast<double>(waves) * static_cast<double>(chunk + 2 * kKvTile) +
+                        4.0 * static_cast<double>(splits);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_chunk = chunk;
+    }
+    if (chunk == kKvTile) break;
+  }
+  return static_cast<int>(best_chunk);
+}
+
+void check_workspace(const char* func, const CascadePlan& plan, const void* ws, std::size_t bytes) {
+  const std::size_t need = plan.workspace_bytes();
+  if (bytes < need)
+    throw_argument(func, "workspace_bytes", ">= plan.workspace_bytes() = " + std::to_string(need),
+                   std::to_string(bytes), Status::kWorkspaceTooSmall);
+  if (need > 0 && ws == nullptr) throw_argument(func, "workspace", "a non-null pointer");
+  if (reinterpret_cast<std::uintptr_t>(ws) % 16 != 0)
+    throw_argument(func, "workspace", "a 16-byte aligned pointer");
+}
+
+void check_plan(const char* func, const CascadePlan& plan) {
+  if (plan.num_levels < 1 || plan.num_levels > kMaxCascadeLevels || plan.num_slots < 1 ||
+      plan.shape.batch < 1 || plan.scale == 0.f)
+    throw_argument(func, "plan", "a plan made by plan_cascade");
+}
+
+/// Checks the tensors of a level run against the plan.
+void check_inputs(const char* func, const CascadePlan& plan, const ConstTensorView& q,
+                  const PagedKvCache& kv) {
+  const CascadeShape& s = plan.shape;
+  ::attnstate::detail::check_cascade_pool(func, kv, MemorySpace::kDevice);
+  if (kv.dtype != s.dtype)
+    throw_argument(func, "kv.dtype", std::string("the planned ") + to_string(s.dtype),
+                   to_string(kv.dtype));
+  if (kv.page_size != s.page_size)
+    throw_argument(func, "kv.page_size", "the planned " + cascade_str(s.page_size),
+                   cascade_str(kv.page_size));
+  if (kv.heads_kv != s.heads_kv)
+    throw_argument(func, "kv.heads_kv", "the planned " + cascade_str(s.heads_kv),
+                   cascade_str(kv.heads_kv));
+  if (kv.head_dim != s.head_dim)
+    throw_argument(func, "kv.head_dim", "the planned " + cascade_str(s.head_dim),
+                   cascade_str(kv.head_dim));
+  if (kv.num_pages < 1) throw_argument(func, "kv.num_pages", ">= 1", cascade_str(kv.num_pages));
+  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0 ||
+      reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
+    throw_argument(func, "kv.k", "16-byte aligned pools (kv.k and kv.v)");
+  if (kv.page_elems() % 8 != 0)
+    throw_argument(func, "kv.page_stride", "a page stride that is a multiple of 8 elements",
+                   cascade_str(kv.page_elems()));
+  ::attnstate::detail::check_cascade_query(func, q, kv, MemorySpace::kDevice);
+  if (q.dtype != s.dtype)
+    throw_argument(func, "q.dtype", std::string("the planned ") + to_string(s.dtype),
+                   to_string(q.dtype));
+  if (q.shape[0] != s.batch || q.shape[1] != s.q_len || q.shape[2] != s.heads_q)
+    throw_argument(func, "q.shape", "the planned (batch, q_len, heads_q) = (" +
+                   cascade_str(s.batch) + ", " + cascade_str(s.q_len) + ", " +
+                   cascade_str(s.heads_q) + ")");
+  if (reinterpret_cast<std::uintptr_t>(q.data) % 16 != 0 || q.stride[0] % 8 != 0 ||
+      q.stride[1] % 8 != 0 || q.stride[2] % 8 != 0)
+    throw_argument(func, "q", "a 16-byte aligned pointer and strides that are multiples of 8");
+}
+
+void check_device_level(const char* func, const CascadePlan& plan, int l,
+                        const CascadeLevel& lv) {
+  using ::attnstate::detail::cascade_level_arg;
+  if (lv.num_segments != plan.levels[l].num_segments)
+    throw_argument(func, cascade_level_arg(l, "num_segments").c_str(),
+                   "the planned " + cascade_str(plan.levels[l].num_segments),
+                   cascade_str(lv.num_segments));
+  if (lv.request_indptr == nullptr)
+    throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "a non-null pointer");
+  if (lv.page_indptr == nullptr)
+    throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "a non-null pointer");
+  if (lv.seg_lens == nullptr)
+    throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(), "a non-null pointer");
+  if (lv.page_indices == nullptr && plan.levels[l].has_pages)
+    throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer");
+}
+
+void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
+                  const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
+                  cudaStream_t stream) {
+  const CascadeShape& s = plan.shape;
+  const CascadeLevelPlan& lp = plan.levels[l];
+  kernels::CascadeLevelParams p{};
+  p.q = q.data;
+  p.q_stride_b = q.stride[0];
+  p.q_stride_t = q.stride[1];
+  p.q_stride_h = q.stride[2];
+  p.k = kv.k;
+  p.v = kv.v;
+  p.page_elems = kv.page_elems();
+  p.num_pages = kv.num_pages;
+  p.page_size = static_cast<int>(kv.page_size);
+  p.heads_kv = static_cast<int>(kv.heads_kv);
+  p.hnd = kv.layout == KvLayout::kHND ? 1 : 0;
+  p.request_indptr = lv.request_indptr;
+  p.page_indptr = lv.page_indptr;
+  p.page_indices = lv.page_indices;
+  p.seg_lens = lv.seg_lens;
+  p.num_segments = static_cast<int>(lp.num_segments);
+  p.batch = static_cast<int>(s.batch);
+  p.q_len = static_cast<int>(s.q_len);
+  p.group = static_cast<int>(s.heads_q / s.heads_kv);
+  p.heads_q = static_cast<int>(s.heads_q);
+  p.chunk = lp.chunk;
+  p.max_splits = lp.max_splits;
+  p.max_tiles = lp.max_tiles;
+  p.causal_tail = (plan.causal && s.q_len > 1 && l == plan.num_levels - 1) ? 1 : 0;
+  p.s2_scale = math::base2_score_scale(plan.scale);
+  const std::int64_t rows = plan.rows();
+  p.ws_o = static_cast<float*>(workspace);
+  p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                      align_up(static_cast<std::size_t>(plan.num_slots) * rows *
+                                               s.head_dim * sizeof(float)));
+  p.rows_total = rows;
+  p.slot_offset = lp.slot_offset;
+  const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
+                  static_cast<unsigned>(s.heads_kv));
+  if (s.dtype == DType::kBF16)
+    kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), grid, stream);
+  else
+    kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), grid, stream);
+}
+
+template <int D>
+void launch_merge_d(const kernels::CascadeMergeParams& p, DType out_dt, cudaStream_t stream) {
+  const unsigned blocks =
+      static_cast<unsigned>(ceil_div(p.rows, kernels::kCascadeMergeWarps));
+  const unsigned threads = 32 * kernels::kCascadeMergeWarps;
+  switch (out_dt) {
+    case DType::kF16:
+      kernels::cascade_merge_kernel<D, half_t><<<blocks, threads, 0, stream>>>(p);
+      break;
+    case DType::kBF16:
+      kernels::cascade_merge_kernel<D, bfloat16_t><<<blocks, threads, 0, stream>>>(p);
+      break;
+    default: kernels::cascade_merge_kernel<D, float><<<blocks, threads, 0, stream>>>(p); break;
+  }
+  ATTNSTATE_CHECK_LAUNCH(stream, "cascade_merge_kernel");
+}
+
+void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
+                  cudaStream_t stream) {
+  const std::int64_t rows = plan.rows();
+  kernels::CascadeMergeParams p{};
+  p.ws_o = static_cast<const float*>(workspace);
+  p.ws_lse = reinterpret_cast<const float*>(
+      static_cast<const char*>(workspace) +
+      align_up(static_cast<std::size_t>(plan.num_slots) * rows * plan.shape.head_dim *
+               sizeof(float)));
+  p.rows = rows;
+  p.num_slots = plan.num_slots;
+  p.heads_q = static_cast<int>(plan.shape.heads_q);
+  p.out_o = out.o;
+  p.out_lse = out.lse;
+  p.o_stride_token = out.o_stride_token;
+  p.o_stride_head = out.o_stride_head;
+  p.lse_stride_token = out.lse_stride_token;
+  p.lse_stride_head = out.lse_stride_head;
+  p.base = out.base;
+  if (plan.shape.head_dim == 64)
+    launch_merge_d<64>(p, out.dtype, stream);
+  else
+    launch_merge_d<128>(p, out.dtype, stream);
+}
+
+void check_out(const char* func, const CascadePlan& plan, const StateView& out) {
+  ::attnstate::detail::check_cascade_out(func, out, plan.shape.batch * plan.shape.q_len,
+                                         plan.shape.heads_q, plan.shape.head_dim,
+                                         MemorySpace::kDevice);
+  const std::size_t align = out.dtype == DType::kF32 ? 16 : 8;
+  if (reinterpret_cast<std::uintptr_t>(out.o) % size_of(out.dtype) != 0)
+    throw_argument(func, "out.o", "a pointer aligned to its dtype (" + std::to_string(align) + ")");
+}
+
+}  // namespace
+
+std::size_t CascadePlan::workspace_bytes() const {
+  const std::size_t slots_rows = static_cast<std::size_t>(num_slots) * static_cast<std::size_t>(rows());
+  return align_up(slots_rows * static_cast<std::size_t>(shape.head_dim) * sizeof(float)) +
+         align_up(slots_rows * sizeof(float));
+}
+
+CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels,
+                         int num_levels, const CascadeOptions& options, int num_sms,
+                         const CascadeTuning& tuning) {
+  const char* func = "attnstate::cuda::plan_cascade";
+  if (shape.batch < 1 || shape.batch > (std::int64_t{1} << 24))
+    throw_argument(func, "shape.batch", "1..2^24", cascade_str(shape.batch));
+  if (shape.q_len < 1 || shape.q_len > kMaxCascadeQueryLen)
+    throw_argument(func, "shape.q_len", "1.." + cascade_str(kMaxCascadeQueryLen),
+                   cascade_str(shape.q_len));
+  if (shape.heads_kv < 1 || shape.heads_kv > 65535)
+    throw_argument(func, "shape.heads_kv", "1..65535", cascade_str(shape.heads_kv));
+  if (shape.heads_q < 1 || shape.heads_q % shape.heads_kv != 0)
+    throw_argument(func, "shape.heads_q", "a positive multiple of heads_kv",
+                   cascade_str(shape.heads_q));
+  if (shape.page_size < 1 || shape.page_size > (1 << 20))
+    throw_argument(func, "shape.page_size", "1..2^20", cascade_str(shape.page_size));
+  if (shape.num_pages < 0) throw_argument(func, "shape.num_pages", ">= 0", cascade_str(shape.num_pages));
+  if (shape.dtype != DType::kF16 && shape.dtype != DType::kBF16)
+    throw_argument(func, "shape.dtype", "f16 or bf16", to_string(shape.dtype),
+                   Status::kNotSupported);
+  if (!kernels::cascade_head_dim_supported(shape.head_dim))
+    throw_argument(func, "shape.head_dim", "64 or 128", cascade_str(shape.head_dim),
+                   Status::kNotSupported);
+  if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
+  if (tuning.tile_rows != 0 && !kernels::cascade_tile_supported(tuning.tile_rows))
+    throw_argument(func, "tuning.tile_rows", "0, 16, 64 or 128", cascade_str(tuning.tile_rows));
+  if (tuning.chunk < 0 || tuning.chunk % kKvTile != 0)
+    throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
+                   cascade_str(tuning.chunk));
+  const PagedKvCache kv = pool_of(shape);
+  ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch,
+                                            shape.q_len, options.causal, kv, true);
+  CascadePlan plan;
+  plan.shape = shape;
+  plan.num_levels = num_levels;
+  plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
+  plan.causal = options.causal;
+  plan.num_sms = num_sms;
+  const std::int64_t group = shape.heads_q / shape.heads_kv;
+  const std::int64_t rows_per_req = shape.q_len * group;
+  std::int64_t slots = 0;
+  for (int l = 0; l < num_levels; ++l) {
+    const CascadeLevel& lv = host_levels[l];
+    CascadeLevelPlan& lp = plan.levels[l];
+    lp.num_segments = lv.num_segments;
+    lp.has_pages = lv.page_indptr[lv.num_segments] > 0;
+    std::int64_t max_rows = 0, max_len = 0;
+    for (std::int64_t s = 0; s < lv.num_segments; ++s) {
+      const std::int64_t rows = (lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req;
+      max_rows = std::max(max_rows, rows);
+      if (rows > 0) max_len = std::max<std::int64_t>(max_len, lv.seg_lens[s]);
+    }
+    lp.tile_rows = tuning.tile_rows != 0 ? tuning.tile_rows
+                   : max_rows <= 16      ? 16
+                   : max_rows <= 64      ? 64
+                                         : 128;
+    std::vector<std::int64_t> tiles(static_cast<std::size_t>(lv.num_segments));
+    std::int64_t max_tiles = 1;
+    for (std::int64_t s = 0; s < lv.num_segments; ++s) {
+      tiles[s] = ceil_div((lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req,
+                          lp.tile_rows);
+      max_tiles = std::max(max_tiles, tiles[s]);
+    }
+    lp.max_tiles = static_cast<int>(max_tiles);
+    lp.chunk = tuning.chunk != 0 ? tuning.chunk
+                                 : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments,
+                                                max_len, shape.heads_kv, lp.tile_rows, num_sms,
+                                                plan.rows(), shape.head_dim);
+    lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
+    lp.slot_offset = static_cast<int>(slots);
+    slots += lp.max_splits;
+    const std::int64_t grid = lv.num_segments * lp.max_tiles * lp.max_splits;
+    if (grid >= (std::int64_t{1} << 31) || slots > (1 << 20))
+      throw_argument(func, ::attnstate::detail::cascade_level_arg(l, "num_segments").c_str(),
+                     "a level of fewer than 2^31 (segment, tile, split) blocks",
+                     cascade_str(grid), Status::kNotSupported);
+  }
+  plan.num_slots = static_cast<int>(slots);
+  return plan;
+}
+
+void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView& q,
+                       const PagedKvCache& kv, const CascadeLevel& device_level, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream) {
+  const char* func = "attnstate::cuda::run_cascade_level";
+  check_plan(func, plan);
+  if (level < 0 || level >= plan.num_levels)
+    throw_argument(func, "level", "0.." + cascade_str(plan.num_levels - 1), cascade_str(level));
+  check_inputs(func, plan, q, kv);
+  check_device_level(func, plan, level, device_level);
+  check_workspace(func, plan, workspace, workspace_bytes);
+  launch_level(plan, level, q, kv, device_level, workspace, stream);
+}
+
+void run_cascade_merge(const CascadePlan& plan, StateView out, const void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream) {
+  const char* func = "attnstate::cuda::run_cascade_merge";
+  check_plan(func, plan);
+  check_out(func, plan, out);
+  check_workspace(func, plan, workspace, workspace_bytes);
+  launch_merge(plan, out, workspace, stream);
+}
+
+void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                 const CascadeLevel* device_levels, int num_levels, StateView out,
+                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  const char* func = "attnstate::cuda::run_cascade";
+  check_plan(func, plan);
+  if (device_levels == nullptr) throw_argument(func, "device_levels", "a non-null pointer");
+  if (num_levels != plan.num_levels)
+    throw_argument(func, "num_levels", "the planned " + cascade_str(plan.num_levels),
+                   cascade_str(num_levels));
+  check_inputs(func, plan, q, kv);
+  for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
+  check_out(func, plan, out);
+  check_workspace(func, plan, workspace, workspace_bytes);
+  for (int l = 0; l < num_levels; ++l)
+    launch_level(plan, l, q, kv, device_levels[l], workspace, stream);
+  launch_merge(plan, out, workspace, stream);
+}
+
+}  // namespace cuda
+}  // namespace attnstate

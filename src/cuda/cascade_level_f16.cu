@@ -1,0 +1,17 @@
+/// @file cascade_level_f16.cu
+/// @brief The f16 instantiations of the cascade level kernel (one file per dtype so they compile
+///        in parallel).
+#include "cuda/kernels/cascade_launch.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+
+void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
+                             cudaStream_t stream) {
+  launch_cascade_level<__half>(p, tile_rows, head_dim, grid, stream);
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,74 @@
+/// @file cascade_launch.cuh
+/// @brief Host launchers of the cascade kernels: the one place where the runtime head_dim,
+///        dtype and row tile become template parameters (the compiled variants are listed here).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "attnstate/core/error.hpp"
+#include "attnstate/cuda/check.hpp"
+#include "cuda/kernels/cascade_level.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+
+/// Head dims with compiled cascade kernels.
+inline bool cascade_head_dim_supported(long long d) { return d == 64 || d == 128; }
+/// Row tiles with compiled cascade kernels.
+inline bool cascade_tile_supported(int rows) { return rows == 16 || rows == 64 || rows == 128; }
+
+/// Launches the level kernel of storage type `T` (one instantiation file per dtype).
+template <class T>
+void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
+                          cudaStream_t stream);
+
+/// Launches the bf16 level kernel (defined in cascade_level_bf16.cu).
+void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim,
+                               dim3 grid, cudaStream_t stream);
+/// Launches the f16 level kernel (defined in cascade_level_f16.cu).
+void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
+                              cudaStream_t stream);
+
+/// Sets the shared-memory limit of one tile variant and launches it.
+template <class T, class Tile>
+void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, cudaStream_t stream) {
+  auto kernel = cascade_level_kernel<T, Tile>;
+  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Tile::smem_bytes()));
+  kernel<<<grid, Tile::kThreads, Tile::smem_bytes(), stream>>>(p);
+  ATTNSTATE_CHECK_LAUNCH(stream, "cascade_level_kernel");
+}
+
+template <class T, int D>
+void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, dim3 grid,
+                             cudaStream_t stream) {
+  switch (tile_rows) {
+    case 16: return launch_cascade_tile<T, CascadeTile<D, 1, 4>>(p, grid, stream);
+    case 64: return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, stream);
+    case 128: return launch_cascade_tile<T, CascadeTile<D, 8, 1>>(p, grid, stream);
+    default:
+      ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "tile_rows", "16, 64 or 128",
+                                          std::to_string(tile_rows), Status::kNotSupported);
+  }
+}
+
+template <class T>
+void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
+                          cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch_cascade_head_dim<T, 64>(p, tile_rows, grid, stream);
+    case 128: return launch_cascade_head_dim<T, 128>(p, tile_rows, grid, stream);
+    default:
+      ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "head_dim", "64 or 128",
+                                          std::to_string(head_dim), Status::kNotSupported);
+  }
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate

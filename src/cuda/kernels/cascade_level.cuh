@@ -1,0 +1,431 @@
+/// @file cascade_level.cuh
+/// @brief The cascade level kernel: the partial attention state of a tile of stacked query rows
+///        (every request sharing a segment × new tokens × the GQA group) over one KV split of the
+///        segment, on tensor cores (mma.sync m16n8k16, fp32 accumulation), KV streamed through a
+///        multi-stage cp.async pipeline with swizzled shared memory.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+
+/// Arguments of one level launch (a small POD passed by value).
+struct CascadeLevelParams {
+  const void* q;               ///< Queries `(batch, q_len, heads_q, D)`.
+  std::int64_t q_stride_b;     ///< Elements between requests.
+  std::int64_t q_stride_t;     ///< Elements between new tokens.
+  std::int64_t q_stride_h;     ///< Elements between heads.
+  const void* k;               ///< K pool.
+  const void* v;               ///< V pool.
+  std::int64_t page_elems;     ///< Elements between pages.
+  std::int64_t num_pages;      ///< Pages in the pool (page ids are clamped to it).
+  int page_size;               ///< Tokens per page.
+  int heads_kv;                ///< KV heads.
+  int hnd;                     ///< 1 for the HND page layout.
+  const std::int32_t* request_indptr;  ///< `(num_segments + 1)`.
+  const std::int32_t* page_indptr;     ///< `(num_segments + 1)`.
+  const std::int32_t* page_indices;    ///< Page ids.
+  const std::int32_t* seg_lens;        ///< `(num_segments)`.
+  int num_segments;            ///< Segments of the level.
+  int batch;                   ///< Requests.
+  int q_len;                   ///< New tokens per request.
+  int group;                   ///< Query heads per KV head.
+  int heads_q;                 ///< Query heads.
+  int chunk;                   ///< KV tokens per split.
+  int max_splits;              ///< Splits per segment in the grid.
+  int max_tiles;               ///< Row tiles per segment in the grid.
+  int causal_tail;             ///< 1 when the causal mask applies (last level, causal).
+  float s2_scale;              ///< `scale · log2(e)`.
+  float* ws_o;                 ///< Partial outputs `(slots, rows_total, D)`.
+  float* ws_lse;               ///< Partial base-2 LSEs `(slots, rows_total)`.
+  std::int64_t rows_total;     ///< `batch · q_len · heads_q`.
+  int slot_offset;             ///< This level's first slot.
+};
+
+namespace detail {
+
+template <class T>
+struct MmaType;
+template <>
+struct MmaType<__nv_bfloat16> {
+  __device__ static __forceinline__ std::uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  }
+  __device__ static __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4],
+                                             std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaType<__half> {
+  __device__ static __forceinline__ std::uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  }
+  __device__ static __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4],
+                                             std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte async copy global → shared; `bytes` 0 writes zeros without reading `src`.
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+}  // namespace detail
+
+/// Tile configuration: `WM` warps along the rows (16 rows each), `WN` warps splitting the keys
+/// of each 64-token KV tile; `D` the head dim.
+template <int D_, int WM_, int WN_>
+struct CascadeTile {
+  static constexpr int D = D_;
+  static constexpr int WM = WM_;
+  static constexpr int WN = WN_;
+  static constexpr int BM = 16 * WM;        ///< Query rows per CTA.
+  static constexpr int BN = 64;             ///< Keys per KV tile.
+  static constexpr int BNW = BN / WN;       ///< Keys per warp per KV tile.
+  static constexpr int kStages = 3;         ///< cp.async pipeline depth.
+  static constexpr int kThreads = 32 * WM * WN;
+  static constexpr int kChunks = D / 8;     ///< 16-byte chunks per row.
+  static constexpr int kMinBlocks = kThreads >= 256 ? 1 : 2;
+  /// Dynamic shared memory in bytes.
+  static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2; }
+  static_assert(BNW % 16 == 0, "each warp needs whole 16-key steps");
+  static_assert(D % 16 == 0 && D >= 64, "head_dim must be a multiple of 16, at least 64");
+};
+
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`.
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    cascade_level_kernel(const CascadeLevelParams p) {
+  constexpr int D = Tile::D, WM = Tile::WM, WN = Tile::WN, BM = Tile::BM, BN = Tile::BN;
+  constexpr int BNW = Tile::BNW, kStages = Tile::kStages, kThreads = Tile::kThreads;
+  constexpr int kChunks = Tile::kChunks;
+  using Mma = detail::MmaType<T>;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);
+  T* s_k = s_q + BM * D;
+  T* s_v = s_k + kStages * BN * D;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm = warp % WM, wn = warp / WM;
+  const int h_kv = blockIdx.y;
+  int x = blockIdx.x;
+  const int split = x % p.max_splits;
+  x /= p.max_splits;
+  const int tile = x % p.max_tiles;
+  const int seg = x / p.max_tiles;
+  if (seg >= p.num_segments) return;
+
+  // --- the segment's requests, rows, pages and this split's keys (clamped: never out of bounds)
+  const int r0 = min(max(p.request_indptr[seg], 0), p.batch);
+  const int r1 = min(max(p.request_indptr[seg + 1], r0), p.batch);
+  const int rows_per_req = p.q_len * p.group;
+  const int nrows = (r1 - r0) * rows_per_req;
+  const int row0 = tile * BM;
+  if (row0 >= nrows) return;
+  const int pbeg = max(p.page_indptr[seg], 0);
+  const int npages = max(p.page_indptr[seg + 1] - pbeg, 0);
+  const int len = static_cast<int>(min(static_cast<std::int64_t>(max(p.seg_lens[seg], 0)),
+                                       static_cast<std::int64_t>(npages) * p.page_size));
+  const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
+  const int last = max(nsplit, 1) - 1;
+  if (split > last) return;
+  const int kv_begin = nsplit == 0 ? 0 : split * p.chunk;
+  const int kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
+  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* kpool = static_cast<const T*>(p.k);
+  const T* vpool = static_cast<const T*>(p.v);
+
+  // --- query tile → shared memory (rows past the segment's rows are zero)
+  for (int i = tid; i < BM * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int R = row0 + r;
+    const T* src = q;
+    int bytes = 0;
+    if (R < nrows) {
+      const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+      const int t = rem / p.group, g = rem % p.group;
+      src = q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+      bytes = 16;
+    }
+    detail::cp_async16(detail::smem_u32(s_q + detail::swz<D>(r, c)), src, bytes);
+  }
+  detail::cp_async_commit();
+
+  auto load_kv = [&](int kt, int stage) {
+    T* dk = s_k + stage * BN * D;
+    T* dv = s_v + stage * BN * D;
+    const int jb = kv_begin + kt * BN;
+#pragma unroll
+    for (int it = 0; it < BN * kChunks / kThreads; ++it) {
+      const int i = tid + it * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int j = jb + r;
+      const T* ks = kpool;
+      const T* vs = vpool;
+      int bytes = 0;
+      if (j < kv_end) {
+        std::int64_t page = p.page_indices[pbeg + j / p.page_size];
+        page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+        const int slot = j % p.page_size;
+        const std::int64_t off =
+            page * p.page_elems +
+            (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
+                   : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) * D +
+            c * 8;
+        ks = kpool + off;
+        vs = vpool + off;
+        bytes = 16;
+      }
+      detail::cp_async16(detail::smem_u32(dk + detail::swz<D>(r, c)), ks, bytes);
+      detail::cp_async16(detail::smem_u32(dv + detail::swz<D>(r, c)), vs, bytes);
+    }
+  };
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) load_kv(st, st);
+    detail::cp_async_commit();
+  }
+
+  // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
+  int limit[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = row0 + wm * 16 + (lane >> 2) + rr * 8;
+    limit[rr] = kv_end;
+    if (p.causal_tail && R < nrows) {
+      const int t = (R % rows_per_req) / p.group;
+      limit[rr] = min(kv_end, len - (p.q_len - 1 - t));
+    }
+  }
+
+  detail::cp_async_wait<kStages - 1>();
+  __syncthreads();
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int r = wm * 16 + (lane & 15);
+    const int c = ks * 2 + (lane >> 4);
+    detail::ldmatrix_x4(qf[ks], detail::smem_u32(s_q + detail::swz<D>(r, c)));
+  }
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  math::OnlineSoftmax os[2];
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    detail::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int nt = kt + kStages - 1;
+      if (nt < n_tiles) load_kv(nt, nt % kStages);
+      detail::cp_async_commit();
+    }
+    const T* ks_tile = s_k + (kt % kStages) * BN * D;
+    const T* vs_tile = s_v + (kt % kStages) * BN * D;
+
+    // S = Q Kᵀ over this warp's BNW keys
+    float s[BNW / 8][4];
+#pragma unroll
+    for (int n = 0; n < BNW / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < BNW / 16; ++np) {
+        const int mi = lane >> 3;
+        const int key = wn * BNW + np * 16 + (mi >> 1) * 8 + (lane & 7);
+        const int c = ks * 2 + (mi & 1);
+        std::uint32_t b[4];
+        detail::ldmatrix_x4(b, detail::smem_u32(ks_tile + detail::swz<D>(key, c)));
+        Mma::mma(s[2 * np], qf[ks], b[0], b[1]);
+        Mma::mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+      }
+    }
+
+    // scale, mask, online softmax (rows g and g + 8)
+    const int jb = kv_begin + kt * BN + wn * BNW + 2 * (lane & 3);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float bmax = math::neg_inf();
+#pragma unroll
+      for (int n = 0; n < BNW / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = jb + n * 8 + e;
+          float& sv = s[n][2 * rr + e];
+          sv = j < limit[rr] ? sv * p.s2_scale : math::neg_inf();
+          bmax = math::nan_max(bmax, sv);
+        }
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+      const float alpha = os[rr].rescale(bmax);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][2 * rr] *= alpha;
+        acc[n][2 * rr + 1] *= alpha;
+      }
+      float psum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BNW / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sv = s[n][2 * rr + e];
+          sv = os[rr].prob(sv);
+          psum += sv;
+        }
+      os[rr].add(psum);
+    }
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < BNW / 16; ++kk) {
+      std::uint32_t a[4];
+      a[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        const int mi = lane >> 3;
+        const int key = wn * BNW + kk * 16 + (mi & 1) * 8 + (lane & 7);
+        const int c = dp * 2 + (mi >> 1);
+        std::uint32_t b[4];
+        detail::ldmatrix_x4_trans(b, detail::smem_u32(vs_tile + detail::swz<D>(key, c)));
+        Mma::mma(acc[2 * dp], a, b[0], b[1]);
+        Mma::mma(acc[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  detail::cp_async_wait<0>();
+
+  // full row sums across the quad
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = os[rr].l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    os[rr].l = l;
+  }
+
+  // warps that split the keys of a tile: merge their states into the wn == 0 warp
+  if constexpr (WN > 1) {
+    __syncthreads();  // every warp is done with the KV stages: reuse them
+    float* red_o = reinterpret_cast<float*>(s_k);             // [WN][WM][16][D]
+    float* red_ml = red_o + WN * WM * 16 * D;                 // [WN][WM][16][2]
+    if (wn > 0) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int r = (lane >> 2) + rr * 8;
+        float* dst = red_o + ((wn * WM + wm) * 16 + r) * D + 2 * (lane & 3);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          dst[n * 8] = acc[n][2 * rr];
+          dst[n * 8 + 1] = acc[n][2 * rr + 1];
+        }
+        if ((lane & 3) == 0) {
+          red_ml[((wn * WM + wm) * 16 + r) * 2] = os[rr].m;
+          red_ml[((wn * WM + wm) * 16 + r) * 2 + 1] = os[rr].l;
+        }
+      }
+    }
+    __syncthreads();
+    if (wn > 0) return;
+#pragma unroll
+    for (int w = 1; w < WN; ++w)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int r = (lane >> 2) + rr * 8;
+        math::OnlineSoftmax other;
+        other.m = red_ml[((w * WM + wm) * 16 + r) * 2];
+        other.l = red_ml[((w * WM + wm) * 16 + r) * 2 + 1];
+        const math::OnlineSoftmax::Factors f = os[rr].merge(other);
+        const float* src = red_o + ((w * WM + wm) * 16 + r) * D + 2 * (lane & 3);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          acc[n][2 * rr] = acc[n][2 * rr] * f.self + (f.other != 0.f ? src[n * 8] * f.other : 0.f);
+          acc[n][2 * rr + 1] =
+              acc[n][2 * rr + 1] * f.self + (f.other != 0.f ? src[n * 8 + 1] * f.other : 0.f);
+        }
+      }
+  }
+
+  // partial state → workspace slot (slot_offset + split); later slots of this segment are empty
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = row0 + wm * 16 + (lane >> 2) + rr * 8;
+    if (R >= nrows) continue;
+    const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+    const int t = rem / p.group, g = rem % p.group;
+    const std::int64_t row =
+        (static_cast<std::int64_t>(req) * p.q_len + t) * p.heads_q + h_kv * p.group + g;
+    const float inv = os[rr].inv_sum();
+    float* dst = p.ws_o + (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
+                 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) =
+          make_float2(acc[n][2 * rr] * inv, acc[n][2 * rr + 1] * inv);
+    if ((lane & 3) == 0) {
+      p.ws_lse[static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row] =
+          os[rr].lse(LseBase::kBase2);
+      if (split == last)
+        for (int k = split + 1; k < p.max_splits; ++k)
+          p.ws_lse[static_cast<std::int64_t>(p.slot_offset + k) * p.rows_total + row] =
+              math::neg_inf();
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,466 @@
+/// @file cascade_level_wgmma.cuh
+/// @brief The cascade level kernel on Hopper's warpgroup MMA (sm_90a `wgmma`): the same work and
+///        numerics as cascade_level.cuh (one CTA = a tile of stacked query rows × one KV split of a
+///        segment, online softmax in fp32, partial state to the workspace), with `QKᵀ` and `PV` as
+///        `wgmma.mma_async` (A = queries / probabilities from registers, B = K / V tiles read by
+///        the tensor cores straight from 128-byte-swizzled shared memory). 64 query rows per
+///        warpgroup; the KV tiles stream through the same cp.async pipeline.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/kernels/cascade_level.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+namespace detail {
+
+template <class T>
+struct WgmmaType;
+
+template <>
+struct WgmmaType<__nv_bfloat16> {
+  /// S += A Bᵀ: m64n64k16, B K-major (keys × head_dim rows).
+  __device__ static __forceinline__ void mma_s(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+  /// O += P V: m64n128k16, B MN-major (V rows = keys).
+  __device__ static __forceinline__ void mma_o128(float (&d)[16][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+  /// O += P V: m64n64k16, B MN-major (head_dim 64).
+  __device__ static __forceinline__ void mma_o64(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+};
+
+template <>
+struct WgmmaType<__half> {
+  /// S += A Bᵀ: m64n64k16, B K-major (keys × head_dim rows).
+  __device__ static __forceinline__ void mma_s(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+  /// O += P V: m64n128k16, B MN-major (V rows = keys).
+  __device__ static __forceinline__ void mma_o128(float (&d)[16][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+  /// O += P V: m64n64k16, B MN-major (head_dim 64).
+  __device__ static __forceinline__ void mma_o64(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+};
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/// A wgmma shared-memory matrix descriptor with 128-byte swizzling.
+__device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t smem_addr, std::uint32_t lbo,
+                                                    std::uint32_t sbo) {
+  std::uint64_t d = 0;
+  d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+  d |= static_cast<std::uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<std::uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<std::uint64_t>(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+/// Element offset of 16-byte chunk `c` of KV row `r` in the 128B-swizzled layout the tensor
+/// cores read: `[D / 64][rows][64]`, chunk `c % 8` XOR `r % 8` inside each 128-byte row.
+template <int Rows>
+__device__ __forceinline__ int swz128(int r, int c) {
+  return (c >> 3) * Rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+}  // namespace detail
+
+/// Tile configuration of the wgmma kernel: `NWG` warpgroups of 64 rows; `D` the head dim.
+template <int D_, int NWG_>
+struct CascadeWgmmaTile {
+  static constexpr int D = D_;
+  static constexpr int NWG = NWG_;
+  static constexpr int BM = 64 * NWG;
+  static constexpr int BN = 64;
+  static constexpr int kStages = 3;
+  static constexpr int kThreads = 128 * NWG;
+  static constexpr int kChunks = D / 8;
+  static constexpr int kMinBlocks = NWG >= 2 ? 1 : 2;
+  /// Dynamic shared memory in bytes (+1 KiB to align the swizzle atoms to 1024 bytes).
+  static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2 + 1024; }
+  static_assert(D == 64 || D == 128, "wgmma path: head_dim 64 or 128");
+};
+
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`.
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    cascade_level_wgmma_kernel(const CascadeLevelParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN;
+  constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads, kChunks = Tile::kChunks;
+  using Wg = detail::WgmmaType<T>;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem_al = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
+  T* s_q = reinterpret_cast<T*>(smem_al);
+  T* s_k = s_q + BM * D;
+  T* s_v = s_k + kStages * BN * D;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int h_kv = blockIdx.y;
+  int x = blockIdx.x;
+  const int split = x % p.max_splits;
+  x /= p.max_splits;
+  const int tile = x % p.max_tiles;
+  const int seg = x / p.max_tiles;
+  if (seg >= p.num_segments) return;
+
+  const int r0 = min(max(p.request_indptr[seg], 0), p.batch);
+  const int r1 = min(max(p.request_indptr[seg + 1], r0), p.batch);
+  const int rows_per_req = p.q_len * p.group;
+  const int nrows = (r1 - r0) * rows_per_req;
+  const int row0 = tile * BM;
+  if (row0 >= nrows) return;
+  const int pbeg = max(p.page_indptr[seg], 0);
+  const int npages = max(p.page_indptr[seg + 1] - pbeg, 0);
+  const int len = static_cast<int>(min(static_cast<std::int64_t>(max(p.seg_lens[seg], 0)),
+                                       static_cast<std::int64_t>(npages) * p.page_size));
+  const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
+  const int last = max(nsplit, 1) - 1;
+  if (split > last) return;
+  const int kv_begin = nsplit == 0 ? 0 : split * p.chunk;
+  const int kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
+  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* kpool = static_cast<const T*>(p.k);
+  const T* vpool = static_cast<const T*>(p.v);
+
+  for (int i = tid; i < BM * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int R = row0 + r;
+    const T* src = q;
+    int bytes = 0;
+    if (R < nrows) {
+      const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+      const int t = rem / p.group, g = rem % p.group;
+      src = q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+      bytes = 16;
+    }
+    detail::cp_async16(detail::smem_u32(s_q + detail::swz<D>(r, c)), src, bytes);
+  }
+  detail::cp_async_commit();
+
+  auto load_kv = [&](int kt, int stage) {
+    T* dk = s_k + stage * BN * D;
+    T* dv = s_v + stage * BN * D;
+    const int jb = kv_begin + kt * BN;
+#pragma unroll
+    for (int it = 0; it < BN * kChunks / kThreads; ++it) {
+      const int i = tid + it * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int j = jb + r;
+      const T* ks = kpool;
+      const T* vs = vpool;
+      int bytes = 0;
+      if (j < kv_end) {
+        std::int64_t page = p.page_indices[pbeg + j / p.page_size];
+        page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+        const int slot = j % p.page_size;
+        const std::int64_t off =
+            page * p.page_elems +
+            (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
+                   : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) * D +
+            c * 8;
+        ks = kpool + off;
+        vs = vpool + off;
+        bytes = 16;
+      }
+      detail::cp_async16(detail::smem_u32(dk + detail::swz128<BN>(r, c)), ks, bytes);
+      detail::cp_async16(detail::smem_u32(dv + detail::swz128<BN>(r, c)), vs, bytes);
+    }
+  };
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_tiles) load_kv(st, st);
+    detail::cp_async_commit();
+  }
+
+  int limit[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = row0 + warp * 16 + (lane >> 2) + rr * 8;
+    limit[rr] = kv_end;
+    if (p.causal_tail && R < nrows) {
+      const int t = (R % rows_per_req) / p.group;
+      limit[rr] = min(kv_end, len - (p.q_len - 1 - t));
+    }
+  }
+
+  detail::cp_async_wait<kStages - 1>();
+  __syncthreads();
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int r = warp * 16 + (lane & 15);
+    const int c = ks * 2 + (lane >> 4);
+    detail::ldmatrix_x4(qf[ks], detail::smem_u32(s_q + detail::swz<D>(r, c)));
+  }
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  math::OnlineSoftmax os[2];
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    detail::cp_async_wait<kStages - 2>();
+    detail::fence_proxy_async();
+    __syncthreads();
+    {
+      const int nt = kt + kStages - 1;
+      if (nt < n_tiles) load_kv(nt, nt % kStages);
+      detail::cp_async_commit();
+    }
+    const std::uint32_t k_base = detail::smem_u32(s_k + (kt % kStages) * BN * D);
+    const std::uint32_t v_base = detail::smem_u32(s_v + (kt % kStages) * BN * D);
+
+    // S = Q Kᵀ (64 rows of this warpgroup × 64 keys)
+    float s[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const std::uint32_t addr = k_base + (ks >> 2) * (BN * 128) + (ks & 3) * 32;
+      Wg::mma_s(s, qf[ks], detail::wgmma_desc(addr, 16, 1024));
+    }
+    detail::wgmma_commit();
+    detail::wgmma_wait0();
+
+    const int jb = kv_begin + kt * BN + 2 * (lane & 3);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float bmax = math::neg_inf();
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = jb + n * 8 + e;
+          float& sv = s[n][2 * rr + e];
+          sv = j < limit[rr] ? sv * p.s2_scale : math::neg_inf();
+          bmax = math::nan_max(bmax, sv);
+        }
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+      const float alpha = os[rr].rescale(bmax);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][2 * rr] *= alpha;
+        acc[n][2 * rr + 1] *= alpha;
+      }
+      float psum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sv = s[n][2 * rr + e];
+          sv = os[rr].prob(sv);
+          psum += sv;
+        }
+      os[rr].add(psum);
+    }
+
+    // O += P V (P from registers, V MN-major in shared memory)
+    std::uint32_t pf[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pf[kk][0] = detail::MmaType<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = detail::MmaType<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = detail::MmaType<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = detail::MmaType<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    detail::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const std::uint64_t desc = detail::wgmma_desc(v_base + kk * 16 * 128, BN * 128, 1024);
+      if constexpr (D == 128)
+        Wg::mma_o128(acc, pf[kk], desc);
+      else
+        Wg::mma_o64(acc, pf[kk], desc);
+    }
+    detail::wgmma_commit();
+    detail::wgmma_wait0();
+  }
+  detail::cp_async_wait<0>();
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = os[rr].l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    os[rr].l = l;
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = row0 + warp * 16 + (lane >> 2) + rr * 8;
+    if (R >= nrows) continue;
+    const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+    const int t = rem / p.group, g = rem % p.group;
+    const std::int64_t row =
+        (static_cast<std::int64_t>(req) * p.q_len + t) * p.heads_q + h_kv * p.group + g;
+    const float inv = os[rr].inv_sum();
+    float* dst = p.ws_o + (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
+                 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) =
+          make_float2(acc[n][2 * rr] * inv, acc[n][2 * rr + 1] * inv);
+    if ((lane & 3) == 0) {
+      p.ws_lse[static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row] =
+          os[rr].lse(LseBase::kBase2);
+      if (split == last)
+        for (int k = split + 1; k < p.max_splits; ++k)
+          p.ws_lse[static_cast<std::int64_t>(p.slot_offset + k) * p.rows_total + row] =
+              math::neg_inf();
+    }
+  }
+#endif
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,88 @@
+/// @file decode_mma.cuh
+/// @brief Warp-level PTX helpers of the decode kernel: cp.async, ldmatrix and the
+///        m16n8k16 tensor-core MMA (bf16 or f16 operands, fp32 accumulation). Internal.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Shared-memory address of a generic pointer.
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte asynchronous copy global → shared; `bytes` 0 zero-fills the destination.
+/// `kPrefetch` asks the L2 to fetch the whole 256-byte block around the address.
+template <bool kPrefetch = true>
+__device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int bytes) {
+  if constexpr (kPrefetch) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/// Four 8×8 b16 matrices from shared memory (lane `l` gives the row address of matrix `l/8`).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t r[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/// As `ldmatrix_x4`, transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t r[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// `c += a · b` on a 16×8×16 tile, fp32 accumulators; `kBF16` selects bf16 or f16 operands.
+template <bool kBF16>
+__device__ __forceinline__ void mma_16816(float c[4], const std::uint32_t a[4],
+                                          std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (kBF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/// Packs two floats into a b16x2 register (round to nearest even), `lo` in the low half.
+template <bool kBF16>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (kBF16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate

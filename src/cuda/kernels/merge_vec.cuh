@@ -1,0 +1,89 @@
+/// @file merge_vec.cuh
+/// @brief Eight-element chunks of `o`: 16-byte vector loads and stores (scalar when a view is
+///        not 16-byte aligned), converted to and from fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "attnstate/core/dtype.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+
+/// Elements of `o` one thread handles per chunk (16 bytes of a 16-bit dtype).
+constexpr int kChunk = 8;
+
+/// Eight raw elements of type `T` as loaded from memory (one or two 16-byte words).
+template <class T>
+union Chunk {
+  static constexpr int kWords = static_cast<int>(sizeof(T)) * kChunk / 16;  ///< 16-byte words.
+  uint4 w[kWords];  ///< The words, for vector loads and stores.
+  T e[kChunk];      ///< The elements.
+};
+
+/// Loads the chunk starting at `p`: 16-byte loads when `aligned`, element loads otherwise.
+template <class T>
+__device__ __forceinline__ void load_chunk(Chunk<T>& c, const T* p, bool aligned) {
+  if (aligned) {
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < Chunk<T>::kWords; ++k) c.w[k] = q[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) c.e[k] = p[k];
+  }
+}
+
+/// Loads a chunk of read-only input (not written by the running kernel) without allocating it in
+/// L1: streamed data then does not evict the LSEs a row reuses.
+template <class T>
+__device__ __forceinline__ void load_chunk_stream(Chunk<T>& c, const T* p, bool aligned) {
+  if (aligned) {
+#pragma unroll
+    for (int k = 0; k < Chunk<T>::kWords; ++k) {
+      uint4& w = c.w[k];
+      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                   : "l"(reinterpret_cast<const uint4*>(p) + k));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) c.e[k] = p[k];
+  }
+}
+
+/// Asks L2 to fetch the chunk at `p` ahead of its load (no registers held while in flight).
+template <class T>
+__device__ __forceinline__ void prefetch_chunk_l2(const T* p) {
+#pragma unroll
+  for (int k = 0; k < Chunk<T>::kWords; ++k) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(p) + 16 * k));
+  }
+}
+
+/// Element `k` of a loaded chunk, in fp32 (exact).
+template <class T>
+__device__ __forceinline__ float chunk_at(const Chunk<T>& c, int k) {
+  return to_float(c.e[k]);
+}
+
+/// Rounds eight fp32 values once to `T` and stores them at `p`.
+template <class T>
+__device__ __forceinline__ void store_chunk(T* p, const float (&v)[kChunk], bool aligned) {
+  Chunk<T> c;
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) c.e[k] = from_float<T>(v[k]);
+  if (aligned) {
+    uint4* q = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < Chunk<T>::kWords; ++k) q[k] = c.w[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) p[k] = c.e[k];
+  }
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,72 @@
+/// @file merge.cu
+/// @brief CUDA backend: the pairwise merges `merge_state` and `merge_state_inplace`.
+#include "attnstate/cuda/merge.hpp"
+
+#include <cstdint>
+
+#include "attnstate/cuda/check.hpp"
+#include "common/validate.hpp"
+#include "cuda/kernels/merge_dispatch.cuh"
+#include "cuda/kernels/merge_launch.cuh"
+#include "cuda/kernels/merge_pair.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace {
+
+namespace v = attnstate::detail;
+constexpr MemorySpace kDevice = MemorySpace::kDevice;
+
+void launch_pair(const ConstStateView& a, const ConstStateView& b, const StateView& out,
+                 const std::uint8_t* mask, cudaStream_t stream) {
+  const std::int64_t rows = out.tokens * out.heads;
+  if (rows == 0) return;
+  kernels::PairArgs args;
+  args.a = a;
+  args.b = b;
+  args.out = out;
+  args.mask = mask;
+  args.split = kernels::row_split(out.head_dim);
+  args.aligned =
+      kernels::vec_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
+      kernels::vec_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
+      kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
+  args.prefetch = kernels::prefetch_enabled();
+  kernels::dispatch_pair(a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
+    const auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
+    static const int resident = kernels::blocks_per_sm(kernel);
+    const kernels::LaunchShape shape = kernels::launch_shape(rows * args.split.group, resident);
+    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
+    ATTNSTATE_CHECK_LAUNCH(stream, "merge_pair_kernel");
+  });
+}
+
+}  // namespace
+
+void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t stream) {
+  static const char* const kFunc = "attnstate::cuda::merge_state";
+  v::check_state(kFunc, "a", a, kDevice);
+  v::check_state(kFunc, "b", b, kDevice);
+  v::check_output_state(kFunc, "out", out, kDevice);
+  v::check_same_shape(kFunc, "a", a, "b", b);
+  v::check_same_shape(kFunc, "a", a, "out", out);
+  v::check_alias(kFunc, "out", out, "a", a);
+  v::check_alias(kFunc, "out", out, "b", b);
+  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
+  launch_pair(a, b, out, nullptr, stream);
+}
+
+void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask,
+                         cudaStream_t stream) {
+  static const char* const kFunc = "attnstate::cuda::merge_state_inplace";
+  v::check_output_state(kFunc, "acc", acc, kDevice);
+  v::check_state(kFunc, "other", other, kDevice);
+  v::check_same_shape(kFunc, "acc", acc, "other", other);
+  v::check_alias(kFunc, "acc", acc, "other", other);
+  v::check_mask(kFunc, "mask", mask, "acc", acc);
+  kernels::check_head_dim(kFunc, "acc.head_dim", acc.head_dim);
+  launch_pair(acc, other, acc, mask, stream);
+}
+
+}  // namespace cuda
+}  // namespace attnstate

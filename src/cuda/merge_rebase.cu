@@ -1,0 +1,43 @@
+/// @file merge_rebase.cu
+/// @brief CUDA backend: `rebase`, converting a state's LSE base and `o` dtype.
+#include <cstdint>
+
+#include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/merge.hpp"
+#include "common/validate.hpp"
+#include "cuda/kernels/merge_dispatch.cuh"
+#include "cuda/kernels/merge_launch.cuh"
+#include "cuda/kernels/merge_rebase.cuh"
+
+namespace attnstate {
+namespace cuda {
+
+void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
+  static const char* const kFunc = "attnstate::cuda::rebase";
+  namespace v = attnstate::detail;
+  v::check_state(kFunc, "in", in, MemorySpace::kDevice);
+  v::check_output_state(kFunc, "out", out, MemorySpace::kDevice);
+  v::check_same_shape(kFunc, "in", in, "out", out);
+  v::check_alias(kFunc, "out", out, "in", in);
+  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
+  const std::int64_t rows = out.tokens * out.heads;
+  if (rows == 0) return;
+  kernels::RebaseArgs args;
+  args.in = in;
+  args.out = out;
+  args.split = kernels::row_split(out.head_dim);
+  args.copy_o = out.o != in.o;  // an exact alias (checked above): o is already in place
+  args.aligned =
+      kernels::vec_aligned(in.o, size_of(in.dtype), {in.o_stride_token, in.o_stride_head}) &&
+      kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
+  kernels::dispatch_in_out(in.dtype, out.dtype, [&](auto ti, auto to) {
+    const auto kernel = kernels::rebase_kernel<decltype(ti), decltype(to)>;
+    static const int resident = kernels::blocks_per_sm(kernel);
+    const kernels::LaunchShape shape = kernels::launch_shape(rows << args.split.shift, resident);
+    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
+    ATTNSTATE_CHECK_LAUNCH(stream, "rebase_kernel");
+  });
+}
+
+}  // namespace cuda
+}  // namespace attnstate

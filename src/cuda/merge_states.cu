@@ -1,0 +1,105 @@
+/// @file merge_states.cu
+/// @brief CUDA backend: the n-ary merges `merge_states` (dense or strided stacks) and
+///        `merge_states_ragged` (rows given by a device `indptr`).
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/merge.hpp"
+#include "common/validate.hpp"
+#include "cuda/kernels/merge_dispatch.cuh"
+#include "cuda/kernels/merge_launch.cuh"
+#include "cuda/kernels/merge_ragged.cuh"
+#include "cuda/kernels/merge_stack.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace {
+
+namespace v = attnstate::detail;
+constexpr MemorySpace kDevice = MemorySpace::kDevice;
+
+/// Arguments common to both n-ary kernels.
+kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out) {
+  kernels::RowsArgs args;
+  args.in = in;
+  args.out = out;
+  args.indptr = nullptr;
+  const int per_row = static_cast<int>(out.head_dim / kernels::kChunk);
+  args.row_shift = 0;
+  while ((1 << args.row_shift) < per_row) ++args.row_shift;
+  args.group = per_row < 32 ? per_row : 32;
+  args.aligned = kernels::vec_aligned(in.o, size_of(in.dtype),
+                                      {in.o_stride_token, in.o_stride_head, in.o_stride_state}) &&
+                 kernels::vec_aligned(out.o, size_of(out.dtype),
+                                      {out.o_stride_token, out.o_stride_head});
+  args.prefetch = kernels::prefetch_enabled();
+  return args;
+}
+
+}  // namespace
+
+void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream) {
+  static const char* const kFunc = "attnstate::cuda::merge_states";
+  v::check_stack(kFunc, "states", states, kDevice);
+  v::check_output_state(kFunc, "out", out, kDevice);
+  v::check_same_shape(kFunc, "states", states, "out", out);
+  v::check_disjoint(kFunc, "out", out, "states", states);
+  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
+  if (states.num_states > std::numeric_limits<std::int32_t>::max()) {
+    v::throw_argument(kFunc, "states.num_states", "at most 2^31 - 1 states",
+                      std::to_string(states.num_states), Status::kNotSupported);
+  }
+  const std::int64_t rows = out.tokens * out.heads;
+  if (rows == 0) return;
+  const kernels::RowsArgs args = rows_args(states, out);
+  kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
+    const auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
+    static const int resident = kernels::blocks_per_sm(kernel);
+    const kernels::LaunchShape shape = kernels::launch_shape(rows << args.row_shift, resident);
+    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
+    ATTNSTATE_CHECK_LAUNCH(stream, "merge_stack_kernel");
+  });
+}
+
+void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out,
+                         cudaStream_t stream) {
+  static const char* const kFunc = "attnstate::cuda::merge_states_ragged";
+  v::check_state(kFunc, "rows", rows, kDevice);
+  v::check_output_state(kFunc, "out", out, kDevice);
+  if (rows.heads != out.heads) {
+    v::throw_argument(kFunc, "rows.heads", std::to_string(out.heads) + " (as out.heads)",
+                      std::to_string(rows.heads));
+  }
+  if (rows.head_dim != out.head_dim) {
+    v::throw_argument(kFunc, "rows.head_dim", std::to_string(out.head_dim) + " (as out.head_dim)",
+                      std::to_string(rows.head_dim));
+  }
+  v::check_not_null(kFunc, "indptr", indptr);
+  v::check_disjoint(kFunc, "out", out, "rows", rows.o, v::o_bytes(rows), rows.lse,
+                    v::lse_bytes(rows));
+  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
+  const std::int64_t n = out.tokens * out.heads;
+  if (n == 0) return;
+  // The rows as a stack whose "states" are consecutive tokens; offsets come from indptr.
+  ConstStateStackView in;
+  static_cast<StateLayout&>(in) = rows;
+  in.o = rows.o;
+  in.lse = rows.lse;
+  in.num_states = 0;
+  in.o_stride_state = rows.o_stride_token;
+  in.lse_stride_state = rows.lse_stride_token;
+  kernels::RowsArgs args = rows_args(in, out);
+  args.indptr = indptr;
+  kernels::dispatch_in_out(rows.dtype, out.dtype, [&](auto ti, auto to) {
+    const auto kernel = kernels::merge_ragged_kernel<decltype(ti), decltype(to)>;
+    static const int resident = kernels::blocks_per_sm(kernel);
+    const kernels::LaunchShape shape = kernels::launch_shape(n << args.row_shift, resident);
+    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
+    ATTNSTATE_CHECK_LAUNCH(stream, "merge_ragged_kernel");
+  });
+}
+
+}  // namespace cuda
+}  // namespace attnstate

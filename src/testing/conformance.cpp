@@ -1,0 +1,300 @@
+/// @file conformance.cpp
+/// @brief `check_state_kernel`: the laws of attention states as RapidCheck properties over a
+///        user kernel, run with explicit parameters and reported per law.
+#include "attnstate/testing/conformance.hpp"
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <sstream>
+
+#include "attnstate/testing/reference.hpp"
+#include "attnstate/testing/tolerance.hpp"
+
+namespace attnstate {
+namespace testing {
+
+namespace {
+
+/// A listener that prints nothing: the report carries the result.
+class QuietListener : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+std::string show_keys(const std::vector<std::int64_t>& keys) {
+  std::ostringstream ss;
+  ss << "{";
+  for (std::size_t i = 0; i < keys.size(); ++i) ss << (i ? ", " : "") << keys[i];
+  ss << "}";
+  return ss.str();
+}
+
+/// Calls the kernel; an exception it throws fails the case with its message.
+HostState call(const StateKernel& fn, const AttentionProblem& p,
+               const std::vector<std::int64_t>& keys, const char* law) {
+  try {
+    return fn(p, keys);
+  } catch (const std::exception& e) {
+    RC_FAIL(std::string(law) + ": the kernel threw for keys " + show_keys(keys) + ": " + e.what());
+  }
+}
+
+Tolerance law_tolerance(const AttentionProblem& p, const KernelCheckOptions& opt) {
+  return tolerance_for(p).scaled(opt.tolerance_factor);
+}
+
+ProblemGenOptions with_keys_and_logits(ProblemGenOptions o, int large_percent) {
+  o.min_keys = std::max<std::int64_t>(1, o.min_keys);
+  o.max_keys = std::max(o.max_keys, o.min_keys);
+  if (large_percent >= 0) o.large_logits_percent = large_percent;
+  return o;
+}
+
+void law_exactness(const StateKernel& fn, const KernelCheckOptions& opt) {
+  const AttentionProblem p = *gen_attention_problem(opt.problems);
+  const auto keys = *gen_key_subset(p.num_keys());
+  const HostState out = call(fn, p, keys, "exactness");
+  const std::string msg = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
+  if (!msg.empty()) {
+    RC_FAIL("exactness: fn(K) differs from the double-precision reference, K = " + show_keys(keys) +
+            "\n" + msg);
+  }
+}
+
+void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
+  const PartitionedProblem pp = *gen_partitioned_problem(opt.problems, opt.max_parts);
+  const AttentionProblem& p = pp.problem;
+  // Each part is requested in a random base among the allowed ones (mixed bases), so the
+  // merge also checks that every returned state's base tag is honoured.
+  const std::vector<LseBase>& bases = opt.problems.bases;
+  const auto base_of_part = *rc::gen::container<std::vector<std::size_t>>(
+      pp.parts.size(), rc::gen::inRange<std::size_t>(0, bases.empty() ? 1 : bases.size()));
+  const HostState whole = call(fn, p, all_keys(p.num_keys()), "split_merge");
+  std::vector<HostState> parts;
+  std::ostringstream desc;
+  for (std::size_t i = 0; i < pp.parts.size(); ++i) {
+    AttentionProblem pi = p;
+    if (!bases.empty()) pi.base = bases[base_of_part[i]];
+    parts.push_back(call(fn, pi, pp.parts[i], "split_merge"));
+    desc << (i ? ", " : "") << "P" << i + 1 << " = " << show_keys(pp.parts[i]) << " ("
+         << to_string(parts.back().base()) << ")";
+  }
+  const ReferenceState merged = reference_merge(parts, p.base);
+  const std::string msg = compare_states(whole, merged, law_tolerance(p, opt).scaled(2.0));
+  if (!msg.empty()) {
+    std::ostringstream ss;
+    ss << "split_merge: fn(all keys) differs from the ⊕ of fn over the " << parts.size()
+       << " parts " << desc.str() << " (⊕ in double over the kernel's outputs)\n"
+       << msg;
+    RC_FAIL(ss.str());
+  }
+}
+
+void law_identity(const StateKernel& fn, const KernelCheckOptions& opt) {
+  const AttentionProblem p = *gen_attention_problem(opt.problems);
+  const HostState out = call(fn, p, {}, "identity");
+  const std::string msg = compare_states(out, reference_state(p, {}), Tolerance{});
+  if (!msg.empty()) {
+    RC_FAIL("identity: fn(∅) must be exactly the empty state (o = 0, lse = -inf)\n" + msg);
+  }
+}
+
+void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
+  const AttentionProblem p = *gen_attention_problem(with_keys_and_logits(opt.problems, -1));
+  const auto keys = all_keys(p.num_keys());
+  const HostState out = call(fn, p, keys, "declared_base");
+  if (out.base() != p.base) {
+    RC_FAIL(std::string("declared_base: the state is declared ") + to_string(out.base()) + " but " +
+            to_string(p.base) + " was requested");
+  }
+  Tolerance lse_only = law_tolerance(p, opt);
+  lse_only.o_abs = lse_only.o_rel = 1e300;
+  const std::string msg = compare_states(out, reference_state(p, keys, out.base()), lse_only);
+  if (msg.empty()) return;
+  const LseBase other = out.base() == LseBase::kBase2 ? LseBase::kNatural : LseBase::kBase2;
+  HostState relabeled = out;
+  relabeled.relabel_base(other);
+  const bool other_fits =
+      compare_states(relabeled, reference_state(p, keys, other), lse_only).empty();
+  std::string why = std::string("declared_base: the LSEs do not match the declared base ") +
+                    to_string(out.base());
+  if (other_fits) {
+    why += std::string(": they are ") + to_string(other) + " LSEs declared " +
+           to_string(out.base()) + " (the classic mixed-base bug)";
+  }
+  RC_FAIL(why + "\n" + msg);
+}
+
+void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
+  const AttentionProblem p = *gen_attention_problem(with_keys_and_logits(opt.problems, 100));
+  const auto keys = all_keys(p.num_keys());
+  const HostState out = call(fn, p, keys, "large_logits");
+  for (std::int64_t t = 0; t < out.tokens(); ++t) {
+    for (std::int64_t h = 0; h < out.heads(); ++h) {
+      bool finite = std::isfinite(out.lse(t, h));
+      for (std::int64_t d = 0; d < out.head_dim() && finite; ++d) {
+        finite = std::isfinite(out.o(t, h, d));
+      }
+      if (!finite) {
+        std::ostringstream ss;
+        ss << "large_logits: inf/NaN in row [" << t << "," << h << "] (lse " << out.lse(t, h)
+           << ", o[0] " << out.o(t, h, 0) << ") with scores up to " << max_abs_score(p)
+           << " in magnitude: is the running max subtracted before exponentiating?";
+        RC_FAIL(ss.str());
+      }
+    }
+  }
+  const std::string msg = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
+  if (!msg.empty()) RC_FAIL("large_logits: differs from the double-precision reference\n" + msg);
+}
+
+void law_determinism(const StateKernel& fn, const KernelCheckOptions& opt) {
+  const AttentionProblem p = *gen_attention_problem(opt.problems);
+  const auto keys = *gen_key_subset(p.num_keys());
+  const HostState a = call(fn, p, keys, "determinism");
+  const HostState b = call(fn, p, keys, "determinism");
+  const std::string msg = compare_bitwise(a, b);
+  if (!msg.empty()) {
+    RC_FAIL("determinism: two calls on the same inputs differ, K = " + show_keys(keys) + "\n" +
+            msg);
+  }
+}
+
+}  // namespace
+
+const char* to_string(Law law) {
+  switch (law) {
+    case Law::kExactness:
+      return "exactness";
+    case Law::kSplitMerge:
+      return "split_merge";
+    case Law::kIdentity:
+      return "identity";
+    case Law::kDeclaredBase:
+      return "declared_base";
+    case Law::kLargeLogits:
+      return "large_logits";
+    case Law::kDeterminism:
+      return "determinism";
+  }
+  return "unknown";
+}
+
+std::vector<Law> all_laws() {
+  return {Law::kExactness,    Law::kSplitMerge,  Law::kIdentity,
+          Law::kDeclaredBase, Law::kLargeLogits, Law::kDeterminism};
+}
+
+std::uint64_t default_seed() { return rc::detail::configuration().testParams.seed; }
+
+PropertyResult run_property(const std::string& name, const std::function<void()>& property,
+                            int num_tests, std::uint64_t seed, bool shrink) {
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  params.maxSuccess = num_tests;
+  params.seed = seed != 0 ? seed : default_seed();
+  params.disableShrinking = !shrink;
+  rc::detail::TestMetadata metadata;
+  metadata.id = name;
+  metadata.description = name;
+  QuietListener listener;
+  const rc::detail::TestResult result =
+      rc::detail::checkProperty(rc::detail::toProperty(property), metadata, params, listener);
+
+  PropertyResult out;
+  out.name = name;
+  std::ostringstream ss;
+  if (result.is<rc::detail::SuccessResult>()) {
+    out.passed = true;
+    out.num_tests = result.get<rc::detail::SuccessResult>().numSuccess;
+    return out;
+  }
+  ss << "law '" << name << "' broke (seed " << params.seed << ")\n";
+  if (result.is<rc::detail::FailureResult>()) {
+    const auto& failure = result.get<rc::detail::FailureResult>();
+    out.num_tests = failure.numSuccess;
+    rc::detail::printResultMessage(failure, ss);
+  } else {
+    rc::detail::printResultMessage(result, ss);
+  }
+  ss << "\nreproduce with seed " << params.seed << " (KernelCheckOptions::seed = " << params.seed
+     << ", or RC_PARAMS=\"seed=" << params.seed << "\")";
+  out.message = ss.str();
+  return out;
+}
+
+bool KernelCheckReport::passed() const {
+  return std::all_of(laws.begin(), laws.end(), [](const LawResult& r) { return r.passed; });
+}
+
+bool KernelCheckReport::failed(Law law) const {
+  return std::any_of(laws.begin(), laws.end(),
+                     [law](const LawResult& r) { return r.law == law && !r.passed; });
+}
+
+std::string KernelCheckReport::failed_laws() const {
+  std::string out;
+  for (const LawResult& r : laws) {
+    if (r.passed) continue;
+    if (!out.empty()) out += ", ";
+    out += r.name;
+  }
+  return out;
+}
+
+std::string KernelCheckReport::summary() const {
+  std::ostringstream ss;
+  for (const LawResult& r : laws) {
+    ss << (r.passed ? "PASS " : "FAIL ") << r.name << " (" << r.num_tests << " cases passed)\n";
+  }
+  for (const LawResult& r : laws) {
+    if (!r.passed) ss << "\n" << r.message << "\n";
+  }
+  ss << "seed " << seed;
+  if (!passed()) {
+    ss << "; reproduce with KernelCheckOptions::seed = " << seed << " or RC_PARAMS=\"seed=" << seed
+       << "\"";
+  }
+  return ss.str();
+}
+
+KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOptions& options) {
+  KernelCheckReport report;
+  report.seed = options.seed != 0 ? options.seed : default_seed();
+  for (Law law : options.laws) {
+    std::function<void()> property;
+    switch (law) {
+      case Law::kExactness:
+        property = [&] { law_exactness(fn, options); };
+        break;
+      case Law::kSplitMerge:
+        property = [&] { law_split_merge(fn, options); };
+        break;
+      case Law::kIdentity:
+        property = [&] { law_identity(fn, options); };
+        break;
+      case Law::kDeclaredBase:
+        property = [&] { law_declared_base(fn, options); };
+        break;
+      case Law::kLargeLogits:
+        property = [&] { law_large_logits(fn, options); };
+        break;
+      case Law::kDeterminism:
+        property = [&] { law_determinism(fn, options); };
+        break;
+    }
+    LawResult r;
+    static_cast<PropertyResult&>(r) =
+        run_property(to_string(law), property, options.num_tests, report.seed, options.shrink);
+    r.law = law;
+    report.laws.push_back(std::move(r));
+  }
+  return report;
+}
+
+}  // namespace testing
+}  // namespace attnstate

@@ -1,0 +1,256 @@
+/// @file generators.cpp
+/// @brief RapidCheck generators for states, key subsets, partitions and attention problems.
+#include "attnstate/testing/generators.hpp"
+
+#include <cmath>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <utility>
+
+namespace attnstate {
+namespace testing {
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+/// RapidCheck's nominal size: choices drawn at this size are uniform over their whole range
+/// (instead of growing with the test's size), while still shrinking towards the minimum.
+constexpr int kFullSize = 100;
+
+/// A 64-bit seed for bulk values, drawn uniformly whatever the test size (shrinks to 0).
+rc::Gen<std::uint64_t> gen_seed() {
+  return rc::gen::resize(kFullSize, rc::gen::arbitrary<std::uint64_t>());
+}
+
+/// One element of `choices` (non-empty); unlike `rc::gen::elementOf` it shrinks towards the
+/// first element, so list the simplest choice first.
+template <class T>
+rc::Gen<T> pick(const std::vector<T>& choices) {
+  if (choices.empty()) throw rc::GenerationFailure("empty list of choices");
+  return rc::gen::map(rc::gen::resize(kFullSize, rc::gen::inRange<std::size_t>(0, choices.size())),
+                      [choices](std::size_t i) { return choices[i]; });
+}
+
+/// Garbage for the `o` of an empty row: NaN, ±inf or a huge value (never read by a merge).
+float garbage(std::mt19937_64& rng) {
+  switch (rng() % 4) {
+    case 0:
+      return kNaN;
+    case 1:
+      return std::numeric_limits<float>::infinity();
+    case 2:
+      return -3.0e38f;
+    default:
+      return kNaN;
+  }
+}
+
+/// Fills `o` from `seed`: uniform `[-1, 1]` for non-empty rows; garbage (or 0) for empty rows.
+void fill_o(HostState& s, std::uint64_t seed, bool garbage_in_empty) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  for (std::int64_t t = 0; t < s.tokens(); ++t) {
+    for (std::int64_t h = 0; h < s.heads(); ++h) {
+      const bool empty = s.is_empty_row(t, h);
+      for (std::int64_t d = 0; d < s.head_dim(); ++d) {
+        float x = uni(rng);
+        if (empty) x = garbage_in_empty ? garbage(rng) : 0.f;
+        s.set_o(t, h, d, x);
+      }
+    }
+  }
+}
+
+rc::Gen<float> gen_lse(const StateGenOptions& opt) {
+  using Weighted = std::pair<std::size_t, rc::Gen<float>>;
+  std::vector<Weighted> choices;
+  choices.emplace_back(6, rc::gen::map(rc::gen::inRange(-2000, 2001),
+                                       [](int i) { return static_cast<float>(i) / 100.f; }));
+  if (opt.extreme_lse) {
+    const double mag = opt.lse_magnitude;
+    choices.emplace_back(1, rc::gen::map(rc::gen::inRange(-3000, 3001), [mag](int i) {
+                           return static_cast<float>(mag + i / 100.0);
+                         }));
+    choices.emplace_back(1, rc::gen::map(rc::gen::inRange(-3000, 3001), [mag](int i) {
+                           return static_cast<float>(-mag + i / 100.0);
+                         }));
+  }
+  if (opt.empty_rows) choices.emplace_back(2, rc::gen::just(-INFINITY));
+  if (opt.nan_rows) choices.emplace_back(1, rc::gen::just(kNaN));
+  std::size_t total = 0;
+  for (const Weighted& c : choices) total += c.first;
+  return rc::gen::exec([choices, total] {
+    std::size_t pick = *rc::gen::resize(kFullSize, rc::gen::inRange<std::size_t>(0, total));
+    for (const Weighted& c : choices) {
+      if (pick < c.first) return *c.second;
+      pick -= c.first;
+    }
+    return *choices.back().second;
+  });
+}
+
+}  // namespace
+
+rc::Gen<StateShape> gen_state_shape(const StateGenOptions& opt) {
+  return rc::gen::exec([opt] {
+    StateShape s;
+    s.tokens = *rc::gen::inRange<std::int64_t>(1, opt.max_tokens + 1);
+    s.heads = *rc::gen::inRange<std::int64_t>(1, opt.max_heads + 1);
+    s.head_dim = *rc::gen::inRange<std::int64_t>(1, opt.max_head_dim + 1);
+    return s;
+  });
+}
+
+rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& opt) {
+  return rc::gen::exec([shape, opt] {
+    const DType dt = *pick(opt.dtypes);
+    const LseBase base = *pick(opt.bases);
+    const auto lses = *rc::gen::container<std::vector<float>>(
+        static_cast<std::size_t>(shape.tokens * shape.heads), gen_lse(opt));
+    const auto seed = *gen_seed();
+    HostState s(shape.tokens, shape.heads, shape.head_dim, dt, base);
+    s.lse_values() = lses;
+    fill_o(s, seed, opt.nan_in_empty_o);
+    return s;
+  });
+}
+
+rc::Gen<HostState> gen_state(const StateGenOptions& opt) {
+  return rc::gen::mapcat(gen_state_shape(opt),
+                         [opt](const StateShape& shape) { return gen_state(shape, opt); });
+}
+
+rc::Gen<HostState> gen_empty_state(const StateShape& shape, const StateGenOptions& opt) {
+  return rc::gen::exec([shape, opt] {
+    const DType dt = *pick(opt.dtypes);
+    const LseBase base = *pick(opt.bases);
+    const auto seed = *gen_seed();
+    HostState s(shape.tokens, shape.heads, shape.head_dim, dt, base);
+    fill_o(s, seed, opt.nan_in_empty_o);
+    return s;
+  });
+}
+
+rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
+                                           const StateGenOptions& opt) {
+  return rc::gen::exec([min_count, max_count, opt] {
+    const StateShape shape = *gen_state_shape(opt);
+    const int lo = min_count < 1 ? 1 : min_count;
+    const int n = *rc::gen::inRange(lo, (max_count < lo ? lo : max_count) + 1);
+    std::vector<HostState> states;
+    states.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) states.push_back(*gen_state(shape, opt));
+    return states;
+  });
+}
+
+rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys) {
+  return rc::gen::map(rc::gen::container<std::vector<bool>>(static_cast<std::size_t>(n_keys),
+                                                            rc::gen::arbitrary<bool>()),
+                      [](const std::vector<bool>& in) {
+                        std::vector<std::int64_t> keys;
+                        for (std::size_t i = 0; i < in.size(); ++i) {
+                          if (in[i]) keys.push_back(static_cast<std::int64_t>(i));
+                        }
+                        return keys;
+                      });
+}
+
+rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_disjoint_pair(
+    std::int64_t n_keys) {
+  return rc::gen::map(rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
+                                                           rc::gen::inRange(0, 3)),
+                      [](const std::vector<int>& owner) {
+                        std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> out;
+                        for (std::size_t i = 0; i < owner.size(); ++i) {
+                          if (owner[i] == 1) out.first.push_back(static_cast<std::int64_t>(i));
+                          if (owner[i] == 2) out.second.push_back(static_cast<std::int64_t>(i));
+                        }
+                        return out;
+                      });
+}
+
+rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_keys, int max_parts) {
+  const int top = max_parts < 1 ? 1 : max_parts;
+  return rc::gen::exec([n_keys, top] {
+    const int parts = *rc::gen::inRange(1, top + 1);
+    const auto owner = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
+                                                             rc::gen::inRange(0, parts));
+    std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(parts));
+    for (std::size_t i = 0; i < owner.size(); ++i) {
+      out[static_cast<std::size_t>(owner[i])].push_back(static_cast<std::int64_t>(i));
+    }
+    return out;
+  });
+}
+
+ProblemGenOptions decode_problem_options() {
+  ProblemGenOptions o;
+  o.max_tokens = 8;
+  o.max_heads_kv = 2;
+  o.group_sizes = {4, 8};
+  o.head_dims = {64, 128};
+  o.min_keys = 0;
+  o.max_keys = 300;
+  o.input_dtypes = {DType::kF16, DType::kBF16};
+  return o;
+}
+
+rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
+  return rc::gen::exec([opt] {
+    const std::int64_t tokens = *rc::gen::inRange<std::int64_t>(1, opt.max_tokens + 1);
+    const std::int64_t hkv = *rc::gen::inRange<std::int64_t>(1, opt.max_heads_kv + 1);
+    const std::int64_t group = *pick(opt.group_sizes);
+    const std::int64_t dim = *pick(opt.head_dims);
+    // Key counts uniform over the whole range (not growing with the test size): long and short
+    // segments are equally interesting; failures still shrink towards min_keys.
+    const std::int64_t keys =
+        *rc::gen::resize(kFullSize, rc::gen::inRange<std::int64_t>(opt.min_keys, opt.max_keys + 1));
+    const DType in_dt = *pick(opt.input_dtypes);
+    const DType out_dt = *pick(opt.output_dtypes);
+    const LseBase base = *pick(opt.bases);
+    // Shrinks towards 0, i.e. towards ordinary logits.
+    const bool large =
+        *rc::gen::resize(kFullSize, rc::gen::inRange(0, 100)) >= 100 - opt.large_logits_percent;
+    const bool unit_scale = *rc::gen::arbitrary<bool>();
+    const auto seed = *gen_seed();
+
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    const float amp = large ? opt.large_logit_factor : 1.f;
+    std::vector<float> q(static_cast<std::size_t>(tokens * hkv * group * dim));
+    std::vector<float> k(static_cast<std::size_t>(keys * hkv * dim));
+    std::vector<float> v(k.size());
+    for (float& x : q) x = uni(rng) * amp;
+    for (float& x : k) x = uni(rng);
+    for (float& x : v) x = uni(rng);
+    const float scale = unit_scale ? 1.f : 1.f / std::sqrt(static_cast<float>(dim));
+    AttentionProblem p =
+        make_problem(tokens, hkv * group, hkv, dim, keys, in_dt, q, k, v, scale, out_dt, base);
+    p.large_logits = large;
+    p.value_seed = seed;
+    return p;
+  });
+}
+
+rc::Gen<PartitionedProblem> gen_partitioned_problem(const ProblemGenOptions& opt, int max_parts) {
+  return rc::gen::exec([opt, max_parts] {
+    PartitionedProblem pp;
+    pp.problem = *gen_attention_problem(opt);
+    pp.parts = *gen_partition(pp.problem.num_keys(), max_parts);
+    return pp;
+  });
+}
+
+void showValue(const PartitionedProblem& value, std::ostream& os) {
+  os << value.problem << ", parts ";
+  rc::show(value.parts, os);
+}
+
+void showValue(const StateShape& shape, std::ostream& os) {
+  os << "(" << shape.tokens << ", " << shape.heads << ", " << shape.head_dim << ")";
+}
+
+}  // namespace testing
+}  // namespace attnstate

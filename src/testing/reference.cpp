@@ -1,0 +1,183 @@
+/// @file reference.cpp
+/// @brief The double-precision reference: attention over a key subset and the ⊕ merge.
+#include "attnstate/testing/reference.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attnstate/core/error.hpp"
+
+namespace attnstate {
+namespace testing {
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kLn2 = 0.69314718055994530942;
+constexpr double kLog2e = 1.44269504088896340736;
+
+double convert(double lse, LseBase from, LseBase to) {
+  if (from == to) return lse;
+  return from == LseBase::kNatural ? lse * kLog2e : lse * kLn2;
+}
+
+ReferenceState make_empty(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                          LseBase base) {
+  ReferenceState r;
+  r.tokens = tokens;
+  r.heads = heads;
+  r.head_dim = head_dim;
+  r.base = base;
+  r.o.assign(static_cast<std::size_t>(tokens * heads * head_dim), 0.0);
+  r.lse.assign(static_cast<std::size_t>(tokens * heads), kNegInf);
+  return r;
+}
+
+}  // namespace
+
+ReferenceState to_reference(const HostState& s) {
+  ReferenceState r = make_empty(s.tokens(), s.heads(), s.head_dim(), s.base());
+  for (std::int64_t i = 0; i < s.o_tensor().numel(); ++i) {
+    r.o[static_cast<std::size_t>(i)] = s.o_tensor().get(i);
+  }
+  for (std::size_t i = 0; i < s.lse_values().size(); ++i) r.lse[i] = s.lse_values()[i];
+  return r;
+}
+
+ReferenceState rebased(const ReferenceState& state, LseBase base) {
+  ReferenceState r = state;
+  for (double& x : r.lse) x = convert(x, state.base, base);
+  r.base = base;
+  return r;
+}
+
+ReferenceState reference_state(const AttentionProblem& p, const std::vector<std::int64_t>& keys,
+                               LseBase base) {
+  for (std::int64_t key : keys) {
+    if (key < 0 || key >= p.num_keys()) {
+      detail::throw_argument("reference_state", "keys",
+                             "indices in [0, " + std::to_string(p.num_keys()) + ")",
+                             std::to_string(key));
+    }
+  }
+  const std::int64_t tokens = p.tokens(), hq = p.heads_q(), hkv = p.heads_kv(), dim = p.head_dim();
+  const std::int64_t group = p.group_size();
+  ReferenceState r = make_empty(tokens, hq, dim, base);
+  if (keys.empty()) return r;
+  const std::vector<float> q = p.q.to_floats();
+  const std::vector<float> k = p.k.to_floats();
+  const std::vector<float> v = p.v.to_floats();
+  std::vector<double> s(keys.size());
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t g = h / group;
+      const float* qr = &q[static_cast<std::size_t>((t * hq + h) * dim)];
+      double m = kNegInf;
+      bool nan = false;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const float* kr = &k[static_cast<std::size_t>((keys[i] * hkv + g) * dim)];
+        double dot = 0;
+        for (std::int64_t d = 0; d < dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+        s[i] = static_cast<double>(p.scale) * dot;
+        if (std::isnan(s[i])) nan = true;
+        m = std::max(m, s[i]);
+      }
+      double* o = &r.o[static_cast<std::size_t>((t * hq + h) * dim)];
+      double& lse = r.lse[static_cast<std::size_t>(t * hq + h)];
+      if (nan) {
+        std::fill(o, o + dim, std::numeric_limits<double>::quiet_NaN());
+        lse = std::numeric_limits<double>::quiet_NaN();
+        continue;
+      }
+      double sum = 0;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const double w = std::exp(s[i] - m);
+        sum += w;
+        const float* vr = &v[static_cast<std::size_t>((keys[i] * hkv + g) * dim)];
+        for (std::int64_t d = 0; d < dim; ++d) o[d] += w * vr[d];
+      }
+      for (std::int64_t d = 0; d < dim; ++d) o[d] /= sum;
+      lse = convert(m + std::log(sum), LseBase::kNatural, base);
+    }
+  }
+  return r;
+}
+
+ReferenceState reference_state(const AttentionProblem& problem,
+                               const std::vector<std::int64_t>& keys) {
+  return reference_state(problem, keys, problem.base);
+}
+
+ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBase base) {
+  if (states.empty()) detail::throw_argument("reference_merge", "states", "at least one state");
+  const ReferenceState& first = states.front();
+  for (const ReferenceState& s : states) {
+    if (s.tokens != first.tokens || s.heads != first.heads || s.head_dim != first.head_dim) {
+      detail::throw_argument("reference_merge", "states", "one shape for every state");
+    }
+  }
+  ReferenceState r = make_empty(first.tokens, first.heads, first.head_dim, base);
+  const std::int64_t rows = first.tokens * first.heads, dim = first.head_dim;
+  std::vector<double> lse(states.size());
+  for (std::int64_t row = 0; row < rows; ++row) {
+    double m = kNegInf;
+    bool nan = false;
+    for (std::size_t i = 0; i < states.size(); ++i) {
+      // Work in natural log: the conversion is exact enough in double.
+      lse[i] =
+          convert(states[i].lse[static_cast<std::size_t>(row)], states[i].base, LseBase::kNatural);
+      if (std::isnan(lse[i])) nan = true;
+      m = std::max(m, lse[i]);
+    }
+    double* o = &r.o[static_cast<std::size_t>(row * dim)];
+    if (nan) {
+      std::fill(o, o + dim, std::numeric_limits<double>::quiet_NaN());
+      r.lse[static_cast<std::size_t>(row)] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    if (m == kNegInf) continue;  // all empty: (0, -inf)
+    double sum = 0;
+    for (std::size_t i = 0; i < states.size(); ++i) {
+      if (lse[i] == kNegInf) continue;  // an empty input's o is never read
+      const double w = std::exp(lse[i] - m);
+      sum += w;
+      const double* oi = &states[i].o[static_cast<std::size_t>(row * dim)];
+      for (std::int64_t d = 0; d < dim; ++d) o[d] += w * oi[d];
+    }
+    for (std::int64_t d = 0; d < dim; ++d) o[d] /= sum;
+    r.lse[static_cast<std::size_t>(row)] = convert(m + std::log(sum), LseBase::kNatural, base);
+  }
+  return r;
+}
+
+ReferenceState reference_merge(const std::vector<HostState>& states, LseBase base) {
+  std::vector<ReferenceState> refs;
+  refs.reserve(states.size());
+  for (const HostState& s : states) refs.push_back(to_reference(s));
+  return reference_merge(refs, base);
+}
+
+double max_abs_score(const AttentionProblem& p) {
+  const std::vector<float> q = p.q.to_floats();
+  const std::vector<float> k = p.k.to_floats();
+  const std::int64_t hq = p.heads_q(), hkv = p.heads_kv(), dim = p.head_dim();
+  const std::int64_t group = p.group_size();
+  double best = 0;
+  for (std::int64_t t = 0; t < p.tokens(); ++t) {
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const float* qr = &q[static_cast<std::size_t>((t * hq + h) * dim)];
+      for (std::int64_t i = 0; i < p.num_keys(); ++i) {
+        const float* kr = &k[static_cast<std::size_t>((i * hkv + h / group) * dim)];
+        double acc = 0;
+        for (std::int64_t d = 0; d < dim; ++d) acc += std::fabs(static_cast<double>(qr[d]) * kr[d]);
+        best = std::max(best, std::fabs(static_cast<double>(p.scale)) * acc);
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace testing
+}  // namespace attnstate

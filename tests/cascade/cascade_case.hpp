@@ -1,0 +1,310 @@
+/// @file cascade_case.hpp
+/// @brief Test support for cascade attention: random cascade problems in a shuffled paged pool,
+///        their host level arrays, and plain attention over each request's concatenated KV in
+///        double precision (the reference every cascade result is compared with).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/cpu/cascade.hpp"
+
+namespace attnstate_test {
+
+/// One segment of a level: how many consecutive requests share it and how many tokens it holds.
+struct SegmentSpec {
+  int requests = 1;  ///< Consecutive requests served (≥ 0).
+  int len = 0;       ///< Tokens (≥ 0).
+};
+
+/// The shape of a random cascade problem.
+struct CaseSpec {
+  int q_len = 1;
+  int heads_q = 8;
+  int heads_kv = 2;
+  int head_dim = 128;
+  int page_size = 16;
+  attnstate::DType dtype = attnstate::DType::kBF16;
+  attnstate::KvLayout layout = attnstate::KvLayout::kNHD;
+  bool causal = true;
+  float scale = 0.f;
+  float q_amp = 1.f;      ///< Queries uniform in [-q_amp, q_amp].
+  int page_pad = 0;       ///< Extra elements between pages (a multiple of 8).
+  int extra_pages = 3;    ///< Unused pages in the pool (random garbage).
+  std::uint64_t seed = 1;
+  std::vector<std::vector<SegmentSpec>> levels;  ///< Level-major segment lists.
+};
+
+/// Host arrays of one level.
+struct HostLevel {
+  std::vector<std::int32_t> request_indptr, page_indptr, page_indices, seg_lens;
+  /// A view of these host arrays.
+  attnstate::CascadeLevel view() const {
+    attnstate::CascadeLevel l;
+    l.num_segments = static_cast<std::int64_t>(seg_lens.size());
+    l.request_indptr = request_indptr.data();
+    l.page_indptr = page_indptr.data();
+    l.page_indices = page_indices.empty() ? nullptr : page_indices.data();
+    l.seg_lens = seg_lens.data();
+    return l;
+  }
+};
+
+/// Pages a spec's segments occupy (without the extra ones).
+inline std::int64_t needed_pages(const CaseSpec& s) {
+  std::int64_t n = 0;
+  for (const auto& lv : s.levels)
+    for (const SegmentSpec& seg : lv) n += (seg.len + s.page_size - 1) / s.page_size;
+  return n;
+}
+
+/// Raw storage of `n` values of `dt` rounded from `vals` (which are rounded in place).
+inline std::vector<std::uint8_t> encode(std::vector<float>& vals, attnstate::DType dt) {
+  std::vector<std::uint8_t> raw(vals.size() * attnstate::size_of(dt));
+  for (std::size_t i = 0; i < vals.size(); ++i) {
+    if (dt == attnstate::DType::kBF16) {
+      const auto x = attnstate::from_float<attnstate::bfloat16_t>(vals[i]);
+      vals[i] = attnstate::to_float(x);
+      std::memcpy(&raw[2 * i], &x, 2);
+    } else if (dt == attnstate::DType::kF16) {
+      const auto x = attnstate::from_float<attnstate::half_t>(vals[i]);
+      vals[i] = attnstate::to_float(x);
+      std::memcpy(&raw[2 * i], &x, 2);
+    } else {
+      std::memcpy(&raw[4 * i], &vals[i], 4);
+    }
+  }
+  return raw;
+}
+
+/// Decodes `n` stored values of `dt` to float.
+inline std::vector<float> decode(const void* p, attnstate::DType dt, std::size_t n) {
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (dt == attnstate::DType::kBF16)
+      out[i] = attnstate::to_float(static_cast<const attnstate::bfloat16_t*>(p)[i]);
+    else if (dt == attnstate::DType::kF16)
+      out[i] = attnstate::to_float(static_cast<const attnstate::half_t*>(p)[i]);
+    else
+      out[i] = static_cast<const float*>(p)[i];
+  }
+  return out;
+}
+
+/// A random cascade problem with its double-precision reference.
+struct CascadeCase {
+  CaseSpec spec;
+  std::int64_t batch = 0;
+  std::int64_t num_pages = 0;
+  std::int64_t page_elems = 0;
+  std::vector<float> q, k, v;                 ///< Values (already rounded to the dtype).
+  std::vector<std::uint8_t> q_raw, k_raw, v_raw;  ///< Stored bytes.
+  std::vector<HostLevel> levels;
+  std::vector<double> ref_o;    ///< `(batch·q_len, heads_q, head_dim)`.
+  std::vector<double> ref_lse;  ///< `(batch·q_len, heads_q)`, natural log.
+
+  explicit CascadeCase(const CaseSpec& s) : spec(s) {
+    std::mt19937_64 rng(s.seed);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    batch = 0;
+    for (const SegmentSpec& seg : s.levels.at(0)) batch += seg.requests;
+    // pages: every segment gets ceil(len / page_size) pages of a shuffled pool
+    num_pages = needed_pages(s) + s.extra_pages;
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(num_pages));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::size_t next = 0;
+    for (const auto& lv : s.levels) {
+      HostLevel h;
+      h.request_indptr.push_back(0);
+      h.page_indptr.push_back(0);
+      for (const SegmentSpec& seg : lv) {
+        h.request_indptr.push_back(h.request_indptr.back() + seg.requests);
+        const int np = (seg.len + s.page_size - 1) / s.page_size;
+        for (int p = 0; p < np; ++p) h.page_indices.push_back(perm[next++]);
+        h.page_indptr.push_back(h.page_indptr.back() + np);
+        h.seg_lens.push_back(seg.len);
+      }
+      levels.push_back(h);
+    }
+    page_elems = static_cast<std::int64_t>(s.page_size) * s.heads_kv * s.head_dim + s.page_pad;
+    q.resize(static_cast<std::size_t>(batch) * s.q_len * s.heads_q * s.head_dim);
+    for (float& x : q) x = uni(rng) * s.q_amp;
+    k.resize(static_cast<std::size_t>(num_pages * page_elems));
+    v.resize(k.size());
+    for (float& x : k) x = uni(rng);
+    for (float& x : v) x = uni(rng);
+    q_raw = encode(q, s.dtype);
+    k_raw = encode(k, s.dtype);
+    v_raw = encode(v, s.dtype);
+    compute_reference();
+  }
+
+  std::int64_t tokens() const { return batch * spec.q_len; }
+  std::int64_t out_elems() const { return tokens() * spec.heads_q * spec.head_dim; }
+  std::int64_t lse_elems() const { return tokens() * spec.heads_q; }
+  float scale() const {
+    return spec.scale != 0.f ? spec.scale : 1.f / std::sqrt(static_cast<float>(spec.head_dim));
+  }
+  std::int64_t in_page(std::int64_t slot, std::int64_t h) const {
+    return spec.layout == attnstate::KvLayout::kNHD
+               ? (slot * spec.heads_kv + h) * spec.head_dim
+               : (h * spec.page_size + slot) * spec.head_dim;
+  }
+
+  /// The pool description over `k`/`v` pointers in `space`.
+  attnstate::PagedKvCache pool(const void* kp, const void* vp,
+                               attnstate::MemorySpace space) const {
+    attnstate::PagedKvCache kv;
+    kv.k = kp;
+    kv.v = vp;
+    kv.dtype = spec.dtype;
+    kv.layout = spec.layout;
+    kv.num_pages = num_pages;
+    kv.page_size = spec.page_size;
+    kv.heads_kv = spec.heads_kv;
+    kv.head_dim = spec.head_dim;
+    kv.page_stride = spec.page_pad ? page_elems : 0;
+    kv.space = space;
+    return kv;
+  }
+  /// The query view over `data` in `space`.
+  attnstate::ConstTensorView query(const void* data, attnstate::MemorySpace space) const {
+    return attnstate::make_tensor_view(data, spec.dtype,
+                                       {batch, spec.q_len, spec.heads_q, spec.head_dim}, space);
+  }
+  /// Host level views.
+  std::vector<attnstate::CascadeLevel> host_levels() const {
+    std::vector<attnstate::CascadeLevel> v;
+    for (const HostLevel& h : levels) v.push_back(h.view());
+    return v;
+  }
+  attnstate::CascadeOptions options() const {
+    attnstate::CascadeOptions o;
+    o.scale = spec.scale;
+    o.causal = spec.causal;
+    return o;
+  }
+
+ private:
+  /// Plain attention over each request's concatenated keys, in double.
+  void compute_reference() {
+    const int L = static_cast<int>(levels.size());
+    const int D = spec.head_dim, group = spec.heads_q / spec.heads_kv;
+    ref_o.assign(static_cast<std::size_t>(out_elems()), 0.0);
+    ref_lse.assign(static_cast<std::size_t>(lse_elems()), -std::numeric_limits<double>::infinity());
+    const double sc = scale();
+    for (std::int64_t b = 0; b < batch; ++b) {
+      // the request's keys: (page, slot) in concatenation order, with the level index
+      std::vector<std::int64_t> offs;
+      std::vector<int> lvl;
+      std::vector<std::int64_t> idx_in_level;
+      std::vector<std::int64_t> last_len(1, 0);
+      for (int l = 0; l < L; ++l) {
+        const HostLevel& h = levels[l];
+        std::int64_t s = 0;
+        while (!(h.request_indptr[s] <= b && b < h.request_indptr[s + 1])) ++s;
+        for (std::int64_t j = 0; j < h.seg_lens[s]; ++j) {
+          const std::int64_t page = h.page_indices[h.page_indptr[s] + j / spec.page_size];
+          offs.push_back(page * page_elems + in_page(j % spec.page_size, 0));
+          lvl.push_back(l);
+          idx_in_level.push_back(j);
+        }
+        if (l == L - 1) last_len[0] = h.seg_lens[s];
+      }
+      for (int t = 0; t < spec.q_len; ++t)
+        for (int hq = 0; hq < spec.heads_q; ++hq) {
+          const int hk = hq / group;
+          const std::int64_t hoff = in_page(0, hk);
+          const float* qr = &q[((b * spec.q_len + t) * spec.heads_q + hq) * D];
+          std::vector<double> sc_vals;
+          std::vector<std::int64_t> used;
+          for (std::size_t i = 0; i < offs.size(); ++i) {
+            if (spec.causal && lvl[i] == L - 1 &&
+                idx_in_level[i] >= last_len[0] - (spec.q_len - 1 - t))
+              continue;
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += double(qr[d]) * double(k[offs[i] + hoff + d]);
+            sc_vals.push_back(dot * sc);
+            used.push_back(offs[i] + hoff);
+          }
+          const std::int64_t row = (b * spec.q_len + t) * spec.heads_q + hq;
+          if (used.empty()) continue;
+          double m = -std::numeric_limits<double>::infinity();
+          for (double x : sc_vals) m = std::max(m, x);
+          double sum = 0;
+          std::vector<double> acc(D, 0.0);
+          for (std::size_t i = 0; i < used.size(); ++i) {
+            const double w = std::exp(sc_vals[i] - m);
+            sum += w;
+            for (int d = 0; d < D; ++d) acc[d] += w * double(v[used[i] + d]);
+          }
+          for (int d = 0; d < D; ++d) ref_o[row * D + d] = acc[d] / sum;
+          ref_lse[row] = m + std::log(sum);
+        }
+    }
+  }
+};
+
+/// Compares a computed state (o decoded to float, lse in `base`) with the reference: every
+/// element finite where the reference is, |o - ref| ≤ tol_o, |lse - ref| ≤ tol_lse (natural log).
+inline ::testing::AssertionResult matches_reference(const CascadeCase& c,
+                                                    const std::vector<float>& o,
+                                                    const std::vector<float>& lse,
+                                                    attnstate::LseBase base, double tol_o,
+                                                    double tol_lse) {
+  const int D = c.spec.head_dim;
+  for (std::int64_t r = 0; r < c.lse_elems(); ++r) {
+    const double ref = c.ref_lse[r];
+    double got = lse[r];
+    if (base == attnstate::LseBase::kBase2) got *= std::log(2.0);
+    const bool ok_lse = std::isinf(ref) ? (std::isinf(got) && got < 0)
+                                        : (std::isfinite(got) && std::abs(got - ref) <= tol_lse);
+    if (!ok_lse)
+      return ::testing::AssertionFailure() << "row " << r << ": lse " << got << " (natural), want "
+                                           << ref;
+    for (int d = 0; d < D; ++d) {
+      const double want = c.ref_o[r * D + d];
+      const double g = o[r * D + d];
+      if (!(std::abs(g - want) <= tol_o))
+        return ::testing::AssertionFailure() << "row " << r << " d " << d << ": o " << g
+                                             << ", want " << want;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+/// Tolerance on `o` for KV/query dtype `kv` and output dtype `out` (values in [-1, 1]).
+inline double o_tolerance(attnstate::DType kv, attnstate::DType out) {
+  double t = 2e-5;
+  if (kv == attnstate::DType::kBF16) t += 6e-3;  // probabilities rounded to bf16 on the GPU
+  if (kv == attnstate::DType::kF16) t += 1e-3;
+  if (out == attnstate::DType::kBF16) t += 4e-3;
+  if (out == attnstate::DType::kF16) t += 5e-4;
+  return t;
+}
+
+/// Spec of a typical two-level problem: one shared prefix, unique suffixes.
+inline CaseSpec two_level_spec(int batch, int prefix, int suffix, std::uint64_t seed) {
+  CaseSpec s;
+  s.seed = seed;
+  s.levels.push_back({SegmentSpec{batch, prefix}});
+  std::vector<SegmentSpec> suf;
+  for (int b = 0; b < batch; ++b) suf.push_back(SegmentSpec{1, suffix + (b % 3) * 5});
+  s.levels.push_back(suf);
+  return s;
+}
+
+}  // namespace attnstate_test

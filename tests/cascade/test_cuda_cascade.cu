@@ -1,0 +1,345 @@
+/// @file test_cuda_cascade.cu
+/// @brief CUDA cascade attention against plain attention over each request's concatenated KV
+///        (double reference), on fresh random inputs with the output poisoned (NaN) first; graph
+///        capture and replay; bitwise repeatability; argument checks.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/error.hpp"
+#include "attnstate/cpu/cascade.hpp"
+#include "attnstate/cuda/cascade.hpp"
+#include "cascade_case.hpp"
+#include "cuda_cascade_runner.hpp"
+#include "cuda_test_utils.hpp"
+
+namespace {
+
+using attnstate::DType;
+using attnstate::LseBase;
+using attnstate::MemorySpace;
+using attnstate::cuda::CascadeTuning;
+using attnstate_test::CascadeCase;
+using attnstate_test::CaseSpec;
+using attnstate_test::GpuCascade;
+using attnstate_test::SegmentSpec;
+
+::testing::AssertionResult gpu_matches(const CaseSpec& s, DType out = DType::kF32,
+                                       LseBase base = LseBase::kNatural,
+                                       const CascadeTuning& tuning = {}) {
+  CascadeCase c(s);
+  GpuCascade g(c, out, base, tuning);
+  g.run();
+  return g.check(c);
+}
+
+TEST(CudaCascade, TwoLevelsSharedPrefixMatchesConcatenation) {
+  ATTNSTATE_REQUIRE_GPU();
+  EXPECT_TRUE(gpu_matches(attnstate_test::two_level_spec(6, 100, 37, 11)));
+}
+
+TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (int tile : {16, 64, 128})
+    for (int chunk : {64, 128, 0}) {
+      CaseSpec s = attnstate_test::two_level_spec(37, 300, 70, 12 + tile + chunk);
+      CascadeTuning t;
+      t.tile_rows = tile;
+      t.chunk = chunk;
+      EXPECT_TRUE(gpu_matches(s, DType::kF32, LseBase::kNatural, t))
+          << "tile " << tile << " chunk " << chunk;
+    }
+}
+
+TEST(CudaCascade, ThreeLevelsOfNestedSharingMatchConcatenation) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s;
+  s.seed = 3;
+  s.levels = {{{7, 64}},
+              {{3, 33}, {4, 200}},
+              {{1, 5}, {1, 9}, {1, 1}, {1, 17}, {1, 30}, {1, 2}, {1, 8}}};
+  EXPECT_TRUE(gpu_matches(s));
+  s.heads_q = 32;
+  s.heads_kv = 4;
+  EXPECT_TRUE(gpu_matches(s));
+}
+
+TEST(CudaCascade, SegmentsSharedByOneToManyRequests) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s;
+  s.seed = 4;
+  s.levels = {{{1, 50}, {2, 31}, {5, 90}, {0, 40}, {40, 129}},
+              {{48, 0}}};
+  EXPECT_TRUE(gpu_matches(s));
+}
+
+TEST(CudaCascade, EmptySuffixesAndEmptyPrefix) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s;
+  s.seed = 5;
+  s.levels = {{{4, 48}}, {{1, 0}, {1, 12}, {1, 0}, {1, 0}}};
+  EXPECT_TRUE(gpu_matches(s)) << "empty suffixes";
+  s.levels = {{{3, 0}}, {{1, 20}, {1, 1}, {1, 45}}};
+  EXPECT_TRUE(gpu_matches(s)) << "empty prefix";
+}
+
+TEST(CudaCascade, AllLevelsEmptyGiveTheEmptyState) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s;
+  s.seed = 7;
+  s.causal = false;
+  s.levels = {{{2, 0}}, {{1, 0}, {1, 0}}};
+  CascadeCase c(s);
+  GpuCascade g(c, DType::kF32, LseBase::kNatural);
+  g.run();
+  const auto o = g.o_host();
+  const auto lse = g.lse_host();
+  for (float x : o) ASSERT_EQ(x, 0.f);
+  for (float x : lse) ASSERT_TRUE(std::isinf(x) && x < 0);
+}
+
+TEST(CudaCascade, LengthsAtPageEdges) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (int len : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129}) {
+    CaseSpec s;
+    s.seed = 100 + len;
+    s.levels = {{{3, len}}, {{1, len}, {1, 16 - len % 16}, {1, 16}}};
+    EXPECT_TRUE(gpu_matches(s)) << "len " << len;
+  }
+}
+
+TEST(CudaCascade, F16AndBf16WithEveryOutputDtypeAndBase) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (DType kv : {DType::kF16, DType::kBF16})
+    for (DType out : {DType::kF32, DType::kF16, DType::kBF16})
+      for (LseBase base : {LseBase::kNatural, LseBase::kBase2}) {
+        CaseSpec s = attnstate_test::two_level_spec(5, 90, 20, 21);
+        s.dtype = kv;
+        s.q_amp = 3.f;
+        EXPECT_TRUE(gpu_matches(s, out, base))
+            << attnstate::to_string(kv) << " -> " << attnstate::to_string(out) << " "
+            << attnstate::to_string(base);
+      }
+}
+
+TEST(CudaCascade, GqaGroupsOneFourEight) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (int group : {1, 4, 8}) {
+    CaseSpec s = attnstate_test::two_level_spec(9, 150, 30, 30 + group);
+    s.heads_kv = 2;
+    s.heads_q = 2 * group;
+    EXPECT_TRUE(gpu_matches(s)) << "group " << group;
+  }
+}
+
+TEST(CudaCascade, CausalMultiTokenQueriesMaskOnlyTheLastLevel) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (int q_len : {2, 3, 5, 8}) {
+    CaseSpec s = attnstate_test::two_level_spec(5, 80, 12, 40 + q_len);
+    s.q_len = q_len;
+    EXPECT_TRUE(gpu_matches(s)) << "q_len " << q_len;
+    s.causal = false;
+    EXPECT_TRUE(gpu_matches(s)) << "q_len " << q_len << " non-causal";
+  }
+}
+
+TEST(CudaCascade, HeadDim64HndLayoutPaddedPagesAndOtherPageSizes) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (int ps : {1, 7, 16, 32}) {
+    CaseSpec s = attnstate_test::two_level_spec(6, 150, 13, 50 + ps);
+    s.layout = attnstate::KvLayout::kHND;
+    s.page_size = ps;
+    s.page_pad = 8;
+    s.head_dim = 64;
+    EXPECT_TRUE(gpu_matches(s)) << "page_size " << ps;
+    s.layout = attnstate::KvLayout::kNHD;
+    s.head_dim = 128;
+    EXPECT_TRUE(gpu_matches(s)) << "page_size " << ps << " NHD 128";
+  }
+}
+
+TEST(CudaCascade, AgreesWithTheCpuCascade) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s = attnstate_test::two_level_spec(8, 200, 40, 77);
+  s.dtype = DType::kF16;
+  CascadeCase c(s);
+  GpuCascade g(c, DType::kF32, LseBase::kBase2);
+  g.run();
+  std::vector<float> o(c.out_elems()), lse(c.lse_elems());
+  auto out = attnstate::make_state_view(o.data(), DType::kF32, lse.data(), c.tokens(),
+                                        s.heads_q, s.head_dim, LseBase::kBase2);
+  const auto levels = c.host_levels();
+  attnstate::cpu::cascade_attention(c.query(c.q_raw.data(), MemorySpace::kHost),
+                                    c.pool(c.k_raw.data(), c.v_raw.data(), MemorySpace::kHost),
+                                    levels.data(), 2, c.options(), out);
+  const auto go = g.o_host();
+  const auto gl = g.lse_host();
+  for (std::size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(go[i], o[i], 2e-3) << i;
+  for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(gl[i], lse[i], 1e-3) << i;
+}
+
+TEST(CudaCascade, LargeSharedPrefixAtBenchmarkHeads) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s = attnstate_test::two_level_spec(24, 4100, 200, 99);
+  s.heads_q = 32;
+  s.heads_kv = 8;
+  EXPECT_TRUE(gpu_matches(s, DType::kBF16));
+}
+
+TEST(CudaCascade, RepeatedRunsAreBitwiseIdentical) {
+  ATTNSTATE_REQUIRE_GPU();
+  CascadeCase c(attnstate_test::two_level_spec(20, 700, 90, 5));
+  GpuCascade g(c, DType::kF32, LseBase::kNatural);
+  g.run();
+  const auto o1 = g.o_host();
+  const auto l1 = g.lse_host();
+  g.run();
+  const auto o2 = g.o_host();
+  const auto l2 = g.lse_host();
+  EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)));
+  EXPECT_TRUE(g.check(c));
+}
+
+TEST(CudaCascade, GraphCaptureReplaysWithNewInputsAndShorterSuffixes) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s = attnstate_test::two_level_spec(10, 300, 60, 8);
+  CascadeCase c1(s);
+  GpuCascade g(c1, DType::kBF16, LseBase::kBase2);
+  cudaStream_t stream;
+  ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  g.launch(stream);
+  ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  g.o.poison();
+  g.lse.poison();
+  ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(g.check(c1)) << "first replay";
+  // new values, new page placement, shorter suffixes: same buffers, same graph
+  CaseSpec s2 = s;
+  s2.seed = 1234;
+  for (auto& seg : s2.levels[1]) seg.len = seg.len / 2;
+  // the same pool size: the halved suffixes need fewer pages, the rest stay unused
+  s2.extra_pages = static_cast<int>(c1.num_pages - attnstate_test::needed_pages(s2));
+  CascadeCase c2(s2);
+  ASSERT_EQ(c2.num_pages * c2.page_elems, c1.num_pages * c1.page_elems);
+  g.q.upload(c2.q_raw);
+  g.k.upload(c2.k_raw);
+  g.v.upload(c2.v_raw);
+  for (std::size_t l = 0; l < c2.levels.size(); ++l) {
+    g.arrays[4 * l + 1].upload(c2.levels[l].page_indptr);
+    // page ids: same count of slots in the device buffer (pad with valid ids)
+    std::vector<std::int32_t> ids = c2.levels[l].page_indices;
+    ids.resize(c1.levels[l].page_indices.size(), 0);
+    g.arrays[4 * l + 2].upload(ids);
+    g.arrays[4 * l + 3].upload(c2.levels[l].seg_lens);
+  }
+  g.o.poison();
+  g.lse.poison();
+  ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(g.check(c2)) << "replay with new inputs";
+  ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
+  ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+/// Expects `call` to throw attnstate::Error with `status` and a message naming `arg`.
+template <class F>
+void expect_error(attnstate::Status status, const char* arg, F&& call) {
+  try {
+    call();
+    ADD_FAILURE() << "no error for " << arg;
+  } catch (const attnstate::Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
+  CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
+  const auto host = c.host_levels();
+  attnstate::cuda::CascadeShape sh;
+  sh.batch = c.batch;
+  sh.q_len = 1;
+  sh.heads_q = c.spec.heads_q;
+  sh.heads_kv = c.spec.heads_kv;
+  sh.head_dim = c.spec.head_dim;
+  sh.page_size = c.spec.page_size;
+  sh.num_pages = c.num_pages;
+  sh.dtype = DType::kBF16;
+  auto plan = [&](attnstate::cuda::CascadeShape s, CascadeTuning t = {}) {
+    return attnstate::cuda::plan_cascade(s, host.data(), 2, c.options(), 132, t);
+  };
+  EXPECT_NO_THROW(plan(sh));
+  auto bad = sh;
+  bad.head_dim = 96;
+  expect_error(attnstate::Status::kNotSupported, "head_dim", [&] { plan(bad); });
+  bad = sh;
+  bad.dtype = DType::kF32;
+  expect_error(attnstate::Status::kNotSupported, "dtype", [&] { plan(bad); });
+  bad = sh;
+  bad.batch = 4;  // request_indptr covers 3
+  expect_error(attnstate::Status::kInvalidArgument, "request_indptr", [&] { plan(bad); });
+  bad = sh;
+  bad.q_len = 0;
+  expect_error(attnstate::Status::kInvalidArgument, "q_len", [&] { plan(bad); });
+  CascadeTuning t;
+  t.tile_rows = 32;
+  expect_error(attnstate::Status::kInvalidArgument, "tile_rows", [&] { plan(sh, t); });
+  t = {};
+  t.chunk = 100;
+  expect_error(attnstate::Status::kInvalidArgument, "chunk", [&] { plan(sh, t); });
+  expect_error(attnstate::Status::kInvalidArgument, "num_sms", [&] {
+    attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0);
+  });
+}
+
+TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
+  ATTNSTATE_REQUIRE_GPU();
+  CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 71));
+  GpuCascade g(c, DType::kF32, LseBase::kNatural);
+  auto run = [&](attnstate::ConstTensorView q, attnstate::PagedKvCache kv,
+                 std::vector<attnstate::CascadeLevel> lv, attnstate::StateView out,
+                 std::size_t ws_bytes) {
+    attnstate::cuda::run_cascade(g.plan, q, kv, lv.data(), static_cast<int>(lv.size()), out,
+                                 g.workspace.get(), ws_bytes, nullptr);
+  };
+  const std::size_t ws = g.workspace.bytes();
+  expect_error(attnstate::Status::kWorkspaceTooSmall, "workspace_bytes",
+               [&] { run(g.qv(), g.kv(), g.levels, g.out(), ws - 1); });
+  auto kv = g.kv();
+  kv.space = MemorySpace::kHost;
+  expect_error(attnstate::Status::kInvalidArgument, "kv.space",
+               [&] { run(g.qv(), kv, g.levels, g.out(), ws); });
+  auto q = g.qv();
+  q.data = static_cast<const char*>(q.data) + 2;
+  expect_error(attnstate::Status::kInvalidArgument, "q",
+               [&] { run(q, g.kv(), g.levels, g.out(), ws); });
+  auto lv = g.levels;
+  lv[1].num_segments -= 1;
+  expect_error(attnstate::Status::kInvalidArgument, "levels[1].num_segments",
+               [&] { run(g.qv(), g.kv(), lv, g.out(), ws); });
+  lv = g.levels;
+  lv[0].seg_lens = nullptr;
+  expect_error(attnstate::Status::kInvalidArgument, "levels[0].seg_lens",
+               [&] { run(g.qv(), g.kv(), lv, g.out(), ws); });
+  lv = g.levels;
+  lv.pop_back();
+  expect_error(attnstate::Status::kInvalidArgument, "num_levels",
+               [&] { run(g.qv(), g.kv(), lv, g.out(), ws); });
+  auto out = g.out();
+  out.heads += 1;
+  expect_error(attnstate::Status::kInvalidArgument, "out.heads",
+               [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
+}
+
+}  // namespace

@@ -1,0 +1,579 @@
+/// @file test_cpu_argument_checks.cpp
+/// @brief One test per argument check of the CPU backend: each bad input raises
+///        attnstate::Error (kInvalidArgument) naming the argument, and writes nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "attnstate/cpu/attention.hpp"
+#include "attnstate/cpu/merge.hpp"
+#include "cpu_test_utils.hpp"
+
+namespace attnstate {
+namespace {
+
+using test::expect_arg_error;
+using test::OwnedState;
+using test::OwnedTensor;
+
+constexpr std::int64_t kT = 4, kH = 3, kD = 8;
+
+/// Valid inputs for every operation; each test breaks one argument.
+struct Fixture {
+  std::mt19937 rng{401};
+  OwnedState a = test::make_state(kT, kH, kD, DType::kF32, LseBase::kNatural);
+  OwnedState b = test::make_state(kT, kH, kD, DType::kBF16, LseBase::kBase2);
+  OwnedState out = test::make_state(kT, kH, kD, DType::kF16, LseBase::kNatural);
+  std::vector<float> stack_o = std::vector<float>(kT * 2 * kH * kD, 0.5f);
+  std::vector<float> stack_lse = std::vector<float>(kT * 2 * kH, 0.f);
+  ConstStateStackView stack =
+      make_state_stack(stack_o.data(), DType::kF32, stack_lse.data(), StackOrder::kTokensMajor, kT,
+                       2, kH, kD, LseBase::kNatural);
+  std::vector<std::int32_t> indptr = {0, 1, 1, 3, 4};
+  OwnedTensor q = test::make_tensor(kT, 4, kD, DType::kF32, rng);
+  OwnedTensor k = test::make_tensor(5, 2, kD, DType::kF32, rng);
+  OwnedTensor v = test::make_tensor(5, 2, kD, DType::kF32, rng);
+  OwnedState att = test::make_state(kT, 4, kD, DType::kF32, LseBase::kNatural);
+
+  Fixture() {
+    test::fill_random(a, rng);
+    test::fill_random(b, rng);
+  }
+  /// After a rejected call nothing was written: the outputs still hold the poison.
+  void expect_outputs_untouched() {
+    OwnedState fresh_out = test::make_state(kT, kH, kD, DType::kF16, LseBase::kNatural);
+    OwnedState fresh_att = test::make_state(kT, 4, kD, DType::kF32, LseBase::kNatural);
+    EXPECT_EQ(out.o, fresh_out.o);
+    EXPECT_EQ(0, std::memcmp(out.lse.data(), fresh_out.lse.data(), out.lse.size() * 4));
+    EXPECT_EQ(att.o, fresh_att.o);
+  }
+};
+
+// ---- merge_state ------------------------------------------------------------------------------
+
+TEST(MergeStateArgs, NullOutputOfAIsRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.o = nullptr;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.o");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, NullLseOfBIsRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();
+  b.lse = nullptr;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.lse");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, NullOutputPointerIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.o = nullptr;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.o");
+}
+
+TEST(MergeStateArgs, TokenCountMismatchIsRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();
+  b.tokens = kT - 1;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.tokens");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, HeadCountMismatchIsRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();
+  b.heads = kH - 1;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.heads");
+}
+
+TEST(MergeStateArgs, HeadDimMismatchWithOutputIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.head_dim = kD / 2;
+  out.o_stride_head = kD / 2;
+  out.o_stride_token = kH * kD / 2;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.head_dim");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, NegativeTokensAreRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.tokens = -1;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.tokens");
+}
+
+TEST(MergeStateArgs, ZeroHeadsAreRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.heads = 0;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.heads");
+}
+
+TEST(MergeStateArgs, ZeroHeadDimIsRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.head_dim = 0;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.head_dim");
+}
+
+TEST(MergeStateArgs, NegativeStrideIsRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();
+  b.o_stride_head = -kD;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.o_stride_head");
+}
+
+TEST(MergeStateArgs, NegativeLseStrideIsRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();
+  b.lse_stride_token = -1;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.lse_stride_token");
+}
+
+TEST(MergeStateArgs, OverlappingOutputTokenStrideIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.o_stride_token = kD;  // tokens would overwrite each other's heads
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.o_stride_token");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, OverlappingOutputHeadStrideIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.o_stride_head = kD - 1;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.o_stride_head");
+}
+
+TEST(MergeStateArgs, OverlappingOutputLseStrideIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.lse_stride_head = 0;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.lse_stride_head");
+}
+
+TEST(MergeStateArgs, StrideWhoseSpanOverflowsIsRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.o_stride_token = std::numeric_limits<std::int64_t>::max() / 2;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.o_stride_token");
+}
+
+TEST(MergeStateArgs, InvalidDtypeValueIsRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.dtype = static_cast<DType>(7);
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.dtype");
+}
+
+TEST(MergeStateArgs, InvalidOutputDtypeValueIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.dtype = static_cast<DType>(3);
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.dtype");
+}
+
+TEST(MergeStateArgs, InvalidBaseValueIsRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();
+  b.base = static_cast<LseBase>(9);
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.base");
+}
+
+TEST(MergeStateArgs, DeviceInputIsRejected) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.space = MemorySpace::kDevice;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.space");
+}
+
+TEST(MergeStateArgs, DeviceOutputIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.space = MemorySpace::kDevice;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.space");
+}
+
+TEST(MergeStateArgs, PartialAliasOfOutputAndInputIsRejected) {
+  Fixture f;
+  OwnedState big = test::make_state(kT + 1, kH, kD, DType::kF32, LseBase::kNatural);
+  test::fill_random(big, f.rng);
+  ConstStateView a = big.cview();
+  a.tokens = kT;
+  StateView out = big.view();  // out = a shifted by one token: a partial overlap
+  out.tokens = kT;
+  out.o = static_cast<float*>(out.o) + out.o_stride_token;
+  out.lse += out.lse_stride_token;
+  expect_arg_error([&] { cpu::merge_state(a, f.a.cview(), out); }, "out.o");
+}
+
+TEST(MergeStateArgs, PartialAliasOfLseIsRejected) {
+  Fixture f;
+  StateView out = f.a.view();  // o aliases a exactly, lse shifted by one head
+  out.lse += 1;
+  std::vector<float> lse(64);
+  out.lse = lse.data();
+  ConstStateView a = f.a.cview();
+  a.lse = lse.data() + 1;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), out); }, "out.lse");
+}
+
+TEST(MergeStateArgs, AliasWithDifferentDtypeIsRejected) {
+  Fixture f;
+  StateView out = f.a.view();
+  out.dtype = DType::kF16;  // same bytes reinterpreted: not an exact alias
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.o");
+}
+
+// ---- merge_state_inplace ----------------------------------------------------------------------
+
+TEST(MergeStateInplaceArgs, NullAccLseIsRejected) {
+  Fixture f;
+  StateView acc = f.a.view();
+  acc.lse = nullptr;
+  expect_arg_error([&] { cpu::merge_state_inplace(acc, f.b.cview()); }, "acc.lse");
+}
+
+TEST(MergeStateInplaceArgs, OtherShapeMismatchIsRejected) {
+  Fixture f;
+  ConstStateView other = f.b.cview();
+  other.head_dim = kD + 1;
+  expect_arg_error([&] { cpu::merge_state_inplace(f.a.view(), other); }, "other.head_dim");
+}
+
+TEST(MergeStateInplaceArgs, NullOtherOIsRejected) {
+  Fixture f;
+  ConstStateView other = f.b.cview();
+  other.o = nullptr;
+  expect_arg_error([&] { cpu::merge_state_inplace(f.a.view(), other); }, "other.o");
+}
+
+TEST(MergeStateInplaceArgs, MaskInsideAccIsRejected) {
+  Fixture f;
+  const auto* mask = reinterpret_cast<const std::uint8_t*>(f.a.lse.data());
+  expect_arg_error([&] { cpu::merge_state_inplace(f.a.view(), f.b.cview(), mask); }, "mask");
+}
+
+TEST(MergeStateInplaceArgs, DeviceAccIsRejected) {
+  Fixture f;
+  StateView acc = f.a.view();
+  acc.space = MemorySpace::kDevice;
+  expect_arg_error([&] { cpu::merge_state_inplace(acc, f.b.cview()); }, "acc.space");
+}
+
+// ---- merge_states -----------------------------------------------------------------------------
+
+TEST(MergeStatesArgs, ZeroStatesAreRejected) {
+  Fixture f;
+  f.stack.num_states = 0;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.num_states");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStatesArgs, NegativeStateStrideIsRejected) {
+  Fixture f;
+  f.stack.o_stride_state = -1;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.o_stride_state");
+}
+
+TEST(MergeStatesArgs, NegativeLseStateStrideIsRejected) {
+  Fixture f;
+  f.stack.lse_stride_state = -3;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.lse_stride_state");
+}
+
+TEST(MergeStatesArgs, NullStackLseIsRejected) {
+  Fixture f;
+  f.stack.lse = nullptr;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.lse");
+}
+
+TEST(MergeStatesArgs, NullStackOIsRejected) {
+  Fixture f;
+  f.stack.o = nullptr;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.o");
+}
+
+TEST(MergeStatesArgs, OutputTokenMismatchIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.tokens = kT - 1;
+  expect_arg_error([&] { cpu::merge_states(f.stack, out); }, "out.tokens");
+}
+
+TEST(MergeStatesArgs, DeviceStackIsRejected) {
+  Fixture f;
+  f.stack.space = MemorySpace::kDevice;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.space");
+}
+
+TEST(MergeStatesArgs, InvalidStackDtypeIsRejected) {
+  Fixture f;
+  f.stack.dtype = static_cast<DType>(200);
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.dtype");
+}
+
+TEST(MergeStatesArgs, OutputInsideTheStackIsRejected) {
+  Fixture f;
+  StateView out = make_state_view(f.stack_o.data(), DType::kF32, f.stack_lse.data() + 100, kT, kH,
+                                  kD, LseBase::kNatural);
+  std::vector<float> lse(kT * kH);
+  out.lse = lse.data();
+  expect_arg_error([&] { cpu::merge_states(f.stack, out); }, "out.o");
+}
+
+TEST(MergeStatesArgs, StateStrideOverflowIsRejected) {
+  Fixture f;
+  f.stack.o_stride_state = std::numeric_limits<std::int64_t>::max() / 2;
+  expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.o_stride_state");
+}
+
+// ---- merge_states_ragged ----------------------------------------------------------------------
+
+TEST(MergeStatesRaggedArgs, NullIndptrIsRejected) {
+  Fixture f;
+  expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), nullptr, f.out.view()); }, "indptr");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStatesRaggedArgs, NonMonotoneIndptrIsRejected) {
+  Fixture f;
+  f.indptr = {0, 2, 1, 3, 4};
+  expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), f.indptr.data(), f.out.view()); },
+                   "indptr[2]");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStatesRaggedArgs, NegativeFirstOffsetIsRejected) {
+  Fixture f;
+  f.indptr = {-1, 0, 1, 2, 3};
+  expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), f.indptr.data(), f.out.view()); },
+                   "indptr[0]");
+}
+
+TEST(MergeStatesRaggedArgs, LastOffsetPastTheRowsIsRejected) {
+  Fixture f;
+  f.indptr = {0, 1, 2, 3, kT + 1};
+  expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), f.indptr.data(), f.out.view()); },
+                   "indptr[4]");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStatesRaggedArgs, RowsHeadMismatchIsRejected) {
+  Fixture f;
+  ConstStateView rows = f.a.cview();
+  rows.heads = 1;
+  expect_arg_error([&] { cpu::merge_states_ragged(rows, f.indptr.data(), f.out.view()); },
+                   "rows.heads");
+}
+
+TEST(MergeStatesRaggedArgs, RowsHeadDimMismatchIsRejected) {
+  Fixture f;
+  ConstStateView rows = f.a.cview();
+  rows.head_dim = 2;
+  expect_arg_error([&] { cpu::merge_states_ragged(rows, f.indptr.data(), f.out.view()); },
+                   "rows.head_dim");
+}
+
+TEST(MergeStatesRaggedArgs, NullRowsLseIsRejected) {
+  Fixture f;
+  ConstStateView rows = f.a.cview();
+  rows.lse = nullptr;
+  expect_arg_error([&] { cpu::merge_states_ragged(rows, f.indptr.data(), f.out.view()); },
+                   "rows.lse");
+}
+
+TEST(MergeStatesRaggedArgs, OutputOverlappingRowsIsRejected) {
+  Fixture f;
+  StateView out = f.a.view();
+  expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), f.indptr.data(), out); }, "out.o");
+}
+
+// ---- rebase -----------------------------------------------------------------------------------
+
+TEST(RebaseArgs, ShapeMismatchIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.tokens = 1;
+  expect_arg_error([&] { cpu::rebase(f.a.cview(), out); }, "out.tokens");
+}
+
+TEST(RebaseArgs, NullInputLseIsRejected) {
+  Fixture f;
+  ConstStateView in = f.a.cview();
+  in.lse = nullptr;
+  expect_arg_error([&] { cpu::rebase(in, f.out.view()); }, "in.lse");
+  f.expect_outputs_untouched();
+}
+
+TEST(RebaseArgs, PartialAliasIsRejected) {
+  Fixture f;
+  StateView out = f.a.view();
+  out.lse_stride_token = kH + 1;  // same pointer, other strides
+  std::vector<float> big(64);
+  out.lse = big.data();
+  ConstStateView in = f.a.cview();
+  in.lse = big.data();
+  expect_arg_error([&] { cpu::rebase(in, out); }, "out.lse");
+}
+
+TEST(RebaseArgs, DeviceOutputIsRejected) {
+  Fixture f;
+  StateView out = f.out.view();
+  out.space = MemorySpace::kDevice;
+  expect_arg_error([&] { cpu::rebase(f.a.cview(), out); }, "out.space");
+}
+
+// ---- attention_state --------------------------------------------------------------------------
+
+void run_attention(Fixture& f, const ConstTensorView& q, const ConstTensorView& k,
+                   const ConstTensorView& v, float scale, StateView out) {
+  cpu::attention_state(q, k, v, scale, out);
+}
+
+TEST(AttentionStateArgs, WrongQueryRankIsRejected) {
+  Fixture f;
+  ConstTensorView q = f.q.view;
+  q.rank = 2;
+  expect_arg_error([&] { run_attention(f, q, f.k.view, f.v.view, 0.5f, f.att.view()); }, "q.rank");
+  f.expect_outputs_untouched();
+}
+
+TEST(AttentionStateArgs, NullQueryDataIsRejected) {
+  Fixture f;
+  ConstTensorView q = f.q.view;
+  q.data = nullptr;
+  expect_arg_error([&] { run_attention(f, q, f.k.view, f.v.view, 0.5f, f.att.view()); }, "q.data");
+}
+
+TEST(AttentionStateArgs, NullValueDataIsRejected) {
+  Fixture f;
+  ConstTensorView v = f.v.view;
+  v.data = nullptr;
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, v, 0.5f, f.att.view()); }, "v.data");
+}
+
+TEST(AttentionStateArgs, KeyHeadDimMismatchIsRejected) {
+  Fixture f;
+  OwnedTensor k = test::make_tensor(5, 2, kD + 1, DType::kF32, f.rng);
+  OwnedTensor v = test::make_tensor(5, 2, kD + 1, DType::kF32, f.rng);
+  expect_arg_error([&] { run_attention(f, f.q.view, k.view, v.view, 0.5f, f.att.view()); },
+                   "k.shape[2]");
+}
+
+TEST(AttentionStateArgs, ValueLengthMismatchIsRejected) {
+  Fixture f;
+  ConstTensorView v = f.v.view;
+  v.shape[0] = 4;
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, v, 0.5f, f.att.view()); },
+                   "v.shape[0]");
+}
+
+TEST(AttentionStateArgs, ValueDtypeMismatchIsRejected) {
+  Fixture f;
+  OwnedTensor v = test::make_tensor(5, 2, kD, DType::kBF16, f.rng);
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, v.view, 0.5f, f.att.view()); },
+                   "v.dtype");
+}
+
+TEST(AttentionStateArgs, QueryHeadsNotMultipleOfKvHeadsIsRejected) {
+  Fixture f;
+  OwnedTensor k = test::make_tensor(5, 3, kD, DType::kF32, f.rng);
+  OwnedTensor v = test::make_tensor(5, 3, kD, DType::kF32, f.rng);
+  expect_arg_error([&] { run_attention(f, f.q.view, k.view, v.view, 0.5f, f.att.view()); },
+                   "k.shape[1]");
+  f.expect_outputs_untouched();
+}
+
+TEST(AttentionStateArgs, ZeroKvHeadsAreRejected) {
+  Fixture f;
+  ConstTensorView k = f.k.view, v = f.v.view;
+  k.shape[1] = 0;
+  v.shape[1] = 0;
+  expect_arg_error([&] { run_attention(f, f.q.view, k, v, 0.5f, f.att.view()); }, "k.shape[1]");
+}
+
+TEST(AttentionStateArgs, NonFiniteScaleIsRejected) {
+  Fixture f;
+  for (float scale :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, f.v.view, scale, f.att.view()); },
+                     "scale");
+  }
+  f.expect_outputs_untouched();
+}
+
+TEST(AttentionStateArgs, NonContiguousHeadDimIsRejected) {
+  Fixture f;
+  ConstTensorView q = f.q.view;
+  q.stride[2] = 2;
+  expect_arg_error([&] { run_attention(f, q, f.k.view, f.v.view, 0.5f, f.att.view()); },
+                   "q.stride[2]");
+}
+
+TEST(AttentionStateArgs, NegativeKeyStrideIsRejected) {
+  Fixture f;
+  ConstTensorView k = f.k.view;
+  k.stride[0] = -1;
+  expect_arg_error([&] { run_attention(f, f.q.view, k, f.v.view, 0.5f, f.att.view()); },
+                   "k.stride[0]");
+}
+
+TEST(AttentionStateArgs, InvalidQueryDtypeIsRejected) {
+  Fixture f;
+  ConstTensorView q = f.q.view;
+  q.dtype = static_cast<DType>(5);
+  expect_arg_error([&] { run_attention(f, q, f.k.view, f.v.view, 0.5f, f.att.view()); }, "q.dtype");
+}
+
+TEST(AttentionStateArgs, DeviceKeysAreRejected) {
+  Fixture f;
+  ConstTensorView k = f.k.view;
+  k.space = MemorySpace::kDevice;
+  expect_arg_error([&] { run_attention(f, f.q.view, k, f.v.view, 0.5f, f.att.view()); }, "k.space");
+}
+
+TEST(AttentionStateArgs, OutputHeadMismatchIsRejected) {
+  Fixture f;
+  StateView out = f.att.view();
+  out.heads = 2;
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, f.v.view, 0.5f, out); }, "out.heads");
+}
+
+TEST(AttentionStateArgs, OutputTokenMismatchIsRejected) {
+  Fixture f;
+  StateView out = f.att.view();
+  out.tokens = 1;
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, f.v.view, 0.5f, out); },
+                   "out.tokens");
+}
+
+TEST(AttentionStateArgs, OutputOverlappingQueriesIsRejected) {
+  Fixture f;
+  StateView out = f.att.view();
+  out.o = const_cast<void*>(f.q.view.data);
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, f.v.view, 0.5f, out); }, "out.o");
+}
+
+TEST(AttentionStateArgs, NullOutputLseIsRejected) {
+  Fixture f;
+  StateView out = f.att.view();
+  out.lse = nullptr;
+  expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, f.v.view, 0.5f, out); }, "out.lse");
+}
+
+// ---- threads ----------------------------------------------------------------------------------
+
+TEST(ThreadCountArgs, NegativeThreadCountIsRejected) {
+  expect_arg_error([] { cpu::set_num_threads(-2); }, "n");
+}
+
+}  // namespace
+}  // namespace attnstate

@@ -1,0 +1,487 @@
+/// @file test_cuda_decode.cpp
+/// @brief CUDA split-KV decode against the double-precision reference and the CPU decode, on
+///        fresh random inputs with the output poisoned (NaN) first: shapes, dtypes, layouts, page
+///        sizes, split policies, length edges, ragged batches, large logits, graph replay,
+///        repeatability, batch independence, 64-bit offsets and argument errors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/error.hpp"
+#include "attnstate/cpu/decode.hpp"
+#include "attnstate/cuda/decode.hpp"
+#include "cuda_test_utils.hpp"
+#include "decode_problem.hpp"
+
+namespace {
+
+using namespace attnstate;
+using namespace attnstate_test;
+
+int num_sms() {
+  int dev = 0, n = 0;
+  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
+  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& h) {
+  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
+  if (!h.empty()) d.upload(h);
+  return d;
+}
+
+/// A host problem copied to the device.
+struct DeviceProblem {
+  DeviceBuffer<unsigned char> q, k, v;
+  DeviceBuffer<std::int32_t> lens, indptr, indices, bt;
+  explicit DeviceProblem(const DecodeProblemHost& p)
+      : q(upload(p.q)), k(upload(p.k)), v(upload(p.v)), lens(upload(p.seq_lens)),
+        indptr(upload(p.indptr)), indices(upload(p.indices)), bt(upload(p.block_table)) {}
+  PagedKvCache kv(const DecodeProblemHost& p) const {
+    PagedKvCache c = p.kv_view();
+    c.k = k.get();
+    c.v = v.get();
+    c.seq_lens = lens.get();
+    if (p.cfg.block_table) {
+      c.block_table = bt.get();
+    } else {
+      c.page_indptr = indptr.get();
+      c.page_indices = indices.get();
+    }
+    c.space = MemorySpace::kDevice;
+    return c;
+  }
+  ConstTensorView qv(const DecodeProblemHost& p) const {
+    ConstTensorView t = p.q_view();
+    t.data = q.get();
+    t.space = MemorySpace::kDevice;
+    return t;
+  }
+};
+
+/// A device output state, poisoned with NaN.
+struct DeviceState {
+  DeviceBuffer<unsigned char> o;
+  DeviceBuffer<float> lse;
+  StateView view;
+  DeviceState(std::int64_t tokens, std::int64_t heads, std::int64_t dim, DType dt, LseBase base)
+      : o(std::max<std::int64_t>(1, tokens * heads * dim) * size_of(dt)),
+        lse(std::max<std::int64_t>(1, tokens * heads)) {
+    o.poison();
+    lse.poison();
+    view = make_state_view(o.get(), dt, lse.get(), tokens, heads, dim, base, MemorySpace::kDevice);
+  }
+};
+
+DecodeProblem problem_of(const DecodeProblemHost& p) {
+  DecodeProblem pr;
+  pr.batch = p.batch;
+  pr.q_len = p.cfg.q_len;
+  pr.heads_q = p.cfg.heads_q;
+  pr.heads_kv = p.cfg.heads_kv;
+  pr.head_dim = p.cfg.head_dim;
+  pr.q_dtype = p.cfg.q_dtype;
+  pr.kv_dtype = p.cfg.kv_dtype;
+  return pr;
+}
+
+struct GpuOut {
+  std::vector<unsigned char> o;
+  std::vector<float> lse;
+  cuda::DecodePlan plan;
+};
+
+GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base) {
+  DeviceProblem d(p);
+  GpuOut r;
+  r.plan = cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, r.plan.workspace_bytes()));
+  ws.poison();
+  cuda::init_decode_workspace(r.plan, ws.get(), ws.bytes());
+  DeviceState out(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, od, base);
+  cuda::run_decode(r.plan, d.qv(p), d.kv(p), out.view, ws.get(), ws.bytes());
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  r.o = out.o.download();
+  r.lse = out.lse.download();
+  return r;
+}
+
+double o_tol(DType kv, DType od) {
+  double t = kv == DType::kBF16 ? 1.2e-2 : 3e-3;
+  if (od == DType::kBF16) t += 8e-3;
+  if (od == DType::kF16) t += 1e-3;
+  return t;
+}
+
+void expect_matches_reference(const DecodeProblemHost& p, const GpuOut& g, DType od, LseBase base,
+                              const std::string& what) {
+  const ReferenceStates ref = reference_decode(p, g.plan.scale);
+  double eo, el;
+  compare_states(ref, g.o.data(), od, g.lse.data(), base, p.tokens() * p.cfg.heads_q,
+                 p.cfg.head_dim, &eo, &el);
+  EXPECT_LE(eo, o_tol(p.cfg.kv_dtype, od)) << what;
+  EXPECT_LE(el, 5e-5) << what;
+}
+
+DecodeOptions count_opts(int n) {
+  DecodeOptions o;
+  o.policy = SplitPolicy::kFixedCount;
+  o.num_splits = n;
+  return o;
+}
+
+TEST(CudaDecode, MatchesReferenceAcrossShapes) {
+  ATTNSTATE_REQUIRE_GPU();
+  struct Case {
+    std::int64_t q_len, hq, hkv, D, page;
+    KvLayout layout;
+    bool bt;
+    DType dt, od;
+    LseBase base;
+  };
+  const Case cases[] = {
+      {1, 32, 8, 128, 16, KvLayout::kNHD, false, DType::kBF16, DType::kBF16, LseBase::kNatural},
+      {1, 64, 8, 128, 16, KvLayout::kNHD, true, DType::kBF16, DType::kF32, LseBase::kBase2},
+      {1, 4, 4, 64, 1, KvLayout::kHND, false, DType::kF16, DType::kF32, LseBase::kNatural},
+      {1, 16, 1, 256, 64, KvLayout::kNHD, true, DType::kF16, DType::kF16, LseBase::kNatural},
+      {2, 16, 2, 64, 256, KvLayout::kHND, true, DType::kBF16, DType::kF32, LseBase::kBase2},
+      {8, 16, 8, 128, 16, KvLayout::kHND, false, DType::kF16, DType::kF32, LseBase::kNatural},
+      {8, 64, 4, 64, 16, KvLayout::kNHD, false, DType::kBF16, DType::kF32, LseBase::kNatural},
+      {3, 12, 3, 256, 1, KvLayout::kNHD, true, DType::kBF16, DType::kF32, LseBase::kNatural},
+      {1, 8, 8, 128, 64, KvLayout::kHND, false, DType::kBF16, DType::kF32, LseBase::kNatural},
+      {4, 32, 2, 128, 5, KvLayout::kNHD, false, DType::kF16, DType::kBF16, LseBase::kBase2},
+  };
+  std::uint64_t seed = 100;
+  for (const Case& c : cases) {
+    DecodeConfig cfg;
+    cfg.q_len = c.q_len;
+    cfg.heads_q = c.hq;
+    cfg.heads_kv = c.hkv;
+    cfg.head_dim = c.D;
+    cfg.page_size = c.page;
+    cfg.layout = c.layout;
+    cfg.block_table = c.bt;
+    cfg.q_dtype = cfg.kv_dtype = c.dt;
+    cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 300, 3, 1029};
+    const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+    for (int n : {1, 3}) {
+      const GpuOut g = run_gpu(p, count_opts(n), c.od, c.base);
+      expect_matches_reference(p, g, c.od, c.base, cfg.name() + " splits " + std::to_string(n));
+    }
+  }
+}
+
+TEST(CudaDecode, SplitCountsAndLengthEdges) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (std::int64_t page : {16, 64}) {
+    DecodeConfig cfg;
+    cfg.heads_q = 32;
+    cfg.heads_kv = 8;
+    cfg.head_dim = 128;
+    cfg.page_size = page;
+    const std::int32_t pg = static_cast<std::int32_t>(page);
+    cfg.seq_lens = {0, 1, pg - 1, pg, pg + 1, 95, 96, 97, 191, 192, 193, 287, 288, 289};
+    const DecodeProblemHost p = make_decode_problem(cfg, 200 + page);
+    for (int n : {1, 2, 3, kMaxSplits}) {
+      const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural);
+      expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
+                               "page " + std::to_string(page) + " splits " + std::to_string(n));
+    }
+    for (int size : {16, 96}) {
+      DecodeOptions o;
+      o.policy = SplitPolicy::kFixedSize;
+      o.split_size = size;
+      const GpuOut g = run_gpu(p, o, DType::kF32, LseBase::kBase2);
+      expect_matches_reference(p, g, DType::kF32, LseBase::kBase2,
+                               "split_size " + std::to_string(size));
+    }
+    const GpuOut g = run_gpu(p, DecodeOptions{}, DType::kF32, LseBase::kNatural);
+    expect_matches_reference(p, g, DType::kF32, LseBase::kNatural, "auto");
+  }
+}
+
+TEST(CudaDecode, RaggedPagedSplitTogether) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.q_len = 3;
+  cfg.heads_q = 64;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.page_size = 16;
+  cfg.layout = KvLayout::kHND;
+  cfg.block_table = true;
+  cfg.seq_lens = {0, 1, 4000, 15, 16, 17, 1023, 2049, 0, 2};
+  const DecodeProblemHost p = make_decode_problem(cfg, 300);
+  for (int n : {7, 64}) {
+    const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural);
+    expect_matches_reference(p, g, DType::kF32, LseBase::kNatural, "splits " + std::to_string(n));
+  }
+  const GpuOut g = run_gpu(p, DecodeOptions{}, DType::kBF16, LseBase::kNatural);
+  expect_matches_reference(p, g, DType::kBF16, LseBase::kNatural, "auto");
+}
+
+TEST(CudaDecode, LargeLogitsQueriesTimes40) {
+  ATTNSTATE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    DecodeConfig cfg;
+    cfg.heads_q = 32;
+    cfg.heads_kv = 4;
+    cfg.head_dim = 128;
+    cfg.q_gain = 40.f;
+    cfg.q_dtype = cfg.kv_dtype = dt;
+    cfg.seq_lens = {2000, 37, 1};
+    const DecodeProblemHost p = make_decode_problem(cfg, 400);
+    for (int n : {1, 4, 33}) {
+      const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural);
+      expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
+                               std::string(to_string(dt)) + " splits " + std::to_string(n));
+    }
+  }
+}
+
+TEST(CudaDecode, AgreesWithCpuDecodeOfTheSamePlan) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.q_len = 2;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.seq_lens = {3000, 700, 5};
+  const DecodeProblemHost p = make_decode_problem(cfg, 500);
+  const GpuOut g = run_gpu(p, DecodeOptions{}, DType::kF32, LseBase::kNatural);
+  HostState c(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
+  double worst = 0;
+  for (std::size_t i = 0; i < g.o.size() / 4; ++i)
+    worst = std::max(worst, std::fabs(get(g.o.data(), DType::kF32, i) -
+                                      get(c.o.data(), DType::kF32, i)));
+  EXPECT_LE(worst, o_tol(DType::kBF16, DType::kF32));
+  for (std::size_t i = 0; i < g.lse.size(); ++i) EXPECT_NEAR(g.lse[i], c.lse[i], 1e-3);
+}
+
+TEST(CudaDecode, BitwiseRepeatable) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 64;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.seq_lens = {5000, 100};
+  const DecodeProblemHost p = make_decode_problem(cfg, 600);
+  const GpuOut a = run_gpu(p, count_opts(13), DType::kF32, LseBase::kNatural);
+  const GpuOut b = run_gpu(p, count_opts(13), DType::kF32, LseBase::kNatural);
+  EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size()));
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), 4 * a.lse.size()));
+}
+
+TEST(CudaDecode, FixedSizeRowsIndependentOfBatch) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.seq_lens = {1500};
+  const DecodeProblemHost alone = make_decode_problem(cfg, 700);
+  DecodeConfig cfg2 = cfg;
+  cfg2.seq_lens = {9000, 1500, 5};
+  DecodeProblemHost others = make_decode_problem(cfg2, 701);
+  const std::int64_t D = cfg.head_dim;
+  for (std::int64_t t = 0; t < 1504; ++t)
+    for (std::int64_t h = 0; h < cfg.heads_kv; ++h) {
+      const std::int64_t src = alone.kv_offset(0, t, h);
+      const std::int64_t dst = others.kv_offset(1, t, h);
+      std::memcpy(&others.k[2 * dst], &alone.k[2 * src], 2 * D);
+      std::memcpy(&others.v[2 * dst], &alone.v[2 * src], 2 * D);
+    }
+  const std::int64_t qrow = cfg.heads_q * D;
+  std::memcpy(&others.q[2 * qrow], alone.q.data(), 2 * qrow);
+  DecodeOptions o;
+  o.policy = SplitPolicy::kFixedSize;
+  o.split_size = 256;
+  const GpuOut a = run_gpu(alone, o, DType::kF32, LseBase::kNatural);
+  const GpuOut b = run_gpu(others, o, DType::kF32, LseBase::kNatural);
+  EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data() + 4 * qrow, 4 * qrow));
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data() + cfg.heads_q, 4 * cfg.heads_q));
+}
+
+TEST(CudaDecode, GraphReplayOfMaxPlanServesShorterRequests) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.q_len = 2;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.seq_lens = {3000, 3000, 3000, 3000};
+  DecodeProblemHost p = make_decode_problem(cfg, 800);
+  DeviceProblem d(p);
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(problem_of(p), p.seq_lens.data(), DecodeOptions{}, num_sms());
+  ASSERT_GT(plan.splits.max_splits, 1);
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  cudaStream_t stream;
+  ATTNSTATE_CUDA_CHECK(cudaStreamCreate(&stream));
+  cuda::init_decode_workspace(plan, ws.get(), ws.bytes(), stream);
+  ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  cuda::run_decode(plan, d.qv(p), d.kv(p), out.view, ws.get(), ws.bytes(), stream);
+  ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const std::vector<std::vector<std::int32_t>> lens = {
+      {3000, 3000, 3000, 3000}, {100, 0, 2999, 17}, {1, 1500, 0, 0}, {3000, 2, 64, 65}};
+  for (const auto& l : lens) {
+    p.seq_lens = l;
+    d.lens.upload(l);
+    out.o.poison();
+    out.lse.poison();
+    ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    GpuOut g;
+    g.plan = plan;
+    g.o = out.o.download();
+    g.lse = out.lse.download();
+    expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
+                             "replay lens " + std::to_string(l[0]) + "," + std::to_string(l[1]));
+  }
+  ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
+  ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaDecode, LengthsClampedToOwnedPages) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 8;
+  cfg.heads_kv = 2;
+  cfg.head_dim = 64;
+  cfg.seq_lens = {40, 100};
+  DecodeProblemHost p = make_decode_problem(cfg, 900);
+  DeviceProblem d(p);
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(2), num_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  d.lens.upload({100000, 100});  // request 0 owns 3 pages = 48 tokens
+  cuda::run_decode(plan, d.qv(p), d.kv(p), out.view, ws.get(), ws.bytes());
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  p.seq_lens = {48, 100};
+  GpuOut g;
+  g.plan = plan;
+  g.o = out.o.download();
+  g.lse = out.lse.download();
+  expect_matches_reference(p, g, DType::kF32, LseBase::kNatural, "clamped");
+}
+
+TEST(CudaDecode, LargeCacheAbove2To31Elements) {
+  ATTNSTATE_REQUIRE_GPU();
+  // One pool of 2^31 + 2^20 elements (K and V share it), request pages at the far end.
+  const std::int64_t D = 128, hkv = 8, page = 16;
+  const std::int64_t page_elems = page * hkv * D;
+  const std::int64_t num_pages = ((std::int64_t{1} << 31) + (1 << 20)) / page_elems + 1;
+  const std::size_t bytes = static_cast<std::size_t>(num_pages * page_elems * 2);
+  std::size_t free_b = 0, total_b = 0;
+  ATTNSTATE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < bytes + (std::size_t{1} << 30)) GTEST_SKIP() << "not enough GPU memory";
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = hkv;
+  cfg.head_dim = D;
+  cfg.page_size = page;
+  cfg.block_table = true;
+  cfg.seq_lens = {600, 37};
+  DecodeProblemHost p = make_decode_problem(cfg, 1000);
+  // Same keys for K and V: the test aliases them.
+  p.v = p.k;
+  DeviceBuffer<unsigned char> pool(bytes);
+  // Move page i of the host problem to pool page num_pages - 1 - i.
+  std::vector<std::int32_t> bt = p.block_table;
+  for (auto& id : bt) id = static_cast<std::int32_t>(num_pages - 1 - id);
+  for (std::int64_t i = 0; i < p.num_pages; ++i)
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(pool.get() + (num_pages - 1 - i) * page_elems * 2,
+                                    p.k.data() + i * page_elems * 2, page_elems * 2,
+                                    cudaMemcpyHostToDevice));
+  DeviceBuffer<std::int32_t> dbt = upload(bt), dlens = upload(p.seq_lens);
+  DeviceBuffer<unsigned char> dq = upload(p.q);
+  PagedKvCache kv = p.kv_view();
+  kv.k = kv.v = pool.get();
+  kv.num_pages = num_pages;
+  kv.block_table = dbt.get();
+  kv.seq_lens = dlens.get();
+  kv.space = MemorySpace::kDevice;
+  ConstTensorView q = p.q_view();
+  q.data = dq.get();
+  q.space = MemorySpace::kDevice;
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(3), num_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(p.tokens(), cfg.heads_q, D, DType::kF32, LseBase::kNatural);
+  cuda::run_decode(plan, q, kv, out.view, ws.get(), ws.bytes());
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  GpuOut g;
+  g.plan = plan;
+  g.o = out.o.download();
+  g.lse = out.lse.download();
+  expect_matches_reference(p, g, DType::kF32, LseBase::kNatural, "large pool");
+}
+
+TEST(CudaDecode, RejectsBadArguments) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.seq_lens = {40, 20};
+  const DecodeProblemHost p = make_decode_problem(cfg, 1100);
+  DeviceProblem d(p);
+  const cuda::DecodePlan plan0 = cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(2), num_sms());
+  DeviceBuffer<unsigned char> ws(plan0.workspace_bytes() + 16);
+  cuda::init_decode_workspace(plan0, ws.get(), ws.bytes());
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  auto expect_err = [&](auto&& f, Status st, const char* name) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << name;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), st) << name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  const PagedKvCache kv = d.kv(p);
+  const ConstTensorView q = d.qv(p);
+  auto run = [&](const cuda::DecodePlan& pl, const ConstTensorView& qq, const PagedKvCache& kk,
+                 StateView o, std::size_t wsb) { cuda::run_decode(pl, qq, kk, o, ws.get(), wsb); };
+  {
+    DecodeProblem pr = problem_of(p);
+    pr.head_dim = 96;
+    expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); }, Status::kNotSupported,
+               "problem.head_dim");
+    pr = problem_of(p);
+    pr.q_dtype = DType::kF32;
+    expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); }, Status::kNotSupported,
+               "problem.q_dtype");
+    pr = problem_of(p);
+    pr.q_len = 9;
+    expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); },
+               Status::kInvalidArgument, "problem.q_len");
+    expect_err([&] { cuda::plan_decode(problem_of(p), p.seq_lens.data(), {}, 0); },
+               Status::kInvalidArgument, "num_sms");
+  }
+  expect_err([&] { run(plan0, q, kv, out.view, plan0.workspace_bytes() - 1); },
+             Status::kWorkspaceTooSmall, "workspace_bytes");
+  { auto k2 = kv; k2.space = MemorySpace::kHost; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.space"); }
+  { auto k2 = kv; k2.k = static_cast<const char*>(kv.k) + 2; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.k"); }
+  { auto k2 = kv; k2.dtype = DType::kF16; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.dtype"); }
+  { auto q2 = q; q2.shape[3] = 128; expect_err([&] { run(plan0, q2, kv, out.view, ws.bytes()); }, Status::kInvalidArgument, "q.shape[3]"); }
+  { auto o2 = out.view; o2.o = nullptr; expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "out.o"); }
+  { auto o2 = out.view; o2.space = MemorySpace::kHost; expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "out.space"); }
+  { auto k2 = kv; k2.page_indices = nullptr; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.page_indices"); }
+}
+
+}  // namespace
