@@ -144,6 +144,15 @@ void check_device_level(const char* func, const CascadePlan& plan, int l,
     throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer");
 }
 
+/// True when the current device is an sm_90 part (the `wgmma` kernel is built for sm_90a).
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
+  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
 void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
                   const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
                   cudaStream_t stream) {
@@ -184,10 +193,13 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
   p.slot_offset = lp.slot_offset;
   const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
                   static_cast<unsigned>(s.heads_kv));
+  const bool wgmma = lp.wgmma && lp.tile_rows >= 64 && device_is_sm90();
   if (s.dtype == DType::kBF16)
-    kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), grid, stream);
+    kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
+                                       stream);
   else
-    kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), grid, stream);
+    kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
+                                      stream);
 }
 
 template <int D>
@@ -275,6 +287,9 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
   if (tuning.tile_rows != 0 && !kernels::cascade_tile_supported(tuning.tile_rows))
     throw_argument(func, "tuning.tile_rows", "0, 16, 64 or 128", cascade_str(tuning.tile_rows));
+  if (tuning.kernel != CascadeKernel::kAuto && tuning.kernel != CascadeKernel::kMma &&
+      tuning.kernel != CascadeKernel::kWgmma)
+    throw_argument(func, "tuning.kernel", "kAuto, kMma or kWgmma");
   if (tuning.chunk < 0 || tuning.chunk % kKvTile != 0)
     throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
                    cascade_str(tuning.chunk));
@@ -313,6 +328,7 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
       max_tiles = std::max(max_tiles, tiles[s]);
     }
     lp.max_tiles = static_cast<int>(max_tiles);
+    lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64;
     lp.chunk = tuning.chunk != 0 ? tuning.chunk
                                  : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments,
                                                 max_len, shape.heads_kv, lp.tile_rows, num_sms,

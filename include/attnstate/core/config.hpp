@@ -3,12 +3,13 @@
 #pragma once
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
-/// Marks a function callable from host and device code (`__host__ __device__` under nvcc).
 #define ATTNSTATE_HOST_DEVICE __host__ __device__ __forceinline__
-/// Marks a device-only helper.
 #define ATTNSTATE_DEVICE __device__ __forceinline__
 #else
+/// Marks a function callable from host and device code (`__host__ __device__` under nvcc,
+/// `inline` otherwise): the numerics core compiles with plain g++ and inside kernels.
 #define ATTNSTATE_HOST_DEVICE inline
+/// Marks a device-only helper (`__device__` under nvcc, `inline` otherwise).
 #define ATTNSTATE_DEVICE inline
 #endif
 
@@ -19,7 +20,9 @@
 #define ATTNSTATE_DEVICE_PASS 0
 #endif
 
-/// Library version, also exported through the CMake package version file.
+/// Library major version (also in the CMake package version file).
 #define ATTNSTATE_VERSION_MAJOR 0
+/// Library minor version.
 #define ATTNSTATE_VERSION_MINOR 1
+/// Library patch version.
 #define ATTNSTATE_VERSION_PATCH 0

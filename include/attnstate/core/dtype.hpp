@@ -46,11 +46,11 @@ inline bool is_valid(DType dt) {
 
 /// IEEE binary16 storage, bit-compatible with `__half`.
 struct half_t {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< The binary16 bit pattern.
 };
 /// bfloat16 storage, bit-compatible with `__nv_bfloat16`.
 struct bfloat16_t {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< The bfloat16 bit pattern (the high half of an fp32).
 };
 static_assert(sizeof(half_t) == 2 && alignof(half_t) == 2, "half_t must be 2 bytes");
 static_assert(sizeof(bfloat16_t) == 2 && alignof(bfloat16_t) == 2, "bfloat16_t must be 2 bytes");
@@ -130,9 +130,9 @@ ATTNSTATE_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
 
 }  // namespace detail
 
-/// Converts a stored element to fp32 (exact for every supported dtype).
+/// Converts a stored element to fp32 (the identity for fp32).
 ATTNSTATE_HOST_DEVICE float to_float(float x) { return x; }
-/// @copydoc to_float(float)
+/// Converts a binary16 value to fp32 (exact).
 ATTNSTATE_HOST_DEVICE float to_float(half_t x) {
 #if ATTNSTATE_DEVICE_PASS
   return __half2float(__ushort_as_half(x.bits));
@@ -140,7 +140,7 @@ ATTNSTATE_HOST_DEVICE float to_float(half_t x) {
   return detail::half_bits_to_float(x.bits);
 #endif
 }
-/// @copydoc to_float(float)
+/// Converts a bfloat16 value to fp32 (exact).
 ATTNSTATE_HOST_DEVICE float to_float(bfloat16_t x) {
 #if ATTNSTATE_DEVICE_PASS
   return __bfloat162float(__ushort_as_bfloat16(x.bits));

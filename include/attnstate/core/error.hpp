@@ -37,6 +37,7 @@ inline const char* to_string(Status s) {
 /// `"<function>: argument '<name>': expected <what>, got <value>"`.
 class Error : public std::runtime_error {
  public:
+  /// An error of category `status` with a human-readable `message`.
   Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   /// The category of the failure.
   Status status() const noexcept { return status_; }

@@ -85,7 +85,8 @@ inline StateView make_state_view(void* o, DType dtype, float* lse, std::int64_t 
   return v;
 }
 
-/// @copydoc make_state_view
+/// A read-only contiguous state view: `o` laid out `[tokens, heads, head_dim]`, `lse`
+/// `[tokens, heads]` (see make_state_view()).
 inline ConstStateView make_const_state_view(const void* o, DType dtype, const float* lse,
                                             std::int64_t tokens, std::int64_t heads,
                                             std::int64_t head_dim, LseBase base,

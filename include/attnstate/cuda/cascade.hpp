@@ -48,10 +48,18 @@ struct CascadeShape {
   DType dtype = DType::kBF16;  ///< Query and KV dtype: f16 or bf16 (others: `kNotSupported`).
 };
 
+/// Which tensor-core instructions a level kernel uses.
+enum class CascadeKernel : std::uint8_t {
+  kAuto = 0,   ///< `wgmma` for tiles of 64 or 128 rows on sm_90, `mma.sync` otherwise.
+  kMma = 1,    ///< `mma.sync` m16n8k16 (any tile; every architecture the library builds for).
+  kWgmma = 2,  ///< Hopper `wgmma` (tiles of 64 or 128 rows; 16-row tiles use `mma.sync`).
+};
+
 /// Overrides of the plan's choices (0 = automatic); for tests and tuning.
 struct CascadeTuning {
   int tile_rows = 0;  ///< Query rows per CTA tile: 16, 64 or 128.
   int chunk = 0;      ///< KV tokens per split, a positive multiple of 64.
+  CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
 };
 
 /// What the plan chose for one level.
@@ -63,6 +71,7 @@ struct CascadeLevelPlan {
   int max_splits = 0;             ///< Most splits of any segment (planned lengths).
   int slot_offset = 0;            ///< First workspace slot of this level's partial states.
   bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
+  bool wgmma = false;             ///< Use the `wgmma` kernel (on an sm_90 device).
 };
 
 /// A cascade plan: everything `run_cascade` needs besides the tensors (a small host value).

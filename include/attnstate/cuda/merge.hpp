@@ -25,7 +25,10 @@ namespace cuda {
 void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t stream = nullptr);
 
 /// `acc = acc ⊕ other` where `mask[token] != 0` (every token if `mask` is null).
-/// @param mask  optional device array `(tokens)` of bytes.
+/// @param acc    device state `(tokens, heads, head_dim)`, updated in its own dtype and base.
+/// @param other  device state of the same shape, any dtype and base.
+/// @param mask   optional device array `(tokens)` of bytes.
+/// @param stream the caller's stream.
 void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask = nullptr,
                          cudaStream_t stream = nullptr);
 
@@ -34,6 +37,9 @@ void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t
 void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream = nullptr);
 
 /// Ragged merge: `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`.
+/// @param rows    device states `(total_rows, heads, head_dim)`.
+/// @param out     device state `(tokens, heads, head_dim)`.
+/// @param stream  the caller's stream.
 /// @param indptr  device array `(out.tokens + 1)`; read on the device, so a graph captured for a
 ///                maximum `out.tokens` replays for fewer tokens (empty ranges give `(0, -inf)`).
 ///                Offsets are clamped to `[0, rows.tokens]`, so a bad indptr never reads out of

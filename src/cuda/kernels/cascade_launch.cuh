@@ -12,6 +12,7 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "cuda/kernels/cascade_level.cuh"
+#include "cuda/kernels/cascade_level_wgmma.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -24,15 +25,15 @@ inline bool cascade_tile_supported(int rows) { return rows == 16 || rows == 64 |
 
 /// Launches the level kernel of storage type `T` (one instantiation file per dtype).
 template <class T>
-void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
-                          cudaStream_t stream);
+void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
+                          dim3 grid, cudaStream_t stream);
 
 /// Launches the bf16 level kernel (defined in cascade_level_bf16.cu).
 void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                               dim3 grid, cudaStream_t stream);
+                               bool wgmma, dim3 grid, cudaStream_t stream);
 /// Launches the f16 level kernel (defined in cascade_level_f16.cu).
-void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
-                              cudaStream_t stream);
+void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim,
+                              bool wgmma, dim3 grid, cudaStream_t stream);
 
 /// Sets the shared-memory limit of one tile variant and launches it.
 template <class T, class Tile>
@@ -44,9 +45,23 @@ void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, cudaStream_t st
   ATTNSTATE_CHECK_LAUNCH(stream, "cascade_level_kernel");
 }
 
+/// Sets the shared-memory limit of one wgmma tile variant and launches it.
+template <class T, class Tile>
+void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, cudaStream_t stream) {
+  auto kernel = cascade_level_wgmma_kernel<T, Tile>;
+  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            Tile::smem_bytes()));
+  kernel<<<grid, Tile::kThreads, Tile::smem_bytes(), stream>>>(p);
+  ATTNSTATE_CHECK_LAUNCH(stream, "cascade_level_wgmma_kernel");
+}
+
 template <class T, int D>
-void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, dim3 grid,
+void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wgmma, dim3 grid,
                              cudaStream_t stream) {
+  if (wgmma && tile_rows == 64)
+    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, stream);
+  if (wgmma && tile_rows == 128)
+    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 2>>(p, grid, stream);
   switch (tile_rows) {
     case 16: return launch_cascade_tile<T, CascadeTile<D, 1, 4>>(p, grid, stream);
     case 64: return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, stream);
@@ -58,11 +73,11 @@ void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, dim3 gr
 }
 
 template <class T>
-void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, dim3 grid,
-                          cudaStream_t stream) {
+void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
+                          dim3 grid, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_cascade_head_dim<T, 64>(p, tile_rows, grid, stream);
-    case 128: return launch_cascade_head_dim<T, 128>(p, tile_rows, grid, stream);
+    case 64: return launch_cascade_head_dim<T, 64>(p, tile_rows, wgmma, grid, stream);
+    case 128: return launch_cascade_head_dim<T, 128>(p, tile_rows, wgmma, grid, stream);
     default:
       ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "head_dim", "64 or 128",
                                           std::to_string(head_dim), Status::kNotSupported);
