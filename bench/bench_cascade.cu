@@ -136,7 +136,7 @@ float bf16_to_float(std::uint16_t b) {
 struct Row {
   int prefix, suffix, batch;
   double cascade_us, prefix_us, suffix_us, merge_us, decode_us, flat_us, floor_us, fi_us;
-  double max_diff;
+  double max_diff, mma_us;
   int prefix_tile, prefix_splits, suffix_tile, suffix_splits;
 };
 
@@ -236,11 +236,15 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   shape.dtype = DType::kBF16;
   const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms);
   const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, {}, num_sms);
+  cuda::CascadeTuning mma_only;
+  mma_only.kernel = cuda::CascadeKernel::kMma;
+  const cuda::CascadePlan mma_plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, mma_only);
   row.prefix_tile = plan.levels[0].tile_rows;
   row.prefix_splits = plan.levels[0].max_splits;
   row.suffix_tile = plan.levels[1].tile_rows;
   row.suffix_splits = plan.levels[1].max_splits;
-  std::size_t ws_bytes = std::max(plan.workspace_bytes(), flat_plan.workspace_bytes());
+  std::size_t ws_bytes = std::max({plan.workspace_bytes(), flat_plan.workspace_bytes(),
+                                   mma_plan.workspace_bytes()});
   if (explore && explore->on) ws_bytes = std::max<std::size_t>(ws_bytes, 512ull << 20);
   void* ws = dalloc<std::uint8_t>(ws_bytes);
 
@@ -271,20 +275,28 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
       [&] { cuda::run_cascade_level(plan, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
   row.suffix_us = timer.median_us(
       [&] { cuda::run_cascade_level(plan, 1, qv, kv, d_levels[1], ws, ws_bytes, stream); });
+  row.mma_us = timer.median_us(
+      [&] { cuda::run_cascade(mma_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
   row.merge_us = timer.median_us([&] { cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream); });
   if (explore && explore->on) {
+    for (auto kernel : {cuda::CascadeKernel::kMma, cuda::CascadeKernel::kWgmma})
     for (int tile : {64, 128})
       for (int chunk : {0, 1024, 2048, 4096, 8192}) {
         cuda::CascadeTuning t;
         t.tile_rows = tile;
         t.chunk = chunk;
+        t.kernel = kernel;
         const cuda::CascadePlan ep = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, t);
         if (ep.workspace_bytes() > ws_bytes) continue;
         const double us = timer.median_us(
             [&] { cuda::run_cascade_level(ep, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
         char buf[160];
-        std::snprintf(buf, sizeof buf, "  prefix %d batch %d: tile %3d chunk %5d (splits %2d): %8.1f us",
-                      prefix, batch, tile, ep.levels[0].chunk, ep.levels[0].max_splits, us);
+        std::snprintf(buf, sizeof buf,
+                      "  prefix %5d batch %3d: %-5s tile %3d chunk %5d (splits %2d): %8.1f us "
+                      "(%.0f TFLOP/s)",
+                      prefix, batch, kernel == cuda::CascadeKernel::kMma ? "mma" : "wgmma", tile,
+                      ep.levels[0].chunk, ep.levels[0].max_splits, us,
+                      4.0 * batch * kHeadsQ * double(prefix) * kHeadDim / (us * 1e6));
         explore->lines.push_back(buf);
       }
   }
@@ -390,8 +402,8 @@ int main(int argc, char** argv) {
             if (!find_anchor(p, s, b)) shapes.push_back({p, s, b});
     const int reps = quick ? 7 : 25;
     std::vector<Row> rows;
-    std::printf("%6s %5s %5s | %9s %9s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | %s\n",
-                "prefix", "suf", "batch", "cascade", "prefix", "suffix", "merge", "decode",
+    std::printf("%6s %5s %5s | %9s %9s %9s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | %s\n",
+                "prefix", "suf", "batch", "cascade", "mma-only", "prefix", "suffix", "merge", "decode",
                 "flat", "x-dec", "floor", "x-flr", "FI", "x-FI", "maxdiff", "tiles/splits");
     Explore explore;
     for (const Shape& sh : shapes) {
@@ -400,9 +412,9 @@ int main(int argc, char** argv) {
                                              (sh.p == 32768 && sh.b == 16));
       const Row r = run_shape(sh.p, sh.s, sh.b, num_sms, bw, stream, reps, &explore);
       rows.push_back(r);
-      std::printf("%6d %5d %5d | %9.1f %9.1f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f %6.2f | "
+      std::printf("%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f %6.2f | "
                   "%8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
-                  r.prefix, r.suffix, r.batch, r.cascade_us, r.prefix_us, r.suffix_us,
+                  r.prefix, r.suffix, r.batch, r.cascade_us, r.mma_us, r.prefix_us, r.suffix_us,
                   r.merge_us, r.decode_us, r.flat_us,
                   (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
                   r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
@@ -422,16 +434,16 @@ int main(int argc, char** argv) {
       std::fprintf(f, "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
                       "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
                       "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
-                      "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps\n");
+                      "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us\n");
       for (const Row& r : rows)
         std::fprintf(f, "%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.2f,%.3f,%.1f,%.3f,%.3e,%d,"
-                        "%d,%d,%d,%.0f\n",
+                        "%d,%d,%d,%.0f,%.2f\n",
                      r.prefix, r.suffix, r.batch, r.cascade_us, r.prefix_us, r.suffix_us,
                      r.merge_us, r.decode_us, r.flat_us,
                      (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
                      r.cascade_us / r.floor_us, r.fi_us,
                      r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0, r.max_diff, r.prefix_tile,
-                     r.prefix_splits, r.suffix_tile, r.suffix_splits, bw / 1e9);
+                     r.prefix_splits, r.suffix_tile, r.suffix_splits, bw / 1e9, r.mma_us);
       std::fclose(f);
     }
     int bad = 0;

@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
             // Kernel variants and split counts at this point (time in µs).
             std::printf("explore %d/%d b%d %dk:", hq, kHeadsKv, batch, ctx_k);
             for (int var : {0, 1}) {
-              for (int ns : {1, 2, 4, 8, 12, 16, 24, 29, 33, 48, 66, 99, 132}) {
+              for (int ns : {1, 2, 4, 8, 16, 24, 32, 33, 64, 66, 132}) {
                 if (ns > 1 && std::int64_t{ctx} / ns < 64) continue;
                 DecodeOptions eo;
                 eo.policy = SplitPolicy::kFixedCount;

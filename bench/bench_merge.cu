@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -135,8 +134,8 @@ double copy_bandwidth_gbs(int reps) {
   for (int r = 0; r <= reps; ++r) {
     ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0));
     for (int i = 0; i < kCopies; ++i) {
-      ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes,
-                                           cudaMemcpyDeviceToDevice));
+      ATTNSTATE_CUDA_CHECK(
+          cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice));
     }
     ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1));
     ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
@@ -169,8 +168,10 @@ int main(int argc, char** argv) {
   std::string csv;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+      csv = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
     else {
       std::fprintf(stderr, "usage: %s [--csv <path>] [--quick]\n", argv[0]);
       return 2;
@@ -193,8 +194,7 @@ int main(int argc, char** argv) {
       rows.push_back(r);
     };
 
-    const auto stack_point = [&](std::int64_t S, std::int64_t T, StackOrder order,
-                                 const std::string& op) {
+    const auto stack_point = [&](std::int64_t S, std::int64_t T, StackOrder order) {
       const std::int64_t in_bytes = S * T * kHeads * (kHeadDim * 2 + 4);
       const std::int64_t out_bytes = T * kHeads * (kHeadDim * 2 + 4);
       const int sets = rotation(in_bytes + out_bytes);
@@ -207,16 +207,17 @@ int main(int argc, char** argv) {
       const double us = time_per_call_us(
           [&](int i, cudaStream_t s) {
             const States& in = *ins[i % sets];
-            const ConstStateStackView stack = attnstate::make_state_stack(
-                in.o, DType::kBF16, in.lse, order, T, S, kHeads, kHeadDim, LseBase::kNatural,
-                MemorySpace::kDevice);
+            const ConstStateStackView stack =
+                attnstate::make_state_stack(in.o, DType::kBF16, in.lse, order, T, S, kHeads,
+                                            kHeadDim, LseBase::kNatural, MemorySpace::kDevice);
             attnstate::cuda::merge_states(stack, outs[i % sets]->view(T), s);
           },
           calls, reps);
-      report(Row{op, order == StackOrder::kTokensMajor ? "tokens-major" : "states-major", S, T,
-                 us, static_cast<double>(in_bytes + out_bytes) / (us * 1e3), 0.0});
+      report(Row{"merge_states",
+                 order == StackOrder::kTokensMajor ? "tokens-major" : "states-major", S, T, us,
+                 static_cast<double>(in_bytes + out_bytes) / (us * 1e3), 0.0});
     };
-    const auto pair_points = [&](std::int64_t T, const std::string& suffix) {
+    const auto pair_points = [&](std::int64_t T) {
       const std::int64_t state_bytes = T * kHeads * (kHeadDim * 2 + 4);
       const int sets = rotation(3 * state_bytes);
       std::vector<std::unique_ptr<States>> as, bs, outs;
@@ -232,15 +233,14 @@ int main(int argc, char** argv) {
                                          outs[i % sets]->view(T), s);
           },
           calls, reps);
-      report(Row{"merge_state" + suffix, "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
+      report(Row{"merge_state", "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
       us = time_per_call_us(
           [&](int i, cudaStream_t s) {
             attnstate::cuda::merge_state_inplace(outs[i % sets]->view(T), bs[i % sets]->view(T),
                                                  nullptr, s);
           },
           calls, reps);
-      report(Row{"merge_state_inplace" + suffix, "-", 2, T, us, 3.0 * state_bytes / (us * 1e3),
-                 0.0});
+      report(Row{"merge_state_inplace", "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
     };
 
     // merge_states: S × tokens × layouts.
@@ -250,20 +250,10 @@ int main(int argc, char** argv) {
       for (std::int64_t T : token_list)
         for (StackOrder order : {StackOrder::kTokensMajor, StackOrder::kStatesMajor}) {
           if (quick && order == StackOrder::kStatesMajor) continue;
-          stack_point(S, T, order, "merge_states");
+          stack_point(S, T, order);
         }
     // Pairwise and in-place merges at 4096 tokens (and one token, for latency).
-    for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}}) pair_points(T, "");
-
-    // The same without the L2 prefetch of the next batch / row (ATTNSTATE_MERGE_PREFETCH=0).
-    if (!quick) {
-      setenv("ATTNSTATE_MERGE_PREFETCH", "0", 1);
-      for (std::int64_t S : {2, 8, 32})
-        for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}, std::int64_t{65536}})
-          stack_point(S, T, StackOrder::kTokensMajor, "merge_states/nopf");
-      pair_points(4096, "/nopf");
-      unsetenv("ATTNSTATE_MERGE_PREFETCH");
-    }
+    for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}}) pair_points(T);
 
     if (!csv.empty()) {
       FILE* f = std::fopen(csv.c_str(), "w");
@@ -271,7 +261,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "cannot write %s\n", csv.c_str());
         return 1;
       }
-      std::fprintf(f, "op,layout,states,tokens,heads,head_dim,dtype,time_us,gb_per_s,fraction_of_copy,copy_gb_per_s\n");
+      std::fprintf(f,
+                   "op,layout,states,tokens,heads,head_dim,dtype,time_us,gb_per_s,fraction_of_copy,"
+                   "copy_gb_per_s\n");
       for (const Row& r : rows)
         std::fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,bf16,%.3f,%.1f,%.4f,%.1f\n", r.op.c_str(),
                      r.layout.c_str(), static_cast<long long>(r.states),

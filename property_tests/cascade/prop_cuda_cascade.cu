@@ -21,6 +21,9 @@ TEST(CudaCascadeProperty, CascadeEqualsAttentionOverTheConcatenation) {
     attnstate::cuda::CascadeTuning t;
     t.tile_rows = *rc::gen::element(0, 16, 64, 128);
     t.chunk = *rc::gen::element(0, 64, 192);
+    t.kernel = *rc::gen::element(attnstate::cuda::CascadeKernel::kAuto,
+                                 attnstate::cuda::CascadeKernel::kMma,
+                                 attnstate::cuda::CascadeKernel::kWgmma);
     const auto out_dt = *rc::gen::element(attnstate::DType::kF32, attnstate::DType::kBF16);
     const auto base = *rc::gen::element(attnstate::LseBase::kNatural, attnstate::LseBase::kBase2);
     const int sms = *rc::gen::element(0, 3, 132);

@@ -34,12 +34,13 @@ rc::Gen<Problem> gen_problem() {
       [](int tokens, int heads, int dim_index, int dtype, std::uint64_t seed, int empty_pct,
          bool huge) {
         const std::int64_t dims[] = {64, 128, 256, 512};
-        return Problem{tokens, heads, dims[dim_index], static_cast<DType>(dtype), seed,
-                       empty_pct / 100.0, huge};
+        return Problem{
+            tokens, heads, dims[dim_index], static_cast<DType>(dtype), seed, empty_pct / 100.0,
+            huge};
       },
       rc::gen::inRange(1, 5), rc::gen::inRange(1, 4), rc::gen::inRange(0, 4),
-      rc::gen::inRange(0, 3), rc::gen::arbitrary<std::uint64_t>(),
-      rc::gen::element(0, 0, 20, 50), rc::gen::element(false, false, false, true));
+      rc::gen::inRange(0, 3), rc::gen::arbitrary<std::uint64_t>(), rc::gen::element(0, 0, 20, 50),
+      rc::gen::element(false, false, false, true));
 }
 
 /// A random state of the problem's shape in `base` (values drawn from `rng`).
@@ -149,7 +150,8 @@ TestState merge_stack(const Problem& p, std::vector<TestState*> inputs, LseBase 
     for (std::int64_t t = 0; t < p.tokens; ++t)
       for (std::int64_t h = 0; h < p.heads; ++h) {
         stack.set_lse(t, s, h, inputs[s]->lse(t, h));
-        for (std::int64_t d = 0; d < p.head_dim; ++d) stack.set_o(t, s, h, d, inputs[s]->o(t, h, d));
+        for (std::int64_t d = 0; d < p.head_dim; ++d)
+          stack.set_o(t, s, h, d, inputs[s]->o(t, h, d));
       }
   stack.upload();
   TestState out(p.tokens, p.heads, p.head_dim, DType::kF32, base);
@@ -185,7 +187,8 @@ TEST(CudaMergeLaws, AllEmptyGivesTheEmptyState) {
     std::vector<TestState> states;
     std::vector<TestState*> ptrs;
     states.reserve(n);
-    for (int i = 0; i < n; ++i) states.push_back(random_state(p, rng, LseBase::kBase2, DType::kF32));
+    for (int i = 0; i < n; ++i)
+      states.push_back(random_state(p, rng, LseBase::kBase2, DType::kF32));
     for (auto& s : states) ptrs.push_back(&s);
     TestState out = merge_stack(p, ptrs, LseBase::kNatural);
     TestState pair = merged(states[0], states[n - 1], p.dtype, LseBase::kNatural);
@@ -213,8 +216,10 @@ TEST(CudaMergeLaws, NanInANonEmptyInputPropagates) {
     const std::int64_t h = *rc::gen::inRange<std::int64_t>(0, p.heads);
     const std::int64_t d = *rc::gen::inRange<std::int64_t>(0, p.head_dim);
     const bool in_lse = *rc::gen::arbitrary<bool>();
-    if (in_lse) b.set_lse(t, h, NAN);
-    else b.set_o(t, h, d, NAN);
+    if (in_lse)
+      b.set_lse(t, h, NAN);
+    else
+      b.set_o(t, h, d, NAN);
     b.upload();
     TestState out = merged(a, b, DType::kF32, LseBase::kNatural);
     if (in_lse) {

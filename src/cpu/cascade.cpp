@@ -1,17 +1,17 @@
 /// @file cascade.cpp
-/// @brief CPU cascade attention: one state per level (online softmax, fp32), levels merged with ⊕.
+/// @brief CPU cascade attention: one state per level (online softmax, fp32), each shared segment's
+///        keys converted once per block for all the rows that share it; levels merged with ⊕.
 #include "attnstate/cpu/cascade.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "cpu/cascade_validate.hpp"
+#include "cpu/parallel.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -36,58 +36,78 @@ void store_elem(void* base, DType dt, std::int64_t idx, float x) {
   }
 }
 
-/// Runs `f(i)` for i in [0, n) on a few threads; rethrows the first exception.
-template <class F>
-void parallel_for(std::int64_t n, F&& f) {
-  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int nt = static_cast<int>(std::min<std::int64_t>(std::min(hw, 32), n));
-  if (nt <= 1) {
-    for (std::int64_t i = 0; i < n; ++i) f(i);
-    return;
-  }
-  std::atomic<std::int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nt; ++t)
-    pool.emplace_back([&] {
-      for (std::int64_t i; (i = next.fetch_add(1)) < n;) f(i);
-    });
-  for (auto& th : pool) th.join();
-}
+/// One work item: the rows `[row_begin, row_end)` of (level, segment, KV head), where the rows of
+/// a segment are its requests × new tokens × the KV head's group of query heads.
+struct WorkItem {
+  int level;
+  std::int64_t seg, h_kv, row_begin, row_end;
+};
 
-/// The state (o normalised, lse in base 2) of one query row over keys [0, limit) of a segment.
-void level_state(const float* qrow, const PagedKvCache& kv, const CascadeLevel& lv,
-                 std::int64_t seg, std::int64_t limit, std::int64_t h_kv, float s2_scale,
-                 float* o, float* lse2, std::vector<float>& scores) {
+constexpr std::int64_t kRowsPerItem = 16;  // query rows sharing one pass over a key block
+
+/// The states (o normalised, lse in base 2) of the rows of `w` over their segment: every block
+/// of keys is converted to fp32 once and used by all the rows of the item (the shared segment is
+/// read once per item, not once per request).
+void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache& kv,
+                 const CascadeLevel& lv, bool causal_tail, float s2_scale, std::int64_t q_len,
+                 std::int64_t group, std::int64_t heads_q, float* lvl_o, float* lvl_lse) {
   const std::int64_t D = kv.head_dim;
-  math::OnlineSoftmax os;
-  std::fill(o, o + D, 0.f);
-  const std::int64_t pbeg = lv.page_indptr[seg];
-  for (std::int64_t j0 = 0; j0 < limit; j0 += kBlock) {
-    const std::int64_t j1 = std::min<std::int64_t>(limit, j0 + kBlock);
-    float bmax = math::neg_inf();
-    for (std::int64_t j = j0; j < j1; ++j) {
-      const std::int64_t page = lv.page_indices[pbeg + j / kv.page_size];
-      const std::int64_t off = page * kv.page_elems() + kv.in_page_offset(j % kv.page_size, h_kv);
-      float dot = 0.f;
-      for (std::int64_t d = 0; d < D; ++d) dot += qrow[d] * load_elem(kv.k, kv.dtype, off + d);
-      scores[j - j0] = dot * s2_scale;
-      bmax = math::nan_max(bmax, scores[j - j0]);
-    }
-    const float alpha = os.rescale(bmax);
-    for (std::int64_t d = 0; d < D; ++d) o[d] *= alpha;
-    float psum = 0.f;
-    for (std::int64_t j = j0; j < j1; ++j) {
-      const float p = os.prob(scores[j - j0]);
-      psum += p;
-      const std::int64_t page = lv.page_indices[pbeg + j / kv.page_size];
-      const std::int64_t off = page * kv.page_elems() + kv.in_page_offset(j % kv.page_size, h_kv);
-      for (std::int64_t d = 0; d < D; ++d) o[d] += p * load_elem(kv.v, kv.dtype, off + d);
-    }
-    os.add(psum);
+  const std::int64_t len = lv.seg_lens[w.seg], pbeg = lv.page_indptr[w.seg];
+  const std::int64_t r0 = lv.request_indptr[w.seg];
+  const std::int64_t nr = w.row_end - w.row_begin;
+  std::vector<float> qf(nr * D), kf(kBlock * D), vf(kBlock * D), s(kBlock);
+  std::vector<float> acc(nr * D, 0.f);
+  std::vector<math::OnlineSoftmax> os(nr);
+  std::vector<std::int64_t> limit(nr), out_row(nr);
+  for (std::int64_t i = 0; i < nr; ++i) {
+    const std::int64_t r = w.row_begin + i;
+    const std::int64_t b = r0 + r / (q_len * group), t = (r / group) % q_len, g = r % group;
+    const std::int64_t h = w.h_kv * group + g;
+    const std::int64_t qoff = b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
+    for (std::int64_t d = 0; d < D; ++d) qf[i * D + d] = load_elem(q.data, q.dtype, qoff + d);
+    limit[i] = causal_tail ? std::max<std::int64_t>(0, len - (q_len - 1 - t)) : len;
+    out_row[i] = (b * q_len + t) * heads_q + h;
   }
-  const float inv = os.inv_sum();
-  for (std::int64_t d = 0; d < D; ++d) o[d] *= inv;
-  *lse2 = os.lse(LseBase::kBase2);
+  for (std::int64_t j0 = 0; j0 < len; j0 += kBlock) {
+    const std::int64_t n = std::min<std::int64_t>(kBlock, len - j0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t tok = j0 + j;
+      const std::int64_t page = lv.page_indices[pbeg + tok / kv.page_size];
+      const std::int64_t off =
+          page * kv.page_elems() + kv.in_page_offset(tok % kv.page_size, w.h_kv);
+      for (std::int64_t d = 0; d < D; ++d) {
+        kf[j * D + d] = load_elem(kv.k, kv.dtype, off + d);
+        vf[j * D + d] = load_elem(kv.v, kv.dtype, off + d);
+      }
+    }
+    for (std::int64_t i = 0; i < nr; ++i) {
+      const std::int64_t m = std::min<std::int64_t>(n, limit[i] - j0);  // visible keys
+      if (m <= 0) continue;
+      float bmax = math::neg_inf();
+      for (std::int64_t j = 0; j < m; ++j) {
+        float dot = 0.f;
+        for (std::int64_t d = 0; d < D; ++d) dot += qf[i * D + d] * kf[j * D + d];
+        s[j] = dot * s2_scale;
+        bmax = math::nan_max(bmax, s[j]);
+      }
+      const float alpha = os[i].rescale(bmax);
+      float* a = &acc[i * D];
+      for (std::int64_t d = 0; d < D; ++d) a[d] *= alpha;
+      float psum = 0.f;
+      for (std::int64_t j = 0; j < m; ++j) {
+        const float pj = os[i].prob(s[j]);
+        psum += pj;
+        for (std::int64_t d = 0; d < D; ++d) a[d] += pj * vf[j * D + d];
+      }
+      os[i].add(psum);
+    }
+  }
+  for (std::int64_t i = 0; i < nr; ++i) {
+    const float inv = os[i].inv_sum();
+    float* o = lvl_o + out_row[i] * D;
+    for (std::int64_t d = 0; d < D; ++d) o[d] = acc[i * D + d] * inv;
+    lvl_lse[out_row[i]] = os[i].lse(LseBase::kBase2);
+  }
 }
 
 }  // namespace
@@ -95,50 +115,60 @@ void level_state(const float* qrow, const PagedKvCache& kv, const CascadeLevel& 
 void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv,
                        const CascadeLevel* levels, int num_levels, const CascadeOptions& options,
                        StateView out) {
-  detail::check_cascade_pool(kFunc, kv, MemorySpace::kHost);
-  detail::check_cascade_query(kFunc, q, kv, MemorySpace::kHost);
+  ::attnstate::detail::check_cascade_pool(kFunc, kv, MemorySpace::kHost);
+  ::attnstate::detail::check_cascade_query(kFunc, q, kv, MemorySpace::kHost);
   const std::int64_t batch = q.shape[0], q_len = q.shape[1], heads_q = q.shape[2];
   const std::int64_t D = kv.head_dim, group = heads_q / kv.heads_kv;
-  detail::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
-  detail::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost);
-  const float s2_scale = math::base2_score_scale(detail::cascade_scale(kFunc, options, D));
+  ::attnstate::detail::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
+  ::attnstate::detail::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost);
+  const float s2_scale = math::base2_score_scale(::attnstate::detail::cascade_scale(kFunc, options, D));
 
-  // segment of every request at every level
-  std::vector<std::vector<std::int64_t>> seg_of(num_levels, std::vector<std::int64_t>(batch));
+  // every level's state of every row, computed per (level, segment, KV head, row chunk)
+  const std::int64_t rows = batch * q_len * heads_q;
+  std::vector<float> lvl_o(static_cast<std::size_t>(num_levels * rows * D));
+  std::vector<float> lvl_lse(static_cast<std::size_t>(num_levels * rows));
+  std::vector<WorkItem> items;
   for (int l = 0; l < num_levels; ++l)
-    for (std::int64_t s = 0; s < levels[l].num_segments; ++s)
-      for (std::int32_t b = levels[l].request_indptr[s]; b < levels[l].request_indptr[s + 1]; ++b)
-        seg_of[l][b] = s;
+    for (std::int64_t s = 0; s < levels[l].num_segments; ++s) {
+      const std::int64_t nrows =
+          (levels[l].request_indptr[s + 1] - levels[l].request_indptr[s]) * q_len * group;
+      for (std::int64_t h = 0; h < kv.heads_kv; ++h)
+        for (std::int64_t r = 0; r < nrows; r += kRowsPerItem)
+          items.push_back(WorkItem{l, s, h, r, std::min(nrows, r + kRowsPerItem)});
+    }
+  detail::parallel_for(0, static_cast<std::int64_t>(items.size()), 1,
+                       [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const WorkItem& w = items[i];
+      const bool causal_tail = options.causal && w.level == num_levels - 1;
+      item_states(w, q, kv, levels[w.level], causal_tail, s2_scale, q_len, group, heads_q,
+                  &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
+    }
+  });
 
-  parallel_for(batch * q_len * heads_q, [&](std::int64_t row) {
-    const std::int64_t h = row % heads_q, t = (row / heads_q) % q_len, b = row / (heads_q * q_len);
-    const std::int64_t h_kv = h / group;
-    std::vector<float> qrow(D), acc(D, 0.f), scores(kBlock);
-    std::vector<float> lo(static_cast<std::size_t>(num_levels) * D);
-    float llse[kMaxCascadeLevels];
-    const std::int64_t qoff = b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
-    for (std::int64_t d = 0; d < D; ++d) qrow[d] = load_elem(q.data, q.dtype, qoff + d);
-    float m = math::neg_inf();
-    for (int l = 0; l < num_levels; ++l) {
-      const std::int64_t seg = seg_of[l][b];
-      std::int64_t limit = levels[l].seg_lens[seg];
-      if (options.causal && l == num_levels - 1) limit -= q_len - 1 - t;
-      level_state(qrow.data(), kv, levels[l], seg, std::max<std::int64_t>(limit, 0), h_kv,
-                  s2_scale, &lo[l * D], &llse[l], scores);
-      m = math::nan_max(m, llse[l]);
+  // ⊕ over the levels, written in the output's dtype and base
+  detail::parallel_for(0, rows, 64, [&](std::int64_t b, std::int64_t e) {
+    std::vector<float> acc(D);
+    for (std::int64_t row = b; row < e; ++row) {
+      float m = math::neg_inf();
+      for (int l = 0; l < num_levels; ++l) m = math::nan_max(m, lvl_lse[l * rows + row]);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      float sum = 0.f;
+      for (int l = 0; l < num_levels; ++l) {
+        const float lse = lvl_lse[l * rows + row];
+        if (math::is_empty_lse(lse)) continue;  // an empty state's o is never read
+        const float w = math::merge_weight(LseBase::kBase2, lse, m);
+        sum += w;
+        const float* o = &lvl_o[(l * rows + row) * D];
+        for (std::int64_t d = 0; d < D; ++d) acc[d] += w * o[d];
+      }
+      const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
+      const std::int64_t token = row / heads_q, h = row % heads_q;
+      const std::int64_t ooff = out.o_offset(token, h);
+      for (std::int64_t d = 0; d < D; ++d)
+        store_elem(out.o, out.dtype, ooff + d, acc[d] * r.inv_sum);
+      out.lse[out.lse_offset(token, h)] = math::convert_lse(r.lse, LseBase::kBase2, out.base);
     }
-    float sum = 0.f;
-    for (int l = 0; l < num_levels; ++l) {
-      if (math::is_empty_lse(llse[l])) continue;
-      const float w = math::merge_weight(LseBase::kBase2, llse[l], m);
-      sum += w;
-      for (std::int64_t d = 0; d < D; ++d) acc[d] += w * lo[l * D + d];
-    }
-    const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
-    const std::int64_t token = b * q_len + t;
-    const std::int64_t ooff = out.o_offset(token, h);
-    for (std::int64_t d = 0; d < D; ++d) store_elem(out.o, out.dtype, ooff + d, acc[d] * r.inv_sum);
-    out.lse[out.lse_offset(token, h)] = math::convert_lse(r.lse, LseBase::kBase2, out.base);
   });
 }
 

@@ -140,48 +140,56 @@ struct StackSource {
   }
 };
 
-/// Per-thread scratch of the n-ary merge of a block of heads of one token.
+/// Per-thread scratch of the n-ary merge of a block of rows.
 struct Scratch {
-  std::vector<float> w;            // (S, nh) converted LSEs, then weights
-  std::vector<std::uint8_t> live;  // (S, nh) 1 when the input is non-empty
+  std::vector<float> w;            // (S, nb) converted LSEs, then weights
+  std::vector<std::uint8_t> live;  // (S, nb) 1 when the input is non-empty
   std::vector<float> m, sum, inv, lse, acc;
+  std::vector<std::int64_t> o_row, lse_row;  // (nb) offsets of state 0 of each row
   std::vector<std::uint8_t> started;
 };
-/// Merges heads `[h0, h0 + nh)` of token `t`. Reads the inputs state by state (for a dense
-/// stack a sequential scan), accumulating `Σ w o` in an fp32 block that stays in L1/L2, then
-/// normalises once and rounds once to the output dtype.
+
+/// Merges the rows `[r0, r0 + nb)` (row = token * heads + head) of one token, which all have
+/// `states` inputs. Reads the inputs state by state (long sequential runs for both dense layouts),
+/// accumulating `Σ w o` in an fp32 block that stays in L1/L2, then normalises once and rounds
+/// once to the output dtype.
 template <class Ti, class To>
-void merge_block(const StackSource& src, const StateView& out, std::int64_t t, std::int64_t h0,
-                 std::int64_t nh, Scratch& sc) {
+void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, std::int64_t nb,
+                 std::int64_t states, Scratch& sc) {
   const LseBase base = out.base;
-  const std::int64_t dim = out.head_dim;
-  const std::int64_t states = src.count(t);
-  const std::size_t n = static_cast<std::size_t>(states * nh);
+  const std::int64_t dim = out.head_dim, heads = out.heads;
+  const std::size_t n = static_cast<std::size_t>(states * nb);
   if (sc.w.size() < n) {
     sc.w.resize(n);
     sc.live.resize(n);
   }
-  sc.m.assign(nh, math::neg_inf());
-  sc.sum.assign(nh, 0.f);
-  sc.inv.resize(nh);
-  sc.lse.resize(nh);
-  sc.started.assign(nh, 0);
-  if (sc.acc.size() < static_cast<std::size_t>(nh * dim)) sc.acc.resize(nh * dim);
+  sc.m.assign(nb, math::neg_inf());
+  sc.sum.assign(nb, 0.f);
+  sc.inv.resize(nb);
+  sc.lse.resize(nb);
+  sc.o_row.resize(nb);
+  sc.lse_row.resize(nb);
+  sc.started.assign(nb, 0);
+  if (sc.acc.size() < static_cast<std::size_t>(nb * dim)) sc.acc.resize(nb * dim);
+  for (std::int64_t j = 0; j < nb; ++j) {
+    const std::int64_t t = (r0 + j) / heads, h = (r0 + j) % heads;
+    sc.o_row[j] = src.o_token(t) + h * src.o_stride_head;
+    sc.lse_row[j] = src.lse_token(t) + h * src.lse_stride_head;
+  }
   // Pass 1: LSEs in the working base and their max.
-  const float* lse_t = src.lse + src.lse_token(t) + h0 * src.lse_stride_head;
   for (std::int64_t s = 0; s < states; ++s) {
-    const float* ls = lse_t + s * src.lse_stride_state;
-    float* w = sc.w.data() + s * nh;
-    for (std::int64_t j = 0; j < nh; ++j) {
-      w[j] = math::convert_lse(ls[j * src.lse_stride_head], src.base, base);
+    const float* ls = src.lse + s * src.lse_stride_state;
+    float* w = sc.w.data() + s * nb;
+    for (std::int64_t j = 0; j < nb; ++j) {
+      w[j] = math::convert_lse(ls[sc.lse_row[j]], src.base, base);
       sc.m[j] = math::nan_max(sc.m[j], w[j]);
     }
   }
   // Pass 2: weights of the non-empty inputs, their sum, and the merged LSE.
   for (std::int64_t s = 0; s < states; ++s) {
-    float* w = sc.w.data() + s * nh;
-    std::uint8_t* live = sc.live.data() + s * nh;
-    for (std::int64_t j = 0; j < nh; ++j) {
+    float* w = sc.w.data() + s * nb;
+    std::uint8_t* live = sc.live.data() + s * nb;
+    for (std::int64_t j = 0; j < nb; ++j) {
       live[j] = !math::is_empty_lse(w[j]);
       if (live[j]) {
         w[j] = math::merge_weight(base, w[j], sc.m[j]);
@@ -189,21 +197,20 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t t, s
       }
     }
   }
-  for (std::int64_t j = 0; j < nh; ++j) {
+  for (std::int64_t j = 0; j < nb; ++j) {
     const math::MergeResult r = math::merge_finalize(base, sc.m[j], sc.sum[j]);
     sc.inv[j] = r.inv_sum;
     sc.lse[j] = r.lse;
   }
   // Pass 3: the weighted sum of o, state by state, then normalise once.
   const Loader<Ti> load;
-  const Ti* o_t = typed<Ti>(src.o) + src.o_token(t) + h0 * src.o_stride_head;
   for (std::int64_t s = 0; s < states; ++s) {
-    const Ti* os = o_t + s * src.o_stride_state;
-    const float* w = sc.w.data() + s * nh;
-    const std::uint8_t* live = sc.live.data() + s * nh;
-    for (std::int64_t j = 0; j < nh; ++j) {
+    const Ti* os = typed<Ti>(src.o) + s * src.o_stride_state;
+    const float* w = sc.w.data() + s * nb;
+    const std::uint8_t* live = sc.live.data() + s * nb;
+    for (std::int64_t j = 0; j < nb; ++j) {
       if (!live[j]) continue;  // an empty input's o is never read
-      const Ti* o = os + j * src.o_stride_head;
+      const Ti* o = os + sc.o_row[j];
       float* acc = sc.acc.data() + j * dim;
       const float wj = w[j];
       if (!sc.started[j]) {  // assign the first term so a lone input passes through bitwise
@@ -214,8 +221,9 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t t, s
       }
     }
   }
-  for (std::int64_t j = 0; j < nh; ++j) {
-    To* oo = static_cast<To*>(out.o) + out.o_offset(t, h0 + j);
+  for (std::int64_t j = 0; j < nb; ++j) {
+    const std::int64_t t = (r0 + j) / heads, h = (r0 + j) % heads;
+    To* oo = static_cast<To*>(out.o) + out.o_offset(t, h);
     const float* acc = sc.acc.data() + j * dim;
     const float inv = sc.inv[j];
     if (!sc.started[j]) {
@@ -223,7 +231,7 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t t, s
     } else {
       for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(acc[d] * inv);
     }
-    out.lse[out.lse_offset(t, h0 + j)] = sc.lse[j];
+    out.lse[out.lse_offset(t, h)] = sc.lse[j];
   }
 }
 
@@ -241,10 +249,12 @@ void nary_merge(const StackSource& src, DType in_dtype, const StateView& out,
                            [&](std::int64_t r0, std::int64_t r1) {
                              thread_local Scratch sc;
                              for (std::int64_t r = r0; r < r1;) {
-                               const std::int64_t t = r / heads, h0 = r % heads;
-                               const std::int64_t nh = std::min({heads - h0, r1 - r, block});
-                               merge_block<Ti, To>(src, out, t, h0, nh, sc);
-                               r += nh;
+                               // A block stays within one token: its rows share their state
+                               // count, and for [T, S, H, D] stacks it is one sequential scan
+                               // (blocks spanning tokens interleave streams and run slower).
+                               const std::int64_t nb = std::min({r1 - r, block, heads - r % heads});
+                               merge_block<Ti, To>(src, out, r, nb, src.count(r / heads), sc);
+                               r += nb;
                              }
                            });
     });

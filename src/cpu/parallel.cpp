@@ -78,7 +78,7 @@ class ThreadPool {
     job.begin = begin;
     job.end = end;
     const std::int64_t n = end - begin;
-    const std::int64_t max_chunks = static_cast<std::int64_t>(nthreads) * 4;
+    const std::int64_t max_chunks = static_cast<std::int64_t>(nthreads) * 16;  // balance load
     const std::int64_t chunks = std::max<std::int64_t>(1, std::min(max_chunks, n / grain));
     job.chunk = (n + chunks - 1) / chunks;
     job.num_chunks = (n + job.chunk - 1) / job.chunk;

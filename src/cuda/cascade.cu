@@ -153,8 +153,10 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
+/// Launches level `l`; with `overlap` as a programmatic dependent launch that may run beside
+/// the previous level's kernel (levels write disjoint workspace slots; the merge waits for all).
 void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
-                  const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
+                  const PagedKvCache& kv, const CascadeLevel& lv, void* workspace, bool overlap,
                   cudaStream_t stream) {
   const CascadeShape& s = plan.shape;
   const CascadeLevelPlan& lp = plan.levels[l];
@@ -196,10 +198,10 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
   const bool wgmma = lp.wgmma && lp.tile_rows >= 64 && device_is_sm90();
   if (s.dtype == DType::kBF16)
     kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
-                                       stream);
+                                       overlap, stream);
   else
     kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
-                                      stream);
+                                      overlap, stream);
 }
 
 template <int D>
@@ -356,7 +358,7 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
   check_inputs(func, plan, q, kv);
   check_device_level(func, plan, level, device_level);
   check_workspace(func, plan, workspace, workspace_bytes);
-  launch_level(plan, level, q, kv, device_level, workspace, stream);
+  launch_level(plan, level, q, kv, device_level, workspace, false, stream);
 }
 
 void run_cascade_merge(const CascadePlan& plan, StateView out, const void* workspace,
@@ -382,7 +384,8 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   check_out(func, plan, out);
   check_workspace(func, plan, workspace, workspace_bytes);
   for (int l = 0; l < num_levels; ++l)
-    launch_level(plan, l, q, kv, device_levels[l], workspace, stream);
+    launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0,
+                 stream);
   launch_merge(plan, out, workspace, stream);
 }
 

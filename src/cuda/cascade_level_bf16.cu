@@ -8,8 +8,8 @@ namespace cuda {
 namespace kernels {
 
 void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                             bool wgmma, dim3 grid, cudaStream_t stream) {
-  launch_cascade_level<__nv_bfloat16>(p, tile_rows, head_dim, wgmma, grid, stream);
+                             bool wgmma, dim3 grid, bool pdl, cudaStream_t stream) {
+  launch_cascade_level<__nv_bfloat16>(p, tile_rows, head_dim, wgmma, grid, pdl, stream);
 }
 
 }  // namespace kernels

@@ -46,41 +46,44 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   return w;
 }
 
-template <int D, bool kBF16, bool kPrefetch = true>
+template <int D, bool kBF16, bool kTma>
 void launch(const detail::DecodeParams& p, std::int64_t grid, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
     ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(
-        detail::decode_split_kv_kernel<D, kBF16, kPrefetch>,
+        detail::decode_split_kv_kernel<D, kBF16, kTma>,
         cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits))));
+        static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits, kTma))));
     // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
-    ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16, kPrefetch>,
+    ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16, kTma>,
                                               cudaFuncAttributePreferredSharedMemoryCarveout,
                                               100));
   });
-  const std::int64_t smem = detail::decode_smem_bytes(D, p.splits.max_splits);
-  detail::decode_split_kv_kernel<D, kBF16, kPrefetch>
+  const std::int64_t smem = detail::decode_smem_bytes(D, p.splits.max_splits, kTma);
+  detail::decode_split_kv_kernel<D, kBF16, kTma>
       <<<static_cast<unsigned>(grid), detail::kDecodeWarps * 32, static_cast<std::size_t>(smem),
          stream>>>(p);
   ATTNSTATE_CHECK_LAUNCH(stream, "decode_split_kv_kernel");
 }
 
-/// The one place where (head_dim, dtype) become template arguments.
+template <int D>
+void dispatch_dtype_path(const detail::DecodeParams& p, DType dt, std::int64_t grid,
+                         cudaStream_t stream) {
+  const bool cp_async = (p.variant & 1) != 0;  // benchmark variant: cp.async loads
+  if (dt == DType::kBF16) {
+    cp_async ? launch<D, true, false>(p, grid, stream) : launch<D, true, true>(p, grid, stream);
+  } else {
+    cp_async ? launch<D, false, false>(p, grid, stream) : launch<D, false, true>(p, grid, stream);
+  }
+}
+
+/// The one place where (head_dim, dtype, load path) become template arguments.
 void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, std::int64_t grid,
               cudaStream_t stream) {
-  const bool bf16 = dt == DType::kBF16;
   switch (head_dim) {
-    case 64: bf16 ? launch<64, true>(p, grid, stream) : launch<64, false>(p, grid, stream); break;
-    case 128:
-      if (p.variant & 1)  // benchmark variant: no L2 prefetch hint
-        bf16 ? launch<128, true, false>(p, grid, stream) : launch<128, false, false>(p, grid, stream);
-      else
-        bf16 ? launch<128, true>(p, grid, stream) : launch<128, false>(p, grid, stream);
-      break;
-    default:
-      bf16 ? launch<256, true>(p, grid, stream) : launch<256, false>(p, grid, stream);
-      break;
+    case 64: dispatch_dtype_path<64>(p, dt, grid, stream); break;
+    case 128: dispatch_dtype_path<128>(p, dt, grid, stream); break;
+    default: dispatch_dtype_path<256>(p, dt, grid, stream); break;
   }
 }
 

@@ -1,10 +1,9 @@
 /// @file merge.cu
 /// @brief CUDA backend: the pairwise merges `merge_state` and `merge_state_inplace`.
-#include "attnstate/cuda/merge.hpp"
-
 #include <cstdint>
 
 #include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/merge.hpp"
 #include "common/validate.hpp"
 #include "cuda/kernels/merge_dispatch.cuh"
 #include "cuda/kernels/merge_launch.cuh"
@@ -31,7 +30,6 @@ void launch_pair(const ConstStateView& a, const ConstStateView& b, const StateVi
       kernels::vec_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
       kernels::vec_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
       kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
-  args.prefetch = kernels::prefetch_enabled();
   kernels::dispatch_pair(a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
     const auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
     static const int resident = kernels::blocks_per_sm(kernel);

@@ -30,11 +30,10 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   args.row_shift = 0;
   while ((1 << args.row_shift) < per_row) ++args.row_shift;
   args.group = per_row < 32 ? per_row : 32;
-  args.aligned = kernels::vec_aligned(in.o, size_of(in.dtype),
-                                      {in.o_stride_token, in.o_stride_head, in.o_stride_state}) &&
-                 kernels::vec_aligned(out.o, size_of(out.dtype),
-                                      {out.o_stride_token, out.o_stride_head});
-  args.prefetch = kernels::prefetch_enabled();
+  args.aligned =
+      kernels::vec_aligned(in.o, size_of(in.dtype),
+                           {in.o_stride_token, in.o_stride_head, in.o_stride_state}) &&
+      kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   return args;
 }
 

@@ -28,13 +28,24 @@ using attnstate_test::CaseSpec;
 using attnstate_test::GpuCascade;
 using attnstate_test::SegmentSpec;
 
+/// Runs the case with the automatic plan and again with every level on `mma.sync` (the two
+/// tensor-core kernels), both against the reference.
 ::testing::AssertionResult gpu_matches(const CaseSpec& s, DType out = DType::kF32,
                                        LseBase base = LseBase::kNatural,
-                                       const CascadeTuning& tuning = {}) {
+                                       CascadeTuning tuning = {}) {
   CascadeCase c(s);
-  GpuCascade g(c, out, base, tuning);
-  g.run();
-  return g.check(c);
+  const attnstate::cuda::CascadeKernel kernels[2] = {tuning.kernel,
+                                                     attnstate::cuda::CascadeKernel::kMma};
+  for (int i = 0; i < (tuning.kernel == attnstate::cuda::CascadeKernel::kMma ? 1 : 2); ++i) {
+    tuning.kernel = kernels[i];
+    GpuCascade g(c, out, base, tuning);
+    g.run();
+    const ::testing::AssertionResult r = g.check(c);
+    if (!r)
+      return ::testing::AssertionFailure()
+             << (i == 0 ? "automatic/wgmma kernel: " : "mma.sync kernel: ") << r.message();
+  }
+  return ::testing::AssertionSuccess();
 }
 
 TEST(CudaCascade, TwoLevelsSharedPrefixMatchesConcatenation) {
@@ -45,14 +56,17 @@ TEST(CudaCascade, TwoLevelsSharedPrefixMatchesConcatenation) {
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
   ATTNSTATE_REQUIRE_GPU();
   for (int tile : {16, 64, 128})
-    for (int chunk : {64, 128, 0}) {
-      CaseSpec s = attnstate_test::two_level_spec(37, 300, 70, 12 + tile + chunk);
-      CascadeTuning t;
-      t.tile_rows = tile;
-      t.chunk = chunk;
-      EXPECT_TRUE(gpu_matches(s, DType::kF32, LseBase::kNatural, t))
-          << "tile " << tile << " chunk " << chunk;
-    }
+    for (int chunk : {64, 128, 0})
+      for (auto kernel : {attnstate::cuda::CascadeKernel::kWgmma,
+                          attnstate::cuda::CascadeKernel::kMma}) {
+        CaseSpec s = attnstate_test::two_level_spec(37, 300, 70, 12 + tile + chunk);
+        CascadeTuning t;
+        t.tile_rows = tile;
+        t.chunk = chunk;
+        t.kernel = kernel;
+        EXPECT_TRUE(gpu_matches(s, DType::kF32, LseBase::kNatural, t))
+            << "tile " << tile << " chunk " << chunk << " kernel " << static_cast<int>(kernel);
+      }
 }
 
 TEST(CudaCascade, ThreeLevelsOfNestedSharingMatchConcatenation) {
@@ -203,6 +217,13 @@ TEST(CudaCascade, RepeatedRunsAreBitwiseIdentical) {
   EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)));
   EXPECT_TRUE(g.check(c));
+  // levels launched one after the other instead of overlapped: the same bits
+  g.plan.overlap_levels = false;
+  g.run();
+  const auto o3 = g.o_host();
+  const auto l3 = g.lse_host();
+  EXPECT_EQ(0, std::memcmp(o1.data(), o3.data(), o1.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(l1.data(), l3.data(), l1.size() * sizeof(float)));
 }
 
 TEST(CudaCascade, GraphCaptureReplaysWithNewInputsAndShorterSuffixes) {
@@ -295,6 +316,9 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   CascadeTuning t;
   t.tile_rows = 32;
   expect_error(attnstate::Status::kInvalidArgument, "tile_rows", [&] { plan(sh, t); });
+  t = {};
+  t.kernel = static_cast<attnstate::cuda::CascadeKernel>(7);
+  expect_error(attnstate::Status::kInvalidArgument, "kernel", [&] { plan(sh, t); });
   t = {};
   t.chunk = 100;
   expect_error(attnstate::Status::kInvalidArgument, "chunk", [&] { plan(sh, t); });

@@ -2,7 +2,7 @@
 /// @brief Helpers for GPU tests: skip without a GPU, RAII device buffers, NaN poisoning.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>

@@ -64,8 +64,12 @@ class Rng {
 /// Stores `x` rounded to `dt` at element `i` of `p`.
 inline void store_elem(void* p, DType dt, std::int64_t i, float x) {
   switch (dt) {
-    case DType::kF32: static_cast<float*>(p)[i] = x; break;
-    case DType::kF16: static_cast<attnstate::half_t*>(p)[i] = attnstate::from_float<attnstate::half_t>(x); break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = x;
+      break;
+    case DType::kF16:
+      static_cast<attnstate::half_t*>(p)[i] = attnstate::from_float<attnstate::half_t>(x);
+      break;
     case DType::kBF16:
       static_cast<attnstate::bfloat16_t*>(p)[i] = attnstate::from_float<attnstate::bfloat16_t>(x);
       break;
@@ -74,9 +78,12 @@ inline void store_elem(void* p, DType dt, std::int64_t i, float x) {
 /// Element `i` of `p` (of dtype `dt`) as float.
 inline float load_elem(const void* p, DType dt, std::int64_t i) {
   switch (dt) {
-    case DType::kF16: return attnstate::to_float(static_cast<const attnstate::half_t*>(p)[i]);
-    case DType::kBF16: return attnstate::to_float(static_cast<const attnstate::bfloat16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::kF16:
+      return attnstate::to_float(static_cast<const attnstate::half_t*>(p)[i]);
+    case DType::kBF16:
+      return attnstate::to_float(static_cast<const attnstate::bfloat16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 
@@ -91,8 +98,8 @@ struct Blob {
 
 /// Extra elements between rows, to build strided views.
 struct Padding {
-  std::int64_t head = 0;   ///< Extra `o` elements after each head.
-  std::int64_t token = 0;  ///< Extra `o` elements after each token.
+  std::int64_t head = 0;       ///< Extra `o` elements after each head.
+  std::int64_t token = 0;      ///< Extra `o` elements after each token.
   std::int64_t lse_head = 0;   ///< Extra LSE elements after each head.
   std::int64_t lse_token = 0;  ///< Extra LSE elements after each token.
 };
@@ -114,7 +121,8 @@ class TestState {
     layout_.base = base;
     o_ = Blob(static_cast<std::size_t>(std::max<std::int64_t>(tokens, 1) * layout_.o_stride_token) *
               attnstate::size_of(dtype));
-    lse_ = Blob(static_cast<std::size_t>(std::max<std::int64_t>(tokens, 1) * layout_.lse_stride_token) * 4);
+    lse_ = Blob(
+        static_cast<std::size_t>(std::max<std::int64_t>(tokens, 1) * layout_.lse_stride_token) * 4);
     fill_nan();
   }
 
@@ -155,7 +163,8 @@ class TestState {
       for (std::int64_t h = 0; h < heads(); ++h) {
         const bool empty = rng.chance(p_empty);
         set_lse(t, h, empty ? -INFINITY : rng.uniform(lse_lo, lse_hi));
-        for (std::int64_t d = 0; d < head_dim(); ++d) set_o(t, h, d, empty ? NAN : rng.uniform(-1.f, 1.f));
+        for (std::int64_t d = 0; d < head_dim(); ++d)
+          set_o(t, h, d, empty ? NAN : rng.uniform(-1.f, 1.f));
       }
     }
     upload();
@@ -207,13 +216,23 @@ class TestStack {
  public:
   TestStack(StackOrder order, std::int64_t tokens, std::int64_t states, std::int64_t heads,
             std::int64_t head_dim, DType dtype, LseBase base)
-      : order_(order), tokens_(tokens), states_(states), heads_(heads), head_dim_(head_dim),
-        dtype_(dtype), base_(base),
-        o_(static_cast<std::size_t>(tokens * states * heads * head_dim) * attnstate::size_of(dtype)),
+      : order_(order),
+        tokens_(tokens),
+        states_(states),
+        heads_(heads),
+        head_dim_(head_dim),
+        dtype_(dtype),
+        base_(base),
+        o_(static_cast<std::size_t>(tokens * states * heads * head_dim) *
+           attnstate::size_of(dtype)),
         lse_(static_cast<std::size_t>(tokens * states * heads) * 4) {}
 
-  ConstStateStackView host_view() const { return make(o_.host.data(), lse_.host.data(), MemorySpace::kHost); }
-  ConstStateStackView dev_view() const { return make(o_.dev.get(), lse_.dev.get(), MemorySpace::kDevice); }
+  ConstStateStackView host_view() const {
+    return make(o_.host.data(), lse_.host.data(), MemorySpace::kHost);
+  }
+  ConstStateStackView dev_view() const {
+    return make(o_.dev.get(), lse_.dev.get(), MemorySpace::kDevice);
+  }
 
   std::int64_t o_index(std::int64_t t, std::int64_t s, std::int64_t h, std::int64_t d) const {
     const ConstStateStackView v = host_view();
@@ -263,9 +282,12 @@ class TestStack {
 /// accumulation differences for f32).
 inline float rel_tol(DType dt) {
   switch (dt) {
-    case DType::kF16: return 1.f / 1024.f;
-    case DType::kBF16: return 1.f / 128.f;
-    default: return 2e-5f;
+    case DType::kF16:
+      return 1.f / 1024.f;
+    case DType::kBF16:
+      return 1.f / 128.f;
+    default:
+      return 2e-5f;
   }
 }
 

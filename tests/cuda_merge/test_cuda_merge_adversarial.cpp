@@ -37,7 +37,8 @@ void expect_identity(const TestState& s) {
       EXPECT_EQ(s.lse(t, h), -INFINITY) << t << "," << h;
       for (std::int64_t d = 0; d < s.head_dim(); ++d) {
         const float o = s.o(t, h, d);
-        ASSERT_TRUE(o == 0.f && !std::signbit(o)) << "o[" << t << "," << h << "," << d << "] = " << o;
+        ASSERT_TRUE(o == 0.f && !std::signbit(o))
+            << "o[" << t << "," << h << "," << d << "] = " << o;
       }
     }
 }
@@ -55,8 +56,10 @@ TEST(CudaMergeAdversarial, EmptyStateWithNanOPassesTheOtherThroughBitwise) {
       TestState out(6, 5, dim, dt, LseBase::kNatural);
       for (int order = 0; order < 2; ++order) {
         out.poison_device();
-        if (order == 0) gpu::merge_state(a.dev_view(), e.dev_view(), out.dev_view());
-        else gpu::merge_state(e.dev_view(), a.dev_view(), out.dev_view());
+        if (order == 0)
+          gpu::merge_state(a.dev_view(), e.dev_view(), out.dev_view());
+        else
+          gpu::merge_state(e.dev_view(), a.dev_view(), out.dev_view());
         sync();
         out.download();
         EXPECT_TRUE(rows_bitwise_equal(out, a)) << "pair, order " << order;
@@ -122,8 +125,8 @@ TEST(CudaMergeAdversarial, NanInANonEmptyInputPropagates) {
   TestState b(3, 2, 64, DType::kF32, LseBase::kNatural);
   a.fill_random(rng);
   b.fill_random(rng, -3.f, 3.f);
-  a.set_o(0, 1, 17, NAN);  // NaN in o of a non-empty input
-  b.set_lse(2, 0, NAN);    // NaN LSE
+  a.set_o(0, 1, 17, NAN);                // NaN in o of a non-empty input
+  b.set_lse(2, 0, NAN);                  // NaN LSE
   b.set_lse(1, 1, a.lse(1, 1) - 200.f);  // weight underflows to 0, but its o is NaN
   b.set_o(1, 1, 5, NAN);
   a.upload();
@@ -140,7 +143,8 @@ TEST(CudaMergeAdversarial, NanInANonEmptyInputPropagates) {
   EXPECT_TRUE(std::isnan(out.o(1, 1, 5)));
   EXPECT_FALSE(std::isnan(out.o(1, 1, 4)));
 
-  TestStack stack(attnstate::StackOrder::kTokensMajor, 2, 5, 2, 128, DType::kBF16, LseBase::kNatural);
+  TestStack stack(attnstate::StackOrder::kTokensMajor, 2, 5, 2, 128, DType::kBF16,
+                  LseBase::kNatural);
   stack.fill_random(rng);
   stack.set_o(0, 3, 1, 100, NAN);
   stack.set_lse(1, 4, 0, NAN);
@@ -162,7 +166,8 @@ TEST(CudaMergeAdversarial, HugeLsesMatchCpuAndStayFinite) {
   Rng rng;
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
   for (float centre : {1e4f, -1e4f}) {
-    TestStack stack(attnstate::StackOrder::kStatesMajor, 8, 6, 4, 128, DType::kF32, LseBase::kNatural);
+    TestStack stack(attnstate::StackOrder::kStatesMajor, 8, 6, 4, 128, DType::kF32,
+                    LseBase::kNatural);
     stack.fill_random(rng, centre - 30.f, centre + 30.f, 0.2);
     TestState got(8, 4, 128, DType::kF32, LseBase::kBase2);
     TestState want(8, 4, 128, DType::kF32, LseBase::kBase2);

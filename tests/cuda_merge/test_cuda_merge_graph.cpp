@@ -47,7 +47,10 @@ class Captured {
     ATTNSTATE_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &n));
     return n;
   }
+  /// Replays the graph after all earlier work (uploads and poisoning run on the legacy default
+  /// stream, which does not order against a non-blocking stream) and waits for it.
   void replay() {
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
     ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
     ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -90,8 +93,8 @@ TEST(CudaMergeGraph, EveryOpCapturesAndReplaysWithNewInputs) {
     stack_out.poison_device();
     rebased.poison_device();
     graph.replay();
-    TestState pw(T, H, D, DType::kBF16, LseBase::kNatural), sw(T, H, D, DType::kF32, LseBase::kNatural),
-        rw(T, H, D, DType::kF16, LseBase::kNatural);
+    TestState pw(T, H, D, DType::kBF16, LseBase::kNatural),
+        sw(T, H, D, DType::kF32, LseBase::kNatural), rw(T, H, D, DType::kF16, LseBase::kNatural);
     cpu::merge_state(a.host_view(), b.host_view(), pw.host_view());
     cpu::merge_state_inplace(acc_want.host_view(), b.host_view(), mask.data());
     cpu::merge_states(stack.host_view(), sw.host_view());
@@ -151,7 +154,8 @@ TEST(CudaMergeGraph, ResultsAreBitwiseRepeatable) {
   TestState a(T, H, D, DType::kF16, LseBase::kNatural), b(T, H, D, DType::kBF16, LseBase::kBase2);
   a.fill_random(rng, -3.f, 3.f, 0.1);
   b.fill_random(rng, -3.f, 3.f, 0.1);
-  TestState p1(T, H, D, DType::kF16, LseBase::kNatural), p2(T, H, D, DType::kF16, LseBase::kNatural);
+  TestState p1(T, H, D, DType::kF16, LseBase::kNatural),
+      p2(T, H, D, DType::kF16, LseBase::kNatural);
   gpu::merge_state(a.dev_view(), b.dev_view(), p1.dev_view());
   gpu::merge_state(a.dev_view(), b.dev_view(), p2.dev_view());
   ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -178,6 +182,7 @@ TEST(CudaMergeGraph, LaunchesOnTheCallersStream) {
   TestState out(T, H, D, DType::kF32, LseBase::kNatural);
   out.poison_device();
   const StateView av = a.dev_view(), fv = fresh.dev_view();
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());  // uploads and poisoning done before `s` starts
   ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(av.o, fv.o, T * H * D * 4, cudaMemcpyDeviceToDevice, s));
   ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(av.lse, fv.lse, T * H * 4, cudaMemcpyDeviceToDevice, s));
   gpu::merge_state(a.dev_view(), b.dev_view(), out.dev_view(), s);

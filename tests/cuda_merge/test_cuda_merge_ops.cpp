@@ -47,7 +47,8 @@ TEST(CudaMerge, MergeStateMatchesCpuForEveryDtypeCombination) {
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
   for (DType da : all_dtypes())
     for (DType db : all_dtypes())
-      for (DType dout : all_dtypes()) check_pair(rng, 5, 3, kHeadDims[rng.integer(0, 3)], da, db, dout);
+      for (DType dout : all_dtypes())
+        check_pair(rng, 5, 3, kHeadDims[rng.integer(0, 3)], da, db, dout);
 }
 
 TEST(CudaMerge, MergeStateMatchesCpuForEveryHeadDim) {
@@ -107,10 +108,12 @@ TEST(CudaMerge, MergeStateInplaceMatchesCpuWithAndWithoutMask) {
         acc.fill_random(rng, -5.f, 5.f, 0.2);
         other.fill_random(rng, -5.f, 5.f, 0.2);
         std::vector<std::uint8_t> mask(tokens);
-        for (auto& m : mask) m = rng.chance(0.6) ? static_cast<std::uint8_t>(rng.integer(1, 255)) : 0;
+        for (auto& m : mask)
+          m = rng.chance(0.6) ? static_cast<std::uint8_t>(rng.integer(1, 255)) : 0;
         DeviceBuffer<std::uint8_t> dmask(mask);
         TestState want = acc.clone();
-        cpu::merge_state_inplace(want.host_view(), other.host_view(), masked ? mask.data() : nullptr);
+        cpu::merge_state_inplace(want.host_view(), other.host_view(),
+                                 masked ? mask.data() : nullptr);
         gpu::merge_state_inplace(acc.dev_view(), other.dev_view(), masked ? dmask.get() : nullptr);
         sync();
         acc.download();
@@ -122,7 +125,8 @@ TEST(CudaMerge, MergeStateInplaceMatchesCpuWithAndWithoutMask) {
 void check_stack(Rng& rng, StackOrder order, std::int64_t tokens, std::int64_t states,
                  std::int64_t heads, std::int64_t dim, DType din, DType dout, double p_empty) {
   SCOPED_TRACE(describe({din, dout}) + " S " + std::to_string(states) + " head_dim " +
-               std::to_string(dim) + (order == StackOrder::kTokensMajor ? " tokens-major" : " states-major"));
+               std::to_string(dim) +
+               (order == StackOrder::kTokensMajor ? " tokens-major" : " states-major"));
   TestStack stack(order, tokens, states, heads, dim, din, rng.base());
   stack.fill_random(rng, -10.f, 10.f, p_empty);
   TestState got(tokens, heads, dim, dout, rng.base());
@@ -236,7 +240,8 @@ TEST(CudaMerge, MergeStatesRaggedClampsOutOfRangeOffsets) {
   std::vector<std::int32_t> indptr = {0};
   for (std::int64_t t = 0; t < tokens; ++t) {
     const std::int64_t begin = std::min<std::int64_t>(std::max<std::int64_t>(bad[t], 0), nrows);
-    const std::int64_t end = std::min<std::int64_t>(std::max<std::int64_t>(bad[t + 1], begin), nrows);
+    const std::int64_t end =
+        std::min<std::int64_t>(std::max<std::int64_t>(bad[t + 1], begin), nrows);
     for (std::int64_t r = begin; r < end; ++r) gathered.push_back(r);
     indptr.push_back(static_cast<std::int32_t>(gathered.size()));
   }

@@ -98,10 +98,13 @@ struct GpuOut {
   cuda::DecodePlan plan;
 };
 
-GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base) {
+/// Runs the GPU decode; `variant` selects the kernel's load path (0: bulk copies, 1: cp.async).
+GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base,
+               int variant = 0) {
   DeviceProblem d(p);
   GpuOut r;
   r.plan = cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms());
+  r.plan.profile_variant = variant;
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, r.plan.workspace_bytes()));
   ws.poison();
   cuda::init_decode_workspace(r.plan, ws.get(), ws.bytes());
@@ -171,10 +174,13 @@ TEST(CudaDecode, MatchesReferenceAcrossShapes) {
     cfg.q_dtype = cfg.kv_dtype = c.dt;
     cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 300, 3, 1029};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
-    for (int n : {1, 3}) {
-      const GpuOut g = run_gpu(p, count_opts(n), c.od, c.base);
-      expect_matches_reference(p, g, c.od, c.base, cfg.name() + " splits " + std::to_string(n));
-    }
+    for (int n : {1, 3})
+      for (int variant : {0, 1}) {
+        const GpuOut g = run_gpu(p, count_opts(n), c.od, c.base, variant);
+        expect_matches_reference(p, g, c.od, c.base,
+                                 cfg.name() + " splits " + std::to_string(n) + " variant " +
+                                     std::to_string(variant));
+      }
   }
 }
 
@@ -189,11 +195,13 @@ TEST(CudaDecode, SplitCountsAndLengthEdges) {
     const std::int32_t pg = static_cast<std::int32_t>(page);
     cfg.seq_lens = {0, 1, pg - 1, pg, pg + 1, 95, 96, 97, 191, 192, 193, 287, 288, 289};
     const DecodeProblemHost p = make_decode_problem(cfg, 200 + page);
-    for (int n : {1, 2, 3, kMaxSplits}) {
-      const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural);
-      expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
-                               "page " + std::to_string(page) + " splits " + std::to_string(n));
-    }
+    for (int n : {1, 2, 3, kMaxSplits})
+      for (int variant : {0, 1}) {
+        const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural, variant);
+        expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
+                                 "page " + std::to_string(page) + " splits " +
+                                     std::to_string(n) + " variant " + std::to_string(variant));
+      }
     for (int size : {16, 96}) {
       DecodeOptions o;
       o.policy = SplitPolicy::kFixedSize;

@@ -83,6 +83,9 @@ struct CascadePlan {
   float scale = 0.f;                                  ///< Softmax scale (resolved, never 0).
   bool causal = true;                                 ///< Causal mask on the last level.
   int num_sms = 0;                                    ///< SMs planned for.
+  /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
+  /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix).
+  bool overlap_levels = true;
 
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }

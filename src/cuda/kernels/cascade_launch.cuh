@@ -26,46 +26,62 @@ inline bool cascade_tile_supported(int rows) { return rows == 16 || rows == 64 |
 /// Launches the level kernel of storage type `T` (one instantiation file per dtype).
 template <class T>
 void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
-                          dim3 grid, cudaStream_t stream);
+                          dim3 grid, bool pdl, cudaStream_t stream);
 
 /// Launches the bf16 level kernel (defined in cascade_level_bf16.cu).
 void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                               bool wgmma, dim3 grid, cudaStream_t stream);
+                               bool wgmma, dim3 grid, bool pdl, cudaStream_t stream);
 /// Launches the f16 level kernel (defined in cascade_level_f16.cu).
 void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                              bool wgmma, dim3 grid, cudaStream_t stream);
+                              bool wgmma, dim3 grid, bool pdl, cudaStream_t stream);
 
-/// Sets the shared-memory limit of one tile variant and launches it.
-template <class T, class Tile>
-void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, cudaStream_t stream) {
-  auto kernel = cascade_level_kernel<T, Tile>;
-  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            Tile::smem_bytes()));
-  kernel<<<grid, Tile::kThreads, Tile::smem_bytes(), stream>>>(p);
-  ATTNSTATE_CHECK_LAUNCH(stream, "cascade_level_kernel");
+/// Launches `kernel` on `stream`; with `pdl` as a programmatic dependent launch (it may start
+/// while the previous kernel of the stream runs; see detail::PdlScope).
+inline void launch_level_kernel(void (*kernel)(CascadeLevelParams), const CascadeLevelParams& p,
+                                dim3 grid, int threads, int smem, bool pdl, cudaStream_t stream,
+                                const char* name) {
+  ATTNSTATE_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  ATTNSTATE_CHECK_LAUNCH(stream, name);
 }
 
-/// Sets the shared-memory limit of one wgmma tile variant and launches it.
+/// Launches one mma.sync tile variant.
 template <class T, class Tile>
-void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, cudaStream_t stream) {
-  auto kernel = cascade_level_wgmma_kernel<T, Tile>;
-  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            Tile::smem_bytes()));
-  kernel<<<grid, Tile::kThreads, Tile::smem_bytes(), stream>>>(p);
-  ATTNSTATE_CHECK_LAUNCH(stream, "cascade_level_wgmma_kernel");
+void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, bool pdl, cudaStream_t stream) {
+  launch_level_kernel(cascade_level_kernel<T, Tile>, p, grid, Tile::kThreads, Tile::smem_bytes(),
+                      pdl, stream, "cascade_level_kernel");
+}
+
+/// Launches one wgmma tile variant.
+template <class T, class Tile>
+void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
+                               cudaStream_t stream) {
+  launch_level_kernel(cascade_level_wgmma_kernel<T, Tile>, p, grid, Tile::kThreads,
+                      Tile::smem_bytes(), pdl, stream, "cascade_level_wgmma_kernel");
 }
 
 template <class T, int D>
 void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wgmma, dim3 grid,
-                             cudaStream_t stream) {
+                             bool pdl, cudaStream_t stream) {
   if (wgmma && tile_rows == 64)
-    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, stream);
+    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, pdl, stream);
   if (wgmma && tile_rows == 128)
-    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 2>>(p, grid, stream);
+    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 2>>(p, grid, pdl, stream);
   switch (tile_rows) {
-    case 16: return launch_cascade_tile<T, CascadeTile<D, 1, 4>>(p, grid, stream);
-    case 64: return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, stream);
-    case 128: return launch_cascade_tile<T, CascadeTile<D, 8, 1>>(p, grid, stream);
+    case 16: return launch_cascade_tile<T, CascadeTile<D, 1, 4, 2, 4>>(p, grid, pdl, stream);
+    case 64: return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, pdl, stream);
+    case 128: return launch_cascade_tile<T, CascadeTile<D, 8, 1>>(p, grid, pdl, stream);
     default:
       ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "tile_rows", "16, 64 or 128",
                                           std::to_string(tile_rows), Status::kNotSupported);
@@ -74,10 +90,10 @@ void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wg
 
 template <class T>
 void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
-                          dim3 grid, cudaStream_t stream) {
+                          dim3 grid, bool pdl, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_cascade_head_dim<T, 64>(p, tile_rows, wgmma, grid, stream);
-    case 128: return launch_cascade_head_dim<T, 128>(p, tile_rows, wgmma, grid, stream);
+    case 64: return launch_cascade_head_dim<T, 64>(p, tile_rows, wgmma, grid, pdl, stream);
+    case 128: return launch_cascade_head_dim<T, 128>(p, tile_rows, wgmma, grid, pdl, stream);
     default:
       ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "head_dim", "64 or 128",
                                           std::to_string(head_dim), Status::kNotSupported);

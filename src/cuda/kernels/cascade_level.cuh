@@ -110,6 +110,25 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::ui
                : "r"(addr));
 }
 
+/// Programmatic dependent launch: on entry a CTA lets the next kernel of the stream start
+/// (`griddepcontrol.launch_dependents`); on exit the first CTA of the grid waits for the previous
+/// kernel to complete (`griddepcontrol.wait`). So a level kernel launched with programmatic
+/// serialization runs beside the one before it (its other CTAs come and go freely) but its grid
+/// never completes before that one, and the merge launched after it sees every level's writes.
+/// Both are no-ops without such a launch.
+struct PdlScope {
+  __device__ __forceinline__ PdlScope() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  }
+  __device__ __forceinline__ ~PdlScope() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    if (blockIdx.x == 0 && blockIdx.y == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  }
+};
+
 /// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
@@ -120,7 +139,7 @@ __device__ __forceinline__ int swz(int r, int c) {
 
 /// Tile configuration: `WM` warps along the rows (16 rows each), `WN` warps splitting the keys
 /// of each 64-token KV tile; `D` the head dim.
-template <int D_, int WM_, int WN_>
+template <int D_, int WM_, int WN_, int Stages_ = 3, int MinBlocks_ = (WM_ * WN_ >= 8 ? 1 : 2)>
 struct CascadeTile {
   static constexpr int D = D_;
   static constexpr int WM = WM_;
@@ -128,10 +147,10 @@ struct CascadeTile {
   static constexpr int BM = 16 * WM;        ///< Query rows per CTA.
   static constexpr int BN = 64;             ///< Keys per KV tile.
   static constexpr int BNW = BN / WN;       ///< Keys per warp per KV tile.
-  static constexpr int kStages = 3;         ///< cp.async pipeline depth.
+  static constexpr int kStages = Stages_;   ///< cp.async pipeline depth.
   static constexpr int kThreads = 32 * WM * WN;
   static constexpr int kChunks = D / 8;     ///< 16-byte chunks per row.
-  static constexpr int kMinBlocks = kThreads >= 256 ? 1 : 2;
+  static constexpr int kMinBlocks = MinBlocks_;  ///< CTAs per SM the registers must allow.
   /// Dynamic shared memory in bytes.
   static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2; }
   static_assert(BNW % 16 == 0, "each warp needs whole 16-key steps");
@@ -152,6 +171,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   T* s_k = s_q + BM * D;
   T* s_v = s_k + kStages * BN * D;
 
+  const detail::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wm = warp % WM, wn = warp / WM;
   const int h_kv = blockIdx.y;

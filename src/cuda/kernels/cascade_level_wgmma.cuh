@@ -216,7 +216,9 @@ struct CascadeWgmmaTile {
   static constexpr int kStages = 3;
   static constexpr int kThreads = 128 * NWG;
   static constexpr int kChunks = D / 8;
-  static constexpr int kMinBlocks = NWG >= 2 ? 1 : 2;
+  /// Register cap: leaves room on an SM for a CTA of the 16-row kernel beside one of these (so
+  /// a unique-suffix level can overlap a shared-prefix level), and 2 CTAs of 64 rows.
+  static constexpr int kMaxRegs = NWG >= 2 ? 192 : 224;
   /// Dynamic shared memory in bytes (+1 KiB to align the swizzle atoms to 1024 bytes).
   static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2 + 1024; }
   static_assert(D == 64 || D == 128, "wgmma path: head_dim 64 or 128");
@@ -224,8 +226,7 @@ struct CascadeWgmmaTile {
 
 /// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`.
 template <class T, class Tile>
-__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
-    cascade_level_wgmma_kernel(const CascadeLevelParams p) {
+__global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const CascadeLevelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN;
   constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads, kChunks = Tile::kChunks;
@@ -238,6 +239,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   T* s_k = s_q + BM * D;
   T* s_v = s_k + kStages * BN * D;
 
+  const detail::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h_kv = blockIdx.y;
   int x = blockIdx.x;

@@ -28,17 +28,25 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Shared-memory bytes of the decode kernel for head dim `D` and `max_splits` splits.
-__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int max_splits) {
+/// Elements per K/V tile row in shared memory: bulk (TMA) copies land in rows padded by 16 bytes
+/// (conflict-free ldmatrix without a swizzle), cp.async copies in XOR-swizzled dense rows.
+__host__ __device__ constexpr int decode_row_elems(int D, bool tma) { return tma ? D + 8 : D; }
+
+/// Bytes of the per-warp, per-stage mbarriers.
+constexpr std::int64_t kDecodeBarBytes = std::int64_t{kDecodeWarps} * kDecodeStages * 8;
+
+/// Shared-memory bytes of the decode kernel for head dim `D` and `max_splits` splits:
+/// queries, then the pipeline (aliased by the merge scratch), the mbarriers and a flag.
+__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int max_splits, bool tma) {
   const std::int64_t q_bytes = std::int64_t{kDecodeTileRows} * D * 2;
-  const std::int64_t pipe =
-      std::int64_t{kDecodeWarps} * kDecodeStages * 2 * kDecodeTileRows * D * 2;
+  const std::int64_t pipe = std::int64_t{kDecodeWarps} * kDecodeStages * 2 * kDecodeTileRows *
+                            decode_row_elems(D, tma) * 2;
   const std::int64_t merge =
       std::int64_t{kDecodeWarps} * kDecodeTileRows * (D + 2) * 4 + kDecodeTileRows * 8 * 4;
   const std::int64_t combine = std::int64_t{kDecodeTileRows} * (2 * max_splits + 4) * 4;
   std::int64_t body = pipe > merge ? pipe : merge;
   body = body > combine ? body : combine;
-  return q_bytes + body + 16;
+  return q_bytes + body + kDecodeBarBytes + 16;
 }
 
 /// Stores one fp32 value as `dt` at element `off` of `base`.
@@ -51,8 +59,9 @@ __device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off,
 }
 
 /// Split-KV decode kernel for head dim `D`; `kBF16` selects bf16 (else f16) queries and KV;
-/// `kPrefetch` adds the 256-byte L2 prefetch hint to the KV loads.
-template <int D, bool kBF16, bool kPrefetch>
+/// `kTma` loads K/V rows with bulk (TMA) copies completing on mbarriers, else with 16-byte
+/// cp.async copies.
+template <int D, bool kBF16, bool kTma>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
     decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
@@ -60,7 +69,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   constexpr int kThreads = kDecodeWarps * 32;
   constexpr int kCpr = D / 8;              // 16-byte chunks per row
   constexpr int kChunksPerLane = kRows * kCpr / 32;
-  constexpr int kTileElems = kRows * D;    // one K or V tile of 16 tokens
+  constexpr int kRowElems = decode_row_elems(D, kTma);
+  constexpr int kTileElems = kRows * kRowElems;  // one K or V tile of 16 tokens
   constexpr int kNT = D / 8;               // n-tiles of the output
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -184,31 +194,63 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       return spec_pid < p.num_pages ? spec_pid : p.num_pages - 1;
     return page_id(t0 / p.page_size);
   };
+  // mbarriers of this warp's stages (bulk-copy path).
+  const std::uint32_t bar0 =
+      smem_addr(smem + decode_smem_bytes(D, static_cast<int>(S), kTma) - 16 - kDecodeBarBytes) +
+      warp * kDecodeStages * 8;
   auto load_tile = [&](int it, int stage, std::int64_t pid) {
     const int t0 = range.begin + (warp + kDecodeWarps * it) * kRows;
     Elem* kd = kbuf + stage * 2 * kTileElems;
     Elem* vd = kd + kTileElems;
     const std::int64_t tile_page_base = pid * p.page_elems;
     const int slot0 = tile_in_page ? t0 % p.page_size : 0;
-#pragma unroll
-    for (int i = 0; i < kChunksPerLane; ++i) {
-      const int c = lane + 32 * i;
-      const int r = c / kCpr;
-      const int col = c % kCpr;
-      const int t = t0 + r;
-      const bool valid = t < range.end;
-      std::int64_t off = 0;
-      if (valid) {
-        if (tile_in_page) {
-          off = tile_page_base + in_page(slot0 + r);
-        } else {
-          off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size);
+    if constexpr (kTma) {
+      const int valid = min(kRows, range.end - t0);
+      if (valid < kRows) {  // zero the rows past the end (their probabilities are 0, V must be finite)
+        for (int c = lane; c < (kRows - valid) * kCpr; c += 32) {
+          const int r = valid + c / kCpr;
+          const int col = c % kCpr;
+          *reinterpret_cast<uint4*>(kd + r * kRowElems + col * 8) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(vd + r * kRowElems + col * 8) = make_uint4(0, 0, 0, 0);
         }
-        off += col * 8;
+        fence_async_shared();
       }
-      const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
-      cp_async_16<kPrefetch>(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
-      cp_async_16<kPrefetch>(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
+      __syncwarp();
+      const std::uint32_t bar = bar0 + stage * 8;
+      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<std::uint32_t>(valid) * D * 2 * 2);
+      __syncwarp();
+      const int r = lane & 15;
+      if (r < valid) {
+        const int t = t0 + r;
+        const std::int64_t off = tile_in_page
+                                     ? tile_page_base + in_page(slot0 + r)
+                                     : page_id(t / p.page_size) * p.page_elems +
+                                           in_page(t % p.page_size);
+        const Elem* src = (lane < 16 ? kpool : vpool) + off;
+        Elem* dst = (lane < 16 ? kd : vd) + r * kRowElems;
+        bulk_copy(smem_addr(dst), src, D * 2, bar);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunksPerLane; ++i) {
+        const int c = lane + 32 * i;
+        const int r = c / kCpr;
+        const int col = c % kCpr;
+        const int t = t0 + r;
+        const bool valid = t < range.end;
+        std::int64_t off = 0;
+        if (valid) {
+          if (tile_in_page) {
+            off = tile_page_base + in_page(slot0 + r);
+          } else {
+            off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size);
+          }
+          off += col * 8;
+        }
+        const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
+        cp_async_16(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
+        cp_async_16(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
+      }
     }
   };
 
@@ -217,10 +259,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
   math::OnlineSoftmax os[2];
 
+  if constexpr (kTma) {
+    if (lane == 0)
+      for (int st = 0; st < kDecodeStages; ++st) mbar_init(bar0 + st * 8, 1);
+    fence_async_shared();
+    __syncwarp();
+  }
 #pragma unroll
   for (int st = 0; st < kDecodeStages - 1; ++st) {
     if (st < my_tiles) load_tile(st, st, tile_pid(st));
-    cp_async_commit();
+    if constexpr (!kTma) cp_async_commit();
   }
   // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
   std::int64_t pid_next = tile_pid(kDecodeStages - 1);
@@ -228,9 +276,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   for (int it = 0; it < my_tiles; ++it) {
     const int nxt = it + kDecodeStages - 1;
     if (nxt < my_tiles) load_tile(nxt, nxt % kDecodeStages, pid_next);
-    cp_async_commit();
     pid_next = tile_pid(nxt + 1);
-    cp_async_wait<kDecodeStages - 1>();
+    if constexpr (kTma) {
+      mbar_wait(bar0 + (it % kDecodeStages) * 8, (it / kDecodeStages) & 1);
+    } else {
+      cp_async_commit();
+      cp_async_wait<kDecodeStages - 1>();
+    }
     __syncwarp();
 
     const int stage = it % kDecodeStages;
@@ -252,7 +304,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
         const int mi = lane >> 3;
         const int r = ((mi >> 1) << 3) + (lane & 7);
         const int c = kk * 2 + (mi & 1);
-        ldmatrix_x4(bk, smem_addr(ks + r * D + ((c ^ (r & 7)) << 3)));
+        ldmatrix_x4(bk, smem_addr(ks + (kTma ? r * kRowElems + (c << 3)
+                                              : r * D + ((c ^ (r & 7)) << 3))));
       }
       mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
       mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
@@ -306,7 +359,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       std::uint32_t bv[4];
       const int r = lane & 15;
       const int c = jj * 2 + (lane >> 4);
-      ldmatrix_x4_trans(bv, smem_addr(vs + r * D + ((c ^ (r & 7)) << 3)));
+      ldmatrix_x4_trans(bv, smem_addr(vs + (kTma ? r * kRowElems + (c << 3)
+                                                 : r * D + ((c ^ (r & 7)) << 3))));
       mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
       mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
     }
@@ -395,7 +449,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   if (single || p.skip_combine) return;
 
   // ---- ticket: the last CTA of this (request, KV head, row tile) merges the splits ----
-  int* is_last = reinterpret_cast<int*>(smem + decode_smem_bytes(D, static_cast<int>(S)) - 16);
+  int* is_last =
+      reinterpret_cast<int*>(smem + decode_smem_bytes(D, static_cast<int>(S), kTma) - 16);
   __threadfence();
   __syncthreads();
   if (tid == 0) {

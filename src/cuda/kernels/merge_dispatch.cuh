@@ -37,7 +37,8 @@ void dispatch_in_out(DType in, DType out, F&& f) {
 /// Calls `f(TA{}, TB{}, TOut{})` with the storage types of `a`, `b` and `out`.
 template <class F>
 void dispatch_pair(DType a, DType b, DType out, F&& f) {
-  dispatch_dtype(a, [&](auto ta) { dispatch_in_out(b, out, [&](auto tb, auto to) { f(ta, tb, to); }); });
+  dispatch_dtype(
+      a, [&](auto ta) { dispatch_in_out(b, out, [&](auto tb, auto to) { f(ta, tb, to); }); });
 }
 
 }  // namespace kernels

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
 #include <initializer_list>
 
@@ -67,13 +66,6 @@ inline LaunchShape launch_shape(std::int64_t total_threads, int resident_blocks_
                      threads};
 }
 
-/// Whether the kernels prefetch the next batch or row into L2 (`ATTNSTATE_MERGE_PREFETCH=0`
-/// turns it off, for measurements).
-inline bool prefetch_enabled() {
-  const char* v = std::getenv("ATTNSTATE_MERGE_PREFETCH");
-  return v == nullptr || v[0] != '0';
-}
-
 /// How the threads of a warp split one row of `head_dim` elements: `group` threads (a power of
 /// two, at most 32, lanes of one warp) each handling `chunks` chunks of `kChunk` elements.
 struct RowSplit {
@@ -93,7 +85,8 @@ inline RowSplit row_split(std::int64_t head_dim) {
 
 /// True when `p` is 16-byte aligned and every stride (in elements of `elem_size` bytes) keeps it
 /// so: the condition for vector loads and stores of chunks.
-inline bool vec_aligned(const void* p, std::size_t elem_size, std::initializer_list<std::int64_t> strides) {
+inline bool vec_aligned(const void* p, std::size_t elem_size,
+                        std::initializer_list<std::int64_t> strides) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16u != 0) return false;
   for (std::int64_t s : strides) {
     if ((s * static_cast<std::int64_t>(elem_size)) % 16 != 0) return false;

@@ -18,13 +18,12 @@ constexpr int kMaxChunks = 2;
 
 /// Arguments of `merge_pair_kernel`.
 struct PairArgs {
-  ConstStateView a;               ///< First input.
-  ConstStateView b;               ///< Second input.
-  StateView out;                  ///< Output; may alias `a` or `b` exactly.
-  const std::uint8_t* mask;       ///< Optional per-token mask; tokens with 0 are not written.
-  RowSplit split;                 ///< Threads and chunks per row.
-  bool aligned;                   ///< All `o` views allow 16-byte vector access.
-  bool prefetch;                  ///< Prefetch the next row into L2 while loading one.
+  ConstStateView a;          ///< First input.
+  ConstStateView b;          ///< Second input.
+  StateView out;             ///< Output; may alias `a` or `b` exactly.
+  const std::uint8_t* mask;  ///< Optional per-token mask; tokens with 0 are not written.
+  RowSplit split;            ///< Threads and chunks per row.
+  bool aligned;              ///< All `o` views allow 16-byte vector access.
 };
 
 /// `out[t, h] = a[t, h] ⊕ b[t, h]`, one row per `split.group` lanes, grid-stride over rows.
@@ -64,24 +63,6 @@ __global__ void __launch_bounds__(kMergeBlock) merge_pair_kernel(PairArgs args) 
       }
       la = math::convert_lse(args.a.lse[args.a.lse_offset(token, head)], args.a.base, base);
       lb = math::convert_lse(args.b.lse[args.b.lse_offset(token, head)], args.b.base, base);
-    }
-    if (args.prefetch && i + stride < total) {  // the row this thread merges next, into L2
-      const std::int64_t nrow = (i + stride) >> args.split.shift;
-      const std::int64_t ntoken = nrow / heads;
-      const std::int64_t nhead = nrow - ntoken * heads;
-      const TA* na = static_cast<const TA*>(args.a.o) + args.a.o_offset(ntoken, nhead);
-      const TB* nb = static_cast<const TB*>(args.b.o) + args.b.o_offset(ntoken, nhead);
-#pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) {
-        if (c < args.split.chunks) {
-          prefetch_chunk_l2(na + (g + c * group) * kChunk);
-          prefetch_chunk_l2(nb + (g + c * group) * kChunk);
-        }
-      }
-      if (g == 0) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(args.a.lse + args.a.lse_offset(ntoken, nhead)));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(args.b.lse + args.b.lse_offset(ntoken, nhead)));
-      }
     }
     __syncwarp();  // every lane has read its LSEs before lane 0 of a row may overwrite one
     if (!active) continue;

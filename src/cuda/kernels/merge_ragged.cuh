@@ -1,6 +1,7 @@
 /// @file merge_ragged.cuh
-/// @brief Kernel of `merge_states_ragged`: `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`
-///        with `indptr` read (and clamped) on the device.
+/// @brief Kernel of `merge_states_ragged`:
+///        `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`, `indptr` read (and clamped)
+///        on the device.
 #pragma once
 
 #include <cstdint>
@@ -48,9 +49,7 @@ __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_ragged_kern
     rows.count_max = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(count)));
     rows.in_base = args.in.base;
     float acc[kChunk];
-    const NextRow<TIn> none{nullptr, nullptr, 0};  // unknown before its indptr is read
-    const math::MergeResult r =
-        merge_row(rows, none, args.out.base, args.group, args.aligned, args.prefetch, acc);
+    const math::MergeResult r = merge_row(rows, args.out.base, args.group, args.aligned, acc);
     if (active) store_row<TO>(args.out, token, head, chunk, args.aligned, acc, r);
   }
 }

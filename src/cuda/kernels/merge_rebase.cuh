@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(kMergeBlock) rebase_kernel(RebaseArgs args) {
   const std::int64_t heads = args.out.heads;
   const std::int64_t total = (args.out.tokens * heads) << args.split.shift;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < total; i += stride) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
     const std::int64_t row = i >> args.split.shift;
     const std::int64_t token = row / heads;
     const std::int64_t head = row - token * heads;
@@ -50,9 +50,8 @@ __global__ void __launch_bounds__(kMergeBlock) rebase_kernel(RebaseArgs args) {
       }
     }
     if (g == 0) {
-      args.out.lse[args.out.lse_offset(token, head)] =
-          math::convert_lse(args.in.lse[args.in.lse_offset(token, head)], args.in.base,
-                            args.out.base);
+      args.out.lse[args.out.lse_offset(token, head)] = math::convert_lse(
+          args.in.lse[args.in.lse_offset(token, head)], args.in.base, args.out.base);
     }
   }
 }

@@ -2,7 +2,7 @@
 /// @brief The n-ary merge of one row `(token, head)` on the GPU, shared by the stack and the
 ///        ragged kernels: all LSEs first (max and weights once per row, spread over the row's
 ///        lanes), then `o` streamed in batches of 16-byte loads, the first batch issued together
-///        with the LSE loads and each next batch (or the next row) prefetched into L2.
+///        with the LSE loads and each next batch of the row prefetched into L2.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,9 @@ namespace kernels {
 
 /// NaN-propagating max, as a functor for `group_reduce`.
 struct NanMaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return math::nan_max(a, b); }
+  __device__ __forceinline__ float operator()(float a, float b) const {
+    return math::nan_max(a, b);
+  }
 };
 /// Sum, as a functor for `group_reduce`.
 struct SumOp {
@@ -27,16 +29,16 @@ struct SumOp {
 /// Where the inputs of one row live and how many there are.
 template <class TIn>
 struct RowInputs {
-  const TIn* o;            ///< This thread's chunk of `o` of input 0.
-  std::int64_t o_step;     ///< Elements between the `o` of consecutive inputs.
-  const float* lse;        ///< LSE of input 0.
-  std::int64_t lse_step;   ///< Elements between the LSEs of consecutive inputs.
-  int count;               ///< Inputs of this row (0 for a lane without a row).
-  int count_max;           ///< Largest `count` over the warp (warp-uniform).
-  LseBase in_base;         ///< Base of the input LSEs.
+  const TIn* o;           ///< This thread's chunk of `o` of input 0.
+  std::int64_t o_step;    ///< Elements between the `o` of consecutive inputs.
+  const float* lse;       ///< LSE of input 0.
+  std::int64_t lse_step;  ///< Elements between the LSEs of consecutive inputs.
+  int count;              ///< Inputs of this row (0 for a lane without a row).
+  int count_max;          ///< Largest `count` over the warp (warp-uniform).
+  LseBase in_base;        ///< Base of the input LSEs.
 };
 
-/// Chunks of `o` loaded per batch: 16 bytes of registers... times 8 chunks of 16-bit data.
+/// Chunks of `o` a thread loads per batch (128 bytes: 8 chunks of 16-bit data, 4 of f32).
 template <class TIn>
 constexpr int in_flight() {
   return 16 / static_cast<int>(sizeof(TIn));
@@ -51,37 +53,17 @@ __device__ __forceinline__ void prefetch_batch(const RowInputs<TIn>& r, int star
   }
 }
 
-/// The row a thread merges after the current one (same input steps), for L2 prefetching.
-template <class TIn>
-struct NextRow {
-  const TIn* o;      ///< This thread's chunk of `o` of input 0 of the next row.
-  const float* lse;  ///< LSE of input 0 of the next row.
-  int count;         ///< Inputs of the next row (0: none, nothing is prefetched).
-};
-
-/// Prefetches the first batch of the row `next` and this lane's first LSE of it.
-template <class TIn>
-__device__ __forceinline__ void prefetch_row(const RowInputs<TIn>& in, const NextRow<TIn>& next,
-                                             int g) {
-#pragma unroll
-  for (int u = 0; u < in_flight<TIn>(); ++u) {
-    if (u < next.count) prefetch_chunk_l2(next.o + u * in.o_step);
-  }
-  if (g < next.count) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(next.lse + g * in.lse_step));
-  }
-}
-
 /// Merges the `count` inputs of this thread's row. `group` lanes (a power of two ≤ 32, aligned
 /// within the warp) share the row's LSE work; every lane of the warp must call this (the loops
-/// over inputs are warp-uniform). `next` is the row this thread merges next (count 0 if none),
-/// prefetched into L2 while this one is loaded when `prefetch` is set. Returns the chunk `acc`
-/// (to be scaled by `inv_sum`; all-empty rows must be written as 0) and the merged LSE in `base`,
-/// via math::merge_weight and math::merge_finalize.
+/// over inputs are warp-uniform). Returns the chunk `acc` (to be scaled by `inv_sum`; all-empty
+/// rows must be written as 0) and the merged LSE in `base`, via math::merge_weight and
+/// math::merge_finalize.
+///
+/// Rows of more than one batch prefetch the next batch into L2 while one is loaded (measured
+/// faster on the H200 at S = 32); prefetching the next row as well was measured slower.
 template <class TIn>
-__device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in,
-                                                       const NextRow<TIn>& next, LseBase base,
-                                                       int group, bool aligned, bool prefetch,
+__device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in, LseBase base,
+                                                       int group, bool aligned,
                                                        float (&acc)[kChunk]) {
   constexpr int kInFlight = in_flight<TIn>();
   constexpr int kKeep = 2;  // LSE tiles kept in registers between the two passes
@@ -97,10 +79,7 @@ __device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in,
   for (int u = 0; u < kInFlight; ++u) {
     if (u < in.count) load_chunk_stream(c[u], in.o + u * in.o_step, aligned);
   }
-  if (prefetch) {
-    if (in.count_max > kInFlight) prefetch_batch(in, kInFlight);
-    else prefetch_row(in, next, g);
-  }
+  if (in.count_max > kInFlight) prefetch_batch(in, kInFlight);
 
   // 1. The maximum LSE of the row, each lane taking inputs g, g + group, ...
   float m = math::neg_inf();
@@ -148,12 +127,10 @@ __device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in,
         // Loaded before the weights are known (an empty input's chunk is loaded, never used).
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
-          if (start + u < in.count) load_chunk_stream(c[u], in.o + (start + u) * in.o_step, aligned);
+          if (start + u < in.count)
+            load_chunk_stream(c[u], in.o + (start + u) * in.o_step, aligned);
         }
-        if (prefetch) {
-          if (start + kInFlight < in.count_max) prefetch_batch(in, start + kInFlight);
-          else prefetch_row(in, next, g);
-        }
+        if (start + kInFlight < in.count_max) prefetch_batch(in, start + kInFlight);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {

@@ -19,13 +19,12 @@ constexpr int kRowsMinBlocks = 3;
 
 /// Arguments of the n-ary kernels (`merge_stack_kernel`, `merge_ragged_kernel`).
 struct RowsArgs {
-  ConstStateStackView in;       ///< The inputs (a stack; for ragged rows, `num_states` is unused).
-  StateView out;                ///< Output `(tokens, heads, head_dim)`.
-  const std::int32_t* indptr;   ///< Ragged offsets `(out.tokens + 1)` (ragged kernel only).
-  int row_shift;                ///< log2 of the threads per row (`head_dim / kChunk`).
-  int group;                    ///< Lanes sharing a row's LSE work: min(threads per row, 32).
-  bool aligned;                 ///< All `o` views allow 16-byte vector access.
-  bool prefetch;                ///< Prefetch the next batch / row into L2 while loading one.
+  ConstStateStackView in;      ///< The inputs (a stack; for ragged rows, `num_states` is unused).
+  StateView out;               ///< Output `(tokens, heads, head_dim)`.
+  const std::int32_t* indptr;  ///< Ragged offsets `(out.tokens + 1)` (ragged kernel only).
+  int row_shift;               ///< log2 of the threads per row (`head_dim / kChunk`).
+  int group;                   ///< Lanes sharing a row's LSE work: min(threads per row, 32).
+  bool aligned;                ///< All `o` views allow 16-byte vector access.
 };
 
 /// Writes the merged chunk (and, from the row's first thread, the LSE).
@@ -71,14 +70,8 @@ __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_stack_kerne
        i - lane < total; i += stride) {  // warp-uniform trip count
     const bool active = i < total;
     const RowInputs<TIn> rows = row_inputs(i);
-    NextRow<TIn> next{nullptr, nullptr, 0};
-    if (args.prefetch) {
-      const RowInputs<TIn> n = row_inputs(i + stride);
-      next = NextRow<TIn>{n.o, n.lse, n.count};
-    }
     float acc[kChunk];
-    const math::MergeResult r =
-        merge_row(rows, next, args.out.base, args.group, args.aligned, args.prefetch, acc);
+    const math::MergeResult r = merge_row(rows, args.out.base, args.group, args.aligned, acc);
     if (active) {
       const std::int64_t row = i >> args.row_shift;
       const std::int64_t token = row / heads;

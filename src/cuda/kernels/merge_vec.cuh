@@ -44,8 +44,8 @@ __device__ __forceinline__ void load_chunk_stream(Chunk<T>& c, const T* p, bool 
     for (int k = 0; k < Chunk<T>::kWords; ++k) {
       uint4& w = c.w[k];
       asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
-                   : "l"(reinterpret_cast<const uint4*>(p) + k));
+          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+          : "l"(reinterpret_cast<const uint4*>(p) + k));
     }
   } else {
 #pragma unroll
