@@ -2,7 +2,8 @@
 /// @brief CPU benchmark: `cpu::merge_states` over >= 1 GiB of input states against this
 ///        machine's multi-threaded memcpy bandwidth measured in the same run.
 ///
-/// Usage: `bench_cpu_merge [--quick] [--csv <path>]`. Each case runs once to warm up, then is
+/// Usage: `bench_cpu_merge [--quick] [--csv <path>] [--threads <n>]` (default: all hardware
+/// threads; memcpy and the merges use the same pool). Each case runs once to warm up, then is
 /// timed `repeats` times, each timed run of the merge right after a timed memcpy of the same
 /// input size (so both see the same machine load); medians are reported, and the fraction is
 /// median merge GB/s over median memcpy GB/s of that case. GB/s counts bytes read plus bytes
@@ -135,8 +136,10 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--csv" && i + 1 < argc) {
       csv = argv[++i];
+    } else if (a == "--threads" && i + 1 < argc) {
+      cpu::set_num_threads(std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--csv <path>]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--csv <path>] [--threads <n>]\n", argv[0]);
       return 2;
     }
   }

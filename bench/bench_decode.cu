@@ -113,14 +113,16 @@ int main(int argc, char** argv) {
   std::string csv_path;
   bool quick = false;
   int force_splits = 0;
-  int variant = 0;
   bool explore = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) force_splits = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--variant") && i + 1 < argc) variant = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--explore")) explore = true;
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+      csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc)
+      force_splits = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--explore"))
+      explore = true;
   }
   try {
     Bench bench;
@@ -194,25 +196,27 @@ int main(int argc, char** argv) {
 
     std::printf("# %s, %d SMs; device-to-device copy %.0f GB/s (read + written)\n", prop.name,
                 bench.num_sms, copy_gbps);
-    std::printf("# decode bf16, head_dim %d, H_kv %d, pages of %d tokens NHD (block table); "
-                "times are medians with L2 flushed\n", kHeadDim, kHeadsKv, kPage);
+    std::printf(
+        "# decode bf16, head_dim %d, H_kv %d, pages of %d tokens NHD (block table); "
+        "times are medians with L2 flushed\n",
+        kHeadDim, kHeadsKv, kPage);
     std::printf("%6s %6s %6s %8s %6s %9s %7s %6s %6s %9s %7s %7s %9s %7s\n", "Hq/Hkv", "batch",
-                "ctx", "KV_MiB", "splits", "time_us", "GB/s", "%copy", "comb%", "s1_us",
-                "s1_GB/s", "auto/s1", "anchor", "vs_best");
+                "ctx", "KV_MiB", "splits", "time_us", "GB/s", "%copy", "comb%", "s1_us", "s1_GB/s",
+                "auto/s1", "anchor", "vs_best");
     FILE* csv = nullptr;
     if (!csv_path.empty()) {
       csv = std::fopen(csv_path.c_str(), "w");
       if (csv)
-        std::fprintf(csv, "heads_q,heads_kv,batch,ctx,kv_mib,splits,time_us,gbps,frac_copy,"
-                          "combine_share,s1_time_us,s1_gbps,copy_gbps,anchor_gbps,anchor\n");
+        std::fprintf(csv,
+                     "heads_q,heads_kv,batch,ctx,kv_mib,splits,time_us,gbps,frac_copy,"
+                     "combine_share,s1_time_us,s1_gbps,copy_gbps,anchor_gbps,anchor\n");
     }
     for (int hq : hqs) {
       for (int batch : batches) {
         for (int ctx_k : ctxs_k) {
           const int ctx = ctx_k * 1024;
           std::vector<std::int32_t> lens(batch, ctx);
-          ATTNSTATE_CUDA_CHECK(
-              cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
+          ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
           DecodeProblem pr;
           pr.batch = batch;
           pr.q_len = 1;
@@ -244,28 +248,24 @@ int main(int argc, char** argv) {
             opt.num_splits = force_splits;
           }
           cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, bench.num_sms);
-          plan.profile_variant = variant;
           if (explore) {
-            // Kernel variants and split counts at this point (time in µs).
+            // Split counts at this point (time in µs).
             std::printf("explore %d/%d b%d %dk:", hq, kHeadsKv, batch, ctx_k);
-            for (int var : {0, 1}) {
-              for (int ns : {1, 2, 4, 8, 16, 24, 32, 33, 64, 66, 132}) {
-                if (ns > 1 && std::int64_t{ctx} / ns < 64) continue;
-                DecodeOptions eo;
-                eo.policy = SplitPolicy::kFixedCount;
-                eo.num_splits = ns;
-                cuda::DecodePlan ep = cuda::plan_decode(pr, lens.data(), eo, bench.num_sms);
-                ep.profile_variant = var;
-                void* ews = nullptr;
-                const std::size_t eb = std::max<std::size_t>(256, ep.workspace_bytes());
-                ATTNSTATE_CUDA_CHECK(cudaMalloc(&ews, eb));
-                cuda::init_decode_workspace(ep, ews, eb, bench.stream);
-                const double et = bench.time_us(quick ? 7 : 15, [&] {
-                  cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream);
-                });
-                ATTNSTATE_CUDA_CHECK(cudaFree(ews));
-                std::printf(" v%d/s%d=%.1f", var, ns, et);
-              }
+            for (int ns : {1, 2, 4, 8, 16, 24, 32, 33, 64, 66, 132}) {
+              if (ns > 1 && std::int64_t{ctx} / ns < 64) continue;
+              DecodeOptions eo;
+              eo.policy = SplitPolicy::kFixedCount;
+              eo.num_splits = ns;
+              cuda::DecodePlan ep = cuda::plan_decode(pr, lens.data(), eo, bench.num_sms);
+              void* ews = nullptr;
+              const std::size_t eb = std::max<std::size_t>(256, ep.workspace_bytes());
+              ATTNSTATE_CUDA_CHECK(cudaMalloc(&ews, eb));
+              cuda::init_decode_workspace(ep, ews, eb, bench.stream);
+              const double et = bench.time_us(quick ? 7 : 15, [&] {
+                cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream);
+              });
+              ATTNSTATE_CUDA_CHECK(cudaFree(ews));
+              std::printf(" s%d=%.1f", ns, et);
             }
             std::printf("\n");
             std::fflush(stdout);
@@ -279,24 +279,20 @@ int main(int argc, char** argv) {
           const std::size_t ws_bytes = std::max<std::size_t>(256, plan.workspace_bytes());
           ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
           cuda::init_decode_workspace(plan, ws, ws_bytes, bench.stream);
-          const std::int64_t kv_bytes =
-              std::int64_t{batch} * ctx * kHeadsKv * kHeadDim * 2 * 2;
+          const std::int64_t kv_bytes = std::int64_t{batch} * ctx * kHeadsKv * kHeadDim * 2 * 2;
           const int reps = quick ? 15 : (kv_bytes > (std::int64_t{1} << 31) ? 20 : 60);
-          const double t = bench.time_us(reps, [&] {
-            cuda::run_decode(plan, qv, kv, out, ws, ws_bytes, bench.stream);
-          });
+          const double t = bench.time_us(
+              reps, [&] { cuda::run_decode(plan, qv, kv, out, ws, ws_bytes, bench.stream); });
           double comb = 0;
           if (plan.splits.max_splits > 1) {
             cuda::DecodePlan skip = plan;
             skip.profile_skip_combine = true;
-            const double ts = bench.time_us(reps, [&] {
-              cuda::run_decode(skip, qv, kv, out, ws, ws_bytes, bench.stream);
-            });
+            const double ts = bench.time_us(
+                reps, [&] { cuda::run_decode(skip, qv, kv, out, ws, ws_bytes, bench.stream); });
             comb = std::max(0.0, (t - ts) / t);
           }
-          const double t1 = bench.time_us(reps, [&] {
-            cuda::run_decode(plan1, qv, kv, out, ws, ws_bytes, bench.stream);
-          });
+          const double t1 = bench.time_us(
+              reps, [&] { cuda::run_decode(plan1, qv, kv, out, ws, ws_bytes, bench.stream); });
           ATTNSTATE_CUDA_CHECK(cudaFree(ws));
           const double gbps = kv_bytes / (t * 1e-6) / 1e9;
           const double gbps1 = kv_bytes / (t1 * 1e-6) / 1e9;
@@ -306,11 +302,12 @@ int main(int argc, char** argv) {
             std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.splits_for(ctx));
           else
             std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.num_splits);
-          std::printf("%3d/%-2d %6d %5dk %8.0f %6s %9.1f %7.0f %5.0f%% %5.1f%% %9.1f %7.0f %6.2fx "
-                      "%5.0f %-5s %6.2fx\n",
-                      hq, kHeadsKv, batch, ctx_k, kv_bytes / 1048576.0, splits_s, t, gbps,
-                      100.0 * gbps / copy_gbps, 100.0 * comb, t1, gbps1, t1 / t,
-                      a ? a->gbps : 0.0, a ? a->who : "-", a ? gbps / a->gbps : 0.0);
+          std::printf(
+              "%3d/%-2d %6d %5dk %8.0f %6s %9.1f %7.0f %5.0f%% %5.1f%% %9.1f %7.0f %6.2fx "
+              "%5.0f %-5s %6.2fx\n",
+              hq, kHeadsKv, batch, ctx_k, kv_bytes / 1048576.0, splits_s, t, gbps,
+              100.0 * gbps / copy_gbps, 100.0 * comb, t1, gbps1, t1 / t, a ? a->gbps : 0.0,
+              a ? a->who : "-", a ? gbps / a->gbps : 0.0);
           std::fflush(stdout);
           if (csv)
             std::fprintf(csv, "%d,%d,%d,%d,%.1f,%s,%.2f,%.1f,%.4f,%.4f,%.2f,%.1f,%.1f,%.0f,%s\n",

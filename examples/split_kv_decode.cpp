@@ -63,8 +63,8 @@ int main() {
 
   // 1. Decode segment A: state_a (batch, hq, D), f32, natural-log LSE.
   std::vector<float> oa(batch * hq * D), la(batch * hq);
-  StateView state_a = make_state_view(oa.data(), DType::kF32, la.data(), batch, hq, D,
-                                      LseBase::kNatural);
+  StateView state_a =
+      make_state_view(oa.data(), DType::kF32, la.data(), batch, hq, D, LseBase::kNatural);
   const char* where = "cpu";
   int splits = 0;
 #if defined(ATTNSTATE_HAS_CUDA)
@@ -104,10 +104,11 @@ int main() {
     dkv.seq_lens = dl;
     dkv.space = MemorySpace::kDevice;
     cuda::init_decode_workspace(plan, ws, ws_bytes);
-    cuda::run_decode(plan, make_tensor_view(dq, DType::kBF16, {batch, 1, hq, D}, MemorySpace::kDevice),
-                     dkv, make_state_view(doa, DType::kF32, dla, batch, hq, D, LseBase::kNatural,
-                                          MemorySpace::kDevice),
-                     ws, ws_bytes);
+    cuda::run_decode(
+        plan, make_tensor_view(dq, DType::kBF16, {batch, 1, hq, D}, MemorySpace::kDevice), dkv,
+        make_state_view(doa, DType::kF32, dla, batch, hq, D, LseBase::kNatural,
+                        MemorySpace::kDevice),
+        ws, ws_bytes);
     ATTNSTATE_CUDA_CHECK(cudaMemcpy(oa.data(), doa, oa.size() * 4, cudaMemcpyDeviceToHost));
     ATTNSTATE_CUDA_CHECK(cudaMemcpy(la.data(), dla, la.size() * 4, cudaMemcpyDeviceToHost));
     for (void* p : {dq, dk, dv, ws, doa, static_cast<void*>(dt), static_cast<void*>(dl),
@@ -125,7 +126,8 @@ int main() {
     pr.heads_q = hq;
     pr.heads_kv = hkv;
     pr.head_dim = D;
-    splits = plan_split_layout(pr, lens.data(), opt, 8, hkv).splits_for(static_cast<std::int32_t>(len_a));
+    splits = plan_split_layout(pr, lens.data(), opt, 8, hkv)
+                 .splits_for(static_cast<std::int32_t>(len_a));
     cpu::decode(make_tensor_view(q.data(), DType::kBF16, {batch, 1, hq, D}), kv, opt, state_a);
   }
 
@@ -136,11 +138,12 @@ int main() {
     const ConstTensorView qb = make_tensor_view(q.data() + b * hq * D, DType::kBF16, {1, hq, D});
     std::vector<float> ob(hq * D), lb(hq);
     StateView sb = make_state_view(ob.data(), DType::kF32, lb.data(), 1, hq, D, LseBase::kNatural);
-    cpu::attention_state(qb, make_tensor_view(kb.data() + b * len_b * hkv * D, DType::kF32, {len_b, hkv, D}),
-                         make_tensor_view(vb.data() + b * len_b * hkv * D, DType::kF32, {len_b, hkv, D}),
-                         scale, sb);
+    cpu::attention_state(
+        qb, make_tensor_view(kb.data() + b * len_b * hkv * D, DType::kF32, {len_b, hkv, D}),
+        make_tensor_view(vb.data() + b * len_b * hkv * D, DType::kF32, {len_b, hkv, D}), scale, sb);
     std::vector<float> om(hq * D), lm(hq);
-    StateView merged = make_state_view(om.data(), DType::kF32, lm.data(), 1, hq, D, LseBase::kBase2);
+    StateView merged =
+        make_state_view(om.data(), DType::kF32, lm.data(), 1, hq, D, LseBase::kBase2);
     ConstStateView sa = make_const_state_view(oa.data() + b * hq * D, DType::kF32,
                                               la.data() + b * hq, 1, hq, D, LseBase::kNatural);
     cpu::merge_state(sa, sb, merged);
@@ -148,7 +151,8 @@ int main() {
     std::vector<float> kall((len_a + len_b) * hkv * D), vall(kall.size());
     for (std::int64_t t = 0; t < len_a; ++t)
       for (std::int64_t i = 0; i < hkv * D; ++i) {
-        const std::int64_t off = table[b * pages_per_req + t / page] * page_elems + (t % page) * hkv * D + i;
+        const std::int64_t off =
+            table[b * pages_per_req + t / page] * page_elems + (t % page) * hkv * D + i;
         kall[t * hkv * D + i] = to_float(k[off]);
         vall[t * hkv * D + i] = to_float(v[off]);
       }
@@ -159,9 +163,12 @@ int main() {
     std::vector<float> oo(hq * D), lo(hq);
     StateView one = make_state_view(oo.data(), DType::kF32, lo.data(), 1, hq, D, LseBase::kBase2);
     cpu::attention_state(qb, make_tensor_view(kall.data(), DType::kF32, {len_a + len_b, hkv, D}),
-                         make_tensor_view(vall.data(), DType::kF32, {len_a + len_b, hkv, D}), scale, one);
-    for (std::int64_t i = 0; i < hq * D; ++i) worst_o = std::fmax(worst_o, std::fabs(om[i] - oo[i]));
-    for (std::int64_t h = 0; h < hq; ++h) worst_lse = std::fmax(worst_lse, std::fabs(lm[h] - lo[h]));
+                         make_tensor_view(vall.data(), DType::kF32, {len_a + len_b, hkv, D}), scale,
+                         one);
+    for (std::int64_t i = 0; i < hq * D; ++i)
+      worst_o = std::fmax(worst_o, std::fabs(om[i] - oo[i]));
+    for (std::int64_t h = 0; h < hq; ++h)
+      worst_lse = std::fmax(worst_lse, std::fabs(lm[h] - lo[h]));
   }
   std::printf("split-KV decode on the %s: batch %lld, H_q/H_kv %lld/%lld, head_dim %lld, bf16\n",
               where, static_cast<long long>(batch), static_cast<long long>(hq),
@@ -173,7 +180,7 @@ int main() {
   std::printf("%-28s %10.2e\n", "max |o(A+B) - o(one pass)|", worst_o);
   std::printf("%-28s %10.2e\n", "max |lse2 difference|", worst_lse);
   const bool ok = worst_o < 2e-2 && worst_lse < 1e-3;
-  std::printf("%s\n", ok ? "OK: decode(A) merged with state(B) equals attention over A and B"
-                         : "MISMATCH");
+  std::printf("%s\n",
+              ok ? "OK: decode(A) merged with state(B) equals attention over A and B" : "MISMATCH");
   return ok ? 0 : 1;
 }

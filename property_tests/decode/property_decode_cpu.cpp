@@ -85,15 +85,19 @@ RC_GTEST_PROP(DecodeProps, EqualsOnePassAttentionState, ()) {
         for (std::int64_t h = 0; h < c.heads_kv; ++h)
           for (std::int64_t d = 0; d < c.head_dim; ++d) {
             const std::int64_t src = p.kv_offset(b, t, h) + d;
-            k[(t * c.heads_kv + h) * c.head_dim + d] = static_cast<float>(get(p.k.data(), c.kv_dtype, src));
-            v[(t * c.heads_kv + h) * c.head_dim + d] = static_cast<float>(get(p.v.data(), c.kv_dtype, src));
+            k[(t * c.heads_kv + h) * c.head_dim + d] =
+                static_cast<float>(get(p.k.data(), c.kv_dtype, src));
+            v[(t * c.heads_kv + h) * c.head_dim + d] =
+                static_cast<float>(get(p.v.data(), c.kv_dtype, src));
           }
       const std::int64_t token = b * c.q_len + qi;
       const std::int64_t qrow = c.heads_q * c.head_dim;
-      const ConstTensorView qv = make_tensor_view(
-          p.q.data() + token * qrow * size_of(c.q_dtype), c.q_dtype, {1, c.heads_q, c.head_dim});
-      const ConstTensorView kv = make_tensor_view(k.data(), DType::kF32, {n, c.heads_kv, c.head_dim});
-      const ConstTensorView vv = make_tensor_view(v.data(), DType::kF32, {n, c.heads_kv, c.head_dim});
+      const ConstTensorView qv = make_tensor_view(p.q.data() + token * qrow * size_of(c.q_dtype),
+                                                  c.q_dtype, {1, c.heads_q, c.head_dim});
+      const ConstTensorView kv =
+          make_tensor_view(k.data(), DType::kF32, {n, c.heads_kv, c.head_dim});
+      const ConstTensorView vv =
+          make_tensor_view(v.data(), DType::kF32, {n, c.heads_kv, c.head_dim});
       HostState one(1, c.heads_q, c.head_dim, DType::kF32, LseBase::kNatural);
       cpu::attention_state(qv, kv, vv, scale, one.view);
       for (std::int64_t h = 0; h < c.heads_q; ++h) {

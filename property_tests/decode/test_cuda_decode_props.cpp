@@ -44,8 +44,9 @@ DecodeProblemHost random_gpu_problem() {
 DecodeOptions random_options() {
   DecodeOptions o;
   const int kind = *rc::gen::inRange(0, 3);
-  o.policy = kind == 0 ? SplitPolicy::kAuto
-                       : kind == 1 ? SplitPolicy::kFixedCount : SplitPolicy::kFixedSize;
+  o.policy = kind == 0   ? SplitPolicy::kAuto
+             : kind == 1 ? SplitPolicy::kFixedCount
+                         : SplitPolicy::kFixedSize;
   o.num_splits = *rc::gen::inRange(1, 30);
   o.split_size = kSplitGranularity * *rc::gen::inRange(1, 10);
   return o;

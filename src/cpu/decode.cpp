@@ -106,54 +106,69 @@ void validate_tables(const char* fn, const PagedKvCache& kv) {
 /// One split of one (request, KV head): the states of all `q_len × group` rows, written
 /// normalised (fp32 `o`, base-2 `lse`) into `po` / `plse` at row `r` → offset `r·D` / `r`.
 void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t b,
-                  std::int64_t hkv, TokenRange range, std::int32_t len, float s2_scale,
-                  float* po, float* plse) {
+                  std::int64_t hkv, TokenRange range, std::int32_t len, float s2_scale, float* po,
+                  float* plse) {
   const std::int64_t q_len = q.shape[1];
   const std::int64_t hq_n = q.shape[2];
   const std::int64_t group = hq_n / kv.heads_kv;
+  const std::int64_t rows = q_len * group;
   const std::int64_t D = kv.head_dim;
   const std::int64_t page_elems = kv.page_elems();
-  std::vector<float> qrow(D), acc(D), vrow(static_cast<std::size_t>(D));
+  std::vector<float> qrows(static_cast<std::size_t>(rows * D));
+  std::vector<float> acc(static_cast<std::size_t>(rows * D), 0.f);
   std::vector<float> krows(static_cast<std::size_t>(kSplitGranularity * D));
   std::vector<float> vrows(static_cast<std::size_t>(kSplitGranularity * D));
-  float s2[kSplitGranularity];
-  for (std::int64_t r = 0; r < q_len * group; ++r) {
+  std::vector<math::OnlineSoftmax> os(static_cast<std::size_t>(rows));
+  std::vector<std::int64_t> row_end(static_cast<std::size_t>(rows));
+  std::int64_t max_end = range.begin;
+  for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t qi = r / group;
     const std::int64_t hq = hkv * group + r % group;
     load_row(q.data, q.dtype, b * q.stride[0] + qi * q.stride[1] + hq * q.stride[2], D,
-             qrow.data());
+             &qrows[r * D]);
     // Causal among the new tokens: row qi sees keys [0, len - q_len + qi].
-    const std::int64_t row_end =
-        std::min<std::int64_t>(range.end, static_cast<std::int64_t>(len) - q_len + qi + 1);
-    math::OnlineSoftmax os;
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (std::int64_t t0 = range.begin; t0 < row_end; t0 += kSplitGranularity) {
-      const std::int64_t n = std::min<std::int64_t>(kSplitGranularity, row_end - t0);
+    row_end[r] = std::min<std::int64_t>(range.end, static_cast<std::int64_t>(len) - q_len + qi + 1);
+    max_end = std::max(max_end, row_end[r]);
+  }
+  // Blocks of 16 keys from the split start, each converted once and used by every row; a row
+  // stops at its own causal end.
+  float s2[kSplitGranularity];
+  for (std::int64_t t0 = range.begin; t0 < max_end; t0 += kSplitGranularity) {
+    const std::int64_t nb = std::min<std::int64_t>(kSplitGranularity, max_end - t0);
+    for (std::int64_t j = 0; j < nb; ++j) {
+      const std::int64_t t = t0 + j;
+      const std::int64_t off =
+          page_id(kv, b, t / kv.page_size) * page_elems + kv.in_page_offset(t % kv.page_size, hkv);
+      load_row(kv.k, kv.dtype, off, D, &krows[j * D]);
+      load_row(kv.v, kv.dtype, off, D, &vrows[j * D]);
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t n = std::min<std::int64_t>(nb, row_end[r] - t0);
+      if (n <= 0) continue;
+      const float* qr = &qrows[r * D];
+      float* ar = &acc[r * D];
       float bm = math::neg_inf();
       for (std::int64_t j = 0; j < n; ++j) {
-        const std::int64_t t = t0 + j;
-        const std::int64_t off = page_id(kv, b, t / kv.page_size) * page_elems +
-                                 kv.in_page_offset(t % kv.page_size, hkv);
-        load_row(kv.k, kv.dtype, off, D, &krows[j * D]);
-        load_row(kv.v, kv.dtype, off, D, &vrows[j * D]);
         float dot = 0.f;
-        for (std::int64_t d = 0; d < D; ++d) dot += qrow[d] * krows[j * D + d];
+        for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * krows[j * D + d];
         s2[j] = dot * s2_scale;
         bm = math::nan_max(bm, s2[j]);
       }
-      const float alpha = os.rescale(bm);
-      for (std::int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      const float alpha = os[r].rescale(bm);
+      for (std::int64_t d = 0; d < D; ++d) ar[d] *= alpha;
       float psum = 0.f;
       for (std::int64_t j = 0; j < n; ++j) {
-        const float p = os.prob(s2[j]);
+        const float p = os[r].prob(s2[j]);
         psum += p;
-        for (std::int64_t d = 0; d < D; ++d) acc[d] += p * vrows[j * D + d];
+        for (std::int64_t d = 0; d < D; ++d) ar[d] += p * vrows[j * D + d];
       }
-      os.add(psum);
+      os[r].add(psum);
     }
-    const float inv = os.inv_sum();
-    for (std::int64_t d = 0; d < D; ++d) po[r * D + d] = acc[d] * inv;
-    plse[r] = os.lse(LseBase::kBase2);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float inv = os[r].inv_sum();
+    for (std::int64_t d = 0; d < D; ++d) po[r * D + d] = acc[r * D + d] * inv;
+    plse[r] = os[r].lse(LseBase::kBase2);
   }
 }
 
@@ -236,9 +251,8 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOption
             StateView out) {
   const char* fn = "attnstate::cpu::decode";
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
-  const float scale = options.scale != 0.f
-                          ? options.scale
-                          : 1.f / std::sqrt(static_cast<float>(kv.head_dim));
+  const float scale =
+      options.scale != 0.f ? options.scale : 1.f / std::sqrt(static_cast<float>(kv.head_dim));
   attnstate::detail::validate_scale(fn, scale);
   if (kv.batch > 0) validate_tables(fn, kv);
   DecodeProblem p;

@@ -32,8 +32,9 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   if (kv.num_pages < 0) throw_argument(fn, "kv.num_pages", ">= 0", decode_str(kv.num_pages));
   const std::int64_t dense = kv.page_size * kv.heads_kv * kv.head_dim;
   if (kv.page_stride != 0 && kv.page_stride < dense)
-    throw_argument(fn, "kv.page_stride", "0 or >= page_size*heads_kv*head_dim = " +
-                   decode_str(dense), decode_str(kv.page_stride));
+    throw_argument(fn, "kv.page_stride",
+                   "0 or >= page_size*heads_kv*head_dim = " + decode_str(dense),
+                   decode_str(kv.page_stride));
   if (kv.batch > 0) {
     if (kv.num_pages > 0 && (kv.k == nullptr || kv.v == nullptr))
       throw_argument(fn, kv.k == nullptr ? "kv.k" : "kv.v", "non-null", "null");
@@ -51,31 +52,31 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   }
   // q
   if (q.space != space) throw_argument(fn, "q.space", sp, to_string(q.space));
-  if (q.rank != 4) throw_argument(fn, "q.rank", "4 (batch, q_len, heads_q, head_dim)",
-                                  decode_str(q.rank));
+  if (q.rank != 4)
+    throw_argument(fn, "q.rank", "4 (batch, q_len, heads_q, head_dim)", decode_str(q.rank));
   if (!is_valid(q.dtype)) throw_argument(fn, "q.dtype", "f32, f16 or bf16", "unknown");
-  if (q.shape[0] != kv.batch) throw_argument(fn, "q.shape[0]", "kv.batch = " +
-                                             decode_str(kv.batch), decode_str(q.shape[0]));
+  if (q.shape[0] != kv.batch)
+    throw_argument(fn, "q.shape[0]", "kv.batch = " + decode_str(kv.batch), decode_str(q.shape[0]));
   if (q.shape[1] < 1 || q.shape[1] > 8)
     throw_argument(fn, "q.shape[1]", "q_len in 1..8", decode_str(q.shape[1]));
   if (q.shape[2] < 1 || q.shape[2] % kv.heads_kv != 0)
-    throw_argument(fn, "q.shape[2]", "heads_q, a positive multiple of kv.heads_kv = " +
-                   decode_str(kv.heads_kv), decode_str(q.shape[2]));
+    throw_argument(fn, "q.shape[2]",
+                   "heads_q, a positive multiple of kv.heads_kv = " + decode_str(kv.heads_kv),
+                   decode_str(q.shape[2]));
   if (q.shape[3] != kv.head_dim)
     throw_argument(fn, "q.shape[3]", "kv.head_dim = " + decode_str(kv.head_dim),
                    decode_str(q.shape[3]));
   if (q.stride[3] != 1) throw_argument(fn, "q.stride[3]", "1", decode_str(q.stride[3]));
   for (int d = 0; d < 3; ++d)
-    if (q.stride[d] < 0) throw_argument(fn, "q.stride", "non-negative strides",
-                                        decode_str(q.stride[d]));
+    if (q.stride[d] < 0)
+      throw_argument(fn, "q.stride", "non-negative strides", decode_str(q.stride[d]));
   const std::int64_t tokens = q.shape[0] * q.shape[1];
   if (tokens > 0 && q.data == nullptr) throw_argument(fn, "q.data", "non-null", "null");
   // out
   if (out.space != space) throw_argument(fn, "out.space", sp, to_string(out.space));
   if (!is_valid(out.dtype)) throw_argument(fn, "out.dtype", "f32, f16 or bf16", "unknown");
   if (out.tokens != tokens)
-    throw_argument(fn, "out.tokens", "batch*q_len = " + decode_str(tokens),
-                   decode_str(out.tokens));
+    throw_argument(fn, "out.tokens", "batch*q_len = " + decode_str(tokens), decode_str(out.tokens));
   if (out.heads != q.shape[2])
     throw_argument(fn, "out.heads", "heads_q = " + decode_str(q.shape[2]), decode_str(out.heads));
   if (out.head_dim != kv.head_dim)

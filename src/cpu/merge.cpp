@@ -13,6 +13,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "common/validate.hpp"
+#include "cpu/loader.hpp"
 #include "cpu/parallel.hpp"
 
 namespace attnstate {
@@ -31,27 +32,18 @@ const T* typed(const void* p) {
   return static_cast<const T*>(p);
 }
 
-/// Loads a stored element as fp32 through `to_float`. For f16 the results of `to_float` for all
-/// 65536 bit patterns are tabulated once (bit-identical, and much faster than converting each
-/// element with the portable bit manipulation, which does not vectorise).
-template <class T>
-struct Loader {
-  float operator()(T x) const { return to_float(x); }
-};
-const float* half_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (std::uint32_t u = 0; u < 65536; ++u)
-      t[u] = to_float(half_t{static_cast<std::uint16_t>(u)});
-    return t;
-  }();
-  return table.data();
+using detail::Loader;
+
+/// Hints the cache to load `bytes` from `p` (a no-op where the builtin is unavailable).
+void prefetch(const void* p, std::size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
-template <>
-struct Loader<half_t> {
-  const float* table = half_table();
-  float operator()(half_t x) const { return table[x.bits]; }
-};
 
 std::int64_t grain_rows(std::int64_t head_dim, std::int64_t states) {
   return std::max<std::int64_t>(1, kGrainElems / (head_dim * std::max<std::int64_t>(1, states)));
@@ -204,8 +196,14 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
   }
   // Pass 3: the weighted sum of o, state by state, then normalise once.
   const Loader<Ti> load;
+  // [S, T, H, D] stacks read S distant streams; hinting the next token's rows of each state
+  // keeps them flowing (a [T, S, H, D] stack is one sequential scan and needs no hint).
+  const std::int64_t t0 = r0 / heads;
+  const bool hint = src.indptr == nullptr && src.o_stride_state > src.o_stride_token &&
+                    src.o_stride_head == dim && t0 + 1 < out.tokens;
   for (std::int64_t s = 0; s < states; ++s) {
     const Ti* os = typed<Ti>(src.o) + s * src.o_stride_state;
+    if (hint) prefetch(os + sc.o_row[0] + src.o_stride_token, nb * dim * sizeof(Ti));
     const float* w = sc.w.data() + s * nb;
     const std::uint8_t* live = sc.live.data() + s * nb;
     for (std::int64_t j = 0; j < nb; ++j) {

@@ -170,6 +170,10 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
   p.page_elems = kv.page_elems();
   p.num_pages = kv.num_pages;
   p.page_size = static_cast<int>(kv.page_size);
+  p.page_shift = -1;
+  for (int b = 0; b < 31; ++b)
+    if ((std::int64_t{1} << b) == kv.page_size) p.page_shift = b;
+  p.prefetch_pages = plan.prefetch_pages ? 1 : 0;
   p.heads_kv = static_cast<int>(kv.heads_kv);
   p.hnd = kv.layout == KvLayout::kHND ? 1 : 0;
   p.request_indptr = lv.request_indptr;
@@ -330,7 +334,8 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
       max_tiles = std::max(max_tiles, tiles[s]);
     }
     lp.max_tiles = static_cast<int>(max_tiles);
-    lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64;
+    // wgmma for head_dim 128 (the measured path); head_dim 64 stays on mma.sync
+    lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 && shape.head_dim == 128;
     lp.chunk = tuning.chunk != 0 ? tuning.chunk
                                  : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments,
                                                 max_len, shape.heads_kv, lp.tile_rows, num_sms,

@@ -1,14 +1,13 @@
 /// @file decode.cu
 /// @brief CUDA split-KV decode: planning, argument checks, workspace layout and the one
 ///        runtime → compile-time dispatch (head dim × dtype) of the decode kernel.
-#include "attnstate/cuda/decode.hpp"
-
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <string>
 
 #include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/decode.hpp"
 #include "cpu/decode_validate.hpp"
 #include "cuda/kernels/decode_split_kv.cuh"
 
@@ -23,9 +22,7 @@ constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 /// Concurrent CTAs per SM of the kernel for a head dim (shared memory bound).
-int ctas_per_sm(std::int64_t head_dim) {
-  return head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1;
-}
+int ctas_per_sm(std::int64_t head_dim) { return head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1; }
 
 struct WorkspaceLayout {
   std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
@@ -37,8 +34,8 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   const std::size_t tiles = static_cast<std::size_t>(plan.problem.batch) *
                             static_cast<std::size_t>(plan.problem.heads_kv) *
                             static_cast<std::size_t>(plan.row_tiles);
-  const std::size_t parts = tiles * static_cast<std::size_t>(plan.splits.max_splits) *
-                            detail::kDecodeTileRows;
+  const std::size_t parts =
+      tiles * static_cast<std::size_t>(plan.splits.max_splits) * detail::kDecodeTileRows;
   w.o_off = 0;
   w.lse_off = align_up(parts * static_cast<std::size_t>(plan.problem.head_dim) * 4);
   w.ticket_off = w.lse_off + align_up(parts * 4);
@@ -46,44 +43,46 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   return w;
 }
 
-template <int D, bool kBF16, bool kTma>
+template <int D, bool kBF16>
 void launch(const detail::DecodeParams& p, std::int64_t grid, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
     ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(
-        detail::decode_split_kv_kernel<D, kBF16, kTma>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits, kTma))));
+        detail::decode_split_kv_kernel<D, kBF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits))));
     // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
-    ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16, kTma>,
-                                              cudaFuncAttributePreferredSharedMemoryCarveout,
-                                              100));
+    ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16>,
+                                              cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   });
-  const std::int64_t smem = detail::decode_smem_bytes(D, p.splits.max_splits, kTma);
-  detail::decode_split_kv_kernel<D, kBF16, kTma>
-      <<<static_cast<unsigned>(grid), detail::kDecodeWarps * 32, static_cast<std::size_t>(smem),
-         stream>>>(p);
+  const std::int64_t smem = detail::decode_smem_bytes(D, p.splits.max_splits);
+  detail::decode_split_kv_kernel<D, kBF16><<<static_cast<unsigned>(grid), detail::kDecodeWarps * 32,
+                                             static_cast<std::size_t>(smem), stream>>>(p);
   ATTNSTATE_CHECK_LAUNCH(stream, "decode_split_kv_kernel");
 }
 
 template <int D>
-void dispatch_dtype_path(const detail::DecodeParams& p, DType dt, std::int64_t grid,
-                         cudaStream_t stream) {
-  const bool cp_async = (p.variant & 1) != 0;  // benchmark variant: cp.async loads
+void dispatch_dtype(const detail::DecodeParams& p, DType dt, std::int64_t grid,
+                    cudaStream_t stream) {
   if (dt == DType::kBF16) {
-    cp_async ? launch<D, true, false>(p, grid, stream) : launch<D, true, true>(p, grid, stream);
+    launch<D, true>(p, grid, stream);
   } else {
-    cp_async ? launch<D, false, false>(p, grid, stream) : launch<D, false, true>(p, grid, stream);
+    launch<D, false>(p, grid, stream);
   }
 }
 
-/// The one place where (head_dim, dtype, load path) become template arguments.
+/// The one place where (head_dim, dtype) become template arguments.
 void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, std::int64_t grid,
               cudaStream_t stream) {
   switch (head_dim) {
-    case 64: dispatch_dtype_path<64>(p, dt, grid, stream); break;
-    case 128: dispatch_dtype_path<128>(p, dt, grid, stream); break;
-    default: dispatch_dtype_path<256>(p, dt, grid, stream); break;
+    case 64:
+      dispatch_dtype<64>(p, dt, grid, stream);
+      break;
+    case 128:
+      dispatch_dtype<128>(p, dt, grid, stream);
+      break;
+    default:
+      dispatch_dtype<256>(p, dt, grid, stream);
+      break;
   }
 }
 
@@ -115,9 +114,8 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const char* fn = "attnstate::cuda::plan_decode";
   validate_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
-  const float scale = options.scale != 0.f
-                          ? options.scale
-                          : 1.f / std::sqrt(static_cast<float>(problem.head_dim));
+  const float scale =
+      options.scale != 0.f ? options.scale : 1.f / std::sqrt(static_cast<float>(problem.head_dim));
   attnstate::detail::validate_scale(fn, scale);
   DecodePlan plan;
   plan.problem = problem;
@@ -126,12 +124,11 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const std::int64_t rows = problem.q_len * problem.group();
   plan.row_tiles = static_cast<int>((rows + detail::kDecodeTileRows - 1) / detail::kDecodeTileRows);
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm(problem.head_dim);
-  plan.splits = plan_split_layout(problem, seq_lens_host, options, slots,
-                                  problem.heads_kv * plan.row_tiles);
+  plan.splits =
+      plan_split_layout(problem, seq_lens_host, options, slots, problem.heads_kv * plan.row_tiles);
   const std::int64_t grid =
       problem.batch * problem.heads_kv * plan.row_tiles * plan.splits.max_splits;
-  if (grid > 0x7FFFFFFF)
-    throw_argument(fn, "problem", "at most 2^31-1 CTAs", decode_str(grid));
+  if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", decode_str(grid));
   return plan;
 }
 
@@ -150,8 +147,7 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
 }
 
 void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
-                StateView out, void* workspace, std::size_t workspace_bytes,
-                cudaStream_t stream) {
+                StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* fn = "attnstate::cuda::run_decode";
   const DecodeProblem& pr = plan.problem;
   validate_problem(fn, pr);
@@ -177,16 +173,15 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
     throw_argument(fn, "q.dtype", std::string("plan.problem.q_dtype = ") + to_string(pr.q_dtype),
                    to_string(q.dtype));
   if (kv.dtype != pr.kv_dtype)
-    throw_argument(fn, "kv.dtype", std::string("plan.problem.kv_dtype = ") +
-                   to_string(pr.kv_dtype), to_string(kv.dtype));
+    throw_argument(fn, "kv.dtype", std::string("plan.problem.kv_dtype = ") + to_string(pr.kv_dtype),
+                   to_string(kv.dtype));
   if (kv.batch == 0) return;
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
   if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0 ||
       reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
     throw_argument(fn, "kv.k", "16-byte aligned K and V pools", "a misaligned pointer");
   if (kv.page_elems() % 8 != 0)
-    throw_argument(fn, "kv.page_stride", "a multiple of 8 elements",
-                   decode_str(kv.page_elems()));
+    throw_argument(fn, "kv.page_stride", "a multiple of 8 elements", decode_str(kv.page_elems()));
   if (kv.page_size > 0x7FFFFFFF / 2)
     throw_argument(fn, "kv.page_size", "< 2^30", decode_str(kv.page_size));
   const WorkspaceLayout w = workspace_layout(plan);
@@ -238,7 +233,6 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
   p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
   p.skip_combine = plan.profile_skip_combine;
-  p.variant = plan.profile_variant;
   const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
   dispatch(p, pr.head_dim, pr.kv_dtype, grid, stream);
 }

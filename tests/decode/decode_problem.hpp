@@ -33,17 +33,16 @@ struct DecodeConfig {
   bool block_table = false;
   DType q_dtype = DType::kBF16;
   DType kv_dtype = DType::kBF16;
-  float q_gain = 1.f;        ///< Queries are uniform in [-q_gain, q_gain].
-  std::int64_t spare_pages = 3;  ///< Unused pages in the pool (filled with NaN).
+  float q_gain = 1.f;                  ///< Queries are uniform in [-q_gain, q_gain].
+  std::int64_t spare_pages = 3;        ///< Unused pages in the pool (filled with NaN).
   std::vector<std::int32_t> seq_lens;  ///< One per request.
 
   std::string name() const {
     return "q_len=" + std::to_string(q_len) + " hq=" + std::to_string(heads_q) +
            " hkv=" + std::to_string(heads_kv) + " D=" + std::to_string(head_dim) +
-           " page=" + std::to_string(page_size) +
-           (layout == KvLayout::kHND ? " HND" : " NHD") + (block_table ? " bt" : " csr") +
-           " q=" + attnstate::to_string(q_dtype) + " kv=" + attnstate::to_string(kv_dtype) +
-           " gain=" + std::to_string(q_gain);
+           " page=" + std::to_string(page_size) + (layout == KvLayout::kHND ? " HND" : " NHD") +
+           (block_table ? " bt" : " csr") + " q=" + attnstate::to_string(q_dtype) +
+           " kv=" + attnstate::to_string(kv_dtype) + " gain=" + std::to_string(q_gain);
   }
 };
 
@@ -120,8 +119,8 @@ struct DecodeProblemHost {
   /// Element offset of (request b, token t, KV head h, dim 0) in a pool.
   std::int64_t kv_offset(std::int64_t b, std::int64_t t, std::int64_t h) const {
     const std::int64_t pidx = t / cfg.page_size;
-    const std::int64_t id = cfg.block_table ? block_table[b * bt_stride + pidx]
-                                            : indices[indptr[b] + pidx];
+    const std::int64_t id =
+        cfg.block_table ? block_table[b * bt_stride + pidx] : indices[indptr[b] + pidx];
     const std::int64_t slot = t % cfg.page_size;
     const std::int64_t in = cfg.layout == KvLayout::kNHD
                                 ? (slot * cfg.heads_kv + h) * cfg.head_dim
@@ -242,8 +241,7 @@ struct HostState {
   HostState(std::int64_t tokens, std::int64_t heads, std::int64_t dim, DType dtype,
             attnstate::LseBase base) {
     o.assign(std::max<std::int64_t>(1, tokens * heads * dim) * attnstate::size_of(dtype), 0xFF);
-    lse.assign(std::max<std::int64_t>(1, tokens * heads),
-               std::numeric_limits<float>::quiet_NaN());
+    lse.assign(std::max<std::int64_t>(1, tokens * heads), std::numeric_limits<float>::quiet_NaN());
     view = attnstate::make_state_view(o.data(), dtype, lse.data(), tokens, heads, dim, base);
   }
 };

@@ -42,8 +42,13 @@ struct DeviceProblem {
   DeviceBuffer<unsigned char> q, k, v;
   DeviceBuffer<std::int32_t> lens, indptr, indices, bt;
   explicit DeviceProblem(const DecodeProblemHost& p)
-      : q(upload(p.q)), k(upload(p.k)), v(upload(p.v)), lens(upload(p.seq_lens)),
-        indptr(upload(p.indptr)), indices(upload(p.indices)), bt(upload(p.block_table)) {}
+      : q(upload(p.q)),
+        k(upload(p.k)),
+        v(upload(p.v)),
+        lens(upload(p.seq_lens)),
+        indptr(upload(p.indptr)),
+        indices(upload(p.indices)),
+        bt(upload(p.block_table)) {}
   PagedKvCache kv(const DecodeProblemHost& p) const {
     PagedKvCache c = p.kv_view();
     c.k = k.get();
@@ -98,13 +103,10 @@ struct GpuOut {
   cuda::DecodePlan plan;
 };
 
-/// Runs the GPU decode; `variant` selects the kernel's load path (0: bulk copies, 1: cp.async).
-GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base,
-               int variant = 0) {
+GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base) {
   DeviceProblem d(p);
   GpuOut r;
   r.plan = cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms());
-  r.plan.profile_variant = variant;
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, r.plan.workspace_bytes()));
   ws.poison();
   cuda::init_decode_workspace(r.plan, ws.get(), ws.bytes());
@@ -174,13 +176,10 @@ TEST(CudaDecode, MatchesReferenceAcrossShapes) {
     cfg.q_dtype = cfg.kv_dtype = c.dt;
     cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 300, 3, 1029};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
-    for (int n : {1, 3})
-      for (int variant : {0, 1}) {
-        const GpuOut g = run_gpu(p, count_opts(n), c.od, c.base, variant);
-        expect_matches_reference(p, g, c.od, c.base,
-                                 cfg.name() + " splits " + std::to_string(n) + " variant " +
-                                     std::to_string(variant));
-      }
+    for (int n : {1, 3}) {
+      const GpuOut g = run_gpu(p, count_opts(n), c.od, c.base);
+      expect_matches_reference(p, g, c.od, c.base, cfg.name() + " splits " + std::to_string(n));
+    }
   }
 }
 
@@ -195,13 +194,11 @@ TEST(CudaDecode, SplitCountsAndLengthEdges) {
     const std::int32_t pg = static_cast<std::int32_t>(page);
     cfg.seq_lens = {0, 1, pg - 1, pg, pg + 1, 95, 96, 97, 191, 192, 193, 287, 288, 289};
     const DecodeProblemHost p = make_decode_problem(cfg, 200 + page);
-    for (int n : {1, 2, 3, kMaxSplits})
-      for (int variant : {0, 1}) {
-        const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural, variant);
-        expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
-                                 "page " + std::to_string(page) + " splits " +
-                                     std::to_string(n) + " variant " + std::to_string(variant));
-      }
+    for (int n : {1, 2, 3, kMaxSplits}) {
+      const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural);
+      expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
+                               "page " + std::to_string(page) + " splits " + std::to_string(n));
+    }
     for (int size : {16, 96}) {
       DecodeOptions o;
       o.policy = SplitPolicy::kFixedSize;
@@ -268,8 +265,8 @@ TEST(CudaDecode, AgreesWithCpuDecodeOfTheSamePlan) {
   cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
   double worst = 0;
   for (std::size_t i = 0; i < g.o.size() / 4; ++i)
-    worst = std::max(worst, std::fabs(get(g.o.data(), DType::kF32, i) -
-                                      get(c.o.data(), DType::kF32, i)));
+    worst = std::max(worst,
+                     std::fabs(get(g.o.data(), DType::kF32, i) - get(c.o.data(), DType::kF32, i)));
   EXPECT_LE(worst, o_tol(DType::kBF16, DType::kF32));
   for (std::size_t i = 0; i < g.lse.size(); ++i) EXPECT_NEAR(g.lse[i], c.lse[i], 1e-3);
 }
@@ -448,7 +445,8 @@ TEST(CudaDecode, RejectsBadArguments) {
   cfg.seq_lens = {40, 20};
   const DecodeProblemHost p = make_decode_problem(cfg, 1100);
   DeviceProblem d(p);
-  const cuda::DecodePlan plan0 = cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(2), num_sms());
+  const cuda::DecodePlan plan0 =
+      cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(2), num_sms());
   DeviceBuffer<unsigned char> ws(plan0.workspace_bytes() + 16);
   cuda::init_decode_workspace(plan0, ws.get(), ws.bytes());
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
@@ -476,20 +474,52 @@ TEST(CudaDecode, RejectsBadArguments) {
                "problem.q_dtype");
     pr = problem_of(p);
     pr.q_len = 9;
-    expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); },
-               Status::kInvalidArgument, "problem.q_len");
+    expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); }, Status::kInvalidArgument,
+               "problem.q_len");
     expect_err([&] { cuda::plan_decode(problem_of(p), p.seq_lens.data(), {}, 0); },
                Status::kInvalidArgument, "num_sms");
   }
   expect_err([&] { run(plan0, q, kv, out.view, plan0.workspace_bytes() - 1); },
              Status::kWorkspaceTooSmall, "workspace_bytes");
-  { auto k2 = kv; k2.space = MemorySpace::kHost; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.space"); }
-  { auto k2 = kv; k2.k = static_cast<const char*>(kv.k) + 2; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.k"); }
-  { auto k2 = kv; k2.dtype = DType::kF16; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.dtype"); }
-  { auto q2 = q; q2.shape[3] = 128; expect_err([&] { run(plan0, q2, kv, out.view, ws.bytes()); }, Status::kInvalidArgument, "q.shape[3]"); }
-  { auto o2 = out.view; o2.o = nullptr; expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "out.o"); }
-  { auto o2 = out.view; o2.space = MemorySpace::kHost; expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "out.space"); }
-  { auto k2 = kv; k2.page_indices = nullptr; expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.page_indices"); }
+  {
+    auto k2 = kv;
+    k2.space = MemorySpace::kHost;
+    expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "kv.space");
+  }
+  {
+    auto k2 = kv;
+    k2.k = static_cast<const char*>(kv.k) + 2;
+    expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument, "kv.k");
+  }
+  {
+    auto k2 = kv;
+    k2.dtype = DType::kF16;
+    expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "kv.dtype");
+  }
+  {
+    auto q2 = q;
+    q2.shape[3] = 128;
+    expect_err([&] { run(plan0, q2, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "q.shape[3]");
+  }
+  {
+    auto o2 = out.view;
+    o2.o = nullptr;
+    expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "out.o");
+  }
+  {
+    auto o2 = out.view;
+    o2.space = MemorySpace::kHost;
+    expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "out.space");
+  }
+  {
+    auto k2 = kv;
+    k2.page_indices = nullptr;
+    expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "kv.page_indices");
+  }
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ RunResult run_cpu(const DecodeProblemHost& p, const SplitLayout& layout, DType o
   cpu::decode(p.q_view(), p.kv_view(), layout, static_cast<float>(scale), out.view);
   const ReferenceStates ref = reference_decode(p, scale);
   RunResult r;
-  compare_states(ref, out.o.data(), out_dtype, out.lse.data(), base,
-                 p.tokens() * p.cfg.heads_q, p.cfg.head_dim, &r.o_err, &r.lse_err);
+  compare_states(ref, out.o.data(), out_dtype, out.lse.data(), base, p.tokens() * p.cfg.heads_q,
+                 p.cfg.head_dim, &r.o_err, &r.lse_err);
   if (keep) *keep = out;
   return r;
 }
@@ -58,8 +58,9 @@ double o_tol(DType out_dtype, float gain) {
 }
 
 TEST(DecodeSplits, RangesPartitionEveryLength) {
-  const SplitLayout layouts[] = {fixed_count(1), fixed_count(2), fixed_count(3), fixed_count(7),
-                                 fixed_size(16, 64), fixed_size(48, 5), fixed_size(256, 2)};
+  const SplitLayout layouts[] = {fixed_count(1),    fixed_count(2),     fixed_count(3),
+                                 fixed_count(7),    fixed_size(16, 64), fixed_size(48, 5),
+                                 fixed_size(256, 2)};
   for (const SplitLayout& l : layouts) {
     for (std::int32_t len = 0; len < 700; ++len) {
       const std::int32_t n = l.splits_for(len);
@@ -162,8 +163,8 @@ TEST(DecodeCpu, SplitCountsAndLengthEdges) {
     EXPECT_LE(r.lse_err, 1e-5) << "num_splits " << n;
   }
   for (int size : {16, 32, 96}) {
-    const RunResult r = run_cpu(p, fixed_size(size, (289 + size - 1) / size), DType::kF32,
-                                LseBase::kBase2);
+    const RunResult r =
+        run_cpu(p, fixed_size(size, (289 + size - 1) / size), DType::kF32, LseBase::kBase2);
     EXPECT_LE(r.o_err, 2e-4) << "split_size " << size;
     EXPECT_LE(r.lse_err, 1e-5) << "split_size " << size;
   }
@@ -224,8 +225,8 @@ TEST(DecodeCpu, SplittingChangesOnlyRounding) {
     run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, &b);
     double worst = 0;
     for (std::size_t i = 0; i < a.o.size() / 4; ++i)
-      worst = std::max(worst, std::fabs(get(a.o.data(), DType::kF32, i) -
-                                        get(b.o.data(), DType::kF32, i)));
+      worst = std::max(
+          worst, std::fabs(get(a.o.data(), DType::kF32, i) - get(b.o.data(), DType::kF32, i)));
     EXPECT_LE(worst, 2e-6) << n;
     for (std::size_t i = 0; i < a.lse.size(); ++i) EXPECT_NEAR(a.lse[i], b.lse[i], 1e-5);
   }
@@ -239,7 +240,6 @@ TEST(DecodeCpu, FixedSizeRowsIndependentOfBatch) {
   cfg.seq_lens = {300};
   const DecodeProblemHost alone = make_decode_problem(cfg, 9);
   // The same request (same keys and query) inside a bigger batch.
-  DecodeProblemHost big = alone;
   DecodeConfig cfg2 = cfg;
   cfg2.seq_lens = {1200, 300, 5};
   DecodeProblemHost others = make_decode_problem(cfg2, 10);
@@ -252,7 +252,6 @@ TEST(DecodeCpu, FixedSizeRowsIndependentOfBatch) {
       std::memcpy(&others.v[2 * dst], &alone.v[2 * src], 2);
     }
   std::memcpy(&others.q[2 * 4 * 64], alone.q.data(), 2 * 4 * 64);
-  (void)big;
   HostState a(1, 1, 1, DType::kF32, LseBase::kNatural), b = a;
   run_cpu(alone, fixed_size(64, 5), DType::kF32, LseBase::kNatural, &a);
   run_cpu(others, fixed_size(64, 19), DType::kF32, LseBase::kNatural, &b);
@@ -298,17 +297,57 @@ TEST(DecodeCpu, RejectsBadArguments) {
   };
   PagedKvCache kv = p.kv_view();
   ConstTensorView q = p.q_view();
-  { auto k2 = kv; k2.k = nullptr; expect_arg(q, k2, l, 0.1f, out.view, "kv.k"); }
-  { auto k2 = kv; k2.seq_lens = nullptr; expect_arg(q, k2, l, 0.1f, out.view, "kv.seq_lens"); }
-  { auto k2 = kv; k2.block_table = p.block_table.data(); expect_arg(q, k2, l, 0.1f, out.view, "kv.block_table"); }
-  { auto k2 = kv; k2.space = MemorySpace::kDevice; expect_arg(q, k2, l, 0.1f, out.view, "kv.space"); }
-  { auto q2 = q; q2.shape[1] = 9; expect_arg(q2, kv, l, 0.1f, out.view, "q.shape[1]"); }
-  { auto q2 = q; q2.shape[2] = 7; expect_arg(q2, kv, l, 0.1f, out.view, "q.shape[2]"); }
-  { auto q2 = q; q2.stride[3] = 2; expect_arg(q2, kv, l, 0.1f, out.view, "q.stride[3]"); }
-  { auto o2 = out.view; o2.tokens = 3; expect_arg(q, kv, l, 0.1f, o2, "out.tokens"); }
-  { auto o2 = out.view; o2.lse = nullptr; expect_arg(q, kv, l, 0.1f, o2, "out.lse"); }
+  {
+    auto k2 = kv;
+    k2.k = nullptr;
+    expect_arg(q, k2, l, 0.1f, out.view, "kv.k");
+  }
+  {
+    auto k2 = kv;
+    k2.seq_lens = nullptr;
+    expect_arg(q, k2, l, 0.1f, out.view, "kv.seq_lens");
+  }
+  {
+    auto k2 = kv;
+    k2.block_table = p.block_table.data();
+    expect_arg(q, k2, l, 0.1f, out.view, "kv.block_table");
+  }
+  {
+    auto k2 = kv;
+    k2.space = MemorySpace::kDevice;
+    expect_arg(q, k2, l, 0.1f, out.view, "kv.space");
+  }
+  {
+    auto q2 = q;
+    q2.shape[1] = 9;
+    expect_arg(q2, kv, l, 0.1f, out.view, "q.shape[1]");
+  }
+  {
+    auto q2 = q;
+    q2.shape[2] = 7;
+    expect_arg(q2, kv, l, 0.1f, out.view, "q.shape[2]");
+  }
+  {
+    auto q2 = q;
+    q2.stride[3] = 2;
+    expect_arg(q2, kv, l, 0.1f, out.view, "q.stride[3]");
+  }
+  {
+    auto o2 = out.view;
+    o2.tokens = 3;
+    expect_arg(q, kv, l, 0.1f, o2, "out.tokens");
+  }
+  {
+    auto o2 = out.view;
+    o2.lse = nullptr;
+    expect_arg(q, kv, l, 0.1f, o2, "out.lse");
+  }
   expect_arg(q, kv, l, NAN, out.view, "scale");
-  { auto l2 = l; l2.max_splits = 0; expect_arg(q, kv, l2, 0.1f, out.view, "splits.max_splits"); }
+  {
+    auto l2 = l;
+    l2.max_splits = 0;
+    expect_arg(q, kv, l2, 0.1f, out.view, "splits.max_splits");
+  }
   {
     std::vector<std::int32_t> lens = {1000, 20};
     auto k2 = kv;

@@ -23,11 +23,11 @@ namespace attnstate {
 /// Shape of a decode problem: queries `(batch, q_len, heads_q, head_dim)` over a KV cache with
 /// `heads_kv` heads (`heads_q % heads_kv == 0`; group = `heads_q / heads_kv`).
 struct DecodeProblem {
-  std::int64_t batch = 0;     ///< Requests.
-  std::int64_t q_len = 1;     ///< New tokens per request (1..8), causal among themselves.
-  std::int64_t heads_q = 0;   ///< Query heads (H_q).
-  std::int64_t heads_kv = 0;  ///< KV heads (H_kv).
-  std::int64_t head_dim = 0;  ///< Elements per head (64, 128 or 256 on the GPU).
+  std::int64_t batch = 0;         ///< Requests.
+  std::int64_t q_len = 1;         ///< New tokens per request (1..8), causal among themselves.
+  std::int64_t heads_q = 0;       ///< Query heads (H_q).
+  std::int64_t heads_kv = 0;      ///< KV heads (H_kv).
+  std::int64_t head_dim = 0;      ///< Elements per head (64, 128 or 256 on the GPU).
   DType q_dtype = DType::kBF16;   ///< Dtype of the queries.
   DType kv_dtype = DType::kBF16;  ///< Dtype of the KV pools.
 
@@ -59,7 +59,7 @@ struct TokenRange {
 /// A request always has at least one split (an empty one when `L == 0`).
 struct SplitLayout {
   SplitPolicy policy = SplitPolicy::kFixedCount;  ///< kFixedCount or kFixedSize.
-  std::int32_t num_splits = 1;  ///< kFixedCount: splits per request.
+  std::int32_t num_splits = 1;                    ///< kFixedCount: splits per request.
   std::int32_t split_size = 0;  ///< kFixedSize: tokens per split (multiple of 16).
   std::int32_t max_splits = 1;  ///< Most splits any request can have (the grid extent).
 
@@ -158,13 +158,13 @@ inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::in
       if (options.split_size <= 0 || options.split_size % kSplitGranularity != 0)
         detail::throw_argument(fn, "options.split_size", "a positive multiple of 16",
                                std::to_string(options.split_size));
-      const std::int64_t n = (static_cast<std::int64_t>(max_len) + options.split_size - 1) /
-                             options.split_size;
+      const std::int64_t n =
+          (static_cast<std::int64_t>(max_len) + options.split_size - 1) / options.split_size;
       if (n > kMaxSplits)
-        detail::throw_argument(fn, "options.split_size",
-                               "at most " + std::to_string(kMaxSplits) + " splits per request",
-                               std::to_string(n) + " splits for " + std::to_string(max_len) +
-                                   " tokens");
+        detail::throw_argument(
+            fn, "options.split_size",
+            "at most " + std::to_string(kMaxSplits) + " splits per request",
+            std::to_string(n) + " splits for " + std::to_string(max_len) + " tokens");
       l.policy = SplitPolicy::kFixedSize;
       l.split_size = options.split_size;
       l.max_splits = static_cast<std::int32_t>(std::max<std::int64_t>(1, n));
@@ -174,8 +174,8 @@ inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::in
     default: {
       const std::int64_t work = problem.batch * std::max<std::int64_t>(1, ctas_per_split);
       const std::int64_t blocks = (static_cast<std::int64_t>(max_len) + 63) / 64;
-      const int s =
-          wave_efficiency_splits(work, std::max<std::int64_t>(1, slots), blocks, kAutoWaveThreshold);
+      const int s = wave_efficiency_splits(work, std::max<std::int64_t>(1, slots), blocks,
+                                           kAutoWaveThreshold);
       std::int64_t chunk = (static_cast<std::int64_t>(max_len) + s - 1) / s;
       chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
       if (chunk <= 0) chunk = kSplitGranularity;

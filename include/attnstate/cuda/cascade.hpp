@@ -50,9 +50,9 @@ struct CascadeShape {
 
 /// Which tensor-core instructions a level kernel uses.
 enum class CascadeKernel : std::uint8_t {
-  kAuto = 0,   ///< `wgmma` for tiles of 64 or 128 rows on sm_90, `mma.sync` otherwise.
+  kAuto = 0,   ///< `wgmma` for tiles of 64 or 128 rows at head_dim 128 on sm_90, else `mma.sync`.
   kMma = 1,    ///< `mma.sync` m16n8k16 (any tile; every architecture the library builds for).
-  kWgmma = 2,  ///< Hopper `wgmma` (tiles of 64 or 128 rows; 16-row tiles use `mma.sync`).
+  kWgmma = 2,  ///< Hopper `wgmma` (tiles of 64 or 128 rows at head_dim 128; others use `mma.sync`).
 };
 
 /// Overrides of the plan's choices (0 = automatic); for tests and tuning.
@@ -86,6 +86,8 @@ struct CascadePlan {
   /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
   /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix).
   bool overlap_levels = true;
+  /// Fetch each KV tile's page ids one tile ahead of its copies (hides the page-table latency).
+  bool prefetch_pages = true;
 
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }

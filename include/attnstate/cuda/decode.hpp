@@ -17,6 +17,11 @@
 /// a (request, KV head) merges its request's splits in split order with the library's
 /// max-subtracted merge (integer tickets, no floating-point atomics), so results are bitwise
 /// repeatable for a given plan. A request with one split skips the merge.
+///
+/// Loads: each warp streams 16-token K/V tiles with 16-byte `cp.async` copies (256-byte L2
+/// prefetch) through a 3-stage shared-memory pipeline; any page size works (16-token tiles within
+/// a page look the page up once). Requirements: `k`, `v` 16-byte aligned and `page_elems()` a
+/// multiple of 8 elements.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,29 +38,27 @@ namespace cuda {
 
 /// A decode plan: everything `run_decode` needs besides the tensors (a small host value).
 struct DecodePlan {
-  DecodeProblem problem;   ///< The (maximum) shape planned for.
-  SplitLayout splits;      ///< How requests are cut into splits.
-  float scale = 0.f;       ///< Softmax scale (resolved: never 0).
-  int num_sms = 0;         ///< SMs the plan was made for.
-  int row_tiles = 1;       ///< Tiles of 16 query rows per KV head: `ceil(q_len·group / 16)`.
+  DecodeProblem problem;  ///< The (maximum) shape planned for.
+  SplitLayout splits;     ///< How requests are cut into splits.
+  float scale = 0.f;      ///< Softmax scale (resolved: never 0).
+  int num_sms = 0;        ///< SMs the plan was made for.
+  int row_tiles = 1;      ///< Tiles of 16 query rows per KV head: `ceil(q_len·group / 16)`.
   /// Benchmark aid: when true the cross-split merge is skipped (outputs of split requests are
   /// then left unwritten). Never set this outside of profiling.
   bool profile_skip_combine = false;
-  /// Benchmark aid: kernel variants compared by the benchmark (0 is the default). Never set
-  /// this outside of profiling.
-  int profile_variant = 0;
 
-  /// Bytes of device workspace `run_decode` needs (0 when no request can be split):
-  /// fp32 partial states `(batch·q_len, max_splits, heads_q, head_dim)` plus their LSEs and one
-  /// int32 ticket per (request, KV head, row tile). 256-byte aligned sections.
+  /// Bytes of device workspace `run_decode` needs (0 when no request can be split): fp32 partial
+  /// states `o (batch, heads_kv, row_tiles, max_splits, 16, head_dim)` and their base-2 LSEs,
+  /// plus one int32 ticket per (request, KV head, row tile); 256-byte aligned sections.
   std::size_t workspace_bytes() const;
 };
 
 /// Plans a decode (host only; no CUDA call).
 ///
-/// @param problem        shape: `batch ≥ 0`, `1 ≤ q_len ≤ 8`, `heads_q % heads_kv == 0`,
-///                       `heads_q / heads_kv ≤ 16`, `head_dim ∈ {64, 128, 256}`, `q_dtype ==
-///                       kv_dtype ∈ {f16, bf16}` (others: `Status::kNotSupported`).
+/// @param problem        shape: `batch ≥ 0`, `1 ≤ q_len ≤ 8`, `heads_q % heads_kv == 0` (any
+///                       group; `q_len · group ≤ 16` rows share one pass over the KV, more rows
+///                       use several row tiles), `head_dim ∈ {64, 128, 256}`,
+///                       `q_dtype == kv_dtype ∈ {f16, bf16}` (others: `Status::kNotSupported`).
 /// @param seq_lens_host  host array `(batch)`: the (maximum) lengths the plan must serve.
 /// @param options        scale (0 → `1/sqrt(head_dim)`) and split policy (see `SplitLayout`).
 /// @param num_sms        SMs of the device (`cudaDevAttrMultiProcessorCount`), ≥ 1.
@@ -65,6 +68,11 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
 
 /// Zeroes the ticket counters of a workspace on `stream` (one `cudaMemsetAsync`). Call once after
 /// allocating the workspace (or after a failed run); every `run_decode` leaves them zero again.
+/// @param plan             the plan the workspace serves.
+/// @param workspace        device memory of at least `plan.workspace_bytes()` (null if 0).
+/// @param workspace_bytes  size of `workspace` in bytes.
+/// @param stream           the caller's stream.
+/// @throws Error (`kInvalidArgument`, `kWorkspaceTooSmall`, `kCudaError`).
 void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t workspace_bytes,
                            cudaStream_t stream = nullptr);
 
@@ -84,6 +92,7 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
 ///                   dtype, any base (written in `out.base`).
 /// @param workspace  device memory of at least `plan.workspace_bytes()`, initialised once with
 ///                   `init_decode_workspace`; may be null when that size is 0.
+/// @param workspace_bytes  size of `workspace` in bytes.
 /// @param stream     the caller's stream.
 /// @throws Error (`kInvalidArgument`, `kNotSupported`, `kWorkspaceTooSmall`, `kCudaError`).
 void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,

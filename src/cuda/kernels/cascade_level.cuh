@@ -28,6 +28,8 @@ struct CascadeLevelParams {
   std::int64_t page_elems;     ///< Elements between pages.
   std::int64_t num_pages;      ///< Pages in the pool (page ids are clamped to it).
   int page_size;               ///< Tokens per page.
+  int page_shift;              ///< log2(page_size) when a power of two, else -1.
+  int prefetch_pages;          ///< 1: fetch a KV tile's page ids one tile ahead of its copies.
   int heads_kv;                ///< KV heads.
   int hnd;                     ///< 1 for the HND page layout.
   const std::int32_t* request_indptr;  ///< `(num_segments + 1)`.
@@ -129,6 +131,15 @@ struct PdlScope {
   }
 };
 
+/// Page (within the segment) of token `j`.
+__device__ __forceinline__ int page_of(const CascadeLevelParams& p, int j) {
+  return p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+}
+/// Slot within its page of token `j`.
+__device__ __forceinline__ int slot_of(const CascadeLevelParams& p, int j) {
+  return p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+}
+
 /// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
@@ -220,22 +231,36 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   }
   detail::cp_async_commit();
 
-  auto load_kv = [&](int kt, int stage) {
+  // KV tile loads: thread `tid` copies 16-byte chunk `c_ld` of rows `r_ld + it * kRowStep`.
+  // The page ids of a tile are fetched one tile ahead of its copies (`pg`), so the dependent
+  // page-table loads overlap the math instead of stalling every copy.
+  constexpr int kLoadIters = BN * kChunks / kThreads;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && (BN * kChunks) % kThreads == 0, "load mapping");
+  const int c_ld = tid % kChunks, r_ld = tid / kChunks;
+  auto fetch_pages = [&](int kt, int (&pg)[kLoadIters]) {
+    const int jb = kv_begin + kt * BN + r_ld;
+#pragma unroll
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int j = jb + it * kRowStep;
+      pg[it] = j < kv_end ? p.page_indices[pbeg + detail::page_of(p, j)] : 0;
+    }
+  };
+  auto issue_kv = [&](int kt, int stage, const int (&pg)[kLoadIters]) {
     T* dk = s_k + stage * BN * D;
     T* dv = s_v + stage * BN * D;
     const int jb = kv_begin + kt * BN;
 #pragma unroll
-    for (int it = 0; it < BN * kChunks / kThreads; ++it) {
-      const int i = tid + it * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int r = r_ld + it * kRowStep, c = c_ld;
       const int j = jb + r;
       const T* ks = kpool;
       const T* vs = vpool;
       int bytes = 0;
       if (j < kv_end) {
-        std::int64_t page = p.page_indices[pbeg + j / p.page_size];
+        std::int64_t page = pg[it];
         page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-        const int slot = j % p.page_size;
+        const int slot = detail::slot_of(p, j);
         const std::int64_t off =
             page * p.page_elems +
             (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
@@ -250,11 +275,16 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     }
   };
 
+  int pg[kLoadIters];
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < n_tiles) load_kv(st, st);
+    if (st < n_tiles) {
+      fetch_pages(st, pg);
+      issue_kv(st, st, pg);
+    }
     detail::cp_async_commit();
   }
+  if (p.prefetch_pages && kStages - 1 < n_tiles) fetch_pages(kStages - 1, pg);
 
   // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
   int limit[2];
@@ -288,8 +318,12 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     __syncthreads();
     {
       const int nt = kt + kStages - 1;
-      if (nt < n_tiles) load_kv(nt, nt % kStages);
+      if (nt < n_tiles) {
+        if (!p.prefetch_pages) fetch_pages(nt, pg);
+        issue_kv(nt, nt % kStages, pg);
+      }
       detail::cp_async_commit();
+      if (p.prefetch_pages && nt + 1 < n_tiles) fetch_pages(nt + 1, pg);
     }
     const T* ks_tile = s_k + (kt % kStages) * BN * D;
     const T* vs_tile = s_v + (kt % kStages) * BN * D;

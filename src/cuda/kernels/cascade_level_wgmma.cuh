@@ -181,6 +181,16 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+/// Pins accumulator registers at this point of the program: the compiler may not move their
+/// reads or writes across it (used around wgmma issue and wait, whose register effects it does
+/// not see).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
+}
 /// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -285,22 +295,36 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   }
   detail::cp_async_commit();
 
-  auto load_kv = [&](int kt, int stage) {
+  // KV tile loads: thread `tid` copies 16-byte chunk `c_ld` of rows `r_ld + it * kRowStep`.
+  // The page ids of a tile are fetched one tile ahead of its copies (`pg`), so the dependent
+  // page-table loads overlap the math instead of stalling every copy.
+  constexpr int kLoadIters = BN * kChunks / kThreads;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && (BN * kChunks) % kThreads == 0, "load mapping");
+  const int c_ld = tid % kChunks, r_ld = tid / kChunks;
+  auto fetch_pages = [&](int kt, int (&pg)[kLoadIters]) {
+    const int jb = kv_begin + kt * BN + r_ld;
+#pragma unroll
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int j = jb + it * kRowStep;
+      pg[it] = j < kv_end ? p.page_indices[pbeg + detail::page_of(p, j)] : 0;
+    }
+  };
+  auto issue_kv = [&](int kt, int stage, const int (&pg)[kLoadIters]) {
     T* dk = s_k + stage * BN * D;
     T* dv = s_v + stage * BN * D;
     const int jb = kv_begin + kt * BN;
 #pragma unroll
-    for (int it = 0; it < BN * kChunks / kThreads; ++it) {
-      const int i = tid + it * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int r = r_ld + it * kRowStep, c = c_ld;
       const int j = jb + r;
       const T* ks = kpool;
       const T* vs = vpool;
       int bytes = 0;
       if (j < kv_end) {
-        std::int64_t page = p.page_indices[pbeg + j / p.page_size];
+        std::int64_t page = pg[it];
         page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-        const int slot = j % p.page_size;
+        const int slot = detail::slot_of(p, j);
         const std::int64_t off =
             page * p.page_elems +
             (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
@@ -315,11 +339,16 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     }
   };
 
+  int pg[kLoadIters];
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < n_tiles) load_kv(st, st);
+    if (st < n_tiles) {
+      fetch_pages(st, pg);
+      issue_kv(st, st, pg);
+    }
     detail::cp_async_commit();
   }
+  if (p.prefetch_pages && kStages - 1 < n_tiles) fetch_pages(kStages - 1, pg);
 
   int limit[2];
 #pragma unroll
@@ -353,8 +382,12 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     __syncthreads();
     {
       const int nt = kt + kStages - 1;
-      if (nt < n_tiles) load_kv(nt, nt % kStages);
+      if (nt < n_tiles) {
+        if (!p.prefetch_pages) fetch_pages(nt, pg);
+        issue_kv(nt, nt % kStages, pg);
+      }
       detail::cp_async_commit();
+      if (p.prefetch_pages && nt + 1 < n_tiles) fetch_pages(nt + 1, pg);
     }
     const std::uint32_t k_base = detail::smem_u32(s_k + (kt % kStages) * BN * D);
     const std::uint32_t v_base = detail::smem_u32(s_v + (kt % kStages) * BN * D);
@@ -363,6 +396,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     float s[BN / 8][4];
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    detail::fence_regs(s);
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
@@ -371,6 +405,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     }
     detail::wgmma_commit();
     detail::wgmma_wait0();
+    detail::fence_regs(s);
 
     const int jb = kv_begin + kt * BN + 2 * (lane & 3);
 #pragma unroll
@@ -414,6 +449,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
       pf[kk][2] = detail::MmaType<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pf[kk][3] = detail::MmaType<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+    detail::fence_regs(acc);
     detail::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
@@ -425,6 +461,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     }
     detail::wgmma_commit();
     detail::wgmma_wait0();
+    detail::fence_regs(acc);
   }
   detail::cp_async_wait<0>();
 

@@ -36,33 +36,60 @@ template <int D, class TOut>
 __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
     cascade_merge_kernel(const CascadeMergeParams p) {
   constexpr int kPer = D / 32;  // elements per lane
+  constexpr int kUnroll = 4;    // partial states whose loads are in flight together
   const int lane = threadIdx.x & 31;
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kCascadeMergeWarps + (threadIdx.x >> 5);
   if (row >= p.rows) return;
+  // m = max of the LSEs: lanes read the slots in parallel, then a butterfly reduction
   float m = math::neg_inf();
-  for (int s = 0; s < p.num_slots; ++s) m = math::nan_max(m, p.ws_lse[s * p.rows + row]);
+  for (int s = lane; s < p.num_slots; s += 32) m = math::nan_max(m, p.ws_lse[s * p.rows + row]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+
   float acc[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) acc[i] = 0.f;
-  float sum = 0.f;
-  for (int s = 0; s < p.num_slots; ++s) {
-    const float lse = p.ws_lse[s * p.rows + row];
-    if (math::is_empty_lse(lse)) continue;  // an empty state's o is never read
-    const float w = math::merge_weight(LseBase::kBase2, lse, m);
-    sum += w;
-    const float* src = p.ws_o + (s * p.rows + row) * D + lane * kPer;
-    if constexpr (kPer == 4) {
-      const float4 v = *reinterpret_cast<const float4*>(src);
-      acc[0] += w * v.x;
-      acc[1] += w * v.y;
-      acc[2] += w * v.z;
-      acc[3] += w * v.w;
-    } else {
+  float sum = 0.f;  // this lane's share of the weight sum
+  for (int base = 0; base < p.num_slots; base += 32) {
+    // lane k holds the LSE and weight of slot base + k
+    const int s_lane = base + lane;
+    const float lse_lane = s_lane < p.num_slots ? p.ws_lse[s_lane * p.rows + row] : math::neg_inf();
+    const bool empty_lane = math::is_empty_lse(lse_lane);
+    const float w_lane = empty_lane ? 0.f : math::merge_weight(LseBase::kBase2, lse_lane, m);
+    sum += w_lane;
+    const int n = min(32, p.num_slots - base);
+    for (int k0 = 0; k0 < n; k0 += kUnroll) {
+      float v[kUnroll][kPer];
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] += w * src[i];
+      for (int u = 0; u < kUnroll; ++u) {  // loads first (an empty state's o may be garbage)
+        const int s = base + min(k0 + u, n - 1);
+        const float* src = p.ws_o + (s * p.rows + row) * D + lane * kPer;
+        if constexpr (kPer == 4) {
+          const float4 x = *reinterpret_cast<const float4*>(src);
+          v[u][0] = x.x;
+          v[u][1] = x.y;
+          v[u][2] = x.z;
+          v[u][3] = x.w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) v[u][i] = src[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = k0 + u;
+        const float w = __shfl_sync(0xffffffffu, w_lane, k & 31);
+        const bool empty = __shfl_sync(0xffffffffu, empty_lane ? 1 : 0, k & 31) != 0;
+        if (k < n && !empty) {  // never read an empty state's o as a factor
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) acc[i] += w * v[u][i];
+        }
+      }
     }
   }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
   const std::int64_t token = row / p.heads_q, head = row % p.heads_q;
   TOut* dst = static_cast<TOut*>(p.out_o) + token * p.o_stride_token + head * p.o_stride_head +

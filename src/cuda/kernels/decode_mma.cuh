@@ -26,8 +26,7 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, 
                  "r"(bytes)
                  : "memory");
   } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");
   }
 }
@@ -37,41 +36,6 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/// Initialises an mbarrier in shared memory with an arrival count.
-__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-/// Makes mbarrier initialisation and generic-proxy shared writes visible to the async proxy.
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-/// Arrives on an mbarrier, announcing `bytes` of transactions for the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-/// Waits until the mbarrier phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
-  std::uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-/// Bulk (TMA) copy of `bytes` (a multiple of 16) global → shared, completing on mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes,
-                                          std::uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
 }
 
 /// Four 8×8 b16 matrices from shared memory (lane `l` gives the row address of matrix `l/8`).
@@ -89,8 +53,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t r[4], std::uint3
 
 /// `c += a · b` on a 16×8×16 tile, fp32 accumulators; `kBF16` selects bf16 or f16 operands.
 template <bool kBF16>
-__device__ __forceinline__ void mma_16816(float c[4], const std::uint32_t a[4],
-                                          std::uint32_t b0, std::uint32_t b1) {
+__device__ __forceinline__ void mma_16816(float c[4], const std::uint32_t a[4], std::uint32_t b0,
+                                          std::uint32_t b1) {
   if constexpr (kBF16) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "

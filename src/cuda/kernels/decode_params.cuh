@@ -53,7 +53,6 @@ struct DecodeParams {
   float* ws_lse;
   std::int32_t* tickets;
   bool skip_combine;
-  int variant;  // benchmark variants (see DecodePlan::profile_variant)
 };
 
 }  // namespace detail

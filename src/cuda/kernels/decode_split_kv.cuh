@@ -28,50 +28,45 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Elements per K/V tile row in shared memory: bulk (TMA) copies land in rows padded by 16 bytes
-/// (conflict-free ldmatrix without a swizzle), cp.async copies in XOR-swizzled dense rows.
-__host__ __device__ constexpr int decode_row_elems(int D, bool tma) { return tma ? D + 8 : D; }
-
-/// Bytes of the per-warp, per-stage mbarriers.
-constexpr std::int64_t kDecodeBarBytes = std::int64_t{kDecodeWarps} * kDecodeStages * 8;
-
 /// Shared-memory bytes of the decode kernel for head dim `D` and `max_splits` splits:
-/// queries, then the pipeline (aliased by the merge scratch), the mbarriers and a flag.
-__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int max_splits, bool tma) {
+/// queries, then the pipeline (aliased by the merge and combine scratch) and a flag.
+__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int max_splits) {
   const std::int64_t q_bytes = std::int64_t{kDecodeTileRows} * D * 2;
-  const std::int64_t pipe = std::int64_t{kDecodeWarps} * kDecodeStages * 2 * kDecodeTileRows *
-                            decode_row_elems(D, tma) * 2;
+  const std::int64_t pipe =
+      std::int64_t{kDecodeWarps} * kDecodeStages * 2 * kDecodeTileRows * D * 2;
   const std::int64_t merge =
       std::int64_t{kDecodeWarps} * kDecodeTileRows * (D + 2) * 4 + kDecodeTileRows * 8 * 4;
   const std::int64_t combine = std::int64_t{kDecodeTileRows} * (2 * max_splits + 4) * 4;
   std::int64_t body = pipe > merge ? pipe : merge;
   body = body > combine ? body : combine;
-  return q_bytes + body + kDecodeBarBytes + 16;
+  return q_bytes + body + 16;
 }
 
 /// Stores one fp32 value as `dt` at element `off` of `base`.
 __device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off, float x) {
   switch (dt) {
-    case DType::kF32: static_cast<float*>(base)[off] = x; break;
-    case DType::kF16: static_cast<half_t*>(base)[off] = from_float<half_t>(x); break;
-    default: static_cast<bfloat16_t*>(base)[off] = from_float<bfloat16_t>(x); break;
+    case DType::kF32:
+      static_cast<float*>(base)[off] = x;
+      break;
+    case DType::kF16:
+      static_cast<half_t*>(base)[off] = from_float<half_t>(x);
+      break;
+    default:
+      static_cast<bfloat16_t*>(base)[off] = from_float<bfloat16_t>(x);
+      break;
   }
 }
 
-/// Split-KV decode kernel for head dim `D`; `kBF16` selects bf16 (else f16) queries and KV;
-/// `kTma` loads K/V rows with bulk (TMA) copies completing on mbarriers, else with 16-byte
-/// cp.async copies.
-template <int D, bool kBF16, bool kTma>
-__global__ void __launch_bounds__(kDecodeWarps * 32)
-    decode_split_kv_kernel(const DecodeParams p) {
+/// Split-KV decode kernel for head dim `D`; `kBF16` selects bf16 (else f16) queries and KV.
+template <int D, bool kBF16>
+__global__ void __launch_bounds__(kDecodeWarps * 32) decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kDecodeWarps * 32;
-  constexpr int kCpr = D / 8;              // 16-byte chunks per row
+  constexpr int kCpr = D / 8;  // 16-byte chunks per row
   constexpr int kChunksPerLane = kRows * kCpr / 32;
-  constexpr int kRowElems = decode_row_elems(D, kTma);
-  constexpr int kTileElems = kRows * kRowElems;  // one K or V tile of 16 tokens
-  constexpr int kNT = D / 8;               // n-tiles of the output
+  constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
+  constexpr int kNT = D / 8;             // n-tiles of the output
 
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* q_s = reinterpret_cast<Elem*>(smem);
@@ -141,7 +136,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   if (s >= n_splits) return;
   const TokenRange range = p.splits.range(len, s);
 
-
   // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero) ----
 #pragma unroll
   for (int i = 0; i < kQPerThread; ++i) {
@@ -194,63 +188,31 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       return spec_pid < p.num_pages ? spec_pid : p.num_pages - 1;
     return page_id(t0 / p.page_size);
   };
-  // mbarriers of this warp's stages (bulk-copy path).
-  const std::uint32_t bar0 =
-      smem_addr(smem + decode_smem_bytes(D, static_cast<int>(S), kTma) - 16 - kDecodeBarBytes) +
-      warp * kDecodeStages * 8;
   auto load_tile = [&](int it, int stage, std::int64_t pid) {
     const int t0 = range.begin + (warp + kDecodeWarps * it) * kRows;
     Elem* kd = kbuf + stage * 2 * kTileElems;
     Elem* vd = kd + kTileElems;
     const std::int64_t tile_page_base = pid * p.page_elems;
     const int slot0 = tile_in_page ? t0 % p.page_size : 0;
-    if constexpr (kTma) {
-      const int valid = min(kRows, range.end - t0);
-      if (valid < kRows) {  // zero the rows past the end (their probabilities are 0, V must be finite)
-        for (int c = lane; c < (kRows - valid) * kCpr; c += 32) {
-          const int r = valid + c / kCpr;
-          const int col = c % kCpr;
-          *reinterpret_cast<uint4*>(kd + r * kRowElems + col * 8) = make_uint4(0, 0, 0, 0);
-          *reinterpret_cast<uint4*>(vd + r * kRowElems + col * 8) = make_uint4(0, 0, 0, 0);
-        }
-        fence_async_shared();
-      }
-      __syncwarp();
-      const std::uint32_t bar = bar0 + stage * 8;
-      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<std::uint32_t>(valid) * D * 2 * 2);
-      __syncwarp();
-      const int r = lane & 15;
-      if (r < valid) {
-        const int t = t0 + r;
-        const std::int64_t off = tile_in_page
-                                     ? tile_page_base + in_page(slot0 + r)
-                                     : page_id(t / p.page_size) * p.page_elems +
-                                           in_page(t % p.page_size);
-        const Elem* src = (lane < 16 ? kpool : vpool) + off;
-        Elem* dst = (lane < 16 ? kd : vd) + r * kRowElems;
-        bulk_copy(smem_addr(dst), src, D * 2, bar);
-      }
-    } else {
 #pragma unroll
-      for (int i = 0; i < kChunksPerLane; ++i) {
-        const int c = lane + 32 * i;
-        const int r = c / kCpr;
-        const int col = c % kCpr;
-        const int t = t0 + r;
-        const bool valid = t < range.end;
-        std::int64_t off = 0;
-        if (valid) {
-          if (tile_in_page) {
-            off = tile_page_base + in_page(slot0 + r);
-          } else {
-            off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size);
-          }
-          off += col * 8;
+    for (int i = 0; i < kChunksPerLane; ++i) {
+      const int c = lane + 32 * i;
+      const int r = c / kCpr;
+      const int col = c % kCpr;
+      const int t = t0 + r;
+      const bool valid = t < range.end;
+      std::int64_t off = 0;
+      if (valid) {
+        if (tile_in_page) {
+          off = tile_page_base + in_page(slot0 + r);
+        } else {
+          off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size);
         }
-        const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
-        cp_async_16(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
-        cp_async_16(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
+        off += col * 8;
       }
+      const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
+      cp_async_16(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
+      cp_async_16(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
     }
   };
 
@@ -259,16 +221,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
   math::OnlineSoftmax os[2];
 
-  if constexpr (kTma) {
-    if (lane == 0)
-      for (int st = 0; st < kDecodeStages; ++st) mbar_init(bar0 + st * 8, 1);
-    fence_async_shared();
-    __syncwarp();
-  }
 #pragma unroll
   for (int st = 0; st < kDecodeStages - 1; ++st) {
     if (st < my_tiles) load_tile(st, st, tile_pid(st));
-    if constexpr (!kTma) cp_async_commit();
+    cp_async_commit();
   }
   // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
   std::int64_t pid_next = tile_pid(kDecodeStages - 1);
@@ -277,12 +233,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     const int nxt = it + kDecodeStages - 1;
     if (nxt < my_tiles) load_tile(nxt, nxt % kDecodeStages, pid_next);
     pid_next = tile_pid(nxt + 1);
-    if constexpr (kTma) {
-      mbar_wait(bar0 + (it % kDecodeStages) * 8, (it / kDecodeStages) & 1);
-    } else {
-      cp_async_commit();
-      cp_async_wait<kDecodeStages - 1>();
-    }
+    cp_async_commit();
+    cp_async_wait<kDecodeStages - 1>();
     __syncwarp();
 
     const int stage = it % kDecodeStages;
@@ -304,8 +256,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
         const int mi = lane >> 3;
         const int r = ((mi >> 1) << 3) + (lane & 7);
         const int c = kk * 2 + (mi & 1);
-        ldmatrix_x4(bk, smem_addr(ks + (kTma ? r * kRowElems + (c << 3)
-                                              : r * D + ((c ^ (r & 7)) << 3))));
+        ldmatrix_x4(bk, smem_addr(ks + r * D + ((c ^ (r & 7)) << 3)));
       }
       mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
       mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
@@ -359,8 +310,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       std::uint32_t bv[4];
       const int r = lane & 15;
       const int c = jj * 2 + (lane >> 4);
-      ldmatrix_x4_trans(bv, smem_addr(vs + (kTma ? r * kRowElems + (c << 3)
-                                                 : r * D + ((c ^ (r & 7)) << 3))));
+      ldmatrix_x4_trans(bv, smem_addr(vs + r * D + ((c ^ (r & 7)) << 3)));
       mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
       mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
     }
@@ -376,13 +326,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     os[h].l = l;
   }
-  __syncthreads();  // every warp is done with the pipeline buffers
-  float* ow = reinterpret_cast<float*>(body);                       // [warp][row][D]
-  float* mw = ow + kDecodeWarps * kRows * D;                         // [warp][row]
-  float* lw = mw + kDecodeWarps * kRows;                             // [warp][row]
-  float* fac = lw + kDecodeWarps * kRows;                            // [warp][row]
-  float* row_inv = fac + kDecodeWarps * kRows;                       // [row]
-  float* row_lse = row_inv + kRows;                                  // [row] base 2
+  __syncthreads();                              // every warp is done with the pipeline buffers
+  float* ow = reinterpret_cast<float*>(body);   // [warp][row][D]
+  float* mw = ow + kDecodeWarps * kRows * D;    // [warp][row]
+  float* lw = mw + kDecodeWarps * kRows;        // [warp][row]
+  float* fac = lw + kDecodeWarps * kRows;       // [warp][row]
+  float* row_inv = fac + kDecodeWarps * kRows;  // [row]
+  float* row_lse = row_inv + kRows;             // [row] base 2
   {
     float* mine = ow + warp * kRows * D;
 #pragma unroll
@@ -430,7 +380,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     float acc = 0.f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
-      if (!math::is_empty_lse(mw[w * kRows + r])) acc += fac[w * kRows + r] * ow[(w * kRows + r) * D + d];
+      if (!math::is_empty_lse(mw[w * kRows + r]))
+        acc += fac[w * kRows + r] * ow[(w * kRows + r) * D + d];
     }
     const float o = acc * row_inv[r];
     if (single) {
@@ -449,8 +400,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   if (single || p.skip_combine) return;
 
   // ---- ticket: the last CTA of this (request, KV head, row tile) merges the splits ----
-  int* is_last =
-      reinterpret_cast<int*>(smem + decode_smem_bytes(D, static_cast<int>(S), kTma) - 16);
+  int* is_last = reinterpret_cast<int*>(smem + decode_smem_bytes(D, static_cast<int>(S)) - 16);
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -464,10 +414,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   __threadfence();
 
   const std::int64_t split0 = tile_id * S * kRows;  // partial (split 0, row 0)
-  float* lse_s = reinterpret_cast<float*>(body);        // [row][n_splits]
-  float* w_s = lse_s + kRows * n_splits;                // [row][n_splits]
-  float* c_inv = w_s + kRows * n_splits;                // [row]
-  float* c_lse = c_inv + kRows;                         // [row]
+  float* lse_s = reinterpret_cast<float*>(body);    // [row][n_splits]
+  float* w_s = lse_s + kRows * n_splits;            // [row][n_splits]
+  float* c_inv = w_s + kRows * n_splits;            // [row]
+  float* c_lse = c_inv + kRows;                     // [row]
   __syncthreads();  // the warp-merge scratch above is dead; reuse it
   for (int r = warp; r < rows_here; r += kDecodeWarps) {
     float m = math::neg_inf();
