@@ -42,9 +42,9 @@ struct Anchor {
   double cascade_us, plain_us, prefix_us;
 };
 const Anchor kAnchors[] = {
-    {4096, 64, 16, 28.4, 100.4, 18.8},       {4096, 256, 128, 103.3, 772.4, 48.8},
-    {32768, 64, 16, 62.4, 729.9, 51.7},      {32768, 256, 64, 158.8, 2941.9, 125.3},
-    {32768, 256, 128, 289.1, 5839.7, 233.8}, {32768, 64, 256, 522.2, 11240.7, 455.4},
+    {4096, 64, 16, 28.4, 100.4, 18.8},         {4096, 256, 128, 103.3, 772.4, 48.8},
+    {32768, 64, 16, 62.4, 729.9, 51.7},        {32768, 256, 64, 158.8, 2941.9, 125.3},
+    {32768, 256, 128, 289.1, 5839.7, 233.8},   {32768, 64, 256, 522.2, 11240.7, 455.4},
     {32768, 1024, 256, 741.9, 11559.4, 462.1},
 };
 const Anchor* find_anchor(int p, int s, int b) {
@@ -120,8 +120,9 @@ double copy_bandwidth(cudaStream_t stream) {
   ATTNSTATE_CUDA_CHECK(cudaMalloc(&b, bytes));
   ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
   Timer t(stream, 10);
-  const double us = t.median_us(
-      [&] { ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream)); });
+  const double us = t.median_us([&] {
+    ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
   ATTNSTATE_CUDA_CHECK(cudaFree(a));
   ATTNSTATE_CUDA_CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
@@ -170,7 +171,8 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   std::vector<std::int32_t> prefix_ids(pp), suffix_ids(static_cast<std::size_t>(batch) * sp);
   for (int i = 0; i < pp; ++i) prefix_ids[i] = i;
   for (int b = 0; b < batch; ++b)
-    for (int j = 0; j < sp; ++j) suffix_ids[static_cast<std::size_t>(b) * sp + j] = pp + j * batch + b;
+    for (int j = 0; j < sp; ++j)
+      suffix_ids[static_cast<std::size_t>(b) * sp + j] = pp + j * batch + b;
 
   // two-level cascade
   std::vector<std::int32_t> l0_req{0, batch}, l0_pind{0, pp}, l0_len{prefix};
@@ -220,9 +222,9 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   std::vector<void*> owned;
   const CascadeLevel h_levels[2] = {host_level(l0_req, l0_pind, prefix_ids, l0_len),
                                     host_level(l1_req, l1_pind, suffix_ids, l1_len)};
-  const CascadeLevel d_levels[2] = {dev_level(h_levels[0], pp, owned),
-                                    dev_level(h_levels[1], static_cast<std::int64_t>(batch) * sp,
-                                              owned)};
+  const CascadeLevel d_levels[2] = {
+      dev_level(h_levels[0], pp, owned),
+      dev_level(h_levels[1], static_cast<std::int64_t>(batch) * sp, owned)};
   const CascadeLevel h_flat = host_level(l1_req, f_pind, f_ids, f_len);
   const CascadeLevel d_flat = dev_level(h_flat, static_cast<std::int64_t>(f_ids.size()), owned);
 
@@ -244,8 +246,8 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   row.prefix_splits = plan.levels[0].max_splits;
   row.suffix_tile = plan.levels[1].tile_rows;
   row.suffix_splits = plan.levels[1].max_splits;
-  std::size_t ws_bytes = std::max({plan.workspace_bytes(), flat_plan.workspace_bytes(),
-                                   mma_plan.workspace_bytes()});
+  std::size_t ws_bytes =
+      std::max({plan.workspace_bytes(), flat_plan.workspace_bytes(), mma_plan.workspace_bytes()});
   if (explore && explore->on) ws_bytes = std::max<std::size_t>(ws_bytes, 512ull << 20);
   void* ws = dalloc<std::uint8_t>(ws_bytes);
 
@@ -282,28 +284,29 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
       [&] { cuda::run_cascade(serial_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
   row.mma_us = timer.median_us(
       [&] { cuda::run_cascade(mma_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
-  row.merge_us = timer.median_us([&] { cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream); });
+  row.merge_us =
+      timer.median_us([&] { cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream); });
   if (explore && explore->on) {
     for (auto kernel : {cuda::CascadeKernel::kMma, cuda::CascadeKernel::kWgmma})
-    for (int tile : {64, 128})
-      for (int chunk : {0, 1024, 2048, 4096, 8192}) {
-        cuda::CascadeTuning t;
-        t.tile_rows = tile;
-        t.chunk = chunk;
-        t.kernel = kernel;
-        const cuda::CascadePlan ep = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, t);
-        if (ep.workspace_bytes() > ws_bytes) continue;
-        const double us = timer.median_us(
-            [&] { cuda::run_cascade_level(ep, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
-        char buf[160];
-        std::snprintf(buf, sizeof buf,
-                      "  prefix %5d batch %3d: %-5s tile %3d chunk %5d (splits %2d): %8.1f us "
-                      "(%.0f TFLOP/s)",
-                      prefix, batch, kernel == cuda::CascadeKernel::kMma ? "mma" : "wgmma", tile,
-                      ep.levels[0].chunk, ep.levels[0].max_splits, us,
-                      4.0 * batch * kHeadsQ * double(prefix) * kHeadDim / (us * 1e6));
-        explore->lines.push_back(buf);
-      }
+      for (int tile : {64, 128})
+        for (int chunk : {0, 1024, 2048, 4096, 8192}) {
+          cuda::CascadeTuning t;
+          t.tile_rows = tile;
+          t.chunk = chunk;
+          t.kernel = kernel;
+          const cuda::CascadePlan ep = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, t);
+          if (ep.workspace_bytes() > ws_bytes) continue;
+          const double us = timer.median_us(
+              [&] { cuda::run_cascade_level(ep, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
+          char buf[160];
+          std::snprintf(buf, sizeof buf,
+                        "  prefix %5d batch %3d: %-5s tile %3d chunk %5d (splits %2d): %8.1f us "
+                        "(%.0f TFLOP/s)",
+                        prefix, batch, kernel == cuda::CascadeKernel::kMma ? "mma" : "wgmma", tile,
+                        ep.levels[0].chunk, ep.levels[0].max_splits, us,
+                        4.0 * batch * kHeadsQ * double(prefix) * kHeadDim / (us * 1e6));
+          explore->lines.push_back(buf);
+        }
   }
   cuda::run_cascade(plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream);
   row.flat_us = timer.median_us(
@@ -327,8 +330,8 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
     dkv.page_indices = static_cast<const std::int32_t*>(d_flat.page_indices);
     dkv.seq_lens = static_cast<const std::int32_t*>(d_flat.seg_lens);
     dkv.batch = batch;
-    row.decode_us = timer.median_us(
-        [&] { cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream); });
+    row.decode_us =
+        timer.median_us([&] { cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream); });
     cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream);
     ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
     ATTNSTATE_CUDA_CHECK(cudaFree(dws));
@@ -394,8 +397,10 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const double bw = copy_bandwidth(stream);
-    std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + written); floor uses it and "
-                "%.0f TFLOP/s\n", prop.name, num_sms, bw / 1e9, kTensorFlops / 1e12);
+    std::printf(
+        "device %s, %d SMs; copy bandwidth %.0f GB/s (read + written); floor uses it and "
+        "%.0f TFLOP/s\n",
+        prop.name, num_sms, bw / 1e9, kTensorFlops / 1e12);
     std::printf("plain decode: %s\n", BENCH_CASCADE_HAS_DECODE
                                           ? "the library's split-KV decode (run_decode)"
                                           : "not built; 'flat' = the cascade kernel, one level");
@@ -411,23 +416,25 @@ int main(int argc, char** argv) {
             if (!find_anchor(p, s, b)) shapes.push_back({p, s, b});
     const int reps = quick ? 7 : 25;
     std::vector<Row> rows;
-    std::printf("%6s %5s %5s | %9s %9s %9s %9s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | %s\n",
-                "prefix", "suf", "batch", "cascade", "serial", "mma-only", "prefix", "suffix", "merge", "decode",
-                "flat", "x-dec", "floor", "x-flr", "FI", "x-FI", "maxdiff", "tiles/splits");
+    std::printf(
+        "%6s %5s %5s | %9s %9s %9s %9s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | %s\n",
+        "prefix", "suf", "batch", "cascade", "serial", "mma-only", "prefix", "suffix", "merge",
+        "decode", "flat", "x-dec", "floor", "x-flr", "FI", "x-FI", "maxdiff", "tiles/splits");
     Explore explore;
     for (const Shape& sh : shapes) {
-      explore.on = !quick && sh.s == 256 && ((sh.p == 32768 && sh.b == 128) ||
-                                             (sh.p == 4096 && sh.b == 16) ||
-                                             (sh.p == 32768 && sh.b == 16));
+      explore.on = !quick && sh.s == 256 &&
+                   ((sh.p == 32768 && sh.b == 128) || (sh.p == 4096 && sh.b == 16) ||
+                    (sh.p == 32768 && sh.b == 16));
       const Row r = run_shape(sh.p, sh.s, sh.b, num_sms, bw, stream, reps, &explore);
       rows.push_back(r);
-      std::printf("%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f %6.2f | "
-                  "%8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
-                  r.prefix, r.suffix, r.batch, r.cascade_us, r.serial_us, r.mma_us, r.prefix_us, r.suffix_us,
-                  r.merge_us, r.decode_us, r.flat_us,
-                  (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
-                  r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
-                  r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits);
+      std::printf(
+          "%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f %6.2f | "
+          "%8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
+          r.prefix, r.suffix, r.batch, r.cascade_us, r.serial_us, r.mma_us, r.prefix_us,
+          r.suffix_us, r.merge_us, r.decode_us, r.flat_us,
+          (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
+          r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
+          r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits);
       std::fflush(stdout);
     }
     if (!explore.lines.empty()) {
@@ -440,19 +447,22 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "cannot write %s\n", csv.c_str());
         return 1;
       }
-      std::fprintf(f, "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
-                      "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
-                      "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
-                      "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us,serial_levels_us\n");
+      std::fprintf(
+          f,
+          "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
+          "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
+          "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
+          "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us,serial_levels_us\n");
       for (const Row& r : rows)
-        std::fprintf(f, "%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.2f,%.3f,%.1f,%.3f,%.3e,%d,"
-                        "%d,%d,%d,%.0f,%.2f,%.2f\n",
+        std::fprintf(f,
+                     "%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.2f,%.3f,%.1f,%.3f,%.3e,%d,"
+                     "%d,%d,%d,%.0f,%.2f,%.2f\n",
                      r.prefix, r.suffix, r.batch, r.cascade_us, r.prefix_us, r.suffix_us,
                      r.merge_us, r.decode_us, r.flat_us,
                      (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
-                     r.cascade_us / r.floor_us, r.fi_us,
-                     r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0, r.max_diff, r.prefix_tile,
-                     r.prefix_splits, r.suffix_tile, r.suffix_splits, bw / 1e9, r.mma_us, r.serial_us);
+                     r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
+                     r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits,
+                     bw / 1e9, r.mma_us, r.serial_us);
       std::fclose(f);
     }
     int bad = 0;

@@ -25,7 +25,7 @@
 #include <sys/mman.h>
 #endif
 
-#include "../src/cpu/parallel.hpp"  // the backend's own pool, so memcpy uses the same threads
+#include "cpu/parallel.hpp"  // the backend's own pool, so memcpy uses the same threads
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/merge.hpp"

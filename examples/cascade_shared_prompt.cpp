@@ -134,8 +134,8 @@ bool run_cpu(const SharedPromptBatch& s) {
   const PagedKvCache pool = s.pool(s.k.data(), s.v.data(), MemorySpace::kHost);
   const double t_c = seconds([&] {
     cpu::cascade_attention(q, pool, levels.data(), 2, CascadeOptions{},
-                           make_state_view(o_c.data(), DType::kF32, lse_c.data(), s.batch,
-                                           kHeadsQ, kHeadDim, LseBase::kNatural));
+                           make_state_view(o_c.data(), DType::kF32, lse_c.data(), s.batch, kHeadsQ,
+                                           kHeadDim, LseBase::kNatural));
   });
   PagedKvCache plain = pool;
   plain.page_indptr = s.plain_pind.data();
@@ -144,8 +144,8 @@ bool run_cpu(const SharedPromptBatch& s) {
   plain.batch = s.batch;
   const double t_p = seconds([&] {
     cpu::decode(q, plain, DecodeOptions{},
-                make_state_view(o_p.data(), DType::kF32, lse_p.data(), s.batch, kHeadsQ,
-                                kHeadDim, LseBase::kNatural));
+                make_state_view(o_p.data(), DType::kF32, lse_p.data(), s.batch, kHeadsQ, kHeadDim,
+                                LseBase::kNatural));
   });
   const double d = std::max(max_diff(o_c, o_p), max_diff(lse_c, lse_p));
   std::printf("CPU: cascade %.1f ms, plain decode %.1f ms, speedup %.2fx, max |diff| %.2e\n",
@@ -157,7 +157,8 @@ bool run_cpu(const SharedPromptBatch& s) {
 template <class T>
 T* to_device(const std::vector<T>& h) {
   T* p = nullptr;
-  ATTNSTATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(h.size(), 1) * sizeof(T)));
+  ATTNSTATE_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(h.size(), 1) * sizeof(T)));
   ATTNSTATE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
 }
@@ -182,12 +183,12 @@ bool run_gpu(const SharedPromptBatch& s) {
   float* o = nullptr;
   float* lse = nullptr;
   ATTNSTATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&o), 2 * n * sizeof(float)));
-  ATTNSTATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lse), 2 * (n / kHeadDim) * sizeof(float)));
+  ATTNSTATE_CUDA_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&lse), 2 * (n / kHeadDim) * sizeof(float)));
   const StateView out_c = make_state_view(o, DType::kF32, lse, s.batch, kHeadsQ, kHeadDim,
                                           LseBase::kNatural, MemorySpace::kDevice);
-  const StateView out_p = make_state_view(o + n, DType::kF32, lse + n / kHeadDim, s.batch,
-                                          kHeadsQ, kHeadDim, LseBase::kNatural,
-                                          MemorySpace::kDevice);
+  const StateView out_p = make_state_view(o + n, DType::kF32, lse + n / kHeadDim, s.batch, kHeadsQ,
+                                          kHeadDim, LseBase::kNatural, MemorySpace::kDevice);
   // cascade: plan on the host from the host arrays, run from the device arrays
   cuda::CascadeShape shape;
   shape.batch = s.batch;
@@ -226,7 +227,8 @@ bool run_gpu(const SharedPromptBatch& s) {
   for (int i = 0; i < reps; ++i)
     cuda::run_cascade(plan, q, pool, d_levels.data(), 2, out_c, ws, plan.workspace_bytes());
   ATTNSTATE_CUDA_CHECK(cudaEventRecord(e[1]));
-  for (int i = 0; i < reps; ++i) cuda::run_decode(dplan, q, plain, out_p, dws, dplan.workspace_bytes());
+  for (int i = 0; i < reps; ++i)
+    cuda::run_decode(dplan, q, plain, out_p, dws, dplan.workspace_bytes());
   ATTNSTATE_CUDA_CHECK(cudaEventRecord(e[2]));
   ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e[2]));
   float ms_c = 0, ms_p = 0;
@@ -235,10 +237,10 @@ bool run_gpu(const SharedPromptBatch& s) {
   std::vector<float> h(2 * n), hl(2 * (n / kHeadDim));
   ATTNSTATE_CUDA_CHECK(cudaMemcpy(h.data(), o, h.size() * 4, cudaMemcpyDeviceToHost));
   ATTNSTATE_CUDA_CHECK(cudaMemcpy(hl.data(), lse, hl.size() * 4, cudaMemcpyDeviceToHost));
-  const double d = std::max(
-      max_diff(std::vector<float>(h.begin(), h.begin() + n), std::vector<float>(h.begin() + n, h.end())),
-      max_diff(std::vector<float>(hl.begin(), hl.begin() + n / kHeadDim),
-               std::vector<float>(hl.begin() + n / kHeadDim, hl.end())));
+  const double d = std::max(max_diff(std::vector<float>(h.begin(), h.begin() + n),
+                                     std::vector<float>(h.begin() + n, h.end())),
+                            max_diff(std::vector<float>(hl.begin(), hl.begin() + n / kHeadDim),
+                                     std::vector<float>(hl.begin() + n / kHeadDim, hl.end())));
   std::printf("GPU: cascade %.1f us, plain decode %.1f us, speedup %.2fx, max |diff| %.2e\n",
               1e3 * ms_c / reps, 1e3 * ms_p / reps, ms_p / ms_c, d);
   for (auto& ev : e) ATTNSTATE_CUDA_CHECK(cudaEventDestroy(ev));

@@ -15,8 +15,9 @@
 #include "attnstate/attnstate.hpp"
 
 #if defined(ATTNSTATE_HAS_CUDA)
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
+#include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
 #endif
 

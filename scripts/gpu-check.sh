@@ -13,6 +13,9 @@
 #                      GPU_BENCH     names of bench executables to run (default: every bench_*
 #                                    built with CUDA); "none" to skip
 #                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick)
+#                      GPU_SAN_BUDGET seconds for all sanitizer runs together (default 420);
+#                                    each run is capped at GPU_SAN_TIMEOUT (default 240) and
+#                                    property tests run RC_PARAMS=max_success=20 under it
 # GoogleTest/RapidCheck are taken from .deps/usr when present (scripts/make-device-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,11 +57,15 @@ fi
 # 3. compute-sanitizer over the GPU tests (tests named *Large* are skipped: too slow there)
 if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
   exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 3 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
+  san_start=$(date +%s)
   for name in $exes; do
     exe=$(find "$BUILD" -type f -name "$name" -perm -u+x | head -1)
     [ -n "$exe" ] || continue
     for tool in memcheck racecheck; do
-      if compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$exe" \
+      if [ $(( $(date +%s) - san_start )) -gt "${GPU_SAN_BUDGET:-420}" ]; then
+        say "sanitizer $tool $name: NOT RUN (sanitizer time budget spent)"; continue
+      fi
+      if RC_PARAMS="max_success=20" timeout "${GPU_SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$exe" \
            --gtest_filter='-*Large*' >"$LOG/san-$tool-$name.log" 2>&1; then
         say "sanitizer $tool $name: clean ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san-$tool-$name.log" | tail -1))"
       else

@@ -32,8 +32,8 @@ RC_GTEST_PROP(CascadeProperty, CpuCascadeEqualsAttentionOverTheConcatenation, ()
   const LseBase base = *rc::gen::element(LseBase::kNatural, LseBase::kBase2);
   std::vector<std::uint8_t> o_raw(c.out_elems() * attnstate::size_of(out_dt), 0xFF);
   std::vector<float> lse(c.lse_elems(), std::numeric_limits<float>::quiet_NaN());
-  auto out = attnstate::make_state_view(o_raw.data(), out_dt, lse.data(), c.tokens(),
-                                        spec.heads_q, spec.head_dim, base);
+  auto out = attnstate::make_state_view(o_raw.data(), out_dt, lse.data(), c.tokens(), spec.heads_q,
+                                        spec.head_dim, base);
   const auto levels = c.host_levels();
   attnstate::cpu::cascade_attention(c.query(c.q_raw.data(), MemorySpace::kHost),
                                     c.pool(c.k_raw.data(), c.v_raw.data(), MemorySpace::kHost),

@@ -22,17 +22,26 @@ constexpr int kBlock = 64;  // keys per online-softmax block
 
 float load_elem(const void* base, DType dt, std::int64_t idx) {
   switch (dt) {
-    case DType::kF16: return to_float(static_cast<const half_t*>(base)[idx]);
-    case DType::kBF16: return to_float(static_cast<const bfloat16_t*>(base)[idx]);
-    default: return static_cast<const float*>(base)[idx];
+    case DType::kF16:
+      return to_float(static_cast<const half_t*>(base)[idx]);
+    case DType::kBF16:
+      return to_float(static_cast<const bfloat16_t*>(base)[idx]);
+    default:
+      return static_cast<const float*>(base)[idx];
   }
 }
 
 void store_elem(void* base, DType dt, std::int64_t idx, float x) {
   switch (dt) {
-    case DType::kF16: static_cast<half_t*>(base)[idx] = from_float<half_t>(x); break;
-    case DType::kBF16: static_cast<bfloat16_t*>(base)[idx] = from_float<bfloat16_t>(x); break;
-    default: static_cast<float*>(base)[idx] = x; break;
+    case DType::kF16:
+      static_cast<half_t*>(base)[idx] = from_float<half_t>(x);
+      break;
+    case DType::kBF16:
+      static_cast<bfloat16_t*>(base)[idx] = from_float<bfloat16_t>(x);
+      break;
+    default:
+      static_cast<float*>(base)[idx] = x;
+      break;
   }
 }
 
@@ -112,16 +121,17 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
 
 }  // namespace
 
-void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv,
-                       const CascadeLevel* levels, int num_levels, const CascadeOptions& options,
-                       StateView out) {
+void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
+                       int num_levels, const CascadeOptions& options, StateView out) {
   ::attnstate::detail::check_cascade_pool(kFunc, kv, MemorySpace::kHost);
   ::attnstate::detail::check_cascade_query(kFunc, q, kv, MemorySpace::kHost);
   const std::int64_t batch = q.shape[0], q_len = q.shape[1], heads_q = q.shape[2];
   const std::int64_t D = kv.head_dim, group = heads_q / kv.heads_kv;
-  ::attnstate::detail::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
+  ::attnstate::detail::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal,
+                                            kv, false);
   ::attnstate::detail::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost);
-  const float s2_scale = math::base2_score_scale(::attnstate::detail::cascade_scale(kFunc, options, D));
+  const float s2_scale =
+      math::base2_score_scale(::attnstate::detail::cascade_scale(kFunc, options, D));
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;
@@ -136,15 +146,15 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv,
         for (std::int64_t r = 0; r < nrows; r += kRowsPerItem)
           items.push_back(WorkItem{l, s, h, r, std::min(nrows, r + kRowsPerItem)});
     }
-  detail::parallel_for(0, static_cast<std::int64_t>(items.size()), 1,
-                       [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) {
-      const WorkItem& w = items[i];
-      const bool causal_tail = options.causal && w.level == num_levels - 1;
-      item_states(w, q, kv, levels[w.level], causal_tail, s2_scale, q_len, group, heads_q,
-                  &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
-    }
-  });
+  detail::parallel_for(
+      0, static_cast<std::int64_t>(items.size()), 1, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) {
+          const WorkItem& w = items[i];
+          const bool causal_tail = options.causal && w.level == num_levels - 1;
+          item_states(w, q, kv, levels[w.level], causal_tail, s2_scale, q_len, group, heads_q,
+                      &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
+        }
+      });
 
   // ⊕ over the levels, written in the output's dtype and base
   detail::parallel_for(0, rows, 64, [&](std::int64_t b, std::int64_t e) {

@@ -33,8 +33,9 @@ inline void check_cascade_pool(const char* func, const PagedKvCache& kv, MemoryS
   if (kv.head_dim < 1) throw_argument(func, "kv.head_dim", ">= 1", cascade_str(kv.head_dim));
   const std::int64_t dense = kv.page_size * kv.heads_kv * kv.head_dim;
   if (kv.page_stride != 0 && kv.page_stride < dense)
-    throw_argument(func, "kv.page_stride", "0 or >= page_size * heads_kv * head_dim = " +
-                   cascade_str(dense), cascade_str(kv.page_stride));
+    throw_argument(func, "kv.page_stride",
+                   "0 or >= page_size * heads_kv * head_dim = " + cascade_str(dense),
+                   cascade_str(kv.page_stride));
 }
 
 /// Checks the query view `(batch, q_len, H_q, head_dim)` against the pool.
@@ -43,15 +44,16 @@ inline void check_cascade_query(const char* func, const ConstTensorView& q, cons
   if (q.data == nullptr) throw_argument(func, "q.data", "a non-null pointer");
   if (q.space != space) throw_argument(func, "q.space", to_string(space), to_string(q.space));
   if (!is_valid(q.dtype)) throw_argument(func, "q.dtype", "f32, f16 or bf16");
-  if (q.rank != 4) throw_argument(func, "q.rank", "4 (batch, q_len, H_q, head_dim)",
-                                  cascade_str(q.rank));
+  if (q.rank != 4)
+    throw_argument(func, "q.rank", "4 (batch, q_len, H_q, head_dim)", cascade_str(q.rank));
   if (q.shape[0] < 1) throw_argument(func, "q.shape[0]", "batch >= 1", cascade_str(q.shape[0]));
   if (q.shape[1] < 1 || q.shape[1] > kMaxCascadeQueryLen)
     throw_argument(func, "q.shape[1]", "q_len in 1.." + cascade_str(kMaxCascadeQueryLen),
                    cascade_str(q.shape[1]));
   if (q.shape[2] < 1 || q.shape[2] % kv.heads_kv != 0)
-    throw_argument(func, "q.shape[2]", "H_q, a positive multiple of kv.heads_kv = " +
-                   cascade_str(kv.heads_kv), cascade_str(q.shape[2]));
+    throw_argument(func, "q.shape[2]",
+                   "H_q, a positive multiple of kv.heads_kv = " + cascade_str(kv.heads_kv),
+                   cascade_str(q.shape[2]));
   if (q.shape[3] != kv.head_dim)
     throw_argument(func, "q.shape[3]", "head_dim = kv.head_dim = " + cascade_str(kv.head_dim),
                    cascade_str(q.shape[3]));
@@ -72,8 +74,8 @@ inline void check_cascade_out(const char* func, const StateView& out, std::int64
   if (out.tokens != tokens)
     throw_argument(func, "out.tokens", "batch * q_len = " + cascade_str(tokens),
                    cascade_str(out.tokens));
-  if (out.heads != heads) throw_argument(func, "out.heads", "H_q = " + cascade_str(heads),
-                                         cascade_str(out.heads));
+  if (out.heads != heads)
+    throw_argument(func, "out.heads", "H_q = " + cascade_str(heads), cascade_str(out.heads));
   if (out.head_dim != head_dim)
     throw_argument(func, "out.head_dim", cascade_str(head_dim), cascade_str(out.head_dim));
   if (out.o_stride_token < 0 || out.o_stride_head < 0)
@@ -86,8 +88,7 @@ inline void check_cascade_out(const char* func, const StateView& out, std::int64
 inline float cascade_scale(const char* func, const CascadeOptions& options, std::int64_t head_dim) {
   if (!std::isfinite(options.scale))
     throw_argument(func, "options.scale", "a finite value (0 = 1/sqrt(head_dim))");
-  return options.scale != 0.f ? options.scale
-                              : 1.f / std::sqrt(static_cast<float>(head_dim));
+  return options.scale != 0.f ? options.scale : 1.f / std::sqrt(static_cast<float>(head_dim));
 }
 
 /// Checks the level descriptions (host arrays) against the batch, the pool and the query length.
@@ -126,20 +127,20 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
         throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(),
                        "non-decreasing offsets", "a decrease at segment " + cascade_str(s));
       if (lv.page_indptr[s + 1] < lv.page_indptr[s])
-        throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(),
-                       "non-decreasing offsets", "a decrease at segment " + cascade_str(s));
+        throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "non-decreasing offsets",
+                       "a decrease at segment " + cascade_str(s));
       const std::int64_t len = lv.seg_lens[s];
       const std::int64_t pages = lv.page_indptr[s + 1] - lv.page_indptr[s];
       if (len < 0 || len > pages * kv.page_size)
         throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(),
                        "0 <= seg_lens[s] <= pages * page_size = " +
-                       cascade_str(pages * kv.page_size) + " at segment " + cascade_str(s),
+                           cascade_str(pages * kv.page_size) + " at segment " + cascade_str(s),
                        cascade_str(len));
       const bool used = lv.request_indptr[s + 1] > lv.request_indptr[s];
       if (causal && q_len > 1 && l == num_levels - 1 && used && len < q_len - 1)
         throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(),
                        "a last-level segment of >= q_len - 1 = " + cascade_str(q_len - 1) +
-                       " tokens when causal (segment " + cascade_str(s) + ")",
+                           " tokens when causal (segment " + cascade_str(s) + ")",
                        cascade_str(len));
     }
     const std::int64_t used_pages = lv.page_indptr[ns];

@@ -34,11 +34,18 @@ const T* typed(const void* p) {
 
 using detail::Loader;
 
-/// Hints the cache to load `bytes` from `p` (a no-op where the builtin is unavailable).
-void prefetch(const void* p, std::size_t bytes) {
+/// Bytes ahead of each read that are prefetched. The hardware prefetchers alone leave the merge
+/// at about half the read bandwidth of a plain streaming loop; hinting ~8 KiB ahead of the
+/// row being read (the next rows of a sequential scan) recovers most of the gap.
+constexpr std::uintptr_t kPrefetchAhead = 8192;
+
+/// Hints the cache to load the `bytes` that start `kPrefetchAhead` bytes after `p`. A hint never
+/// faults, so the address may lie past the end of the buffer (it is formed as an integer).
+void prefetch_ahead(const void* p, std::size_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
-  const char* c = static_cast<const char*>(p);
-  for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) + kPrefetchAhead;
+  for (std::size_t b = 0; b < bytes; b += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(a + b), 0, 3);
 #else
   (void)p;
   (void)bytes;
@@ -196,19 +203,14 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
   }
   // Pass 3: the weighted sum of o, state by state, then normalise once.
   const Loader<Ti> load;
-  // [S, T, H, D] stacks read S distant streams; hinting the next token's rows of each state
-  // keeps them flowing (a [T, S, H, D] stack is one sequential scan and needs no hint).
-  const std::int64_t t0 = r0 / heads;
-  const bool hint = src.indptr == nullptr && src.o_stride_state > src.o_stride_token &&
-                    src.o_stride_head == dim && t0 + 1 < out.tokens;
   for (std::int64_t s = 0; s < states; ++s) {
     const Ti* os = typed<Ti>(src.o) + s * src.o_stride_state;
-    if (hint) prefetch(os + sc.o_row[0] + src.o_stride_token, nb * dim * sizeof(Ti));
     const float* w = sc.w.data() + s * nb;
     const std::uint8_t* live = sc.live.data() + s * nb;
     for (std::int64_t j = 0; j < nb; ++j) {
       if (!live[j]) continue;  // an empty input's o is never read
       const Ti* o = os + sc.o_row[j];
+      prefetch_ahead(o, dim * sizeof(Ti));
       float* acc = sc.acc.data() + j * dim;
       const float wj = w[j];
       if (!sc.started[j]) {  // assign the first term so a lone input passes through bitwise

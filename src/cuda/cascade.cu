@@ -1,8 +1,6 @@
 /// @file cascade.cu
 /// @brief CUDA cascade attention: planning (tiles, splits, workspace), argument checks, and the
 ///        launches of the level kernels and the merge.
-#include "attnstate/cuda/cascade.hpp"
-
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "attnstate/core/error.hpp"
+#include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "cpu/cascade_validate.hpp"
 #include "cuda/kernels/cascade_launch.cuh"
@@ -22,8 +21,8 @@ namespace {
 using ::attnstate::detail::cascade_str;
 using ::attnstate::detail::throw_argument;
 
-constexpr int kKvTile = 64;       // keys per KV tile (CascadeTile::BN)
-constexpr int kMaxSplits = 64;    // splits per segment the heuristic may choose
+constexpr int kKvTile = 64;     // keys per KV tile (CascadeTile::BN)
+constexpr int kMaxSplits = 64;  // splits per segment the heuristic may choose
 constexpr std::size_t kAlign = 256;
 
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -119,16 +118,15 @@ void check_inputs(const char* func, const CascadePlan& plan, const ConstTensorVi
     throw_argument(func, "q.dtype", std::string("the planned ") + to_string(s.dtype),
                    to_string(q.dtype));
   if (q.shape[0] != s.batch || q.shape[1] != s.q_len || q.shape[2] != s.heads_q)
-    throw_argument(func, "q.shape", "the planned (batch, q_len, heads_q) = (" +
-                   cascade_str(s.batch) + ", " + cascade_str(s.q_len) + ", " +
-                   cascade_str(s.heads_q) + ")");
+    throw_argument(func, "q.shape",
+                   "the planned (batch, q_len, heads_q) = (" + cascade_str(s.batch) + ", " +
+                       cascade_str(s.q_len) + ", " + cascade_str(s.heads_q) + ")");
   if (reinterpret_cast<std::uintptr_t>(q.data) % 16 != 0 || q.stride[0] % 8 != 0 ||
       q.stride[1] % 8 != 0 || q.stride[2] % 8 != 0)
     throw_argument(func, "q", "a 16-byte aligned pointer and strides that are multiples of 8");
 }
 
-void check_device_level(const char* func, const CascadePlan& plan, int l,
-                        const CascadeLevel& lv) {
+void check_device_level(const char* func, const CascadePlan& plan, int l, const CascadeLevel& lv) {
   using ::attnstate::detail::cascade_level_arg;
   if (lv.num_segments != plan.levels[l].num_segments)
     throw_argument(func, cascade_level_arg(l, "num_segments").c_str(),
@@ -155,9 +153,8 @@ bool device_is_sm90() {
 
 /// Launches level `l`; with `overlap` as a programmatic dependent launch that may run beside
 /// the previous level's kernel (levels write disjoint workspace slots; the merge waits for all).
-void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
-                  const PagedKvCache& kv, const CascadeLevel& lv, void* workspace, bool overlap,
-                  cudaStream_t stream) {
+void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, const PagedKvCache& kv,
+                  const CascadeLevel& lv, void* workspace, bool overlap, cudaStream_t stream) {
   const CascadeShape& s = plan.shape;
   const CascadeLevelPlan& lp = plan.levels[l];
   kernels::CascadeLevelParams p{};
@@ -192,9 +189,9 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
   p.s2_scale = math::base2_score_scale(plan.scale);
   const std::int64_t rows = plan.rows();
   p.ws_o = static_cast<float*>(workspace);
-  p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                      align_up(static_cast<std::size_t>(plan.num_slots) * rows *
-                                               s.head_dim * sizeof(float)));
+  p.ws_lse = reinterpret_cast<float*>(
+      static_cast<char*>(workspace) +
+      align_up(static_cast<std::size_t>(plan.num_slots) * rows * s.head_dim * sizeof(float)));
   p.rows_total = rows;
   p.slot_offset = lp.slot_offset;
   const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
@@ -210,8 +207,7 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q,
 
 template <int D>
 void launch_merge_d(const kernels::CascadeMergeParams& p, DType out_dt, cudaStream_t stream) {
-  const unsigned blocks =
-      static_cast<unsigned>(ceil_div(p.rows, kernels::kCascadeMergeWarps));
+  const unsigned blocks = static_cast<unsigned>(ceil_div(p.rows, kernels::kCascadeMergeWarps));
   const unsigned threads = 32 * kernels::kCascadeMergeWarps;
   switch (out_dt) {
     case DType::kF16:
@@ -220,7 +216,9 @@ void launch_merge_d(const kernels::CascadeMergeParams& p, DType out_dt, cudaStre
     case DType::kBF16:
       kernels::cascade_merge_kernel<D, bfloat16_t><<<blocks, threads, 0, stream>>>(p);
       break;
-    default: kernels::cascade_merge_kernel<D, float><<<blocks, threads, 0, stream>>>(p); break;
+    default:
+      kernels::cascade_merge_kernel<D, float><<<blocks, threads, 0, stream>>>(p);
+      break;
   }
   ATTNSTATE_CHECK_LAUNCH(stream, "cascade_merge_kernel");
 }
@@ -230,10 +228,9 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
   const std::int64_t rows = plan.rows();
   kernels::CascadeMergeParams p{};
   p.ws_o = static_cast<const float*>(workspace);
-  p.ws_lse = reinterpret_cast<const float*>(
-      static_cast<const char*>(workspace) +
-      align_up(static_cast<std::size_t>(plan.num_slots) * rows * plan.shape.head_dim *
-               sizeof(float)));
+  p.ws_lse = reinterpret_cast<const float*>(static_cast<const char*>(workspace) +
+                                            align_up(static_cast<std::size_t>(plan.num_slots) *
+                                                     rows * plan.shape.head_dim * sizeof(float)));
   p.rows = rows;
   p.num_slots = plan.num_slots;
   p.heads_q = static_cast<int>(plan.shape.heads_q);
@@ -262,14 +259,14 @@ void check_out(const char* func, const CascadePlan& plan, const StateView& out) 
 }  // namespace
 
 std::size_t CascadePlan::workspace_bytes() const {
-  const std::size_t slots_rows = static_cast<std::size_t>(num_slots) * static_cast<std::size_t>(rows());
+  const std::size_t slots_rows =
+      static_cast<std::size_t>(num_slots) * static_cast<std::size_t>(rows());
   return align_up(slots_rows * static_cast<std::size_t>(shape.head_dim) * sizeof(float)) +
          align_up(slots_rows * sizeof(float));
 }
 
-CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels,
-                         int num_levels, const CascadeOptions& options, int num_sms,
-                         const CascadeTuning& tuning) {
+CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
+                         const CascadeOptions& options, int num_sms, const CascadeTuning& tuning) {
   const char* func = "attnstate::cuda::plan_cascade";
   if (shape.batch < 1 || shape.batch > (std::int64_t{1} << 24))
     throw_argument(func, "shape.batch", "1..2^24", cascade_str(shape.batch));
@@ -283,7 +280,8 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
                    cascade_str(shape.heads_q));
   if (shape.page_size < 1 || shape.page_size > (1 << 20))
     throw_argument(func, "shape.page_size", "1..2^20", cascade_str(shape.page_size));
-  if (shape.num_pages < 0) throw_argument(func, "shape.num_pages", ">= 0", cascade_str(shape.num_pages));
+  if (shape.num_pages < 0)
+    throw_argument(func, "shape.num_pages", ">= 0", cascade_str(shape.num_pages));
   if (shape.dtype != DType::kF16 && shape.dtype != DType::kBF16)
     throw_argument(func, "shape.dtype", "f16 or bf16", to_string(shape.dtype),
                    Status::kNotSupported);
@@ -300,8 +298,8 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
     throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
                    cascade_str(tuning.chunk));
   const PagedKvCache kv = pool_of(shape);
-  ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch,
-                                            shape.q_len, options.causal, kv, true);
+  ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
+                                            options.causal, kv, true);
   CascadePlan plan;
   plan.shape = shape;
   plan.num_levels = num_levels;
@@ -329,25 +327,27 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
     std::vector<std::int64_t> tiles(static_cast<std::size_t>(lv.num_segments));
     std::int64_t max_tiles = 1;
     for (std::int64_t s = 0; s < lv.num_segments; ++s) {
-      tiles[s] = ceil_div((lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req,
-                          lp.tile_rows);
+      tiles[s] =
+          ceil_div((lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req, lp.tile_rows);
       max_tiles = std::max(max_tiles, tiles[s]);
     }
     lp.max_tiles = static_cast<int>(max_tiles);
-    // wgmma for head_dim 128 (the measured path); head_dim 64 stays on mma.sync
-    lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 && shape.head_dim == 128;
+    // wgmma for bf16 at head_dim 128 (the configurations validated on the H200); f16 and
+    // head_dim 64 run on mma.sync
+    lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 &&
+               shape.head_dim == 128 && shape.dtype == DType::kBF16;
     lp.chunk = tuning.chunk != 0 ? tuning.chunk
-                                 : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments,
-                                                max_len, shape.heads_kv, lp.tile_rows, num_sms,
-                                                plan.rows(), shape.head_dim);
+                                 : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments, max_len,
+                                                shape.heads_kv, lp.tile_rows, num_sms, plan.rows(),
+                                                shape.head_dim);
     lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
     lp.slot_offset = static_cast<int>(slots);
     slots += lp.max_splits;
     const std::int64_t grid = lv.num_segments * lp.max_tiles * lp.max_splits;
     if (grid >= (std::int64_t{1} << 31) || slots > (1 << 20))
       throw_argument(func, ::attnstate::detail::cascade_level_arg(l, "num_segments").c_str(),
-                     "a level of fewer than 2^31 (segment, tile, split) blocks",
-                     cascade_str(grid), Status::kNotSupported);
+                     "a level of fewer than 2^31 (segment, tile, split) blocks", cascade_str(grid),
+                     Status::kNotSupported);
   }
   plan.num_slots = static_cast<int>(slots);
   return plan;
@@ -376,8 +376,8 @@ void run_cascade_merge(const CascadePlan& plan, StateView out, const void* works
 }
 
 void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
-                 const CascadeLevel* device_levels, int num_levels, StateView out,
-                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+                 const CascadeLevel* device_levels, int num_levels, StateView out, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade";
   check_plan(func, plan);
   if (device_levels == nullptr) throw_argument(func, "device_levels", "a non-null pointer");
@@ -389,8 +389,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   check_out(func, plan, out);
   check_workspace(func, plan, workspace, workspace_bytes);
   for (int l = 0; l < num_levels; ++l)
-    launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0,
-                 stream);
+    launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0, stream);
   launch_merge(plan, out, workspace, stream);
 }
 

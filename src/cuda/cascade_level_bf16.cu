@@ -7,8 +7,8 @@ namespace attnstate {
 namespace cuda {
 namespace kernels {
 
-void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                             bool wgmma, dim3 grid, bool pdl, cudaStream_t stream) {
+void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
+                               dim3 grid, bool pdl, cudaStream_t stream) {
   launch_cascade_level<__nv_bfloat16>(p, tile_rows, head_dim, wgmma, grid, pdl, stream);
 }
 

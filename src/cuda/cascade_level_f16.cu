@@ -7,8 +7,8 @@ namespace attnstate {
 namespace cuda {
 namespace kernels {
 
-void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                             bool wgmma, dim3 grid, bool pdl, cudaStream_t stream) {
+void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
+                              dim3 grid, bool pdl, cudaStream_t stream) {
   launch_cascade_level<__half>(p, tile_rows, head_dim, wgmma, grid, pdl, stream);
 }
 

@@ -40,9 +40,9 @@ struct CaseSpec {
   attnstate::KvLayout layout = attnstate::KvLayout::kNHD;
   bool causal = true;
   float scale = 0.f;
-  float q_amp = 1.f;      ///< Queries uniform in [-q_amp, q_amp].
-  int page_pad = 0;       ///< Extra elements between pages (a multiple of 8).
-  int extra_pages = 3;    ///< Unused pages in the pool (random garbage).
+  float q_amp = 1.f;    ///< Queries uniform in [-q_amp, q_amp].
+  int page_pad = 0;     ///< Extra elements between pages (a multiple of 8).
+  int extra_pages = 3;  ///< Unused pages in the pool (random garbage).
   std::uint64_t seed = 1;
   std::vector<std::vector<SegmentSpec>> levels;  ///< Level-major segment lists.
 };
@@ -109,7 +109,7 @@ struct CascadeCase {
   std::int64_t batch = 0;
   std::int64_t num_pages = 0;
   std::int64_t page_elems = 0;
-  std::vector<float> q, k, v;                 ///< Values (already rounded to the dtype).
+  std::vector<float> q, k, v;                     ///< Values (already rounded to the dtype).
   std::vector<std::uint8_t> q_raw, k_raw, v_raw;  ///< Stored bytes.
   std::vector<HostLevel> levels;
   std::vector<double> ref_o;    ///< `(batch·q_len, heads_q, head_dim)`.
@@ -159,14 +159,12 @@ struct CascadeCase {
     return spec.scale != 0.f ? spec.scale : 1.f / std::sqrt(static_cast<float>(spec.head_dim));
   }
   std::int64_t in_page(std::int64_t slot, std::int64_t h) const {
-    return spec.layout == attnstate::KvLayout::kNHD
-               ? (slot * spec.heads_kv + h) * spec.head_dim
-               : (h * spec.page_size + slot) * spec.head_dim;
+    return spec.layout == attnstate::KvLayout::kNHD ? (slot * spec.heads_kv + h) * spec.head_dim
+                                                    : (h * spec.page_size + slot) * spec.head_dim;
   }
 
   /// The pool description over `k`/`v` pointers in `space`.
-  attnstate::PagedKvCache pool(const void* kp, const void* vp,
-                               attnstate::MemorySpace space) const {
+  attnstate::PagedKvCache pool(const void* kp, const void* vp, attnstate::MemorySpace space) const {
     attnstate::PagedKvCache kv;
     kv.k = kp;
     kv.v = vp;
@@ -273,14 +271,14 @@ inline ::testing::AssertionResult matches_reference(const CascadeCase& c,
     const bool ok_lse = std::isinf(ref) ? (std::isinf(got) && got < 0)
                                         : (std::isfinite(got) && std::abs(got - ref) <= tol_lse);
     if (!ok_lse)
-      return ::testing::AssertionFailure() << "row " << r << ": lse " << got << " (natural), want "
-                                           << ref;
+      return ::testing::AssertionFailure()
+             << "row " << r << ": lse " << got << " (natural), want " << ref;
     for (int d = 0; d < D; ++d) {
       const double want = c.ref_o[r * D + d];
       const double g = o[r * D + d];
       if (!(std::abs(g - want) <= tol_o))
-        return ::testing::AssertionFailure() << "row " << r << " d " << d << ": o " << g
-                                             << ", want " << want;
+        return ::testing::AssertionFailure()
+               << "row " << r << " d " << d << ": o " << g << ", want " << want;
     }
   }
   return ::testing::AssertionSuccess();

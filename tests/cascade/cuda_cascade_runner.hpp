@@ -28,9 +28,14 @@ struct GpuCascade {
 
   GpuCascade(const CascadeCase& cc, attnstate::DType out_dt, attnstate::LseBase base,
              const attnstate::cuda::CascadeTuning& tuning = {}, int num_sms = 0)
-      : c(&cc), q(cc.q_raw), k(cc.k_raw), v(cc.v_raw),
+      : c(&cc),
+        q(cc.q_raw),
+        k(cc.k_raw),
+        v(cc.v_raw),
         o(static_cast<std::size_t>(cc.out_elems()) * attnstate::size_of(out_dt)),
-        lse(static_cast<std::size_t>(cc.lse_elems())), out_dtype(out_dt), out_base(base) {
+        lse(static_cast<std::size_t>(cc.lse_elems())),
+        out_dtype(out_dt),
+        out_base(base) {
     upload_levels(cc);
     if (num_sms == 0) {
       int dev = 0;
@@ -85,9 +90,8 @@ struct GpuCascade {
     return c->pool(k.get(), v.get(), attnstate::MemorySpace::kDevice);
   }
   attnstate::StateView out() {
-    return attnstate::make_state_view(o.get(), out_dtype, lse.get(), c->tokens(),
-                                      c->spec.heads_q, c->spec.head_dim, out_base,
-                                      attnstate::MemorySpace::kDevice);
+    return attnstate::make_state_view(o.get(), out_dtype, lse.get(), c->tokens(), c->spec.heads_q,
+                                      c->spec.head_dim, out_base, attnstate::MemorySpace::kDevice);
   }
   /// Launches the whole cascade on `stream`.
   void launch(cudaStream_t stream = nullptr) {

@@ -57,17 +57,16 @@ TEST(CpuCascade, OneLevelOfUniqueSegmentsMatchesAttention) {
 TEST(CpuCascade, ThreeLevelsOfNestedSharingMatchConcatenation) {
   CaseSpec s;
   s.seed = 3;
-  s.levels = {{{7, 64}},
-              {{3, 33}, {4, 20}},
-              {{1, 5}, {1, 9}, {1, 1}, {1, 17}, {1, 30}, {1, 2}, {1, 8}}};
+  s.levels = {
+      {{7, 64}}, {{3, 33}, {4, 20}}, {{1, 5}, {1, 9}, {1, 1}, {1, 17}, {1, 30}, {1, 2}, {1, 8}}};
   EXPECT_TRUE(run_and_check(CascadeCase(s)));
 }
 
 TEST(CpuCascade, SegmentsSharedByOneToManyRequests) {
   CaseSpec s;
   s.seed = 4;
-  s.levels = {{{1, 50}, {2, 31}, {5, 90}}, {{1, 3}, {1, 4}, {1, 5}, {1, 6}, {1, 7}, {1, 8},
-                                            {1, 9}, {1, 10}}};
+  s.levels = {{{1, 50}, {2, 31}, {5, 90}},
+              {{1, 3}, {1, 4}, {1, 5}, {1, 6}, {1, 7}, {1, 8}, {1, 9}, {1, 10}}};
   EXPECT_TRUE(run_and_check(CascadeCase(s)));
 }
 
@@ -260,11 +259,11 @@ TEST(CpuCascadeCausal, RejectsALastLevelShorterThanTheNewTokens) {
   const auto levels = c.host_levels();
   attnstate::CascadeOptions opt;
   opt.causal = true;
-  EXPECT_THROW(attnstate::cpu::cascade_attention(
-                   c.query(c.q_raw.data(), MemorySpace::kHost),
-                   c.pool(c.k_raw.data(), c.v_raw.data(), MemorySpace::kHost), levels.data(), 2,
-                   opt, out),
-               attnstate::Error);
+  EXPECT_THROW(
+      attnstate::cpu::cascade_attention(c.query(c.q_raw.data(), MemorySpace::kHost),
+                                        c.pool(c.k_raw.data(), c.v_raw.data(), MemorySpace::kHost),
+                                        levels.data(), 2, opt, out),
+      attnstate::Error);
   opt.causal = false;  // the same problem is valid without the mask
   EXPECT_NO_THROW(attnstate::cpu::cascade_attention(
       c.query(c.q_raw.data(), MemorySpace::kHost),

@@ -57,8 +57,8 @@ TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
   ATTNSTATE_REQUIRE_GPU();
   for (int tile : {16, 64, 128})
     for (int chunk : {64, 128, 0})
-      for (auto kernel : {attnstate::cuda::CascadeKernel::kWgmma,
-                          attnstate::cuda::CascadeKernel::kMma}) {
+      for (auto kernel :
+           {attnstate::cuda::CascadeKernel::kWgmma, attnstate::cuda::CascadeKernel::kMma}) {
         CaseSpec s = attnstate_test::two_level_spec(37, 300, 70, 12 + tile + chunk);
         CascadeTuning t;
         t.tile_rows = tile;
@@ -73,9 +73,8 @@ TEST(CudaCascade, ThreeLevelsOfNestedSharingMatchConcatenation) {
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec s;
   s.seed = 3;
-  s.levels = {{{7, 64}},
-              {{3, 33}, {4, 200}},
-              {{1, 5}, {1, 9}, {1, 1}, {1, 17}, {1, 30}, {1, 2}, {1, 8}}};
+  s.levels = {
+      {{7, 64}}, {{3, 33}, {4, 200}}, {{1, 5}, {1, 9}, {1, 1}, {1, 17}, {1, 30}, {1, 2}, {1, 8}}};
   EXPECT_TRUE(gpu_matches(s));
   s.heads_q = 32;
   s.heads_kv = 4;
@@ -86,8 +85,7 @@ TEST(CudaCascade, SegmentsSharedByOneToManyRequests) {
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec s;
   s.seed = 4;
-  s.levels = {{{1, 50}, {2, 31}, {5, 90}, {0, 40}, {40, 129}},
-              {{48, 0}}};
+  s.levels = {{{1, 50}, {2, 31}, {5, 90}, {0, 40}, {40, 129}}, {{48, 0}}};
   EXPECT_TRUE(gpu_matches(s));
 }
 
@@ -176,6 +174,25 @@ TEST(CudaCascade, HeadDim64HndLayoutPaddedPagesAndOtherPageSizes) {
   }
 }
 
+TEST(CudaCascade, F16HeadDim64CausalGroup8InA128RowTile) {
+  // A case a property run once found failing on the wgmma path (f16, head_dim 64, two
+  // warpgroups); such levels now run on mma.sync.
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s;
+  s.q_len = 2;
+  s.heads_q = 8;
+  s.heads_kv = 1;
+  s.head_dim = 64;
+  s.dtype = DType::kF16;
+  s.layout = attnstate::KvLayout::kHND;
+  s.seed = 7211;
+  s.levels = {{{1, 17}}, {{1, 97}}};
+  CascadeTuning t;
+  t.tile_rows = 128;
+  t.chunk = 192;
+  EXPECT_TRUE(gpu_matches(s, DType::kBF16, LseBase::kNatural, t));
+}
+
 TEST(CudaCascade, AgreesWithTheCpuCascade) {
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec s = attnstate_test::two_level_spec(8, 200, 40, 77);
@@ -184,8 +201,8 @@ TEST(CudaCascade, AgreesWithTheCpuCascade) {
   GpuCascade g(c, DType::kF32, LseBase::kBase2);
   g.run();
   std::vector<float> o(c.out_elems()), lse(c.lse_elems());
-  auto out = attnstate::make_state_view(o.data(), DType::kF32, lse.data(), c.tokens(),
-                                        s.heads_q, s.head_dim, LseBase::kBase2);
+  auto out = attnstate::make_state_view(o.data(), DType::kF32, lse.data(), c.tokens(), s.heads_q,
+                                        s.head_dim, LseBase::kBase2);
   const auto levels = c.host_levels();
   attnstate::cpu::cascade_attention(c.query(c.q_raw.data(), MemorySpace::kHost),
                                     c.pool(c.k_raw.data(), c.v_raw.data(), MemorySpace::kHost),
@@ -326,9 +343,8 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   t = {};
   t.chunk = 100;
   expect_error(attnstate::Status::kInvalidArgument, "chunk", [&] { plan(sh, t); });
-  expect_error(attnstate::Status::kInvalidArgument, "num_sms", [&] {
-    attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0);
-  });
+  expect_error(attnstate::Status::kInvalidArgument, "num_sms",
+               [&] { attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0); });
 }
 
 TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {

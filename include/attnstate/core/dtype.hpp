@@ -91,27 +91,23 @@ ATTNSTATE_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
 }
 
 /// float -> binary16 bits, round to nearest even; NaN stays NaN, overflow gives inf.
+/// Subnormal results are rounded by one fp32 addition of a magic constant (which rounds to
+/// nearest even in hardware); normal results by an integer rounding bias. Few, predictable
+/// branches, so host loops vectorise.
 ATTNSTATE_HOST_DEVICE std::uint16_t float_to_half_bits(float f) {
   std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7FFFFFFFu;
-  if (x >= 0x7F800000u) return static_cast<std::uint16_t>(sign | (x > 0x7F800000u ? 0x7E00u : 0x7C00u));
-  if (x >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // rounds to >= 65520
-  if (x < 0x38800000u) {                                                     // half subnormal or 0
-    if (x <= 0x33000000u) return static_cast<std::uint16_t>(sign);           // <= 2^-25 -> 0
-    const std::uint32_t e = x >> 23;
-    const std::uint32_t m = (x & 0x7FFFFFu) | 0x800000u;
-    const std::uint32_t shift = 126u - e;
-    std::uint32_t r = m >> shift;
-    const std::uint32_t rem = m & ((1u << shift) - 1u);
-    const std::uint32_t halfway = 1u << (shift - 1u);
-    if (rem > halfway || (rem == halfway && (r & 1u))) ++r;
-    return static_cast<std::uint16_t>(sign | r);
+  std::uint32_t h;
+  if (x >= 0x47800000u) {  // >= 65536: inf, or NaN (kept quiet)
+    h = x > 0x7F800000u ? 0x7E00u : 0x7C00u;
+  } else if (x < 0x38800000u) {  // half subnormal or zero: align the mantissa by an fp32 add
+    const float denorm_magic = bits_float(((127u - 15u) + (23u - 10u) + 1u) << 23);
+    h = float_bits(bits_float(x) + denorm_magic) - float_bits(denorm_magic);
+  } else {  // normal: rebias the exponent, round to nearest even (a carry may give inf)
+    const std::uint32_t mant_odd = (x >> 13) & 1u;
+    h = (x - 0x38000000u + 0xFFFu + mant_odd) >> 13;
   }
-  const std::uint32_t r = x - 0x38000000u;  // rebias the exponent from 127 to 15
-  std::uint32_t h = r >> 13;
-  const std::uint32_t rem = r & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
   return static_cast<std::uint16_t>(sign | h);
 }
 

@@ -35,7 +35,7 @@ constexpr int kMaxCascadeQueryLen = 8;
 /// All pointers are in the memory of the call that takes the level (host for the CPU backend and
 /// for CUDA plans, device for CUDA runs).
 struct CascadeLevel {
-  std::int64_t num_segments = 0;               ///< Segments of this level (≥ 1).
+  std::int64_t num_segments = 0;                 ///< Segments of this level (≥ 1).
   const std::int32_t* request_indptr = nullptr;  ///< `(num_segments + 1)` request offsets.
   const std::int32_t* page_indptr = nullptr;     ///< `(num_segments + 1)` page offsets.
   const std::int32_t* page_indices = nullptr;    ///< Page ids `(page_indptr[num_segments])`.
@@ -71,9 +71,8 @@ namespace cpu {
 /// @throws Error `kInvalidArgument` naming the argument on a null pointer, a shape or stride
 ///         mismatch, a non-monotone or out-of-range indptr, a page index outside the pool, a
 ///         segment longer than its pages, or a non-host view.
-void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv,
-                       const CascadeLevel* levels, int num_levels, const CascadeOptions& options,
-                       StateView out);
+void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
+                       int num_levels, const CascadeOptions& options, StateView out);
 
 }  // namespace cpu
 }  // namespace attnstate

@@ -10,13 +10,16 @@
 /// of query rows and one KV split of the segment. The rows of a tile are the queries of ALL the
 /// requests sharing the segment (requests × new tokens × the GQA group's query heads), so each
 /// page of a shared segment is read from memory once per tile, not once per request. `QKᵀ` and
-/// `PV` run on tensor cores (`mma.sync` m16n8k16, bf16/f16 operands, fp32 accumulation; the
-/// probabilities are rounded to the KV dtype as the `PV` operand); KV tiles of 64 tokens stream
-/// through a 3-stage `cp.async` pipeline. Each CTA writes a partial state (o, base-2 lse) in fp32
-/// to the workspace; one merge launch then folds every level's and every split's partial state
-/// of a row with the library's max-subtracted merge (`math::merge_weight`/`merge_finalize`, the
-/// same numerics as `cuda::merge_states`) and writes the output in its dtype and base. No
-/// floating-point atomics: results are bitwise repeatable for a given plan.
+/// `PV` run on tensor cores: Hopper `wgmma` (bf16, tiles of 64/128 rows, head_dim 128, sm_90) or
+/// `mma.sync` m16n8k16 (every other case); bf16/f16 operands, fp32 accumulation, the
+/// probabilities rounded to the KV dtype as the `PV` operand. KV tiles of 64 tokens stream through
+/// a 2- or 3-stage `cp.async` pipeline whose page ids are fetched a tile ahead. Levels after the
+/// first are programmatic dependent launches, so a memory-bound level (unique suffixes) runs
+/// beside a compute-bound one (a long shared prefix). Each CTA writes a partial state (o, base-2
+/// lse) in fp32 to the workspace; one merge launch then folds every level's and every split's
+/// partial state of a row with the library's max-subtracted merge (`math::merge_weight` /
+/// `merge_finalize`, the numerics of `cuda::merge_states`) and writes the output in its dtype and
+/// base. No floating-point atomics: results are bitwise repeatable for a given plan.
 ///
 /// Device lengths may differ from the planned ones (e.g. a graph replayed as suffixes grow):
 /// the split of a segment is derived on the device from its device length (the last split takes
@@ -50,15 +53,17 @@ struct CascadeShape {
 
 /// Which tensor-core instructions a level kernel uses.
 enum class CascadeKernel : std::uint8_t {
-  kAuto = 0,   ///< `wgmma` for tiles of 64 or 128 rows at head_dim 128 on sm_90, else `mma.sync`.
+  kAuto = 0,   ///< `wgmma` for bf16 tiles of 64 or 128 rows at head_dim 128 on sm_90, else
+               ///< `mma.sync`.
   kMma = 1,    ///< `mma.sync` m16n8k16 (any tile; every architecture the library builds for).
-  kWgmma = 2,  ///< Hopper `wgmma` (tiles of 64 or 128 rows at head_dim 128; others use `mma.sync`).
+  kWgmma = 2,  ///< Hopper `wgmma` where it applies (bf16, tiles of 64 or 128 rows, head_dim
+               ///< 128); other levels use `mma.sync`.
 };
 
 /// Overrides of the plan's choices (0 = automatic); for tests and tuning.
 struct CascadeTuning {
-  int tile_rows = 0;  ///< Query rows per CTA tile: 16, 64 or 128.
-  int chunk = 0;      ///< KV tokens per split, a positive multiple of 64.
+  int tile_rows = 0;                            ///< Query rows per CTA tile: 16, 64 or 128.
+  int chunk = 0;                                ///< KV tokens per split, a positive multiple of 64.
   CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
 };
 
@@ -76,13 +81,13 @@ struct CascadeLevelPlan {
 
 /// A cascade plan: everything `run_cascade` needs besides the tensors (a small host value).
 struct CascadePlan {
-  CascadeShape shape;                                 ///< The planned shape.
-  int num_levels = 0;                                 ///< Levels (1..kMaxCascadeLevels).
-  CascadeLevelPlan levels[kMaxCascadeLevels] = {};    ///< Per-level choices.
-  int num_slots = 0;                                  ///< Partial states per query row.
-  float scale = 0.f;                                  ///< Softmax scale (resolved, never 0).
-  bool causal = true;                                 ///< Causal mask on the last level.
-  int num_sms = 0;                                    ///< SMs planned for.
+  CascadeShape shape;                               ///< The planned shape.
+  int num_levels = 0;                               ///< Levels (1..kMaxCascadeLevels).
+  CascadeLevelPlan levels[kMaxCascadeLevels] = {};  ///< Per-level choices.
+  int num_slots = 0;                                ///< Partial states per query row.
+  float scale = 0.f;                                ///< Softmax scale (resolved, never 0).
+  bool causal = true;                               ///< Causal mask on the last level.
+  int num_sms = 0;                                  ///< SMs planned for.
   /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
   /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix).
   bool overlap_levels = true;
@@ -108,8 +113,8 @@ struct CascadePlan {
 /// @param tuning       optional overrides of the tile and split choices.
 /// @throws Error `kInvalidArgument` naming the argument, or `kNotSupported` naming `head_dim`
 ///         or `dtype`.
-CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels,
-                         int num_levels, const CascadeOptions& options, int num_sms,
+CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
+                         const CascadeOptions& options, int num_sms,
                          const CascadeTuning& tuning = {});
 
 /// Runs a planned cascade on `stream`: every level, then the merge (see the file comment).
@@ -130,8 +135,8 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
 /// @param stream         the caller's stream.
 /// @throws Error (`kInvalidArgument`, `kWorkspaceTooSmall`, `kCudaError`).
 void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
-                 const CascadeLevel* device_levels, int num_levels, StateView out,
-                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+                 const CascadeLevel* device_levels, int num_levels, StateView out, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream = nullptr);
 
 /// One stage of `run_cascade`: the partial states of level `level` (for profiling; `run_cascade`
 /// is every level followed by `run_cascade_merge`). Arguments as in `run_cascade`.

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <type_traits>
 
 #include "attnstate/core/error.hpp"
 #include "attnstate/cuda/check.hpp"
@@ -29,11 +30,11 @@ void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_d
                           dim3 grid, bool pdl, cudaStream_t stream);
 
 /// Launches the bf16 level kernel (defined in cascade_level_bf16.cu).
-void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                               bool wgmma, dim3 grid, bool pdl, cudaStream_t stream);
+void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
+                               dim3 grid, bool pdl, cudaStream_t stream);
 /// Launches the f16 level kernel (defined in cascade_level_f16.cu).
-void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim,
-                              bool wgmma, dim3 grid, bool pdl, cudaStream_t stream);
+void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
+                              dim3 grid, bool pdl, cudaStream_t stream);
 
 /// Launches `kernel` on `stream`; with `pdl` as a programmatic dependent launch (it may start
 /// while the previous kernel of the stream runs; see detail::PdlScope).
@@ -74,14 +75,20 @@ void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
 template <class T, int D>
 void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wgmma, dim3 grid,
                              bool pdl, cudaStream_t stream) {
-  if (wgmma && tile_rows == 64)
-    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, pdl, stream);
-  if (wgmma && tile_rows == 128)
-    return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 2>>(p, grid, pdl, stream);
+  // wgmma variants: bf16 at head_dim 128 only (the configurations validated on the H200)
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && D == 128) {
+    if (wgmma && tile_rows == 64)
+      return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, pdl, stream);
+    if (wgmma && tile_rows == 128)
+      return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 2>>(p, grid, pdl, stream);
+  }
   switch (tile_rows) {
-    case 16: return launch_cascade_tile<T, CascadeTile<D, 1, 4, 2, 4>>(p, grid, pdl, stream);
-    case 64: return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, pdl, stream);
-    case 128: return launch_cascade_tile<T, CascadeTile<D, 8, 1>>(p, grid, pdl, stream);
+    case 16:
+      return launch_cascade_tile<T, CascadeTile<D, 1, 4, 2, 4>>(p, grid, pdl, stream);
+    case 64:
+      return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, pdl, stream);
+    case 128:
+      return launch_cascade_tile<T, CascadeTile<D, 8, 1>>(p, grid, pdl, stream);
     default:
       ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "tile_rows", "16, 64 or 128",
                                           std::to_string(tile_rows), Status::kNotSupported);
@@ -92,8 +99,10 @@ template <class T>
 void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                           dim3 grid, bool pdl, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_cascade_head_dim<T, 64>(p, tile_rows, wgmma, grid, pdl, stream);
-    case 128: return launch_cascade_head_dim<T, 128>(p, tile_rows, wgmma, grid, pdl, stream);
+    case 64:
+      return launch_cascade_head_dim<T, 64>(p, tile_rows, wgmma, grid, pdl, stream);
+    case 128:
+      return launch_cascade_head_dim<T, 128>(p, tile_rows, wgmma, grid, pdl, stream);
     default:
       ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "head_dim", "64 or 128",
                                           std::to_string(head_dim), Status::kNotSupported);

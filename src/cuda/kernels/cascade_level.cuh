@@ -19,37 +19,37 @@ namespace kernels {
 
 /// Arguments of one level launch (a small POD passed by value).
 struct CascadeLevelParams {
-  const void* q;               ///< Queries `(batch, q_len, heads_q, D)`.
-  std::int64_t q_stride_b;     ///< Elements between requests.
-  std::int64_t q_stride_t;     ///< Elements between new tokens.
-  std::int64_t q_stride_h;     ///< Elements between heads.
-  const void* k;               ///< K pool.
-  const void* v;               ///< V pool.
-  std::int64_t page_elems;     ///< Elements between pages.
-  std::int64_t num_pages;      ///< Pages in the pool (page ids are clamped to it).
-  int page_size;               ///< Tokens per page.
-  int page_shift;              ///< log2(page_size) when a power of two, else -1.
-  int prefetch_pages;          ///< 1: fetch a KV tile's page ids one tile ahead of its copies.
-  int heads_kv;                ///< KV heads.
-  int hnd;                     ///< 1 for the HND page layout.
+  const void* q;            ///< Queries `(batch, q_len, heads_q, D)`.
+  std::int64_t q_stride_b;  ///< Elements between requests.
+  std::int64_t q_stride_t;  ///< Elements between new tokens.
+  std::int64_t q_stride_h;  ///< Elements between heads.
+  const void* k;            ///< K pool.
+  const void* v;            ///< V pool.
+  std::int64_t page_elems;  ///< Elements between pages.
+  std::int64_t num_pages;   ///< Pages in the pool (page ids are clamped to it).
+  int page_size;            ///< Tokens per page.
+  int page_shift;           ///< log2(page_size) when a power of two, else -1.
+  int prefetch_pages;       ///< 1: fetch a KV tile's page ids one tile ahead of its copies.
+  int heads_kv;             ///< KV heads.
+  int hnd;                  ///< 1 for the HND page layout.
   const std::int32_t* request_indptr;  ///< `(num_segments + 1)`.
   const std::int32_t* page_indptr;     ///< `(num_segments + 1)`.
   const std::int32_t* page_indices;    ///< Page ids.
   const std::int32_t* seg_lens;        ///< `(num_segments)`.
-  int num_segments;            ///< Segments of the level.
-  int batch;                   ///< Requests.
-  int q_len;                   ///< New tokens per request.
-  int group;                   ///< Query heads per KV head.
-  int heads_q;                 ///< Query heads.
-  int chunk;                   ///< KV tokens per split.
-  int max_splits;              ///< Splits per segment in the grid.
-  int max_tiles;               ///< Row tiles per segment in the grid.
-  int causal_tail;             ///< 1 when the causal mask applies (last level, causal).
-  float s2_scale;              ///< `scale · log2(e)`.
-  float* ws_o;                 ///< Partial outputs `(slots, rows_total, D)`.
-  float* ws_lse;               ///< Partial base-2 LSEs `(slots, rows_total)`.
-  std::int64_t rows_total;     ///< `batch · q_len · heads_q`.
-  int slot_offset;             ///< This level's first slot.
+  int num_segments;                    ///< Segments of the level.
+  int batch;                           ///< Requests.
+  int q_len;                           ///< New tokens per request.
+  int group;                           ///< Query heads per KV head.
+  int heads_q;                         ///< Query heads.
+  int chunk;                           ///< KV tokens per split.
+  int max_splits;                      ///< Splits per segment in the grid.
+  int max_tiles;                       ///< Row tiles per segment in the grid.
+  int causal_tail;                     ///< 1 when the causal mask applies (last level, causal).
+  float s2_scale;                      ///< `scale · log2(e)`.
+  float* ws_o;                         ///< Partial outputs `(slots, rows_total, D)`.
+  float* ws_lse;                       ///< Partial base-2 LSEs `(slots, rows_total)`.
+  std::int64_t rows_total;             ///< `batch · q_len · heads_q`.
+  int slot_offset;                     ///< This level's first slot.
 };
 
 namespace detail {
@@ -155,12 +155,12 @@ struct CascadeTile {
   static constexpr int D = D_;
   static constexpr int WM = WM_;
   static constexpr int WN = WN_;
-  static constexpr int BM = 16 * WM;        ///< Query rows per CTA.
-  static constexpr int BN = 64;             ///< Keys per KV tile.
-  static constexpr int BNW = BN / WN;       ///< Keys per warp per KV tile.
-  static constexpr int kStages = Stages_;   ///< cp.async pipeline depth.
+  static constexpr int BM = 16 * WM;       ///< Query rows per CTA.
+  static constexpr int BN = 64;            ///< Keys per KV tile.
+  static constexpr int BNW = BN / WN;      ///< Keys per warp per KV tile.
+  static constexpr int kStages = Stages_;  ///< cp.async pipeline depth.
   static constexpr int kThreads = 32 * WM * WN;
-  static constexpr int kChunks = D / 8;     ///< 16-byte chunks per row.
+  static constexpr int kChunks = D / 8;          ///< 16-byte chunks per row.
   static constexpr int kMinBlocks = MinBlocks_;  ///< CTAs per SM the registers must allow.
   /// Dynamic shared memory in bytes.
   static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2; }
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   constexpr int kRowStep = kThreads / kChunks;
   static_assert(kThreads % kChunks == 0 && (BN * kChunks) % kThreads == 0, "load mapping");
   const int c_ld = tid % kChunks, r_ld = tid / kChunks;
-  auto fetch_pages = [&](int kt, int (&pg)[kLoadIters]) {
+  auto fetch_pages = [&](int kt, int(&pg)[kLoadIters]) {
     const int jb = kv_begin + kt * BN + r_ld;
 #pragma unroll
     for (int it = 0; it < kLoadIters; ++it) {
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
       pg[it] = j < kv_end ? p.page_indices[pbeg + detail::page_of(p, j)] : 0;
     }
   };
-  auto issue_kv = [&](int kt, int stage, const int (&pg)[kLoadIters]) {
+  auto issue_kv = [&](int kt, int stage, const int(&pg)[kLoadIters]) {
     T* dk = s_k + stage * BN * D;
     T* dv = s_v + stage * BN * D;
     const int jb = kv_begin + kt * BN;
@@ -261,11 +261,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         std::int64_t page = pg[it];
         page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
         const int slot = detail::slot_of(p, j);
-        const std::int64_t off =
-            page * p.page_elems +
-            (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
-                   : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) * D +
-            c * 8;
+        const std::int64_t off = page * p.page_elems +
+                                 (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
+                                        : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
+                                     D +
+                                 c * 8;
         ks = kpool + off;
         vs = vpool + off;
         bytes = 16;
@@ -414,8 +414,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   // warps that split the keys of a tile: merge their states into the wn == 0 warp
   if constexpr (WN > 1) {
     __syncthreads();  // every warp is done with the KV stages: reuse them
-    float* red_o = reinterpret_cast<float*>(s_k);             // [WN][WM][16][D]
-    float* red_ml = red_o + WN * WM * 16 * D;                 // [WN][WM][16][2]
+    float* red_o = reinterpret_cast<float*>(s_k);  // [WN][WM][16][D]
+    float* red_ml = red_o + WN * WM * 16 * D;      // [WN][WM][16][2]
     if (wn > 0) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
@@ -463,7 +463,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     const std::int64_t row =
         (static_cast<std::int64_t>(req) * p.q_len + t) * p.heads_q + h_kv * p.group + g;
     const float inv = os[rr].inv_sum();
-    float* dst = p.ws_o + (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
+    float* dst = p.ws_o +
+                 (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
                  2 * (lane & 3);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)

@@ -15,18 +15,18 @@ namespace kernels {
 
 /// Arguments of the merge launch.
 struct CascadeMergeParams {
-  const float* ws_o;             ///< Partial outputs `(slots, rows, D)`.
-  const float* ws_lse;           ///< Partial base-2 LSEs `(slots, rows)`.
-  std::int64_t rows;             ///< `batch · q_len · heads_q`.
-  int num_slots;                 ///< Partial states per row.
-  int heads_q;                   ///< Query heads (row = token · heads_q + head).
-  void* out_o;                   ///< Output `o`, of the output dtype.
-  float* out_lse;                ///< Output LSE.
-  std::int64_t o_stride_token;   ///< Output strides (elements).
+  const float* ws_o;            ///< Partial outputs `(slots, rows, D)`.
+  const float* ws_lse;          ///< Partial base-2 LSEs `(slots, rows)`.
+  std::int64_t rows;            ///< `batch · q_len · heads_q`.
+  int num_slots;                ///< Partial states per row.
+  int heads_q;                  ///< Query heads (row = token · heads_q + head).
+  void* out_o;                  ///< Output `o`, of the output dtype.
+  float* out_lse;               ///< Output LSE.
+  std::int64_t o_stride_token;  ///< Output strides (elements).
   std::int64_t o_stride_head;
   std::int64_t lse_stride_token;
   std::int64_t lse_stride_head;
-  LseBase base;                  ///< Output base.
+  LseBase base;  ///< Output base.
 };
 
 /// Rows per CTA of the merge (one warp each).
@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
   const std::int64_t token = row / p.heads_q, head = row % p.heads_q;
-  TOut* dst = static_cast<TOut*>(p.out_o) + token * p.o_stride_token + head * p.o_stride_head +
-              lane * kPer;
+  TOut* dst =
+      static_cast<TOut*>(p.out_o) + token * p.o_stride_token + head * p.o_stride_head + lane * kPer;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) dst[i] = from_float<TOut>(acc[i] * r.inv_sum);
   if (lane == 0)
