@@ -17,8 +17,20 @@ namespace detail {
 constexpr int kDecodeTileRows = 16;
 /// Warps per CTA (each streams its own 16-token tiles of the split).
 constexpr int kDecodeWarps = 4;
-/// cp.async pipeline depth per warp.
-constexpr int kDecodeStages = 3;
+/// cp.async pipeline depth per warp (build-time knob for tuning experiments).
+#ifndef ATTNSTATE_DECODE_STAGES
+#define ATTNSTATE_DECODE_STAGES 3
+#endif
+constexpr int kDecodeStages = ATTNSTATE_DECODE_STAGES;
+/// Minimum resident CTAs per SM requested from the compiler (caps registers per thread).
+#ifndef ATTNSTATE_DECODE_MIN_BLOCKS
+#define ATTNSTATE_DECODE_MIN_BLOCKS 1
+#endif
+constexpr int kDecodeMinBlocks = ATTNSTATE_DECODE_MIN_BLOCKS;
+/// Tiles that lie in one page use per-lane precomputed source offsets (build-time knob, 1).
+#ifndef ATTNSTATE_DECODE_FAST_ADDR
+#define ATTNSTATE_DECODE_FAST_ADDR 1
+#endif
 
 /// Everything the decode kernel reads besides its template arguments.
 struct DecodeParams {

@@ -59,7 +59,7 @@ __device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off,
 
 /// Split-KV decode kernel for head dim `D`; `kBF16` selects bf16 (else f16) queries and KV.
 template <int D, bool kBF16>
-__global__ void __launch_bounds__(kDecodeWarps * 32) decode_split_kv_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeMinBlocks) decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kDecodeWarps * 32;
@@ -188,12 +188,35 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_split_kv_kernel(cons
       return spec_pid < p.num_pages ? spec_pid : p.num_pages - 1;
     return page_id(t0 / p.page_size);
   };
+  // Per-lane constants of the chunk addressing: lane l copies column `l % kCpr` of rows
+  // `l / kCpr + i · kRowStep` (kCpr ≤ 32 divides 32), so inside one page its source offsets are
+  // one base plus compile-time multiples of the row stride.
+  constexpr int kRowStep = 32 / kCpr;
+  const int lane_r0 = lane / kCpr;
+  const int lane_col = lane % kCpr;
+  const std::int64_t row_stride =
+      p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
   auto load_tile = [&](int it, int stage, std::int64_t pid) {
     const int t0 = range.begin + (warp + kDecodeWarps * it) * kRows;
     Elem* kd = kbuf + stage * 2 * kTileElems;
     Elem* vd = kd + kTileElems;
     const std::int64_t tile_page_base = pid * p.page_elems;
     const int slot0 = tile_in_page ? t0 % p.page_size : 0;
+#if ATTNSTATE_DECODE_FAST_ADDR
+    if (tile_in_page) {
+      const std::int64_t base = tile_page_base + in_page(slot0 + lane_r0) + lane_col * 8;
+#pragma unroll
+      for (int i = 0; i < kChunksPerLane; ++i) {
+        const int r = lane_r0 + i * kRowStep;
+        const bool valid = t0 + r < range.end;
+        const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
+        const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
+        cp_async_16(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
+        cp_async_16(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < kChunksPerLane; ++i) {
       const int c = lane + 32 * i;
@@ -281,10 +304,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_split_kv_kernel(cons
       bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
       bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
       const float alpha = os[h].rescale(bm);
+      // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+      // (the common case after the first tiles), bitwise the same result.
+      if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        o_acc[j][2 * h] *= alpha;
-        o_acc[j][2 * h + 1] *= alpha;
+        for (int j = 0; j < kNT; ++j) {
+          o_acc[j][2 * h] *= alpha;
+          o_acc[j][2 * h + 1] *= alpha;
+        }
       }
       float psum = 0.f;
 #pragma unroll
