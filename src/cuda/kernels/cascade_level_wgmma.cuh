@@ -407,10 +407,14 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
       bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
       bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
       const float alpha = os[rr].rescale(bmax);
+      // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+      // (the common case after the first tiles), bitwise the same result.
+      if (__any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc[n][2 * rr] *= alpha;
-        acc[n][2 * rr + 1] *= alpha;
+        for (int n = 0; n < D / 8; ++n) {
+          acc[n][2 * rr] *= alpha;
+          acc[n][2 * rr + 1] *= alpha;
+        }
       }
       float psum = 0.f;
 #pragma unroll
