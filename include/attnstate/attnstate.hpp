@@ -1,8 +1,10 @@
 /// @file attnstate.hpp
-/// @brief Umbrella header: the core types and math, and the CPU backend.
+/// @brief Umbrella header: the core types and math, the CPU backend (merges, attention, decode,
+///        cascade) and, when the CUDA backend is linked (`ATTNSTATE_HAS_CUDA`), its API.
 #pragma once
 
 #include "attnstate/core/config.hpp"
+#include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
@@ -11,4 +13,13 @@
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/attention.hpp"
+#include "attnstate/cpu/cascade.hpp"
+#include "attnstate/cpu/decode.hpp"
 #include "attnstate/cpu/merge.hpp"
+
+#if defined(ATTNSTATE_HAS_CUDA)
+#include "attnstate/cuda/cascade.hpp"
+#include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/decode.hpp"
+#include "attnstate/cuda/merge.hpp"
+#endif

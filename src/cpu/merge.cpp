@@ -14,6 +14,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "common/validate.hpp"
 #include "cpu/loader.hpp"
+#include "cpu/merge_rows.hpp"
 #include "cpu/parallel.hpp"
 
 namespace attnstate {
@@ -202,7 +203,6 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
     sc.lse[j] = r.lse;
   }
   // Pass 3: the weighted sum of o, state by state, then normalise once.
-  const Loader<Ti> load;
   for (std::int64_t s = 0; s < states; ++s) {
     const Ti* os = typed<Ti>(src.o) + s * src.o_stride_state;
     const float* w = sc.w.data() + s * nb;
@@ -213,12 +213,9 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
       prefetch_ahead(o, dim * sizeof(Ti));
       float* acc = sc.acc.data() + j * dim;
       const float wj = w[j];
-      if (!sc.started[j]) {  // assign the first term so a lone input passes through bitwise
-        for (std::int64_t d = 0; d < dim; ++d) acc[d] = wj * load(o[d]);
-        sc.started[j] = 1;
-      } else {
-        for (std::int64_t d = 0; d < dim; ++d) acc[d] += wj * load(o[d]);
-      }
+      // The first term is assigned so a lone input passes through bitwise.
+      detail::axpy_row(wj, o, acc, dim, !sc.started[j]);
+      sc.started[j] = 1;
     }
   }
   for (std::int64_t j = 0; j < nb; ++j) {
@@ -229,7 +226,7 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
     if (!sc.started[j]) {
       for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(0.f);
     } else {
-      for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(acc[d] * inv);
+      detail::scale_store_row(acc, inv, oo, dim);
     }
     out.lse[out.lse_offset(t, h)] = sc.lse[j];
   }

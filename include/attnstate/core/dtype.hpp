@@ -77,37 +77,42 @@ ATTNSTATE_HOST_DEVICE float bits_float(std::uint32_t u) {
 #endif
 }
 
-/// binary16 bits -> float (exact).
+/// binary16 bits -> float (exact). Every case is computed and one is selected, so host loops
+/// over arrays vectorise: normals rebias the exponent, inf/NaN get the all-ones exponent, and
+/// subnormals are renormalised by one exact fp32 subtraction.
 ATTNSTATE_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t e = (h >> 10) & 0x1Fu;
-  const std::uint32_t m = h & 0x3FFu;
-  if (e == 0) {
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -v : v;
-  }
-  if (e == 31) return bits_float(sign | 0x7F800000u | (m << 13));
-  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+  const std::uint32_t u = static_cast<std::uint32_t>(h & 0x7FFFu) << 13;
+  const std::uint32_t e = u & 0x0F800000u;  // the exponent field, in place
+  const std::uint32_t normal = u + 0x38000000u;           // exponent + (127 - 15)
+  const std::uint32_t inf_nan = u + 0x70000000u;          // exponent + (127 - 15) + (128 - 16)
+  const std::uint32_t subnormal =
+      float_bits(bits_float(u + 0x38800000u) - bits_float(0x38800000u));  // m·2^-24, exact
+  // Branch-free selection with masks (keeps host loops free of control flow).
+  const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(e == 0x0F800000u);
+  const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(e == 0u);
+  const std::uint32_t r = (inf_nan & is_special) | (subnormal & is_sub) |
+                          (normal & ~(is_special | is_sub));
+  return bits_float(r | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
 }
 
 /// float -> binary16 bits, round to nearest even; NaN stays NaN, overflow gives inf.
 /// Subnormal results are rounded by one fp32 addition of a magic constant (which rounds to
-/// nearest even in hardware); normal results by an integer rounding bias. Few, predictable
-/// branches, so host loops vectorise.
+/// nearest even in hardware), normal results by an integer rounding bias; every case is computed
+/// and one selected, so host loops over arrays vectorise.
 ATTNSTATE_HOST_DEVICE std::uint16_t float_to_half_bits(float f) {
-  std::uint32_t x = float_bits(f);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7FFFFFFFu;
-  std::uint32_t h;
-  if (x >= 0x47800000u) {  // >= 65536: inf, or NaN (kept quiet)
-    h = x > 0x7F800000u ? 0x7E00u : 0x7C00u;
-  } else if (x < 0x38800000u) {  // half subnormal or zero: align the mantissa by an fp32 add
-    const float denorm_magic = bits_float(((127u - 15u) + (23u - 10u) + 1u) << 23);
-    h = float_bits(bits_float(x) + denorm_magic) - float_bits(denorm_magic);
-  } else {  // normal: rebias the exponent, round to nearest even (a carry may give inf)
-    const std::uint32_t mant_odd = (x >> 13) & 1u;
-    h = (x - 0x38000000u + 0xFFFu + mant_odd) >> 13;
-  }
+  const std::uint32_t bits = float_bits(f);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
+  const std::uint32_t x = bits & 0x7FFFFFFFu;
+  const std::uint32_t inf_nan = x > 0x7F800000u ? 0x7E00u : 0x7C00u;
+  const float denorm_magic = bits_float(((127u - 15u) + (23u - 10u) + 1u) << 23);
+  const std::uint32_t subnormal =
+      float_bits(bits_float(x) + denorm_magic) - float_bits(denorm_magic);
+  const std::uint32_t normal = (x - 0x38000000u + 0xFFFu + ((x >> 13) & 1u)) >> 13;
+  // Branch-free selection with masks (keeps host loops free of control flow).
+  const std::uint32_t is_big = 0u - static_cast<std::uint32_t>(x >= 0x47800000u);
+  const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(x < 0x38800000u);
+  const std::uint32_t h = (inf_nan & is_big) | (subnormal & is_sub) |
+                          (normal & ~(is_big | is_sub));
   return static_cast<std::uint16_t>(sign | h);
 }
 
@@ -119,9 +124,9 @@ ATTNSTATE_HOST_DEVICE float bf16_bits_to_float(std::uint16_t b) {
 /// float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
 ATTNSTATE_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
   const std::uint32_t x = float_bits(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  const std::uint32_t bias = 0x7FFFu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>((x + bias) >> 16);
+  const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t quiet_nan = (x >> 16) | 0x0040u;
+  return static_cast<std::uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
 
 }  // namespace detail
