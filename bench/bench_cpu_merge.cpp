@@ -25,10 +25,10 @@
 #include <sys/mman.h>
 #endif
 
-#include "cpu/parallel.hpp"  // the backend's own pool, so memcpy uses the same threads
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/merge.hpp"
+#include "cpu/parallel.hpp"  // the backend's own pool, so memcpy uses the same threads
 
 namespace {
 

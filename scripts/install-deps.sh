@@ -2,7 +2,7 @@
 # Installs the Debian packages attnstate builds against, if any is missing (needs root; as a
 # normal user it only reports what is missing). The CUDA toolkit (nvcc) is optional.
 set -euo pipefail
-pkgs=(cmake g++ make libgtest-dev librapidcheck-dev doxygen)
+pkgs=(cmake g++ make libgtest-dev librapidcheck-dev doxygen clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

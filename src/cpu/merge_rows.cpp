@@ -58,8 +58,8 @@ __attribute__((target("avx2,f16c"))) inline void store8(bfloat16_t* p, __m256 v)
 }
 
 template <class T>
-__attribute__((target("avx2,f16c"))) void axpy_avx2(float w, const T* x, float* acc,
-                                                     std::int64_t n, bool first) {
+__attribute__((target("avx2,f16c"))) void axpy_avx2(float w, const T* x, float* acc, std::int64_t n,
+                                                    bool first) {
   const __m256 vw = _mm256_set1_ps(w);
   std::int64_t d = 0;
   if (first) {
@@ -76,7 +76,7 @@ __attribute__((target("avx2,f16c"))) void axpy_avx2(float w, const T* x, float* 
 
 template <class T>
 __attribute__((target("avx2,f16c"))) void store_avx2(const float* acc, float inv, T* out,
-                                                      std::int64_t n) {
+                                                     std::int64_t n) {
   const __m256 vi = _mm256_set1_ps(inv);
   std::int64_t d = 0;
   for (; d + 8 <= n; d += 8) store8(out + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), vi));
@@ -108,8 +108,7 @@ void scale_store_row_portable(const float* acc, float inv, T* out, std::int64_t 
 template void axpy_row_portable<half_t>(float, const half_t*, float*, std::int64_t, bool);
 template void axpy_row_portable<bfloat16_t>(float, const bfloat16_t*, float*, std::int64_t, bool);
 template void scale_store_row_portable<half_t>(const float*, float, half_t*, std::int64_t);
-template void scale_store_row_portable<bfloat16_t>(const float*, float, bfloat16_t*,
-                                                   std::int64_t);
+template void scale_store_row_portable<bfloat16_t>(const float*, float, bfloat16_t*, std::int64_t);
 
 template <>
 void axpy_row<float>(float w, const float* x, float* acc, std::int64_t n, bool first) {

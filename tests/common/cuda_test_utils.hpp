@@ -24,8 +24,8 @@ inline bool gpu_available() {
 }
 
 /// Skips the current test cleanly when no GPU is present.
-#define ATTNSTATE_REQUIRE_GPU()                                  \
-  do {                                                           \
+#define ATTNSTATE_REQUIRE_GPU()                                               \
+  do {                                                                        \
     if (!::attnstate_test::gpu_available()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
@@ -41,7 +41,10 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (p_) cudaFree(p_);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
@@ -54,7 +57,8 @@ class DeviceBuffer {
   std::size_t size() const { return n_; }
   std::size_t bytes() const { return n_ * sizeof(T); }
   void upload(const std::vector<T>& host) {
-    ATTNSTATE_CUDA_CHECK(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    ATTNSTATE_CUDA_CHECK(
+        cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);

@@ -31,8 +31,16 @@ std::vector<T> random_bits(std::size_t n, std::mt19937& rng) {
 /// fp32 values that round to the 16-bit type's ties, overflow, subnormals, NaN and ±inf.
 std::vector<float> adversarial_floats(std::size_t n, std::mt19937& rng) {
   std::vector<float> v(n);
-  const float special[] = {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY, 65504.f,
-                           65520.f, 1e-8f, 6e-5f, -0.f, 3.0e38f, 1.00048828125f};
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                           INFINITY,
+                           -INFINITY,
+                           65504.f,
+                           65520.f,
+                           1e-8f,
+                           6e-5f,
+                           -0.f,
+                           3.0e38f,
+                           1.00048828125f};
   std::uniform_real_distribution<float> u(-4.f, 4.f);
   for (std::size_t i = 0; i < n; ++i) {
     if (i % 7 == 3) {

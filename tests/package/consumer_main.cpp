@@ -7,8 +7,8 @@
 int main() {
   // Two single-key states (o = v_i, lse = s_i) in different bases; their merge is softmax-weighted.
   float oa[2] = {1.f, 0.f}, ob[2] = {0.f, 1.f}, out_o[2] = {0.f, 0.f};
-  float lse_a = 1.f;                                  // natural log
-  float lse_b = 2.f * attnstate::constants::kLog2e;   // base 2: the same mass as e^2
+  float lse_a = 1.f;                                 // natural log
+  float lse_b = 2.f * attnstate::constants::kLog2e;  // base 2: the same mass as e^2
   float out_lse = 0.f;
   using attnstate::DType;
   using attnstate::LseBase;
@@ -19,6 +19,7 @@ int main() {
   const double wa = std::exp(1.0) / (std::exp(1.0) + std::exp(2.0));
   const bool ok = std::fabs(out_o[0] - wa) < 1e-6 && std::fabs(out_o[1] - (1 - wa)) < 1e-6 &&
                   std::fabs(out_lse - std::log(std::exp(1.0) + std::exp(2.0))) < 1e-5;
-  std::printf("consumer: o = (%.6f, %.6f), lse = %.6f: %s\n", out_o[0], out_o[1], out_lse, ok ? "ok" : "WRONG");
+  std::printf("consumer: o = (%.6f, %.6f), lse = %.6f: %s\n", out_o[0], out_o[1], out_lse,
+              ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }

@@ -32,9 +32,12 @@ inline std::size_t size_of(DType dt) { return dt == DType::kF32 ? 4u : 2u; }
 /// Name of a dtype ("f32", "f16", "bf16").
 inline const char* to_string(DType dt) {
   switch (dt) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -82,16 +85,16 @@ ATTNSTATE_HOST_DEVICE float bits_float(std::uint32_t u) {
 /// subnormals are renormalised by one exact fp32 subtraction.
 ATTNSTATE_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
   const std::uint32_t u = static_cast<std::uint32_t>(h & 0x7FFFu) << 13;
-  const std::uint32_t e = u & 0x0F800000u;  // the exponent field, in place
-  const std::uint32_t normal = u + 0x38000000u;           // exponent + (127 - 15)
-  const std::uint32_t inf_nan = u + 0x70000000u;          // exponent + (127 - 15) + (128 - 16)
+  const std::uint32_t e = u & 0x0F800000u;        // the exponent field, in place
+  const std::uint32_t normal = u + 0x38000000u;   // exponent + (127 - 15)
+  const std::uint32_t inf_nan = u + 0x70000000u;  // exponent + (127 - 15) + (128 - 16)
   const std::uint32_t subnormal =
       float_bits(bits_float(u + 0x38800000u) - bits_float(0x38800000u));  // m·2^-24, exact
   // Branch-free selection with masks (keeps host loops free of control flow).
   const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(e == 0x0F800000u);
   const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(e == 0u);
-  const std::uint32_t r = (inf_nan & is_special) | (subnormal & is_sub) |
-                          (normal & ~(is_special | is_sub));
+  const std::uint32_t r =
+      (inf_nan & is_special) | (subnormal & is_sub) | (normal & ~(is_special | is_sub));
   return bits_float(r | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
 }
 
@@ -111,8 +114,7 @@ ATTNSTATE_HOST_DEVICE std::uint16_t float_to_half_bits(float f) {
   // Branch-free selection with masks (keeps host loops free of control flow).
   const std::uint32_t is_big = 0u - static_cast<std::uint32_t>(x >= 0x47800000u);
   const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(x < 0x38800000u);
-  const std::uint32_t h = (inf_nan & is_big) | (subnormal & is_sub) |
-                          (normal & ~(is_big | is_sub));
+  const std::uint32_t h = (inf_nan & is_big) | (subnormal & is_sub) | (normal & ~(is_big | is_sub));
   return static_cast<std::uint16_t>(sign | h);
 }
 
@@ -200,9 +202,12 @@ struct DTypeOf<bfloat16_t> {
 template <class F>
 decltype(auto) dispatch_dtype(DType dt, F&& f) {
   switch (dt) {
-    case DType::kF16: return f(half_t{});
-    case DType::kBF16: return f(bfloat16_t{});
-    default: return f(float{});
+    case DType::kF16:
+      return f(half_t{});
+    case DType::kBF16:
+      return f(bfloat16_t{});
+    default:
+      return f(float{});
   }
 }
 

@@ -9,23 +9,29 @@ namespace attnstate {
 
 /// Category of a failure reported by the library.
 enum class Status {
-  kSuccess = 0,         ///< No error.
-  kInvalidArgument,     ///< An argument violates the documented contract (shape, stride, null, range).
-  kNotSupported,        ///< A valid request outside the compiled set (head_dim, dtype, layout).
-  kWorkspaceTooSmall,   ///< A caller-provided workspace is smaller than required.
-  kCudaError,           ///< A CUDA runtime call or kernel launch failed.
-  kInternal,            ///< A broken internal invariant (a library bug).
+  kSuccess = 0,      ///< No error.
+  kInvalidArgument,  ///< An argument violates the documented contract (shape, stride, null, range).
+  kNotSupported,     ///< A valid request outside the compiled set (head_dim, dtype, layout).
+  kWorkspaceTooSmall,  ///< A caller-provided workspace is smaller than required.
+  kCudaError,          ///< A CUDA runtime call or kernel launch failed.
+  kInternal,           ///< A broken internal invariant (a library bug).
 };
 
 /// Name of a status code ("invalid_argument", ...).
 inline const char* to_string(Status s) {
   switch (s) {
-    case Status::kSuccess: return "success";
-    case Status::kInvalidArgument: return "invalid_argument";
-    case Status::kNotSupported: return "not_supported";
-    case Status::kWorkspaceTooSmall: return "workspace_too_small";
-    case Status::kCudaError: return "cuda_error";
-    case Status::kInternal: return "internal";
+    case Status::kSuccess:
+      return "success";
+    case Status::kInvalidArgument:
+      return "invalid_argument";
+    case Status::kNotSupported:
+      return "not_supported";
+    case Status::kWorkspaceTooSmall:
+      return "workspace_too_small";
+    case Status::kCudaError:
+      return "cuda_error";
+    case Status::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -48,7 +54,8 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
-[[noreturn]] inline void throw_argument(const char* func, const char* arg, const std::string& expected,
+[[noreturn]] inline void throw_argument(const char* func, const char* arg,
+                                        const std::string& expected,
                                         const std::string& got = std::string(),
                                         Status status = Status::kInvalidArgument) {
   std::string msg = std::string(func) + ": argument '" + arg + "': expected " + expected;
@@ -60,7 +67,7 @@ namespace detail {
 }  // namespace attnstate
 
 /// Throws `attnstate::Error(kInvalidArgument)` naming `arg` unless `cond` holds.
-#define ATTNSTATE_CHECK_ARG(cond, func, arg, expected, got)                  \
-  do {                                                                       \
+#define ATTNSTATE_CHECK_ARG(cond, func, arg, expected, got)                             \
+  do {                                                                                  \
     if (!(cond)) ::attnstate::detail::throw_argument((func), (arg), (expected), (got)); \
   } while (0)

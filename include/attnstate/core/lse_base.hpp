@@ -1,5 +1,6 @@
 /// @file lse_base.hpp
-/// @brief The base tag every log-sum-exp carries: natural log (FlashAttention) or base 2 (FlashInfer).
+/// @brief The base tag every log-sum-exp carries: natural log (FlashAttention) or base 2
+/// (FlashInfer).
 #pragma once
 
 #include <cstdint>
@@ -19,9 +20,7 @@ enum class LseBase : std::uint8_t {
 };
 
 /// Human-readable name of a base ("natural" or "base2").
-inline const char* to_string(LseBase base) {
-  return base == LseBase::kBase2 ? "base2" : "natural";
-}
+inline const char* to_string(LseBase base) { return base == LseBase::kBase2 ? "base2" : "natural"; }
 
 namespace constants {
 /// log2(e).

@@ -85,15 +85,15 @@ ATTNSTATE_HOST_DEVICE float merge_weight(LseBase base, float lse, float m) {
 /// Turns the max `m` and the weight sum into the merged LSE and the normalising factor.
 ATTNSTATE_HOST_DEVICE MergeResult merge_finalize(LseBase base, float m, float sum) {
   if (m == -INFINITY) return MergeResult{-INFINITY, 0.f};  // all inputs empty
-  if (m == INFINITY) return MergeResult{NAN, NAN};          // invalid input: +inf LSE
+  if (m == INFINITY) return MergeResult{NAN, NAN};         // invalid input: +inf LSE
   return MergeResult{m + log_in(base, sum), 1.f / sum};
 }
 
 /// Normalised weights of a pairwise merge `a ⊕ b` and the merged LSE, all in one base.
 struct PairWeights {
-  float wa;   ///< Weight of `o_a` (0 and never applied when `a` is empty).
-  float wb;   ///< Weight of `o_b` (0 and never applied when `b` is empty).
-  float lse;  ///< The merged LSE.
+  float wa;      ///< Weight of `o_a` (0 and never applied when `a` is empty).
+  float wb;      ///< Weight of `o_b` (0 and never applied when `b` is empty).
+  float lse;     ///< The merged LSE.
   bool a_empty;  ///< `a` contributes nothing; do not read `o_a`.
   bool b_empty;  ///< `b` contributes nothing; do not read `o_b`.
 };

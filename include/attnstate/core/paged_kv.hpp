@@ -27,16 +27,16 @@ enum class KvLayout : std::uint8_t {
 ///
 /// All pointers live in `space` (device memory for the CUDA backend). Element offsets are 64-bit.
 struct PagedKvCache {
-  const void* k = nullptr;        ///< K pool, of type `dtype`.
-  const void* v = nullptr;        ///< V pool, same shape and strides as `k`.
-  DType dtype = DType::kBF16;     ///< Element type of the pools (f16 or bf16 for decode).
+  const void* k = nullptr;           ///< K pool, of type `dtype`.
+  const void* v = nullptr;           ///< V pool, same shape and strides as `k`.
+  DType dtype = DType::kBF16;        ///< Element type of the pools (f16 or bf16 for decode).
   KvLayout layout = KvLayout::kNHD;  ///< Dimension order inside a page.
-  std::int64_t num_pages = 0;     ///< Pages in each pool.
-  std::int64_t page_size = 0;     ///< Tokens per page.
-  std::int64_t heads_kv = 0;      ///< KV heads (H_kv).
-  std::int64_t head_dim = 0;      ///< Elements per head.
-  std::int64_t page_stride = 0;   ///< Elements between consecutive pages (≥ page_size·H_kv·D;
-                                  ///< 0 means exactly that, i.e. a dense pool).
+  std::int64_t num_pages = 0;        ///< Pages in each pool.
+  std::int64_t page_size = 0;        ///< Tokens per page.
+  std::int64_t heads_kv = 0;         ///< KV heads (H_kv).
+  std::int64_t head_dim = 0;         ///< Elements per head.
+  std::int64_t page_stride = 0;  ///< Elements between consecutive pages (≥ page_size·H_kv·D;
+                                 ///< 0 means exactly that, i.e. a dense pool).
   const std::int32_t* page_indptr = nullptr;   ///< CSR offsets `(batch + 1)`, or null.
   const std::int32_t* page_indices = nullptr;  ///< CSR page ids, or null.
   const std::int32_t* block_table = nullptr;   ///< Dense `(batch, block_table_stride)`, or null.
@@ -66,10 +66,10 @@ enum class SplitPolicy : std::uint8_t {
 
 /// Options of a decode call.
 struct DecodeOptions {
-  float scale = 0.f;                    ///< Softmax scale; 0 means `1/sqrt(head_dim)`.
+  float scale = 0.f;                        ///< Softmax scale; 0 means `1/sqrt(head_dim)`.
   SplitPolicy policy = SplitPolicy::kAuto;  ///< Split policy.
-  int num_splits = 0;                   ///< For `kFixedCount`.
-  int split_size = 0;                   ///< For `kFixedSize`, in tokens (a multiple of page_size).
+  int num_splits = 0;                       ///< For `kFixedCount`.
+  int split_size = 0;  ///< For `kFixedSize`, in tokens (a multiple of page_size).
 };
 
 }  // namespace attnstate

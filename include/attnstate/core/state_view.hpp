@@ -23,19 +23,21 @@ enum class MemorySpace : std::uint8_t {
 };
 
 /// Name of a memory space ("host" or "device").
-inline const char* to_string(MemorySpace s) { return s == MemorySpace::kDevice ? "device" : "host"; }
+inline const char* to_string(MemorySpace s) {
+  return s == MemorySpace::kDevice ? "device" : "host";
+}
 
 /// Shape, strides and tags of a state view (everything but the pointers).
 struct StateLayout {
-  std::int64_t tokens = 0;           ///< Number of tokens (rows of independent states).
-  std::int64_t heads = 0;            ///< Heads per token.
-  std::int64_t head_dim = 0;         ///< Elements of `o` per (token, head); contiguous.
-  std::int64_t o_stride_token = 0;   ///< Elements between consecutive tokens of `o`.
-  std::int64_t o_stride_head = 0;    ///< Elements between consecutive heads of `o`.
-  std::int64_t lse_stride_token = 0; ///< Elements between consecutive tokens of `lse`.
-  std::int64_t lse_stride_head = 0;  ///< Elements between consecutive heads of `lse`.
-  DType dtype = DType::kF32;         ///< Storage type of `o`.
-  LseBase base = LseBase::kNatural;  ///< Base of `lse`.
+  std::int64_t tokens = 0;                 ///< Number of tokens (rows of independent states).
+  std::int64_t heads = 0;                  ///< Heads per token.
+  std::int64_t head_dim = 0;               ///< Elements of `o` per (token, head); contiguous.
+  std::int64_t o_stride_token = 0;         ///< Elements between consecutive tokens of `o`.
+  std::int64_t o_stride_head = 0;          ///< Elements between consecutive heads of `o`.
+  std::int64_t lse_stride_token = 0;       ///< Elements between consecutive tokens of `lse`.
+  std::int64_t lse_stride_head = 0;        ///< Elements between consecutive heads of `lse`.
+  DType dtype = DType::kF32;               ///< Storage type of `o`.
+  LseBase base = LseBase::kNatural;        ///< Base of `lse`.
   MemorySpace space = MemorySpace::kHost;  ///< Where `o` and `lse` live.
 
   /// Offset in elements of `o[token, head, 0]`.
@@ -149,11 +151,11 @@ inline ConstStateStackView make_state_stack(const void* o, DType dtype, const fl
 /// A read-only view of a tensor of rank 1 to 4 (e.g. queries `[tokens, heads, head_dim]` or a
 /// paged KV pool `[pages, page_size, heads, head_dim]`). Strides are in elements.
 struct ConstTensorView {
-  const void* data = nullptr;            ///< First element, of type `dtype`.
-  DType dtype = DType::kF32;             ///< Element type.
-  int rank = 0;                          ///< Number of dimensions (1..4).
-  std::int64_t shape[4] = {0, 0, 0, 0};  ///< Extent of each dimension.
-  std::int64_t stride[4] = {0, 0, 0, 0}; ///< Elements between consecutive indices of each dim.
+  const void* data = nullptr;              ///< First element, of type `dtype`.
+  DType dtype = DType::kF32;               ///< Element type.
+  int rank = 0;                            ///< Number of dimensions (1..4).
+  std::int64_t shape[4] = {0, 0, 0, 0};    ///< Extent of each dimension.
+  std::int64_t stride[4] = {0, 0, 0, 0};   ///< Elements between consecutive indices of each dim.
   MemorySpace space = MemorySpace::kHost;  ///< Where `data` lives.
 
   /// Total number of elements.

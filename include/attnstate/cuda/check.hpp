@@ -15,8 +15,8 @@ namespace detail {
 
 [[noreturn]] inline void throw_cuda(cudaError_t err, const char* what, const char* file, int line) {
   throw Error(Status::kCudaError, std::string("attnstate: CUDA error in ") + what + " (" + file +
-                                      ":" + std::to_string(line) + "): " +
-                                      cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+                                      ":" + std::to_string(line) + "): " + cudaGetErrorName(err) +
+                                      ": " + cudaGetErrorString(err));
 }
 
 /// True when launches should be followed by a stream synchronisation (debug aid; set the

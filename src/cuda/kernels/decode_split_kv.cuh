@@ -59,7 +59,8 @@ __device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off,
 
 /// Split-KV decode kernel for head dim `D`; `kBF16` selects bf16 (else f16) queries and KV.
 template <int D, bool kBF16>
-__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeMinBlocks) decode_split_kv_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeMinBlocks)
+    decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kDecodeWarps * 32;
