@@ -76,6 +76,7 @@ struct SharedPromptBatch {
       for (bfloat16_t& x : *vec) x = from_float<bfloat16_t>(uni(rng));
   }
 
+  //! [cascade-levels]
   std::vector<CascadeLevel> levels(const std::int32_t* const* arrays) const {
     std::vector<CascadeLevel> l(2);
     l[0].num_segments = 1;
@@ -90,6 +91,7 @@ struct SharedPromptBatch {
     l[1].seg_lens = arrays[7];
     return l;
   }
+  //! [cascade-levels]
   std::vector<CascadeLevel> host_levels() const {
     const std::int32_t* a[8] = {l0_req.data(), l0_pind.data(), l0_ids.data(), l0_len.data(),
                                 l1_req.data(), l1_pind.data(), l1_ids.data(), l1_len.data()};
@@ -199,7 +201,9 @@ bool run_gpu(const SharedPromptBatch& s) {
   shape.num_pages = s.num_pages;
   shape.dtype = DType::kBF16;
   const auto h_levels = s.host_levels();
+  //! [cascade-plan]
   const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels.data(), 2, {}, sms);
+  //! [cascade-plan]
   void* ws = nullptr;
   ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 1)));
   // plain decode over each request's whole page list

@@ -78,7 +78,9 @@ int main() {
     pr.heads_q = hq;
     pr.heads_kv = hkv;
     pr.head_dim = D;
+    //! [decode-plan]
     const cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, sms);
+    //! [decode-plan]
     splits = plan.splits.splits_for(static_cast<std::int32_t>(len_a));
     void *dq, *dk, *dv, *ws, *doa;
     std::int32_t *dt, *dl;
@@ -103,12 +105,14 @@ int main() {
     dkv.block_table = dt;
     dkv.seq_lens = dl;
     dkv.space = MemorySpace::kDevice;
-    cuda::init_decode_workspace(plan, ws, ws_bytes);
+    //! [decode-run]
+    cuda::init_decode_workspace(plan, ws, ws_bytes);  // once per workspace: zeroes its tickets
     cuda::run_decode(
         plan, make_tensor_view(dq, DType::kBF16, {batch, 1, hq, D}, MemorySpace::kDevice), dkv,
         make_state_view(doa, DType::kF32, dla, batch, hq, D, LseBase::kNatural,
                         MemorySpace::kDevice),
         ws, ws_bytes);
+    //! [decode-run]
     ATTNSTATE_CUDA_CHECK(cudaMemcpy(oa.data(), doa, oa.size() * 4, cudaMemcpyDeviceToHost));
     ATTNSTATE_CUDA_CHECK(cudaMemcpy(la.data(), dla, la.size() * 4, cudaMemcpyDeviceToHost));
     for (void* p : {dq, dk, dv, ws, doa, static_cast<void*>(dt), static_cast<void*>(dl),
@@ -146,7 +150,9 @@ int main() {
         make_state_view(om.data(), DType::kF32, lm.data(), 1, hq, D, LseBase::kBase2);
     ConstStateView sa = make_const_state_view(oa.data() + b * hq * D, DType::kF32,
                                               la.data() + b * hq, 1, hq, D, LseBase::kNatural);
+    //! [decode-merge-further]
     cpu::merge_state(sa, sb, merged);
+    //! [decode-merge-further]
 
     std::vector<float> kall((len_a + len_b) * hkv * D), vall(kall.size());
     for (std::int64_t t = 0; t < len_a; ++t)
