@@ -43,6 +43,7 @@ struct Pool {
       const std::size_t dst = std::size_t(first_page[i]) * kPage * row;
       const std::size_t src = std::size_t(runs[i].first) * row;
       const std::size_t bytes = std::size_t(runs[i].second - runs[i].first) * row;
+      if (bytes == 0) continue;  // an empty run (the key tensors may have no storage at all)
       std::memcpy(k.data() + dst, static_cast<const unsigned char*>(p.k.data()) + src, bytes);
       std::memcpy(v.data() + dst, static_cast<const unsigned char*>(p.v.data()) + src, bytes);
     }
