@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "attnstate/cpu/cascade.hpp"
@@ -17,8 +18,15 @@
 
 namespace {
 
-// 500 cases unless the caller sets RC_PARAMS (read by RapidCheck at its first check).
-const bool kDefaultCases = [] { return setenv("RC_PARAMS", "max_success=500", 0) == 0; }();
+// 500 cases unless the caller's RC_PARAMS sets max_success (other keys, e.g. a seed, are kept;
+// RapidCheck reads RC_PARAMS at its first check).
+const bool kDefaultCases = [] {
+  const char* env = std::getenv("RC_PARAMS");
+  const std::string current = env != nullptr ? env : "";
+  if (current.find("max_success=") != std::string::npos) return false;
+  const std::string merged = current.empty() ? "max_success=500" : current + " max_success=500";
+  return setenv("RC_PARAMS", merged.c_str(), 1) == 0;
+}();
 
 using attnstate::DType;
 using attnstate::LseBase;
