@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
@@ -43,17 +44,29 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   return w;
 }
 
+/// Raises the kernel's dynamic shared-memory limit once per device (function attributes belong to
+/// the device context, so a process driving several GPUs sets them on each).
+template <int D, bool kBF16>
+void ensure_kernel_attributes() {
+  int device = 0;
+  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::vector<bool> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < static_cast<int>(done.size()) && done[static_cast<std::size_t>(device)]) return;
+  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(
+      detail::decode_split_kv_kernel<D, kBF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits))));
+  // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
+  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16>,
+                                            cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  if (device >= static_cast<int>(done.size())) done.resize(static_cast<std::size_t>(device) + 1);
+  done[static_cast<std::size_t>(device)] = true;
+}
+
 template <int D, bool kBF16>
 void launch(const detail::DecodeParams& p, std::int64_t grid, cudaStream_t stream) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(
-        detail::decode_split_kv_kernel<D, kBF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits))));
-    // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
-    ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16>,
-                                              cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-  });
+  ensure_kernel_attributes<D, kBF16>();
   const std::int64_t smem = detail::decode_smem_bytes(D, p.splits.max_splits);
   detail::decode_split_kv_kernel<D, kBF16><<<static_cast<unsigned>(grid), detail::kDecodeWarps * 32,
                                              static_cast<std::size_t>(smem), stream>>>(p);
