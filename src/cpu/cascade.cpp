@@ -12,38 +12,18 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "cpu/cascade_validate.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/producer_rows.hpp"
 
 namespace attnstate {
 namespace cpu {
 namespace {
 
+using detail::fold_key_block;
+using detail::load_row;
+using detail::store_row;
+
 constexpr const char* kFunc = "attnstate::cpu::cascade_attention";
 constexpr int kBlock = 64;  // keys per online-softmax block
-
-float load_elem(const void* base, DType dt, std::int64_t idx) {
-  switch (dt) {
-    case DType::kF16:
-      return to_float(static_cast<const half_t*>(base)[idx]);
-    case DType::kBF16:
-      return to_float(static_cast<const bfloat16_t*>(base)[idx]);
-    default:
-      return static_cast<const float*>(base)[idx];
-  }
-}
-
-void store_elem(void* base, DType dt, std::int64_t idx, float x) {
-  switch (dt) {
-    case DType::kF16:
-      static_cast<half_t*>(base)[idx] = from_float<half_t>(x);
-      break;
-    case DType::kBF16:
-      static_cast<bfloat16_t*>(base)[idx] = from_float<bfloat16_t>(x);
-      break;
-    default:
-      static_cast<float*>(base)[idx] = x;
-      break;
-  }
-}
 
 /// One work item: the rows `[row_begin, row_end)` of (level, segment, KV head), where the rows of
 /// a segment are its requests × new tokens × the KV head's group of query heads.
@@ -73,7 +53,7 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
     const std::int64_t b = r0 + r / (q_len * group), t = (r / group) % q_len, g = r % group;
     const std::int64_t h = w.h_kv * group + g;
     const std::int64_t qoff = b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
-    for (std::int64_t d = 0; d < D; ++d) qf[i * D + d] = load_elem(q.data, q.dtype, qoff + d);
+    load_row(q.data, q.dtype, qoff, D, &qf[i * D]);
     limit[i] = causal_tail ? std::max<std::int64_t>(0, len - (q_len - 1 - t)) : len;
     out_row[i] = (b * q_len + t) * heads_q + h;
   }
@@ -84,31 +64,14 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
       const std::int64_t page = lv.page_indices[pbeg + tok / kv.page_size];
       const std::int64_t off =
           page * kv.page_elems() + kv.in_page_offset(tok % kv.page_size, w.h_kv);
-      for (std::int64_t d = 0; d < D; ++d) {
-        kf[j * D + d] = load_elem(kv.k, kv.dtype, off + d);
-        vf[j * D + d] = load_elem(kv.v, kv.dtype, off + d);
-      }
+      load_row(kv.k, kv.dtype, off, D, &kf[j * D]);
+      load_row(kv.v, kv.dtype, off, D, &vf[j * D]);
     }
     for (std::int64_t i = 0; i < nr; ++i) {
       const std::int64_t m = std::min<std::int64_t>(n, limit[i] - j0);  // visible keys
       if (m <= 0) continue;
-      float bmax = math::neg_inf();
-      for (std::int64_t j = 0; j < m; ++j) {
-        float dot = 0.f;
-        for (std::int64_t d = 0; d < D; ++d) dot += qf[i * D + d] * kf[j * D + d];
-        s[j] = dot * s2_scale;
-        bmax = math::nan_max(bmax, s[j]);
-      }
-      const float alpha = os[i].rescale(bmax);
-      float* a = &acc[i * D];
-      for (std::int64_t d = 0; d < D; ++d) a[d] *= alpha;
-      float psum = 0.f;
-      for (std::int64_t j = 0; j < m; ++j) {
-        const float pj = os[i].prob(s[j]);
-        psum += pj;
-        for (std::int64_t d = 0; d < D; ++d) a[d] += pj * vf[j * D + d];
-      }
-      os[i].add(psum);
+      fold_key_block(os[i], &acc[i * D], &qf[i * D], kf.data(), vf.data(), m, D, s2_scale,
+                     s.data());
     }
   }
   for (std::int64_t i = 0; i < nr; ++i) {
@@ -175,8 +138,8 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
       const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
       const std::int64_t token = row / heads_q, h = row % heads_q;
       const std::int64_t ooff = out.o_offset(token, h);
-      for (std::int64_t d = 0; d < D; ++d)
-        store_elem(out.o, out.dtype, ooff + d, acc[d] * r.inv_sum);
+      for (std::int64_t d = 0; d < D; ++d) acc[d] *= r.inv_sum;
+      store_row(out.o, out.dtype, ooff, D, acc.data());
       out.lse[out.lse_offset(token, h)] = math::convert_lse(r.lse, LseBase::kBase2, out.base);
     }
   });

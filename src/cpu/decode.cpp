@@ -13,6 +13,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "cpu/decode_validate.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/producer_rows.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -21,47 +22,9 @@ namespace {
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
 
-/// Loads `n` elements of dtype `dt` at `p` (element offset `off`) as floats.
-inline void load_row(const void* p, DType dt, std::int64_t off, std::int64_t n, float* dst) {
-  switch (dt) {
-    case DType::kF32: {
-      const float* s = static_cast<const float*>(p) + off;
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = s[i];
-      break;
-    }
-    case DType::kF16: {
-      const half_t* s = static_cast<const half_t*>(p) + off;
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
-      break;
-    }
-    case DType::kBF16: {
-      const bfloat16_t* s = static_cast<const bfloat16_t*>(p) + off;
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
-      break;
-    }
-  }
-}
-
-/// Stores `n` floats as dtype `dt` at element offset `off`, rounded once.
-inline void store_row(void* p, DType dt, std::int64_t off, std::int64_t n, const float* src) {
-  switch (dt) {
-    case DType::kF32: {
-      float* d = static_cast<float*>(p) + off;
-      for (std::int64_t i = 0; i < n; ++i) d[i] = src[i];
-      break;
-    }
-    case DType::kF16: {
-      half_t* d = static_cast<half_t*>(p) + off;
-      for (std::int64_t i = 0; i < n; ++i) d[i] = from_float<half_t>(src[i]);
-      break;
-    }
-    case DType::kBF16: {
-      bfloat16_t* d = static_cast<bfloat16_t*>(p) + off;
-      for (std::int64_t i = 0; i < n; ++i) d[i] = from_float<bfloat16_t>(src[i]);
-      break;
-    }
-  }
-}
+using detail::fold_key_block;
+using detail::load_row;
+using detail::store_row;
 
 /// Pages owned by request `b`.
 inline std::int64_t pages_of(const PagedKvCache& kv, std::int64_t b) {
@@ -145,24 +108,8 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t n = std::min<std::int64_t>(nb, row_end[r] - t0);
       if (n <= 0) continue;
-      const float* qr = &qrows[r * D];
-      float* ar = &acc[r * D];
-      float bm = math::neg_inf();
-      for (std::int64_t j = 0; j < n; ++j) {
-        float dot = 0.f;
-        for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * krows[j * D + d];
-        s2[j] = dot * s2_scale;
-        bm = math::nan_max(bm, s2[j]);
-      }
-      const float alpha = os[r].rescale(bm);
-      for (std::int64_t d = 0; d < D; ++d) ar[d] *= alpha;
-      float psum = 0.f;
-      for (std::int64_t j = 0; j < n; ++j) {
-        const float p = os[r].prob(s2[j]);
-        psum += p;
-        for (std::int64_t d = 0; d < D; ++d) ar[d] += p * vrows[j * D + d];
-      }
-      os[r].add(psum);
+      fold_key_block(os[r], &acc[r * D], &qrows[r * D], krows.data(), vrows.data(), n, D, s2_scale,
+                     s2);
     }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
