@@ -16,6 +16,7 @@
 #include "attnstate/cuda/decode.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "cuda_test_utils.hpp"
+#include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=100");
@@ -57,13 +58,6 @@ struct Gpu {
   cuda::DecodePlan plan;
 };
 
-template <class T>
-DeviceBuffer<T> up(const std::vector<T>& h) {
-  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
-  if (!h.empty()) d.upload(h);
-  return d;
-}
-
 Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt) {
   DecodeProblem pr;
   pr.batch = p.batch;
@@ -77,22 +71,9 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt) {
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Gpu g;
   g.plan = cuda::plan_decode(pr, p.seq_lens.data(), opt, sms);
-  auto q = up(p.q), k = up(p.k), v = up(p.v);
-  auto lens = up(p.seq_lens), ip = up(p.indptr), ix = up(p.indices), bt = up(p.block_table);
-  PagedKvCache kv = p.kv_view();
-  kv.k = k.get();
-  kv.v = v.get();
-  kv.seq_lens = lens.get();
-  if (p.cfg.block_table) {
-    kv.block_table = bt.get();
-  } else {
-    kv.page_indptr = ip.get();
-    kv.page_indices = ix.get();
-  }
-  kv.space = MemorySpace::kDevice;
-  ConstTensorView qv = p.q_view();
-  qv.data = q.get();
-  qv.space = MemorySpace::kDevice;
+  const DeviceProblem dp(p);
+  const PagedKvCache kv = dp.kv(p);
+  const ConstTensorView qv = dp.qv(p);
   const std::int64_t rows = p.tokens() * p.cfg.heads_q;
   DeviceBuffer<float> o(std::max<std::int64_t>(1, rows * p.cfg.head_dim));
   DeviceBuffer<float> lse(std::max<std::int64_t>(1, rows));

@@ -16,6 +16,7 @@
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "cuda_test_utils.hpp"
+#include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
 
 namespace {
@@ -29,47 +30,6 @@ int num_sms() {
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   return n;
 }
-
-template <class T>
-DeviceBuffer<T> upload(const std::vector<T>& h) {
-  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
-  if (!h.empty()) d.upload(h);
-  return d;
-}
-
-/// A host problem copied to the device.
-struct DeviceProblem {
-  DeviceBuffer<unsigned char> q, k, v;
-  DeviceBuffer<std::int32_t> lens, indptr, indices, bt;
-  explicit DeviceProblem(const DecodeProblemHost& p)
-      : q(upload(p.q)),
-        k(upload(p.k)),
-        v(upload(p.v)),
-        lens(upload(p.seq_lens)),
-        indptr(upload(p.indptr)),
-        indices(upload(p.indices)),
-        bt(upload(p.block_table)) {}
-  PagedKvCache kv(const DecodeProblemHost& p) const {
-    PagedKvCache c = p.kv_view();
-    c.k = k.get();
-    c.v = v.get();
-    c.seq_lens = lens.get();
-    if (p.cfg.block_table) {
-      c.block_table = bt.get();
-    } else {
-      c.page_indptr = indptr.get();
-      c.page_indices = indices.get();
-    }
-    c.space = MemorySpace::kDevice;
-    return c;
-  }
-  ConstTensorView qv(const DecodeProblemHost& p) const {
-    ConstTensorView t = p.q_view();
-    t.data = q.get();
-    t.space = MemorySpace::kDevice;
-    return t;
-  }
-};
 
 /// A device output state, poisoned with NaN.
 struct DeviceState {
