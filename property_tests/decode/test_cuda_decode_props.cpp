@@ -4,7 +4,7 @@
 ///        and splitting anywhere equals not splitting, to the tensor-core rounding.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <rapidcheck/gtest.h>
+#include <rapidcheck.h>
 
 #include <algorithm>
 #include <cmath>
@@ -105,8 +105,7 @@ void assert_close(const std::vector<float>& ao, const std::vector<float>& al,
 
 // The GPU decode equals the CPU decode of the same split layout (fp32 reference of the same
 // splits; the GPU rounds the probabilities to the KV dtype for the PV product).
-RC_GTEST_PROP(DecodeGpuProps, AgreesWithCpuDecode, ()) {
-  if (!gpu_available()) return;
+void agrees_with_cpu_decode() {
   const DecodeProblemHost p = random_gpu_problem();
   const Gpu g = run_gpu(p, random_options());
   HostState c(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, DType::kF32, LseBase::kNatural);
@@ -118,8 +117,7 @@ RC_GTEST_PROP(DecodeGpuProps, AgreesWithCpuDecode, ()) {
 }
 
 // Splitting anywhere equals not splitting on the GPU.
-RC_GTEST_PROP(DecodeGpuProps, SplittingAnywhereEqualsNotSplitting, ()) {
-  if (!gpu_available()) return;
+void splitting_anywhere_equals_not_splitting() {
   const DecodeProblemHost p = random_gpu_problem();
   DecodeOptions one;
   one.policy = SplitPolicy::kFixedCount;
@@ -127,6 +125,19 @@ RC_GTEST_PROP(DecodeGpuProps, SplittingAnywhereEqualsNotSplitting, ()) {
   const Gpu a = run_gpu(p, random_options());
   const Gpu b = run_gpu(p, one);
   assert_close(a.o, a.lse, b.o, b.lse, p.cfg.kv_dtype == DType::kBF16 ? 1.5e-2 : 4e-3);
+}
+
+// Each property skips cleanly without a GPU, otherwise runs under RapidCheck and fails on a
+// counterexample (printed with its seed above the failure).
+TEST(DecodeGpuProps, AgreesWithCpuDecode) {
+  ATTNSTATE_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("cuda decode == cpu decode of the same splits", agrees_with_cpu_decode));
+}
+
+TEST(DecodeGpuProps, SplittingAnywhereEqualsNotSplitting) {
+  ATTNSTATE_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("cuda decode: splitting anywhere == not splitting",
+                        splitting_anywhere_equals_not_splitting));
 }
 
 }  // namespace
