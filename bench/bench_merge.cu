@@ -8,12 +8,14 @@
 /// repeated graph launches. Bandwidth counts bytes read + written (o and LSEs) and is also given
 /// as a fraction of a device-to-device cudaMemcpy measured in the same run (read + written).
 ///
-/// Usage: bench_merge [--csv <path>] [--quick]
+/// Usage: bench_merge [--csv <path>] [--quick] [--states S,...] [--tokens T,...]
+///        (--states / --tokens restrict the merge_states sweep to the listed values).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -156,6 +158,21 @@ struct Row {
   double us, gbs, frac;
 };
 
+/// Parses a comma-separated list of positive integers ("8,32"); empty on a malformed list.
+std::vector<std::int64_t> parse_list(const char* text) {
+  std::vector<std::int64_t> v;
+  const char* p = text;
+  while (*p) {
+    char* end = nullptr;
+    const long long x = std::strtoll(p, &end, 10);
+    if (end == p || x <= 0) return {};
+    v.push_back(x);
+    p = *end == ',' ? end + 1 : end;
+    if (*end != ',' && *end != '\0') return {};
+  }
+  return v;
+}
+
 /// Number of buffer sets to rotate so that consecutive calls do not find their inputs in L2.
 int rotation(std::int64_t set_bytes) {
   const std::int64_t n = (3 * kL2Bytes + set_bytes - 1) / set_bytes;
@@ -167,13 +184,25 @@ int rotation(std::int64_t set_bytes) {
 int main(int argc, char** argv) {
   std::string csv;
   bool quick = false;
+  std::vector<std::int64_t> only_states, only_tokens;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
+    bool ok = true;
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick"))
+    } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
-    else {
-      std::fprintf(stderr, "usage: %s [--csv <path>] [--quick]\n", argv[0]);
+    } else if (!std::strcmp(argv[i], "--states") && i + 1 < argc) {
+      only_states = parse_list(argv[++i]);
+      ok = !only_states.empty();
+    } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
+      only_tokens = parse_list(argv[++i]);
+      ok = !only_tokens.empty();
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "usage: %s [--csv <path>] [--quick] [--states S,...] [--tokens T,...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -244,9 +273,12 @@ int main(int argc, char** argv) {
     };
 
     // merge_states: S × tokens × layouts.
-    const std::vector<std::int64_t> token_list =
+    std::vector<std::int64_t> token_list =
         quick ? std::vector<std::int64_t>{1, 4096} : std::vector<std::int64_t>{1, 64, 4096, 65536};
-    for (std::int64_t S : {2, 8, 32})
+    if (!only_tokens.empty()) token_list = only_tokens;
+    const std::vector<std::int64_t> states_list =
+        only_states.empty() ? std::vector<std::int64_t>{2, 8, 32} : only_states;
+    for (std::int64_t S : states_list)
       for (std::int64_t T : token_list)
         for (StackOrder order : {StackOrder::kTokensMajor, StackOrder::kStatesMajor}) {
           if (quick && order == StackOrder::kStatesMajor) continue;

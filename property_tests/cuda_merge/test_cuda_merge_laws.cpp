@@ -1,8 +1,9 @@
 /// @file test_cuda_merge_laws.cpp
 /// @brief The laws of ⊕ checked with RapidCheck on the GPU: associativity, commutativity, the
 ///        identity (bitwise), base invariance, empty states with NaN `o`, all-empty input and
-///        NaN propagation. Each law is a plain test that skips without a GPU and otherwise
-///        runs `rc::check`, failing on a counterexample.
+///        NaN propagation; and the fast `merge_states` path giving the general kernel's bits.
+///        Each law is a plain test that skips without a GPU and otherwise runs `rc::check`,
+///        failing on a counterexample.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -14,6 +15,15 @@
 
 #include "attnstate/cuda/merge.hpp"
 #include "merge_test_support.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+// Test hook defined in src/cuda/merge_states.cu.
+bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out);
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
 
 namespace attnstate_test {
 namespace {
@@ -233,6 +243,58 @@ TEST(CudaMergeLaws, NanInANonEmptyInputPropagates) {
     } else {
       RC_ASSERT(std::isnan(stacked.o(t, h, d)));
     }
+  });
+}
+
+/// The fewest tokens (up to 8192) for which a dense stack takes the fast `merge_states` path, or
+/// 0 when none does (no such path on this device).
+std::int64_t fewest_fast_tokens(StackOrder order, std::int64_t S, std::int64_t heads,
+                                std::int64_t dim, DType din, DType dout) {
+  alignas(16) static float stand_in[4] = {0.f, 0.f, 0.f, 0.f};
+  for (std::int64_t t = 1; t <= 8192; ++t) {
+    if (gpu::detail::merge_states_fast_path(
+            attnstate::make_state_stack(stand_in, din, stand_in, order, t, S, heads, dim,
+                                        LseBase::kNatural, MemorySpace::kDevice),
+            attnstate::make_state_view(stand_in, dout, stand_in, t, heads, dim, LseBase::kNatural,
+                                       MemorySpace::kDevice)))
+      return t;
+  }
+  return 0;
+}
+
+TEST(CudaMergeLaws, FastMergeStatesGivesTheGeneralKernelsBits) {
+  ATTNSTATE_REQUIRE_GPU();
+  if (fewest_fast_tokens(StackOrder::kTokensMajor, 8, 32, 128, DType::kBF16, DType::kBF16) == 0)
+    GTEST_SKIP() << "no fast merge_states path on this device";
+  check_law("merge_states of an aligned stack (fast path) == of the same stack unaligned", [] {
+    const Problem p = *gen_problem();
+    Rng rng(p.seed);
+    const StackOrder order = *rc::gen::element(StackOrder::kTokensMajor, StackOrder::kStatesMajor);
+    const std::int64_t S = *rc::gen::inRange<std::int64_t>(1, 34);
+    const DType dout = static_cast<DType>(*rc::gen::inRange(0, 3));
+    // Few heads in the states-major layout, 32 otherwise; head_dim 64 holds at most 32 states.
+    const std::int64_t heads = order == StackOrder::kStatesMajor ? 4 : 32;
+    const std::int64_t D = p.head_dim == 64 ? 128 : p.head_dim;
+    // The fewest tokens that take the fast path (no block's pipeline full).
+    const std::int64_t T = fewest_fast_tokens(order, S, heads, D, p.dtype, dout);
+    if (T == 0) RC_FAIL("no token count takes the fast path");
+    const LseBase in_base = rng.base(), out_base = rng.base();
+    TestStack aligned(order, T, S, heads, D, p.dtype, in_base);
+    TestStack shifted(order, T, S, heads, D, p.dtype, in_base, 0, 1);  // general kernel
+    const float c = p.huge ? (rng.chance(0.5) ? 1e4f : -1e4f) : 0.f;
+    const std::uint64_t seed = static_cast<std::uint64_t>(rng.integer(0, 1ll << 62));
+    Rng fill_a(seed), fill_b(seed);
+    aligned.fill_random(fill_a, c - 30.f, c + 30.f, p.p_empty);
+    shifted.fill_random(fill_b, c - 30.f, c + 30.f, p.p_empty);
+    TestState a(T, heads, D, dout, out_base), b(T, heads, D, dout, out_base);
+    a.poison_device();
+    b.poison_device();
+    gpu::merge_states(aligned.dev_view(), a.dev_view());
+    gpu::merge_states(shifted.dev_view(), b.dev_view());
+    sync();
+    a.download();
+    b.download();
+    RC_ASSERT(rows_bitwise_equal(a, b));
   });
 }
 

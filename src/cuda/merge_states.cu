@@ -11,6 +11,7 @@
 #include "cuda/kernels/merge_dispatch.cuh"
 #include "cuda/kernels/merge_launch.cuh"
 #include "cuda/kernels/merge_ragged.cuh"
+#include "cuda/kernels/merge_ring.cuh"
 #include "cuda/kernels/merge_stack.cuh"
 
 namespace attnstate {
@@ -37,7 +38,36 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   return args;
 }
 
+/// Whether `merge_states` may use its fast kernel (the ring kernel) for large stacks: 1 (the
+/// default) or 0, the general kernel only (build-time knob, for comparisons).
+#ifndef ATTNSTATE_MERGE_FAST_PATH
+#define ATTNSTATE_MERGE_FAST_PATH 1
+#endif
+
+/// The one place that picks the kernel of `merge_states`: stacks with 16-byte access to `o` and
+/// at least one block of the ring kernel per SM go to the ring kernel, everything else to the
+/// general kernel; both give the same bits.
+template <class TIn, class TO>
+bool use_ring(const kernels::RowsArgs& args) {
+  return ATTNSTATE_MERGE_FAST_PATH != 0 &&
+         kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count());
+}
+
 }  // namespace
+
+namespace detail {
+
+/// Test hook (declared by the tests that use it): true when `merge_states(states, out)` runs a
+/// fast kernel (not the general one) on the current device.
+bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
+  bool fast = false;
+  kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
+    fast = use_ring<decltype(ti), decltype(to)>(rows_args(states, out));
+  });
+  return fast;
+}
+
+}  // namespace detail
 
 void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_states";
@@ -54,6 +84,10 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
   if (rows == 0) return;
   const kernels::RowsArgs args = rows_args(states, out);
   kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
+    if (use_ring<decltype(ti), decltype(to)>(args)) {
+      kernels::launch_ring<decltype(ti), decltype(to), kernels::DefaultRingShape>(args, stream);
+      return;
+    }
     const auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
     static const int resident = kernels::blocks_per_sm(kernel);
     const kernels::LaunchShape shape = kernels::launch_shape(rows << args.row_shift, resident);

@@ -211,21 +211,28 @@ class TestState {
   Blob lse_;
 };
 
-/// A dense stack `(tokens, S, heads, head_dim)` in one of the two layouts, host and device.
+/// A stack `(tokens, S, heads, head_dim)` in one of the two layouts, host and device: dense, or
+/// with `head_pad` unused elements after each head's `o`, or with `o` starting `o_shift` elements
+/// into its buffer (so not 16-byte aligned for a shift of 1). Unused elements hold NaN.
 class TestStack {
  public:
   TestStack(StackOrder order, std::int64_t tokens, std::int64_t states, std::int64_t heads,
-            std::int64_t head_dim, DType dtype, LseBase base)
+            std::int64_t head_dim, DType dtype, LseBase base, std::int64_t head_pad = 0,
+            std::int64_t o_shift = 0)
       : order_(order),
         tokens_(tokens),
         states_(states),
         heads_(heads),
         head_dim_(head_dim),
+        head_pad_(head_pad),
+        o_shift_(o_shift),
         dtype_(dtype),
         base_(base),
-        o_(static_cast<std::size_t>(tokens * states * heads * head_dim) *
+        o_(static_cast<std::size_t>(tokens * states * heads * (head_dim + head_pad) + o_shift) *
            attnstate::size_of(dtype)),
-        lse_(static_cast<std::size_t>(tokens * states * heads) * 4) {}
+        lse_(static_cast<std::size_t>(tokens * states * heads) * 4) {
+    if (head_pad > 0 || o_shift > 0) std::memset(o_.host.data(), 0xFF, o_.host.size());
+  }
 
   ConstStateStackView host_view() const {
     return make(o_.host.data(), lse_.host.data(), MemorySpace::kHost);
@@ -236,7 +243,7 @@ class TestStack {
 
   std::int64_t o_index(std::int64_t t, std::int64_t s, std::int64_t h, std::int64_t d) const {
     const ConstStateStackView v = host_view();
-    return t * v.o_stride_token + s * v.o_stride_state + h * v.o_stride_head + d;
+    return o_shift_ + t * v.o_stride_token + s * v.o_stride_state + h * v.o_stride_head + d;
   }
   std::int64_t lse_index(std::int64_t t, std::int64_t s, std::int64_t h) const {
     const ConstStateStackView v = host_view();
@@ -267,11 +274,24 @@ class TestStack {
 
  private:
   ConstStateStackView make(const void* o, const void* lse, MemorySpace space) const {
-    return attnstate::make_state_stack(o, dtype_, static_cast<const float*>(lse), order_, tokens_,
-                                       states_, heads_, head_dim_, base_, space);
+    ConstStateStackView v =
+        attnstate::make_state_stack(o, dtype_, static_cast<const float*>(lse), order_, tokens_,
+                                    states_, heads_, head_dim_, base_, space);
+    const std::int64_t row = head_dim_ + head_pad_;  // o elements per head, padding included
+    v.o = static_cast<const unsigned char*>(o) +
+          static_cast<std::size_t>(o_shift_) * attnstate::size_of(dtype_);
+    v.o_stride_head = row;
+    if (order_ == StackOrder::kTokensMajor) {
+      v.o_stride_state = heads_ * row;
+      v.o_stride_token = states_ * heads_ * row;
+    } else {
+      v.o_stride_token = heads_ * row;
+      v.o_stride_state = tokens_ * heads_ * row;
+    }
+    return v;
   }
   StackOrder order_;
-  std::int64_t tokens_, states_, heads_, head_dim_;
+  std::int64_t tokens_, states_, heads_, head_dim_, head_pad_, o_shift_;
   DType dtype_;
   LseBase base_;
   Blob o_;
