@@ -4,7 +4,14 @@
 ///        head_dim 128). Prints the median time (L2 flushed before every timed call), the GB/s of
 ///        KV read, its fraction of a device-to-device copy measured in the same run, the splits
 ///        chosen, the combine's share, the best anchor, and the automatic plan against
-///        num_splits = 1. `--csv <path>` writes a CSV; `--quick` runs a few points.
+///        num_splits = 1.
+///
+/// Options: `--csv <path>` writes a CSV; `--quick` runs a few points; `--points
+/// hq:batch:ctx,...` runs the given points (ctx in tokens, or with a `k` suffix); `--splits n`
+/// forces n splits; `--explore` times several split counts per point; `--no-s1` skips the
+/// one-split column; `--reps n` sets the timed calls per point; `--hnd` uses HND pages;
+/// `--no-flush` keeps the L2 warm between calls; `--floors` also times an empty kernel after the
+/// flush and the read bandwidth of the cache in the decode's access pattern (no arithmetic).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,9 +53,10 @@ const Anchor kAnchors[] = {
     {64, 64, 32, 4514, "cuDNN"},  {64, 64, 128, 4550, "cuDNN"},
 };
 
-const Anchor* find_anchor(int hq, int batch, int ctx_k) {
+const Anchor* find_anchor(int hq, int batch, int ctx) {
+  if (ctx % 1024 != 0) return nullptr;
   for (const Anchor& a : kAnchors)
-    if (a.hq == hq && a.batch == batch && a.ctx_k == ctx_k) return &a;
+    if (a.hq == hq && a.batch == batch && a.ctx_k == ctx / 1024) return &a;
   return nullptr;
 }
 
@@ -75,8 +83,48 @@ __global__ void flush_read(const int4* p, std::size_t n, int* sink) {
   if (acc == 0x7F3A5C1D) *sink = acc;
 }
 
+__global__ void empty_kernel() {}
+
+/// Reads the K and V rows of `streams` (request, KV head) pairs the way the decode does, without
+/// arithmetic: one CTA of 4 warps per stream, each warp 16-token tiles (w, w + 4, ...), lane l
+/// the 16-byte chunk l % 16 of row l / 16 (+2 per load), two tiles in flight. Row `t` of stream
+/// `(b, h)` starts at int4 `((b·T + t)·H + h)·16` (NHD pages) or `((b·H + h)·T + t)·16`.
+__global__ void __launch_bounds__(128)
+    read_rows(const int4* k, const int4* v, int tokens, int heads, bool hnd, int* sink) {
+  const int b = blockIdx.x / heads;
+  const int h = blockIdx.x % heads;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row_stride = hnd ? 16 : static_cast<std::int64_t>(heads) * 16;
+  const std::int64_t base = hnd ? (static_cast<std::int64_t>(b) * heads + h) * tokens * 16
+                                : (static_cast<std::int64_t>(b) * tokens * heads + h) * 16;
+  const std::int64_t lane_off = base + (lane >> 4) * row_stride + (lane & 15);
+  int acc = 0;
+  const int tiles = tokens / 16;
+  for (int t = warp; t < tiles; t += 8) {
+    int4 x[2][16];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int tt = t + 4 * u;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const std::int64_t off =
+            lane_off + (static_cast<std::int64_t>(tt) * 16 + 2 * i) * row_stride;
+        x[u][2 * i] = tt < tiles ? __ldcg(k + off) : make_int4(0, 0, 0, 0);
+        x[u][2 * i + 1] = tt < tiles ? __ldcg(v + off) : make_int4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc ^= x[u][i].x ^ x[u][i].y ^ x[u][i].z ^ x[u][i].w;
+  }
+  if (acc == 0x7F3A5C1D) *sink = acc;
+}
+
 struct Bench {
   int num_sms = 0;
+  bool flush_l2 = true;
   cudaStream_t stream = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   int4* flush_buf = nullptr;
@@ -93,7 +141,7 @@ struct Bench {
     for (int i = 0; i < 3; ++i) f();
     std::vector<float> ts;
     for (int i = 0; i < reps; ++i) {
-      flush();
+      if (flush_l2) flush();
       ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, stream));
       f();
       ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -107,13 +155,42 @@ struct Bench {
   }
 };
 
+struct Point {
+  int hq, batch, ctx;
+};
+
+/// Parses "hq:batch:ctx,..." (ctx in tokens, or with a k suffix).
+std::vector<Point> parse_points(const char* s) {
+  std::vector<Point> pts;
+  std::string str(s);
+  std::size_t pos = 0;
+  while (pos < str.size()) {
+    std::size_t end = str.find(',', pos);
+    if (end == std::string::npos) end = str.size();
+    const std::string item = str.substr(pos, end - pos);
+    Point pt{};
+    char unit = 0;
+    if (std::sscanf(item.c_str(), "%d:%d:%d%c", &pt.hq, &pt.batch, &pt.ctx, &unit) >= 3) {
+      if (unit == 'k' || unit == 'K') pt.ctx *= 1024;
+      pts.push_back(pt);
+    }
+    pos = end + 1;
+  }
+  return pts;
+}
+
+std::string ctx_str(int ctx) {
+  return ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "k" : std::to_string(ctx);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string csv_path;
-  bool quick = false;
-  int force_splits = 0;
-  bool explore = false;
+  bool quick = false, explore = false, no_s1 = false, hnd = false, floors = false;
+  int force_splits = 0, reps_arg = 0;
+  std::vector<Point> points;
+  Bench bench;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
       csv_path = argv[++i];
@@ -123,9 +200,31 @@ int main(int argc, char** argv) {
       force_splits = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--explore"))
       explore = true;
+    else if (!std::strcmp(argv[i], "--points") && i + 1 < argc)
+      points = parse_points(argv[++i]);
+    else if (!std::strcmp(argv[i], "--no-s1"))
+      no_s1 = true;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps_arg = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--hnd"))
+      hnd = true;
+    else if (!std::strcmp(argv[i], "--no-flush"))
+      bench.flush_l2 = false;
+    else if (!std::strcmp(argv[i], "--floors"))
+      floors = true;
+  }
+  if (points.empty()) {
+    std::vector<int> batches = {1, 4, 16, 64};
+    std::vector<int> ctxs_k = {1, 8, 32, 128};
+    if (quick) {
+      batches = {1, 16, 64};
+      ctxs_k = {1, 32, 128};
+    }
+    for (int hq : {32, 64})
+      for (int batch : batches)
+        for (int ctx_k : ctxs_k) points.push_back(Point{hq, batch, ctx_k * 1024});
   }
   try {
-    Bench bench;
     int dev = 0;
     ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
     ATTNSTATE_CUDA_CHECK(
@@ -140,15 +239,13 @@ int main(int argc, char** argv) {
     ATTNSTATE_CUDA_CHECK(cudaMemset(bench.flush_buf, 1, bench.flush_n * sizeof(int4)));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&bench.sink, sizeof(int)));
 
-    std::vector<int> batches = {1, 4, 16, 64};
-    std::vector<int> ctxs_k = {1, 8, 32, 128};
-    std::vector<int> hqs = {32, 64};
-    if (quick) {
-      batches = {1, 16, 64};
-      ctxs_k = {1, 32, 128};
+    int max_batch = 1;
+    std::int64_t max_pages = 64;  // pages of all requests of one point
+    for (const Point& pt : points) {
+      max_batch = std::max(max_batch, pt.batch);
+      max_pages = std::max<std::int64_t>(max_pages,
+                                         std::int64_t{pt.batch} * ((pt.ctx + kPage - 1) / kPage));
     }
-    const int max_batch = *std::max_element(batches.begin(), batches.end());
-    const int max_ctx = 1024 * *std::max_element(ctxs_k.begin(), ctxs_k.end());
 
     // Device-to-device copy bandwidth (bytes read + written), measured here.
     double copy_gbps = 0;
@@ -167,8 +264,7 @@ int main(int argc, char** argv) {
     }
 
     // One pool pair for the largest point, reused by every point.
-    const std::int64_t pages_per_req = max_ctx / kPage;
-    const std::int64_t num_pages = max_batch * pages_per_req;
+    const std::int64_t num_pages = max_pages;
     const std::int64_t page_elems = std::int64_t{kPage} * kHeadsKv * kHeadDim;
     const std::size_t pool_elems = static_cast<std::size_t>(num_pages * page_elems);
     std::uint16_t *k = nullptr, *v = nullptr, *q = nullptr;
@@ -182,7 +278,7 @@ int main(int argc, char** argv) {
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
     fill_bf16<<<64, 256, 0, bench.stream>>>(q, q_elems, 3u);
     ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
-    // Block table: request b owns pages [b·P, (b+1)·P) of the pool.
+    // Block table (identity): with stride P, request b owns pages [b·P, (b+1)·P) of the pool.
     std::vector<std::int32_t> bt(static_cast<std::size_t>(num_pages));
     for (std::int64_t i = 0; i < num_pages; ++i) bt[i] = static_cast<std::int32_t>(i);
     std::int32_t *d_bt = nullptr, *d_lens = nullptr;
@@ -196,10 +292,35 @@ int main(int argc, char** argv) {
 
     std::printf("# %s, %d SMs; device-to-device copy %.0f GB/s (read + written)\n", prop.name,
                 bench.num_sms, copy_gbps);
+    if (floors) {
+      const double t_empty = bench.time_us(51, [&] {
+        empty_kernel<<<1, 32, 0, bench.stream>>>();
+        ATTNSTATE_CHECK_LAUNCH(bench.stream, "empty_kernel");
+      });
+      std::printf("# floor: empty kernel %.2f us (%s)\n", t_empty,
+                  bench.flush_l2 ? "after an L2 flush" : "no flush");
+      // Read bandwidth of the decode's access pattern over the largest point's cache.
+      for (bool h : {false, true}) {
+        const std::int64_t pool_tokens = num_pages * kPage;
+        const int tokens = static_cast<int>(std::min<std::int64_t>(pool_tokens, 32768));
+        const int streams =
+            static_cast<int>(std::min<std::int64_t>(64, pool_tokens / tokens)) * kHeadsKv;
+        const double t = bench.time_us(11, [&] {
+          read_rows<<<streams, 128, 0, bench.stream>>>(reinterpret_cast<const int4*>(k),
+                                                       reinterpret_cast<const int4*>(v), tokens,
+                                                       kHeadsKv, h, bench.sink);
+          ATTNSTATE_CHECK_LAUNCH(bench.stream, "read_rows");
+        });
+        const double bytes = 2.0 * streams * tokens * kHeadDim * 2;
+        std::printf("# floor: read %s rows, %d streams x %d tokens: %.1f us, %.0f GB/s\n",
+                    h ? "HND" : "NHD", streams, tokens, t, bytes / (t * 1e-6) / 1e9);
+      }
+    }
     std::printf(
-        "# decode bf16, head_dim %d, H_kv %d, pages of %d tokens NHD (block table); "
-        "times are medians with L2 flushed\n",
-        kHeadDim, kHeadsKv, kPage);
+        "# decode bf16, head_dim %d, H_kv %d, pages of %d tokens %s (block table); "
+        "times are medians%s\n",
+        kHeadDim, kHeadsKv, kPage, hnd ? "HND" : "NHD",
+        bench.flush_l2 ? " with L2 flushed" : ", L2 warm");
     std::printf("%6s %6s %6s %8s %6s %9s %7s %6s %6s %9s %7s %7s %9s %7s\n", "Hq/Hkv", "batch",
                 "ctx", "KV_MiB", "splits", "time_us", "GB/s", "%copy", "comb%", "s1_us", "s1_GB/s",
                 "auto/s1", "anchor", "vs_best");
@@ -211,111 +332,110 @@ int main(int argc, char** argv) {
                      "heads_q,heads_kv,batch,ctx,kv_mib,splits,time_us,gbps,frac_copy,"
                      "combine_share,s1_time_us,s1_gbps,copy_gbps,anchor_gbps,anchor\n");
     }
-    for (int hq : hqs) {
-      for (int batch : batches) {
-        for (int ctx_k : ctxs_k) {
-          const int ctx = ctx_k * 1024;
-          std::vector<std::int32_t> lens(batch, ctx);
-          ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
-          DecodeProblem pr;
-          pr.batch = batch;
-          pr.q_len = 1;
-          pr.heads_q = hq;
-          pr.heads_kv = kHeadsKv;
-          pr.head_dim = kHeadDim;
-          pr.q_dtype = pr.kv_dtype = DType::kBF16;
-          PagedKvCache kv;
-          kv.k = k;
-          kv.v = v;
-          kv.dtype = DType::kBF16;
-          kv.layout = KvLayout::kNHD;
-          kv.num_pages = num_pages;
-          kv.page_size = kPage;
-          kv.heads_kv = kHeadsKv;
-          kv.head_dim = kHeadDim;
-          kv.block_table = d_bt;
-          kv.block_table_stride = pages_per_req;
-          kv.seq_lens = d_lens;
-          kv.batch = batch;
-          kv.space = MemorySpace::kDevice;
-          const ConstTensorView qv =
-              make_tensor_view(q, DType::kBF16, {batch, 1, hq, kHeadDim}, MemorySpace::kDevice);
-          const StateView out = make_state_view(o, DType::kBF16, lse, batch, hq, kHeadDim,
-                                                LseBase::kNatural, MemorySpace::kDevice);
-          DecodeOptions opt;
-          if (force_splits > 0) {
-            opt.policy = SplitPolicy::kFixedCount;
-            opt.num_splits = force_splits;
-          }
-          cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, bench.num_sms);
-          if (explore) {
-            // Split counts at this point (time in µs).
-            std::printf("explore %d/%d b%d %dk:", hq, kHeadsKv, batch, ctx_k);
-            for (int ns : {1, 2, 4, 8, 16, 24, 32, 33, 64, 66, 132}) {
-              if (ns > 1 && std::int64_t{ctx} / ns < 64) continue;
-              DecodeOptions eo;
-              eo.policy = SplitPolicy::kFixedCount;
-              eo.num_splits = ns;
-              cuda::DecodePlan ep = cuda::plan_decode(pr, lens.data(), eo, bench.num_sms);
-              void* ews = nullptr;
-              const std::size_t eb = std::max<std::size_t>(256, ep.workspace_bytes());
-              ATTNSTATE_CUDA_CHECK(cudaMalloc(&ews, eb));
-              cuda::init_decode_workspace(ep, ews, eb, bench.stream);
-              const double et = bench.time_us(quick ? 7 : 15, [&] {
-                cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream);
-              });
-              ATTNSTATE_CUDA_CHECK(cudaFree(ews));
-              std::printf(" s%d=%.1f", ns, et);
-            }
-            std::printf("\n");
-            std::fflush(stdout);
-            continue;
-          }
-          DecodeOptions one;
-          one.policy = SplitPolicy::kFixedCount;
-          one.num_splits = 1;
-          const cuda::DecodePlan plan1 = cuda::plan_decode(pr, lens.data(), one, bench.num_sms);
-          void* ws = nullptr;
-          const std::size_t ws_bytes = std::max<std::size_t>(256, plan.workspace_bytes());
-          ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-          cuda::init_decode_workspace(plan, ws, ws_bytes, bench.stream);
-          const std::int64_t kv_bytes = std::int64_t{batch} * ctx * kHeadsKv * kHeadDim * 2 * 2;
-          const int reps = quick ? 15 : (kv_bytes > (std::int64_t{1} << 31) ? 20 : 60);
-          const double t = bench.time_us(
-              reps, [&] { cuda::run_decode(plan, qv, kv, out, ws, ws_bytes, bench.stream); });
-          double comb = 0;
-          if (plan.splits.max_splits > 1) {
-            cuda::DecodePlan skip = plan;
-            skip.profile_skip_combine = true;
-            const double ts = bench.time_us(
-                reps, [&] { cuda::run_decode(skip, qv, kv, out, ws, ws_bytes, bench.stream); });
-            comb = std::max(0.0, (t - ts) / t);
-          }
-          const double t1 = bench.time_us(
-              reps, [&] { cuda::run_decode(plan1, qv, kv, out, ws, ws_bytes, bench.stream); });
-          ATTNSTATE_CUDA_CHECK(cudaFree(ws));
-          const double gbps = kv_bytes / (t * 1e-6) / 1e9;
-          const double gbps1 = kv_bytes / (t1 * 1e-6) / 1e9;
-          const Anchor* a = find_anchor(hq, batch, ctx_k);
-          char splits_s[32];
-          if (plan.splits.policy == SplitPolicy::kFixedSize)
-            std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.splits_for(ctx));
-          else
-            std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.num_splits);
-          std::printf(
-              "%3d/%-2d %6d %5dk %8.0f %6s %9.1f %7.0f %5.0f%% %5.1f%% %9.1f %7.0f %6.2fx "
-              "%5.0f %-5s %6.2fx\n",
-              hq, kHeadsKv, batch, ctx_k, kv_bytes / 1048576.0, splits_s, t, gbps,
-              100.0 * gbps / copy_gbps, 100.0 * comb, t1, gbps1, t1 / t, a ? a->gbps : 0.0,
-              a ? a->who : "-", a ? gbps / a->gbps : 0.0);
-          std::fflush(stdout);
-          if (csv)
-            std::fprintf(csv, "%d,%d,%d,%d,%.1f,%s,%.2f,%.1f,%.4f,%.4f,%.2f,%.1f,%.1f,%.0f,%s\n",
-                         hq, kHeadsKv, batch, ctx, kv_bytes / 1048576.0, splits_s, t, gbps,
-                         gbps / copy_gbps, comb, t1, gbps1, copy_gbps, a ? a->gbps : 0.0,
-                         a ? a->who : "-");
-        }
+    for (const Point& pt : points) {
+      const int hq = pt.hq, batch = pt.batch, ctx = pt.ctx;
+      std::vector<std::int32_t> lens(batch, ctx);
+      ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
+      DecodeProblem pr;
+      pr.batch = batch;
+      pr.q_len = 1;
+      pr.heads_q = hq;
+      pr.heads_kv = kHeadsKv;
+      pr.head_dim = kHeadDim;
+      pr.q_dtype = pr.kv_dtype = DType::kBF16;
+      PagedKvCache kv;
+      kv.k = k;
+      kv.v = v;
+      kv.dtype = DType::kBF16;
+      kv.layout = hnd ? KvLayout::kHND : KvLayout::kNHD;
+      kv.num_pages = num_pages;
+      kv.page_size = kPage;
+      kv.heads_kv = kHeadsKv;
+      kv.head_dim = kHeadDim;
+      kv.block_table = d_bt;
+      kv.block_table_stride = (ctx + kPage - 1) / kPage;
+      kv.seq_lens = d_lens;
+      kv.batch = batch;
+      kv.space = MemorySpace::kDevice;
+      const ConstTensorView qv =
+          make_tensor_view(q, DType::kBF16, {batch, 1, hq, kHeadDim}, MemorySpace::kDevice);
+      const StateView out = make_state_view(o, DType::kBF16, lse, batch, hq, kHeadDim,
+                                            LseBase::kNatural, MemorySpace::kDevice);
+      DecodeOptions opt;
+      if (force_splits > 0) {
+        opt.policy = SplitPolicy::kFixedCount;
+        opt.num_splits = force_splits;
       }
+      const std::int64_t kv_bytes = std::int64_t{batch} * ctx * kHeadsKv * kHeadDim * 2 * 2;
+      const int reps = reps_arg > 0 ? reps_arg
+                       : quick      ? 15
+                                    : (kv_bytes > (std::int64_t{1} << 31) ? 20 : 60);
+      cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, bench.num_sms);
+      if (explore) {
+        // Split counts at this point (time in µs).
+        std::printf("explore %d/%d b%d %s (auto %d):", hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
+                    plan.splits.splits_for(ctx));
+        for (int ns : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 64, 66, 132}) {
+          if (ns > 1 && std::int64_t{ctx} / ns < 32) continue;
+          DecodeOptions eo;
+          eo.policy = SplitPolicy::kFixedCount;
+          eo.num_splits = ns;
+          cuda::DecodePlan ep = cuda::plan_decode(pr, lens.data(), eo, bench.num_sms);
+          void* ews = nullptr;
+          const std::size_t eb = std::max<std::size_t>(256, ep.workspace_bytes());
+          ATTNSTATE_CUDA_CHECK(cudaMalloc(&ews, eb));
+          cuda::init_decode_workspace(ep, ews, eb, bench.stream);
+          const double et = bench.time_us(
+              reps, [&] { cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream); });
+          ATTNSTATE_CUDA_CHECK(cudaFree(ews));
+          std::printf(" s%d=%.1f", ns, et);
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+        continue;
+      }
+      DecodeOptions one;
+      one.policy = SplitPolicy::kFixedCount;
+      one.num_splits = 1;
+      const cuda::DecodePlan plan1 = cuda::plan_decode(pr, lens.data(), one, bench.num_sms);
+      void* ws = nullptr;
+      const std::size_t ws_bytes = std::max<std::size_t>(256, plan.workspace_bytes());
+      ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+      cuda::init_decode_workspace(plan, ws, ws_bytes, bench.stream);
+      const double t = bench.time_us(
+          reps, [&] { cuda::run_decode(plan, qv, kv, out, ws, ws_bytes, bench.stream); });
+      double comb = 0;
+      if (plan.splits.max_splits > 1) {
+        cuda::DecodePlan skip = plan;
+        skip.profile_skip_combine = true;
+        const double ts = bench.time_us(
+            reps, [&] { cuda::run_decode(skip, qv, kv, out, ws, ws_bytes, bench.stream); });
+        comb = std::max(0.0, (t - ts) / t);
+      }
+      const double t1 = no_s1 ? 0.0 : bench.time_us(reps, [&] {
+        cuda::run_decode(plan1, qv, kv, out, ws, ws_bytes, bench.stream);
+      });
+      ATTNSTATE_CUDA_CHECK(cudaFree(ws));
+      const double gbps = kv_bytes / (t * 1e-6) / 1e9;
+      const double gbps1 = no_s1 ? 0.0 : kv_bytes / (t1 * 1e-6) / 1e9;
+      const Anchor* a = find_anchor(hq, batch, ctx);
+      char splits_s[32];
+      if (plan.splits.policy == SplitPolicy::kFixedSize)
+        std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.splits_for(ctx));
+      else
+        std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.num_splits);
+      std::printf(
+          "%3d/%-2d %6d %6s %8.0f %6s %9.1f %7.0f %5.0f%% %5.1f%% %9.1f %7.0f %6.2fx "
+          "%5.0f %-5s %6.2fx\n",
+          hq, kHeadsKv, batch, ctx_str(ctx).c_str(), kv_bytes / 1048576.0, splits_s, t, gbps,
+          100.0 * gbps / copy_gbps, 100.0 * comb, t1, gbps1, no_s1 ? 0.0 : t1 / t,
+          a ? a->gbps : 0.0, a ? a->who : "-", a ? gbps / a->gbps : 0.0);
+      std::fflush(stdout);
+      if (csv)
+        std::fprintf(csv, "%d,%d,%d,%d,%.1f,%s,%.2f,%.1f,%.4f,%.4f,%.2f,%.1f,%.1f,%.0f,%s\n", hq,
+                     kHeadsKv, batch, ctx, kv_bytes / 1048576.0, splits_s, t, gbps,
+                     gbps / copy_gbps, comb, t1, gbps1, copy_gbps, a ? a->gbps : 0.0,
+                     a ? a->who : "-");
     }
     if (csv) std::fclose(csv);
     cudaFree(k);

@@ -1,7 +1,8 @@
 /// @file test_cuda_decode_props.cpp
 /// @brief RapidCheck properties of the CUDA split-KV decode (100 cases each, skipped without a
 ///        GPU): on random paged problems it agrees with the CPU decode of the same split layout,
-///        and splitting anywhere equals not splitting, to the tensor-core rounding.
+///        splitting anywhere equals not splitting, to the tensor-core rounding, and a plan made
+///        for longer requests gives bitwise the same results.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -58,7 +59,8 @@ struct Gpu {
   cuda::DecodePlan plan;
 };
 
-Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt) {
+Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
+            const std::int32_t* plan_lens = nullptr) {
   DecodeProblem pr;
   pr.batch = p.batch;
   pr.q_len = p.cfg.q_len;
@@ -70,7 +72,7 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt) {
   int sms = 0;
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Gpu g;
-  g.plan = cuda::plan_decode(pr, p.seq_lens.data(), opt, sms);
+  g.plan = cuda::plan_decode(pr, plan_lens ? plan_lens : p.seq_lens.data(), opt, sms);
   const DeviceProblem dp(p);
   const PagedKvCache kv = dp.kv(p);
   const ConstTensorView qv = dp.qv(p);
@@ -127,6 +129,23 @@ void splitting_anywhere_equals_not_splitting() {
   assert_close(a.o, a.lse, b.o, b.lse, p.cfg.kv_dtype == DType::kBF16 ? 1.5e-2 : 4e-3);
 }
 
+// A plan made for longer requests (same split size) serves the real ones bitwise identically,
+// whichever way it merges the splits (inside a cluster for up to 8 splits, through the workspace
+// beyond).
+void plan_for_longer_requests_gives_same_bits() {
+  const DecodeProblemHost p = random_gpu_problem();
+  DecodeOptions o;
+  o.policy = SplitPolicy::kFixedSize;
+  o.split_size = kSplitGranularity * *rc::gen::inRange(1, 10);
+  std::vector<std::int32_t> longer = p.seq_lens;
+  longer[0] = std::max(longer[0], o.split_size * *rc::gen::inRange(1, 20));
+  const Gpu a = run_gpu(p, o);
+  const Gpu b = run_gpu(p, o, longer.data());
+  RC_ASSERT(a.o.size() == b.o.size());
+  RC_ASSERT(0 == std::memcmp(a.o.data(), b.o.data(), 4 * a.o.size()));
+  RC_ASSERT(0 == std::memcmp(a.lse.data(), b.lse.data(), 4 * a.lse.size()));
+}
+
 // Each property skips cleanly without a GPU, otherwise runs under RapidCheck and fails on a
 // counterexample (printed with its seed above the failure).
 TEST(DecodeGpuProps, AgreesWithCpuDecode) {
@@ -138,6 +157,12 @@ TEST(DecodeGpuProps, SplittingAnywhereEqualsNotSplitting) {
   ATTNSTATE_REQUIRE_GPU();
   EXPECT_TRUE(rc::check("cuda decode: splitting anywhere == not splitting",
                         splitting_anywhere_equals_not_splitting));
+}
+
+TEST(DecodeGpuProps, PlanForLongerRequestsGivesSameBits) {
+  ATTNSTATE_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("cuda decode: a plan for longer requests gives the same bits",
+                        plan_for_longer_requests_gives_same_bits));
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 /// @file decode.cu
 /// @brief CUDA split-KV decode: planning, argument checks, workspace layout and the one
-///        runtime → compile-time dispatch (head dim × dtype) of the decode kernel.
+///        runtime → compile-time dispatch (head dim × dtype × pipeline depth) of the decode
+///        kernel, with the choice of the split merge (cluster or workspace).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -22,8 +24,49 @@ using attnstate::detail::throw_argument;
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-/// Concurrent CTAs per SM of the kernel for a head dim (shared memory bound).
-int ctas_per_sm(std::int64_t head_dim) { return head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1; }
+/// Whether a plan may run in the short-split configuration (head dim 128, splits of at most
+/// `kDecodeShortTokens` tokens). Both configurations give bitwise the same results; `launch_d128`
+/// picks one per launch.
+bool short_candidate(std::int64_t head_dim, const SplitLayout& splits) {
+  return head_dim == 128 && detail::kDecodeShortTokens > 0 &&
+         detail::kDecodeShortStages != detail::kDecodeStages &&
+         splits.policy == SplitPolicy::kFixedSize &&
+         splits.split_size <= detail::kDecodeShortTokens;
+}
+
+/// Concurrent CTAs per SM of the kernel (default configuration) for a head dim.
+int ctas_per_sm(std::int64_t head_dim) {
+  return head_dim <= 64    ? detail::decode_ctas_per_sm(64, detail::kDecodeStages)
+         : head_dim <= 128 ? detail::decode_ctas_per_sm(128, detail::kDecodeStages)
+                           : detail::decode_ctas_per_sm(256, detail::kDecodeStages);
+}
+
+/// Splits of at most this many tokens are worth merging in a cluster rather than spread over
+/// more CTAs (automatic policy). Build-time knob.
+#ifndef ATTNSTATE_DECODE_CLUSTER_TOKENS
+#define ATTNSTATE_DECODE_CLUSTER_TOKENS 256
+#endif
+
+/// The automatic split layout for `slots` concurrent CTAs: the wave-efficiency heuristic, then,
+/// for short requests, at most as many splits as a cluster merges in distributed shared memory
+/// (rather than many tiny splits merged through the workspace).
+SplitLayout auto_layout(const DecodeProblem& problem, const std::int32_t* seq_lens,
+                        const DecodeOptions& options, std::int64_t slots, int row_tiles) {
+  SplitLayout l =
+      plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles);
+  if (detail::kDecodeMaxCluster > 1 && l.max_splits > detail::kDecodeMaxCluster) {
+    std::int64_t max_len = 0;
+    for (std::int64_t i = 0; i < problem.batch; ++i)
+      max_len = std::max<std::int64_t>(max_len, seq_lens[i]);
+    std::int64_t chunk = (max_len + detail::kDecodeMaxCluster - 1) / detail::kDecodeMaxCluster;
+    chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
+    if (chunk > 0 && chunk <= ATTNSTATE_DECODE_CLUSTER_TOKENS) {
+      l.split_size = static_cast<std::int32_t>(chunk);
+      l.max_splits = static_cast<std::int32_t>((max_len + chunk - 1) / chunk);
+    }
+  }
+  return l;
+}
 
 struct WorkspaceLayout {
   std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
@@ -44,57 +87,144 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   return w;
 }
 
-/// Raises the kernel's dynamic shared-memory limit once per device (function attributes belong to
-/// the device context, so a process driving several GPUs sets them on each).
-template <int D, bool kBF16>
-void ensure_kernel_attributes() {
+/// Lets this thread make non-stream CUDA calls while a stream is being captured (restores the
+/// previous capture mode on scope exit).
+struct RelaxedCaptureMode {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCaptureMode() { ATTNSTATE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode)); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+};
+
+/// Per-device state of one kernel instantiation: attributes raised, and how many clusters of
+/// each size the device keeps resident at once (function attributes belong to the device
+/// context, so a process driving several GPUs sets them on each).
+struct KernelDeviceState {
+  bool attributes = false;
+  int max_clusters[detail::kDecodeMaxCluster + 1] = {};  // -1 unknown
+  KernelDeviceState() {
+    for (int& c : max_clusters) c = -1;
+  }
+};
+
+/// Raises the kernel's dynamic shared-memory limit once per device and returns how many
+/// clusters of `cluster` CTAs can be resident at once (queried once per device and size; 0 for
+/// sizes the merge does not use).
+template <int D, bool kBF16, int kStages>
+int prepare_kernel(int cluster) {
   int device = 0;
   ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mutex;
-  static std::vector<bool> done;
+  static std::vector<KernelDeviceState> states;
   std::lock_guard<std::mutex> lock(mutex);
-  if (device < static_cast<int>(done.size()) && done[static_cast<std::size_t>(device)]) return;
-  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(
-      detail::decode_split_kv_kernel<D, kBF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(detail::decode_smem_bytes(D, kMaxSplits))));
-  // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
-  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_split_kv_kernel<D, kBF16>,
-                                            cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-  if (device >= static_cast<int>(done.size())) done.resize(static_cast<std::size_t>(device) + 1);
-  done[static_cast<std::size_t>(device)] = true;
+  if (device >= static_cast<int>(states.size()))
+    states.resize(static_cast<std::size_t>(device) + 1);
+  KernelDeviceState& st = states[static_cast<std::size_t>(device)];
+  if (cluster < 2 || cluster > detail::kDecodeMaxCluster) cluster = 0;
+  if (st.attributes && (cluster == 0 || st.max_clusters[cluster] >= 0))
+    return cluster == 0 ? 0 : st.max_clusters[cluster];
+  // The first call may come while the caller captures a graph: these are not stream operations.
+  RelaxedCaptureMode relaxed;
+  auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
+  const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
+  if (!st.attributes) {
+    ATTNSTATE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
+    ATTNSTATE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    st.attributes = true;
+  }
+  if (cluster == 0) return 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+  cfg.blockDim = dim3(detail::kDecodeWarps * 32);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  ATTNSTATE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  st.max_clusters[cluster] = n;
+  return n;
 }
 
-template <int D, bool kBF16>
-void launch(const detail::DecodeParams& p, std::int64_t grid, cudaStream_t stream) {
-  ensure_kernel_attributes<D, kBF16>();
-  const std::int64_t smem = detail::decode_smem_bytes(D, p.splits.max_splits);
-  detail::decode_split_kv_kernel<D, kBF16><<<static_cast<unsigned>(grid), detail::kDecodeWarps * 32,
-                                             static_cast<std::size_t>(smem), stream>>>(p);
+template <int D, bool kBF16, int kStages>
+void launch(detail::DecodeParams p, std::int64_t grid, cudaStream_t stream) {
+  const int resident = prepare_kernel<D, kBF16, kStages>(p.cluster);
+  // The cluster merge pays off only when every cluster is resident at once (one wave); otherwise
+  // the splits merge through the workspace (the same arithmetic, the same bits).
+  if (p.cluster > 1 && grid / p.cluster > resident) p.cluster = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(detail::kDecodeWarps * 32);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(detail::decode_smem_bytes(D, kStages));
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  if (p.cluster > 1) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(p.cluster);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ATTNSTATE_CUDA_CHECK(
+      cudaLaunchKernelEx(&cfg, detail::decode_split_kv_kernel<D, kBF16, kStages>, p));
   ATTNSTATE_CHECK_LAUNCH(stream, "decode_split_kv_kernel");
 }
 
-template <int D>
-void dispatch_dtype(const detail::DecodeParams& p, DType dt, std::int64_t grid,
-                    cudaStream_t stream) {
-  if (dt == DType::kBF16) {
-    launch<D, true>(p, grid, stream);
-  } else {
-    launch<D, false>(p, grid, stream);
+/// Head dim 128: the short-split configuration (one more CTA per SM) when the plan allows it and
+/// the launch needs it: more CTAs than one wave of the default configuration, or clusters that
+/// are all resident at once only with it. Otherwise the default (deeper pipeline per warp).
+template <bool kBF16>
+void launch_d128(const detail::DecodeParams& p, std::int64_t grid, bool short_ok, int num_sms,
+                 cudaStream_t stream) {
+  constexpr int kLong = detail::kDecodeStages;
+  constexpr int kShort = detail::kDecodeShortStages;
+  bool use_short = false;
+  if (short_ok) {
+    use_short = grid > static_cast<std::int64_t>(num_sms) * detail::decode_ctas_per_sm(128, kLong);
+    if (!use_short && p.cluster > 1) {
+      const std::int64_t clusters = grid / p.cluster;
+      use_short = clusters > prepare_kernel<128, kBF16, kLong>(p.cluster) &&
+                  clusters <= prepare_kernel<128, kBF16, kShort>(p.cluster);
+    }
   }
+  if (use_short)
+    launch<128, kBF16, kShort>(p, grid, stream);
+  else
+    launch<128, kBF16, kLong>(p, grid, stream);
 }
 
-/// The one place where (head_dim, dtype) become template arguments.
-void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, std::int64_t grid,
-              cudaStream_t stream) {
+/// The one place where (head_dim, dtype, pipeline depth) become template arguments; only head
+/// dim 128 has the short-split configuration.
+void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, bool short_ok,
+              int num_sms, std::int64_t grid, cudaStream_t stream) {
+  const bool bf16 = dt == DType::kBF16;
   switch (head_dim) {
     case 64:
-      dispatch_dtype<64>(p, dt, grid, stream);
+      if (bf16)
+        launch<64, true, detail::kDecodeStages>(p, grid, stream);
+      else
+        launch<64, false, detail::kDecodeStages>(p, grid, stream);
       break;
     case 128:
-      dispatch_dtype<128>(p, dt, grid, stream);
+      if (bf16)
+        launch_d128<true>(p, grid, short_ok, num_sms, stream);
+      else
+        launch_d128<false>(p, grid, short_ok, num_sms, stream);
       break;
     default:
-      dispatch_dtype<256>(p, dt, grid, stream);
+      if (bf16)
+        launch<256, true, detail::kDecodeStages>(p, grid, stream);
+      else
+        launch<256, false, detail::kDecodeStages>(p, grid, stream);
       break;
   }
 }
@@ -137,8 +267,10 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const std::int64_t rows = problem.q_len * problem.group();
   plan.row_tiles = static_cast<int>((rows + detail::kDecodeTileRows - 1) / detail::kDecodeTileRows);
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm(problem.head_dim);
-  plan.splits =
-      plan_split_layout(problem, seq_lens_host, options, slots, problem.heads_kv * plan.row_tiles);
+  plan.splits = options.policy == SplitPolicy::kAuto
+                    ? auto_layout(problem, seq_lens_host, options, slots, plan.row_tiles)
+                    : plan_split_layout(problem, seq_lens_host, options, slots,
+                                        problem.heads_kv * plan.row_tiles);
   const std::int64_t grid =
       problem.batch * problem.heads_kv * plan.row_tiles * plan.splits.max_splits;
   if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", decode_str(grid));
@@ -241,13 +373,22 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
   p.lse_stride_head = out.lse_stride_head;
   p.out_dtype = out.dtype;
   p.out_base = out.base;
+  const std::int64_t out_esize = static_cast<std::int64_t>(size_of(out.dtype));
+  p.out_vec4 =
+      reinterpret_cast<std::uintptr_t>(out.o) % static_cast<std::uintptr_t>(4 * out_esize) == 0 &&
+      out.o_stride_token % 4 == 0 && out.o_stride_head % 4 == 0;
+  const int S = plan.splits.max_splits;
+  p.cluster = S > 1 && S <= detail::kDecodeMaxCluster ? S : 1;
+  p.q_vec = reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
+            q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
   char* ws = static_cast<char*>(workspace);
   p.ws_o = w.total ? reinterpret_cast<float*>(ws + w.o_off) : nullptr;
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
   p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
   p.skip_combine = plan.profile_skip_combine;
   const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
-  dispatch(p, pr.head_dim, pr.kv_dtype, grid, stream);
+  dispatch(p, pr.head_dim, pr.kv_dtype, short_candidate(pr.head_dim, plan.splits),
+           plan.num_sms > 0 ? plan.num_sms : 1, grid, stream);
 }
 
 }  // namespace cuda

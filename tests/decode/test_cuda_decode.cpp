@@ -275,6 +275,157 @@ TEST(CudaDecode, FixedSizeRowsIndependentOfBatch) {
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data() + cfg.heads_q, 4 * cfg.heads_q));
 }
 
+// Up to 8 splits are merged inside a thread-block cluster, more through the workspace with
+// tickets. A plan made for longer requests (same split size) takes the workspace path for the
+// same requests: both merges must give bitwise the same rows, for every head dim, with one and
+// several row tiles, with and without vector-aligned outputs.
+TEST(CudaDecode, ClusterMergeEqualsWorkspaceMergeBitwise) {
+  ATTNSTATE_REQUIRE_GPU();
+  const std::int64_t dims[] = {64, 128, 256};
+  std::uint64_t seed = 900;
+  for (std::int64_t D : dims) {
+    for (std::int64_t q_len : {1, 3}) {
+      DecodeConfig cfg;
+      cfg.q_len = q_len;
+      cfg.heads_q = 16;
+      cfg.heads_kv = 2;
+      cfg.head_dim = D;
+      cfg.page_size = 16;
+      cfg.block_table = q_len == 1;
+      cfg.seq_lens = std::vector<std::int32_t>{8 * 96, 0, 2, 8 * 96 - 5, 200, 96};
+      const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+      DecodeOptions o;
+      o.policy = SplitPolicy::kFixedSize;
+      o.split_size = 96;
+      for (DType od : {DType::kF32, DType::kBF16}) {
+        const GpuOut a = run_gpu(p, o, od, LseBase::kNatural);
+        ASSERT_EQ(a.plan.splits.max_splits, 8);
+        // The same problem under a plan for requests of up to 20 splits.
+        std::vector<std::int32_t> longer(p.seq_lens.begin(), p.seq_lens.end());
+        longer[0] = 20 * 96;
+        const cuda::DecodePlan plan_b =
+            cuda::plan_decode(problem_of(p), longer.data(), o, num_sms());
+        ASSERT_EQ(plan_b.splits.max_splits, 20);
+        DeviceProblem d(p);
+        DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan_b.workspace_bytes()));
+        ws.poison();
+        cuda::init_decode_workspace(plan_b, ws.get(), ws.bytes());
+        DeviceState out(p.tokens(), cfg.heads_q, D, od, LseBase::kNatural);
+        cuda::run_decode(plan_b, d.qv(p), d.kv(p), out.view, ws.get(), ws.bytes());
+        ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<unsigned char> bo = out.o.download();
+        const std::vector<float> bl = out.lse.download();
+        const std::string what =
+            "D " + std::to_string(D) + " q_len " + std::to_string(q_len) + " out " + to_string(od);
+        EXPECT_EQ(0, std::memcmp(a.o.data(), bo.data(), a.o.size())) << what;
+        EXPECT_EQ(0, std::memcmp(a.lse.data(), bl.data(), 4 * a.lse.size())) << what;
+        expect_matches_reference(p, a, od, LseBase::kNatural, what);
+      }
+    }
+  }
+}
+
+// Short splits run in a configuration with one more CTA per SM when the grid exceeds one wave or
+// when only it keeps every cluster resident; the same request alone runs in the default one.
+// The rows must agree bitwise (fixed split size) and match the reference.
+TEST(CudaDecode, ShortSplitConfigurationMatchesDefaultBitwise) {
+  ATTNSTATE_REQUIRE_GPU();
+  struct Case {
+    int batch;
+    std::int32_t len, split;
+  };
+  // 40 one-split requests (320 CTAs); 4 requests of 8 splits (32 clusters of 8).
+  const Case cases[] = {{40, 250, 256}, {4, 1024, 128}};
+  std::uint64_t seed = 980;
+  for (const Case& c : cases) {
+    DecodeConfig cfg;
+    cfg.heads_q = 32;
+    cfg.heads_kv = 8;
+    cfg.head_dim = 128;
+    cfg.block_table = true;
+    for (int b = 0; b < c.batch; ++b) cfg.seq_lens.push_back(c.len - (b % 3));
+    const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+    DecodeOptions o;
+    o.policy = SplitPolicy::kFixedSize;
+    o.split_size = c.split;
+    const GpuOut all = run_gpu(p, o, DType::kF32, LseBase::kNatural);
+    expect_matches_reference(p, all, DType::kF32, LseBase::kNatural,
+                             "batch " + std::to_string(c.batch));
+    // Request 0 alone, same buffers and plan.
+    DeviceProblem d(p);
+    PagedKvCache kv = d.kv(p);
+    kv.batch = 1;
+    ConstTensorView qv = d.qv(p);
+    qv.shape[0] = 1;
+    DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, all.plan.workspace_bytes()));
+    cuda::init_decode_workspace(all.plan, ws.get(), ws.bytes());
+    DeviceState out(1, cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+    cuda::run_decode(all.plan, qv, kv, out.view, ws.get(), ws.bytes());
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> ao = out.o.download();
+    const std::vector<float> al = out.lse.download();
+    EXPECT_EQ(0, std::memcmp(ao.data(), all.o.data(), ao.size())) << "batch " << c.batch;
+    EXPECT_EQ(0, std::memcmp(al.data(), all.lse.data(), 4 * al.size())) << "batch " << c.batch;
+  }
+}
+
+// Queries whose rows do not start on 16-byte boundaries are loaded element by element, and
+// outputs whose rows are not 4-element aligned are written element by element.
+TEST(CudaDecode, UnalignedQueryAndOutputRows) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.q_len = 2;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.seq_lens = {700, 1, 2500};
+  const DecodeProblemHost p = make_decode_problem(cfg, 950);
+  const std::int64_t D = cfg.head_dim, hq = cfg.heads_q;
+  const std::int64_t rows = p.tokens() * hq;
+  // Query rows of D + 3 elements.
+  std::vector<unsigned char> q_pad(rows * (D + 3) * 2, 0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::memcpy(q_pad.data() + r * (D + 3) * 2, p.q.data() + r * D * 2, D * 2);
+  const DeviceBuffer<unsigned char> dq = upload(q_pad);
+  ConstTensorView qv = p.q_view();
+  qv.data = dq.get();
+  qv.space = MemorySpace::kDevice;
+  qv.stride[2] = D + 3;
+  qv.stride[1] = hq * (D + 3);
+  qv.stride[0] = cfg.q_len * hq * (D + 3);
+  for (DType od : {DType::kF32, DType::kF16}) {
+    for (int n : {1, 4, 20}) {
+      DeviceProblem d(p);
+      const cuda::DecodePlan plan =
+          cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(n), num_sms());
+      DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+      cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
+      // Rows of D + 1 elements: every other row starts off a 4-element boundary.
+      DeviceBuffer<unsigned char> o(rows * (D + 1) * size_of(od));
+      DeviceBuffer<float> lse(rows);
+      o.poison();
+      lse.poison();
+      StateView view = make_state_view(o.get(), od, lse.get(), p.tokens(), hq, D, LseBase::kNatural,
+                                       MemorySpace::kDevice);
+      view.o_stride_head = D + 1;
+      view.o_stride_token = hq * (D + 1);
+      cuda::run_decode(plan, qv, d.kv(p), view, ws.get(), ws.bytes());
+      ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<unsigned char> raw = o.download();
+      std::vector<unsigned char> packed(rows * D * size_of(od));
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(packed.data() + r * D * size_of(od), raw.data() + r * (D + 1) * size_of(od),
+                    D * size_of(od));
+      GpuOut g;
+      g.plan = plan;
+      g.o = packed;
+      g.lse = lse.download();
+      expect_matches_reference(p, g, od, LseBase::kNatural,
+                               std::string(to_string(od)) + " splits " + std::to_string(n));
+    }
+  }
+}
+
 TEST(CudaDecode, GraphReplayOfMaxPlanServesShorterRequests) {
   ATTNSTATE_REQUIRE_GPU();
   DecodeConfig cfg;

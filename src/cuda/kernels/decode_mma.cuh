@@ -1,6 +1,7 @@
 /// @file decode_mma.cuh
-/// @brief Warp-level PTX helpers of the decode kernel: cp.async, ldmatrix and the
-///        m16n8k16 tensor-core MMA (bf16 or f16 operands, fp32 accumulation). Internal.
+/// @brief Warp-level PTX helpers of the decode kernel: cp.async, ldmatrix, the m16n8k16
+///        tensor-core MMA (bf16 or f16 operands, fp32 accumulation) and the thread-block-cluster
+///        barrier and distributed-shared-memory loads of the cluster split merge. Internal.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,17 +19,34 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 }
 
 /// 16-byte asynchronous copy global → shared; `bytes` 0 zero-fills the destination.
-/// `kPrefetch` asks the L2 to fetch the whole 256-byte block around the address.
-template <bool kPrefetch = true>
+/// `kPrefetch` (256 or 128) asks the L2 to fetch the whole block of that size around the address.
+template <int kPrefetch = 256>
 __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int bytes) {
-  if constexpr (kPrefetch) {
+  if constexpr (kPrefetch == 256) {
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+  } else if constexpr (kPrefetch == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(bytes)
                  : "memory");
   } else {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");
   }
+}
+/// As `cp_async_16` without prefetch, with an L2 cache policy (from `l2_evict_first_policy`).
+__device__ __forceinline__ void cp_async_16_policy(std::uint32_t dst, const void* src, int bytes,
+                                                   std::uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "l"(policy)
+               : "memory");
+}
+/// An L2 cache policy that evicts the lines it covers first.
+__device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -80,6 +98,34 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<std::uint32_t*>(&h);
   }
+}
+
+/// Cluster-wide barrier: every thread of every CTA of the cluster arrives (release) and waits
+/// (acquire), so shared-memory writes before it are visible to the cluster's CTAs after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/// Address in CTA `rank` of the cluster of the shared-memory location `addr` of this CTA.
+__device__ __forceinline__ std::uint32_t cluster_map(std::uint32_t addr, std::uint32_t rank) {
+  std::uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+/// Loads from distributed shared memory (an address from `cluster_map`).
+__device__ __forceinline__ float ld_cluster(std::uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+/// As `ld_cluster`, four consecutive floats (16-byte aligned).
+__device__ __forceinline__ float4 ld_cluster4(std::uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 
 }  // namespace detail

@@ -1,6 +1,6 @@
 /// @file decode_params.cuh
 /// @brief Parameters of the split-KV decode kernel (internal, shared by the launcher and the
-///        kernel), and the workspace layout.
+///        kernel): tile shape, pipeline depths, CTA size, cluster limit and the argument block.
 #pragma once
 
 #include <cstdint>
@@ -22,21 +22,53 @@ constexpr int kDecodeWarps = 4;
 #define ATTNSTATE_DECODE_STAGES 3
 #endif
 constexpr int kDecodeStages = ATTNSTATE_DECODE_STAGES;
-/// Minimum resident CTAs per SM requested from the compiler (caps registers per thread).
-#ifndef ATTNSTATE_DECODE_MIN_BLOCKS
-#define ATTNSTATE_DECODE_MIN_BLOCKS 1
+/// Pipeline depth of the short-split configuration (head dim 128): less shared memory, so one
+/// more CTA per SM overlaps the fixed costs of CTAs that stream only a few tiles (used when the
+/// grid exceeds one wave, or when only it keeps every cluster resident). The warps take the same
+/// tiles in both configurations, so results are bitwise the same.
+#ifndef ATTNSTATE_DECODE_SHORT_STAGES
+#define ATTNSTATE_DECODE_SHORT_STAGES 2
 #endif
-constexpr int kDecodeMinBlocks = ATTNSTATE_DECODE_MIN_BLOCKS;
+constexpr int kDecodeShortStages = ATTNSTATE_DECODE_SHORT_STAGES;
+/// Splits of at most this many tokens run in the short-split configuration (build-time knob;
+/// 0 disables it).
+#ifndef ATTNSTATE_DECODE_SHORT_TOKENS
+#define ATTNSTATE_DECODE_SHORT_TOKENS 256
+#endif
+constexpr std::int32_t kDecodeShortTokens = ATTNSTATE_DECODE_SHORT_TOKENS;
 /// Tiles that lie in one page use per-lane precomputed source offsets (build-time knob, 1).
 #ifndef ATTNSTATE_DECODE_FAST_ADDR
 #define ATTNSTATE_DECODE_FAST_ADDR 1
 #endif
+/// L2 prefetch size of the K/V copies in bytes: 0 (none), 128 or 256. Build-time knob; none
+/// measured fastest on the H200 (the 256-byte hint cost 2–4% at large sizes).
+#ifndef ATTNSTATE_DECODE_PREFETCH
+#define ATTNSTATE_DECODE_PREFETCH 0
+#endif
+/// K/V copies marked evict-first in the L2 (streamed once; measured 0.3–1.4% faster at large
+/// sizes on the H200). Build-time knob, 1.
+#ifndef ATTNSTATE_DECODE_EVICT_FIRST
+#define ATTNSTATE_DECODE_EVICT_FIRST 1
+#endif
+/// Largest split count merged inside a thread-block cluster through distributed shared memory
+/// (no workspace round trip, no ticket); more splits merge through the workspace. 1 disables the
+/// cluster merge. Build-time knob; at most 8 (the portable cluster size).
+#ifndef ATTNSTATE_DECODE_MAX_CLUSTER
+#define ATTNSTATE_DECODE_MAX_CLUSTER 8
+#endif
+constexpr int kDecodeMaxCluster = ATTNSTATE_DECODE_MAX_CLUSTER;
+static_assert(kDecodeMaxCluster >= 1 && kDecodeMaxCluster <= 8, "portable cluster sizes only");
+/// Shared memory of one SM available to resident CTAs (sm_90), bytes; and what the runtime
+/// reserves per CTA.
+constexpr std::int64_t kDecodeSmemPerSm = 228 * 1024;
+constexpr std::int64_t kDecodeSmemReservedPerCta = 1024;
 
 /// Everything the decode kernel reads besides its template arguments.
 struct DecodeParams {
   // queries (batch, q_len, heads_q, head_dim), element strides
   const void* q;
   std::int64_t q_stride_b, q_stride_t, q_stride_h;
+  bool q_vec;  // rows start on 16-byte boundaries: 16-byte query loads
   // paged KV
   const void* k;
   const void* v;
@@ -60,7 +92,11 @@ struct DecodeParams {
   std::int64_t o_stride_token, o_stride_head, lse_stride_token, lse_stride_head;
   DType out_dtype;
   LseBase out_base;
-  // workspace: partial states [(b, hkv, row tile, split, row)] and tickets [(b, hkv, row tile)]
+  bool out_vec4;  // 4 consecutive o elements can be stored as one aligned vector
+  // split merge: `cluster` > 1 merges the splits of a (request, KV head, row tile) inside a
+  // cluster of that many CTAs (one per split); otherwise through the workspace: partial states
+  // [(b, hkv, row tile, split, row)] and tickets [(b, hkv, row tile)]
+  std::int32_t cluster;
   float* ws_o;
   float* ws_lse;
   std::int32_t* tickets;

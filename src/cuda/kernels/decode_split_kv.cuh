@@ -3,15 +3,27 @@
 ///
 /// - The CTA's query rows (`q_len × group` rows of one KV head, up to 16) form the M of
 ///   m16n8k16 tensor-core MMAs, so each K/V byte is read once for the whole GQA group.
-/// - Each of the 4 warps streams its own 16-token tiles of the split (tiles w, w+4, ...) through
-///   a 3-stage cp.async pipeline of 16-byte chunks into XOR-swizzled shared memory, computes
+/// - Each of the 4 warps streams its own 16-token tiles of the split (tiles w, w + 4, ...)
+///   through a cp.async pipeline (`kStages` deep: 3, or 2 in the short-split configuration that
+///   fits one more CTA per SM) of 16-byte chunks into XOR-swizzled shared memory, computes
 ///   `S = Q Kᵀ` and `O += P V` on tensor cores and keeps its own online softmax
 ///   (`math::OnlineSoftmax`, base 2) for its two rows per thread.
-/// - The warps' states are merged in warp order in shared memory; a request with one split
-///   writes the output directly, otherwise the CTA writes a partial state (fp32 `o`, base-2
-///   `lse`) to the workspace and takes an integer ticket; the last CTA of a (request, KV head,
-///   row tile) merges all splits in split order (max-subtracted, empty splits skipped) and
-///   resets the ticket.
+/// - The warps' states are merged in warp order through shared memory. A request with one split
+///   writes the output directly. Otherwise the split states are merged in split order with the
+///   core max-subtracted merge (`split_max` / `split_accumulate` / `split_finalize`), either
+///   - inside a thread-block cluster (one CTA per split, `p.cluster` > 1): each CTA publishes its
+///     state in its shared memory, and after a cluster barrier each CTA merges a share of the
+///     output columns reading its peers' states through distributed shared memory; or
+///   - through the workspace: each CTA writes a partial state (fp32 `o`, base-2 `lse`) and takes
+///     an integer ticket; the last CTA of a (request, KV head, row tile) copies the states into
+///     its shared memory (all copies in flight at once, in chunks of splits that fit), computes
+///     each row's max, weights and weight sum once (one thread per row), merges the columns and
+///     resets the ticket.
+///   Both run the same sequence of floating-point operations per output element (max, then
+///   `w = 2^(lse − m)`, `sum += w`, `acc += w · o` in split order), so the result does not
+///   depend on the path.
+/// - The code is kept compact (rolled loops off the hot path): small launches are dominated by
+///   instruction fetch from a cold cache.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +33,7 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/kernels/decode_merge.cuh"
 #include "cuda/kernels/decode_mma.cuh"
 #include "cuda/kernels/decode_params.cuh"
 
@@ -28,98 +41,102 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Shared-memory bytes of the decode kernel for head dim `D` and `max_splits` splits:
-/// queries, then the pipeline (aliased by the merge and combine scratch) and a flag.
-__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int max_splits) {
-  const std::int64_t q_bytes = std::int64_t{kDecodeTileRows} * D * 2;
-  const std::int64_t pipe =
-      std::int64_t{kDecodeWarps} * kDecodeStages * 2 * kDecodeTileRows * D * 2;
+/// Row stride (floats) of the per-warp output scratch of the warp merge: padded so that the
+/// fragment stores of 8 rows hit distinct banks.
+__host__ __device__ constexpr int decode_ow_stride(int D) { return D + 8; }
+
+/// Bytes of the region after the queries: the pipeline, aliased after the main loop by the
+/// warp-merge scratch and the published split state, or by the staged split states and the
+/// per-column sums (at its end) of the workspace merge.
+__host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages) {
+  const std::int64_t pipe = std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * 2;
   const std::int64_t merge =
-      std::int64_t{kDecodeWarps} * kDecodeTileRows * (D + 2) * 4 + kDecodeTileRows * 8 * 4;
-  const std::int64_t combine = std::int64_t{kDecodeTileRows} * (2 * max_splits + 4) * 4;
-  std::int64_t body = pipe > merge ? pipe : merge;
-  body = body > combine ? body : combine;
-  return q_bytes + body + 16;
+      std::int64_t{kDecodeWarps} * kDecodeTileRows * decode_ow_stride(D) * 4 +
+      2 * kDecodeWarps * kDecodeTileRows * 4 + std::int64_t{kDecodeTileRows} * (D + 1) * 4;
+  return pipe > merge ? pipe : merge;
 }
 
-/// Stores one fp32 value as `dt` at element `off` of `base`.
-__device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off, float x) {
-  switch (dt) {
-    case DType::kF32:
-      static_cast<float*>(base)[off] = x;
-      break;
-    case DType::kF16:
-      static_cast<half_t*>(base)[off] = from_float<half_t>(x);
-      break;
-    default:
-      static_cast<bfloat16_t*>(base)[off] = from_float<bfloat16_t>(x);
-      break;
-  }
+/// Shared-memory bytes of the decode kernel for head dim `D` and pipeline depth `stages`:
+/// queries, body, then a flag.
+__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int stages) {
+  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages) + 16;
 }
 
-/// Split-KV decode kernel for head dim `D`; `kBF16` selects bf16 (else f16) queries and KV.
-template <int D, bool kBF16>
-__global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeMinBlocks)
+/// Resident CTAs per SM of the decode kernel (shared memory bound; the kernel's launch bounds ask
+/// the compiler to fit its registers to the same count).
+__host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages) {
+  const std::int64_t by_smem =
+      kDecodeSmemPerSm / (decode_smem_bytes(D, stages) + kDecodeSmemReservedPerCta);
+  const std::int64_t by_threads = 2048 / (kDecodeWarps * 32);
+  const std::int64_t n = by_smem < by_threads ? by_smem : by_threads;
+  return n < 1 ? 1 : static_cast<int>(n);
+}
+
+/// 16-byte copy global → shared with the configured L2 prefetch / eviction hint.
+__device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, int bytes,
+                                           std::uint64_t policy) {
+#if ATTNSTATE_DECODE_EVICT_FIRST
+  cp_async_16_policy(dst, src, bytes, policy);
+#else
+  (void)policy;
+  cp_async_16<ATTNSTATE_DECODE_PREFETCH>(dst, src, bytes);
+#endif
+}
+
+/// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
+/// (else f16) queries and KV.
+template <int D, bool kBF16, int kStages>
+__global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStages))
     decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
+  constexpr int kWarps = kDecodeWarps;
   constexpr int kRows = kDecodeTileRows;
-  constexpr int kThreads = kDecodeWarps * 32;
+  constexpr int kThreads = kWarps * 32;
   constexpr int kCpr = D / 8;  // 16-byte chunks per row
   constexpr int kChunksPerLane = kRows * kCpr / 32;
   constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
   constexpr int kNT = D / 8;             // n-tiles of the output
+  constexpr int kD4 = D / 4;             // float4 columns of a row
+  constexpr int kOw = decode_ow_stride(D);
+  constexpr std::int64_t kBodyBytes = decode_body_bytes(D, kStages);
 
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* q_s = reinterpret_cast<Elem*>(smem);
   unsigned char* body = smem + kRows * D * 2;
   Elem* pipe = reinterpret_cast<Elem*>(body);
+  constexpr std::int64_t kStateBytes = std::int64_t{kRows} * kD4 * 24;  // workspace merge
+  // [item] float4 running sums of the workspace merge, then [row] (max, weight sum)
+  float* merge_state = reinterpret_cast<float*>(body + kBodyBytes - kStateBytes);
+  int* is_last = reinterpret_cast<int*>(body + kBodyBytes);
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
 
-  // ---- which (request, KV head, row tile, split) ----
+  // ---- which (request, KV head, row tile, split); the splits of a tile are consecutive blocks
+  //      (a cluster when the merge runs in one) ----
   const std::int64_t S = p.splits.max_splits;
-  std::int64_t bid = blockIdx.x;
-  const int s = static_cast<int>(bid % S);
-  bid /= S;
-  const int hkv = static_cast<int>(bid % p.heads_kv);
-  bid /= p.heads_kv;
-  const int mt = static_cast<int>(bid % p.row_tiles);
-  const int b = static_cast<int>(bid / p.row_tiles);
-
-  // ---- queries → registers first (they do not depend on the lengths) ----
+  unsigned bid = blockIdx.x;  // the grid has at most 2^31 - 1 CTAs
+  const int s = static_cast<int>(bid % static_cast<unsigned>(S));
+  bid /= static_cast<unsigned>(S);
+  const int hkv = static_cast<int>(bid % static_cast<unsigned>(p.heads_kv));
+  bid /= static_cast<unsigned>(p.heads_kv);
+  const int mt = static_cast<int>(bid % static_cast<unsigned>(p.row_tiles));
+  const int b = static_cast<int>(bid / static_cast<unsigned>(p.row_tiles));
   const int row0 = mt * kRows;
   const int rows_here = min(kRows, p.rows - row0);
-  constexpr int kQPerThread = kRows * D / kThreads;
-  Elem qreg[kQPerThread];
-  {
-    const Elem* q = static_cast<const Elem*>(p.q);
-#pragma unroll
-    for (int i = 0; i < kQPerThread; ++i) {
-      const int e = tid + i * kThreads;
-      const int r = e / D;
-      const int d = e % D;
-      qreg[i] = 0;
-      if (r < rows_here) {
-        const int rg = row0 + r;
-        const int qi = rg / p.group;
-        const int hq = hkv * p.group + rg % p.group;
-        qreg[i] = q[b * p.q_stride_b + qi * p.q_stride_t + hq * p.q_stride_h + d];
-      }
-    }
-  }
 
-  // ---- speculative page id of this CTA's first tile (block table, fixed split size: the split
-  //      start does not depend on the length), loaded alongside the length ----
+  // ---- the loads that start the critical chain first: the length and the speculative page id
+  //      of this warp's first tile (block table, fixed split size: the split start does not
+  //      depend on the length) ----
   std::int64_t spec_pid = -1;
-  const std::int64_t spec_t0 =
-      static_cast<std::int64_t>(s) * p.splits.split_size + static_cast<std::int64_t>(warp) * kRows;
+  const std::uint32_t spec_t0 =
+      static_cast<std::uint32_t>(s) * static_cast<std::uint32_t>(p.splits.split_size) +
+      static_cast<std::uint32_t>(warp * kRows);
+  const std::uint32_t spec_page = spec_t0 / static_cast<std::uint32_t>(p.page_size);
   if (p.block_table != nullptr && p.splits.policy == SplitPolicy::kFixedSize &&
-      p.page_size % kRows == 0 && spec_t0 / p.page_size < p.block_table_stride)
-    spec_pid = p.block_table[b * p.block_table_stride + spec_t0 / p.page_size];
-
-  // ---- length, clamped to the pages the request owns ----
+      p.page_size % kRows == 0 && spec_page < p.block_table_stride)
+    spec_pid = p.block_table[b * p.block_table_stride + spec_page];
   std::int64_t pages;
   std::int64_t csr_base = 0;
   if (p.block_table != nullptr) {
@@ -130,384 +147,471 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kDecodeMinBlocks)
     if (pages < 0) pages = 0;
   }
   std::int64_t len64 = p.seq_lens[b];
+
+  // ---- queries → registers, 16-byte chunks (they do not depend on the length) ----
+  constexpr int kQChunks = kRows * kCpr / kThreads;  // chunks per thread
+  uint4 qreg[kQChunks];
+#pragma unroll
+  for (int i = 0; i < kQChunks; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kCpr;
+    const int col = c % kCpr;
+    qreg[i] = make_uint4(0, 0, 0, 0);
+    if (r < rows_here) {
+      const int rg = row0 + r;
+      const int qi = rg / p.group;
+      const int hq = hkv * p.group + rg % p.group;
+      const Elem* src = static_cast<const Elem*>(p.q) + b * p.q_stride_b + qi * p.q_stride_t +
+                        hq * p.q_stride_h + col * 8;
+      if (p.q_vec) {
+        qreg[i] = __ldg(reinterpret_cast<const uint4*>(src));
+      } else {
+        Elem e[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = src[j];
+        qreg[i] = make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16),
+                             e[6] | (e[7] << 16));
+      }
+    }
+  }
+
+  // ---- length, clamped to the pages the request owns ----
   if (len64 < 0) len64 = 0;
   if (len64 > pages * p.page_size) len64 = pages * p.page_size;
   const std::int32_t len = static_cast<std::int32_t>(len64);
   const int n_splits = p.splits.splits_for(len);
-  if (s >= n_splits) return;
-  const TokenRange range = p.splits.range(len, s);
+  const bool single = n_splits == 1;
+  // A cluster of several splits merges in distributed shared memory: every CTA of it takes part
+  // in the cluster barriers, those past the request's splits with an empty range.
+  const bool clustered = p.cluster > 1 && !single;
+  if (s >= n_splits && !clustered) return;
+  const bool active = s < n_splits;
+  const TokenRange range = p.splits.range(len, s);  // empty when s ≥ n_splits
 
-  // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero) ----
-#pragma unroll
-  for (int i = 0; i < kQPerThread; ++i) {
-    const int e = tid + i * kThreads;
-    const int r = e / D;
-    const int d = e % D;
-    const int c = d >> 3;
-    q_s[r * D + ((c ^ (r & 7)) << 3) + (d & 7)] = qreg[i];
-  }
+  float* ow = reinterpret_cast<float*>(body);  // [warp][row][kOw]   (after the main loop)
+  float* mw = ow + kWarps * kRows * kOw;       // [warp][row]
+  float* lw = mw + kWarps * kRows;             // [warp][row]
+  float* pub_o = lw + kWarps * kRows;          // [row][D]  published split state (cluster)
+  float* pub_lse = pub_o + kRows * D;          // [row] base 2
+  const std::int64_t tile_id = (static_cast<std::int64_t>(b) * p.heads_kv + hkv) * p.row_tiles + mt;
 
-  // ---- per-thread row limits (exclusive token end) for rows lane/4 and lane/4 + 8 ----
-  int lim[2];
+  if (active) {
+    // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero) ----
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = (lane >> 2) + 8 * h;
-    if (r < rows_here) {
-      const int qi = (row0 + r) / p.group;
-      const int e = len - p.q_len + qi + 1;
-      lim[h] = min(range.end, e);
-    } else {
-      lim[h] = 0;
-    }
-  }
-  __syncthreads();
-
-  // ---- this warp's tiles of the split ----
-  const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
-  const int my_tiles = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  Elem* kbuf = pipe + static_cast<std::int64_t>(warp) * kDecodeStages * 2 * kTileElems;
-  const Elem* kpool = static_cast<const Elem*>(p.k);
-  const Elem* vpool = static_cast<const Elem*>(p.v);
-  const bool tile_in_page = (p.page_size % kRows) == 0;
-
-  auto page_id = [&](std::int64_t pidx) -> std::int64_t {
-    std::int64_t id = p.block_table != nullptr ? p.block_table[b * p.block_table_stride + pidx]
-                                               : p.page_indices[csr_base + pidx];
-    if (id < 0) id = 0;
-    if (id >= p.num_pages) id = p.num_pages - 1;
-    return id;
-  };
-  auto in_page = [&](std::int64_t slot) -> std::int64_t {
-    return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
-                        : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
-  };
-  // Page id of this warp's tile `it` when a tile lies in one page (else unused).
-  auto tile_pid = [&](int it) -> std::int64_t {
-    const int t0 = range.begin + (warp + kDecodeWarps * it) * kRows;
-    if (!tile_in_page || it >= my_tiles) return 0;
-    if (it == 0 && spec_pid >= 0 && t0 == spec_t0)
-      return spec_pid < p.num_pages ? spec_pid : p.num_pages - 1;
-    return page_id(t0 / p.page_size);
-  };
-  // Per-lane constants of the chunk addressing: lane l copies column `l % kCpr` of rows
-  // `l / kCpr + i · kRowStep` (kCpr ≤ 32 divides 32), so inside one page its source offsets are
-  // one base plus compile-time multiples of the row stride.
-  constexpr int kRowStep = 32 / kCpr;
-  const int lane_r0 = lane / kCpr;
-  const int lane_col = lane % kCpr;
-  const std::int64_t row_stride =
-      p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
-  auto load_tile = [&](int it, int stage, std::int64_t pid) {
-    const int t0 = range.begin + (warp + kDecodeWarps * it) * kRows;
-    Elem* kd = kbuf + stage * 2 * kTileElems;
-    Elem* vd = kd + kTileElems;
-    const std::int64_t tile_page_base = pid * p.page_elems;
-    const int slot0 = tile_in_page ? t0 % p.page_size : 0;
-#if ATTNSTATE_DECODE_FAST_ADDR
-    if (tile_in_page) {
-      const std::int64_t base = tile_page_base + in_page(slot0 + lane_r0) + lane_col * 8;
-#pragma unroll
-      for (int i = 0; i < kChunksPerLane; ++i) {
-        const int r = lane_r0 + i * kRowStep;
-        const bool valid = t0 + r < range.end;
-        const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
-        const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
-        cp_async_16(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
-        cp_async_16(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
-      }
-      return;
-    }
-#endif
-#pragma unroll
-    for (int i = 0; i < kChunksPerLane; ++i) {
-      const int c = lane + 32 * i;
+    for (int i = 0; i < kQChunks; ++i) {
+      const int c = tid + i * kThreads;
       const int r = c / kCpr;
       const int col = c % kCpr;
-      const int t = t0 + r;
-      const bool valid = t < range.end;
-      std::int64_t off = 0;
-      if (valid) {
-        if (tile_in_page) {
-          off = tile_page_base + in_page(slot0 + r);
-        } else {
-          off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size);
-        }
-        off += col * 8;
-      }
-      const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
-      cp_async_16(smem_addr(kd + sw), kpool + off, valid ? 16 : 0);
-      cp_async_16(smem_addr(vd + sw), vpool + off, valid ? 16 : 0);
-    }
-  };
-
-  float o_acc[kNT][4];
-#pragma unroll
-  for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
-  math::OnlineSoftmax os[2];
-
-#pragma unroll
-  for (int st = 0; st < kDecodeStages - 1; ++st) {
-    if (st < my_tiles) load_tile(st, st, tile_pid(st));
-    cp_async_commit();
-  }
-  // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
-  std::int64_t pid_next = tile_pid(kDecodeStages - 1);
-
-  for (int it = 0; it < my_tiles; ++it) {
-    const int nxt = it + kDecodeStages - 1;
-    if (nxt < my_tiles) load_tile(nxt, nxt % kDecodeStages, pid_next);
-    pid_next = tile_pid(nxt + 1);
-    cp_async_commit();
-    cp_async_wait<kDecodeStages - 1>();
-    __syncwarp();
-
-    const int stage = it % kDecodeStages;
-    const Elem* ks = kbuf + stage * 2 * kTileElems;
-    const Elem* vs = ks + kTileElems;
-    const int t0 = range.begin + (warp + kDecodeWarps * it) * kRows;
-
-    // S = Q Kᵀ : 16 rows × 16 tokens (two n-tiles of 8 tokens).
-    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t a[4], bk[4];
-      {
-        const int r = lane & 15;
-        const int c = kk * 2 + (lane >> 4);
-        ldmatrix_x4(a, smem_addr(q_s + r * D + ((c ^ (r & 7)) << 3)));
-      }
-      {
-        const int mi = lane >> 3;
-        const int r = ((mi >> 1) << 3) + (lane & 7);
-        const int c = kk * 2 + (mi & 1);
-        ldmatrix_x4(bk, smem_addr(ks + r * D + ((c ^ (r & 7)) << 3)));
-      }
-      mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
-      mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
+      *reinterpret_cast<uint4*>(q_s + r * D + ((col ^ (r & 7)) << 3)) = qreg[i];
     }
 
-    // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
-    float pr[2][4];
+    // ---- per-thread row limits (exclusive token end) for rows lane/4 and lane/4 + 8 ----
+    int lim[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float bm = math::neg_inf();
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int t = t0 + j * 8 + 2 * (lane & 3) + e;
-          float v = sc[j][2 * h + e] * p.s2_scale;
-          if (t >= lim[h]) v = math::neg_inf();
-          sc[j][2 * h + e] = v;
-          bm = math::nan_max(bm, v);
-        }
+      const int r = (lane >> 2) + 8 * h;
+      if (r < rows_here) {
+        const int qi = (row0 + r) / p.group;
+        const int e = len - p.q_len + qi + 1;
+        lim[h] = min(range.end, e);
+      } else {
+        lim[h] = 0;
       }
-      bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-      bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-      const float alpha = os[h].rescale(bm);
-      // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-      // (the common case after the first tiles), bitwise the same result.
-      if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          o_acc[j][2 * h] *= alpha;
-          o_acc[j][2 * h + 1] *= alpha;
-        }
-      }
-      float psum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = os[h].prob(sc[j][2 * h + e]);
-          pr[j][2 * h + e] = pv;
-          psum += pv;
-        }
-      }
-      os[h].add(psum);
     }
 
-    // O += P V : P (16 × 16 tokens) from the score registers, V via transposed ldmatrix.
-    std::uint32_t pa[4];
-    pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
-    pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
-    pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
-    pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
-#pragma unroll
-    for (int jj = 0; jj < D / 16; ++jj) {
-      std::uint32_t bv[4];
-      const int r = lane & 15;
-      const int c = jj * 2 + (lane >> 4);
-      ldmatrix_x4_trans(bv, smem_addr(vs + r * D + ((c ^ (r & 7)) << 3)));
-      mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
-      mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
-    }
-    __syncwarp();
-  }
-  cp_async_wait<0>();
+    // ---- this warp's tiles of the split ----
+    const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+    Elem* kbuf = pipe + static_cast<std::int64_t>(warp) * kStages * 2 * kTileElems;
+    const Elem* kpool = static_cast<const Elem*>(p.k);
+    const Elem* vpool = static_cast<const Elem*>(p.v);
+    const bool tile_in_page = (p.page_size % kRows) == 0;
+    std::uint64_t policy = 0;
+#if ATTNSTATE_DECODE_EVICT_FIRST
+    policy = l2_evict_first_policy();
+#endif
 
-  // ---- merge the 4 warps' states (fixed warp order) ----
+    auto page_id = [&](std::int64_t pidx) -> std::int64_t {
+      std::int64_t id = p.block_table != nullptr ? p.block_table[b * p.block_table_stride + pidx]
+                                                 : p.page_indices[csr_base + pidx];
+      if (id < 0) id = 0;
+      if (id >= p.num_pages) id = p.num_pages - 1;
+      return id;
+    };
+    auto in_page = [&](std::int64_t slot) -> std::int64_t {
+      return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
+                          : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
+    };
+    // Page id of this warp's tile `it` when a tile lies in one page (else unused).
+    auto tile_pid = [&](int it) -> std::int64_t {
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+      if (!tile_in_page || it >= my_tiles) return 0;
+      if (it == 0 && spec_pid >= 0 && static_cast<std::uint32_t>(t0) == spec_t0)
+        return spec_pid < p.num_pages ? spec_pid : p.num_pages - 1;
+      return page_id(t0 / p.page_size);
+    };
+    // Per-lane constants of the chunk addressing: lane l copies column `l % kCpr` of rows
+    // `l / kCpr + i · kRowStep` (kCpr ≤ 32 divides 32), so inside one page its source offsets
+    // are one base plus compile-time multiples of the row stride.
+    constexpr int kRowStep = 32 / kCpr;
+    const int lane_r0 = lane / kCpr;
+    const int lane_col = lane % kCpr;
+    const std::int64_t row_stride =
+        p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
+    // Shared-memory byte addresses: the warp's ring of K/V tiles, and the per-lane parts of the
+    // ldmatrix addresses (row, and the XOR of the 16-byte chunk index with the row, so that the
+    // chunk of k-step kk is `(32 · kk) ^ x`).
+    constexpr std::uint32_t kTileBytes = kTileElems * 2;
+    constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
+    const std::uint32_t ring = smem_addr(kbuf);
+    const int a_row = lane & 15;  // Q fragments (A) and V (transposed B)
+    const std::uint32_t a_x = static_cast<std::uint32_t>(((lane >> 4) ^ (lane & 7)) << 4);
+    const int b_row = ((lane >> 4) << 3) + (lane & 7);  // K (B)
+    const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    const std::uint32_t q_lane = smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
+    auto load_tile = [&](int it, int stage, std::int64_t pid) {
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+      const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
+      const std::uint32_t vd = kd + kTileBytes;
+#if ATTNSTATE_DECODE_FAST_ADDR
+      if (tile_in_page) {
+        const std::int64_t base =
+            pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = os[h].l;
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    os[h].l = l;
-  }
-  __syncthreads();                              // every warp is done with the pipeline buffers
-  float* ow = reinterpret_cast<float*>(body);   // [warp][row][D]
-  float* mw = ow + kDecodeWarps * kRows * D;    // [warp][row]
-  float* lw = mw + kDecodeWarps * kRows;        // [warp][row]
-  float* fac = lw + kDecodeWarps * kRows;       // [warp][row]
-  float* row_inv = fac + kDecodeWarps * kRows;  // [row]
-  float* row_lse = row_inv + kRows;             // [row] base 2
-  {
-    float* mine = ow + warp * kRows * D;
+        for (int i = 0; i < kChunksPerLane; ++i) {
+          const int r = lane_r0 + i * kRowStep;
+          const bool valid = t0 + r < range.end;
+          const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
+          const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
+          kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
+          kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
+        }
+        return;
+      }
+#endif
+      // Any page size: each chunk looks its page up (rolled: off the hot path).
+#pragma unroll 1
+      for (int i = 0; i < kChunksPerLane; ++i) {
+        const int c = lane + 32 * i;
+        const int r = c / kCpr;
+        const int col = c % kCpr;
+        const int t = t0 + r;
+        const bool valid = t < range.end;
+        std::int64_t off = 0;
+        if (valid)
+          off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size) + col * 8;
+        const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
+        kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
+        kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
+      }
+    };
+
+    float o_acc[kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const int d = j * 8 + 2 * (lane & 3);
-      const int r = lane >> 2;
-      mine[r * D + d] = o_acc[j][0];
-      mine[r * D + d + 1] = o_acc[j][1];
-      mine[(r + 8) * D + d] = o_acc[j][2];
-      mine[(r + 8) * D + d + 1] = o_acc[j][3];
+    for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    math::OnlineSoftmax os[2];
+
+    // The first tiles' copies (one code path with the main loop's: rolled).
+#pragma unroll 1
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < my_tiles) load_tile(st, st, tile_pid(st));
+      cp_async_commit();
     }
-    if ((lane & 3) == 0) {
+    // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
+    std::int64_t pid_next = tile_pid(kStages - 1);
+    __syncthreads();  // queries in shared memory
+
+    for (int it = 0; it < my_tiles; ++it) {
+      const int nxt = it + kStages - 1;
+      if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
+      pid_next = tile_pid(nxt + 1);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+
+      const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
+      const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
+      const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+
+      // S = Q Kᵀ : 16 rows × 16 tokens (two n-tiles of 8 tokens).
+      float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t a[4], bk[4];
+        ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
+        ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
+        mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
+        mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
+      }
+
+      // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
+      float pr[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = (lane >> 2) + 8 * h;
-        mw[warp * kRows + r] = os[h].m;
-        lw[warp * kRows + r] = os[h].l;
+        float bm = math::neg_inf();
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int t = t0 + j * 8 + 2 * (lane & 3) + e;
+            float v = sc[j][2 * h + e] * p.s2_scale;
+            if (t >= lim[h]) v = math::neg_inf();
+            sc[j][2 * h + e] = v;
+            bm = math::nan_max(bm, v);
+          }
+        }
+        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+        const float alpha = os[h].rescale(bm);
+        // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+        // (the common case after the first tiles), bitwise the same result.
+        if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            o_acc[j][2 * h] *= alpha;
+            o_acc[j][2 * h + 1] *= alpha;
+          }
+        }
+        float psum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = os[h].prob(sc[j][2 * h + e]);
+            pr[j][2 * h + e] = pv;
+            psum += pv;
+          }
+        }
+        os[h].add(psum);
+      }
+
+      // O += P V : P (16 × 16 tokens) from the score registers, V via transposed ldmatrix.
+      std::uint32_t pa[4];
+      pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
+      pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
+      pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
+      pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
+#pragma unroll
+      for (int jj = 0; jj < D / 16; ++jj) {
+        std::uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
+        mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
+        mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
+      }
+      __syncwarp();
+    }
+    cp_async_wait<0>();
+
+    // ---- merge the warps' states (fixed warp order) ----
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = os[h].l;
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      os[h].l = l;
+    }
+    __syncthreads();  // every warp is done with the pipeline buffers
+    {
+      float* mine = ow + warp * kRows * kOw;
+      const int r = lane >> 2;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const int d = j * 8 + 2 * (lane & 3);
+        *reinterpret_cast<float2*>(mine + r * kOw + d) = make_float2(o_acc[j][0], o_acc[j][1]);
+        *reinterpret_cast<float2*>(mine + (r + 8) * kOw + d) =
+            make_float2(o_acc[j][2], o_acc[j][3]);
+      }
+      if ((lane & 3) == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mw[warp * kRows + r + 8 * h] = os[h].m;
+          lw[warp * kRows + r + 8 * h] = os[h].l;
+        }
       }
     }
-  }
-  __syncthreads();
-  if (tid < kRows) {
-    const int r = tid;
-    float m = math::neg_inf();
-    for (int w = 0; w < kDecodeWarps; ++w) m = math::nan_max(m, mw[w * kRows + r]);
-    float sum = 0.f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float mwv = mw[w * kRows + r];
-      const float f = math::is_empty_lse(mwv) ? 0.f : math::merge_weight(LseBase::kBase2, mwv, m);
-      fac[w * kRows + r] = f;
-      sum += f * lw[w * kRows + r];
-    }
-    const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
-    row_inv[r] = res.inv_sum;
-    row_lse[r] = res.lse;
-  }
-  __syncthreads();
+    __syncthreads();
 
-  const bool single = n_splits == 1;
-  const std::int64_t tile_id = (static_cast<std::int64_t>(b) * p.heads_kv + hkv) * p.row_tiles + mt;
-  const std::int64_t part0 = (tile_id * S + s) * kRows;
-  for (int e = tid; e < rows_here * D; e += kThreads) {
-    const int r = e / D;
-    const int d = e % D;
-    float acc = 0.f;
+    // Each thread: four columns of one row, the warps' factors recomputed per row (same order).
+    const std::int64_t part0 = (tile_id * S + s) * kRows;
+#pragma unroll 1
+    for (int e = tid; e < rows_here * kD4; e += kThreads) {
+      const int r = e / kD4;
+      const int d4 = e % kD4;
+      float m = math::neg_inf();
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      if (!math::is_empty_lse(mw[w * kRows + r]))
-        acc += fac[w * kRows + r] * ow[(w * kRows + r) * D + d];
-    }
-    const float o = acc * row_inv[r];
-    if (single) {
-      const int rg = row0 + r;
-      const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
-      const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-      store_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + d, o);
-      if (d == 0)
-        p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-            math::convert_lse(row_lse[r], LseBase::kBase2, p.out_base);
-    } else {
-      p.ws_o[(part0 + r) * D + d] = o;
-      if (d == 0) p.ws_lse[part0 + r] = row_lse[r];
+      for (int w = 0; w < kWarps; ++w) m = math::nan_max(m, mw[w * kRows + r]);
+      float f[kWarps];
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mwv = mw[w * kRows + r];
+        f[w] = math::is_empty_lse(mwv) ? 0.f : math::merge_weight(LseBase::kBase2, mwv, m);
+        sum += f[w] * lw[w * kRows + r];
+      }
+      const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if (!math::is_empty_lse(mw[w * kRows + r])) {
+          const float4 x = *reinterpret_cast<const float4*>(ow + (w * kRows + r) * kOw + 4 * d4);
+          acc.x += f[w] * x.x;
+          acc.y += f[w] * x.y;
+          acc.z += f[w] * x.z;
+          acc.w += f[w] * x.w;
+        }
+      }
+      const float4 o = make_float4(acc.x * res.inv_sum, acc.y * res.inv_sum, acc.z * res.inv_sum,
+                                   acc.w * res.inv_sum);
+      if (single) {
+        const int rg = row0 + r;
+        const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
+        const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
+        store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, o,
+                  p.out_vec4);
+        if (d4 == 0)
+          p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
+              math::convert_lse(res.lse, LseBase::kBase2, p.out_base);
+      } else if (clustered) {
+        *reinterpret_cast<float4*>(pub_o + r * D + 4 * d4) = o;
+        if (d4 == 0) pub_lse[r] = res.lse;
+      } else {
+        *reinterpret_cast<float4*>(p.ws_o + (part0 + r) * D + 4 * d4) = o;
+        if (d4 == 0) p.ws_lse[part0 + r] = res.lse;
+      }
     }
   }
   if (single || p.skip_combine) return;
 
+  // Stores the merged columns (r, d4) of this tile's row r.
+  auto store_merged = [&](int r, int d4, const MergedColumns& mc) {
+    const int rg = row0 + r;
+    const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
+    const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
+    store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
+              p.out_vec4);
+    if (d4 == 0)
+      p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
+          math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
+  };
+  const int items = rows_here * kD4;
+
+  if (clustered) {
+    // ---- cluster merge: CTA s merges a contiguous share of the tile's columns, reading the
+    //      published states of the request's splits from their CTAs' shared memory ----
+    cluster_sync();
+    const int share = (items + p.cluster - 1) / p.cluster;
+    const int e_end = min(items, (s + 1) * share);
+    const std::uint32_t o_addr = smem_addr(pub_o);
+    const std::uint32_t l_addr = smem_addr(pub_lse);
+#pragma unroll 1
+    for (int e = s * share + tid; e < e_end; e += kThreads) {
+      const int r = e / kD4;
+      const int d4 = e % kD4;
+      auto lse_at = [&](int i) { return ld_cluster(cluster_map(l_addr + 4 * r, i)); };
+      auto o_at = [&](int i) { return ld_cluster4(cluster_map(o_addr + 4 * (r * D + 4 * d4), i)); };
+      const float m = split_max(n_splits, lse_at);
+      float sum = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      split_accumulate(0, n_splits, m, lse_at, o_at, sum, acc);
+      store_merged(r, d4, split_finalize(m, sum, acc));
+    }
+    cluster_sync();  // peers may still read this CTA's state until here
+    return;
+  }
+
   // ---- ticket: the last CTA of this (request, KV head, row tile) merges the splits ----
-  int* is_last = reinterpret_cast<int*>(smem + decode_smem_bytes(D, static_cast<int>(S)) - 16);
-  __threadfence();
-  __syncthreads();
+  __syncthreads();  // every thread's partial-state stores precede the release below
   if (tid == 0) {
+    __threadfence();
     const int ticket = atomicAdd(p.tickets + tile_id, 1);
     const int last = ticket == n_splits - 1;
-    if (last) p.tickets[tile_id] = 0;
+    if (last) {
+      p.tickets[tile_id] = 0;
+      __threadfence();
+    }
     *is_last = last;
   }
   __syncthreads();
   if (!*is_last) return;
-  __threadfence();
 
+  // The split states → shared memory: every split's LSEs [split][16 rows], then chunks of as
+  // many splits' o rows [split][row][D] as fit; all copies of a chunk in flight at once.
+  const int n = n_splits;
   const std::int64_t split0 = tile_id * S * kRows;  // partial (split 0, row 0)
-  float* lse_s = reinterpret_cast<float*>(body);    // [row][n_splits]
-  float* w_s = lse_s + kRows * n_splits;            // [row][n_splits]
-  float* c_inv = w_s + kRows * n_splits;            // [row]
-  float* c_lse = c_inv + kRows;                     // [row]
-  __syncthreads();  // the warp-merge scratch above is dead; reuse it
-  for (int r = warp; r < rows_here; r += kDecodeWarps) {
-    float m = math::neg_inf();
-    for (int sp = lane; sp < n_splits; sp += 32) {
-      const float l = __ldcg(p.ws_lse + split0 + static_cast<std::int64_t>(sp) * kRows + r);
-      lse_s[r * n_splits + sp] = l;
-      m = math::nan_max(m, l);
+  float* st_lse = reinterpret_cast<float*>(body);
+  const int lse_floats = (n * kRows + 31) / 32 * 32;
+  float* st_o = st_lse + lse_floats;
+  const int split_floats = rows_here * D;
+  const int cap = static_cast<int>(((kBodyBytes - kStateBytes) / 4 - lse_floats) / split_floats);
+#pragma unroll 4
+  for (int c = tid; c < n * (kRows / 4); c += kThreads)
+    cp_async_16<0>(smem_addr(st_lse + 4 * c), p.ws_lse + split0 + 4 * c, 16);
+  auto stage_o = [&](int c0, int c1) {
+    const int chunks = (c1 - c0) * (split_floats / 4);
+#pragma unroll 4
+    for (int c = tid; c < chunks; c += kThreads) {
+      const int j = c / (split_floats / 4);
+      const int off = (c - j * (split_floats / 4)) * 4;
+      cp_async_16<0>(smem_addr(st_o + j * split_floats + off),
+                     p.ws_o + (split0 + static_cast<std::int64_t>(c0 + j) * kRows) * D + off, 16);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float sum = 0.f;
-    for (int sp = lane; sp < n_splits; sp += 32) {
-      const float l = lse_s[r * n_splits + sp];
-      const float w = math::is_empty_lse(l) ? 0.f : math::merge_weight(LseBase::kBase2, l, m);
-      w_s[r * n_splits + sp] = w;
-      sum += w;
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  };
+  // Per row (one thread each): the max, the weights (in place of the LSEs; -1 marks an empty
+  // split) and the weight sum, in split order; then every column reads them.
+  float* row_ms = merge_state + 4 * kRows * kD4;  // [row] (m, sum)
+  for (int c0 = 0; c0 < n; c0 += cap) {
+    const int c1 = min(n, c0 + cap);
+    if (c0 > 0) __syncthreads();  // the previous chunk is merged
+    stage_o(c0, c1);
+    if (c0 == 0) {
+      if (tid < rows_here) {
+        const int r = tid;
+        float m = math::neg_inf();
+#pragma unroll 1
+        for (int i = 0; i < n; ++i) m = math::nan_max(m, st_lse[i * kRows + r]);
+        float sum = 0.f;
+#pragma unroll 1
+        for (int i = 0; i < n; ++i) {
+          const float l = st_lse[i * kRows + r];
+          float w = -1.f;
+          if (!math::is_empty_lse(l)) {
+            w = math::merge_weight(LseBase::kBase2, l, m);
+            sum += w;
+          }
+          st_lse[i * kRows + r] = w;
+        }
+        row_ms[2 * r] = m;
+        row_ms[2 * r + 1] = sum;
+      }
+      __syncthreads();
     }
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-      const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
-      c_inv[r] = res.inv_sum;
-      c_lse[r] = res.lse;
-    }
-  }
-  __syncthreads();
-  for (int e = tid; e < rows_here * (D / 4); e += kThreads) {
-    const int r = e / (D / 4);
-    const int d4 = e % (D / 4);
-    const float4* src = reinterpret_cast<const float4*>(p.ws_o + (split0 + r) * D) + d4;
-    const std::int64_t step = std::int64_t{kRows} * D / 4;  // float4s between splits
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    constexpr int kU = 16;  // loads in flight per thread; the sum stays in split order
-    for (int s0 = 0; s0 < n_splits; s0 += kU) {
-      float4 v[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (s0 + u < n_splits) v[u] = __ldcg(src + (s0 + u) * step);
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int sp = s0 + u;
-        if (sp < n_splits && !math::is_empty_lse(lse_s[r * n_splits + sp])) {
-          const float w = w_s[r * n_splits + sp];
-          acc.x += w * v[u].x;
-          acc.y += w * v[u].y;
-          acc.z += w * v[u].z;
-          acc.w += w * v[u].w;
+#pragma unroll 1
+    for (int e = tid; e < items; e += kThreads) {
+      const int r = e / kD4;
+      const int d4 = e % kD4;
+      float4* state = reinterpret_cast<float4*>(merge_state) + e;  // this thread's own item
+      float4 acc = c0 == 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : *state;
+      const float* o_col = st_o + r * D + 4 * d4;
+#pragma unroll 4
+      for (int i = c0; i < c1; ++i) {
+        const float w = st_lse[i * kRows + r];
+        if (w != -1.f) {
+          const float4 v = *reinterpret_cast<const float4*>(o_col + (i - c0) * split_floats);
+          acc.x += w * v.x;
+          acc.y += w * v.y;
+          acc.z += w * v.z;
+          acc.w += w * v.w;
         }
       }
+      if (c1 == n)
+        store_merged(r, d4, split_finalize(row_ms[2 * r], row_ms[2 * r + 1], acc));
+      else
+        *state = acc;
     }
-    const float inv = c_inv[r];
-    const int rg = row0 + r;
-    const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
-    const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-    const std::int64_t ob = token * p.o_stride_token + hq * p.o_stride_head + d4 * 4;
-    store_as(p.out_o, p.out_dtype, ob + 0, acc.x * inv);
-    store_as(p.out_o, p.out_dtype, ob + 1, acc.y * inv);
-    store_as(p.out_o, p.out_dtype, ob + 2, acc.z * inv);
-    store_as(p.out_o, p.out_dtype, ob + 3, acc.w * inv);
-    if (d4 == 0)
-      p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-          math::convert_lse(c_lse[r], LseBase::kBase2, p.out_base);
   }
 }
 

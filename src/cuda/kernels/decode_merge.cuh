@@ -1,0 +1,140 @@
+/// @file decode_merge.cuh
+/// @brief The split merge of the decode kernel (internal): four output columns of one query row
+///        merged over the row's split states in split order with the core max-subtracted merge,
+///        whatever the states are read from (shared memory, or a cluster peer's shared memory), and
+///        the vector store of the result in the output dtype.
+///
+/// The merge runs in three steps: `split_max` over all the splits' LSEs, `split_accumulate` over
+/// consecutive ranges of splits (in split order), then `split_finalize`. The workspace merge of
+/// the kernel runs the same operations with each row's weights computed once; the sequence of
+/// floating-point operations per output element is the same, so every path gives bitwise the
+/// same result.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/merge_math.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Split states read per batch of loads in flight.
+constexpr int kDecodeMergeBatch = 8;
+
+/// Max over the base-2 LSEs `lse_at(i)` of splits `[0, n)` (NaN-propagating).
+template <class LseAt>
+__device__ __forceinline__ float split_max(int n, LseAt&& lse_at) {
+  float m = math::neg_inf();
+  for (int s0 = 0; s0 < n; s0 += kDecodeMergeBatch) {
+    float l[kDecodeMergeBatch];
+#pragma unroll
+    for (int u = 0; u < kDecodeMergeBatch; ++u)
+      l[u] = s0 + u < n ? lse_at(s0 + u) : math::neg_inf();
+#pragma unroll
+    for (int u = 0; u < kDecodeMergeBatch; ++u) m = math::nan_max(m, l[u]);
+  }
+  return m;
+}
+
+/// Adds splits `[i0, i1)` in split order to the weighted sums: `w = 2^(lse_i − m)`,
+/// `sum += w`, `acc += w · o_i` (`o_at(i)` four normalised columns, its value unused when the
+/// split is empty).
+template <class LseAt, class OAt>
+__device__ __forceinline__ void split_accumulate(int i0, int i1, float m, LseAt&& lse_at,
+                                                 OAt&& o_at, float& sum, float4& acc) {
+  for (int s0 = i0; s0 < i1; s0 += kDecodeMergeBatch) {
+    float l[kDecodeMergeBatch];
+    float4 v[kDecodeMergeBatch];
+#pragma unroll
+    for (int u = 0; u < kDecodeMergeBatch; ++u) {
+      l[u] = math::neg_inf();
+      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (s0 + u < i1) {
+        l[u] = lse_at(s0 + u);
+        v[u] = o_at(s0 + u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kDecodeMergeBatch; ++u) {
+      if (!math::is_empty_lse(l[u])) {
+        const float w = math::merge_weight(LseBase::kBase2, l[u], m);
+        sum += w;
+        acc.x += w * v[u].x;
+        acc.y += w * v[u].y;
+        acc.z += w * v[u].z;
+        acc.w += w * v[u].w;
+      }
+    }
+  }
+}
+
+/// Merged columns of one row: `o` normalised, `lse` in base 2.
+struct MergedColumns {
+  float4 o;
+  float lse;
+};
+
+/// The merged state from the max and the weighted sums.
+__device__ __forceinline__ MergedColumns split_finalize(float m, float sum, float4 acc) {
+  const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
+  MergedColumns out;
+  out.o = make_float4(acc.x * r.inv_sum, acc.y * r.inv_sum, acc.z * r.inv_sum, acc.w * r.inv_sum);
+  out.lse = r.lse;
+  return out;
+}
+
+/// Stores one fp32 value as `dt` at element `off` of `base`.
+__device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off, float x) {
+  switch (dt) {
+    case DType::kF32:
+      static_cast<float*>(base)[off] = x;
+      break;
+    case DType::kF16:
+      static_cast<half_t*>(base)[off] = from_float<half_t>(x);
+      break;
+    default:
+      static_cast<bfloat16_t*>(base)[off] = from_float<bfloat16_t>(x);
+      break;
+  }
+}
+
+/// Two values rounded to the 16-bit type `T` exactly as `store_as` does, `lo` in the low half.
+template <class T>
+__device__ __forceinline__ std::uint32_t bits2(float lo, float hi) {
+  return static_cast<std::uint32_t>(from_float<T>(lo).bits) |
+         (static_cast<std::uint32_t>(from_float<T>(hi).bits) << 16);
+}
+
+/// Stores four consecutive values as `dt` at element `off` of `base`: one aligned vector store
+/// when `vec` (the caller checked the alignment), else four scalar stores. Rounds like
+/// `store_as`. Not inlined: one copy of the dtype switch serves every call site.
+static __device__ __noinline__ void store4_as(void* base, DType dt, std::int64_t off, float4 x,
+                                              bool vec) {
+  if (vec) {
+    switch (dt) {
+      case DType::kF32:
+        *reinterpret_cast<float4*>(static_cast<float*>(base) + off) = x;
+        return;
+      case DType::kF16:
+        *reinterpret_cast<uint2*>(static_cast<half_t*>(base) + off) =
+            make_uint2(bits2<half_t>(x.x, x.y), bits2<half_t>(x.z, x.w));
+        return;
+      default:
+        *reinterpret_cast<uint2*>(static_cast<bfloat16_t*>(base) + off) =
+            make_uint2(bits2<bfloat16_t>(x.x, x.y), bits2<bfloat16_t>(x.z, x.w));
+        return;
+    }
+  }
+  store_as(base, dt, off + 0, x.x);
+  store_as(base, dt, off + 1, x.y);
+  store_as(base, dt, off + 2, x.z);
+  store_as(base, dt, off + 3, x.w);
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
