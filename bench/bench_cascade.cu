@@ -8,7 +8,10 @@
 ///        concatenated segments; the floor Σ_level max(bytes / measured copy bandwidth,
 ///        FLOP / 790 TFLOP/s); FlashInfer's cascade time where ANCHORS.md has the shape; the
 ///        largest difference between the cascade and the plain-decode outputs.
-///        `--csv <path>` writes a CSV; `--quick` runs the anchor shapes with fewer repeats.
+///        `--csv <path>` writes a CSV; `--quick` runs the anchor shapes with fewer repeats;
+///        `--shapes P:S:B[,P:S:B...]` runs only those (prefix, suffix, batch) shapes; `--lean`
+///        times the cascade, its levels and the merge only (no plain decode, one-level or
+///        mma-only comparisons).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,7 +25,7 @@
 
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
-#if __has_include("attnstate/cuda/decode.hpp")
+#if !defined(BENCH_CASCADE_NO_DECODE) && __has_include("attnstate/cuda/decode.hpp")
 #include "attnstate/cuda/decode.hpp"
 #define BENCH_CASCADE_HAS_DECODE 1
 #else
@@ -149,7 +152,7 @@ struct Explore {
 };
 
 Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStream_t stream,
-              int reps, Explore* explore = nullptr) {
+              int reps, bool lean, Explore* explore = nullptr) {
   Row row{};
   row.prefix = prefix;
   row.suffix = suffix;
@@ -280,10 +283,14 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
       [&] { cuda::run_cascade_level(plan, 1, qv, kv, d_levels[1], ws, ws_bytes, stream); });
   cuda::CascadePlan serial_plan = plan;
   serial_plan.overlap_levels = false;
-  row.serial_us = timer.median_us(
-      [&] { cuda::run_cascade(serial_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
-  row.mma_us = timer.median_us(
-      [&] { cuda::run_cascade(mma_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
+  row.serial_us = -1;
+  row.mma_us = -1;
+  if (!lean) {
+    row.serial_us = timer.median_us(
+        [&] { cuda::run_cascade(serial_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
+    row.mma_us = timer.median_us(
+        [&] { cuda::run_cascade(mma_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
+  }
   row.merge_us =
       timer.median_us([&] { cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream); });
   if (explore && explore->on) {
@@ -309,37 +316,40 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
         }
   }
   cuda::run_cascade(plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream);
-  row.flat_us = timer.median_us(
-      [&] { cuda::run_cascade(flat_plan, qv, kv, &d_flat, 1, out_d, ws, ws_bytes, stream); });
+  row.flat_us = -1;
+  if (!lean)
+    row.flat_us = timer.median_us(
+        [&] { cuda::run_cascade(flat_plan, qv, kv, &d_flat, 1, out_d, ws, ws_bytes, stream); });
   row.decode_us = -1;
 #if BENCH_CASCADE_HAS_DECODE
-  try {
-    DecodeProblem prob;
-    prob.batch = batch;
-    prob.q_len = 1;
-    prob.heads_q = kHeadsQ;
-    prob.heads_kv = kHeadsKv;
-    prob.head_dim = kHeadDim;
-    prob.q_dtype = prob.kv_dtype = DType::kBF16;
-    const cuda::DecodePlan dplan = cuda::plan_decode(prob, f_len.data(), DecodeOptions{}, num_sms);
-    const std::size_t dws_bytes = dplan.workspace_bytes();
-    void* dws = dalloc<std::uint8_t>(dws_bytes);
-    cuda::init_decode_workspace(dplan, dws, dws_bytes, stream);
-    PagedKvCache dkv = kv;
-    dkv.page_indptr = static_cast<const std::int32_t*>(d_flat.page_indptr);
-    dkv.page_indices = static_cast<const std::int32_t*>(d_flat.page_indices);
-    dkv.seq_lens = static_cast<const std::int32_t*>(d_flat.seg_lens);
-    dkv.batch = batch;
-    row.decode_us =
-        timer.median_us([&] { cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream); });
-    cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream);
-    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    ATTNSTATE_CUDA_CHECK(cudaFree(dws));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "plain decode failed (%s): comparing with the one-level cascade\n",
-                 e.what());
-    row.decode_us = -1;
-  }
+  if (!lean) try {
+      DecodeProblem prob;
+      prob.batch = batch;
+      prob.q_len = 1;
+      prob.heads_q = kHeadsQ;
+      prob.heads_kv = kHeadsKv;
+      prob.head_dim = kHeadDim;
+      prob.q_dtype = prob.kv_dtype = DType::kBF16;
+      const cuda::DecodePlan dplan =
+          cuda::plan_decode(prob, f_len.data(), DecodeOptions{}, num_sms);
+      const std::size_t dws_bytes = dplan.workspace_bytes();
+      void* dws = dalloc<std::uint8_t>(dws_bytes);
+      cuda::init_decode_workspace(dplan, dws, dws_bytes, stream);
+      PagedKvCache dkv = kv;
+      dkv.page_indptr = static_cast<const std::int32_t*>(d_flat.page_indptr);
+      dkv.page_indices = static_cast<const std::int32_t*>(d_flat.page_indices);
+      dkv.seq_lens = static_cast<const std::int32_t*>(d_flat.seg_lens);
+      dkv.batch = batch;
+      row.decode_us =
+          timer.median_us([&] { cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream); });
+      cuda::run_decode(dplan, qv, dkv, out_d, dws, dws_bytes, stream);
+      ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ATTNSTATE_CUDA_CHECK(cudaFree(dws));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "plain decode failed (%s): comparing with the one-level cascade\n",
+                   e.what());
+      row.decode_us = -1;
+    }
 #endif
   // the reference output of the comparison: plain decode if built, else the one-level cascade
   if (row.decode_us < 0)
@@ -376,15 +386,20 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string csv;
-  bool quick = false;
+  std::string csv, only;
+  bool quick = false, lean = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
       csv = argv[++i];
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--lean"))
+      lean = true;
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
+      only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--csv path] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -408,8 +423,20 @@ int main(int argc, char** argv) {
       int p, s, b;
     };
     std::vector<Shape> shapes;
-    for (const Anchor& a : kAnchors) shapes.push_back({a.prefix, a.suffix, a.batch});
-    if (!quick)
+    for (std::size_t at = 0; at < only.size();) {
+      Shape sh{};
+      int used = 0;
+      if (std::sscanf(only.c_str() + at, "%d:%d:%d%n", &sh.p, &sh.s, &sh.b, &used) != 3 ||
+          sh.p < 0 || sh.s < 0 || sh.b < 1) {
+        std::fprintf(stderr, "bad --shapes list: %s\n", only.c_str());
+        return 2;
+      }
+      shapes.push_back(sh);
+      at += static_cast<std::size_t>(used) + 1;  // past the comma
+    }
+    if (only.empty())
+      for (const Anchor& a : kAnchors) shapes.push_back({a.prefix, a.suffix, a.batch});
+    if (!quick && only.empty())
       for (int p : {4096, 32768})
         for (int s : {64, 256, 1024})
           for (int b : {16, 64, 256})
@@ -417,21 +444,26 @@ int main(int argc, char** argv) {
     const int reps = quick ? 7 : 25;
     std::vector<Row> rows;
     std::printf(
-        "%6s %5s %5s | %9s %9s %9s %9s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | %s\n",
-        "prefix", "suf", "batch", "cascade", "serial", "mma-only", "prefix", "suffix", "merge",
-        "decode", "flat", "x-dec", "floor", "x-flr", "FI", "x-FI", "maxdiff", "tiles/splits");
+        "%6s %5s %5s | %9s %9s %9s %9s %6s %9s %8s | %10s %9s %7s | %8s %6s | %8s %6s | %9s | "
+        "%s\n",
+        "prefix", "suf", "batch", "cascade", "serial", "mma-only", "prefix", "TF/s", "suffix",
+        "merge", "decode", "flat", "x-dec", "floor", "x-flr", "FI", "x-FI", "maxdiff",
+        "tiles/splits");
     Explore explore;
     for (const Shape& sh : shapes) {
-      explore.on = !quick && sh.s == 256 &&
+      explore.on = !quick && !lean && only.empty() && sh.s == 256 &&
                    ((sh.p == 32768 && sh.b == 128) || (sh.p == 4096 && sh.b == 16) ||
                     (sh.p == 32768 && sh.b == 16));
-      const Row r = run_shape(sh.p, sh.s, sh.b, num_sms, bw, stream, reps, &explore);
+      const Row r = run_shape(sh.p, sh.s, sh.b, num_sms, bw, stream, reps, lean, &explore);
       rows.push_back(r);
+      // prefix-level tensor throughput: QKᵀ + PV over every (query row, prefix key) pair
+      const double prefix_tflops =
+          4.0 * r.batch * kHeadsQ * double(r.prefix) * kHeadDim / (r.prefix_us * 1e6);
       std::printf(
-          "%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f %6.2f | "
-          "%8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
+          "%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %6.0f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f "
+          "%6.2f | %8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
           r.prefix, r.suffix, r.batch, r.cascade_us, r.serial_us, r.mma_us, r.prefix_us,
-          r.suffix_us, r.merge_us, r.decode_us, r.flat_us,
+          prefix_tflops, r.suffix_us, r.merge_us, r.decode_us, r.flat_us,
           (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
           r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
           r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits);

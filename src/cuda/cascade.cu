@@ -1,8 +1,11 @@
 /// @file cascade.cu
 /// @brief CUDA cascade attention: planning (tiles, splits, workspace), argument checks, and the
 ///        launches of the level kernels and the merge.
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -39,18 +42,51 @@ PagedKvCache pool_of(const CascadeShape& s) {
   return kv;
 }
 
+/// Keys per bulk-copy box of the warp-specialised kernel for a page size: a divisor of the
+/// 64-key tile granule that never straddles a page (the page size itself when it divides 64,
+/// 64 when 64 divides the page size); 0 when no such box exists (that level keeps the cp.async
+/// kernels).
+int tma_box_rows(std::int64_t page_size) {
+  if (page_size >= kKvTile) return page_size % kKvTile == 0 ? kKvTile : 0;
+  return page_size >= 8 && kKvTile % page_size == 0 ? static_cast<int>(page_size) : 0;
+}
+
+/// The warp-specialised kernel variant (`kernels::CascadeWsVariant`; 0 = never use it, the
+/// levels then run on the cp.async kernels). The environment variable `ATTNSTATE_CASCADE_WS`
+/// overrides the default (a tuning and debugging aid).
+int ws_variant() {
+  static const int v = [] {
+    constexpr int kDefault = static_cast<int>(kernels::CascadeWsVariant::kKv128);
+    const char* e = std::getenv("ATTNSTATE_CASCADE_WS");
+    const int x = e != nullptr ? std::atoi(e) : kDefault;
+    return x >= 0 && x <= 4 ? x : kDefault;
+  }();
+  return v;
+}
+
+/// Stages of the 16-row cp.async tile for a level whose splits hold `chunk` keys: 3 when a CTA
+/// streams many KV tiles (a long unique suffix), else 2 (more CTAs per SM for short ones).
+int small_stages(int chunk) { return chunk >= 8 * kKvTile ? 3 : 2; }
+
+/// True when a `wgmma` level of this shape runs on the warp-specialised kernel (bf16,
+/// head_dim 128, tiles of 64 or 128 rows, a page size with a bulk-copy box).
+bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp) {
+  return lp.wgmma && (lp.tile_rows == 64 || lp.tile_rows == 128) && s.head_dim == 128 &&
+         s.dtype == DType::kBF16 && tma_box_rows(s.page_size) > 0 && ws_variant() != 0;
+}
+
 /// Chooses the KV split (tokens per split) of a level by wave efficiency: the fewest splits
-/// whose CTAs fill the machine in the fewest, fullest waves.
+/// whose CTAs fill the machine in the fewest, fullest waves (`ctas_per_sm` resident at once).
 int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64_t nseg,
-                 std::int64_t max_len, std::int64_t heads_kv, int tile_rows, int num_sms,
-                 std::int64_t rows_total, std::int64_t head_dim) {
+                 std::int64_t max_len, std::int64_t heads_kv, int ctas_per_sm, int num_sms,
+                 std::int64_t rows_total, std::int64_t head_dim, std::int64_t granule) {
   if (max_len <= 0) return kKvTile;
-  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * (tile_rows >= 128 ? 1 : 2);
-  std::int64_t best_chunk = ceil_div(max_len, kKvTile) * kKvTile;
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm;
+  std::int64_t best_chunk = ceil_div(max_len, granule) * granule;
   double best_cost = std::numeric_limits<double>::infinity();
   std::int64_t prev = -1;
   for (int n = 1; n <= kMaxSplits; ++n) {
-    const std::int64_t chunk = ceil_div(ceil_div(max_len, n), kKvTile) * kKvTile;
+    const std::int64_t chunk = ceil_div(ceil_div(max_len, n), granule) * granule;
     if (chunk == prev) continue;
     prev = chunk;
     const std::int64_t splits = ceil_div(max_len, chunk);
@@ -68,9 +104,38 @@ int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64
       best_cost = cost;
       best_chunk = chunk;
     }
-    if (chunk == kKvTile) break;
+    if (chunk == granule) break;
   }
   return static_cast<int>(best_chunk);
+}
+
+/// Bytes of the partial states `(num_slots, rows, head_dim)` and their LSEs in the workspace.
+std::size_t partials_bytes(const CascadePlan& plan) {
+  const std::size_t slots_rows =
+      static_cast<std::size_t>(plan.num_slots) * static_cast<std::size_t>(plan.rows());
+  return align_up(slots_rows * static_cast<std::size_t>(plan.shape.head_dim) * sizeof(float)) +
+         align_up(slots_rows * sizeof(float));
+}
+
+/// Bytes of the last level's decode workspace (0 unless that level runs on the decode).
+std::size_t decode_bytes(const CascadePlan& plan) {
+  return plan.num_levels > 0 && plan.levels[plan.num_levels - 1].decode
+             ? plan.last_decode.workspace_bytes()
+             : 0;
+}
+
+/// True when level `l` of `num_levels` can run on the split-KV decode: the last level, every
+/// segment owned by exactly one request in request order (segment `b` is request `b`), keys that
+/// exist, and causal new tokens (the decode's masking) or a single one.
+bool decode_eligible(const CascadeShape& shape, const CascadeLevel& lv, int l, int num_levels,
+                     const CascadeOptions& options, const CascadeTuning& tuning) {
+  if (!tuning.decode_last_level || l != num_levels - 1 || lv.num_segments != shape.batch)
+    return false;
+  if (shape.q_len > 1 && !options.causal) return false;
+  if (lv.page_indptr[lv.num_segments] <= 0) return false;
+  for (std::int64_t s = 0; s <= lv.num_segments; ++s)
+    if (lv.request_indptr[s] != s) return false;
+  return true;
 }
 
 void check_workspace(const char* func, const CascadePlan& plan, const void* ws, std::size_t bytes) {
@@ -151,12 +216,103 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
+/// `cuTensorMapEncodeTiled` of the driver, looked up once through the runtime (no link to the
+/// driver library); null when unavailable.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled_fn() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // not an error of the caller's: fall back to cp.async kernels
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+/// Encodes the tensor maps of the pool's K and V as 4-D tensors whose strides grow with the
+/// dimension: `(head_dim, KV head, slot, page)` for NHD pages, `(head_dim, slot, KV head, page)`
+/// for HND; boxes of 64 × `box` slots, 128-byte swizzled. False when the pool cannot be described
+/// (the caller falls back to the cp.async kernels).
+bool encode_kv_maps(const PagedKvCache& kv, int box, kernels::CascadeTmaMaps* maps) {
+  const EncodeTiledFn fn = encode_tiled_fn();
+  if (fn == nullptr || kv.num_pages > std::numeric_limits<std::int32_t>::max()) return false;
+  const std::int64_t e = 2;  // bytes per element (bf16)
+  const bool hnd = kv.layout == KvLayout::kHND;
+  const std::int64_t slots = kv.page_size, heads = kv.heads_kv;
+  const cuuint64_t dims[4] = {
+      static_cast<cuuint64_t>(kv.head_dim), static_cast<cuuint64_t>(hnd ? slots : heads),
+      static_cast<cuuint64_t>(hnd ? heads : slots), static_cast<cuuint64_t>(kv.num_pages)};
+  const std::int64_t st[3] = {kv.head_dim * e, (hnd ? slots : heads) * kv.head_dim * e,
+                              kv.page_elems() * e};
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    if (st[i] % 16 != 0 || st[i] >= (std::int64_t{1} << 40)) return false;
+    strides[i] = static_cast<cuuint64_t>(st[i]);
+  }
+  const cuuint32_t box_dims[4] = {64, hnd ? static_cast<cuuint32_t>(box) : 1u,
+                                  hnd ? 1u : static_cast<cuuint32_t>(box), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const void* ptrs[2] = {kv.k, kv.v};
+  CUtensorMap* out[2] = {&maps->k, &maps->v};
+  for (int i = 0; i < 2; ++i)
+    if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptrs[i]), dims, strides,
+           box_dims, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  return true;
+}
+
 /// Launches level `l`; with `overlap` as a programmatic dependent launch that may run beside
 /// the previous level's kernel (levels write disjoint workspace slots; the merge waits for all).
+/// Runs level `l` (a unique last level) with the split-KV decode: the segments' page lists are
+/// the requests' page table, their lengths the sequence lengths, and the state goes to the
+/// level's workspace slot (fp32, base 2) for the merge. The decode's tickets are zeroed first
+/// (one small memset), so the cascade's workspace needs no initialisation.
+void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& q,
+                         const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
+                         cudaStream_t stream) {
+  const CascadeShape& s = plan.shape;
+  PagedKvCache table = kv;
+  table.page_indptr = lv.page_indptr;
+  table.page_indices = lv.page_indices;
+  table.block_table = nullptr;
+  table.block_table_stride = 0;
+  table.seq_lens = lv.seg_lens;
+  table.batch = s.batch;
+  table.space = MemorySpace::kDevice;
+  const std::int64_t rows = plan.rows();
+  char* ws = static_cast<char*>(workspace);
+  float* slot_o = reinterpret_cast<float*>(ws) +
+                  static_cast<std::int64_t>(plan.levels[l].slot_offset) * rows * s.head_dim;
+  float* slot_lse =
+      reinterpret_cast<float*>(ws + align_up(static_cast<std::size_t>(plan.num_slots) * rows *
+                                             s.head_dim * sizeof(float))) +
+      static_cast<std::int64_t>(plan.levels[l].slot_offset) * rows;
+  const StateView slot =
+      make_state_view(slot_o, DType::kF32, slot_lse, s.batch * s.q_len, s.heads_q, s.head_dim,
+                      LseBase::kBase2, MemorySpace::kDevice);
+  const std::size_t dbytes = decode_bytes(plan);
+  void* dws = dbytes > 0 ? ws + partials_bytes(plan) : nullptr;
+  if (dbytes > 0) init_decode_workspace(plan.last_decode, dws, dbytes, stream);
+  run_decode(plan.last_decode, q, table, slot, dws, dbytes, stream);
+}
+
 void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, const PagedKvCache& kv,
                   const CascadeLevel& lv, void* workspace, bool overlap, cudaStream_t stream) {
   const CascadeShape& s = plan.shape;
   const CascadeLevelPlan& lp = plan.levels[l];
+  if (lp.decode) {
+    launch_decode_level(plan, l, q, kv, lv, workspace, stream);
+    return;
+  }
   kernels::CascadeLevelParams p{};
   p.q = q.data;
   p.q_stride_b = q.stride[0];
@@ -194,9 +350,25 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
       align_up(static_cast<std::size_t>(plan.num_slots) * rows * s.head_dim * sizeof(float)));
   p.rows_total = rows;
   p.slot_offset = lp.slot_offset;
+  p.small_stages = small_stages(lp.chunk);
   const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
                   static_cast<unsigned>(s.heads_kv));
   const bool wgmma = lp.wgmma && lp.tile_rows >= 64 && device_is_sm90();
+  if (wgmma && ws_level(s, lp)) {
+    p.tma_box = tma_box_rows(s.page_size);
+    const int variant = ws_variant();
+    p.ws_pingpong = variant == static_cast<int>(kernels::CascadeWsVariant::kKv128Turns) ||
+                            variant == static_cast<int>(kernels::CascadeWsVariant::kKv64Turns)
+                        ? 1
+                        : 0;
+    kernels::CascadeTmaMaps maps;
+    if (encode_kv_maps(kv, p.tma_box, &maps)) {
+      kernels::launch_cascade_level_ws_bf16(p, maps, lp.tile_rows,
+                                            static_cast<kernels::CascadeWsVariant>(variant), grid,
+                                            overlap, stream);
+      return;
+    }
+  }
   if (s.dtype == DType::kBF16)
     kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
                                        overlap, stream);
@@ -259,10 +431,7 @@ void check_out(const char* func, const CascadePlan& plan, const StateView& out) 
 }  // namespace
 
 std::size_t CascadePlan::workspace_bytes() const {
-  const std::size_t slots_rows =
-      static_cast<std::size_t>(num_slots) * static_cast<std::size_t>(rows());
-  return align_up(slots_rows * static_cast<std::size_t>(shape.head_dim) * sizeof(float)) +
-         align_up(slots_rows * sizeof(float));
+  return partials_bytes(*this) + align_up(decode_bytes(*this));
 }
 
 CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
@@ -314,6 +483,29 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
     CascadeLevelPlan& lp = plan.levels[l];
     lp.num_segments = lv.num_segments;
     lp.has_pages = lv.page_indptr[lv.num_segments] > 0;
+    if (decode_eligible(shape, lv, l, num_levels, options, tuning)) {
+      DecodeProblem dp;
+      dp.batch = shape.batch;
+      dp.q_len = shape.q_len;
+      dp.heads_q = shape.heads_q;
+      dp.heads_kv = shape.heads_kv;
+      dp.head_dim = shape.head_dim;
+      dp.q_dtype = shape.dtype;
+      dp.kv_dtype = shape.dtype;
+      DecodeOptions dopt;
+      dopt.scale = plan.scale;
+      plan.last_decode = plan_decode(dp, lv.seg_lens, dopt, num_sms);
+      lp.decode = true;
+      lp.tile_rows = 16;
+      lp.max_tiles = plan.last_decode.row_tiles;
+      lp.chunk = plan.last_decode.splits.policy == SplitPolicy::kFixedSize
+                     ? plan.last_decode.splits.split_size
+                     : 0;
+      lp.max_splits = plan.last_decode.splits.max_splits;
+      lp.slot_offset = static_cast<int>(slots);
+      slots += 1;  // the decode merges its own splits: one state per row
+      continue;
+    }
     std::int64_t max_rows = 0, max_len = 0;
     for (std::int64_t s = 0; s < lv.num_segments; ++s) {
       const std::int64_t rows = (lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req;
@@ -336,10 +528,21 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
     // head_dim 64 run on mma.sync
     lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 &&
                shape.head_dim == 128 && shape.dtype == DType::kBF16;
+    // the warp-specialised kernel holds one CTA per SM, the cp.async kernels one of 128 rows
+    // or two of fewer
+    const bool ws = ws_level(shape, lp);
+    const int ctas_per_sm = ws || lp.tile_rows >= 128 ? 1 : 2;
+    // splits of whole KV tiles of the kernel (128 keys for the warp-specialised 128-key tiles)
+    const int v = ws_variant();
+    const std::int64_t granule =
+        ws && v != static_cast<int>(kernels::CascadeWsVariant::kKv64) &&
+                v != static_cast<int>(kernels::CascadeWsVariant::kKv64Turns)
+            ? 2 * kKvTile
+            : kKvTile;
     lp.chunk = tuning.chunk != 0 ? tuning.chunk
                                  : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments, max_len,
-                                                shape.heads_kv, lp.tile_rows, num_sms, plan.rows(),
-                                                shape.head_dim);
+                                                shape.heads_kv, ctas_per_sm, num_sms, plan.rows(),
+                                                shape.head_dim, granule);
     lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
     lp.slot_offset = static_cast<int>(slots);
     slots += lp.max_splits;

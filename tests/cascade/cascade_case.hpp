@@ -43,6 +43,9 @@ struct CaseSpec {
   float q_amp = 1.f;    ///< Queries uniform in [-q_amp, q_amp].
   int page_pad = 0;     ///< Extra elements between pages (a multiple of 8).
   int extra_pages = 3;  ///< Unused pages in the pool (random garbage).
+  /// NaN in every pool element no key of the problem owns: the slots past each segment's end
+  /// in its last page, the padding between pages, the unused pages (none may ever be read).
+  bool nan_outside = false;
   std::uint64_t seed = 1;
   std::vector<std::vector<SegmentSpec>> levels;  ///< Level-major segment lists.
 };
@@ -146,10 +149,29 @@ struct CascadeCase {
     v.resize(k.size());
     for (float& x : k) x = uni(rng);
     for (float& x : v) x = uni(rng);
+    if (s.nan_outside) poison_outside();
     q_raw = encode(q, s.dtype);
     k_raw = encode(k, s.dtype);
     v_raw = encode(v, s.dtype);
     compute_reference();
+  }
+
+  /// Sets to NaN every K/V element that belongs to no key of the problem (see
+  /// `CaseSpec::nan_outside`).
+  void poison_outside() {
+    std::vector<char> owned(static_cast<std::size_t>(k.size()), 0);
+    for (const HostLevel& h : levels)
+      for (std::size_t sg = 0; sg < h.seg_lens.size(); ++sg)
+        for (std::int64_t j = 0; j < h.seg_lens[sg]; ++j) {
+          const std::int64_t page = h.page_indices[h.page_indptr[sg] + j / spec.page_size];
+          for (int hk = 0; hk < spec.heads_kv; ++hk) {
+            const std::int64_t o = page * page_elems + in_page(j % spec.page_size, hk);
+            std::fill(owned.begin() + o, owned.begin() + o + spec.head_dim, 1);
+          }
+        }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (std::size_t i = 0; i < owned.size(); ++i)
+      if (!owned[i]) k[i] = v[i] = nan;
   }
 
   std::int64_t tokens() const { return batch * spec.q_len; }

@@ -28,8 +28,8 @@ using attnstate_test::CaseSpec;
 using attnstate_test::GpuCascade;
 using attnstate_test::SegmentSpec;
 
-/// Runs the case with the automatic plan and again with every level on `mma.sync` (the two
-/// tensor-core kernels), both against the reference.
+/// Runs the case with the automatic plan (a unique last level on the split-KV decode) and again
+/// with every level on the `mma.sync` level kernel, both against the reference.
 ::testing::AssertionResult gpu_matches(const CaseSpec& s, DType out = DType::kF32,
                                        LseBase base = LseBase::kNatural,
                                        CascadeTuning tuning = {}) {
@@ -38,6 +38,7 @@ using attnstate_test::SegmentSpec;
                                                      attnstate::cuda::CascadeKernel::kMma};
   for (int i = 0; i < (tuning.kernel == attnstate::cuda::CascadeKernel::kMma ? 1 : 2); ++i) {
     tuning.kernel = kernels[i];
+    if (i == 1) tuning.decode_last_level = false;
     GpuCascade g(c, out, base, tuning);
     g.run();
     const ::testing::AssertionResult r = g.check(c);
@@ -51,6 +52,52 @@ using attnstate_test::SegmentSpec;
 TEST(CudaCascade, TwoLevelsSharedPrefixMatchesConcatenation) {
   ATTNSTATE_REQUIRE_GPU();
   EXPECT_TRUE(gpu_matches(attnstate_test::two_level_spec(6, 100, 37, 11)));
+}
+
+TEST(CudaCascade, UniqueLastLevelRunsOnTheDecodeAndMatches) {
+  // The unique suffixes run on the split-KV decode (one split and several, f16 and bf16, q_len 1
+  // and causal q_len 3, group 1 and 8) and give the same answer as the level kernels (both
+  // against the reference); a last level shared by two requests, or non-causal new tokens, keeps
+  // the level kernel.
+  ATTNSTATE_REQUIRE_GPU();
+  struct Shape {
+    int q_len, heads_q, heads_kv;
+    DType dtype;
+    int suffix;
+  };
+  for (const Shape& sh : {Shape{1, 32, 4, DType::kBF16, 37}, Shape{3, 8, 1, DType::kF16, 900},
+                          Shape{1, 8, 8, DType::kBF16, 3000}, Shape{2, 16, 2, DType::kBF16, 16}}) {
+    CaseSpec s = attnstate_test::two_level_spec(5, 200, sh.suffix, 91 + sh.suffix);
+    s.q_len = sh.q_len;
+    s.heads_q = sh.heads_q;
+    s.heads_kv = sh.heads_kv;
+    s.dtype = sh.dtype;
+    CascadeCase c(s);
+    for (bool on : {true, false}) {
+      CascadeTuning t;
+      t.decode_last_level = on;
+      GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+      EXPECT_EQ(g.plan.levels[1].decode, on) << "suffix " << sh.suffix;
+      EXPECT_FALSE(g.plan.levels[0].decode);
+      g.run();
+      EXPECT_TRUE(g.check(c)) << "decode " << on << " q_len " << sh.q_len << " suffix "
+                              << sh.suffix;
+    }
+  }
+  CaseSpec shared;
+  shared.seed = 5;
+  shared.levels = {{{4, 64}}, {{2, 33}, {2, 40}}};
+  CascadeCase c(shared);
+  GpuCascade g(c, DType::kF32, LseBase::kNatural);
+  EXPECT_FALSE(g.plan.levels[1].decode);
+  CaseSpec acausal = attnstate_test::two_level_spec(3, 64, 20, 6);
+  acausal.q_len = 2;
+  acausal.causal = false;
+  CascadeCase ca(acausal);
+  GpuCascade ga(ca, DType::kF32, LseBase::kNatural);
+  EXPECT_FALSE(ga.plan.levels[1].decode);
+  ga.run();
+  EXPECT_TRUE(ga.check(ca));
 }
 
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
@@ -191,6 +238,30 @@ TEST(CudaCascade, F16HeadDim64CausalGroup8InA128RowTile) {
   t.tile_rows = 128;
   t.chunk = 192;
   EXPECT_TRUE(gpu_matches(s, DType::kBF16, LseBase::kNatural, t));
+}
+
+TEST(CudaCascade, KeysPastSegmentEndsAreNeverRead) {
+  // NaN in every pool element that is no key of the problem (slots past a segment's end in its
+  // last page, the padding between pages, unused pages): whole-page bulk copies must never let
+  // one into a result. Page sizes with and without a bulk-copy box, NHD and padded HND, tiles
+  // of 64 and 128 rows, splits of many KV tiles (the stage ring wraps) and of one.
+  ATTNSTATE_REQUIRE_GPU();
+  for (int ps : {16, 32, 64, 128, 7})
+    for (auto layout : {attnstate::KvLayout::kNHD, attnstate::KvLayout::kHND})
+      for (int batch : {40, 13}) {
+        CaseSpec s = attnstate_test::two_level_spec(batch, 1000 + 3 * ps, 23, 300 + ps + batch);
+        s.page_size = ps;
+        s.layout = layout;
+        s.page_pad = layout == attnstate::KvLayout::kHND ? 8 : 0;
+        s.nan_outside = true;
+        for (int chunk : {0, 2048}) {
+          CascadeTuning t;
+          t.chunk = chunk;
+          EXPECT_TRUE(gpu_matches(s, DType::kF32, LseBase::kNatural, t))
+              << "page_size " << ps << " layout " << static_cast<int>(layout) << " batch " << batch
+              << " chunk " << chunk;
+        }
+      }
 }
 
 TEST(CudaCascade, AgreesWithTheCpuCascade) {

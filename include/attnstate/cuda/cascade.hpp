@@ -10,16 +10,27 @@
 /// of query rows and one KV split of the segment. The rows of a tile are the queries of ALL the
 /// requests sharing the segment (requests × new tokens × the GQA group's query heads), so each
 /// page of a shared segment is read from memory once per tile, not once per request. `QKᵀ` and
-/// `PV` run on tensor cores: Hopper `wgmma` (bf16, tiles of 64/128 rows, head_dim 128, sm_90) or
-/// `mma.sync` m16n8k16 (every other case); bf16/f16 operands, fp32 accumulation, the
-/// probabilities rounded to the KV dtype as the `PV` operand. KV tiles of 64 tokens stream through
-/// a 2- or 3-stage `cp.async` pipeline whose page ids are fetched a tile ahead. Levels after the
-/// first are programmatic dependent launches, so a memory-bound level (unique suffixes) runs
-/// beside a compute-bound one (a long shared prefix). Each CTA writes a partial state (o, base-2
-/// lse) in fp32 to the workspace; one merge launch then folds every level's and every split's
-/// partial state of a row with the library's max-subtracted merge (`math::merge_weight` /
-/// `merge_finalize`, the numerics of `cuda::merge_states`) and writes the output in its dtype and
-/// base. No floating-point atomics: results are bitwise repeatable for a given plan.
+/// `PV` run on tensor cores, bf16/f16 operands, fp32 accumulation, the probabilities rounded to
+/// the KV dtype as the `PV` operand:
+/// - bf16, head_dim 128, tiles of 64/128 rows on sm_90, page sizes with a bulk-copy box (8, 16,
+///   32, 64 or a multiple of 64): a warp-specialised Hopper kernel. A producer warp streams
+///   128-key K/V tiles with bulk tensor copies (TMA) into a 3-stage ring guarded by mbarriers;
+///   two consumer warpgroups of 64 rows each issue `wgmma` QKᵀ for one tile and PV for the
+///   previous one back to back, so the softmax of a tile overlaps the tensor cores; P stays in
+///   registers. A split's last, partial tile is copied with `cp.async`, zero-filled past the
+///   segment's end, so no key beyond a segment is read.
+/// - otherwise `wgmma` or `mma.sync` m16n8k16 kernels fed by a 2- or 3-stage `cp.async` pipeline
+///   of 64-key tiles whose page ids are fetched a tile ahead.
+/// - a last level whose segments each belong to one request (the unique suffixes) runs on the
+///   library's split-KV decode (`run_decode`, see decode.hpp), whose state goes to the level's
+///   workspace slot (see `CascadeTuning::decode_last_level`).
+///
+/// Levels after the first are programmatic dependent launches where the level kernel allows it.
+/// Each level writes partial states (o, base-2 lse) in fp32 to the workspace; one merge launch
+/// then folds every level's and every split's partial state of a row with the library's
+/// max-subtracted merge (`math::merge_weight` / `merge_finalize`, the numerics of
+/// `cuda::merge_states`) and writes the output in its dtype and base. No floating-point atomics:
+/// results are bitwise repeatable for a given plan.
 ///
 /// Device lengths may differ from the planned ones (e.g. a graph replayed as suffixes grow):
 /// the split of a segment is derived on the device from its device length (the last split takes
@@ -35,6 +46,7 @@
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/cascade.hpp"
+#include "attnstate/cuda/decode.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -60,11 +72,17 @@ enum class CascadeKernel : std::uint8_t {
                ///< 128); other levels use `mma.sync`.
 };
 
-/// Overrides of the plan's choices (0 = automatic); for tests and tuning.
+/// Overrides of the plan's choices (0 = automatic); for tests and tuning. `tile_rows`, `chunk`
+/// and `kernel` apply to the levels that run on cascade level kernels, not to a last level that
+/// runs on the split-KV decode (which plans its own splits).
 struct CascadeTuning {
   int tile_rows = 0;                            ///< Query rows per CTA tile: 16, 64 or 128.
   int chunk = 0;                                ///< KV tokens per split, a positive multiple of 64.
   CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
+  /// Run a last level whose segments each belong to one request (segment `b` to request `b`)
+  /// with the library's split-KV decode (`run_decode`) instead of a cascade level kernel; it
+  /// applies when the new tokens are causal or `q_len == 1`.
+  bool decode_last_level = true;
 };
 
 /// What the plan chose for one level.
@@ -72,11 +90,13 @@ struct CascadeLevelPlan {
   std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
   int tile_rows = 0;              ///< Query rows per CTA tile (16, 64 or 128).
   int max_tiles = 0;              ///< Most row tiles of any segment.
-  int chunk = 0;                  ///< KV tokens per split (a multiple of 64).
+  int chunk = 0;                  ///< KV tokens per split (a multiple of 64; a decode level:
+                                  ///< the decode's split size, a multiple of 16).
   int max_splits = 0;             ///< Most splits of any segment (planned lengths).
   int slot_offset = 0;            ///< First workspace slot of this level's partial states.
   bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
   bool wgmma = false;             ///< Use the `wgmma` kernel (on an sm_90 device).
+  bool decode = false;            ///< Runs on the split-KV decode (`CascadePlan::last_decode`).
 };
 
 /// A cascade plan: everything `run_cascade` needs besides the tensors (a small host value).
@@ -94,10 +114,14 @@ struct CascadePlan {
   /// Fetch each KV tile's page ids one tile ahead of its copies (hides the page-table latency).
   bool prefetch_pages = true;
 
+  /// The decode plan of the last level when it runs on the split-KV decode (see
+  /// `CascadeTuning::decode_last_level`); its workspace follows the partial states.
+  DecodePlan last_decode;
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
   /// Bytes of device workspace `run_cascade` needs: fp32 partial states
-  /// `(num_slots, rows, head_dim)` and their LSEs `(num_slots, rows)`, 256-byte aligned sections.
+  /// `(num_slots, rows, head_dim)` and their LSEs `(num_slots, rows)`, then the workspace of
+  /// `last_decode` when the last level runs on the decode; 256-byte aligned sections.
   std::size_t workspace_bytes() const;
 };
 

@@ -14,6 +14,7 @@
 #include "attnstate/cuda/check.hpp"
 #include "cuda/kernels/cascade_level.cuh"
 #include "cuda/kernels/cascade_level_wgmma.cuh"
+#include "cuda/kernels/cascade_level_ws.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -35,6 +36,20 @@ void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int h
 /// Launches the f16 level kernel (defined in cascade_level_f16.cu).
 void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                               dim3 grid, bool pdl, cudaStream_t stream);
+
+/// Warp-specialised level kernel variants (bf16, head_dim 128; tiles of 64 or 128 rows).
+enum class CascadeWsVariant : int {
+  kKv128 = 1,       ///< KV tiles of 128 keys, 3 stages; warpgroups issue freely (the default).
+  kKv128Turns = 2,  ///< kKv128 with the two warpgroups issuing in turns (ping-pong).
+  kKv64 = 3,        ///< KV tiles of 64 keys, 4 stages; warpgroups issue freely.
+  kKv64Turns = 4,   ///< kKv64 with the two warpgroups issuing in turns.
+};
+
+/// Launches the warp-specialised bf16 level kernel (defined in cascade_level_ws_bf16.cu):
+/// `maps` the pool's tensor maps (boxes of `p.tma_box` keys), `tile_rows` 64 or 128.
+void launch_cascade_level_ws_bf16(const CascadeLevelParams& p, const CascadeTmaMaps& maps,
+                                  int tile_rows, CascadeWsVariant variant, dim3 grid, bool pdl,
+                                  cudaStream_t stream);
 
 /// Launches `kernel` on `stream`; with `pdl` as a programmatic dependent launch (it may start
 /// while the previous kernel of the stream runs; see detail::PdlScope).
@@ -84,6 +99,8 @@ void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wg
   }
   switch (tile_rows) {
     case 16:
+      if (p.small_stages == 3)
+        return launch_cascade_tile<T, CascadeTile<D, 1, 4, 3, 2>>(p, grid, pdl, stream);
       return launch_cascade_tile<T, CascadeTile<D, 1, 4, 2, 4>>(p, grid, pdl, stream);
     case 64:
       return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, pdl, stream);

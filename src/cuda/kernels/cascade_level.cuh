@@ -50,6 +50,9 @@ struct CascadeLevelParams {
   float* ws_lse;                       ///< Partial base-2 LSEs `(slots, rows_total)`.
   std::int64_t rows_total;             ///< `batch · q_len · heads_q`.
   int slot_offset;                     ///< This level's first slot.
+  int tma_box;       ///< Warp-specialised kernel: keys per bulk-copy box (divides 64 and pages).
+  int ws_pingpong;   ///< Warp-specialised kernel: 1 to alternate the warpgroups' matrix products.
+  int small_stages;  ///< cp.async stages of the 16-row tile (2 or 3).
 };
 
 namespace detail {
@@ -194,16 +197,19 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   if (seg >= p.num_segments) return;
 
   // --- the segment's requests, rows, pages and this split's keys (clamped: never out of bounds)
-  const int r0 = min(max(p.request_indptr[seg], 0), p.batch);
-  const int r1 = min(max(p.request_indptr[seg + 1], r0), p.batch);
+  // (the five level-array loads first: one memory round trip, not a chain of them)
+  const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
+  const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
+  const int r0 = min(max(ri0, 0), p.batch);
+  const int r1 = min(max(ri1, r0), p.batch);
   const int rows_per_req = p.q_len * p.group;
   const int nrows = (r1 - r0) * rows_per_req;
   const int row0 = tile * BM;
   if (row0 >= nrows) return;
-  const int pbeg = max(p.page_indptr[seg], 0);
-  const int npages = max(p.page_indptr[seg + 1] - pbeg, 0);
-  const int len = static_cast<int>(min(static_cast<std::int64_t>(max(p.seg_lens[seg], 0)),
-                                       static_cast<std::int64_t>(npages) * p.page_size));
+  const int pbeg = max(pi0, 0);
+  const int npages = max(pi1 - pbeg, 0);
+  const int len = static_cast<int>(
+      min(static_cast<std::int64_t>(max(sl0, 0)), static_cast<std::int64_t>(npages) * p.page_size));
   const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
   const int last = max(nsplit, 1) - 1;
   if (split > last) return;

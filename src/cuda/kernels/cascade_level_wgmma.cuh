@@ -243,16 +243,19 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   const int seg = x / p.max_tiles;
   if (seg >= p.num_segments) return;
 
-  const int r0 = min(max(p.request_indptr[seg], 0), p.batch);
-  const int r1 = min(max(p.request_indptr[seg + 1], r0), p.batch);
+  // (the five level-array loads first: one memory round trip, not a chain of them)
+  const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
+  const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
+  const int r0 = min(max(ri0, 0), p.batch);
+  const int r1 = min(max(ri1, r0), p.batch);
   const int rows_per_req = p.q_len * p.group;
   const int nrows = (r1 - r0) * rows_per_req;
   const int row0 = tile * BM;
   if (row0 >= nrows) return;
-  const int pbeg = max(p.page_indptr[seg], 0);
-  const int npages = max(p.page_indptr[seg + 1] - pbeg, 0);
-  const int len = static_cast<int>(min(static_cast<std::int64_t>(max(p.seg_lens[seg], 0)),
-                                       static_cast<std::int64_t>(npages) * p.page_size));
+  const int pbeg = max(pi0, 0);
+  const int npages = max(pi1 - pbeg, 0);
+  const int len = static_cast<int>(
+      min(static_cast<std::int64_t>(max(sl0, 0)), static_cast<std::int64_t>(npages) * p.page_size));
   const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
   const int last = max(nsplit, 1) - 1;
   if (split > last) return;

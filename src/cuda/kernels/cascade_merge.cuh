@@ -36,7 +36,7 @@ template <int D, class TOut>
 __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
     cascade_merge_kernel(const CascadeMergeParams p) {
   constexpr int kPer = D / 32;  // elements per lane
-  constexpr int kUnroll = 4;    // partial states whose loads are in flight together
+  constexpr int kUnroll = 8;    // partial states whose loads are in flight together
   const int lane = threadIdx.x & 31;
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kCascadeMergeWarps + (threadIdx.x >> 5);

@@ -1,0 +1,463 @@
+/// @file cascade_level_ws.cuh
+/// @brief The warp-specialised cascade level kernel (sm_90a, bf16, head_dim 128): the work and
+///        the results of cascade_level_wgmma.cuh (one CTA = a tile of stacked query rows × one KV
+///        split of a segment, online softmax in fp32, the partial state to the workspace), laid
+///        out as a FlashAttention-3 style pipeline. One producer warp fills a ring of K/V stages
+///        with bulk tensor copies (TMA, one box per page granule, completing on the stage's
+///        "full" mbarrier); one or two consumer warpgroups of 64 rows each wait on "full",
+///        issue `QKᵀ` of tile t and `PV` of tile t-1 back to back (`wgmma`, queries and
+///        probabilities from registers), run the softmax of tile t while `PV` runs on the tensor
+///        cores, and release the stage on its "empty" mbarrier; with two warpgroups one's
+///        softmax overlaps the other's matrix products (optionally in strict turns through named
+///        barriers, `ws_pingpong`). No block-wide barrier in the main loop.
+///
+///        Numerics as everywhere in the library: fp32 scores and accumulators, max-subtracted
+///        base-2 online softmax (`math::OnlineSoftmax`), the accumulator rescaled before each
+///        tile's `PV` exactly as in the sequential loop, probabilities rounded to bf16 as the `PV`
+///        operand. The last, partial tile of a split is copied with `cp.async` and its keys past
+///        the end zero-filled, so nothing past a segment's length is ever read as a factor.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/kernels/cascade_async_ops.cuh"
+#include "cuda/kernels/cascade_level_wgmma.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+
+/// The tensor maps of a pool's K and V, seen as 4-D tensors with strides growing from dim 0 to 3:
+/// `(head_dim, KV head, slot in page, page)` for NHD pages, `(head_dim, slot, KV head, page)` for
+/// HND; boxes of 64 × `tma_box` slots × 1 × 1 elements, written 128-byte swizzled.
+struct CascadeTmaMaps {
+  CUtensorMap k;  ///< K pool.
+  CUtensorMap v;  ///< V pool.
+};
+
+/// Tile configuration: `NWG` consumer warpgroups of 64 rows, `BN` keys per KV tile, `Stages`
+/// K/V stages in the ring; head_dim 128.
+template <int NWG_, int BN_, int Stages_>
+struct CascadeWsTile {
+  static constexpr int D = 128;
+  static constexpr int NWG = NWG_;
+  static constexpr int BM = 64 * NWG;  ///< Query rows per CTA.
+  static constexpr int BN = BN_;       ///< Keys per KV tile.
+  static constexpr int kStages = Stages_;
+  static constexpr int kConsumers = 128 * NWG;
+  /// + one producer warpgroup (one warp copies; its registers go to the consumers).
+  static constexpr int kThreads = kConsumers + 128;
+  /// Registers per thread after `setmaxnreg`: the launch gives every thread
+  /// 65536 / kThreads (rounded down to 8); the producer warpgroup drops to kProducerRegs and the
+  /// consumers take the rest.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs =
+      ((65536 / kThreads / 8 * 8 * kThreads - 128 * kProducerRegs) / kConsumers) / 8 * 8 > 240
+          ? 240
+          : ((65536 / kThreads / 8 * 8 * kThreads - 128 * kProducerRegs) / kConsumers) / 8 * 8;
+  static constexpr int kTileBytes = BN * D * 2;  ///< One K (or V) tile in shared memory.
+  /// Dynamic shared memory: 1 KiB of alignment slack, Q, the K and V rings, the mbarriers.
+  static constexpr int smem_bytes() {
+    return 1024 + BM * D * 2 + 2 * kStages * kTileBytes + 2 * kStages * 8;
+  }
+  static_assert(BN == 64 || BN == 128, "KV tile of 64 or 128 keys");
+  static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
+};
+
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. Threads: the
+/// consumer warpgroups first, the producer warpgroup last (with two consumer warpgroups the
+/// registers move from the producer to the consumers with `setmaxnreg`).
+template <class Tile>
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    cascade_level_ws_kernel(const CascadeLevelParams p, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = __nv_bfloat16;
+  using Wg = detail::WsWgmmaBf16;
+  constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN, NWG = Tile::NWG;
+  constexpr int kStages = Tile::kStages, kConsumers = Tile::kConsumers;
+  constexpr int kChunks = D / 8;
+  constexpr std::uint32_t kTileBytes = Tile::kTileBytes;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem_al = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
+  T* s_q = reinterpret_cast<T*>(smem_al);
+  T* s_k = s_q + BM * D;
+  T* s_v = s_k + kStages * BN * D;
+  const std::uint32_t k_smem = detail::smem_u32(s_k), v_smem = detail::smem_u32(s_v);
+  // mbarriers, kStages × 8 bytes each: a stage's K and V landed ("full"), were read ("empty")
+  const std::uint32_t full0 = detail::smem_u32(s_v + kStages * BN * D);
+  const std::uint32_t empty0 = full0 + kStages * 8;
+
+  const detail::PdlScope pdl;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int h_kv = blockIdx.y;
+  int x = blockIdx.x;
+  const int split = x % p.max_splits;
+  x /= p.max_splits;
+  const int tile = x % p.max_tiles;
+  const int seg = x / p.max_tiles;
+  if (seg >= p.num_segments) return;
+
+  // --- the segment's requests, rows, pages and this split's keys (clamped: never out of bounds)
+  // (the five level-array loads first: one memory round trip, not a chain of them)
+  const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
+  const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
+  const int r0 = min(max(ri0, 0), p.batch);
+  const int r1 = min(max(ri1, r0), p.batch);
+  const int rows_per_req = p.q_len * p.group;
+  const int nrows = (r1 - r0) * rows_per_req;
+  const int row0 = tile * BM;
+  if (row0 >= nrows) return;
+  const int pbeg = max(pi0, 0);
+  const int npages = max(pi1 - pbeg, 0);
+  const int len = static_cast<int>(
+      min(static_cast<std::int64_t>(max(sl0, 0)), static_cast<std::int64_t>(npages) * p.page_size));
+  const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
+  const int last = max(nsplit, 1) - 1;
+  if (split > last) return;
+  const int kv_begin = nsplit == 0 ? 0 : split * p.chunk;
+  const int kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
+  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+
+  const T* q = static_cast<const T*>(p.q);
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      detail::mbar_init(full0 + 8 * s, 1);
+      detail::mbar_init(empty0 + 8 * s, 4 * NWG);
+    }
+    detail::fence_mbar_init();
+  }
+  // --- queries → shared memory: each consumer warpgroup copies its own 64 rows (zero past the
+  // segment's rows)
+  if (tid < kConsumers) {
+    const int wg = tid >> 7, t = tid & 127;
+    for (int i = t; i < 64 * kChunks; i += 128) {
+      const int r = wg * 64 + i / kChunks, c = i % kChunks;
+      const int R = row0 + r;
+      const T* src = q;
+      int bytes = 0;
+      if (R < nrows) {
+        const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+        const int tt = rem / p.group, g = rem % p.group;
+        src = q + req * p.q_stride_b + tt * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h +
+              c * 8;
+        bytes = 16;
+      }
+      detail::cp_async16(detail::smem_u32(s_q + detail::swz<D>(r, c)), src, bytes);
+    }
+    detail::cp_async_commit();
+  }
+  __syncthreads();  // the mbarriers are initialised
+
+  if (warp >= 4 * NWG) {
+    // ================= producer warpgroup: one warp fills the K/V ring =================
+    if constexpr (NWG == 2) detail::setmaxnreg_dec<Tile::kProducerRegs>();
+    if (warp != 4 * NWG || n_tiles == 0) return;
+    const T* kpool = static_cast<const T*>(p.k);
+    const T* vpool = static_cast<const T*>(p.v);
+    const int G = p.tma_box;        // keys per box: divides BN and the page size (or is 64)
+    const int nb = BN / G;          // boxes per tile (a power of two ≤ 16)
+    const int nops = 2 * nb;        // two 64-wide halves of head_dim × boxes, for K and for V
+    const int b = lane & (nb - 1);  // the box this lane copies (the same for all its ops)
+    const int per_win = 32 / nb;    // tiles per window of 32 boxes
+    if (lane == 0) {
+      detail::tma_prefetch_map(&tm_k);
+      detail::tma_prefetch_map(&tm_v);
+    }
+    // page ids by windows of 32 boxes, one per lane, loaded a window ahead of their copies
+    auto load_window = [&](int w) {
+      const int j = kv_begin + (w * 32 + lane) * G;
+      std::int64_t pg = 0;
+      if (j < kv_end) pg = p.page_indices[pbeg + detail::page_of(p, j)];
+      pg = pg < 0 ? 0 : (pg >= p.num_pages ? p.num_pages - 1 : pg);
+      return static_cast<int>(pg);
+    };
+    int win_cur = load_window(0);
+    int win_next = load_window(1);
+    for (int kt = 0; kt < n_tiles; ++kt) {
+      const int st = kt % kStages;
+      if (kt > 0 && kt % per_win == 0) {
+        win_cur = win_next;
+        win_next = load_window(kt / per_win + 1);
+      }
+      if (kt >= kStages) detail::mbar_wait(empty0 + 8 * st, ((kt / kStages) - 1) & 1);
+      const std::uint32_t full = full0 + 8 * st;
+      const int j0 = kv_begin + kt * BN;
+      if (j0 + BN <= kv_end) {
+        // a whole tile: nops boxes of K, then of V; one mbarrier transaction of K + V bytes
+        if (lane == 0) detail::mbar_arrive_expect_tx(full, 2 * kTileBytes);
+        __syncwarp();
+        const int page = __shfl_sync(0xffffffffu, win_cur, (kt % per_win) * nb + b);
+        const int slot = detail::slot_of(p, j0 + b * G);
+        const int c1 = p.hnd ? slot : h_kv, c2 = p.hnd ? h_kv : slot;
+        const std::uint32_t box = st * kTileBytes + b * G * 128;
+        for (int idx = lane; idx < nops; idx += 32) {
+          const int half = idx / nb;
+          detail::tma_load_4d(k_smem + box + half * (BN * 128), &tm_k, full, half * 64, c1, c2,
+                              page);
+        }
+        for (int idx = lane; idx < nops; idx += 32) {
+          const int half = idx / nb;
+          detail::tma_load_4d(v_smem + box + half * (BN * 128), &tm_v, full, half * 64, c1, c2,
+                              page);
+        }
+      } else {
+        // the split's last, partial tile: cp.async, keys past the end zero-filled
+        const std::uint32_t dk = k_smem + st * kTileBytes, dv = v_smem + st * kTileBytes;
+        for (int r = lane; r < BN; r += 32) {
+          const int j = j0 + r;
+          std::int64_t off = 0;
+          int bytes = 0;
+          if (j < kv_end) {
+            std::int64_t page = p.page_indices[pbeg + detail::page_of(p, j)];
+            page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+            const int sl = detail::slot_of(p, j);
+            off = page * p.page_elems +
+                  (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
+                         : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
+                      D;
+            bytes = 16;
+          }
+#pragma unroll 4
+          for (int c = 0; c < kChunks; ++c) {
+            const std::uint32_t o = 2 * detail::swz128<BN>(r, c);
+            detail::cp_async16(dk + o, kpool + off + c * 8, bytes);
+            detail::cp_async16(dv + o, vpool + off + c * 8, bytes);
+          }
+        }
+        detail::cp_async_commit();
+        detail::cp_async_wait<0>();
+        detail::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
+        __syncwarp();
+        if (lane == 0) detail::mbar_arrive(full);
+      }
+    }
+    return;
+  }
+
+  // ================= consumer warpgroups =================
+  if constexpr (NWG == 2) detail::setmaxnreg_inc<Tile::kConsumerRegs>();
+  const int wg = warp >> 2, wl = warp & 3;
+  detail::cp_async_wait<0>();
+  detail::named_sync(1 + wg, 128);  // this warpgroup's query rows are in shared memory
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int r = wg * 64 + wl * 16 + (lane & 15);
+    const int c = ks * 2 + (lane >> 4);
+    detail::ldmatrix_x4(qf[ks], detail::smem_u32(s_q + detail::swz<D>(r, c)));
+  }
+
+  // per-thread rows: lane/4 and lane/4 + 8 of the warp's 16; their key limits (causal)
+  int limit[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = row0 + wg * 64 + wl * 16 + (lane >> 2) + rr * 8;
+    limit[rr] = kv_end;
+    if (p.causal_tail && R < nrows) {
+      const int t = (R % rows_per_req) / p.group;
+      limit[rr] = min(kv_end, len - (p.q_len - 1 - t));
+    }
+  }
+  const int limit_min = min(limit[0], limit[1]);
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  math::OnlineSoftmax os[2];
+  float alpha[2] = {1.f, 1.f};
+  float s[BN / 8][4];
+  std::uint32_t pf[BN / 16][4];
+
+  // S = Q Kᵀ of the tile in stage `st` (64 rows × BN keys), committed as one wgmma group
+  auto issue_s = [&](int st) {
+    const std::uint32_t kb = k_smem + st * kTileBytes;
+    detail::fence_regs(s);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const std::uint64_t desc =
+          detail::wgmma_desc(kb + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+      if constexpr (BN == 64) {
+        if (ks == 0)
+          Wg::mma_s64<0>(s, qf[ks], desc);
+        else
+          Wg::mma_s64<1>(s, qf[ks], desc);
+      } else {
+        if (ks == 0)
+          Wg::mma_s128<0>(s, qf[ks], desc);
+        else
+          Wg::mma_s128<1>(s, qf[ks], desc);
+      }
+    }
+    detail::wgmma_commit();
+  };
+  // O += P V of the tile in stage `st`, committed as one wgmma group
+  auto issue_pv = [&](int st) {
+    const std::uint32_t vb = v_smem + st * kTileBytes;
+    detail::fence_regs(acc);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wg::mma_o128<1>(acc, pf[kk], detail::wgmma_desc(vb + kk * 16 * 128, BN * 128, 1024));
+    detail::wgmma_commit();
+  };
+  // scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities); returns
+  // whether some row of the warp moved its max (the accumulator then needs `alpha`)
+  auto softmax = [&](int kt) {
+    const int t0 = kv_begin + kt * BN;
+    const int jb = t0 + 2 * (lane & 3);
+    const bool masked = t0 + BN > limit_min;
+    bool moved = false;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float bmax = math::neg_inf();
+      if (masked) {
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv = jb + n * 8 + e < limit[rr] ? sv * p.s2_scale : math::neg_inf();
+            bmax = fmaxf(bmax, sv);
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv *= p.s2_scale;
+            bmax = fmaxf(bmax, sv);
+          }
+      }
+      // (a NaN score is left out of the max but its probability is NaN: the row still ends NaN)
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+      alpha[rr] = os[rr].rescale(bmax);
+      moved |= alpha[rr] != 1.f;
+      // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
+      const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
+      float psum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sv = s[n][2 * rr + e];
+          sv = exp2f(sv - m);
+          psum += sv;
+        }
+      os[rr].add(psum);
+    }
+    return __any_sync(0xffffffffu, moved);
+  };
+  // the probabilities in `s` → bf16 A fragments of PV
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pf[kk][0] = detail::MmaType<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = detail::MmaType<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = detail::MmaType<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = detail::MmaType<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  };
+  auto rescale_acc = [&] {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+  };
+
+  if (n_tiles > 0) {
+    // Ping-pong: warpgroup w issues its products after barrier 3 + w, then lets the other go.
+    const bool pp = NWG == 2 && p.ws_pingpong != 0 && n_tiles >= 2;
+    if (pp && wg == 1) detail::named_arrive(3, 2 * 128);  // warpgroup 0 goes first
+    // tile 0: S, softmax (the accumulator is still 0: no rescale)
+    detail::mbar_wait(full0, 0);
+    issue_s(0);
+    detail::wgmma_wait<0>();
+    detail::fence_regs(s);
+    softmax(0);
+    pack_p();
+    bool resc = false;
+    for (int kt = 1; kt < n_tiles; ++kt) {
+      const int st = kt % kStages, stp = (kt - 1) % kStages;
+      detail::mbar_wait(full0 + 8 * st, (kt / kStages) & 1);
+      if (pp) detail::named_sync(3 + wg, 2 * 128);
+      issue_s(st);              // S_t = Q K_tᵀ
+      if (resc) rescale_acc();  // O *= alpha_{t-1}
+      issue_pv(stp);            // O += P_{t-1} V_{t-1}
+      // the other warpgroup's turn (warpgroup 1 gives no turn after its last products, so
+      // every arrival is matched by a wait)
+      if (pp && !(wg == 1 && kt == n_tiles - 1)) detail::named_arrive(3 + (wg ^ 1), 2 * 128);
+      detail::wgmma_wait<1>();  // S_t is done (PV still runs)
+      detail::fence_regs(s);
+      resc = softmax(kt);
+      detail::fence_regs(s);    // (ptxas still hoists the wait to where P packing may start)
+      detail::wgmma_wait<0>();  // PV_{t-1} is done: stage t-1 is free, P may be overwritten
+      detail::fence_regs(acc);
+      if (lane == 0) detail::mbar_arrive(empty0 + 8 * stp);
+      pack_p();
+    }
+    const int st = (n_tiles - 1) % kStages;
+    if (resc) rescale_acc();
+    issue_pv(st);
+    detail::wgmma_wait<0>();
+    detail::fence_regs(acc);
+    if (lane == 0) detail::mbar_arrive(empty0 + 8 * st);
+  }
+
+  // full row sums across the quad
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = os[rr].l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    os[rr].l = l;
+    // a NaN score whose row saw no other score: make the state NaN, not empty
+    if (os[rr].m == math::neg_inf() && l != l) os[rr].m = l;
+  }
+
+  // partial state → workspace slot (slot_offset + split); later slots of this segment are empty
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = row0 + wg * 64 + wl * 16 + (lane >> 2) + rr * 8;
+    if (R >= nrows) continue;
+    const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+    const int t = rem / p.group, g = rem % p.group;
+    const std::int64_t row =
+        (static_cast<std::int64_t>(req) * p.q_len + t) * p.heads_q + h_kv * p.group + g;
+    const float inv = os[rr].inv_sum();
+    float* dst = p.ws_o +
+                 (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
+                 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) =
+          make_float2(acc[n][2 * rr] * inv, acc[n][2 * rr + 1] * inv);
+    if ((lane & 3) == 0) {
+      p.ws_lse[static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row] =
+          os[rr].lse(LseBase::kBase2);
+      if (split == last)
+        for (int k = split + 1; k < p.max_splits; ++k)
+          p.ws_lse[static_cast<std::int64_t>(p.slot_offset + k) * p.rows_total + row] =
+              math::neg_inf();
+    }
+  }
+#endif
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate
