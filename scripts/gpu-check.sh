@@ -65,9 +65,15 @@ if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; the
       if [ $(( $(date +%s) - san_start )) -gt "${GPU_SAN_BUDGET:-420}" ]; then
         say "sanitizer $tool $name: NOT RUN (sanitizer time budget spent)"; continue
       fi
-      if RC_PARAMS="max_success=20" timeout "${GPU_SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$exe" \
-           --gtest_filter='-*Large*' >"$LOG/san-$tool-$name.log" 2>&1; then
+      RC_PARAMS="max_success=20" timeout "${GPU_SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$exe" \
+           --gtest_filter='-*Large*' >"$LOG/san-$tool-$name.log" 2>&1
+      rc=$?
+      if [ $rc = 0 ]; then
         say "sanitizer $tool $name: clean ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san-$tool-$name.log" | tail -1))"
+      elif [ $rc = 124 ]; then
+        # stopped by the time cap: not a pass; say how far it got and whether anything was reported
+        say "sanitizer $tool $name: TIMED OUT after ${GPU_SAN_TIMEOUT:-240} s ($(grep -c '^\[       OK' "$LOG/san-$tool-$name.log") tests done, $(grep -cE 'Invalid|hazard|Race reported' "$LOG/san-$tool-$name.log") errors reported); last: $(grep '^\[ RUN' "$LOG/san-$tool-$name.log" | tail -1)"
+        status=1
       else
         say "sanitizer $tool $name: FAILED"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|FAILED|hazard" "$LOG/san-$tool-$name.log" | head -10 | tee -a "$SUMMARY"; status=1
       fi
