@@ -1,9 +1,10 @@
 /// @file cascade_async_ops.cuh
-/// @brief Hopper building blocks of the warp-specialised cascade level kernel: shared-memory
-///        mbarriers (arrive / expect-tx / parity wait), the bulk tensor copy (TMA) of a 4-D box
-///        completing on an mbarrier, named barriers, and the bf16 `wgmma` shapes it issues
-///        (`m64n64k16` / `m64n128k16`, A from registers, the accumulator scale a template flag so
-///        the first k-step of a tile overwrites instead of adding).
+/// @brief Hopper building blocks of the cascade level kernels: shared-memory mbarriers (arrive /
+///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 4-D box completing on an
+///        mbarrier, named barriers, and the bf16 `wgmma` shapes (`m64n64k16` / `m64n128k16`, A
+///        from registers, the accumulator scale a template flag so the first k-step of a tile
+///        overwrites instead of adding), used by the warp-specialised kernel and by the bf16
+///        shapes of cascade_level_wgmma.cuh.
 #pragma once
 
 #include <cstdint>
