@@ -14,6 +14,7 @@
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "cpu/cascade_validate.hpp"
+#include "cuda/decode_prior.hpp"
 #include "cuda/kernels/cascade_launch.cuh"
 #include "cuda/kernels/cascade_merge.cuh"
 
@@ -273,12 +274,14 @@ bool encode_kv_maps(const PagedKvCache& kv, int box, kernels::CascadeTmaMaps* ma
 /// Launches level `l`; with `overlap` as a programmatic dependent launch that may run beside
 /// the previous level's kernel (levels write disjoint workspace slots; the merge waits for all).
 /// Runs level `l` (a unique last level) with the split-KV decode: the segments' page lists are
-/// the requests' page table, their lengths the sequence lengths, and the state goes to the
-/// level's workspace slot (fp32, base 2) for the merge. The decode's tickets are zeroed first
-/// (one small memset), so the cascade's workspace needs no initialisation.
+/// the requests' page table, their lengths the sequence lengths. Without `out` the state goes to
+/// the level's workspace slot (fp32, base 2) for the merge; with `out` the decode folds the
+/// earlier levels' partial states (workspace slots before this level's) into its own merge and
+/// writes the final state there, so no merge launch follows. The decode's tickets are zeroed
+/// first (one small memset), so the cascade's workspace needs no initialisation.
 void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& q,
                          const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
-                         cudaStream_t stream) {
+                         const StateView* out, cudaStream_t stream) {
   const CascadeShape& s = plan.shape;
   PagedKvCache table = kv;
   table.page_indptr = lv.page_indptr;
@@ -302,7 +305,16 @@ void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& 
   const std::size_t dbytes = decode_bytes(plan);
   void* dws = dbytes > 0 ? ws + partials_bytes(plan) : nullptr;
   if (dbytes > 0) init_decode_workspace(plan.last_decode, dws, dbytes, stream);
-  run_decode(plan.last_decode, q, table, slot, dws, dbytes, stream);
+  if (out == nullptr) {
+    run_decode(plan.last_decode, q, table, slot, dws, dbytes, stream);
+    return;
+  }
+  detail::PriorStates prior;
+  prior.o = reinterpret_cast<const float*>(ws);
+  prior.lse = slot_lse - static_cast<std::int64_t>(plan.levels[l].slot_offset) * rows;
+  prior.count = plan.levels[l].slot_offset;
+  prior.rows = rows;
+  detail::run_decode_with_prior(plan.last_decode, q, table, *out, dws, dbytes, prior, stream);
 }
 
 void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, const PagedKvCache& kv,
@@ -310,7 +322,7 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   const CascadeShape& s = plan.shape;
   const CascadeLevelPlan& lp = plan.levels[l];
   if (lp.decode) {
-    launch_decode_level(plan, l, q, kv, lv, workspace, stream);
+    launch_decode_level(plan, l, q, kv, lv, workspace, nullptr, stream);
     return;
   }
   kernels::CascadeLevelParams p{};
@@ -466,6 +478,9 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   if (tuning.chunk < 0 || tuning.chunk % kKvTile != 0)
     throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
                    cascade_str(tuning.chunk));
+  if (tuning.decode_splits < 0 || tuning.decode_splits > kMaxSplits)
+    throw_argument(func, "tuning.decode_splits", "0.." + cascade_str(kMaxSplits),
+                   cascade_str(tuning.decode_splits));
   const PagedKvCache kv = pool_of(shape);
   ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
                                             options.causal, kv, true);
@@ -494,6 +509,10 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
       dp.kv_dtype = shape.dtype;
       DecodeOptions dopt;
       dopt.scale = plan.scale;
+      if (tuning.decode_splits > 0) {
+        dopt.policy = SplitPolicy::kFixedCount;
+        dopt.num_splits = tuning.decode_splits;
+      }
       plan.last_decode = plan_decode(dp, lv.seg_lens, dopt, num_sms);
       lp.decode = true;
       lp.tile_rows = 16;
@@ -591,9 +610,15 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
   check_out(func, plan, out);
   check_workspace(func, plan, workspace, workspace_bytes);
-  for (int l = 0; l < num_levels; ++l)
+  // A last level on the decode merges the other levels' states itself (no merge launch).
+  const int last = num_levels - 1;
+  const bool fold = plan.levels[last].decode;
+  for (int l = 0; l < (fold ? last : num_levels); ++l)
     launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0, stream);
-  launch_merge(plan, out, workspace, stream);
+  if (fold)
+    launch_decode_level(plan, last, q, kv, device_levels[last], workspace, &out, stream);
+  else
+    launch_merge(plan, out, workspace, stream);
 }
 
 }  // namespace cuda

@@ -12,6 +12,7 @@
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "cpu/decode_validate.hpp"
+#include "cuda/decode_prior.hpp"
 #include "cuda/kernels/decode_split_kv.cuh"
 
 namespace attnstate {
@@ -293,6 +294,14 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
 
 void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
                 StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  detail::run_decode_with_prior(plan, q, kv, out, workspace, workspace_bytes, detail::PriorStates{},
+                                stream);
+}
+
+void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
+                                   const PagedKvCache& kv, StateView out, void* workspace,
+                                   std::size_t workspace_bytes, const PriorStates& prior,
+                                   cudaStream_t stream) {
   const char* fn = "attnstate::cuda::run_decode";
   const DecodeProblem& pr = plan.problem;
   validate_problem(fn, pr);
@@ -320,6 +329,17 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
   if (kv.dtype != pr.kv_dtype)
     throw_argument(fn, "kv.dtype", std::string("plan.problem.kv_dtype = ") + to_string(pr.kv_dtype),
                    to_string(kv.dtype));
+  if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
+  if (prior.count > 0) {
+    if (prior.o == nullptr || prior.lse == nullptr ||
+        reinterpret_cast<std::uintptr_t>(prior.o) % 16 != 0)
+      throw_argument(fn, "prior.o", "non-null prior states with 16-byte aligned o",
+                     "a null or misaligned pointer");
+    const std::int64_t rows = kv.batch * pr.q_len * pr.heads_q;
+    if (prior.rows < rows)
+      throw_argument(fn, "prior.rows", ">= batch * q_len * heads_q = " + decode_str(rows),
+                     decode_str(prior.rows));
+  }
   if (kv.batch == 0) return;
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
   if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0 ||
@@ -386,6 +406,10 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
   p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
   p.skip_combine = plan.profile_skip_combine;
+  p.prior_o = prior.count > 0 ? prior.o : nullptr;
+  p.prior_lse = prior.count > 0 ? prior.lse : nullptr;
+  p.prior_count = prior.count;
+  p.prior_rows = prior.rows;
   const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
   dispatch(p, pr.head_dim, pr.kv_dtype, short_candidate(pr.head_dim, plan.splits),
            plan.num_sms > 0 ? plan.num_sms : 1, grid, stream);

@@ -105,6 +105,18 @@ struct GpuCascade {
     launch();
     ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  /// Poisons the output and the workspace (NaN), runs every level with `run_cascade_level` and
+  /// then `run_cascade_merge`, synchronises.
+  void run_stages() {
+    o.poison();
+    lse.poison();
+    workspace.poison();
+    for (int l = 0; l < static_cast<int>(levels.size()); ++l)
+      attnstate::cuda::run_cascade_level(plan, l, qv(), kv(), levels[l], workspace.get(),
+                                         workspace.bytes());
+    attnstate::cuda::run_cascade_merge(plan, out(), workspace.get(), workspace.bytes());
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   std::vector<float> o_host() const {
     const auto raw = o.download();
     return decode(raw.data(), out_dtype, static_cast<std::size_t>(c->out_elems()));

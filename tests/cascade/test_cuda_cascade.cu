@@ -100,6 +100,46 @@ TEST(CudaCascade, UniqueLastLevelRunsOnTheDecodeAndMatches) {
   EXPECT_TRUE(ga.check(ca));
 }
 
+TEST(CudaCascade, DecodeFoldsEarlierLevelsThroughEveryMergePath) {
+  // The last level's decode merges the shared levels' states into its output: with one split
+  // (direct store), a few (cluster merge) and many (workspace merge), after one or two shared
+  // levels, with empty suffixes and an empty prefix, the workspace poisoned with NaN first (an
+  // empty state's o is never read). The stage-by-stage API (each level into its workspace slot,
+  // then the merge launch) gives the same answer.
+  ATTNSTATE_REQUIRE_GPU();
+  std::vector<CaseSpec> specs;
+  CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 41);
+  two.heads_q = 16;
+  two.heads_kv = 2;
+  specs.push_back(two);
+  CaseSpec three;
+  three.seed = 42;
+  three.q_len = 2;
+  three.levels = {
+      {{6, 130}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 1}, {1, 333}, {1, 2}, {1, 90}, {1, 257}}};
+  specs.push_back(three);
+  CaseSpec empty_prefix;
+  empty_prefix.seed = 43;
+  empty_prefix.levels = {{{3, 0}}, {{1, 500}, {1, 0}, {1, 64}}};
+  specs.push_back(empty_prefix);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CascadeCase c(specs[i]);
+    for (int splits : {1, 4, 24}) {
+      CascadeTuning t;
+      t.decode_splits = splits;
+      GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
+      const int last = g.plan.num_levels - 1;
+      ASSERT_TRUE(g.plan.levels[last].decode);
+      EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
+      g.workspace.poison();
+      g.run();
+      EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits;
+      g.run_stages();
+      EXPECT_TRUE(g.check(c)) << "stages: case " << i << " decode splits " << splits;
+    }
+  }
+}
+
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
   ATTNSTATE_REQUIRE_GPU();
   for (int tile : {16, 64, 128})
@@ -414,6 +454,11 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   t = {};
   t.chunk = 100;
   expect_error(attnstate::Status::kInvalidArgument, "chunk", [&] { plan(sh, t); });
+  t = {};
+  t.decode_splits = -1;
+  expect_error(attnstate::Status::kInvalidArgument, "decode_splits", [&] { plan(sh, t); });
+  t.decode_splits = attnstate::kMaxSplits + 1;
+  expect_error(attnstate::Status::kInvalidArgument, "decode_splits", [&] { plan(sh, t); });
   expect_error(attnstate::Status::kInvalidArgument, "num_sms",
                [&] { attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0); });
 }

@@ -22,15 +22,15 @@
 /// - otherwise `wgmma` or `mma.sync` m16n8k16 kernels fed by a 2- or 3-stage `cp.async` pipeline
 ///   of 64-key tiles whose page ids are fetched a tile ahead.
 /// - a last level whose segments each belong to one request (the unique suffixes) runs on the
-///   library's split-KV decode (`run_decode`, see decode.hpp), whose state goes to the level's
-///   workspace slot (see `CascadeTuning::decode_last_level`).
+///   library's split-KV decode (`run_decode`, see decode.hpp; `CascadeTuning::decode_last_level`).
 ///
 /// Levels after the first are programmatic dependent launches where the level kernel allows it.
-/// Each level writes partial states (o, base-2 lse) in fp32 to the workspace; one merge launch
-/// then folds every level's and every split's partial state of a row with the library's
-/// max-subtracted merge (`math::merge_weight` / `merge_finalize`, the numerics of
-/// `cuda::merge_states`) and writes the output in its dtype and base. No floating-point atomics:
-/// results are bitwise repeatable for a given plan.
+/// Each level writes partial states (o, base-2 lse) in fp32 to the workspace. The states of a
+/// row are then folded with the library's max-subtracted merge (`math::merge_weight` /
+/// `merge_finalize`, the numerics of `cuda::merge_states`) and written in the output's dtype and
+/// base: by the decode of the last level, which merges the other levels' states into its own
+/// split merge, or else by one merge launch over every level's and split's state. No
+/// floating-point atomics: results are bitwise repeatable for a given plan.
 ///
 /// Device lengths may differ from the planned ones (e.g. a graph replayed as suffixes grow):
 /// the split of a segment is derived on the device from its device length (the last split takes
@@ -81,8 +81,12 @@ struct CascadeTuning {
   CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
   /// Run a last level whose segments each belong to one request (segment `b` to request `b`)
   /// with the library's split-KV decode (`run_decode`) instead of a cascade level kernel; it
-  /// applies when the new tokens are causal or `q_len == 1`.
+  /// applies when the new tokens are causal or `q_len == 1`. `run_cascade` then lets the decode
+  /// fold the other levels' states into its own split merge (no separate merge launch).
   bool decode_last_level = true;
+  /// Splits of such a decode level: 0 = the decode's automatic policy, else a fixed count
+  /// (`1..kMaxSplits`).
+  int decode_splits = 0;
 };
 
 /// What the plan chose for one level.
@@ -141,7 +145,8 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
                          const CascadeOptions& options, int num_sms,
                          const CascadeTuning& tuning = {});
 
-/// Runs a planned cascade on `stream`: every level, then the merge (see the file comment).
+/// Runs a planned cascade on `stream`: every level, then the merge, which a last level on the
+/// split-KV decode performs itself (see the file comment).
 ///
 /// @param plan           from `plan_cascade`.
 /// @param q              device queries `(batch, q_len, heads_q, head_dim)`, dtype
@@ -162,8 +167,10 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                  const CascadeLevel* device_levels, int num_levels, StateView out, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream = nullptr);
 
-/// One stage of `run_cascade`: the partial states of level `level` (for profiling; `run_cascade`
-/// is every level followed by `run_cascade_merge`). Arguments as in `run_cascade`.
+/// One stage of `run_cascade`: the partial states of level `level` (for profiling). Every level
+/// followed by `run_cascade_merge` gives the result of `run_cascade` up to rounding (a decode
+/// level run alone writes its own state to its workspace slot, and the merge then folds it).
+/// Arguments as in `run_cascade`.
 void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView& q,
                        const PagedKvCache& kv, const CascadeLevel& device_level, void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream = nullptr);

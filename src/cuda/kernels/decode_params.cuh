@@ -101,6 +101,13 @@ struct DecodeParams {
   float* ws_lse;
   std::int32_t* tickets;
   bool skip_combine;
+  // prior states folded into the output (a cascade's shared levels): `prior_count` states per
+  // output row `token · heads_q + hq`, state i at `prior_o + (i · prior_rows + row) · D` (fp32,
+  // normalised) and `prior_lse[i · prior_rows + row]` (base 2); 0 = none
+  const float* prior_o;
+  const float* prior_lse;
+  std::int32_t prior_count;
+  std::int64_t prior_rows;
 };
 
 }  // namespace detail

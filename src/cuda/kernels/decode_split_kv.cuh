@@ -195,6 +195,22 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   float* pub_lse = pub_o + kRows * D;          // [row] base 2
   const std::int64_t tile_id = (static_cast<std::int64_t>(b) * p.heads_kv + hkv) * p.row_tiles + mt;
 
+  // Stores the merged columns (r, d4) of this tile's row r as the output state, with the prior
+  // states folded in when there are any.
+  auto store_merged = [&](int r, int d4, MergedColumns mc) {
+    const int rg = row0 + r;
+    const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
+    const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
+    if (p.prior_count > 0)
+      mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
+                         token * p.heads_q + hq, d4, mc);
+    store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
+              p.out_vec4);
+    if (d4 == 0)
+      p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
+          math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
+  };
+
   if (active) {
     // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero) ----
 #pragma unroll
@@ -464,14 +480,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const float4 o = make_float4(acc.x * res.inv_sum, acc.y * res.inv_sum, acc.z * res.inv_sum,
                                    acc.w * res.inv_sum);
       if (single) {
-        const int rg = row0 + r;
-        const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
-        const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-        store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, o,
-                  p.out_vec4);
-        if (d4 == 0)
-          p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-              math::convert_lse(res.lse, LseBase::kBase2, p.out_base);
+        MergedColumns mc;
+        mc.o = o;
+        mc.lse = res.lse;
+        store_merged(r, d4, mc);
       } else if (clustered) {
         *reinterpret_cast<float4*>(pub_o + r * D + 4 * d4) = o;
         if (d4 == 0) pub_lse[r] = res.lse;
@@ -483,17 +495,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   }
   if (single || p.skip_combine) return;
 
-  // Stores the merged columns (r, d4) of this tile's row r.
-  auto store_merged = [&](int r, int d4, const MergedColumns& mc) {
-    const int rg = row0 + r;
-    const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
-    const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-    store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
-              p.out_vec4);
-    if (d4 == 0)
-      p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-          math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
-  };
   const int items = rows_here * kD4;
 
   if (clustered) {

@@ -1,0 +1,37 @@
+/// @file decode_prior.hpp
+/// @brief Internal entry of the split-KV decode that folds prior attention states into its
+///        output: the cascade's unique last level merges the shared levels' partial states in
+///        the decode's own merge step instead of a separate merge launch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/cuda/decode.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// States computed before the decode, merged into each of its output rows: `count` states per
+/// row, fp32 `o` `(count, rows, head_dim)` normalised, LSEs `(count, rows)` in base 2, row
+/// `token · heads_q + head` (the decode's output rows); empty states (`lse = -inf`) contribute
+/// nothing. Device memory, 16-byte aligned.
+struct PriorStates {
+  const float* o = nullptr;    ///< `(count, rows, head_dim)`.
+  const float* lse = nullptr;  ///< `(count, rows)`, base 2.
+  int count = 0;               ///< States per row; 0 = none.
+  std::int64_t rows = 0;       ///< Rows per state, at least `batch · q_len · heads_q`.
+};
+
+/// `run_decode` with `prior` folded into the output state: the output is the merge of the
+/// decode's state over the request's keys with the row's prior states. Same checks as
+/// `run_decode`, plus `prior` (non-null aligned pointers and enough rows when `count > 0`).
+void run_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                           StateView out, void* workspace, std::size_t workspace_bytes,
+                           const PriorStates& prior, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
