@@ -166,15 +166,24 @@ void launch(detail::DecodeParams p, std::int64_t grid, cudaStream_t stream) {
   cfg.blockDim = dim3(detail::kDecodeWarps * 32);
   cfg.dynamicSmemBytes = static_cast<std::size_t>(detail::decode_smem_bytes(D, kStages));
   cfg.stream = stream;
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
   if (p.cluster > 1) {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = static_cast<unsigned>(p.cluster);
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = static_cast<unsigned>(p.cluster);
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = 1;
+    ++n_attr;
   }
+  if (p.prior_count > 0) {
+    // The prior states come from the previous kernel of the stream: this one may start while
+    // that one finishes (programmatic dependent launch); it waits before reading them.
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  cfg.attrs = n_attr > 0 ? attr : nullptr;
+  cfg.numAttrs = n_attr;
   ATTNSTATE_CUDA_CHECK(
       cudaLaunchKernelEx(&cfg, detail::decode_split_kv_kernel<D, kBF16, kStages>, p));
   ATTNSTATE_CHECK_LAUNCH(stream, "decode_split_kv_kernel");

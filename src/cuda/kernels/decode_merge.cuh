@@ -88,32 +88,28 @@ __device__ __forceinline__ MergedColumns split_finalize(float m, float sum, floa
 }
 
 /// Prior states whose loads `fold_prior` keeps in flight together.
-constexpr int kPriorBatch = 8;
+constexpr int kPriorBatch = 16;
 
 /// Folds `count` ≥ 1 prior states of output row `row` into this kernel's merged columns `own`
 /// (four columns from `4 · d4`): state i has base-2 LSE `prior_lse[i · rows + row]` and fp32
-/// normalised `o` at `prior_o + (i · rows + row) · D`. The max-subtracted merge over `own` first,
-/// then the prior states in order, `kPriorBatch` states' loads in flight at a time; an empty
-/// prior state's `o` is never read as a factor. Not inlined (scalar
-/// arguments: no copy of the kernel's parameters to the stack): one copy serves every output
-/// path.
+/// normalised `o` at `prior_o + (i · rows + row) · D`. A max-subtracted merge over `own`, then
+/// the prior states in order, `kPriorBatch` states' loads in flight at a time (one memory round
+/// trip per batch: the running max moves per batch, rescaling the sums by `2^(m_old − m_new)`);
+/// an empty prior state's `o` is never read as a factor. First waits for the kernels this one
+/// depends on (`griddepcontrol.wait`: a programmatic dependent launch may start before the
+/// prior states are written; a no-op otherwise). Not inlined (scalar arguments: no copy of the
+/// kernel's parameters to the stack): one copy serves every output path.
 template <int D>
 static __device__ __noinline__ MergedColumns fold_prior(const float* prior_o,
                                                         const float* prior_lse, int count,
                                                         std::int64_t rows, std::int64_t row, int d4,
                                                         MergedColumns own) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const float* lse = prior_lse + row;
   const float* o = prior_o + row * D + 4 * d4;
-  // max: the LSEs of a batch loaded together
-  float m = own.lse;
-  for (int i0 = 0; i0 < count; i0 += kPriorBatch) {
-    float l[kPriorBatch];
-#pragma unroll
-    for (int u = 0; u < kPriorBatch; ++u)
-      l[u] = i0 + u < count ? lse[(i0 + u) * rows] : math::neg_inf();
-#pragma unroll
-    for (int u = 0; u < kPriorBatch; ++u) m = math::nan_max(m, l[u]);
-  }
+  float m = math::neg_inf();
   float sum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   auto add = [&](float l, const float4& v) {
@@ -126,18 +122,35 @@ static __device__ __noinline__ MergedColumns fold_prior(const float* prior_o,
       acc.w += w * v.w;
     }
   };
-  add(own.lse, own.o);
-  // weighted sums: a batch's LSEs and o columns loaded together (an empty state's o is loaded
-  // but not used)
-  for (int i0 = 0; i0 < count; i0 += kPriorBatch) {
+  for (int i0 = -1; i0 < count; i0 += kPriorBatch) {
+    // a batch's LSEs and o columns loaded together (index -1 is `own`; an empty state's o is
+    // loaded but never used)
     float l[kPriorBatch];
     float4 v[kPriorBatch];
 #pragma unroll
     for (int u = 0; u < kPriorBatch; ++u) {
-      const int i = i0 + u < count ? i0 + u : count - 1;
-      l[u] = i0 + u < count ? lse[i * rows] : math::neg_inf();
-      v[u] = *reinterpret_cast<const float4*>(o + i * rows * D);
+      const int i = min(i0 + u, count - 1);
+      if (i < 0) {
+        l[u] = own.lse;
+        v[u] = own.o;
+      } else {
+        l[u] = i0 + u < count ? lse[i * rows] : math::neg_inf();
+        v[u] = *reinterpret_cast<const float4*>(o + i * rows * D);
+      }
     }
+    float mb = m;
+#pragma unroll
+    for (int u = 0; u < kPriorBatch; ++u) mb = math::nan_max(mb, l[u]);
+    if (mb != m && !math::is_empty_lse(m)) {
+      // the max moved: rescale what was summed against the old max (NaN propagates)
+      const float r = math::merge_weight(LseBase::kBase2, m, mb);
+      sum *= r;
+      acc.x *= r;
+      acc.y *= r;
+      acc.z *= r;
+      acc.w *= r;
+    }
+    m = mb;
 #pragma unroll
     for (int u = 0; u < kPriorBatch; ++u) add(l[u], v[u]);
   }
