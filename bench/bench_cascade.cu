@@ -13,7 +13,8 @@
 ///        `--csv <path>` writes a CSV; `--quick` runs the anchor shapes with fewer repeats;
 ///        `--shapes P:S:B[,P:S:B...]` runs only those (prefix, suffix, batch) shapes; `--lean`
 ///        times the cascade, its levels and the merge only (no plain decode, one-level or
-///        mma-only comparisons).
+///        mma-only comparisons); `--decode-sms n` sets `CascadeTuning::decode_sms` (SMs the
+///        prefix level leaves to the suffix decode; -1 automatic, printed after the splits).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -144,7 +145,7 @@ struct Row {
   int prefix, suffix, batch;
   double cascade_us, prefix_us, suffix_us, merge_us, decode_us, flat_us, floor_us, fi_us;
   double max_diff, mma_us, staged_us;
-  int prefix_tile, prefix_splits, suffix_tile, suffix_splits;
+  int prefix_tile, prefix_splits, suffix_tile, suffix_splits, decode_sms;
 };
 
 /// Optional exploration: prefix-level time for each (tile_rows, chunk) override.
@@ -152,6 +153,9 @@ struct Explore {
   bool on = false;
   std::vector<std::string> lines;
 };
+
+/// `CascadeTuning::decode_sms` of every plan (`--decode-sms`; -1 automatic).
+int g_decode_sms = -1;
 
 Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStream_t stream,
               int reps, bool lean, Explore* explore = nullptr) {
@@ -242,7 +246,9 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   shape.page_size = kPage;
   shape.num_pages = num_pages;
   shape.dtype = DType::kBF16;
-  const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms);
+  cuda::CascadeTuning tuning;
+  tuning.decode_sms = g_decode_sms;
+  const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, tuning);
   const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, {}, num_sms);
   cuda::CascadeTuning mma_only;
   mma_only.kernel = cuda::CascadeKernel::kMma;
@@ -251,6 +257,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   row.prefix_splits = plan.levels[0].max_splits;
   row.suffix_tile = plan.levels[1].tile_rows;
   row.suffix_splits = plan.levels[1].max_splits;
+  row.decode_sms = plan.decode_sms;
   std::size_t ws_bytes =
       std::max({plan.workspace_bytes(), flat_plan.workspace_bytes(), mma_plan.workspace_bytes()});
   if (explore && explore->on) ws_bytes = std::max<std::size_t>(ws_bytes, 512ull << 20);
@@ -396,6 +403,8 @@ int main(int argc, char** argv) {
       csv = argv[++i];
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--decode-sms") && i + 1 < argc)
+      g_decode_sms = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--lean"))
       lean = true;
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
@@ -464,12 +473,12 @@ int main(int argc, char** argv) {
           4.0 * r.batch * kHeadsQ * double(r.prefix) * kHeadDim / (r.prefix_us * 1e6);
       std::printf(
           "%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %6.0f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f "
-          "%6.2f | %8.1f %6.2f | %9.2e | %d/%d %d/%d\n",
+          "%6.2f | %8.1f %6.2f | %9.2e | %d/%d %d/%d %dsm\n",
           r.prefix, r.suffix, r.batch, r.cascade_us, r.staged_us, r.mma_us, r.prefix_us,
           prefix_tflops, r.suffix_us, r.merge_us, r.decode_us, r.flat_us,
           (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
           r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
-          r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits);
+          r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits, r.decode_sms);
       std::fflush(stdout);
     }
     if (!explore.lines.empty()) {

@@ -110,6 +110,61 @@ int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64
   return static_cast<int>(best_chunk);
 }
 
+/// Plans a unique last level on the split-KV decode (`plan.last_decode`, the level's plan).
+void plan_decode_level(CascadePlan& plan, const CascadeLevel& lv, const CascadeTuning& tuning,
+                       int num_sms) {
+  const CascadeShape& shape = plan.shape;
+  DecodeProblem dp;
+  dp.batch = shape.batch;
+  dp.q_len = shape.q_len;
+  dp.heads_q = shape.heads_q;
+  dp.heads_kv = shape.heads_kv;
+  dp.head_dim = shape.head_dim;
+  dp.q_dtype = shape.dtype;
+  dp.kv_dtype = shape.dtype;
+  DecodeOptions dopt;
+  dopt.scale = plan.scale;
+  if (tuning.decode_splits > 0) {
+    dopt.policy = SplitPolicy::kFixedCount;
+    dopt.num_splits = tuning.decode_splits;
+  }
+  plan.last_decode = plan_decode(dp, lv.seg_lens, dopt, num_sms);
+  CascadeLevelPlan& lp = plan.levels[plan.num_levels - 1];
+  lp.decode = true;
+  lp.tile_rows = 16;
+  lp.max_tiles = plan.last_decode.row_tiles;
+  lp.chunk = plan.last_decode.splits.policy == SplitPolicy::kFixedSize
+                 ? plan.last_decode.splits.split_size
+                 : 0;
+  lp.max_splits = plan.last_decode.splits.max_splits;
+}
+
+/// Shared levels this long or shorter (keys) are latency-bound: they leave SMs to the decode of
+/// the last level (see `reserved_sms`).
+constexpr std::int64_t kReserveMaxSharedKeys = 8192;
+/// Resident decode CTAs per SM assumed when reserving SMs for them.
+constexpr std::int64_t kReserveDecodeCtasPerSm = 2;
+
+/// SMs the shared levels leave to the decode of the last level (`CascadeTuning::decode_sms`):
+/// automatically, enough for every decode CTA at once when they take at most half of the SMs
+/// and every shared segment is short (a latency-bound level loses little to fewer SMs, and the
+/// decode then runs entirely beside it instead of after it); else none.
+int reserved_sms(const CascadePlan& plan, const CascadeLevel* host_levels,
+                 const CascadeTuning& tuning, int num_sms) {
+  if (tuning.decode_sms >= 0) return std::min(tuning.decode_sms, num_sms - 1);
+  const DecodePlan& d = plan.last_decode;
+  const std::int64_t ctas = plan.shape.batch * plan.shape.heads_kv * d.row_tiles *
+                            std::max<std::int64_t>(1, d.splits.max_splits);
+  const std::int64_t need = ceil_div(ctas, kReserveDecodeCtasPerSm);
+  if (need > num_sms / 2) return 0;
+  for (int l = 0; l + 1 < plan.num_levels; ++l) {
+    const CascadeLevel& lv = host_levels[l];
+    for (std::int64_t s = 0; s < lv.num_segments; ++s)
+      if (lv.seg_lens[s] > kReserveMaxSharedKeys) return 0;
+  }
+  return static_cast<int>(need);
+}
+
 /// Bytes of the partial states `(num_slots, rows, head_dim)` and their LSEs in the workspace.
 std::size_t partials_bytes(const CascadePlan& plan) {
   const std::size_t slots_rows =
@@ -278,10 +333,12 @@ bool encode_kv_maps(const PagedKvCache& kv, int box, kernels::CascadeTmaMaps* ma
 /// the level's workspace slot (fp32, base 2) for the merge; with `out` the decode folds the
 /// earlier levels' partial states (workspace slots before this level's) into its own merge and
 /// writes the final state there, so no merge launch follows. The decode's tickets are zeroed
-/// first (one small memset), so the cascade's workspace needs no initialisation.
+/// first (one small memset; `run_cascade` issues it before the first level instead, so that the
+/// decode can start beside the level before it), so the cascade's workspace needs no
+/// initialisation.
 void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& q,
                          const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
-                         const StateView* out, cudaStream_t stream) {
+                         const StateView* out, bool zero_tickets, cudaStream_t stream) {
   const CascadeShape& s = plan.shape;
   PagedKvCache table = kv;
   table.page_indptr = lv.page_indptr;
@@ -304,7 +361,7 @@ void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& 
                       LseBase::kBase2, MemorySpace::kDevice);
   const std::size_t dbytes = decode_bytes(plan);
   void* dws = dbytes > 0 ? ws + partials_bytes(plan) : nullptr;
-  if (dbytes > 0) init_decode_workspace(plan.last_decode, dws, dbytes, stream);
+  if (dbytes > 0 && zero_tickets) init_decode_workspace(plan.last_decode, dws, dbytes, stream);
   if (out == nullptr) {
     run_decode(plan.last_decode, q, table, slot, dws, dbytes, stream);
     return;
@@ -322,7 +379,7 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   const CascadeShape& s = plan.shape;
   const CascadeLevelPlan& lp = plan.levels[l];
   if (lp.decode) {
-    launch_decode_level(plan, l, q, kv, lv, workspace, nullptr, stream);
+    launch_decode_level(plan, l, q, kv, lv, workspace, nullptr, true, stream);
     return;
   }
   kernels::CascadeLevelParams p{};
@@ -478,6 +535,9 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   if (tuning.chunk < 0 || tuning.chunk % kKvTile != 0)
     throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
                    cascade_str(tuning.chunk));
+  if (tuning.decode_sms < -1 || tuning.decode_sms >= num_sms)
+    throw_argument(func, "tuning.decode_sms", "-1 (automatic) or 0..num_sms - 1",
+                   cascade_str(tuning.decode_sms));
   if (tuning.decode_splits < 0 || tuning.decode_splits > kMaxSplits)
     throw_argument(func, "tuning.decode_splits", "0.." + cascade_str(kMaxSplits),
                    cascade_str(tuning.decode_splits));
@@ -492,35 +552,19 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   plan.num_sms = num_sms;
   const std::int64_t group = shape.heads_q / shape.heads_kv;
   const std::int64_t rows_per_req = shape.q_len * group;
+  // A last level on the decode is planned first: the shared levels may leave it some SMs.
+  const int last = num_levels - 1;
+  const bool decode_last =
+      decode_eligible(shape, host_levels[last], last, num_levels, options, tuning);
+  if (decode_last) plan_decode_level(plan, host_levels[last], tuning, num_sms);
+  plan.decode_sms = decode_last ? reserved_sms(plan, host_levels, tuning, num_sms) : 0;
   std::int64_t slots = 0;
   for (int l = 0; l < num_levels; ++l) {
     const CascadeLevel& lv = host_levels[l];
     CascadeLevelPlan& lp = plan.levels[l];
     lp.num_segments = lv.num_segments;
     lp.has_pages = lv.page_indptr[lv.num_segments] > 0;
-    if (decode_eligible(shape, lv, l, num_levels, options, tuning)) {
-      DecodeProblem dp;
-      dp.batch = shape.batch;
-      dp.q_len = shape.q_len;
-      dp.heads_q = shape.heads_q;
-      dp.heads_kv = shape.heads_kv;
-      dp.head_dim = shape.head_dim;
-      dp.q_dtype = shape.dtype;
-      dp.kv_dtype = shape.dtype;
-      DecodeOptions dopt;
-      dopt.scale = plan.scale;
-      if (tuning.decode_splits > 0) {
-        dopt.policy = SplitPolicy::kFixedCount;
-        dopt.num_splits = tuning.decode_splits;
-      }
-      plan.last_decode = plan_decode(dp, lv.seg_lens, dopt, num_sms);
-      lp.decode = true;
-      lp.tile_rows = 16;
-      lp.max_tiles = plan.last_decode.row_tiles;
-      lp.chunk = plan.last_decode.splits.policy == SplitPolicy::kFixedSize
-                     ? plan.last_decode.splits.split_size
-                     : 0;
-      lp.max_splits = plan.last_decode.splits.max_splits;
+    if (l == last && decode_last) {
       lp.slot_offset = static_cast<int>(slots);
       slots += 1;  // the decode merges its own splits: one state per row
       continue;
@@ -558,10 +602,11 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
                 v != static_cast<int>(kernels::CascadeWsVariant::kKv64Turns)
             ? 2 * kKvTile
             : kKvTile;
-    lp.chunk = tuning.chunk != 0 ? tuning.chunk
-                                 : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments, max_len,
-                                                shape.heads_kv, ctas_per_sm, num_sms, plan.rows(),
-                                                shape.head_dim, granule);
+    lp.chunk = tuning.chunk != 0
+                   ? tuning.chunk
+                   : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments, max_len,
+                                  shape.heads_kv, ctas_per_sm, num_sms - plan.decode_sms,
+                                  plan.rows(), shape.head_dim, granule);
     lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
     lp.slot_offset = static_cast<int>(slots);
     slots += lp.max_splits;
@@ -610,13 +655,19 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
   check_out(func, plan, out);
   check_workspace(func, plan, workspace, workspace_bytes);
-  // A last level on the decode merges the other levels' states itself (no merge launch).
+  // A last level on the decode merges the other levels' states itself (no merge launch); its
+  // tickets are zeroed before the first level so that nothing stands between the last shared
+  // level and the decode, which may then start beside it.
   const int last = num_levels - 1;
   const bool fold = plan.levels[last].decode;
+  const std::size_t dbytes = decode_bytes(plan);
+  if (fold && dbytes > 0)
+    init_decode_workspace(plan.last_decode, static_cast<char*>(workspace) + partials_bytes(plan),
+                          dbytes, stream);
   for (int l = 0; l < (fold ? last : num_levels); ++l)
     launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0, stream);
   if (fold)
-    launch_decode_level(plan, last, q, kv, device_levels[last], workspace, &out, stream);
+    launch_decode_level(plan, last, q, kv, device_levels[last], workspace, &out, false, stream);
   else
     launch_merge(plan, out, workspace, stream);
 }

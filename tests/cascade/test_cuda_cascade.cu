@@ -127,10 +127,12 @@ TEST(CudaCascade, DecodeFoldsEarlierLevelsThroughEveryMergePath) {
     for (int splits : {1, 4, 24}) {
       CascadeTuning t;
       t.decode_splits = splits;
+      t.decode_sms = splits == 4 ? 40 : (splits == 1 ? 0 : -1);  // decode beside the prefix
       GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
       const int last = g.plan.num_levels - 1;
       ASSERT_TRUE(g.plan.levels[last].decode);
       EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
+      if (t.decode_sms >= 0) EXPECT_EQ(g.plan.decode_sms, t.decode_sms);
       g.workspace.poison();
       g.run();
       EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits;
@@ -459,6 +461,11 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   expect_error(attnstate::Status::kInvalidArgument, "decode_splits", [&] { plan(sh, t); });
   t.decode_splits = attnstate::kMaxSplits + 1;
   expect_error(attnstate::Status::kInvalidArgument, "decode_splits", [&] { plan(sh, t); });
+  t = {};
+  t.decode_sms = -2;
+  expect_error(attnstate::Status::kInvalidArgument, "decode_sms", [&] { plan(sh, t); });
+  t.decode_sms = 132;
+  expect_error(attnstate::Status::kInvalidArgument, "decode_sms", [&] { plan(sh, t); });
   expect_error(attnstate::Status::kInvalidArgument, "num_sms",
                [&] { attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0); });
 }

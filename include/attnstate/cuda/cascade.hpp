@@ -87,6 +87,11 @@ struct CascadeTuning {
   /// Splits of such a decode level: 0 = the decode's automatic policy, else a fixed count
   /// (`1..kMaxSplits`).
   int decode_splits = 0;
+  /// SMs the shared levels leave to such a decode level, which then runs beside them (it is a
+  /// programmatic dependent launch that waits for them only before folding their states):
+  /// -1 = automatic (enough for all the decode's CTAs when the shared segments are short and
+  /// the decode needs at most half of the SMs, else 0), else `0..num_sms - 1`.
+  int decode_sms = -1;
 };
 
 /// What the plan chose for one level.
@@ -121,6 +126,8 @@ struct CascadePlan {
   /// The decode plan of the last level when it runs on the split-KV decode (see
   /// `CascadeTuning::decode_last_level`); its workspace follows the partial states.
   DecodePlan last_decode;
+  /// SMs the shared levels' splits leave free for that decode (`CascadeTuning::decode_sms`).
+  int decode_sms = 0;
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
   /// Bytes of device workspace `run_cascade` needs: fp32 partial states

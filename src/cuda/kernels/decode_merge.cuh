@@ -157,6 +157,65 @@ static __device__ __noinline__ MergedColumns fold_prior(const float* prior_o,
   return split_finalize(m, sum, acc);
 }
 
+/// `fold_prior` done by a group of `G` lanes (16 or 32, aligned in the warp, all active) that
+/// hold consecutive column quads of the same output row: the per-row work is shared instead of
+/// repeated by every lane. Lane `j` of the group loads the LSEs of states `j, j + G, ...`; the
+/// max and the weights come from them, and each state's weight is broadcast with a shuffle
+/// when its `o` columns are added (in state order, `own` first). Same arguments and result (up
+/// to rounding) as `fold_prior`; one memory round trip for the LSEs, one per `G` states for `o`.
+template <int D, int G>
+static __device__ __noinline__ MergedColumns fold_prior_group(const float* prior_o,
+                                                              const float* prior_lse, int count,
+                                                              std::int64_t rows, std::int64_t row,
+                                                              int d4, MergedColumns own) {
+  static_assert(G == 16 || G == 32, "groups of 16 or 32 lanes");
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int gl = lane & (G - 1);
+  const unsigned mask = G == 32 ? 0xffffffffu : (0xffffu << (lane & 16));
+  const float* lse = prior_lse + row;
+  const float* o = prior_o + row * D + 4 * d4;
+  // the max over `own` and every prior state
+  float m = own.lse;
+  for (int i = gl; i < count; i += G) m = math::nan_max(m, lse[i * rows]);
+#pragma unroll
+  for (int off = G / 2; off > 0; off >>= 1) m = math::nan_max(m, __shfl_xor_sync(mask, m, off, G));
+  float sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (!math::is_empty_lse(own.lse)) {
+    const float w = math::merge_weight(LseBase::kBase2, own.lse, m);
+    sum = w;
+    acc = make_float4(w * own.o.x, w * own.o.y, w * own.o.z, w * own.o.w);
+  }
+  float lane_sum = 0.f;  // this lane's states' weights
+  for (int i0 = 0; i0 < count; i0 += G) {
+    // this lane's state of the chunk: its weight, or -1 when empty (never applied)
+    const float l = i0 + gl < count ? lse[(i0 + gl) * rows] : math::neg_inf();
+    float w = -1.f;
+    if (!math::is_empty_lse(l)) {
+      w = math::merge_weight(LseBase::kBase2, l, m);
+      lane_sum += w;
+    }
+    const int n = min(G, count - i0);
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) {
+      const float wj = __shfl_sync(mask, w, j, G);
+      const float4 v = *reinterpret_cast<const float4*>(o + (i0 + j) * rows * D);
+      if (wj != -1.f) {
+        acc.x += wj * v.x;
+        acc.y += wj * v.y;
+        acc.z += wj * v.z;
+        acc.w += wj * v.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int off = G / 2; off > 0; off >>= 1) lane_sum += __shfl_xor_sync(mask, lane_sum, off, G);
+  return split_finalize(m, sum + lane_sum, acc);
+}
+
 /// Stores one fp32 value as `dt` at element `off` of `base`.
 __device__ __forceinline__ void store_as(void* base, DType dt, std::int64_t off, float x) {
   switch (dt) {

@@ -197,13 +197,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
 
   // Stores the merged columns (r, d4) of this tile's row r as the output state, with the prior
   // states folded in when there are any.
-  auto store_merged = [&](int r, int d4, MergedColumns mc) {
+  // `grouped`: the calling lanes come in aligned groups of min(32, D / 4) active lanes that
+  // hold the quads of one row (then the fold shares its per-row work across the group).
+  auto store_merged = [&](int r, int d4, MergedColumns mc, bool grouped = false) {
     const int rg = row0 + r;
     const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
     const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-    if (p.prior_count > 0)
-      mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
-                         token * p.heads_q + hq, d4, mc);
+    if (p.prior_count > 0) {
+      constexpr int kGroup = kD4 < 32 ? kD4 : 32;
+      if (grouped)
+        mc = fold_prior_group<D, kGroup>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
+                                         token * p.heads_q + hq, d4, mc);
+      else
+        mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
+                           token * p.heads_q + hq, d4, mc);
+    }
     store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
               p.out_vec4);
     if (d4 == 0)
@@ -480,10 +488,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const float4 o = make_float4(acc.x * res.inv_sum, acc.y * res.inv_sum, acc.z * res.inv_sum,
                                    acc.w * res.inv_sum);
       if (single) {
+        // (each row's kD4 items are consecutive threads, rows in whole groups: grouped)
         MergedColumns mc;
         mc.o = o;
         mc.lse = res.lse;
-        store_merged(r, d4, mc);
+        store_merged(r, d4, mc, true);
       } else if (clustered) {
         *reinterpret_cast<float4*>(pub_o + r * D + 4 * d4) = o;
         if (d4 == 0) pub_lse[r] = res.lse;
