@@ -151,6 +151,7 @@ constexpr std::int64_t kReserveDecodeCtasPerSm = 2;
 /// decode then runs entirely beside it instead of after it); else none.
 int reserved_sms(const CascadePlan& plan, const CascadeLevel* host_levels,
                  const CascadeTuning& tuning, int num_sms) {
+  if (plan.num_levels < 2) return 0;  // no shared level to run beside
   if (tuning.decode_sms >= 0) return std::min(tuning.decode_sms, num_sms - 1);
   const DecodePlan& d = plan.last_decode;
   const std::int64_t ctas = plan.shape.batch * plan.shape.heads_kv * d.row_tiles *
