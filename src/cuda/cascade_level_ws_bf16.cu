@@ -34,12 +34,13 @@ void launch_cascade_level_ws_bf16(const CascadeLevelParams& p, const CascadeTmaM
                                   int tile_rows, CascadeWsVariant variant, dim3 grid, bool pdl,
                                   cudaStream_t stream) {
   const bool kv64 = variant == CascadeWsVariant::kKv64 || variant == CascadeWsVariant::kKv64Turns;
+  // 128-key tiles (the default): the fast exponent; 64-key tiles: the plain one
   if (tile_rows == 64) {
     if (kv64) return launch_ws_tile<CascadeWsTile<1, 64, 4>>(p, maps, grid, pdl, stream);
-    return launch_ws_tile<CascadeWsTile<1, 128, 3>>(p, maps, grid, pdl, stream);
+    return launch_ws_tile<CascadeWsTile<1, 128, 3, kWsFastExp>>(p, maps, grid, pdl, stream);
   }
   if (kv64) return launch_ws_tile<CascadeWsTile<2, 64, 4>>(p, maps, grid, pdl, stream);
-  return launch_ws_tile<CascadeWsTile<2, 128, 3>>(p, maps, grid, pdl, stream);
+  return launch_ws_tile<CascadeWsTile<2, 128, 3, kWsFastExp>>(p, maps, grid, pdl, stream);
 }
 
 }  // namespace kernels

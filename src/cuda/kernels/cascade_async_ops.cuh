@@ -3,8 +3,8 @@
 ///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 4-D box completing on an
 ///        mbarrier, named barriers, and the bf16 `wgmma` shapes (`m64n64k16` / `m64n128k16`, A
 ///        from registers, the accumulator scale a template flag so the first k-step of a tile
-///        overwrites instead of adding), used by the warp-specialised kernel and by the bf16
-///        shapes of cascade_level_wgmma.cuh.
+///        overwrites instead of adding), the flush-to-zero `ex2.approx`, used by the
+///        warp-specialised kernel and by the bf16 shapes of cascade_level_wgmma.cuh.
 #pragma once
 
 #include <cstdint>
@@ -163,6 +163,14 @@ struct WsWgmmaBf16 {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD));
   }
 };
+
+/// `2^x` on the special-function unit, subnormal results flushed to zero (`ex2.approx.ftz`):
+/// `2^-inf` = 0, NaN stays NaN.
+__device__ __forceinline__ float ex2_approx_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 }  // namespace detail
 }  // namespace kernels

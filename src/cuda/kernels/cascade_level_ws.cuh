@@ -14,8 +14,13 @@
 ///        Numerics as everywhere in the library: fp32 scores and accumulators, max-subtracted
 ///        base-2 online softmax (`math::OnlineSoftmax`), the accumulator rescaled before each
 ///        tile's `PV` exactly as in the sequential loop, probabilities rounded to bf16 as the `PV`
-///        operand. The last, partial tile of a split is copied with `cp.async` and its keys past
-///        the end zero-filled, so nothing past a segment's length is ever read as a factor.
+///        operand. With `kWsFastExp` (the 128-key tiles) a probability is one FFMA and one
+///        `ex2.approx.ftz`, `2^{fma(s, |scale|, -m)}` on the raw score `s` (the running max `m`
+///        is the scaled max of the raw scores; masked keys -inf give 0, a row still at -inf
+///        gives 0, NaN scores make the row NaN); a negative scale negates the queries instead
+///        (exact in bf16). The last, partial tile of a split is copied with `cp.async` and its
+///        keys past the end zero-filled, so nothing past a segment's length is ever read as a
+///        factor.
 #pragma once
 
 #include <cuda.h>
@@ -40,22 +45,31 @@ struct CascadeTmaMaps {
   CUtensorMap v;  ///< V pool.
 };
 
+/// Options of the warp-specialised kernel (bit flags, the `Opt` of `CascadeWsTile`).
+enum CascadeWsOpt : int {
+  /// Probabilities as `2^{fma(s, |scale|, -m)}` on `ex2.approx.ftz` (one FFMA and one MUFU per
+  /// score instead of a scale, a subtraction and the subnormal-safe `exp2f`); a negative scale
+  /// runs as its magnitude on negated queries (exact in bf16).
+  kWsFastExp = 1,
+};
+
 /// Tile configuration: `NWG` consumer warpgroups of 64 rows, `BN` keys per KV tile, `Stages`
-/// K/V stages in the ring; head_dim 128.
-template <int NWG_, int BN_, int Stages_>
+/// K/V stages in the ring, the options `Opt` (`CascadeWsOpt` flags); head_dim 128.
+template <int NWG_, int BN_, int Stages_, int Opt_ = 0>
 struct CascadeWsTile {
   static constexpr int D = 128;
   static constexpr int NWG = NWG_;
   static constexpr int BM = 64 * NWG;  ///< Query rows per CTA.
   static constexpr int BN = BN_;       ///< Keys per KV tile.
   static constexpr int kStages = Stages_;
+  static constexpr bool kFastExp = (Opt_ & kWsFastExp) != 0;  ///< Option kWsFastExp.
   static constexpr int kConsumers = 128 * NWG;
   /// + one producer warpgroup (one warp copies; its registers go to the consumers).
   static constexpr int kThreads = kConsumers + 128;
   /// Registers per thread after `setmaxnreg`: the launch gives every thread
   /// 65536 / kThreads (rounded down to 8); the producer warpgroup drops to kProducerRegs and the
   /// consumers take the rest.
-  static constexpr int kProducerRegs = 40;
+  static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs =
       ((65536 / kThreads / 8 * 8 * kThreads - 128 * kProducerRegs) / kConsumers) / 8 * 8 > 240
           ? 240
@@ -81,6 +95,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   using Wg = detail::WsWgmmaBf16;
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN, NWG = Tile::NWG;
   constexpr int kStages = Tile::kStages, kConsumers = Tile::kConsumers;
+  constexpr bool kFast = Tile::kFastExp;
   constexpr int kChunks = D / 8;
   constexpr std::uint32_t kTileBytes = Tile::kTileBytes;
 
@@ -90,6 +105,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   T* s_q = reinterpret_cast<T*>(smem_al);
   T* s_k = s_q + BM * D;
   T* s_v = s_k + kStages * BN * D;
+  const std::uint32_t q_smem = detail::smem_u32(s_q);
   const std::uint32_t k_smem = detail::smem_u32(s_k), v_smem = detail::smem_u32(s_v);
   // mbarriers, kStages × 8 bytes each: a stage's K and V landed ("full"), were read ("empty")
   const std::uint32_t full0 = detail::smem_u32(s_v + kStages * BN * D);
@@ -135,8 +151,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     }
     detail::fence_mbar_init();
   }
-  // --- queries → shared memory: each consumer warpgroup copies its own 64 rows (zero past the
-  // segment's rows)
+  // --- queries → shared memory, in the 128-byte swizzled layout of the K tiles: each consumer
+  // warpgroup copies its own 64 rows (zero past the segment's rows)
   if (tid < kConsumers) {
     const int wg = tid >> 7, t = tid & 127;
     for (int i = t; i < 64 * kChunks; i += 128) {
@@ -151,7 +167,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               c * 8;
         bytes = 16;
       }
-      detail::cp_async16(detail::smem_u32(s_q + detail::swz<D>(r, c)), src, bytes);
+      detail::cp_async16(q_smem + 2 * detail::swz128<BM>(r, c), src, bytes);
     }
     detail::cp_async_commit();
   }
@@ -180,64 +196,67 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       pg = pg < 0 ? 0 : (pg >= p.num_pages ? p.num_pages - 1 : pg);
       return static_cast<int>(pg);
     };
+    // the boxes of one whole tile of K or V (`tm`) into the stage at `dst`, completing on `full`
+    auto copy_boxes = [&](std::uint32_t dst, const CUtensorMap* tm, std::uint32_t full, int j0,
+                          int page) {
+      const int slot = detail::slot_of(p, j0 + b * G);
+      const int c1 = p.hnd ? slot : h_kv, c2 = p.hnd ? h_kv : slot;
+      const std::uint32_t box = dst + b * G * 128;
+      for (int idx = lane; idx < nops; idx += 32) {
+        const int half = idx / nb;
+        detail::tma_load_4d(box + half * (BN * 128), tm, full, half * 64, c1, c2, page);
+      }
+    };
+    // the split's last, partial tile: cp.async, keys past the end zero-filled
+    auto copy_partial = [&](std::uint32_t dk, std::uint32_t dv, int j0, std::uint32_t full) {
+      for (int r = lane; r < BN; r += 32) {
+        const int j = j0 + r;
+        std::int64_t off = 0;
+        int bytes = 0;
+        if (j < kv_end) {
+          std::int64_t page = p.page_indices[pbeg + detail::page_of(p, j)];
+          page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+          const int sl = detail::slot_of(p, j);
+          off =
+              page * p.page_elems + (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
+                                           : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
+                                        D;
+          bytes = 16;
+        }
+#pragma unroll 4
+        for (int c = 0; c < kChunks; ++c) {
+          const std::uint32_t o = 2 * detail::swz128<BN>(r, c);
+          detail::cp_async16(dk + o, kpool + off + c * 8, bytes);
+          detail::cp_async16(dv + o, vpool + off + c * 8, bytes);
+        }
+      }
+      detail::cp_async_commit();
+      detail::cp_async_wait<0>();
+      detail::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
+      __syncwarp();
+      if (lane == 0) detail::mbar_arrive(full);
+    };
     int win_cur = load_window(0);
     int win_next = load_window(1);
     for (int kt = 0; kt < n_tiles; ++kt) {
-      const int st = kt % kStages;
       if (kt > 0 && kt % per_win == 0) {
         win_cur = win_next;
         win_next = load_window(kt / per_win + 1);
       }
+      const int page = __shfl_sync(0xffffffffu, win_cur, (kt % per_win) * nb + b);
+      const int st = kt % kStages;
       if (kt >= kStages) detail::mbar_wait(empty0 + 8 * st, ((kt / kStages) - 1) & 1);
       const std::uint32_t full = full0 + 8 * st;
+      const std::uint32_t dk = k_smem + st * kTileBytes, dv = v_smem + st * kTileBytes;
       const int j0 = kv_begin + kt * BN;
       if (j0 + BN <= kv_end) {
         // a whole tile: nops boxes of K, then of V; one mbarrier transaction of K + V bytes
         if (lane == 0) detail::mbar_arrive_expect_tx(full, 2 * kTileBytes);
         __syncwarp();
-        const int page = __shfl_sync(0xffffffffu, win_cur, (kt % per_win) * nb + b);
-        const int slot = detail::slot_of(p, j0 + b * G);
-        const int c1 = p.hnd ? slot : h_kv, c2 = p.hnd ? h_kv : slot;
-        const std::uint32_t box = st * kTileBytes + b * G * 128;
-        for (int idx = lane; idx < nops; idx += 32) {
-          const int half = idx / nb;
-          detail::tma_load_4d(k_smem + box + half * (BN * 128), &tm_k, full, half * 64, c1, c2,
-                              page);
-        }
-        for (int idx = lane; idx < nops; idx += 32) {
-          const int half = idx / nb;
-          detail::tma_load_4d(v_smem + box + half * (BN * 128), &tm_v, full, half * 64, c1, c2,
-                              page);
-        }
+        copy_boxes(dk, &tm_k, full, j0, page);
+        copy_boxes(dv, &tm_v, full, j0, page);
       } else {
-        // the split's last, partial tile: cp.async, keys past the end zero-filled
-        const std::uint32_t dk = k_smem + st * kTileBytes, dv = v_smem + st * kTileBytes;
-        for (int r = lane; r < BN; r += 32) {
-          const int j = j0 + r;
-          std::int64_t off = 0;
-          int bytes = 0;
-          if (j < kv_end) {
-            std::int64_t page = p.page_indices[pbeg + detail::page_of(p, j)];
-            page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-            const int sl = detail::slot_of(p, j);
-            off = page * p.page_elems +
-                  (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
-                         : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
-                      D;
-            bytes = 16;
-          }
-#pragma unroll 4
-          for (int c = 0; c < kChunks; ++c) {
-            const std::uint32_t o = 2 * detail::swz128<BN>(r, c);
-            detail::cp_async16(dk + o, kpool + off + c * 8, bytes);
-            detail::cp_async16(dv + o, vpool + off + c * 8, bytes);
-          }
-        }
-        detail::cp_async_commit();
-        detail::cp_async_wait<0>();
-        detail::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
-        __syncwarp();
-        if (lane == 0) detail::mbar_arrive(full);
+        copy_partial(dk, dv, j0, full);
       }
     }
     return;
@@ -246,6 +265,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // ================= consumer warpgroups =================
   if constexpr (NWG == 2) detail::setmaxnreg_inc<Tile::kConsumerRegs>();
   const int wg = warp >> 2, wl = warp & 3;
+  // with the fast exponent a negative scale runs as |scale| on negated queries (exact)
+  const bool negate_q = kFast && p.s2_scale < 0.f;
+  const float sc = kFast ? fabsf(p.s2_scale) : p.s2_scale;
   detail::cp_async_wait<0>();
   detail::named_sync(1 + wg, 128);  // this warpgroup's query rows are in shared memory
   std::uint32_t qf[D / 16][4];
@@ -253,7 +275,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   for (int ks = 0; ks < D / 16; ++ks) {
     const int r = wg * 64 + wl * 16 + (lane & 15);
     const int c = ks * 2 + (lane >> 4);
-    detail::ldmatrix_x4(qf[ks], detail::smem_u32(s_q + detail::swz<D>(r, c)));
+    detail::ldmatrix_x4(qf[ks], q_smem + 2 * detail::swz128<BM>(r, c));
+    if (negate_q)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qf[ks][i] ^= 0x80008000u;
   }
 
   // per-thread rows: lane/4 and lane/4 + 8 of the warp's 16; their key limits (causal)
@@ -319,43 +344,80 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     bool moved = false;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      float bmax = math::neg_inf();
-      if (masked) {
+      if constexpr (kFast) {
+        // raw scores: the max of the scaled scores is the scaled max (sc > 0); masked keys -inf
+        float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
+        if (masked) {
 #pragma unroll
-        for (int n = 0; n < BN / 8; ++n)
+          for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& sv = s[n][2 * rr + e];
-            sv = jb + n * 8 + e < limit[rr] ? sv * p.s2_scale : math::neg_inf();
-            bmax = fmaxf(bmax, sv);
-          }
-      } else {
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& sv = s[n][2 * rr + e];
-            sv *= p.s2_scale;
-            bmax = fmaxf(bmax, sv);
-          }
-      }
-      // (a NaN score is left out of the max but its probability is NaN: the row still ends NaN)
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-      alpha[rr] = os[rr].rescale(bmax);
-      moved |= alpha[rr] != 1.f;
-      // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
-      const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
-      float psum = 0.f;
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& sv = s[n][2 * rr + e];
-          sv = exp2f(sv - m);
-          psum += sv;
+            for (int e = 0; e < 2; ++e) {
+              float& sv = s[n][2 * rr + e];
+              sv = jb + n * 8 + e < limit[rr] ? sv : math::neg_inf();
+            }
         }
-      os[rr].add(psum);
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
+        float bmax = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
+        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+        alpha[rr] = os[rr].rescale(bmax * sc);
+        moved |= alpha[rr] != 1.f;
+        // 2^{s·sc - m}: 0 for -inf scores, also while m is still -inf (then m is taken as 0)
+        const float nm = os[rr].m == math::neg_inf() ? 0.f : -os[rr].m;
+        float ps[2] = {0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv = detail::ex2_approx_ftz(fmaf(sv, sc, nm));
+            ps[e] += sv;
+          }
+        os[rr].add(ps[0] + ps[1]);
+      } else {
+        float bmax = math::neg_inf();
+        if (masked) {
+#pragma unroll
+          for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& sv = s[n][2 * rr + e];
+              sv = jb + n * 8 + e < limit[rr] ? sv * sc : math::neg_inf();
+              bmax = fmaxf(bmax, sv);
+            }
+        } else {
+#pragma unroll
+          for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& sv = s[n][2 * rr + e];
+              sv *= sc;
+              bmax = fmaxf(bmax, sv);
+            }
+        }
+        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+        alpha[rr] = os[rr].rescale(bmax);
+        moved |= alpha[rr] != 1.f;
+        // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
+        const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
+        float psum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv = exp2f(sv - m);
+            psum += sv;
+          }
+        os[rr].add(psum);
+      }
     }
     return __any_sync(0xffffffffu, moved);
   };
