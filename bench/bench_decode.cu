@@ -10,11 +10,16 @@
 /// hq:batch:ctx,...` runs the given points (ctx in tokens, or with a `k` suffix); `--splits n`
 /// forces n splits; `--explore` times several split counts per point; `--no-s1` skips the
 /// one-split column; `--reps n` sets the timed calls per point; `--hnd` uses HND pages;
-/// `--no-flush` keeps the L2 warm between calls; `--floors` also times an empty kernel after the
-/// flush and the read bandwidth of the cache in the decode's access pattern (no arithmetic).
+/// `--no-flush` keeps the L2 warm between calls (a short spin kernel before each timed call keeps
+/// the host's launch time out of the measurement; `--no-flush-raw` times without it, so an idle
+/// GPU waits for the host's launch); `--floors` also times an empty kernel after the flush and
+/// the read bandwidth of the cache in the decode's access pattern (no arithmetic); `--host`
+/// prints the host time of one `run_decode` call; `--timeline` (builds with
+/// ATTNSTATE_DECODE_TIMELINE=1 only) prints per-CTA timeline statistics of single calls.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +90,19 @@ __global__ void flush_read(const int4* p, std::size_t n, int* sink) {
 
 __global__ void empty_kernel() {}
 
+/// Busy-waits `ns` nanoseconds of the global timer (keeps the GPU busy while the host launches).
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+#if ATTNSTATE_DECODE_TIMELINE
+extern "C" void attnstate_decode_timeline(unsigned long long* host, int ctas);
+#endif
+
 /// Reads the K and V rows of `streams` (request, KV head) pairs the way the decode does, without
 /// arithmetic: one CTA of 4 warps per stream, each warp 16-token tiles (w, w + 4, ...), lane l
 /// the 16-byte chunk l % 16 of row l / 16 (+2 per load), two tiles in flight. Row `t` of stream
@@ -125,6 +143,7 @@ __global__ void __launch_bounds__(128)
 struct Bench {
   int num_sms = 0;
   bool flush_l2 = true;
+  bool spin = true;  // without the flush: a spin kernel before each timed call
   cudaStream_t stream = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   int4* flush_buf = nullptr;
@@ -141,7 +160,12 @@ struct Bench {
     for (int i = 0; i < 3; ++i) f();
     std::vector<float> ts;
     for (int i = 0; i < reps; ++i) {
-      if (flush_l2) flush();
+      if (flush_l2) {
+        flush();
+      } else if (spin) {
+        spin_kernel<<<1, 32, 0, stream>>>(20000);
+        ATTNSTATE_CHECK_LAUNCH(stream, "spin_kernel");
+      }
       ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, stream));
       f();
       ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -188,6 +212,7 @@ std::string ctx_str(int ctx) {
 int main(int argc, char** argv) {
   std::string csv_path;
   bool quick = false, explore = false, no_s1 = false, hnd = false, floors = false;
+  bool host_time = false, timeline = false;
   int force_splits = 0, reps_arg = 0;
   std::vector<Point> points;
   Bench bench;
@@ -210,6 +235,12 @@ int main(int argc, char** argv) {
       hnd = true;
     else if (!std::strcmp(argv[i], "--no-flush"))
       bench.flush_l2 = false;
+    else if (!std::strcmp(argv[i], "--no-flush-raw"))
+      bench.flush_l2 = bench.spin = false;
+    else if (!std::strcmp(argv[i], "--host"))
+      host_time = true;
+    else if (!std::strcmp(argv[i], "--timeline"))
+      timeline = true;
     else if (!std::strcmp(argv[i], "--floors"))
       floors = true;
   }
@@ -375,11 +406,16 @@ int main(int argc, char** argv) {
         // Split counts at this point (time in µs).
         std::printf("explore %d/%d b%d %s (auto %d):", hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
                     plan.splits.splits_for(ctx));
-        for (int ns : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 64, 66, 132}) {
+        for (int ns : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 40, 48, 49, 64, 66, 132}) {
           if (ns > 1 && std::int64_t{ctx} / ns < 32) continue;
+          // Fixed split size (the policy the automatic plan resolves to): ns splits of equal
+          // length, rounded up to the tile.
           DecodeOptions eo;
-          eo.policy = SplitPolicy::kFixedCount;
-          eo.num_splits = ns;
+          eo.policy = SplitPolicy::kFixedSize;
+          eo.split_size = (ctx + ns - 1) / ns;
+          eo.split_size =
+              (eo.split_size + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
+          if (ns > 1 && (ctx + eo.split_size - 1) / eo.split_size != ns) continue;
           cuda::DecodePlan ep = cuda::plan_decode(pr, lens.data(), eo, bench.num_sms);
           void* ews = nullptr;
           const std::size_t eb = std::max<std::size_t>(256, ep.workspace_bytes());
@@ -393,6 +429,112 @@ int main(int argc, char** argv) {
         std::printf("\n");
         std::fflush(stdout);
         continue;
+      }
+      if (timeline) {
+#if ATTNSTATE_DECODE_TIMELINE
+        // Single calls after a flush: per-CTA stamps (start, partial state done, merge
+        // decision, merge end) relative to the first CTA's start, in µs.
+        void* tws = nullptr;
+        const std::size_t tb = std::max<std::size_t>(256, plan.workspace_bytes());
+        ATTNSTATE_CUDA_CHECK(cudaMalloc(&tws, tb));
+        cuda::init_decode_workspace(plan, tws, tb, bench.stream);
+        const int ctas = static_cast<int>(std::min<std::int64_t>(
+            16384, std::int64_t{batch} * kHeadsKv * plan.row_tiles * plan.splits.max_splits));
+        const int S = plan.splits.max_splits;
+        std::vector<unsigned long long> tl(static_cast<std::size_t>(ctas) * 8);
+        attnstate_decode_timeline(tl.data(), ctas);  // clears
+        for (int rep = 0; rep < 3; ++rep) {
+          if (bench.flush_l2) bench.flush();
+          cuda::run_decode(plan, qv, kv, out, tws, tb, bench.stream);
+          attnstate_decode_timeline(tl.data(), ctas);
+          unsigned long long t0 = ~0ull;
+          for (int c = 0; c < ctas; ++c)
+            if (tl[8 * c] != 0) t0 = std::min(t0, tl[8 * c]);
+          auto rel = [&](unsigned long long t) { return t ? (t - t0) / 1000.0 : -1.0; };
+          double start_max = 0, p_min = 1e30, p_max = 0, dec_max = 0, end_max = 0;
+          double tile_lat_sum = 0, tile_lat_max = 0, tile_tk_max = 0;
+          int tiles = 0, mergers = 0, lives = 0;
+          double life_sum = 0, len_sum = 0, first_sum = 0, loop_sum = 0;
+          int len_n = 0, first_n = 0, loop_n = 0;
+          for (int c0 = 0; c0 < ctas; c0 += S) {
+            double pm = 0, dm = 0, em = 0;
+            for (int c = c0; c < std::min(ctas, c0 + S); ++c) {
+              if (tl[8 * c] == 0) continue;
+              start_max = std::max(start_max, rel(tl[8 * c]));
+              if (tl[8 * c + 4]) {
+                len_sum += (tl[8 * c + 4] - tl[8 * c]) / 1000.0;
+                ++len_n;
+              }
+              if (tl[8 * c + 5]) {
+                first_sum += (tl[8 * c + 5] - tl[8 * c]) / 1000.0;
+                ++first_n;
+              }
+              if (tl[8 * c + 6]) {
+                loop_sum += (tl[8 * c + 6] - tl[8 * c]) / 1000.0;
+                ++loop_n;
+              }
+              if (tl[8 * c + 1]) {
+                life_sum += (tl[8 * c + 1] - tl[8 * c]) / 1000.0;
+                ++lives;
+                p_min = std::min(p_min, rel(tl[8 * c + 1]));
+                pm = std::max(pm, rel(tl[8 * c + 1]));
+              }
+              if (tl[8 * c + 2]) dm = std::max(dm, rel(tl[8 * c + 2]));
+              if (tl[8 * c + 3]) {
+                em = std::max(em, rel(tl[8 * c + 3]));
+                ++mergers;
+              }
+            }
+            p_max = std::max(p_max, pm);
+            dec_max = std::max(dec_max, dm);
+            end_max = std::max(end_max, em);
+            if (em > 0) {
+              ++tiles;
+              tile_lat_sum += em - pm;
+              tile_lat_max = std::max(tile_lat_max, em - pm);
+              tile_tk_max = std::max(tile_tk_max, dm - pm);
+            }
+          }
+          std::printf(
+              "timeline %d/%d b%d %s S=%d ctas=%d: start<=%.2f partial %.2f..%.2f "
+              "decision<=%.2f end<=%.2f | per tile last partial->merged mean %.2f max %.2f "
+              "(->decision max %.2f) mergers %d; CTA start-> len %.2f first tile %.2f "
+              "loop %.2f partial %.2f (means)\n",
+              hq, kHeadsKv, batch, ctx_str(ctx).c_str(), S, ctas, start_max,
+              p_min > 1e29 ? -1.0 : p_min, p_max, dec_max, end_max,
+              tiles ? tile_lat_sum / tiles : 0.0, tile_lat_max, tile_tk_max, mergers,
+              len_n ? len_sum / len_n : 0.0, first_n ? first_sum / first_n : 0.0,
+              loop_n ? loop_sum / loop_n : 0.0, lives ? life_sum / lives : 0.0);
+        }
+        ATTNSTATE_CUDA_CHECK(cudaFree(tws));
+#else
+        std::printf("timeline: build with -DATTNSTATE_DECODE_TIMELINE=1\n");
+#endif
+      }
+      if (host_time) {
+        // Host time of one call (enqueue only), averaged over 200 calls behind a spin kernel.
+        void* hws = nullptr;
+        const std::size_t hb = std::max<std::size_t>(256, plan.workspace_bytes());
+        ATTNSTATE_CUDA_CHECK(cudaMalloc(&hws, hb));
+        cuda::init_decode_workspace(plan, hws, hb, bench.stream);
+        for (int i = 0; i < 10; ++i) cuda::run_decode(plan, qv, kv, out, hws, hb, bench.stream);
+        ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(bench.stream));
+        spin_kernel<<<1, 32, 0, bench.stream>>>(2000000);
+        ATTNSTATE_CHECK_LAUNCH(bench.stream, "spin_kernel");
+        ATTNSTATE_CUDA_CHECK(cudaEventRecord(bench.e0, bench.stream));
+        const auto h0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 200; ++i) cuda::run_decode(plan, qv, kv, out, hws, hb, bench.stream);
+        const auto h1 = std::chrono::steady_clock::now();
+        ATTNSTATE_CUDA_CHECK(cudaEventRecord(bench.e1, bench.stream));
+        ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(bench.e1));
+        float ms = 0;
+        ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, bench.e0, bench.e1));
+        std::printf(
+            "host %d/%d b%d %s: %.2f us per run_decode call (enqueue); GPU back-to-back "
+            "%.2f us per call (L2 warm)\n",
+            hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
+            std::chrono::duration<double, std::micro>(h1 - h0).count() / 200, 1000.0 * ms / 200);
+        ATTNSTATE_CUDA_CHECK(cudaFree(hws));
       }
       DecodeOptions one;
       one.policy = SplitPolicy::kFixedCount;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -155,12 +156,37 @@ int prepare_kernel(int cluster) {
   return n;
 }
 
+/// Largest group size of the workspace merge (build-time knob; probe builds read the
+/// environment variable ATTNSTATE_DECODE_WS_GROUP instead when it is set).
+int max_ws_group() {
+#if ATTNSTATE_DECODE_TIMELINE
+  static const int env = [] {
+    const char* v = std::getenv("ATTNSTATE_DECODE_WS_GROUP");
+    return v != nullptr ? std::atoi(v) : -1;
+  }();
+  if (env >= 1) return std::min(env, detail::kDecodeMaxCluster);
+#endif
+  return std::min(detail::kDecodeWsGroup, detail::kDecodeMaxCluster);
+}
+
 template <int D, bool kBF16, int kStages>
 void launch(detail::DecodeParams p, std::int64_t grid, cudaStream_t stream) {
   const int resident = prepare_kernel<D, kBF16, kStages>(p.cluster);
   // The cluster merge pays off only when every cluster is resident at once (one wave); otherwise
   // the splits merge through the workspace (the same arithmetic, the same bits).
   if (p.cluster > 1 && grid / p.cluster > resident) p.cluster = 1;
+  // Workspace merge of a one-wave grid: groups of consecutive splits in clusters (the largest
+  // size that divides the split count and keeps every cluster resident), so that the last
+  // group's CTAs share the merge.
+  const int S = p.splits.max_splits;
+  if (p.cluster == 1 && S > 1) {
+    for (int c = std::min(max_ws_group(), S - 1); c >= 2; --c) {
+      if (S % c == 0 && grid / c <= prepare_kernel<D, kBF16, kStages>(c)) {
+        p.cluster = c;
+        break;
+      }
+    }
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(detail::kDecodeWarps * 32);
@@ -426,3 +452,17 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
 
 }  // namespace cuda
 }  // namespace attnstate
+
+#if ATTNSTATE_DECODE_TIMELINE
+/// Probe builds only: copies the per-CTA timeline stamps (8 per CTA, `ctas` CTAs) to `host` and
+/// clears them.
+extern "C" void attnstate_decode_timeline(unsigned long long* host, int ctas) {
+  using attnstate::cuda::detail::g_decode_timeline;
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  ATTNSTATE_CUDA_CHECK(
+      cudaMemcpyFromSymbol(host, g_decode_timeline, static_cast<std::size_t>(ctas) * 8 * 8));
+  void* addr = nullptr;
+  ATTNSTATE_CUDA_CHECK(cudaGetSymbolAddress(&addr, g_decode_timeline));
+  ATTNSTATE_CUDA_CHECK(cudaMemset(addr, 0, sizeof(g_decode_timeline)));
+}
+#endif

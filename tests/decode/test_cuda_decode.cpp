@@ -325,6 +325,54 @@ TEST(CudaDecode, ClusterMergeEqualsWorkspaceMergeBitwise) {
   }
 }
 
+// More splits than a cluster merges whole go through the workspace: in groups of consecutive
+// splits sharing a cluster (one ticket per group, the last group's CTAs share the columns) when
+// every group is resident at once, else one ticket per CTA. A prefix of the batch (a small grid:
+// groups) and the whole batch (hundreds of CTAs per SM slot: tickets) must give bitwise the same
+// rows, with partial and empty groups (ragged lengths) and one and two row tiles.
+TEST(CudaDecode, WorkspaceGroupMergeEqualsTicketMergeBitwise) {
+  ATTNSTATE_REQUIRE_GPU();
+  std::uint64_t seed = 950;
+  for (std::int64_t D : {64, 128}) {
+    for (std::int64_t q_len : {1, 3}) {
+      DecodeConfig cfg;
+      cfg.q_len = q_len;
+      cfg.heads_q = 64;
+      cfg.heads_kv = 8;
+      cfg.head_dim = D;
+      cfg.block_table = q_len == 1;
+      cfg.seq_lens = std::vector<std::int32_t>{1000, 300, 0, 64 * 9 + 3};
+      for (int b = 0; b < 8; ++b) cfg.seq_lens.push_back(1024 - 7 * b);
+      const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+      DecodeOptions o;
+      o.policy = SplitPolicy::kFixedSize;
+      o.split_size = 64;
+      const GpuOut all = run_gpu(p, o, DType::kF32, LseBase::kNatural);
+      ASSERT_EQ(all.plan.splits.max_splits, 16);
+      const std::string what = "D " + std::to_string(D) + " q_len " + std::to_string(q_len);
+      expect_matches_reference(p, all, DType::kF32, LseBase::kNatural, what);
+      DeviceProblem d(p);
+      for (std::int64_t kb : {1, 2, 4}) {
+        PagedKvCache kv = d.kv(p);
+        kv.batch = kb;
+        ConstTensorView qv = d.qv(p);
+        qv.shape[0] = kb;
+        DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, all.plan.workspace_bytes()));
+        ws.poison();
+        cuda::init_decode_workspace(all.plan, ws.get(), ws.bytes());
+        DeviceState out(kb * q_len, cfg.heads_q, D, DType::kF32, LseBase::kNatural);
+        cuda::run_decode(all.plan, qv, kv, out.view, ws.get(), ws.bytes());
+        ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<unsigned char> ao = out.o.download();
+        const std::vector<float> al = out.lse.download();
+        EXPECT_EQ(0, std::memcmp(ao.data(), all.o.data(), ao.size())) << what << " prefix " << kb;
+        EXPECT_EQ(0, std::memcmp(al.data(), all.lse.data(), 4 * al.size()))
+            << what << " prefix " << kb;
+      }
+    }
+  }
+}
+
 // Short splits run in a configuration with one more CTA per SM when the grid exceeds one wave or
 // when only it keeps every cluster resident; the same request alone runs in the default one.
 // The rows must agree bitwise (fixed split size) and match the reference.

@@ -118,6 +118,10 @@ __device__ __forceinline__ float ld_cluster(std::uint32_t addr) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
+/// Stores to distributed shared memory (an address from `cluster_map`).
+__device__ __forceinline__ void st_cluster(std::uint32_t addr, int v) {
+  asm volatile("st.shared::cluster.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 /// As `ld_cluster`, four consecutive floats (16-byte aligned).
 __device__ __forceinline__ float4 ld_cluster4(std::uint32_t addr) {
   float4 v;

@@ -58,6 +58,21 @@ constexpr std::int32_t kDecodeShortTokens = ATTNSTATE_DECODE_SHORT_TOKENS;
 #endif
 constexpr int kDecodeMaxCluster = ATTNSTATE_DECODE_MAX_CLUSTER;
 static_assert(kDecodeMaxCluster >= 1 && kDecodeMaxCluster <= 8, "portable cluster sizes only");
+/// Largest group of consecutive splits that share a cluster in the workspace merge (more splits
+/// than a cluster merges whole): the group's CTAs take one ticket, and every CTA of the last
+/// group merges a share of the output columns (the merge spread over several SMs; the same
+/// arithmetic per element). 1 disables the groups. Build-time knob; at most 8.
+#ifndef ATTNSTATE_DECODE_WS_GROUP
+#define ATTNSTATE_DECODE_WS_GROUP 8
+#endif
+constexpr int kDecodeWsGroup = ATTNSTATE_DECODE_WS_GROUP;
+static_assert(kDecodeWsGroup >= 1 && kDecodeWsGroup <= 8, "portable cluster sizes only");
+/// Probe builds only (never in a shipped build): per-CTA globaltimer stamps in a device array.
+#ifndef ATTNSTATE_DECODE_TIMELINE
+#define ATTNSTATE_DECODE_TIMELINE 0
+#endif
+/// CTAs whose stamps the probe timeline keeps (8 per CTA).
+constexpr int kDecodeTimelineCtas = 16384;
 /// Shared memory of one SM available to resident CTAs (sm_90), bytes; and what the runtime
 /// reserves per CTA.
 constexpr std::int64_t kDecodeSmemPerSm = 228 * 1024;
@@ -93,9 +108,11 @@ struct DecodeParams {
   DType out_dtype;
   LseBase out_base;
   bool out_vec4;  // 4 consecutive o elements can be stored as one aligned vector
-  // split merge: `cluster` > 1 merges the splits of a (request, KV head, row tile) inside a
-  // cluster of that many CTAs (one per split); otherwise through the workspace: partial states
-  // [(b, hkv, row tile, split, row)] and tickets [(b, hkv, row tile)]
+  // split merge: `cluster` == `splits.max_splits` > 1 merges the splits of a (request, KV head,
+  // row tile) inside a cluster of that many CTAs (one per split); otherwise through the
+  // workspace: partial states [(b, hkv, row tile, split, row)] and tickets [(b, hkv, row tile)],
+  // one ticket per CTA (`cluster` 1) or per cluster of `cluster` consecutive splits (a divisor
+  // of `max_splits`) whose last one merges in all its CTAs
   std::int32_t cluster;
   float* ws_o;
   float* ws_lse;

@@ -11,19 +11,25 @@
 /// - The warps' states are merged in warp order through shared memory. A request with one split
 ///   writes the output directly. Otherwise the split states are merged in split order with the
 ///   core max-subtracted merge (`split_max` / `split_accumulate` / `split_finalize`), either
-///   - inside a thread-block cluster (one CTA per split, `p.cluster` > 1): each CTA publishes its
-///     state in its shared memory, and after a cluster barrier each CTA merges a share of the
-///     output columns reading its peers' states through distributed shared memory; or
+///   - inside a thread-block cluster (one CTA per split, `p.cluster` = the split count): each
+///     CTA publishes its state in its shared memory, and after a cluster barrier each CTA merges
+///     a share of the output columns reading its peers' states through distributed shared
+///     memory; or
 ///   - through the workspace: each CTA writes a partial state (fp32 `o`, base-2 `lse`) and takes
-///     an integer ticket; the last CTA of a (request, KV head, row tile) copies the states into
-///     its shared memory (all copies in flight at once, in chunks of splits that fit), computes
-///     each row's max, weights and weight sum once (one thread per row), merges the columns and
-///     resets the ticket.
+///     an integer ticket; the last CTA of a (request, KV head, row tile) copies the `o` states
+///     into its shared memory (all copies in flight at once, in chunks of splits that fit),
+///     computes each row's max (a warp, shuffles), the weights (in parallel) and the weight sum
+///     (in split order) once while the copies land, merges the columns and resets the ticket.
+///     When a one-wave grid allows it, groups of `p.cluster` consecutive splits share a
+///     cluster and one ticket: every CTA of the last group merges a share of the columns (the
+///     merge spread over several SMs).
 ///   Both run the same sequence of floating-point operations per output element (max, then
 ///   `w = 2^(lse − m)`, `sum += w`, `acc += w · o` in split order), so the result does not
 ///   depend on the path.
 /// - The code is kept compact (rolled loops off the hot path): small launches are dominated by
 ///   instruction fetch from a cold cache.
+/// - Probe builds (`ATTNSTATE_DECODE_TIMELINE=1`, never shipped) stamp per-CTA globaltimer
+///   values at the phases of the kernel (read with `bench_decode --timeline`).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -83,6 +89,32 @@ __device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, i
 #endif
 }
 
+#if ATTNSTATE_DECODE_TIMELINE
+/// Probe timeline: per CTA, globaltimer at start (0), partial state done (1), merge decision
+/// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6).
+__device__ unsigned long long g_decode_timeline[kDecodeTimelineCtas * 8];
+__device__ __forceinline__ void decode_mark(int slot) {
+  if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_decode_timeline[blockIdx.x * 8 + slot] = t;
+  }
+}
+/// As `decode_mark`, after `dep` is available.
+__device__ __forceinline__ void decode_mark_dep(int slot, int dep) {
+  if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep));
+    g_decode_timeline[blockIdx.x * 8 + slot] = t;
+  }
+}
+#define ATTNSTATE_DECODE_MARK(slot) decode_mark(slot)
+#define ATTNSTATE_DECODE_MARK_DEP(slot, dep) decode_mark_dep(slot, dep)
+#else
+#define ATTNSTATE_DECODE_MARK(slot) ((void)0)
+#define ATTNSTATE_DECODE_MARK_DEP(slot, dep) ((void)0)
+#endif
+
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
 /// (else f16) queries and KV.
 template <int D, bool kBF16, int kStages>
@@ -109,6 +141,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   float* merge_state = reinterpret_cast<float*>(body + kBodyBytes - kStateBytes);
   int* is_last = reinterpret_cast<int*>(body + kBodyBytes);
 
+  ATTNSTATE_DECODE_MARK(0);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -179,12 +212,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   if (len64 < 0) len64 = 0;
   if (len64 > pages * p.page_size) len64 = pages * p.page_size;
   const std::int32_t len = static_cast<std::int32_t>(len64);
+  ATTNSTATE_DECODE_MARK_DEP(4, len);
   const int n_splits = p.splits.splits_for(len);
   const bool single = n_splits == 1;
-  // A cluster of several splits merges in distributed shared memory: every CTA of it takes part
-  // in the cluster barriers, those past the request's splits with an empty range.
-  const bool clustered = p.cluster > 1 && !single;
-  if (s >= n_splits && !clustered) return;
+  // In a cluster (the tile's splits merged in distributed shared memory, or a group of the
+  // workspace merge) every CTA takes part in the cluster barriers, those past the request's
+  // splits with an empty range.
+  const bool in_cluster = p.cluster > 1 && !single;
+  const bool clustered = in_cluster && p.cluster == S;  // distributed shared-memory merge
+  if (s >= n_splits && !in_cluster) return;
   const bool active = s < n_splits;
   const TokenRange range = p.splits.range(len, s);  // empty when s ≥ n_splits
 
@@ -352,6 +388,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       cp_async_commit();
       cp_async_wait<kStages - 1>();
       __syncwarp();
+#if ATTNSTATE_DECODE_TIMELINE
+      if (it == 0) ATTNSTATE_DECODE_MARK(5);
+#endif
 
       const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
       const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
@@ -426,6 +465,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       __syncwarp();
     }
     cp_async_wait<0>();
+    ATTNSTATE_DECODE_MARK(6);
 
     // ---- merge the warps' states (fixed warp order) ----
 #pragma unroll
@@ -502,6 +542,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       }
     }
   }
+  ATTNSTATE_DECODE_MARK(1);
   if (single || p.skip_combine) return;
 
   const int items = rows_here * kD4;
@@ -527,90 +568,143 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       store_merged(r, d4, split_finalize(m, sum, acc));
     }
     cluster_sync();  // peers may still read this CTA's state until here
+    ATTNSTATE_DECODE_MARK(3);
     return;
   }
 
-  // ---- ticket: the last CTA of this (request, KV head, row tile) merges the splits ----
-  __syncthreads();  // every thread's partial-state stores precede the release below
-  if (tid == 0) {
-    __threadfence();
-    const int ticket = atomicAdd(p.tickets + tile_id, 1);
-    const int last = ticket == n_splits - 1;
-    if (last) {
-      p.tickets[tile_id] = 0;
-      __threadfence();
+  // ---- tickets: the last CTA (or the last group's cluster) of this (request, KV head, row
+  //      tile) merges the splits; a group's CTAs share the columns ----
+  int e_begin = 0, e_end = items;
+  if (p.cluster > 1) {
+    const int C = p.cluster;
+    const int g = s / C;
+    const int groups = (n_splits + C - 1) / C;
+    if (g >= groups) return;  // the whole cluster: no split of the request in it
+    __syncthreads();          // every thread's partial-state stores precede the release below
+    if (tid == 0) __threadfence();
+    cluster_sync();  // every CTA of the group has released its partial state
+    const int rank = s - g * C;
+    if (rank == 0 && tid == 0) {
+      const int ticket = atomicAdd(p.tickets + tile_id, 1);
+      const int last = ticket == groups - 1;
+      if (last) {
+        p.tickets[tile_id] = 0;
+        __threadfence();
+      }
+      const std::uint32_t flag = smem_addr(is_last);
+#pragma unroll 1
+      for (int c = 0; c < C; ++c)
+        st_cluster(cluster_map(flag, static_cast<std::uint32_t>(c)), last);
     }
-    *is_last = last;
+    cluster_sync();  // the flag is in every CTA's shared memory; no remote access after this
+    ATTNSTATE_DECODE_MARK(2);
+    if (!*is_last) return;
+    const int share = (items + C - 1) / C;
+    e_begin = min(items, rank * share);
+    e_end = min(items, e_begin + share);
+  } else {
+    __syncthreads();  // every thread's partial-state stores precede the release below
+    if (tid == 0) {
+      __threadfence();
+      const int ticket = atomicAdd(p.tickets + tile_id, 1);
+      const int last = ticket == n_splits - 1;
+      if (last) {
+        p.tickets[tile_id] = 0;
+        __threadfence();
+      }
+      *is_last = last;
+    }
+    __syncthreads();
+    ATTNSTATE_DECODE_MARK(2);
+    if (!*is_last) return;
   }
-  __syncthreads();
-  if (!*is_last) return;
 
-  // The split states → shared memory: every split's LSEs [split][16 rows], then chunks of as
-  // many splits' o rows [split][row][D] as fit; all copies of a chunk in flight at once.
+  // Shared memory: the weights of every split [split][16 rows], then the staged `o` of items
+  // [e_begin, e_end) of as many splits as fit [split][item]; at the body's end the running sums
+  // [item] and the rows' (max, weight sum).
   const int n = n_splits;
+  const int ne = e_end - e_begin;
   const std::int64_t split0 = tile_id * S * kRows;  // partial (split 0, row 0)
-  float* st_lse = reinterpret_cast<float*>(body);
-  const int lse_floats = (n * kRows + 31) / 32 * 32;
-  float* st_o = st_lse + lse_floats;
-  const int split_floats = rows_here * D;
-  const int cap = static_cast<int>(((kBodyBytes - kStateBytes) / 4 - lse_floats) / split_floats);
-#pragma unroll 4
-  for (int c = tid; c < n * (kRows / 4); c += kThreads)
-    cp_async_16<0>(smem_addr(st_lse + 4 * c), p.ws_lse + split0 + 4 * c, 16);
+  float* st_w = reinterpret_cast<float*>(body);
+  float* st_o = st_w + n * kRows;
+  float* row_ms = merge_state + 4 * kRows * kD4;  // [row] (m, sum)
+  float4* acc_s = reinterpret_cast<float4*>(merge_state);
+  const int cap =
+      ne > 0
+          ? static_cast<int>((kBodyBytes - kStateBytes - std::int64_t{n} * kRows * 4) / (16 * ne))
+          : 1;
   auto stage_o = [&](int c0, int c1) {
-    const int chunks = (c1 - c0) * (split_floats / 4);
+    const int chunks = (c1 - c0) * ne;
 #pragma unroll 4
     for (int c = tid; c < chunks; c += kThreads) {
-      const int j = c / (split_floats / 4);
-      const int off = (c - j * (split_floats / 4)) * 4;
-      cp_async_16<0>(smem_addr(st_o + j * split_floats + off),
-                     p.ws_o + (split0 + static_cast<std::int64_t>(c0 + j) * kRows) * D + off, 16);
+      const int j = c / ne;
+      const int k = c - j * ne;
+      cp_async_16<0>(
+          smem_addr(st_o + 4 * c),
+          p.ws_o + (split0 + static_cast<std::int64_t>(c0 + j) * kRows) * D + 4 * (e_begin + k),
+          16);
     }
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
   };
-  // Per row (one thread each): the max, the weights (in place of the LSEs; -1 marks an empty
-  // split) and the weight sum, in split order; then every column reads them.
-  float* row_ms = merge_state + 4 * kRows * kD4;  // [row] (m, sum)
+  stage_o(0, min(n, cap));  // in flight while the weights are computed
+  // Per row (a warp each): the max over the splits' LSEs (lanes stride the splits, then
+  // shuffles), every split's weight (-1 marks an empty split), and the weight sum in split order.
+  constexpr int kLsePerLane = kMaxSplits / 32;
+#pragma unroll 1
+  for (int r = warp; r < rows_here; r += kWarps) {
+    float l[kLsePerLane];
+    float m = math::neg_inf();
+#pragma unroll
+    for (int k = 0; k < kLsePerLane; ++k) {
+      const int i = lane + 32 * k;
+      l[k] = i < n ? __ldcg(p.ws_lse + split0 + static_cast<std::int64_t>(i) * kRows + r)
+                   : math::neg_inf();
+      m = math::nan_max(m, l[k]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+#pragma unroll
+    for (int k = 0; k < kLsePerLane; ++k) {
+      const int i = lane + 32 * k;
+      if (i < n)
+        st_w[i * kRows + r] =
+            math::is_empty_lse(l[k]) ? -1.f : math::merge_weight(LseBase::kBase2, l[k], m);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float sum = 0.f;
+#pragma unroll 8
+      for (int i = 0; i < n; ++i) {
+        const float w = st_w[i * kRows + r];
+        if (w != -1.f) sum += w;
+      }
+      row_ms[2 * r] = m;
+      row_ms[2 * r + 1] = sum;
+    }
+  }
+  if (ne == 0) return;
+#pragma unroll 1
   for (int c0 = 0; c0 < n; c0 += cap) {
     const int c1 = min(n, c0 + cap);
-    if (c0 > 0) __syncthreads();  // the previous chunk is merged
-    stage_o(c0, c1);
-    if (c0 == 0) {
-      if (tid < rows_here) {
-        const int r = tid;
-        float m = math::neg_inf();
-#pragma unroll 1
-        for (int i = 0; i < n; ++i) m = math::nan_max(m, st_lse[i * kRows + r]);
-        float sum = 0.f;
-#pragma unroll 1
-        for (int i = 0; i < n; ++i) {
-          const float l = st_lse[i * kRows + r];
-          float w = -1.f;
-          if (!math::is_empty_lse(l)) {
-            w = math::merge_weight(LseBase::kBase2, l, m);
-            sum += w;
-          }
-          st_lse[i * kRows + r] = w;
-        }
-        row_ms[2 * r] = m;
-        row_ms[2 * r + 1] = sum;
-      }
-      __syncthreads();
+    if (c0 > 0) {
+      __syncthreads();  // the previous chunk is merged
+      stage_o(c0, c1);
     }
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll 1
-    for (int e = tid; e < items; e += kThreads) {
+    for (int e = e_begin + tid; e < e_end; e += kThreads) {
       const int r = e / kD4;
       const int d4 = e % kD4;
-      float4* state = reinterpret_cast<float4*>(merge_state) + e;  // this thread's own item
+      float4* state = acc_s + (e - e_begin);  // this thread's own item
       float4 acc = c0 == 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : *state;
-      const float* o_col = st_o + r * D + 4 * d4;
+      const float* o_col = st_o + 4 * (e - e_begin);
 #pragma unroll 4
       for (int i = c0; i < c1; ++i) {
-        const float w = st_lse[i * kRows + r];
+        const float w = st_w[i * kRows + r];
         if (w != -1.f) {
-          const float4 v = *reinterpret_cast<const float4*>(o_col + (i - c0) * split_floats);
+          const float4 v = *reinterpret_cast<const float4*>(o_col + 4 * (i - c0) * ne);
           acc.x += w * v.x;
           acc.y += w * v.y;
           acc.z += w * v.z;
@@ -623,6 +717,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
         *state = acc;
     }
   }
+  ATTNSTATE_DECODE_MARK(3);
 }
 
 }  // namespace detail
