@@ -419,6 +419,64 @@ void expect_error(attnstate::Status status, const char* arg, F&& call) {
   }
 }
 
+/// Host levels of a shared prefix of `prefix` keys over `batch` requests plus a unique suffix of
+/// `suffix` keys each, pages of 16 (the arrays a `plan_cascade` call reads; no device data).
+struct PlanOnlyLevels {
+  std::vector<std::int32_t> r0, p0, i0, l0, r1, p1, i1, l1;
+  attnstate::cuda::CascadeShape shape;
+  attnstate::CascadeLevel levels[2];
+  PlanOnlyLevels(int prefix, int suffix, int batch) {
+    const int pp = (prefix + 15) / 16, sp = (suffix + 15) / 16;
+    r0 = {0, batch};
+    p0 = {0, pp};
+    l0 = {prefix};
+    for (int i = 0; i < pp; ++i) i0.push_back(i);
+    for (int b = 0; b <= batch; ++b) {
+      r1.push_back(b);
+      p1.push_back(b * sp);
+    }
+    for (int b = 0; b < batch; ++b) l1.push_back(suffix);
+    for (int i = 0; i < batch * sp; ++i) i1.push_back(pp + i);
+    shape.batch = batch;
+    shape.q_len = 1;
+    shape.heads_q = 32;
+    shape.heads_kv = 8;
+    shape.head_dim = 128;
+    shape.page_size = 16;
+    shape.num_pages = pp + batch * sp;
+    shape.dtype = DType::kBF16;
+    levels[0] = {1, r0.data(), p0.data(), i0.data(), l0.data()};
+    levels[1] = {batch, r1.data(), p1.data(), i1.data(), l1.data()};
+  }
+  attnstate::cuda::CascadePlan plan(CascadeTuning t = {}, int num_levels = 2) const {
+    return attnstate::cuda::plan_cascade(shape, levels + (2 - num_levels), num_levels, {}, 132, t);
+  }
+};
+
+TEST(CudaCascadePlan, LeavesSmsToASmallDecodeLevelBesideShortSharedLevels) {
+  // Host-only planning (no GPU needed): a small decode level after a short shared prefix gets
+  // SMs of its own and the prefix's splits fit the rest; a long prefix, a large decode, an
+  // explicit count, a single level and a last level off the decode follow their rules.
+  const PlanOnlyLevels small(4096, 64, 16);
+  const auto p = small.plan();
+  ASSERT_TRUE(p.levels[1].decode);
+  EXPECT_GT(p.decode_sms, 0);
+  EXPECT_LE(p.decode_sms, 132 / 2);
+  EXPECT_GE(2 * p.decode_sms, 16 * 8);  // room for every decode CTA, two per SM
+  EXPECT_LE(p.levels[0].max_tiles * p.levels[0].max_splits * 8, 132 - p.decode_sms);
+  EXPECT_EQ(PlanOnlyLevels(32768, 64, 16).plan().decode_sms, 0);  // long shared prefix
+  EXPECT_EQ(PlanOnlyLevels(4096, 64, 256).plan().decode_sms, 0);  // decode needs > half
+  CascadeTuning t;
+  t.decode_sms = 10;
+  EXPECT_EQ(small.plan(t).decode_sms, 10);
+  t.decode_sms = 0;
+  EXPECT_EQ(small.plan(t).decode_sms, 0);
+  EXPECT_EQ(small.plan({}, 1).decode_sms, 0);  // the unique level alone: nothing to run beside
+  t = {};
+  t.decode_last_level = false;
+  EXPECT_EQ(small.plan(t).decode_sms, 0);
+}
+
 TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
   const auto host = c.host_levels();
