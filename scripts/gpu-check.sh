@@ -13,9 +13,11 @@
 #                      GPU_BENCH     names of bench executables to run (default: every bench_*
 #                                    built with CUDA); "none" to skip
 #                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick)
-#                      GPU_SAN_BUDGET seconds for all sanitizer runs together (default 420);
+#                      GPU_SAN_BUDGET seconds after which no sanitizer run starts (default 420);
 #                                    each run is capped at GPU_SAN_TIMEOUT (default 240) and
 #                                    property tests run RC_PARAMS=max_success=20 under it
+#                      GPU_SAN_SHARDS GoogleTest shards per (tool, executable) run (default 1)
+#                      GPU_SAN_JOBS  sanitizer runs at once (default 1; e.g. 6 on 16 host cores)
 # GoogleTest/RapidCheck are taken from .deps/usr when present (scripts/make-device-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,31 +56,60 @@ if [ -f "$BUILD/CTestTestfile.cmake" ]; then
   grep -E "\*\*\*Failed|Not Run|Timeout" "$LOG/ctest.log" | head -40 | tee -a "$SUMMARY"
 fi
 
-# 3. compute-sanitizer over the GPU tests (tests named *Large* are skipped: too slow there)
+# 3. compute-sanitizer over the GPU tests (tests named *Large* are skipped: too slow there).
+# Each (tool, executable) run is cut into GPU_SAN_SHARDS GoogleTest shards, and GPU_SAN_JOBS runs
+# go at once (the sanitizers are bound by host CPU, and the tests use little GPU memory). No run
+# starts once GPU_SAN_BUDGET seconds have passed; each is capped at GPU_SAN_TIMEOUT.
+san_one() {  # tool exe name shard shards -> one summary line on stdout
+  local tool=$1 exe=$2 name=$3 shard=$4 shards=$5 log rc
+  log="$LOG/san-$tool-$name-$shard.log"
+  [ "$shards" = 1 ] && log="$LOG/san-$tool-$name.log"
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard RC_PARAMS="max_success=20" \
+    timeout "${GPU_SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    --print-limit 20 "$exe" --gtest_filter='-*Large*' >"$log" 2>&1
+  rc=$?
+  local what="sanitizer $tool $name"
+  [ "$shards" = 1 ] || what="$what (shard $((shard + 1))/$shards)"
+  if [ $rc = 0 ]; then
+    echo "$what: clean ($(grep -c '^\[       OK' "$log") tests; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1))"
+  elif [ $rc = 124 ]; then
+    # stopped by the time cap: not a pass; say how far it got and whether anything was reported
+    echo "$what: TIMED OUT after ${GPU_SAN_TIMEOUT:-240} s ($(grep -c '^\[       OK' "$log") tests done, $(grep -cE 'Invalid|hazard|Race reported' "$log") errors reported); last: $(grep '^\[ RUN' "$log" | tail -1)"
+  else
+    echo "$what: FAILED"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|FAILED|hazard" "$log" | head -10
+  fi
+}
 if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
   exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 3 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
+  shards=${GPU_SAN_SHARDS:-1}
+  jobs=${GPU_SAN_JOBS:-1}
   san_start=$(date +%s)
+  n=0
   for name in $exes; do
     exe=$(find "$BUILD" -type f -name "$name" -perm -u+x | head -1)
     [ -n "$exe" ] || continue
     for tool in memcheck racecheck; do
-      if [ $(( $(date +%s) - san_start )) -gt "${GPU_SAN_BUDGET:-420}" ]; then
-        say "sanitizer $tool $name: NOT RUN (sanitizer time budget spent)"; continue
-      fi
-      RC_PARAMS="max_success=20" timeout "${GPU_SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$exe" \
-           --gtest_filter='-*Large*' >"$LOG/san-$tool-$name.log" 2>&1
-      rc=$?
-      if [ $rc = 0 ]; then
-        say "sanitizer $tool $name: clean ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san-$tool-$name.log" | tail -1))"
-      elif [ $rc = 124 ]; then
-        # stopped by the time cap: not a pass; say how far it got and whether anything was reported
-        say "sanitizer $tool $name: TIMED OUT after ${GPU_SAN_TIMEOUT:-240} s ($(grep -c '^\[       OK' "$LOG/san-$tool-$name.log") tests done, $(grep -cE 'Invalid|hazard|Race reported' "$LOG/san-$tool-$name.log") errors reported); last: $(grep '^\[ RUN' "$LOG/san-$tool-$name.log" | tail -1)"
-        status=1
-      else
-        say "sanitizer $tool $name: FAILED"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|FAILED|hazard" "$LOG/san-$tool-$name.log" | head -10 | tee -a "$SUMMARY"; status=1
-      fi
+      for ((shard = 0; shard < shards; ++shard)); do
+        idx=$n
+        n=$((n + 1))
+        if [ $(( $(date +%s) - san_start )) -gt "${GPU_SAN_BUDGET:-420}" ]; then
+          part=""
+          [ "$shards" = 1 ] || part=" (shard $((shard + 1))/$shards)"
+          echo "sanitizer $tool $name$part: NOT RUN (sanitizer time budget spent)" >"$LOG/san-$idx.line"
+          continue
+        fi
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 1; done
+        san_one "$tool" "$exe" "$name" "$shard" "$shards" >"$LOG/san-$idx.line" &
+      done
     done
   done
+  wait
+  for ((i = 0; i < n; ++i)); do
+    cat "$LOG/san-$i.line" | tee -a "$SUMMARY"
+    grep -qE ": (FAILED|TIMED OUT)" "$LOG/san-$i.line" && status=1
+    rm -f "$LOG/san-$i.line"
+  done
+  say "sanitizers: $(( $(date +%s) - san_start )) s (${jobs} at once, ${shards} shard(s) per run)"
 fi
 
 # 4. benchmarks
