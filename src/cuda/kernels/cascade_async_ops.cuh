@@ -1,13 +1,17 @@
 /// @file cascade_async_ops.cuh
 /// @brief Hopper building blocks of the cascade level kernels: shared-memory mbarriers (arrive /
 ///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 4-D box completing on an
-///        mbarrier, named barriers, and the bf16 `wgmma` shapes (`m64n64k16` / `m64n128k16`, A
-///        from registers, the accumulator scale a template flag so the first k-step of a tile
+///        mbarrier, named barriers, and the bf16 / f16 `wgmma` shapes (`m64n64k16` / `m64n128k16`,
+///        A from registers, the accumulator scale a template flag so the first k-step of a tile
 ///        overwrites instead of adding), the flush-to-zero `ex2.approx`, used by the
 ///        warp-specialised kernel and by the bf16 shapes of cascade_level_wgmma.cuh.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace attnstate {
 namespace cuda {
@@ -86,55 +90,74 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-/// The bf16 `wgmma` shapes of the warp-specialised kernel (fp32 accumulators; `kScaleD` 0
-/// makes the instruction overwrite the accumulator instead of adding to it).
-struct WsWgmmaBf16 {
+// Operand lists and bodies of the `wgmma` wrappers below (local to this header): 32 or 64 fp32
+// accumulators, the A fragment from registers, B's descriptor, the accumulator-scale and
+// B-transpose immediates; `TY` is the operand type (`"bf16"` or `"f16"`).
+#define ATTNSTATE_WGMMA_ACC32                                                                   \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+      "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+      "+f"(d[7][2]), "+f"(d[7][3])
+#define ATTNSTATE_WGMMA_ACC64                                                                     \
+  ATTNSTATE_WGMMA_ACC32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),              \
+      "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), \
+      "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),             \
+      "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),             \
+      "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),             \
+      "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),             \
+      "+f"(d[15][2]), "+f"(d[15][3])
+#define ATTNSTATE_WGMMA_M64N64(TY)                                                              \
+  asm volatile(                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                   \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                      \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                           \
+      : ATTNSTATE_WGMMA_ACC32                                                                   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD), "n"(kTransB))
+#define ATTNSTATE_WGMMA_M64N128(TY)                                                                \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, "                                             \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                              \
+      : ATTNSTATE_WGMMA_ACC64                                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD), "n"(kTransB))
+
+/// The `wgmma` shapes of the cascade kernels for bf16 or f16 operands `T` (fp32 accumulators, A
+/// from registers; `kScaleD` 0 makes the instruction overwrite the accumulator instead of adding
+/// to it; `kTransB` 0 reads B K-major as in `S = Q Kᵀ`, 1 MN-major as in `O = P V`).
+template <class T>
+struct Wgmma {
+  static constexpr bool kF16 = std::is_same<T, __half>::value;
+  /// D (+)= A B, m64n64k16.
+  template <int kScaleD, int kTransB>
+  __device__ static __forceinline__ void mma_n64(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                                 std::uint64_t desc_b) {
+    if constexpr (kF16)
+      ATTNSTATE_WGMMA_M64N64("f16");
+    else
+      ATTNSTATE_WGMMA_M64N64("bf16");
+  }
+  /// D (+)= A B, m64n128k16.
+  template <int kScaleD, int kTransB>
+  __device__ static __forceinline__ void mma_n128(float (&d)[16][4], const std::uint32_t (&a)[4],
+                                                  std::uint64_t desc_b) {
+    if constexpr (kF16)
+      ATTNSTATE_WGMMA_M64N128("f16");
+    else
+      ATTNSTATE_WGMMA_M64N128("bf16");
+  }
   /// S (+)= A Bᵀ, m64n64k16: A (queries) from registers, B (keys) K-major in shared memory.
   template <int kScaleD>
   __device__ static __forceinline__ void mma_s64(float (&d)[8][4], const std::uint32_t (&a)[4],
                                                  std::uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD));
-  }
-  /// D (+)= A B, m64n128k16, A from registers; B K-major (`kTransB` 0: `S = Q Kᵀ`) or MN-major
-  /// (1: `O += P V`).
-  template <int kScaleD, int kTransB>
-  __device__ static __forceinline__ void mma_n128(float (&d)[16][4], const std::uint32_t (&a)[4],
-                                                  std::uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
-          "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
-          "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
-          "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
-          "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD), "n"(kTransB));
+    mma_n64<kScaleD, 0>(d, a, desc_b);
   }
   /// S (+)= A Bᵀ, m64n128k16: A from registers, B K-major.
   template <int kScaleD>
@@ -148,7 +171,21 @@ struct WsWgmmaBf16 {
                                                   std::uint64_t desc_b) {
     mma_n128<kScaleD, 1>(d, a, desc_b);
   }
+  /// O (+)= P V, m64n64k16 (head_dim 64): B (values) MN-major.
+  template <int kScaleD>
+  __device__ static __forceinline__ void mma_o64(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                                 std::uint64_t desc_b) {
+    mma_n64<kScaleD, 1>(d, a, desc_b);
+  }
 };
+
+#undef ATTNSTATE_WGMMA_M64N128
+#undef ATTNSTATE_WGMMA_M64N64
+#undef ATTNSTATE_WGMMA_ACC64
+#undef ATTNSTATE_WGMMA_ACC32
+
+/// The bf16 shapes of the warp-specialised kernel.
+using WsWgmmaBf16 = Wgmma<__nv_bfloat16>;
 
 /// `2^x` on the special-function unit, subnormal results flushed to zero (`ex2.approx.ftz`):
 /// `2^-inf` = 0, NaN stays NaN.
