@@ -15,7 +15,11 @@
 /// GPU waits for the host's launch); `--floors` also times an empty kernel after the flush and
 /// the read bandwidth of the cache in the decode's access pattern (no arithmetic); `--host`
 /// prints the host time of one `run_decode` call; `--timeline` (builds with
-/// ATTNSTATE_DECODE_TIMELINE=1 only) prints per-CTA timeline statistics of single calls.
+/// ATTNSTATE_DECODE_TIMELINE=1 only) prints per-CTA timeline statistics of single calls;
+/// `--layers n` also times the point as a model's layer loop: n calls captured in one CUDA graph,
+/// call l reading its own cache (layer l's pages, inputs rotated: n caches, at least 256 MiB in
+/// all, never the same bytes twice in a replay), the graph replayed after an L2 flush; prints
+/// the time per call (launch gaps inside the graph included, no host launch latency).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -203,6 +207,13 @@ std::vector<Point> parse_points(const char* s) {
   return pts;
 }
 
+/// Caches in the layer loop for `layers` requested and `bytes` of K + V per cache: at least
+/// `layers`, and enough to read 256 MiB (well above the L2) per graph replay.
+int layer_count(int layers, std::int64_t bytes) {
+  const std::int64_t min_total = std::int64_t{256} << 20;
+  return static_cast<int>(std::max<std::int64_t>(layers, (min_total + bytes - 1) / bytes));
+}
+
 std::string ctx_str(int ctx) {
   return ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "k" : std::to_string(ctx);
 }
@@ -213,7 +224,7 @@ int main(int argc, char** argv) {
   std::string csv_path;
   bool quick = false, explore = false, no_s1 = false, hnd = false, floors = false;
   bool host_time = false, timeline = false;
-  int force_splits = 0, reps_arg = 0;
+  int force_splits = 0, reps_arg = 0, layers = 0;
   std::vector<Point> points;
   Bench bench;
   for (int i = 1; i < argc; ++i) {
@@ -243,6 +254,8 @@ int main(int argc, char** argv) {
       timeline = true;
     else if (!std::strcmp(argv[i], "--floors"))
       floors = true;
+    else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc)
+      layers = std::max(1, std::atoi(argv[++i]));
   }
   if (points.empty()) {
     std::vector<int> batches = {1, 4, 16, 64};
@@ -272,10 +285,15 @@ int main(int argc, char** argv) {
 
     int max_batch = 1;
     std::int64_t max_pages = 64;  // pages of all requests of one point
+    const std::int64_t page_bytes = std::int64_t{kPage} * kHeadsKv * kHeadDim * 2;  // K or V
     for (const Point& pt : points) {
       max_batch = std::max(max_batch, pt.batch);
-      max_pages = std::max<std::int64_t>(max_pages,
-                                         std::int64_t{pt.batch} * ((pt.ctx + kPage - 1) / kPage));
+      const std::int64_t pages = std::int64_t{pt.batch} * ((pt.ctx + kPage - 1) / kPage);
+      max_pages = std::max<std::int64_t>(max_pages, pages);
+      // the layer loop's caches: `layers` of them, 256 MiB of K + V at least (see --layers)
+      if (layers > 0)
+        max_pages =
+            std::max<std::int64_t>(max_pages, pages * layer_count(layers, pages * 2 * page_bytes));
     }
 
     // Device-to-device copy bandwidth (bytes read + written), measured here.
@@ -535,6 +553,38 @@ int main(int argc, char** argv) {
             hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
             std::chrono::duration<double, std::micro>(h1 - h0).count() / 200, 1000.0 * ms / 200);
         ATTNSTATE_CUDA_CHECK(cudaFree(hws));
+      }
+      if (layers > 0) {
+        // The layer loop: n calls in one graph, call l on layer l's pages of the pool (its own
+        // K and V), replayed after a flush; the median replay time / n.
+        const std::int64_t pages = std::int64_t{batch} * kv.block_table_stride;
+        const int n = layer_count(layers, kv_bytes);
+        void* lws = nullptr;
+        const std::size_t lb = std::max<std::size_t>(256, plan.workspace_bytes());
+        ATTNSTATE_CUDA_CHECK(cudaMalloc(&lws, lb));
+        cuda::init_decode_workspace(plan, lws, lb, bench.stream);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(bench.stream, cudaStreamCaptureModeGlobal));
+        for (int l = 0; l < n; ++l) {
+          PagedKvCache kl = kv;
+          kl.k = k + l * pages * page_elems;
+          kl.v = v + l * pages * page_elems;
+          kl.num_pages = pages;
+          cuda::run_decode(plan, qv, kl, out, lws, lb, bench.stream);
+        }
+        ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(bench.stream, &graph));
+        ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const double tg =
+            bench.time_us(reps, [&] { ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, bench.stream)); });
+        ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+        ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
+        ATTNSTATE_CUDA_CHECK(cudaFree(lws));
+        std::printf(
+            "layers %d/%d b%d %s: %d calls in one graph, each on its own %.0f MiB cache: "
+            "%.2f us per call (%.0f GB/s)\n",
+            hq, kHeadsKv, batch, ctx_str(ctx).c_str(), n, kv_bytes / 1048576.0, tg / n,
+            kv_bytes / (tg / n * 1e-6) / 1e9);
       }
       DecodeOptions one;
       one.policy = SplitPolicy::kFixedCount;
