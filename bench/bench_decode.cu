@@ -19,7 +19,8 @@
 /// `--layers n` also times the point as a model's layer loop: n calls captured in one CUDA graph,
 /// call l reading its own cache (layer l's pages, inputs rotated: n caches, at least 256 MiB in
 /// all, never the same bytes twice in a replay), the graph replayed after an L2 flush; prints
-/// the time per call (launch gaps inside the graph included, no host launch latency).
+/// the time per call (launch gaps inside the graph included, no host launch latency); points
+/// whose caches would take more than 4 GiB skip it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -208,10 +209,13 @@ std::vector<Point> parse_points(const char* s) {
 }
 
 /// Caches in the layer loop for `layers` requested and `bytes` of K + V per cache: at least
-/// `layers`, and enough to read 256 MiB (well above the L2) per graph replay.
+/// `layers`, and enough to read 256 MiB (well above the L2) per graph replay; 0 (no layer loop
+/// at this point) when they would take more than 4 GiB.
 int layer_count(int layers, std::int64_t bytes) {
-  const std::int64_t min_total = std::int64_t{256} << 20;
-  return static_cast<int>(std::max<std::int64_t>(layers, (min_total + bytes - 1) / bytes));
+  if (layers <= 0) return 0;
+  const std::int64_t min_total = std::int64_t{256} << 20, max_total = std::int64_t{4} << 30;
+  const std::int64_t n = std::max<std::int64_t>(layers, (min_total + bytes - 1) / bytes);
+  return n * bytes > max_total ? 0 : static_cast<int>(n);
 }
 
 std::string ctx_str(int ctx) {
@@ -291,9 +295,8 @@ int main(int argc, char** argv) {
       const std::int64_t pages = std::int64_t{pt.batch} * ((pt.ctx + kPage - 1) / kPage);
       max_pages = std::max<std::int64_t>(max_pages, pages);
       // the layer loop's caches: `layers` of them, 256 MiB of K + V at least (see --layers)
-      if (layers > 0)
-        max_pages =
-            std::max<std::int64_t>(max_pages, pages * layer_count(layers, pages * 2 * page_bytes));
+      max_pages =
+          std::max<std::int64_t>(max_pages, pages * layer_count(layers, pages * 2 * page_bytes));
     }
 
     // Device-to-device copy bandwidth (bytes read + written), measured here.
@@ -554,11 +557,10 @@ int main(int argc, char** argv) {
             std::chrono::duration<double, std::micro>(h1 - h0).count() / 200, 1000.0 * ms / 200);
         ATTNSTATE_CUDA_CHECK(cudaFree(hws));
       }
-      if (layers > 0) {
+      if (const int n = layer_count(layers, kv_bytes); n > 0) {
         // The layer loop: n calls in one graph, call l on layer l's pages of the pool (its own
         // K and V), replayed after a flush; the median replay time / n.
         const std::int64_t pages = std::int64_t{batch} * kv.block_table_stride;
-        const int n = layer_count(layers, kv_bytes);
         void* lws = nullptr;
         const std::size_t lb = std::max<std::size_t>(256, plan.workspace_bytes());
         ATTNSTATE_CUDA_CHECK(cudaMalloc(&lws, lb));
