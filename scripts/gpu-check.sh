@@ -13,6 +13,8 @@
 #                      GPU_BENCH     names of bench executables to run (default: every bench_*
 #                                    built with CUDA); "none" to skip
 #                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick)
+#                      GPU_BENCH_ARGS_<name> extra arguments for benchmark <name> only (e.g.
+#                                    GPU_BENCH_ARGS_bench_decode="--layers 32")
 #                      GPU_SAN_BUDGET seconds after which no sanitizer run starts (default 420);
 #                                    each run is capped at GPU_SAN_TIMEOUT (default 240) and
 #                                    property tests run RC_PARAMS=max_success=20 under it
@@ -118,7 +120,8 @@ if [ "${GPU_BENCH:-}" != none ]; then
   for name in $benches; do
     exe="$BUILD/bench/$name"
     [ -x "$exe" ] || { say "bench $name: not built"; continue; }
-    if "$exe" --csv "$LOG/$name.csv" ${GPU_BENCH_ARGS:-} >"$LOG/$name.txt" 2>&1; then
+    own="GPU_BENCH_ARGS_$name"
+    if "$exe" --csv "$LOG/$name.csv" ${GPU_BENCH_ARGS:-} ${!own:-} >"$LOG/$name.txt" 2>&1; then
       say "bench $name: ok"; cat "$LOG/$name.txt" >>"$SUMMARY"
     else
       say "bench $name: FAILED"; tail -20 "$LOG/$name.txt" | tee -a "$SUMMARY"; status=1
