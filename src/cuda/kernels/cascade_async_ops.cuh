@@ -3,8 +3,9 @@
 ///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 4-D box completing on an
 ///        mbarrier, named barriers, and the bf16 / f16 `wgmma` shapes (`m64n64k16` / `m64n128k16`,
 ///        A from registers, the accumulator scale a template flag so the first k-step of a tile
-///        overwrites instead of adding), the flush-to-zero `ex2.approx`, used by the
-///        warp-specialised kernel and by the bf16 shapes of cascade_level_wgmma.cuh.
+///        overwrites instead of adding), the flush-to-zero `ex2.approx`, `max.NaN`, a descriptor
+///        from its two 32-bit halves, used by the warp-specialised kernel and by the bf16
+///        shapes of cascade_level_wgmma.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -192,6 +193,21 @@ using WsWgmmaBf16 = Wgmma<__nv_bfloat16>;
 __device__ __forceinline__ float ex2_approx_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// A 64-bit wgmma descriptor from its two 32-bit halves (`lo`: start address >> 4 and leading
+/// byte offset >> 4; `hi`: stride byte offset >> 4 and the swizzle mode).
+__device__ __forceinline__ std::uint64_t desc_join(std::uint32_t lo, std::uint32_t hi) {
+  std::uint64_t d;
+  asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo), "r"(hi));
+  return d;
+}
+
+/// `max(a, b)`, NaN when either is NaN (`max.NaN`, no branch).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
   return y;
 }
 

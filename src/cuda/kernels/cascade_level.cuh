@@ -143,6 +143,53 @@ __device__ __forceinline__ int slot_of(const CascadeLevelParams& p, int j) {
   return p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
 }
 
+/// The work of one level CTA, decoded from `blockIdx.x` = (segment, row tile, split) and the
+/// level arrays (clamped: nothing is ever read out of bounds). `locate` returns false when the
+/// CTA has nothing to do (a segment, row tile or split past the level's); the kernel then returns.
+struct LevelBlock {
+  int split;         ///< This CTA's KV split of the segment.
+  int last;          ///< The segment's last split (0 when it has no keys).
+  int r0;            ///< The segment's first request.
+  int rows_per_req;  ///< Query rows per request (`q_len · group`).
+  int nrows;         ///< Query rows of the segment (requests × rows_per_req).
+  int row0;          ///< This CTA's first row (`row tile · BM`).
+  int pbeg;          ///< The segment's first entry in `page_indices`.
+  int len;           ///< Keys of the segment (at most its pages hold).
+  int kv_begin;      ///< First key of this split.
+  int kv_end;        ///< One past the last key of this split.
+  int n_tiles;       ///< KV tiles of `bn` keys in the split.
+
+  /// Decodes the CTA with `bm` query rows and KV tiles of `bn` keys.
+  __device__ __forceinline__ bool locate(const CascadeLevelParams& p, int bm, int bn) {
+    int x = blockIdx.x;
+    split = x % p.max_splits;
+    x /= p.max_splits;
+    const int tile = x % p.max_tiles;
+    const int seg = x / p.max_tiles;
+    if (seg >= p.num_segments) return false;
+    // (the five level-array loads first: one memory round trip, not a chain of them)
+    const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
+    const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
+    r0 = min(max(ri0, 0), p.batch);
+    const int r1 = min(max(ri1, r0), p.batch);
+    rows_per_req = p.q_len * p.group;
+    nrows = (r1 - r0) * rows_per_req;
+    row0 = tile * bm;
+    if (row0 >= nrows) return false;
+    pbeg = max(pi0, 0);
+    const int npages = max(pi1 - pbeg, 0);
+    len = static_cast<int>(min(static_cast<std::int64_t>(max(sl0, 0)),
+                               static_cast<std::int64_t>(npages) * p.page_size));
+    const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
+    last = max(nsplit, 1) - 1;
+    if (split > last) return false;
+    kv_begin = nsplit == 0 ? 0 : split * p.chunk;
+    kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
+    n_tiles = (kv_end - kv_begin + bn - 1) / bn;
+    return true;
+  }
+};
+
 /// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
@@ -189,33 +236,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wm = warp % WM, wn = warp / WM;
   const int h_kv = blockIdx.y;
-  int x = blockIdx.x;
-  const int split = x % p.max_splits;
-  x /= p.max_splits;
-  const int tile = x % p.max_tiles;
-  const int seg = x / p.max_tiles;
-  if (seg >= p.num_segments) return;
-
-  // --- the segment's requests, rows, pages and this split's keys (clamped: never out of bounds)
-  // (the five level-array loads first: one memory round trip, not a chain of them)
-  const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
-  const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
-  const int r0 = min(max(ri0, 0), p.batch);
-  const int r1 = min(max(ri1, r0), p.batch);
-  const int rows_per_req = p.q_len * p.group;
-  const int nrows = (r1 - r0) * rows_per_req;
-  const int row0 = tile * BM;
-  if (row0 >= nrows) return;
-  const int pbeg = max(pi0, 0);
-  const int npages = max(pi1 - pbeg, 0);
-  const int len = static_cast<int>(
-      min(static_cast<std::int64_t>(max(sl0, 0)), static_cast<std::int64_t>(npages) * p.page_size));
-  const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
-  const int last = max(nsplit, 1) - 1;
-  if (split > last) return;
-  const int kv_begin = nsplit == 0 ? 0 : split * p.chunk;
-  const int kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
-  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+  detail::LevelBlock lb;
+  if (!lb.locate(p, BM, BN)) return;
+  const int split = lb.split, last = lb.last, r0 = lb.r0, rows_per_req = lb.rows_per_req;
+  const int nrows = lb.nrows, row0 = lb.row0, pbeg = lb.pbeg, len = lb.len;
+  const int kv_begin = lb.kv_begin, kv_end = lb.kv_end, n_tiles = lb.n_tiles;
 
   const T* q = static_cast<const T*>(p.q);
   const T* kpool = static_cast<const T*>(p.k);

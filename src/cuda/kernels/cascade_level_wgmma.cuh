@@ -122,32 +122,11 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   const detail::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h_kv = blockIdx.y;
-  int x = blockIdx.x;
-  const int split = x % p.max_splits;
-  x /= p.max_splits;
-  const int tile = x % p.max_tiles;
-  const int seg = x / p.max_tiles;
-  if (seg >= p.num_segments) return;
-
-  // (the five level-array loads first: one memory round trip, not a chain of them)
-  const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
-  const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
-  const int r0 = min(max(ri0, 0), p.batch);
-  const int r1 = min(max(ri1, r0), p.batch);
-  const int rows_per_req = p.q_len * p.group;
-  const int nrows = (r1 - r0) * rows_per_req;
-  const int row0 = tile * BM;
-  if (row0 >= nrows) return;
-  const int pbeg = max(pi0, 0);
-  const int npages = max(pi1 - pbeg, 0);
-  const int len = static_cast<int>(
-      min(static_cast<std::int64_t>(max(sl0, 0)), static_cast<std::int64_t>(npages) * p.page_size));
-  const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
-  const int last = max(nsplit, 1) - 1;
-  if (split > last) return;
-  const int kv_begin = nsplit == 0 ? 0 : split * p.chunk;
-  const int kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
-  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+  detail::LevelBlock lb;
+  if (!lb.locate(p, BM, BN)) return;
+  const int split = lb.split, last = lb.last, r0 = lb.r0, rows_per_req = lb.rows_per_req;
+  const int nrows = lb.nrows, row0 = lb.row0, pbeg = lb.pbeg, len = lb.len;
+  const int kv_begin = lb.kv_begin, kv_end = lb.kv_end, n_tiles = lb.n_tiles;
 
   const T* q = static_cast<const T*>(p.q);
   const T* kpool = static_cast<const T*>(p.k);

@@ -12,15 +12,18 @@
 ///        barriers, `ws_pingpong`). No block-wide barrier in the main loop.
 ///
 ///        Numerics as everywhere in the library: fp32 scores and accumulators, max-subtracted
-///        base-2 online softmax (`math::OnlineSoftmax`), the accumulator rescaled before each
-///        tile's `PV` exactly as in the sequential loop, probabilities rounded to bf16 as the `PV`
-///        operand. With `kWsFastExp` (the 128-key tiles) a probability is one FFMA and one
-///        `ex2.approx.ftz`, `2^{fma(s, |scale|, -m)}` on the raw score `s` (the running max `m`
-///        is the scaled max of the raw scores; masked keys -inf give 0, a row still at -inf
-///        gives 0, NaN scores make the row NaN); a negative scale negates the queries instead
-///        (exact in bf16). The last, partial tile of a split is copied with `cp.async` and its
-///        keys past the end zero-filled, so nothing past a segment's length is ever read as a
-///        factor.
+///        base-2 online softmax (`math::OnlineSoftmax`), the accumulator rescaled between two
+///        tiles' `PV` exactly as in the sequential loop (`kWsRescaleLate`: after the previous
+///        `PV` completed, the same operations in the same order), probabilities rounded to bf16
+///        as the `PV` operand. With `kWsFastExp` (the 128-key tiles) a probability is one FFMA
+///        and one `ex2.approx.ftz`, `2^{fma(s, |scale|, -m)}` on the raw score `s` (the running
+///        max `m` is the scaled max of the raw scores; masked keys -inf give 0, a row still at
+///        -inf gives 0, NaN scores make the row NaN); a negative scale negates the queries
+///        instead (exact in bf16). With `kWsFlatStats` the row max and the rescale factor take
+///        no branch (`max.NaN`, the factor `2^{m_old - m_new}` on `ex2.approx.ftz`: 0 from an
+///        empty row, 1 while nothing was seen). The last, partial tile of a split is copied with
+///        `cp.async` and its keys past the end zero-filled, so nothing past a segment's length is
+///        ever read as a factor.
 #pragma once
 
 #include <cuda.h>
@@ -51,6 +54,18 @@ enum CascadeWsOpt : int {
   /// score instead of a scale, a subtraction and the subnormal-safe `exp2f`); a negative scale
   /// runs as its magnitude on negated queries (exact in bf16).
   kWsFastExp = 1,
+  /// wgmma descriptors from one base per ring stage plus constant offsets per k-step (shared
+  /// addresses are below 2^18, so the 14-bit address field never carries into the next field).
+  kWsDescPre = 2,
+  /// Row max and rescale factor without branches (`max.NaN`; the factor on `ex2.approx.ftz`).
+  kWsFlatStats = 4,
+  /// The accumulator is rescaled after the previous `PV` completed instead of before issuing
+  /// it (the same operations in the same order on the accumulator).
+  kWsRescaleLate = 8,
+  /// Diagnostic only, wrong results (instantiated by probe builds, ATTNSTATE_CASCADE_WS_PROBE):
+  /// after the first ring's worth of tiles the producer copies nothing and only signals the
+  /// stages (the consumers re-read stale tiles), to time the pipeline without the copies.
+  kWsDiagNoCopy = 16,
 };
 
 /// Tile configuration: `NWG` consumer warpgroups of 64 rows, `BN` keys per KV tile, `Stages`
@@ -62,6 +77,7 @@ struct CascadeWsTile {
   static constexpr int BM = 64 * NWG;  ///< Query rows per CTA.
   static constexpr int BN = BN_;       ///< Keys per KV tile.
   static constexpr int kStages = Stages_;
+  static constexpr int kOpt = Opt_;                           ///< The option flags.
   static constexpr bool kFastExp = (Opt_ & kWsFastExp) != 0;  ///< Option kWsFastExp.
   static constexpr int kConsumers = 128 * NWG;
   /// + one producer warpgroup (one warp copies; its registers go to the consumers).
@@ -114,33 +130,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const detail::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h_kv = blockIdx.y;
-  int x = blockIdx.x;
-  const int split = x % p.max_splits;
-  x /= p.max_splits;
-  const int tile = x % p.max_tiles;
-  const int seg = x / p.max_tiles;
-  if (seg >= p.num_segments) return;
-
-  // --- the segment's requests, rows, pages and this split's keys (clamped: never out of bounds)
-  // (the five level-array loads first: one memory round trip, not a chain of them)
-  const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
-  const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
-  const int r0 = min(max(ri0, 0), p.batch);
-  const int r1 = min(max(ri1, r0), p.batch);
-  const int rows_per_req = p.q_len * p.group;
-  const int nrows = (r1 - r0) * rows_per_req;
-  const int row0 = tile * BM;
-  if (row0 >= nrows) return;
-  const int pbeg = max(pi0, 0);
-  const int npages = max(pi1 - pbeg, 0);
-  const int len = static_cast<int>(
-      min(static_cast<std::int64_t>(max(sl0, 0)), static_cast<std::int64_t>(npages) * p.page_size));
-  const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
-  const int last = max(nsplit, 1) - 1;
-  if (split > last) return;
-  const int kv_begin = nsplit == 0 ? 0 : split * p.chunk;
-  const int kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
-  const int n_tiles = (kv_end - kv_begin + BN - 1) / BN;
+  detail::LevelBlock lb;
+  if (!lb.locate(p, BM, BN)) return;
+  const int split = lb.split, last = lb.last, r0 = lb.r0, rows_per_req = lb.rows_per_req;
+  const int nrows = lb.nrows, row0 = lb.row0, pbeg = lb.pbeg, len = lb.len;
+  const int kv_begin = lb.kv_begin, kv_end = lb.kv_end, n_tiles = lb.n_tiles;
 
   const T* q = static_cast<const T*>(p.q);
   if (tid == 0) {
@@ -249,7 +243,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const std::uint32_t full = full0 + 8 * st;
       const std::uint32_t dk = k_smem + st * kTileBytes, dv = v_smem + st * kTileBytes;
       const int j0 = kv_begin + kt * BN;
-      if (j0 + BN <= kv_end) {
+      if ((Tile::kOpt & kWsDiagNoCopy) != 0 && kt >= kStages) {
+        if (lane == 0) detail::mbar_arrive(full);  // (diagnostic: the stale tile is re-read)
+      } else if (j0 + BN <= kv_end) {
         // a whole tile: nops boxes of K, then of V; one mbarrier transaction of K + V bytes
         if (lane == 0) detail::mbar_arrive_expect_tx(full, 2 * kTileBytes);
         __syncwarp();
@@ -264,6 +260,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   // ================= consumer warpgroups =================
   if constexpr (NWG == 2) detail::setmaxnreg_inc<Tile::kConsumerRegs>();
+  constexpr int kOpt = Tile::kOpt;
+  constexpr bool kDescPre = (kOpt & kWsDescPre) != 0;
+  constexpr bool kFlat = kFast && (kOpt & kWsFlatStats) != 0;
+  constexpr bool kLate = (kOpt & kWsRescaleLate) != 0;
   const int wg = warp >> 2, wl = warp & 3;
   // with the fast exponent a negative scale runs as |scale| on negated queries (exact)
   const bool negate_q = kFast && p.s2_scale < 0.f;
@@ -302,15 +302,24 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   float s[BN / 8][4];
   std::uint32_t pf[BN / 16][4];
 
+  // descriptors (kWsDescPre): low words of stage 0 (+ a stage's bytes >> 4 per stage, + the
+  // k-step's offset >> 4), high words constant (stride 1024 bytes, 128-byte swizzle)
+  constexpr std::uint32_t kDescHi = (1024u >> 4) | (1u << 30);
+  const std::uint32_t kdesc0 = ((k_smem & 0x3FFFFu) >> 4) | (1u << 16);
+  const std::uint32_t vdesc0 = ((v_smem & 0x3FFFFu) >> 4) | (((BN * 128u) >> 4) << 16);
+
   // S = Q Kᵀ of the tile in stage `st` (64 rows × BN keys), committed as one wgmma group
   auto issue_s = [&](int st) {
     const std::uint32_t kb = k_smem + st * kTileBytes;
+    const std::uint32_t kd = kdesc0 + st * (kTileBytes >> 4);
     detail::fence_regs(s);
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      const std::uint64_t desc =
-          detail::wgmma_desc(kb + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+      constexpr int kRowBytes = BN * 128;
+      const std::uint32_t koff = (ks >> 2) * kRowBytes + (ks & 3) * 32;
+      const std::uint64_t desc = kDescPre ? detail::desc_join(kd + (koff >> 4), kDescHi)
+                                          : detail::wgmma_desc(kb + koff, 16, 1024);
       if constexpr (BN == 64) {
         if (ks == 0)
           Wg::mma_s64<0>(s, qf[ks], desc);
@@ -328,11 +337,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // O += P V of the tile in stage `st`, committed as one wgmma group
   auto issue_pv = [&](int st) {
     const std::uint32_t vb = v_smem + st * kTileBytes;
+    const std::uint32_t vd = vdesc0 + st * (kTileBytes >> 4);
     detail::fence_regs(acc);
     detail::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      Wg::mma_o128<1>(acc, pf[kk], detail::wgmma_desc(vb + kk * 16 * 128, BN * 128, 1024));
+      Wg::mma_o128<1>(acc, pf[kk],
+                      kDescPre ? detail::desc_join(vd + kk * ((16 * 128) >> 4), kDescHi)
+                               : detail::wgmma_desc(vb + kk * 16 * 128, BN * 128, 1024));
     detail::wgmma_commit();
   };
   // scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities); returns
@@ -342,12 +354,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const int jb = t0 + 2 * (lane & 3);
     const bool masked = t0 + BN > limit_min;
     bool moved = false;
+    if constexpr (kFlat) {
+      // both rows' maxima first (independent chains), then both rows' factors, no branches
+      if (masked) {
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      if constexpr (kFast) {
-        // raw scores: the max of the scaled scores is the scaled max (sc > 0); masked keys -inf
-        float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
-        if (masked) {
+        for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
           for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
@@ -355,71 +366,132 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               float& sv = s[n][2 * rr + e];
               sv = jb + n * 8 + e < limit[rr] ? sv : math::neg_inf();
             }
-        }
+      }
+      float bmax[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
             bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
-        float bmax = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
-        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
-        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-        alpha[rr] = os[rr].rescale(bmax * sc);
+        bmax[rr] = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
+      }
+      // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        bmax[rr] = detail::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        bmax[rr] = detail::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+      float nm[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        // OnlineSoftmax::rescale: a factor 1 while nothing was seen, 0 from an empty row
+        // (2^-inf), NaN once a max is NaN
+        const float m_old = os[rr].m;
+        const float m_new = detail::max_nan(m_old, bmax[rr] * sc);
+        const bool none = m_new == math::neg_inf();
+        alpha[rr] = none ? 1.f : detail::ex2_approx_ftz(m_old - m_new);
+        os[rr].l *= alpha[rr];
+        os[rr].m = m_new;
         moved |= alpha[rr] != 1.f;
-        // 2^{s·sc - m}: 0 for -inf scores, also while m is still -inf (then m is taken as 0)
-        const float nm = os[rr].m == math::neg_inf() ? 0.f : -os[rr].m;
+        nm[rr] = none ? 0.f : -m_new;
+      }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
         float ps[2] = {0.f, 0.f};
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& sv = s[n][2 * rr + e];
-            sv = detail::ex2_approx_ftz(fmaf(sv, sc, nm));
+            sv = detail::ex2_approx_ftz(fmaf(sv, sc, nm[rr]));
             ps[e] += sv;
           }
         os[rr].add(ps[0] + ps[1]);
-      } else {
-        float bmax = math::neg_inf();
-        if (masked) {
+      }
+    } else {
 #pragma unroll
-          for (int n = 0; n < BN / 8; ++n)
+      for (int rr = 0; rr < 2; ++rr) {
+        if constexpr (kFast) {
+          // raw scores: the max of the scaled scores is the scaled max (sc > 0); masked keys -inf
+          float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
+          if (masked) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& sv = s[n][2 * rr + e];
-              sv = jb + n * 8 + e < limit[rr] ? sv * sc : math::neg_inf();
-              bmax = fmaxf(bmax, sv);
-            }
-        } else {
+            for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
-          for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& sv = s[n][2 * rr + e];
-              sv *= sc;
-              bmax = fmaxf(bmax, sv);
-            }
-        }
-        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
-        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-        alpha[rr] = os[rr].rescale(bmax);
-        moved |= alpha[rr] != 1.f;
-        // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
-        const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
-        float psum = 0.f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& sv = s[n][2 * rr + e];
-            sv = exp2f(sv - m);
-            psum += sv;
+              for (int e = 0; e < 2; ++e) {
+                float& sv = s[n][2 * rr + e];
+                sv = jb + n * 8 + e < limit[rr] ? sv : math::neg_inf();
+              }
           }
-        os[rr].add(psum);
+#pragma unroll
+          for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
+          float bmax = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
+          // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+          alpha[rr] = os[rr].rescale(bmax * sc);
+          moved |= alpha[rr] != 1.f;
+          // 2^{s·sc - m}: 0 for -inf scores, also while m is still -inf (then m is taken as 0)
+          const float nm = os[rr].m == math::neg_inf() ? 0.f : -os[rr].m;
+          float ps[2] = {0.f, 0.f};
+#pragma unroll
+          for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& sv = s[n][2 * rr + e];
+              sv = detail::ex2_approx_ftz(fmaf(sv, sc, nm));
+              ps[e] += sv;
+            }
+          os[rr].add(ps[0] + ps[1]);
+        } else {
+          float bmax = math::neg_inf();
+          if (masked) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float& sv = s[n][2 * rr + e];
+                sv = jb + n * 8 + e < limit[rr] ? sv * sc : math::neg_inf();
+                bmax = fmaxf(bmax, sv);
+              }
+          } else {
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float& sv = s[n][2 * rr + e];
+                sv *= sc;
+                bmax = fmaxf(bmax, sv);
+              }
+          }
+          // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+          alpha[rr] = os[rr].rescale(bmax);
+          moved |= alpha[rr] != 1.f;
+          // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
+          const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
+          float psum = 0.f;
+#pragma unroll
+          for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& sv = s[n][2 * rr + e];
+              sv = exp2f(sv - m);
+              psum += sv;
+            }
+          os[rr].add(psum);
+        }
       }
     }
-    return __any_sync(0xffffffffu, moved);
+    return __any_sync(0xffffffffu, moved) != 0;
   };
   // the probabilities in `s` → bf16 A fragments of PV
   auto pack_p = [&] {
@@ -453,13 +525,25 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     softmax(0);
     pack_p();
     bool resc = false;
+    int st = 0, ph = 0;  // stage and phase of tile kt
     for (int kt = 1; kt < n_tiles; ++kt) {
-      const int st = kt % kStages, stp = (kt - 1) % kStages;
-      detail::mbar_wait(full0 + 8 * st, (kt / kStages) & 1);
+      int stp;
+      if constexpr (kDescPre) {
+        stp = st;
+        if (++st == kStages) {
+          st = 0;
+          ph ^= 1;
+        }
+      } else {
+        st = kt % kStages;
+        stp = (kt - 1) % kStages;
+        ph = (kt / kStages) & 1;
+      }
+      detail::mbar_wait(full0 + 8 * st, ph);
       if (pp) detail::named_sync(3 + wg, 2 * 128);
-      issue_s(st);              // S_t = Q K_tᵀ
-      if (resc) rescale_acc();  // O *= alpha_{t-1}
-      issue_pv(stp);            // O += P_{t-1} V_{t-1}
+      issue_s(st);                        // S_t = Q K_tᵀ
+      if (!kLate && resc) rescale_acc();  // O *= alpha_{t-1}
+      issue_pv(stp);                      // O += P_{t-1} V_{t-1}
       // the other warpgroup's turn (warpgroup 1 gives no turn after its last products, so
       // every arrival is matched by a wait)
       if (pp && !(wg == 1 && kt == n_tiles - 1)) detail::named_arrive(3 + (wg ^ 1), 2 * 128);
@@ -470,14 +554,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       detail::wgmma_wait<0>();  // PV_{t-1} is done: stage t-1 is free, P may be overwritten
       detail::fence_regs(acc);
       if (lane == 0) detail::mbar_arrive(empty0 + 8 * stp);
+      if (kLate && resc) rescale_acc();  // O *= alpha_t
       pack_p();
     }
-    const int st = (n_tiles - 1) % kStages;
-    if (resc) rescale_acc();
-    issue_pv(st);
+    const int stl = (n_tiles - 1) % kStages;
+    if (!kLate && resc) rescale_acc();
+    issue_pv(stl);
     detail::wgmma_wait<0>();
     detail::fence_regs(acc);
-    if (lane == 0) detail::mbar_arrive(empty0 + 8 * st);
+    if (lane == 0) detail::mbar_arrive(empty0 + 8 * stl);
   }
 
   // full row sums across the quad
