@@ -23,6 +23,10 @@ struct PriorStates {
   const float* lse = nullptr;  ///< `(count, rows)`, base 2.
   int count = 0;               ///< States per row; 0 = none.
   std::int64_t rows = 0;       ///< Rows per state, at least `batch · q_len · heads_q`.
+  /// Launch beside the previous kernel of the stream (a programmatic dependent launch that never
+  /// waits for it: the decode must read nothing that kernel writes; `count` must be 0). The grid
+  /// still completes only after that kernel, so a later launch sees the results of both.
+  bool beside_previous = false;
 };
 
 /// `run_decode` with `prior` folded into the output state: the output is the merge of the

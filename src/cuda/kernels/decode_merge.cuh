@@ -1,11 +1,11 @@
 /// @file decode_merge.cuh
 /// @brief The split merge of the decode kernel (internal): four output columns of one query row
-///        merged over the row's split states in split order with the core max-subtracted merge,
-///        whatever the states are read from (shared memory, or a cluster peer's shared memory), and
-///        the vector store of the result in the output dtype.
+///        merged over the row's split states in split order with the core max-subtracted merge
+///        (`split_merge` over states read from cluster peers' shared memory; `split_finalize`),
+///        the fold of prior states, and the vector store of the result in the output dtype.
 ///
-/// The merge runs in three steps: `split_max` over all the splits' LSEs, `split_accumulate` over
-/// consecutive ranges of splits (in split order), then `split_finalize`. The workspace merge of
+/// The merge takes the max over all the splits' LSEs, then adds `w = 2^(lse − m)` to the weight
+/// sum and `w · o` to the columns in split order, then `split_finalize`. The workspace merge of
 /// the kernel runs the same operations with each row's weights computed once; the sequence of
 /// floating-point operations per output element is the same, so every path gives bitwise the
 /// same result.
@@ -22,56 +22,6 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Split states read per batch of loads in flight.
-constexpr int kDecodeMergeBatch = 8;
-
-/// Max over the base-2 LSEs `lse_at(i)` of splits `[0, n)` (NaN-propagating).
-template <class LseAt>
-__device__ __forceinline__ float split_max(int n, LseAt&& lse_at) {
-  float m = math::neg_inf();
-  for (int s0 = 0; s0 < n; s0 += kDecodeMergeBatch) {
-    float l[kDecodeMergeBatch];
-#pragma unroll
-    for (int u = 0; u < kDecodeMergeBatch; ++u)
-      l[u] = s0 + u < n ? lse_at(s0 + u) : math::neg_inf();
-#pragma unroll
-    for (int u = 0; u < kDecodeMergeBatch; ++u) m = math::nan_max(m, l[u]);
-  }
-  return m;
-}
-
-/// Adds splits `[i0, i1)` in split order to the weighted sums: `w = 2^(lse_i − m)`,
-/// `sum += w`, `acc += w · o_i` (`o_at(i)` four normalised columns, its value unused when the
-/// split is empty).
-template <class LseAt, class OAt>
-__device__ __forceinline__ void split_accumulate(int i0, int i1, float m, LseAt&& lse_at,
-                                                 OAt&& o_at, float& sum, float4& acc) {
-  for (int s0 = i0; s0 < i1; s0 += kDecodeMergeBatch) {
-    float l[kDecodeMergeBatch];
-    float4 v[kDecodeMergeBatch];
-#pragma unroll
-    for (int u = 0; u < kDecodeMergeBatch; ++u) {
-      l[u] = math::neg_inf();
-      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (s0 + u < i1) {
-        l[u] = lse_at(s0 + u);
-        v[u] = o_at(s0 + u);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kDecodeMergeBatch; ++u) {
-      if (!math::is_empty_lse(l[u])) {
-        const float w = math::merge_weight(LseBase::kBase2, l[u], m);
-        sum += w;
-        acc.x += w * v[u].x;
-        acc.y += w * v[u].y;
-        acc.z += w * v[u].z;
-        acc.w += w * v[u].w;
-      }
-    }
-  }
-}
-
 /// Merged columns of one row: `o` normalised, `lse` in base 2.
 struct MergedColumns {
   float4 o;
@@ -85,6 +35,48 @@ __device__ __forceinline__ MergedColumns split_finalize(float m, float sum, floa
   out.o = make_float4(acc.x * r.inv_sum, acc.y * r.inv_sum, acc.z * r.inv_sum, acc.w * r.inv_sum);
   out.lse = r.lse;
   return out;
+}
+
+/// Merges splits `[0, n)`, `1 ≤ n ≤ N`, whose base-2 LSEs are `lse_at(i)` and four normalised
+/// columns `o_at(i)`: every split's LSE and the columns of the first `B` splits are requested at
+/// once (one round trip when `n ≤ B`, further batches of `B` columns after), then the max, then in
+/// split order `w = 2^(lse − m)`, `sum += w`, `acc += w · o` over the non-empty splits (an empty
+/// split's columns are loaded but never used).
+template <int N, int B, class LseAt, class OAt>
+__device__ __forceinline__ MergedColumns split_merge(int n, LseAt&& lse_at, OAt&& o_at) {
+  static_assert(N % B == 0, "whole batches");
+  float l[N];
+  float4 v[B];
+#pragma unroll
+  for (int u = 0; u < N; ++u) l[u] = lse_at(u < n ? u : n - 1);
+#pragma unroll
+  for (int u = 0; u < B; ++u) v[u] = o_at(u < n ? u : n - 1);
+  float m = math::neg_inf();
+#pragma unroll
+  for (int u = 0; u < N; ++u)
+    if (u < n) m = math::nan_max(m, l[u]);
+  float sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int u0 = 0; u0 < N; u0 += B) {
+    if (u0 >= n) break;
+    if (u0 > 0) {
+#pragma unroll
+      for (int u = 0; u < B; ++u) v[u] = o_at(u0 + u < n ? u0 + u : n - 1);
+    }
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      if (u0 + u < n && !math::is_empty_lse(l[u0 + u])) {
+        const float w = math::merge_weight(LseBase::kBase2, l[u0 + u], m);
+        sum += w;
+        acc.x += w * v[u].x;
+        acc.y += w * v[u].y;
+        acc.z += w * v[u].z;
+        acc.w += w * v[u].w;
+      }
+    }
+  }
+  return split_finalize(m, sum, acc);
 }
 
 /// Prior states whose loads `fold_prior` keeps in flight together.

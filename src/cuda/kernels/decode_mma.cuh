@@ -1,7 +1,8 @@
 /// @file decode_mma.cuh
 /// @brief Warp-level PTX helpers of the decode kernel: cp.async, ldmatrix, the m16n8k16
-///        tensor-core MMA (bf16 or f16 operands, fp32 accumulation) and the thread-block-cluster
-///        barrier and distributed-shared-memory loads of the cluster split merge. Internal.
+///        tensor-core MMA (bf16 or f16 operands, fp32 accumulation), the acquire-release ticket
+///        atomic, and the thread-block-cluster barrier and distributed-shared-memory accesses of
+///        the split merges. Internal.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -100,11 +101,32 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+/// `atomicAdd` on a global int at GPU scope with acquire-release semantics: the writes that
+/// precede it (in this thread, or in the CTA before a barrier) are released with it, and the
+/// writes released by earlier additions are visible to what follows it. Returns the old value.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* addr, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(addr), "r"(v)
+               : "memory");
+  return old;
+}
+
 /// Cluster-wide barrier: every thread of every CTA of the cluster arrives (release) and waits
 /// (acquire), so shared-memory writes before it are visible to the cluster's CTAs after it.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/// The first half of a cluster barrier without memory ordering: signals that this thread runs
+/// (the CTA's shared memory exists); `cluster_wait` completes the phase.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+/// Waits until every thread of the cluster has arrived at the current barrier phase.
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 /// Address in CTA `rank` of the cluster of the shared-memory location `addr` of this CTA.
 __device__ __forceinline__ std::uint32_t cluster_map(std::uint32_t addr, std::uint32_t rank) {

@@ -40,6 +40,13 @@ constexpr std::int32_t kDecodeShortTokens = ATTNSTATE_DECODE_SHORT_TOKENS;
 #ifndef ATTNSTATE_DECODE_FAST_ADDR
 #define ATTNSTATE_DECODE_FAST_ADDR 1
 #endif
+/// Page ids of a warp's first tiles loaded speculatively with the length (block table, fixed
+/// split size): at most the pipeline depth. Build-time knob; 1 speculates the first tile only.
+#ifndef ATTNSTATE_DECODE_SPEC_TILES
+#define ATTNSTATE_DECODE_SPEC_TILES 3
+#endif
+constexpr int kDecodeSpecTiles = ATTNSTATE_DECODE_SPEC_TILES;
+static_assert(kDecodeSpecTiles >= 1, "at least the first tile");
 /// L2 prefetch size of the K/V copies in bytes: 0 (none), 128 or 256. Build-time knob; none
 /// measured fastest on the H200 (the 256-byte hint cost 2–4% at large sizes).
 #ifndef ATTNSTATE_DECODE_PREFETCH
@@ -57,16 +64,36 @@ constexpr std::int32_t kDecodeShortTokens = ATTNSTATE_DECODE_SHORT_TOKENS;
 #define ATTNSTATE_DECODE_MAX_CLUSTER 8
 #endif
 constexpr int kDecodeMaxCluster = ATTNSTATE_DECODE_MAX_CLUSTER;
+/// Split columns the cluster merge loads per round trip (all the splits' LSEs come with the
+/// first batch). Build-time knob; a divisor of `kDecodeMaxCluster`.
+#ifndef ATTNSTATE_DECODE_CLUSTER_BATCH
+#define ATTNSTATE_DECODE_CLUSTER_BATCH 8
+#endif
+constexpr int kDecodeClusterBatch = ATTNSTATE_DECODE_CLUSTER_BATCH;
 static_assert(kDecodeMaxCluster >= 1 && kDecodeMaxCluster <= 8, "portable cluster sizes only");
+/// Largest cluster group size the kernel supports (the portable cluster size).
+constexpr int kDecodeMaxWsGroup = 8;
 /// Largest group of consecutive splits that share a cluster in the workspace merge (more splits
-/// than a cluster merges whole): the group's CTAs take one ticket, and every CTA of the last
-/// group merges a share of the output columns (the merge spread over several SMs; the same
-/// arithmetic per element). 1 disables the groups. Build-time knob; at most 8.
+/// than a cluster merges whole): every CTA takes a ticket, the CTAs of a group share which ones
+/// they got, and every CTA of the group holding the last ticket merges a share of the output
+/// columns (the merge spread over several SMs; the same arithmetic per element). 1 disables the
+/// groups. Build-time knob; at most `kDecodeMaxWsGroup`.
 #ifndef ATTNSTATE_DECODE_WS_GROUP
 #define ATTNSTATE_DECODE_WS_GROUP 8
 #endif
 constexpr int kDecodeWsGroup = ATTNSTATE_DECODE_WS_GROUP;
-static_assert(kDecodeWsGroup >= 1 && kDecodeWsGroup <= 8, "portable cluster sizes only");
+static_assert(kDecodeWsGroup >= 1 && kDecodeWsGroup <= kDecodeMaxWsGroup, "portable sizes");
+/// Splits whose `o` columns one thread of the workspace merge loads at once (straight into
+/// registers; head dims above 64, and `kDecodeDirectBatch64` at 64, within its register budget).
+/// Build-time knobs.
+#ifndef ATTNSTATE_DECODE_DIRECT_BATCH
+#define ATTNSTATE_DECODE_DIRECT_BATCH 16
+#endif
+constexpr int kDecodeDirectBatch = ATTNSTATE_DECODE_DIRECT_BATCH;
+#ifndef ATTNSTATE_DECODE_DIRECT_BATCH64
+#define ATTNSTATE_DECODE_DIRECT_BATCH64 4
+#endif
+constexpr int kDecodeDirectBatch64 = ATTNSTATE_DECODE_DIRECT_BATCH64;
 /// Probe builds only (never in a shipped build): per-CTA globaltimer stamps in a device array.
 #ifndef ATTNSTATE_DECODE_TIMELINE
 #define ATTNSTATE_DECODE_TIMELINE 0
@@ -125,6 +152,10 @@ struct DecodeParams {
   const float* prior_lse;
   std::int32_t prior_count;
   std::int64_t prior_rows;
+  // launched beside the previous kernel of the stream (programmatic dependent launch; nothing
+  // it writes is read): every CTA lets the next kernel launch, and the grid's last CTA waits for
+  // the previous kernel before it starts, so the grid completes only after that kernel
+  std::int32_t beside_previous;
 };
 
 }  // namespace detail

@@ -10,24 +10,28 @@
 ///   (`math::OnlineSoftmax`, base 2) for its two rows per thread.
 /// - The warps' states are merged in warp order through shared memory. A request with one split
 ///   writes the output directly. Otherwise the split states are merged in split order with the
-///   core max-subtracted merge (`split_max` / `split_accumulate` / `split_finalize`), either
+///   core max-subtracted merge (`split_merge` / `split_finalize`), either
 ///   - inside a thread-block cluster (one CTA per split, `p.cluster` = the split count): each
 ///     CTA publishes its state in its shared memory, and after a cluster barrier each CTA merges
 ///     a share of the output columns reading its peers' states through distributed shared
 ///     memory; or
 ///   - through the workspace: each CTA writes a partial state (fp32 `o`, base-2 `lse`) and takes
-///     an integer ticket; the last CTA of a (request, KV head, row tile) copies the `o` states
-///     into its shared memory (all copies in flight at once, in chunks of splits that fit),
-///     computes each row's max (a warp, shuffles), the weights (in parallel) and the weight sum
-///     (in split order) once while the copies land, merges the columns and resets the ticket.
-///     When a one-wave grid allows it, groups of `p.cluster` consecutive splits share a
-///     cluster and one ticket: every CTA of the last group merges a share of the columns (the
-///     merge spread over several SMs).
+///     an integer ticket (an acquire-release atomic); the CTA with the last ticket of a (request,
+///     KV head, row tile) copies the splits' LSEs into its shared memory while each thread loads
+///     the first batch of its columns' `o` into registers, computes each row's max and the
+///     splits' weights (8 threads per row), merges the columns (the weight sum in the same loop,
+///     16 splits' loads in flight per batch) and resets the ticket. When a one-wave grid allows
+///     it, groups of `p.cluster` consecutive splits share a cluster: the CTAs of a group tell
+///     each other their tickets through distributed shared memory (after a barrier phase that
+///     every CTA of the cluster entered at its start), and every CTA of the group holding the
+///     last ticket merges a share of the columns (the merge spread over several SMs).
 ///   Both run the same sequence of floating-point operations per output element (max, then
 ///   `w = 2^(lse − m)`, `sum += w`, `acc += w · o` in split order), so the result does not
 ///   depend on the path.
 /// - The code is kept compact (rolled loops off the hot path): small launches are dominated by
 ///   instruction fetch from a cold cache.
+/// - The page ids of a warp's first tiles are loaded speculatively together with the length
+///   (block table, fixed split size), so that the first tiles' copies start when it arrives.
 /// - Probe builds (`ATTNSTATE_DECODE_TIMELINE=1`, never shipped) stamp per-CTA globaltimer
 ///   values at the phases of the kernel (read with `bench_decode --timeline`).
 #pragma once
@@ -52,8 +56,8 @@ namespace detail {
 __host__ __device__ constexpr int decode_ow_stride(int D) { return D + 8; }
 
 /// Bytes of the region after the queries: the pipeline, aliased after the main loop by the
-/// warp-merge scratch and the published split state, or by the staged split states and the
-/// per-column sums (at its end) of the workspace merge.
+/// warp-merge scratch and the published split state, or by the splits' LSEs (then weights) and
+/// the merged columns (at its end) of the workspace merge.
 __host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages) {
   const std::int64_t pipe = std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * 2;
   const std::int64_t merge =
@@ -63,9 +67,10 @@ __host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages) 
 }
 
 /// Shared-memory bytes of the decode kernel for head dim `D` and pipeline depth `stages`:
-/// queries, body, then a flag.
+/// queries, body, then the merge flags (one per CTA of a cluster group).
 __host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int stages) {
-  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages) + 16;
+  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages) +
+         4 * kDecodeMaxWsGroup;
 }
 
 /// Resident CTAs per SM of the decode kernel (shared memory bound; the kernel's launch bounds ask
@@ -91,7 +96,9 @@ __device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, i
 
 #if ATTNSTATE_DECODE_TIMELINE
 /// Probe timeline: per CTA, globaltimer at start (0), partial state done (1), merge decision
-/// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6).
+/// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6);
+/// a CTA that runs the workspace merge overwrites 4..7 with SM clock values (cycles) at the
+/// decision, the copies issued, the LSEs landed and the weights done.
 __device__ unsigned long long g_decode_timeline[kDecodeTimelineCtas * 8];
 __device__ __forceinline__ void decode_mark(int slot) {
   if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
@@ -108,11 +115,18 @@ __device__ __forceinline__ void decode_mark_dep(int slot, int dep) {
     g_decode_timeline[blockIdx.x * 8 + slot] = t;
   }
 }
+/// As `decode_mark`, the SM clock instead (cycles; the workspace merge's sub-phases).
+__device__ __forceinline__ void decode_mark_clock(int slot) {
+  if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas))
+    g_decode_timeline[blockIdx.x * 8 + slot] = clock64();
+}
 #define ATTNSTATE_DECODE_MARK(slot) decode_mark(slot)
 #define ATTNSTATE_DECODE_MARK_DEP(slot, dep) decode_mark_dep(slot, dep)
+#define ATTNSTATE_DECODE_MARK_CLOCK(slot) decode_mark_clock(slot)
 #else
 #define ATTNSTATE_DECODE_MARK(slot) ((void)0)
 #define ATTNSTATE_DECODE_MARK_DEP(slot, dep) ((void)0)
+#define ATTNSTATE_DECODE_MARK_CLOCK(slot) ((void)0)
 #endif
 
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
@@ -139,7 +153,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   constexpr std::int64_t kStateBytes = std::int64_t{kRows} * kD4 * 24;  // workspace merge
   // [item] float4 running sums of the workspace merge, then [row] (max, weight sum)
   float* merge_state = reinterpret_cast<float*>(body + kBodyBytes - kStateBytes);
-  int* is_last = reinterpret_cast<int*>(body + kBodyBytes);
+  static_assert(kBodyBytes - kStateBytes >= std::int64_t{kMaxSplits} * kRows * 4,
+                "every split's LSEs fit before the merged columns");
+  int* is_last = reinterpret_cast<int*>(body + kBodyBytes);  // [cluster rank]
+  static_assert(kDecodeMaxCluster <= kDecodeMaxWsGroup, "a flag per CTA of a cluster");
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  if (p.beside_previous != 0) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  }
+#endif
 
   ATTNSTATE_DECODE_MARK(0);
   const int tid = threadIdx.x;
@@ -159,17 +182,25 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   const int row0 = mt * kRows;
   const int rows_here = min(kRows, p.rows - row0);
 
-  // ---- the loads that start the critical chain first: the length and the speculative page id
-  //      of this warp's first tile (block table, fixed split size: the split start does not
-  //      depend on the length) ----
-  std::int64_t spec_pid = -1;
+  // ---- the loads that start the critical chain first: the length and the speculative page ids
+  //      of this warp's first tiles (block table, fixed split size: the split start does not
+  //      depend on the length; entries inside the table's row, whatever the length) ----
+  constexpr int kSpec = kDecodeSpecTiles < kStages ? kDecodeSpecTiles : kStages;
+  std::int32_t spec_pid[kSpec];
   const std::uint32_t spec_t0 =
       static_cast<std::uint32_t>(s) * static_cast<std::uint32_t>(p.splits.split_size) +
       static_cast<std::uint32_t>(warp * kRows);
-  const std::uint32_t spec_page = spec_t0 / static_cast<std::uint32_t>(p.page_size);
-  if (p.block_table != nullptr && p.splits.policy == SplitPolicy::kFixedSize &&
-      p.page_size % kRows == 0 && spec_page < p.block_table_stride)
-    spec_pid = p.block_table[b * p.block_table_stride + spec_page];
+  const bool spec = p.block_table != nullptr && p.splits.policy == SplitPolicy::kFixedSize &&
+                    p.page_size % kRows == 0;
+#pragma unroll
+  for (int k = 0; k < kSpec; ++k) {
+    const int off = (warp + k * kWarps) * kRows;  // the tile's start in the split
+    const std::uint32_t page = (spec_t0 + static_cast<std::uint32_t>(k * kWarps * kRows)) /
+                               static_cast<std::uint32_t>(p.page_size);
+    spec_pid[k] = -1;
+    if (spec && off < p.splits.split_size && page < p.block_table_stride)
+      spec_pid[k] = p.block_table[b * p.block_table_stride + page];
+  }
   std::int64_t pages;
   std::int64_t csr_base = 0;
   if (p.block_table != nullptr) {
@@ -220,6 +251,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   // splits with an empty range.
   const bool in_cluster = p.cluster > 1 && !single;
   const bool clustered = in_cluster && p.cluster == S;  // distributed shared-memory merge
+  // A cluster group of the workspace merge: every CTA signals that it runs (its shared memory
+  // exists) before any peer writes its ticket flag there (`cluster_wait` in the ticket step).
+  const bool grouped = in_cluster && !clustered;
+  if (grouped) cluster_arrive_relaxed();
   if (s >= n_splits && !in_cluster) return;
   const bool active = s < n_splits;
   const TokenRange range = p.splits.range(len, s);  // empty when s ≥ n_splits
@@ -306,9 +341,20 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     auto tile_pid = [&](int it) -> std::int64_t {
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
       if (!tile_in_page || it >= my_tiles) return 0;
-      if (it == 0 && spec_pid >= 0 && static_cast<std::uint32_t>(t0) == spec_t0)
-        return spec_pid < p.num_pages ? spec_pid : p.num_pages - 1;
       return page_id(t0 / p.page_size);
+    };
+    // As `tile_pid` for one of the first tiles, from the speculative load when it applies (the
+    // split starts where the speculation assumed; the id clamped like `page_id`).
+    auto first_pid = [&](int it) -> std::int64_t {
+#pragma unroll
+      for (int k = 0; k < kSpec; ++k) {
+        if (k == it && tile_in_page && it < my_tiles && spec_pid[k] >= 0 &&
+            static_cast<std::uint32_t>(range.begin + warp * kRows) == spec_t0) {
+          const std::int64_t id = spec_pid[k];
+          return id < p.num_pages ? id : p.num_pages - 1;
+        }
+      }
+      return tile_pid(it);
     };
     // Per-lane constants of the chunk addressing: lane l copies column `l % kCpr` of rows
     // `l / kCpr + i · kRowStep` (kCpr ≤ 32 divides 32), so inside one page its source offsets
@@ -374,11 +420,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     // The first tiles' copies (one code path with the main loop's: rolled).
 #pragma unroll 1
     for (int st = 0; st < kStages - 1; ++st) {
-      if (st < my_tiles) load_tile(st, st, tile_pid(st));
+      if (st < my_tiles) load_tile(st, st, first_pid(st));
       cp_async_commit();
     }
     // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
-    std::int64_t pid_next = tile_pid(kStages - 1);
+    std::int64_t pid_next = first_pid(kStages - 1);
     __syncthreads();  // queries in shared memory
 
     for (int it = 0; it < my_tiles; ++it) {
@@ -543,7 +589,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     }
   }
   ATTNSTATE_DECODE_MARK(1);
-  if (single || p.skip_combine) return;
+  if (single) return;
+  if (p.skip_combine) {
+    if (grouped) cluster_wait();  // the barrier phase completes in every CTA of the cluster
+    return;
+  }
 
   const int items = rows_here * kD4;
 
@@ -555,167 +605,180 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     const int e_end = min(items, (s + 1) * share);
     const std::uint32_t o_addr = smem_addr(pub_o);
     const std::uint32_t l_addr = smem_addr(pub_lse);
-#pragma unroll 1
-    for (int e = s * share + tid; e < e_end; e += kThreads) {
+    // (a fixed trip count, unrolled: no loop state lives across the output calls; a cluster has
+    // at least two CTAs)
+    constexpr int kIters = (kRows * kD4 / 2 + kThreads - 1) / kThreads;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int e = s * share + tid + k * kThreads;
+      if (e >= e_end) break;
       const int r = e / kD4;
       const int d4 = e % kD4;
       auto lse_at = [&](int i) { return ld_cluster(cluster_map(l_addr + 4 * r, i)); };
       auto o_at = [&](int i) { return ld_cluster4(cluster_map(o_addr + 4 * (r * D + 4 * d4), i)); };
-      const float m = split_max(n_splits, lse_at);
-      float sum = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      split_accumulate(0, n_splits, m, lse_at, o_at, sum, acc);
-      store_merged(r, d4, split_finalize(m, sum, acc));
+      store_merged(r, d4,
+                   split_merge<kDecodeMaxCluster, kDecodeClusterBatch>(n_splits, lse_at, o_at));
     }
     cluster_sync();  // peers may still read this CTA's state until here
     ATTNSTATE_DECODE_MARK(3);
     return;
   }
 
-  // ---- tickets: the last CTA (or the last group's cluster) of this (request, KV head, row
-  //      tile) merges the splits; a group's CTAs share the columns ----
+  // ---- tickets: every CTA of the request's splits takes one (acquire-release: its partial
+  //      state is released with it, the others' are acquired); the CTA with the last one, or
+  //      every CTA of the cluster group holding it, merges the splits (a group's CTAs share the
+  //      columns) ----
   int e_begin = 0, e_end = items;
-  if (p.cluster > 1) {
-    const int C = p.cluster;
+  {
+    const int C = p.cluster;  // 1, or groups of C consecutive splits in a cluster
     const int g = s / C;
-    const int groups = (n_splits + C - 1) / C;
-    if (g >= groups) return;  // the whole cluster: no split of the request in it
-    __syncthreads();          // every thread's partial-state stores precede the release below
-    if (tid == 0) __threadfence();
-    cluster_sync();  // every CTA of the group has released its partial state
-    const int rank = s - g * C;
-    if (rank == 0 && tid == 0) {
-      const int ticket = atomicAdd(p.tickets + tile_id, 1);
-      const int last = ticket == groups - 1;
-      if (last) {
-        p.tickets[tile_id] = 0;
-        __threadfence();
-      }
-      const std::uint32_t flag = smem_addr(is_last);
-#pragma unroll 1
-      for (int c = 0; c < C; ++c)
-        st_cluster(cluster_map(flag, static_cast<std::uint32_t>(c)), last);
+    if (g * C >= n_splits) {  // the whole group (cluster): no split of the request in it
+      if (C > 1) cluster_wait();
+      return;
     }
-    cluster_sync();  // the flag is in every CTA's shared memory; no remote access after this
+    const int rank = s - g * C;
+    __syncthreads();            // every thread's partial-state stores precede the release below
+    if (C > 1) cluster_wait();  // every CTA of the group runs: its flags may be written
+    if (tid == 0) {
+      const int ticket = active ? atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) : -1;
+      const int last = ticket == n_splits - 1;
+      if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
+      if (C > 1) {
+        // this CTA's slot in every CTA of the group
+        const std::uint32_t slot = smem_addr(is_last + rank);
+#pragma unroll 1
+        for (int c = 0; c < C; ++c)
+          st_cluster(cluster_map(slot, static_cast<std::uint32_t>(c)), last);
+      } else {
+        *is_last = last;
+      }
+    }
+    if (C > 1)
+      cluster_sync();  // every slot is written; no remote access after this
+    else
+      __syncthreads();
     ATTNSTATE_DECODE_MARK(2);
-    if (!*is_last) return;
+    int last = 0;
+#pragma unroll 1
+    for (int c = 0; c < C; ++c) last |= is_last[c];
+    if (!last) return;
     const int share = (items + C - 1) / C;
     e_begin = min(items, rank * share);
     e_end = min(items, e_begin + share);
-  } else {
-    __syncthreads();  // every thread's partial-state stores precede the release below
-    if (tid == 0) {
-      __threadfence();
-      const int ticket = atomicAdd(p.tickets + tile_id, 1);
-      const int last = ticket == n_splits - 1;
-      if (last) {
-        p.tickets[tile_id] = 0;
-        __threadfence();
-      }
-      *is_last = last;
-    }
-    __syncthreads();
-    ATTNSTATE_DECODE_MARK(2);
-    if (!*is_last) return;
   }
 
-  // Shared memory: the weights of every split [split][16 rows], then the staged `o` of items
-  // [e_begin, e_end) of as many splits as fit [split][item]; at the body's end the running sums
-  // [item] and the rows' (max, weight sum).
+  // Shared memory: every split's LSE, then its weight (-1: empty) [split][16 rows]; at the
+  // body's end the merged columns of the items and each row's max. The splits' `o` columns are
+  // loaded straight into registers (measured faster than staging them in shared memory by
+  // 16-byte cp.async or by bulk copies, which issue slowly).
+  constexpr int kB = D <= 64 ? kDecodeDirectBatch64 : kDecodeDirectBatch;
   const int n = n_splits;
   const int ne = e_end - e_begin;
+  if (ne <= 0) return;
   const std::int64_t split0 = tile_id * S * kRows;  // partial (split 0, row 0)
   float* st_w = reinterpret_cast<float*>(body);
-  float* st_o = st_w + n * kRows;
-  float* row_ms = merge_state + 4 * kRows * kD4;  // [row] (m, sum)
-  float4* acc_s = reinterpret_cast<float4*>(merge_state);
-  const int cap =
-      ne > 0
-          ? static_cast<int>((kBodyBytes - kStateBytes - std::int64_t{n} * kRows * 4) / (16 * ne))
-          : 1;
-  auto stage_o = [&](int c0, int c1) {
-    const int chunks = (c1 - c0) * ne;
-#pragma unroll 4
-    for (int c = tid; c < chunks; c += kThreads) {
-      const int j = c / ne;
-      const int k = c - j * ne;
-      cp_async_16<0>(
-          smem_addr(st_o + 4 * c),
-          p.ws_o + (split0 + static_cast<std::int64_t>(c0 + j) * kRows) * D + 4 * (e_begin + k),
-          16);
+  float4* acc_s = reinterpret_cast<float4*>(merge_state);  // [item]
+  float* sum_s = merge_state + 4 * kRows * kD4;            // [item]
+  float* row_m = sum_s + kRows * kD4;                      // [row]
+  const int cap = n;                                       // (one chunk of splits)
+  // The batch of columns in flight (item `it`, splits [i0, i0 + kB) clamped to the last split;
+  // the first batch of this thread's first item is requested before the weights).
+  float4 v[kB];
+  auto load_batch = [&](int it, int i0) {
+    const float* src = p.ws_o + split0 * D + 4 * (e_begin + it);
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int i = i0 + u < n ? i0 + u : n - 1;
+      v[u] =
+          __ldcg(reinterpret_cast<const float4*>(src + static_cast<std::int64_t>(i) * kRows * D));
     }
-    cp_async_commit();
   };
-  stage_o(0, min(n, cap));  // in flight while the weights are computed
-  // Per row (a warp each): the max over the splits' LSEs (lanes stride the splits, then
-  // shuffles), every split's weight (-1 marks an empty split), and the weight sum in split order.
-  constexpr int kLsePerLane = kMaxSplits / 32;
+  ATTNSTATE_DECODE_MARK_CLOCK(4);
+  // The LSEs, and the first batch of this thread's first item, in flight together.
 #pragma unroll 1
-  for (int r = warp; r < rows_here; r += kWarps) {
-    float l[kLsePerLane];
+  for (int c = tid; c < n * (kRows / 4); c += kThreads)
+    cp_async_16<0>(smem_addr(st_w + 4 * c), p.ws_lse + split0 + 4 * c, 16);
+  cp_async_commit();
+  if (tid < ne) load_batch(tid, 0);
+  ATTNSTATE_DECODE_MARK_CLOCK(5);
+  cp_async_wait<0>();
+  __syncthreads();
+  ATTNSTATE_DECODE_MARK_CLOCK(6);
+  // Each row's max over the splits' LSEs and every split's weight in place of its LSE (-1 marks
+  // an empty split; merge weights are never negative): 8 threads per row, each a stride of the
+  // splits, the max by shuffles.
+  static_assert(kThreads == 8 * kRows, "8 threads per row");
+  {
+    const int r = tid >> 3;
+    const int j = tid & 7;
     float m = math::neg_inf();
+#pragma unroll 1
+    for (int i = j; i < n; i += 8) m = math::nan_max(m, st_w[i * kRows + r]);
 #pragma unroll
-    for (int k = 0; k < kLsePerLane; ++k) {
-      const int i = lane + 32 * k;
-      l[k] = i < n ? __ldcg(p.ws_lse + split0 + static_cast<std::int64_t>(i) * kRows + r)
-                   : math::neg_inf();
-      m = math::nan_max(m, l[k]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
+    for (int off = 4; off > 0; off >>= 1)
       m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
-#pragma unroll
-    for (int k = 0; k < kLsePerLane; ++k) {
-      const int i = lane + 32 * k;
-      if (i < n)
+    if (r < rows_here) {
+#pragma unroll 1
+      for (int i = j; i < n; i += 8) {
+        const float l = st_w[i * kRows + r];
         st_w[i * kRows + r] =
-            math::is_empty_lse(l[k]) ? -1.f : math::merge_weight(LseBase::kBase2, l[k], m);
-    }
-    __syncwarp();
-    if (lane == 0) {
-      float sum = 0.f;
-#pragma unroll 8
-      for (int i = 0; i < n; ++i) {
-        const float w = st_w[i * kRows + r];
-        if (w != -1.f) sum += w;
+            math::is_empty_lse(l) ? -1.f : math::merge_weight(LseBase::kBase2, l, m);
       }
-      row_ms[2 * r] = m;
-      row_ms[2 * r + 1] = sum;
+      if (j == 0) row_m[r] = m;
     }
   }
-  if (ne == 0) return;
+  ATTNSTATE_DECODE_MARK_CLOCK(7);
 #pragma unroll 1
   for (int c0 = 0; c0 < n; c0 += cap) {
     const int c1 = min(n, c0 + cap);
-    if (c0 > 0) {
-      __syncthreads();  // the previous chunk is merged
-      stage_o(c0, c1);
-    }
-    cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads();  // the weights of every split are in place
 #pragma unroll 1
-    for (int e = e_begin + tid; e < e_end; e += kThreads) {
-      const int r = e / kD4;
-      const int d4 = e % kD4;
-      float4* state = acc_s + (e - e_begin);  // this thread's own item
-      float4 acc = c0 == 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : *state;
-      const float* o_col = st_o + 4 * (e - e_begin);
-#pragma unroll 4
-      for (int i = c0; i < c1; ++i) {
-        const float w = st_w[i * kRows + r];
-        if (w != -1.f) {
-          const float4 v = *reinterpret_cast<const float4*>(o_col + 4 * (i - c0) * ne);
-          acc.x += w * v.x;
-          acc.y += w * v.y;
-          acc.z += w * v.z;
-          acc.w += w * v.w;
+    for (int it = tid; it < ne; it += kThreads) {  // this thread's own items
+      const int r = (e_begin + it) / kD4;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float sum = 0.f;
+      if (c0 > 0) {
+        acc = acc_s[it];
+        sum = sum_s[it];
+      }
+      // batches of splits: every load of a batch in flight before the adds (in split order)
+#pragma unroll 1
+      for (int i0 = c0; i0 < c1; i0 += kB) {
+        float w[kB];
+        if (i0 > 0 || it != tid) load_batch(it, i0);
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+          const int i = i0 + u < c1 ? i0 + u : c1 - 1;
+          w[u] = i0 + u < c1 ? st_w[i * kRows + r] : -1.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+          if (w[u] != -1.f) {
+            sum += w[u];
+            acc.x += w[u] * v[u].x;
+            acc.y += w[u] * v[u].y;
+            acc.z += w[u] * v[u].z;
+            acc.w += w[u] * v[u].w;
+          }
         }
       }
-      if (c1 == n)
-        store_merged(r, d4, split_finalize(row_ms[2 * r], row_ms[2 * r + 1], acc));
-      else
-        *state = acc;
+      if (c1 == n) {
+        const MergedColumns mc = split_finalize(row_m[r], sum, acc);
+        acc = mc.o;
+        sum = mc.lse;
+      }
+      acc_s[it] = acc;
+      sum_s[it] = sum;
     }
+  }
+  // The outputs (after the loops: little state lives across the output calls).
+#pragma unroll 1
+  for (int it = tid; it < ne; it += kThreads) {
+    const int e = e_begin + it;
+    MergedColumns mc;
+    mc.o = acc_s[it];
+    mc.lse = sum_s[it];
+    store_merged(e / kD4, e % kD4, mc);
   }
   ATTNSTATE_DECODE_MARK(3);
 }
