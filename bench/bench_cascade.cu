@@ -14,7 +14,9 @@
 ///        `--shapes P:S:B[,P:S:B...]` runs only those (prefix, suffix, batch) shapes; `--lean`
 ///        times the cascade, its levels and the merge only (no plain decode, one-level or
 ///        mma-only comparisons); `--decode-sms n` sets `CascadeTuning::decode_sms` (SMs the
-///        prefix level leaves to the suffix decode; -1 automatic, printed after the splits).
+///        prefix level leaves to the suffix decode; -1 automatic, printed after the splits);
+///        `--decode-fold n` sets `CascadeTuning::decode_fold` (-1 automatic; the choice is
+///        printed last: "fold" or "merge", the decode beside the prefix and a merge launch).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -146,6 +148,7 @@ struct Row {
   double cascade_us, prefix_us, suffix_us, merge_us, decode_us, flat_us, floor_us, fi_us;
   double max_diff, mma_us, staged_us;
   int prefix_tile, prefix_splits, suffix_tile, suffix_splits, decode_sms;
+  bool decode_fold;
 };
 
 /// Optional exploration: prefix-level time for each (tile_rows, chunk) override.
@@ -156,6 +159,8 @@ struct Explore {
 
 /// `CascadeTuning::decode_sms` of every plan (`--decode-sms`; -1 automatic).
 int g_decode_sms = -1;
+/// `CascadeTuning::decode_fold` of every plan (`--decode-fold`; -1 automatic).
+int g_decode_fold = -1;
 
 Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStream_t stream,
               int reps, bool lean, Explore* explore = nullptr) {
@@ -248,6 +253,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   shape.dtype = DType::kBF16;
   cuda::CascadeTuning tuning;
   tuning.decode_sms = g_decode_sms;
+  tuning.decode_fold = g_decode_fold;
   const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, tuning);
   const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, {}, num_sms);
   cuda::CascadeTuning mma_only;
@@ -258,6 +264,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   row.suffix_tile = plan.levels[1].tile_rows;
   row.suffix_splits = plan.levels[1].max_splits;
   row.decode_sms = plan.decode_sms;
+  row.decode_fold = plan.decode_fold;
   std::size_t ws_bytes =
       std::max({plan.workspace_bytes(), flat_plan.workspace_bytes(), mma_plan.workspace_bytes()});
   if (explore && explore->on) ws_bytes = std::max<std::size_t>(ws_bytes, 512ull << 20);
@@ -405,12 +412,16 @@ int main(int argc, char** argv) {
       quick = true;
     else if (!std::strcmp(argv[i], "--decode-sms") && i + 1 < argc)
       g_decode_sms = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--decode-fold") && i + 1 < argc)
+      g_decode_fold = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--lean"))
       lean = true;
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
       only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...] "
+                   "[--decode-sms n] [--decode-fold n]\n",
                    argv[0]);
       return 2;
     }
@@ -473,12 +484,13 @@ int main(int argc, char** argv) {
           4.0 * r.batch * kHeadsQ * double(r.prefix) * kHeadDim / (r.prefix_us * 1e6);
       std::printf(
           "%6d %5d %5d | %9.1f %9.1f %9.1f %9.1f %6.0f %9.1f %8.1f | %10.1f %9.1f %7.1f | %8.1f "
-          "%6.2f | %8.1f %6.2f | %9.2e | %d/%d %d/%d %dsm\n",
+          "%6.2f | %8.1f %6.2f | %9.2e | %d/%d %d/%d %dsm %s\n",
           r.prefix, r.suffix, r.batch, r.cascade_us, r.staged_us, r.mma_us, r.prefix_us,
           prefix_tflops, r.suffix_us, r.merge_us, r.decode_us, r.flat_us,
           (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
           r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
-          r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits, r.decode_sms);
+          r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits, r.decode_sms,
+          r.decode_fold ? "fold" : "merge");
       std::fflush(stdout);
     }
     if (!explore.lines.empty()) {
@@ -495,17 +507,18 @@ int main(int argc, char** argv) {
                    "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
                    "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
                    "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
-                   "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us,staged_us\n");
+                   "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us,staged_us,"
+                   "decode_sms,decode_fold\n");
       for (const Row& r : rows)
         std::fprintf(f,
                      "%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.2f,%.3f,%.1f,%.3f,%.3e,%d,"
-                     "%d,%d,%d,%.0f,%.2f,%.2f\n",
+                     "%d,%d,%d,%.0f,%.2f,%.2f,%d,%d\n",
                      r.prefix, r.suffix, r.batch, r.cascade_us, r.prefix_us, r.suffix_us,
                      r.merge_us, r.decode_us, r.flat_us,
                      (r.decode_us > 0 ? r.decode_us : r.flat_us) / r.cascade_us, r.floor_us,
                      r.cascade_us / r.floor_us, r.fi_us, r.fi_us > 0 ? r.fi_us / r.cascade_us : 0.0,
                      r.max_diff, r.prefix_tile, r.prefix_splits, r.suffix_tile, r.suffix_splits,
-                     bw / 1e9, r.mma_us, r.staged_us);
+                     bw / 1e9, r.mma_us, r.staged_us, r.decode_sms, r.decode_fold ? 1 : 0);
       std::fclose(f);
     }
     int bad = 0;

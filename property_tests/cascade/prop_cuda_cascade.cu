@@ -1,7 +1,7 @@
 /// @file prop_cuda_cascade.cu
 /// @brief Property on the GPU: for random problems, CUDA cascade attention over a random level
-///        structure (and random tile and split choices) equals plain attention over each
-///        request's concatenated KV. Skips without a GPU.
+///        structure (and random tile, split and decode-fold choices) equals plain attention over
+///        each request's concatenated KV. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 
@@ -24,6 +24,7 @@ TEST(CudaCascadeProperty, CascadeEqualsAttentionOverTheConcatenation) {
     t.kernel = *rc::gen::element(attnstate::cuda::CascadeKernel::kAuto,
                                  attnstate::cuda::CascadeKernel::kMma,
                                  attnstate::cuda::CascadeKernel::kWgmma);
+    t.decode_fold = *rc::gen::element(-1, 0, 1);  // how a decode last level meets the others
     const auto out_dt = *rc::gen::element(attnstate::DType::kF32, attnstate::DType::kBF16);
     const auto base = *rc::gen::element(attnstate::LseBase::kNatural, attnstate::LseBase::kBase2);
     const int sms = *rc::gen::element(0, 3, 132);

@@ -144,6 +144,16 @@ void plan_decode_level(CascadePlan& plan, const CascadeLevel& lv, const CascadeT
 constexpr std::int64_t kReserveMaxSharedKeys = 8192;
 /// Resident decode CTAs per SM assumed when reserving SMs for them.
 constexpr std::int64_t kReserveDecodeCtasPerSm = 2;
+/// A decode level of at most this many waves (of `kReserveDecodeCtasPerSm` CTAs on every SM)
+/// folds the shared levels' states (see `CascadeTuning::decode_fold`).
+constexpr std::int64_t kFoldMaxDecodeWaves = 2;
+
+/// CTAs of the last level's decode (`plan.last_decode`).
+std::int64_t decode_ctas(const CascadePlan& plan) {
+  const DecodePlan& d = plan.last_decode;
+  return plan.shape.batch * plan.shape.heads_kv * d.row_tiles *
+         std::max<std::int64_t>(1, d.splits.max_splits);
+}
 
 /// SMs the shared levels leave to the decode of the last level (`CascadeTuning::decode_sms`):
 /// automatically, enough for every decode CTA at once when they take at most half of the SMs
@@ -153,10 +163,7 @@ int reserved_sms(const CascadePlan& plan, const CascadeLevel* host_levels,
                  const CascadeTuning& tuning, int num_sms) {
   if (plan.num_levels < 2) return 0;  // no shared level to run beside
   if (tuning.decode_sms >= 0) return std::min(tuning.decode_sms, num_sms - 1);
-  const DecodePlan& d = plan.last_decode;
-  const std::int64_t ctas = plan.shape.batch * plan.shape.heads_kv * d.row_tiles *
-                            std::max<std::int64_t>(1, d.splits.max_splits);
-  const std::int64_t need = ceil_div(ctas, kReserveDecodeCtasPerSm);
+  const std::int64_t need = ceil_div(decode_ctas(plan), kReserveDecodeCtasPerSm);
   if (need > num_sms / 2) return 0;
   for (int l = 0; l + 1 < plan.num_levels; ++l) {
     const CascadeLevel& lv = host_levels[l];
@@ -329,17 +336,27 @@ bool encode_kv_maps(const PagedKvCache& kv, int box, kernels::CascadeTmaMaps* ma
 
 /// Launches level `l`; with `overlap` as a programmatic dependent launch that may run beside
 /// the previous level's kernel (levels write disjoint workspace slots; the merge waits for all).
+/// How `launch_decode_level` runs the decode of a unique last level.
+enum class DecodeLevelMode {
+  kSlot,        ///< Its state to its workspace slot, stream-ordered (the stage-by-stage API).
+  kSlotBeside,  ///< The same, launched beside the previous kernel (never waits for it).
+  kFold,        ///< Folds the earlier levels' slots into `out` (waits for them before that).
+};
+
 /// Runs level `l` (a unique last level) with the split-KV decode: the segments' page lists are
-/// the requests' page table, their lengths the sequence lengths. Without `out` the state goes to
-/// the level's workspace slot (fp32, base 2) for the merge; with `out` the decode folds the
-/// earlier levels' partial states (workspace slots before this level's) into its own merge and
-/// writes the final state there, so no merge launch follows. The decode's tickets are zeroed
-/// first (one small memset; `run_cascade` issues it before the first level instead, so that the
-/// decode can start beside the level before it), so the cascade's workspace needs no
-/// initialisation.
+/// the requests' page table, their lengths the sequence lengths. `kSlot` and `kSlotBeside` write
+/// the state to the level's workspace slot (fp32, base 2) for the merge; `kSlotBeside` as a
+/// programmatic dependent launch that reads nothing of the previous kernel's (it may run on the
+/// SMs a shared level leaves while that one still runs; its grid completes after it, so the
+/// merge launched next sees both). `kFold` folds the earlier levels' partial states (workspace
+/// slots before this level's) into its own merge and writes the final state to `out`, so no merge
+/// launch follows. With `zero_tickets` the decode's tickets are zeroed first (one small memset;
+/// `run_cascade` issues it before the first level instead, so that the decode can start beside
+/// the level before it), so the cascade's workspace needs no initialisation.
 void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& q,
                          const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
-                         const StateView* out, bool zero_tickets, cudaStream_t stream) {
+                         DecodeLevelMode mode, const StateView* out, bool zero_tickets,
+                         cudaStream_t stream) {
   const CascadeShape& s = plan.shape;
   PagedKvCache table = kv;
   table.page_indptr = lv.page_indptr;
@@ -363,8 +380,14 @@ void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& 
   const std::size_t dbytes = decode_bytes(plan);
   void* dws = dbytes > 0 ? ws + partials_bytes(plan) : nullptr;
   if (dbytes > 0 && zero_tickets) init_decode_workspace(plan.last_decode, dws, dbytes, stream);
-  if (out == nullptr) {
+  if (mode == DecodeLevelMode::kSlot) {
     run_decode(plan.last_decode, q, table, slot, dws, dbytes, stream);
+    return;
+  }
+  if (mode == DecodeLevelMode::kSlotBeside) {
+    detail::PriorStates none;
+    none.beside_previous = true;
+    detail::run_decode_with_prior(plan.last_decode, q, table, slot, dws, dbytes, none, stream);
     return;
   }
   detail::PriorStates prior;
@@ -380,7 +403,8 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   const CascadeShape& s = plan.shape;
   const CascadeLevelPlan& lp = plan.levels[l];
   if (lp.decode) {
-    launch_decode_level(plan, l, q, kv, lv, workspace, nullptr, true, stream);
+    launch_decode_level(plan, l, q, kv, lv, workspace, DecodeLevelMode::kSlot, nullptr, true,
+                        stream);
     return;
   }
   kernels::CascadeLevelParams p{};
@@ -447,25 +471,36 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
                                       overlap, stream);
 }
 
+/// Launches the merge for head dim `D`; `programmatic`: as a programmatic dependent launch (its
+/// CTAs may be placed while the previous kernel finishes; they wait for it before reading).
 template <int D>
-void launch_merge_d(const kernels::CascadeMergeParams& p, DType out_dt, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(ceil_div(p.rows, kernels::kCascadeMergeWarps));
-  const unsigned threads = 32 * kernels::kCascadeMergeWarps;
+void launch_merge_d(const kernels::CascadeMergeParams& p, DType out_dt, bool programmatic,
+                    cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(p.rows, kernels::kCascadeMergeWarps)));
+  cfg.blockDim = dim3(32 * kernels::kCascadeMergeWarps);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = programmatic ? &attr : nullptr;
+  cfg.numAttrs = programmatic ? 1 : 0;
   switch (out_dt) {
     case DType::kF16:
-      kernels::cascade_merge_kernel<D, half_t><<<blocks, threads, 0, stream>>>(p);
+      ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernels::cascade_merge_kernel<D, half_t>, p));
       break;
     case DType::kBF16:
-      kernels::cascade_merge_kernel<D, bfloat16_t><<<blocks, threads, 0, stream>>>(p);
+      ATTNSTATE_CUDA_CHECK(
+          cudaLaunchKernelEx(&cfg, kernels::cascade_merge_kernel<D, bfloat16_t>, p));
       break;
     default:
-      kernels::cascade_merge_kernel<D, float><<<blocks, threads, 0, stream>>>(p);
+      ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernels::cascade_merge_kernel<D, float>, p));
       break;
   }
   ATTNSTATE_CHECK_LAUNCH(stream, "cascade_merge_kernel");
 }
 
-void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
+void launch_merge(const CascadePlan& plan, StateView out, const void* workspace, bool programmatic,
                   cudaStream_t stream) {
   const std::int64_t rows = plan.rows();
   kernels::CascadeMergeParams p{};
@@ -484,9 +519,9 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
   p.lse_stride_head = out.lse_stride_head;
   p.base = out.base;
   if (plan.shape.head_dim == 64)
-    launch_merge_d<64>(p, out.dtype, stream);
+    launch_merge_d<64>(p, out.dtype, programmatic, stream);
   else
-    launch_merge_d<128>(p, out.dtype, stream);
+    launch_merge_d<128>(p, out.dtype, programmatic, stream);
 }
 
 void check_out(const char* func, const CascadePlan& plan, const StateView& out) {
@@ -539,6 +574,9 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   if (tuning.decode_sms < -1 || tuning.decode_sms >= num_sms)
     throw_argument(func, "tuning.decode_sms", "-1 (automatic) or 0..num_sms - 1",
                    cascade_str(tuning.decode_sms));
+  if (tuning.decode_fold < -1 || tuning.decode_fold > 1)
+    throw_argument(func, "tuning.decode_fold", "-1 (automatic), 0 or 1",
+                   cascade_str(tuning.decode_fold));
   if (tuning.decode_splits < 0 || tuning.decode_splits > kMaxSplits)
     throw_argument(func, "tuning.decode_splits", "0.." + cascade_str(kMaxSplits),
                    cascade_str(tuning.decode_splits));
@@ -559,6 +597,16 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
       decode_eligible(shape, host_levels[last], last, num_levels, options, tuning);
   if (decode_last) plan_decode_level(plan, host_levels[last], tuning, num_sms);
   plan.decode_sms = decode_last ? reserved_sms(plan, host_levels, tuning, num_sms) : 0;
+  // The decode folds the shared levels' states (no merge launch) when its CTAs wait beside them
+  // on SMs of their own, or when it is a wave or two: then few CTAs hold their slots while they
+  // wait. A larger decode runs ahead on whatever SMs the shared levels leave and a merge launch
+  // follows (H200, 20 benchmark shapes: the merge launch won by 1-16 us at batch 128 and 256,
+  // the fold by up to 5 us at batch 16 and 64).
+  plan.decode_fold =
+      !decode_last || num_levels == 1 || tuning.decode_fold == 1 ||
+      (tuning.decode_fold == -1 &&
+       (plan.decode_sms > 0 ||
+        decode_ctas(plan) <= kFoldMaxDecodeWaves * kReserveDecodeCtasPerSm * num_sms));
   std::int64_t slots = 0;
   for (int l = 0; l < num_levels; ++l) {
     const CascadeLevel& lv = host_levels[l];
@@ -640,7 +688,7 @@ void run_cascade_merge(const CascadePlan& plan, StateView out, const void* works
   check_plan(func, plan);
   check_out(func, plan, out);
   check_workspace(func, plan, workspace, workspace_bytes);
-  launch_merge(plan, out, workspace, stream);
+  launch_merge(plan, out, workspace, false, stream);
 }
 
 void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
@@ -656,21 +704,28 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
   check_out(func, plan, out);
   check_workspace(func, plan, workspace, workspace_bytes);
-  // A last level on the decode merges the other levels' states itself (no merge launch); its
-  // tickets are zeroed before the first level so that nothing stands between the last shared
-  // level and the decode, which may then start beside it.
+  // A last level on the decode starts beside the last shared level: either it merges the other
+  // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the
+  // merge follows as a programmatic launch. Its tickets are zeroed before the first level so
+  // that nothing stands between the last shared level and the decode.
   const int last = num_levels - 1;
-  const bool fold = plan.levels[last].decode;
+  const bool decode = plan.levels[last].decode;
   const std::size_t dbytes = decode_bytes(plan);
-  if (fold && dbytes > 0)
+  if (decode && dbytes > 0)
     init_decode_workspace(plan.last_decode, static_cast<char*>(workspace) + partials_bytes(plan),
                           dbytes, stream);
-  for (int l = 0; l < (fold ? last : num_levels); ++l)
+  for (int l = 0; l < (decode ? last : num_levels); ++l)
     launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0, stream);
-  if (fold)
-    launch_decode_level(plan, last, q, kv, device_levels[last], workspace, &out, false, stream);
-  else
-    launch_merge(plan, out, workspace, stream);
+  if (!decode) {
+    launch_merge(plan, out, workspace, false, stream);
+  } else if (plan.decode_fold) {
+    launch_decode_level(plan, last, q, kv, device_levels[last], workspace, DecodeLevelMode::kFold,
+                        &out, false, stream);
+  } else {
+    launch_decode_level(plan, last, q, kv, device_levels[last], workspace,
+                        DecodeLevelMode::kSlotBeside, nullptr, false, stream);
+    launch_merge(plan, out, workspace, true, stream);
+  }
 }
 
 }  // namespace cuda

@@ -100,8 +100,9 @@ TEST(CudaCascade, UniqueLastLevelRunsOnTheDecodeAndMatches) {
   EXPECT_TRUE(ga.check(ca));
 }
 
-TEST(CudaCascade, DecodeFoldsEarlierLevelsThroughEveryMergePath) {
-  // The last level's decode merges the shared levels' states into its output: with one split
+TEST(CudaCascade, DecodeLevelMeetsEarlierLevelsThroughEveryMergePath) {
+  // The last level's decode either merges the shared levels' states into its output (fold) or
+  // runs beside them into its workspace slot with a merge launch after: both, with one split
   // (direct store), a few (cluster merge) and many (workspace merge), after one or two shared
   // levels, with empty suffixes and an empty prefix, the workspace poisoned with NaN first (an
   // empty state's o is never read). The stage-by-stage API (each level into its workspace slot,
@@ -124,21 +125,24 @@ TEST(CudaCascade, DecodeFoldsEarlierLevelsThroughEveryMergePath) {
   specs.push_back(empty_prefix);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CascadeCase c(specs[i]);
-    for (int splits : {1, 4, 24}) {
-      CascadeTuning t;
-      t.decode_splits = splits;
-      t.decode_sms = splits == 4 ? 40 : (splits == 1 ? 0 : -1);  // decode beside the prefix
-      GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
-      const int last = g.plan.num_levels - 1;
-      ASSERT_TRUE(g.plan.levels[last].decode);
-      EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
-      if (t.decode_sms >= 0) EXPECT_EQ(g.plan.decode_sms, t.decode_sms);
-      g.workspace.poison();
-      g.run();
-      EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits;
-      g.run_stages();
-      EXPECT_TRUE(g.check(c)) << "stages: case " << i << " decode splits " << splits;
-    }
+    for (int splits : {1, 4, 24})
+      for (int fold : {0, 1}) {
+        CascadeTuning t;
+        t.decode_splits = splits;
+        t.decode_sms = splits == 4 ? 40 : (splits == 1 ? 0 : -1);  // decode beside the prefix
+        t.decode_fold = fold;
+        GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
+        const int last = g.plan.num_levels - 1;
+        ASSERT_TRUE(g.plan.levels[last].decode);
+        EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
+        EXPECT_EQ(g.plan.decode_fold, fold == 1);
+        if (t.decode_sms >= 0) EXPECT_EQ(g.plan.decode_sms, t.decode_sms);
+        g.workspace.poison();
+        g.run();
+        EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits << " fold " << fold;
+        g.run_stages();
+        EXPECT_TRUE(g.check(c)) << "stages: case " << i << " decode splits " << splits;
+      }
   }
 }
 
@@ -358,13 +362,29 @@ TEST(CudaCascade, RepeatedRunsAreBitwiseIdentical) {
     EXPECT_EQ(0, std::memcmp(o1.data(), o3.data(), o1.size() * sizeof(float))) << variant;
     EXPECT_EQ(0, std::memcmp(l1.data(), l3.data(), l1.size() * sizeof(float))) << variant;
   }
+  // the other way for the decode level to meet the shared ones (fold or merge launch): its own
+  // bits, the same on every run
+  ASSERT_TRUE(g.plan.levels[1].decode);
+  g.plan.decode_fold = !g.plan.decode_fold;
+  g.run();
+  const auto o4 = g.o_host();
+  const auto l4 = g.lse_host();
+  EXPECT_TRUE(g.check(c));
+  g.run();
+  EXPECT_EQ(0, std::memcmp(o4.data(), g.o_host().data(), o4.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(l4.data(), g.lse_host().data(), l4.size() * sizeof(float)));
 }
 
-TEST(CudaCascade, GraphCaptureReplaysWithNewInputsAndShorterSuffixes) {
-  ATTNSTATE_REQUIRE_GPU();
+/// Captures one cascade call in a graph, replays it, then replays it with new values, new page
+/// placement and shorter suffixes in the same buffers; `fold`: CascadeTuning::decode_fold.
+void replay_with_new_inputs(int fold) {
   CaseSpec s = attnstate_test::two_level_spec(10, 300, 60, 8);
   CascadeCase c1(s);
-  GpuCascade g(c1, DType::kBF16, LseBase::kBase2);
+  CascadeTuning t;
+  t.decode_fold = fold;
+  GpuCascade g(c1, DType::kBF16, LseBase::kBase2, t);
+  ASSERT_TRUE(g.plan.levels[1].decode);
+  ASSERT_EQ(g.plan.decode_fold, fold == 1);
   cudaStream_t stream;
   ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -405,6 +425,15 @@ TEST(CudaCascade, GraphCaptureReplaysWithNewInputsAndShorterSuffixes) {
   ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
   ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
   ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaCascade, GraphCaptureReplaysWithNewInputsAndShorterSuffixes) {
+  // (the decode level beside the prefix, both ways of meeting it: fold and merge launch)
+  ATTNSTATE_REQUIRE_GPU();
+  for (int fold : {0, 1}) {
+    SCOPED_TRACE(fold);
+    replay_with_new_inputs(fold);
+  }
 }
 
 /// Expects `call` to throw attnstate::Error with `status` and a message naming `arg`.
@@ -477,6 +506,28 @@ TEST(CudaCascadePlan, LeavesSmsToASmallDecodeLevelBesideShortSharedLevels) {
   EXPECT_EQ(small.plan(t).decode_sms, 0);
 }
 
+TEST(CudaCascadePlan, DecodeLevelFoldsOnlyWhenFewOfItsCtasWaitForTheSharedLevels) {
+  // Host-only: automatically the decode folds the shared levels' states when SMs are left for
+  // all its CTAs or it is at most two waves of CTAs (two per SM), else it runs ahead into its
+  // workspace slot and a merge launch follows; an explicit choice holds; the unique level alone
+  // writes the output itself.
+  const PlanOnlyLevels small(4096, 64, 16), long_prefix(32768, 256, 128);
+  EXPECT_GT(small.plan().decode_sms, 0);
+  EXPECT_TRUE(small.plan().decode_fold);
+  const auto few = PlanOnlyLevels(32768, 64, 16).plan();  // 128 decode CTAs, no SMs left
+  EXPECT_EQ(few.decode_sms, 0);
+  EXPECT_TRUE(few.decode_fold);
+  EXPECT_EQ(long_prefix.plan().decode_sms, 0);  // 1024 decode CTAs: about four waves
+  EXPECT_FALSE(long_prefix.plan().decode_fold);
+  EXPECT_FALSE(PlanOnlyLevels(4096, 64, 256).plan().decode_fold);
+  CascadeTuning t;
+  t.decode_fold = 1;
+  EXPECT_TRUE(long_prefix.plan(t).decode_fold);
+  t.decode_fold = 0;
+  EXPECT_FALSE(small.plan(t).decode_fold);
+  EXPECT_TRUE(small.plan(t, 1).decode_fold);  // nothing to merge with
+}
+
 TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
   const auto host = c.host_levels();
@@ -519,6 +570,11 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   expect_error(attnstate::Status::kInvalidArgument, "decode_splits", [&] { plan(sh, t); });
   t.decode_splits = attnstate::kMaxSplits + 1;
   expect_error(attnstate::Status::kInvalidArgument, "decode_splits", [&] { plan(sh, t); });
+  t = {};
+  t.decode_fold = 2;
+  expect_error(attnstate::Status::kInvalidArgument, "decode_fold", [&] { plan(sh, t); });
+  t.decode_fold = -2;
+  expect_error(attnstate::Status::kInvalidArgument, "decode_fold", [&] { plan(sh, t); });
   t = {};
   t.decode_sms = -2;
   expect_error(attnstate::Status::kInvalidArgument, "decode_sms", [&] { plan(sh, t); });

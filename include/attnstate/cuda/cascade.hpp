@@ -81,8 +81,8 @@ struct CascadeTuning {
   CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
   /// Run a last level whose segments each belong to one request (segment `b` to request `b`)
   /// with the library's split-KV decode (`run_decode`) instead of a cascade level kernel; it
-  /// applies when the new tokens are causal or `q_len == 1`. `run_cascade` then lets the decode
-  /// fold the other levels' states into its own split merge (no separate merge launch).
+  /// applies when the new tokens are causal or `q_len == 1` (see `decode_fold` for how its
+  /// state meets the other levels').
   bool decode_last_level = true;
   /// Splits of such a decode level: 0 = the decode's automatic policy, else a fixed count
   /// (`1..kMaxSplits`).
@@ -92,6 +92,15 @@ struct CascadeTuning {
   /// -1 = automatic (enough for all the decode's CTAs when the shared segments are short and
   /// the decode needs at most half of the SMs, else 0), else `0..num_sms - 1`.
   int decode_sms = -1;
+  /// How such a decode level's state meets the shared levels' states in `run_cascade`:
+  /// 1 = the decode folds them into its own split merge (no merge launch; its CTAs wait for the
+  /// shared levels before folding, holding their SM slots meanwhile); 0 = the decode never waits:
+  /// it writes its state to its workspace slot while the shared levels still run, on whatever
+  /// SMs they leave, and one merge launch follows (which waits for both); -1 = automatic (fold
+  /// when `decode_sms` leaves SMs for every decode CTA at once or the decode is at most about
+  /// two waves of CTAs, else the merge launch). With the unique level alone the decode always
+  /// writes the output itself.
+  int decode_fold = -1;
 };
 
 /// What the plan chose for one level.
@@ -128,6 +137,9 @@ struct CascadePlan {
   DecodePlan last_decode;
   /// SMs the shared levels' splits leave free for that decode (`CascadeTuning::decode_sms`).
   int decode_sms = 0;
+  /// That decode folds the shared levels' states into its output (`CascadeTuning::decode_fold`);
+  /// false: it writes its workspace slot beside the shared levels and a merge launch follows.
+  bool decode_fold = true;
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
   /// Bytes of device workspace `run_cascade` needs: fp32 partial states

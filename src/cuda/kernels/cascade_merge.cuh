@@ -1,7 +1,8 @@
 /// @file cascade_merge.cuh
 /// @brief The cascade merge kernel: folds the partial states of every level and split of a query
 ///        row (fp32 workspace, base-2 LSEs) with the max-subtracted merge and writes the output
-///        state in its dtype and base. One warp per (request, new token, query head).
+///        state in its dtype and base. One warp per (request, new token, query head). It may be
+///        a programmatic dependent launch: it waits for the previous kernel before any read.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,11 @@ __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
   constexpr int kPer = D / 32;  // elements per lane
   constexpr int kUnroll = 8;    // partial states whose loads are in flight together
   const int lane = threadIdx.x & 31;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  // a programmatic dependent launch: the partial states come from the kernels before (a no-op
+  // after an ordinary launch)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kCascadeMergeWarps + (threadIdx.x >> 5);
   if (row >= p.rows) return;
