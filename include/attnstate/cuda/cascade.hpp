@@ -29,7 +29,8 @@
 /// row are then folded with the library's max-subtracted merge (`math::merge_weight` /
 /// `merge_finalize`, the numerics of `cuda::merge_states`) and written in the output's dtype and
 /// base: by the decode of the last level, which merges the other levels' states into its own
-/// split merge, or else by one merge launch over every level's and split's state. No
+/// split merge (`CascadePlan::decode_fold`), or else by one merge launch over every level's and
+/// split's state (a large decode level then runs beside the shared levels without waiting). No
 /// floating-point atomics: results are bitwise repeatable for a given plan.
 ///
 /// Device lengths may differ from the planned ones (e.g. a graph replayed as suffixes grow):
@@ -88,7 +89,8 @@ struct CascadeTuning {
   /// (`1..kMaxSplits`).
   int decode_splits = 0;
   /// SMs the shared levels leave to such a decode level, which then runs beside them (it is a
-  /// programmatic dependent launch that waits for them only before folding their states):
+  /// programmatic dependent launch that waits for them only before folding their states, if it
+  /// folds them):
   /// -1 = automatic (enough for all the decode's CTAs when the shared segments are short and
   /// the decode needs at most half of the SMs, else 0), else `0..num_sms - 1`.
   int decode_sms = -1;
