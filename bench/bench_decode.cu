@@ -20,7 +20,9 @@
 /// call l reading its own cache (layer l's pages, inputs rotated: n caches, at least 256 MiB in
 /// all, never the same bytes twice in a replay), the graph replayed after an L2 flush; prints
 /// the time per call (launch gaps inside the graph included, no host launch latency); points
-/// whose caches would take more than 4 GiB skip it.
+/// whose caches would take more than 4 GiB skip it; `--programmatic` sets
+/// `DecodePlan::programmatic_launch` on every plan (consecutive calls then overlap their
+/// launches, e.g. in the layer loop).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -227,7 +229,7 @@ std::string ctx_str(int ctx) {
 int main(int argc, char** argv) {
   std::string csv_path;
   bool quick = false, explore = false, no_s1 = false, hnd = false, floors = false;
-  bool host_time = false, timeline = false;
+  bool host_time = false, timeline = false, programmatic = false;
   int force_splits = 0, reps_arg = 0, layers = 0;
   std::vector<Point> points;
   Bench bench;
@@ -258,6 +260,8 @@ int main(int argc, char** argv) {
       timeline = true;
     else if (!std::strcmp(argv[i], "--floors"))
       floors = true;
+    else if (!std::strcmp(argv[i], "--programmatic"))
+      programmatic = true;
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc)
       layers = std::max(1, std::atoi(argv[++i]));
   }
@@ -369,9 +373,10 @@ int main(int argc, char** argv) {
       }
     }
     std::printf(
-        "# decode bf16, head_dim %d, H_kv %d, pages of %d tokens %s (block table); "
+        "# decode bf16, head_dim %d, H_kv %d, pages of %d tokens %s (block table)%s; "
         "times are medians%s\n",
         kHeadDim, kHeadsKv, kPage, hnd ? "HND" : "NHD",
+        programmatic ? ", programmatic launches" : "",
         bench.flush_l2 ? " with L2 flushed" : ", L2 warm");
     std::printf("%6s %6s %6s %8s %6s %9s %7s %6s %6s %9s %7s %7s %9s %7s\n", "Hq/Hkv", "batch",
                 "ctx", "KV_MiB", "splits", "time_us", "GB/s", "%copy", "comb%", "s1_us", "s1_GB/s",
@@ -423,6 +428,7 @@ int main(int argc, char** argv) {
                        : quick      ? 15
                                     : (kv_bytes > (std::int64_t{1} << 31) ? 20 : 60);
       cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, bench.num_sms);
+      plan.programmatic_launch = programmatic;
       if (explore) {
         // Split counts at this point (time in µs).
         std::printf("explore %d/%d b%d %s (auto %d):", hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
@@ -591,7 +597,8 @@ int main(int argc, char** argv) {
       DecodeOptions one;
       one.policy = SplitPolicy::kFixedCount;
       one.num_splits = 1;
-      const cuda::DecodePlan plan1 = cuda::plan_decode(pr, lens.data(), one, bench.num_sms);
+      cuda::DecodePlan plan1 = cuda::plan_decode(pr, lens.data(), one, bench.num_sms);
+      plan1.programmatic_launch = programmatic;
       void* ws = nullptr;
       const std::size_t ws_bytes = std::max<std::size_t>(256, plan.workspace_bytes());
       ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));

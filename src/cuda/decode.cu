@@ -235,10 +235,11 @@ void launch(detail::DecodeParams p, std::int64_t grid, cudaStream_t stream) {
     attr[n_attr].val.clusterDim.z = 1;
     ++n_attr;
   }
-  if (p.prior_count > 0 || p.beside_previous != 0) {
+  if (p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0) {
     // The prior states come from the previous kernel of the stream: this one may start while
     // that one finishes (programmatic dependent launch); it waits before reading them. Beside
     // the previous kernel: it reads nothing that kernel writes; its last CTA holds the grid.
+    // Programmatic (the plan's choice): every CTA waits for that kernel before its first read.
     attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
     ++n_attr;
@@ -483,6 +484,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.prior_count = prior.count;
   p.prior_rows = prior.rows;
   p.beside_previous = prior.beside_previous ? 1 : 0;
+  p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
   const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
   dispatch(p, pr.head_dim, pr.kv_dtype, short_candidate(pr.head_dim, plan.splits),
            plan.num_sms > 0 ? plan.num_sms : 1, grid, stream);

@@ -520,6 +520,75 @@ TEST(CudaDecode, GraphReplayOfMaxPlanServesShorterRequests) {
   ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+TEST(CudaDecode, ProgrammaticLaunchWaitsForThePreviousKernel) {
+  // Two chained programmatic decodes sharing one workspace: the second reads the first's output
+  // (poisoned with NaN first) as its queries, so it matches the reference only if every CTA
+  // waited for the first kernel; launched directly and replayed from a graph.
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.q_gain = 4.f;
+  cfg.seq_lens = {16000, 700};
+  const DecodeProblemHost p = make_decode_problem(cfg, 901);
+  DeviceProblem d(p);
+  cuda::DecodePlan plan =
+      cuda::plan_decode(problem_of(p), p.seq_lens.data(), DecodeOptions{}, num_sms());
+  ASSERT_GT(plan.splits.max_splits, 1);
+  plan.programmatic_launch = true;
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  DeviceState mid(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kBF16, LseBase::kNatural);
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  ConstTensorView q2 = d.qv(p);  // the first decode's output, read as queries
+  q2.data = mid.o.get();
+  cudaStream_t stream;
+  ATTNSTATE_CUDA_CHECK(cudaStreamCreate(&stream));
+  cuda::init_decode_workspace(plan, ws.get(), ws.bytes(), stream);
+  auto chain = [&] {
+    cuda::run_decode(plan, d.qv(p), d.kv(p), mid.view, ws.get(), ws.bytes(), stream);
+    cuda::run_decode(plan, q2, d.kv(p), out.view, ws.get(), ws.bytes(), stream);
+  };
+  auto check = [&](const std::string& what) {
+    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    GpuOut first;
+    first.plan = plan;
+    first.o = mid.o.download();
+    first.lse = mid.lse.download();
+    expect_matches_reference(p, first, DType::kBF16, LseBase::kNatural, what + ": first");
+    DecodeProblemHost p2 = p;  // the second decode's problem: the first's output as queries
+    p2.q.assign(first.o.begin(), first.o.end());
+    GpuOut second;
+    second.plan = plan;
+    second.o = out.o.download();
+    second.lse = out.lse.download();
+    expect_matches_reference(p2, second, DType::kF32, LseBase::kNatural, what + ": second");
+  };
+  auto poison = [&] {
+    for (DeviceState* s : {&mid, &out}) {
+      s->o.poison();
+      s->lse.poison();
+    }
+  };
+  poison();
+  chain();
+  check("direct");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  chain();
+  ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    poison();
+    ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    check("graph replay " + std::to_string(rep));
+  }
+  ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
+  ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 TEST(CudaDecode, LengthsClampedToOwnedPages) {
   ATTNSTATE_REQUIRE_GPU();
   DecodeConfig cfg;

@@ -156,6 +156,10 @@ struct DecodeParams {
   // it writes is read): every CTA lets the next kernel launch, and the grid's last CTA waits for
   // the previous kernel before it starts, so the grid completes only after that kernel
   std::int32_t beside_previous;
+  // a programmatic dependent launch chained to the kernels around it (DecodePlan::
+  // programmatic_launch): every CTA lets the next kernel launch and waits for the previous one
+  // before its first read
+  std::int32_t programmatic;
 };
 
 }  // namespace detail

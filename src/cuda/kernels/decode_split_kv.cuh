@@ -158,9 +158,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   int* is_last = reinterpret_cast<int*>(body + kBodyBytes);  // [cluster rank]
   static_assert(kDecodeMaxCluster <= kDecodeMaxWsGroup, "a flag per CTA of a cluster");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  if (p.beside_previous != 0) {
+  if (p.beside_previous != 0 || p.programmatic != 0) {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (blockIdx.x == gridDim.x - 1) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1)
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
   }
 #endif
 
