@@ -13,21 +13,8 @@ namespace {
 template <class Tile>
 void launch_ws_tile(const CascadeLevelParams& p, const CascadeTmaMaps& maps, dim3 grid, bool pdl,
                     cudaStream_t stream) {
-  auto kernel = cascade_level_ws_kernel<Tile>;
-  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            Tile::smem_bytes()));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(static_cast<unsigned>(Tile::kThreads));
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(Tile::smem_bytes());
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, maps.k, maps.v));
-  ATTNSTATE_CHECK_LAUNCH(stream, "cascade_level_ws_kernel");
+  launch_level_kernel(cascade_level_ws_kernel<Tile>, p, grid, Tile::kThreads, Tile::smem_bytes(),
+                      pdl, stream, "cascade_level_ws_kernel", maps.k, maps.v);
 }
 
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)

@@ -57,8 +57,8 @@ bool use_ring(const kernels::RowsArgs& args) {
 
 namespace detail {
 
-/// Test hook (declared by the tests that use it): true when `merge_states(states, out)` runs a
-/// fast kernel (not the general one) on the current device.
+/// Test hook (declared in tests/cuda_merge/merge_test_support.hpp): true when `merge_states(states,
+/// out)` runs a fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
   bool fast = false;
   kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {

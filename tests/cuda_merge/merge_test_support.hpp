@@ -20,6 +20,16 @@
 #include "attnstate/core/state_view.hpp"
 #include "cuda_test_utils.hpp"
 
+namespace attnstate {
+namespace cuda {
+namespace detail {
+/// Test hook defined in src/cuda/merge_states.cu: true when `merge_states(states, out)` runs a
+/// fast kernel (not the general one) on the current device.
+bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out);
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
+
 namespace attnstate_test {
 
 using attnstate::ConstStateStackView;

@@ -17,15 +17,6 @@
 #include "attnstate/cuda/merge.hpp"
 #include "merge_test_support.hpp"
 
-namespace attnstate {
-namespace cuda {
-namespace detail {
-// Test hook defined in src/cuda/merge_states.cu.
-bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out);
-}  // namespace detail
-}  // namespace cuda
-}  // namespace attnstate
-
 namespace attnstate_test {
 namespace {
 

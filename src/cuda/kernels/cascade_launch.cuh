@@ -51,11 +51,13 @@ void launch_cascade_level_ws_bf16(const CascadeLevelParams& p, const CascadeTmaM
                                   int tile_rows, CascadeWsVariant variant, dim3 grid, bool pdl,
                                   cudaStream_t stream);
 
-/// Launches `kernel` on `stream`; with `pdl` as a programmatic dependent launch (it may start
-/// while the previous kernel of the stream runs; see detail::PdlScope).
-inline void launch_level_kernel(void (*kernel)(CascadeLevelParams), const CascadeLevelParams& p,
-                                dim3 grid, int threads, int smem, bool pdl, cudaStream_t stream,
-                                const char* name) {
+/// Launches `kernel` with the arguments `p, extra...` on `stream`; with `pdl` as a programmatic
+/// dependent launch (it may start while the previous kernel of the stream runs; see
+/// detail::PdlScope).
+template <class... Extra>
+void launch_level_kernel(void (*kernel)(CascadeLevelParams, Extra...), const CascadeLevelParams& p,
+                         dim3 grid, int threads, int smem, bool pdl, cudaStream_t stream,
+                         const char* name, const Extra&... extra) {
   ATTNSTATE_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
@@ -68,7 +70,7 @@ inline void launch_level_kernel(void (*kernel)(CascadeLevelParams), const Cascad
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, extra...));
   ATTNSTATE_CHECK_LAUNCH(stream, name);
 }
 

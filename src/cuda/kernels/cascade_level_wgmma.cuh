@@ -124,7 +124,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   const int h_kv = blockIdx.y;
   detail::LevelBlock lb;
   if (!lb.locate(p, BM, BN)) return;
-  const int split = lb.split, last = lb.last, r0 = lb.r0, rows_per_req = lb.rows_per_req;
+  const int r0 = lb.r0, rows_per_req = lb.rows_per_req;
   const int nrows = lb.nrows, row0 = lb.row0, pbeg = lb.pbeg, len = lb.len;
   const int kv_begin = lb.kv_begin, kv_end = lb.kv_end, n_tiles = lb.n_tiles;
 
@@ -329,31 +329,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     os[rr].l = l;
   }
 
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int R = row0 + warp * 16 + (lane >> 2) + rr * 8;
-    if (R >= nrows) continue;
-    const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
-    const int t = rem / p.group, g = rem % p.group;
-    const std::int64_t row =
-        (static_cast<std::int64_t>(req) * p.q_len + t) * p.heads_q + h_kv * p.group + g;
-    const float inv = os[rr].inv_sum();
-    float* dst = p.ws_o +
-                 (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
-                 2 * (lane & 3);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<float2*>(dst + n * 8) =
-          make_float2(acc[n][2 * rr] * inv, acc[n][2 * rr + 1] * inv);
-    if ((lane & 3) == 0) {
-      p.ws_lse[static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row] =
-          os[rr].lse(LseBase::kBase2);
-      if (split == last)
-        for (int k = split + 1; k < p.max_splits; ++k)
-          p.ws_lse[static_cast<std::int64_t>(p.slot_offset + k) * p.rows_total + row] =
-              math::neg_inf();
-    }
-  }
+  lb.store_partial<D>(p, h_kv, warp * 16, acc, os);
 #endif
 }
 
