@@ -16,7 +16,10 @@
 ///        mma-only comparisons); `--decode-sms n` sets `CascadeTuning::decode_sms` (SMs the
 ///        prefix level leaves to the suffix decode; -1 automatic, printed after the splits);
 ///        `--decode-fold n` sets `CascadeTuning::decode_fold` (-1 automatic; the choice is
-///        printed last: "fold" or "merge", the decode beside the prefix and a merge launch).
+///        printed last: "fold" or "merge", the decode beside the prefix and a merge launch);
+///        `--page n` sets the tokens per page (16 by default); `--scatter` places the shared
+///        prefix's pages in a random order of the pool (by default they are in id order, so
+///        every KV tile of the prefix is one run of consecutive pages).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,7 +45,12 @@ namespace {
 
 using namespace attnstate;
 
-constexpr int kHeadDim = 128, kHeadsKv = 8, kHeadsQ = 32, kPage = 16;
+constexpr int kHeadDim = 128, kHeadsKv = 8, kHeadsQ = 32;
+/// Tokens per page (`--page`; 16 by default, the ANCHORS.md setting).
+int g_page = 16;
+/// True: the shared prefix's pages in a random order of the pool (`--scatter`); false: in id
+/// order.
+bool g_scatter = false;
 constexpr double kTensorFlops = 790e12;  // bf16 dense tensor throughput of the H200 (wgmma)
 
 /// ANCHORS.md: FlashInfer cascade (µs) and its prefix level (µs) per (prefix, suffix, batch).
@@ -168,9 +177,9 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   row.prefix = prefix;
   row.suffix = suffix;
   row.batch = batch;
-  const int pp = (prefix + kPage - 1) / kPage, sp = (suffix + kPage - 1) / kPage;
+  const int pp = (prefix + g_page - 1) / g_page, sp = (suffix + g_page - 1) / g_page;
   const std::int64_t num_pages = pp + static_cast<std::int64_t>(batch) * sp;
-  const std::int64_t page_elems = static_cast<std::int64_t>(kPage) * kHeadsKv * kHeadDim;
+  const std::int64_t page_elems = static_cast<std::int64_t>(g_page) * kHeadsKv * kHeadDim;
   const std::size_t pool = static_cast<std::size_t>(num_pages * page_elems);
   std::uint16_t* k = dalloc<std::uint16_t>(pool);
   std::uint16_t* v = dalloc<std::uint16_t>(pool);
@@ -181,9 +190,11 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   fill_bf16<<<256, 256, 0, stream>>>(q, qn, 3);
   ATTNSTATE_CHECK_LAUNCH(stream, "fill_bf16");
 
-  // shuffled page placement (prefix pages first in id order, suffix pages interleaved)
+  // page placement: prefix pages first in id order (`--scatter`: in a random order), suffix
+  // pages interleaved
   std::vector<std::int32_t> prefix_ids(pp), suffix_ids(static_cast<std::size_t>(batch) * sp);
   for (int i = 0; i < pp; ++i) prefix_ids[i] = i;
+  if (g_scatter) std::shuffle(prefix_ids.begin(), prefix_ids.end(), std::mt19937(12345));
   for (int b = 0; b < batch; ++b)
     for (int j = 0; j < sp; ++j)
       suffix_ids[static_cast<std::size_t>(b) * sp + j] = pp + j * batch + b;
@@ -204,7 +215,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
                  suffix_ids.begin() + static_cast<std::ptrdiff_t>(b + 1) * sp);
   }
   f_pind[batch] = static_cast<std::int32_t>(f_ids.size());
-  if (prefix % kPage != 0) {
+  if (prefix % g_page != 0) {
     std::fprintf(stderr, "prefix must be a multiple of the page size\n");
     std::exit(2);
   }
@@ -248,7 +259,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   shape.heads_q = kHeadsQ;
   shape.heads_kv = kHeadsKv;
   shape.head_dim = kHeadDim;
-  shape.page_size = kPage;
+  shape.page_size = g_page;
   shape.num_pages = num_pages;
   shape.dtype = DType::kBF16;
   cuda::CascadeTuning tuning;
@@ -276,7 +287,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   kv.dtype = DType::kBF16;
   kv.layout = KvLayout::kNHD;
   kv.num_pages = num_pages;
-  kv.page_size = kPage;
+  kv.page_size = g_page;
   kv.heads_kv = kHeadsKv;
   kv.head_dim = kHeadDim;
   kv.space = MemorySpace::kDevice;
@@ -416,15 +427,23 @@ int main(int argc, char** argv) {
       g_decode_fold = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--lean"))
       lean = true;
+    else if (!std::strcmp(argv[i], "--page") && i + 1 < argc)
+      g_page = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--scatter"))
+      g_scatter = true;
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
       only = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...] "
-                   "[--decode-sms n] [--decode-fold n]\n",
+                   "[--decode-sms n] [--decode-fold n] [--page n] [--scatter]\n",
                    argv[0]);
       return 2;
     }
+  }
+  if (g_page < 1) {
+    std::fprintf(stderr, "--page must be positive\n");
+    return 2;
   }
   try {
     int dev = 0, num_sms = 0;
@@ -437,8 +456,9 @@ int main(int argc, char** argv) {
     const double bw = copy_bandwidth(stream);
     std::printf(
         "device %s, %d SMs; copy bandwidth %.0f GB/s (read + written); floor uses it and "
-        "%.0f TFLOP/s\n",
-        prop.name, num_sms, bw / 1e9, kTensorFlops / 1e12);
+        "%.0f TFLOP/s; pages of %d tokens, prefix pages %s\n",
+        prop.name, num_sms, bw / 1e9, kTensorFlops / 1e12, g_page,
+        g_scatter ? "scattered" : "in id order");
     std::printf("plain decode: %s\n", BENCH_CASCADE_HAS_DECODE
                                           ? "the library's split-KV decode (run_decode)"
                                           : "not built; 'flat' = the cascade kernel, one level");

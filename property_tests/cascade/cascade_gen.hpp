@@ -45,6 +45,7 @@ inline rc::Gen<CaseSpec> gen_case_spec(int max_batch, int max_len) {
     s.dtype = *rc::gen::element(attnstate::DType::kF16, attnstate::DType::kBF16);
     s.page_size = *rc::gen::element(1, 5, 16, 16, 32);
     s.layout = *rc::gen::element(attnstate::KvLayout::kNHD, attnstate::KvLayout::kHND);
+    s.placement = *rc::gen::element(0, 1, 2);  // shuffled, in order, in order with breaks
     s.q_len = *rc::gen::element(1, 1, 2, 4, 8);
     s.causal = *rc::gen::arbitrary<bool>();
     s.q_amp = *rc::gen::element(0.5f, 1.f, 4.f);

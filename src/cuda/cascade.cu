@@ -52,6 +52,19 @@ int tma_box_rows(std::int64_t page_size) {
   return page_size >= 8 && kKvTile % page_size == 0 ? static_cast<int>(page_size) : 0;
 }
 
+/// Keys per run box of the warp-specialised kernel for a page size (0: no run boxes): pages
+/// shorter than 64 keys whose ids follow one another are copied 64 keys per box. The copies'
+/// cost grows with the number of boxes: on the H200, a 32k-key prefix of 16-key pages took
+/// 156 µs in boxes of 16 keys, 137 in boxes of 32, 128 in boxes of 64, 130 in boxes of 128.
+int tma_run_keys(std::int64_t page_size) {
+  int keys = kKvTile;
+#if defined(ATTNSTATE_CASCADE_WS_PROBE)
+  if (const char* e = std::getenv("ATTNSTATE_CASCADE_WS_RUN")) keys = std::atoi(e);
+#endif
+  const int box = tma_box_rows(page_size);
+  return box > 0 && box < keys && keys % box == 0 && kKvTile % keys == 0 ? keys : 0;
+}
+
 /// The warp-specialised kernel variant (`kernels::CascadeWsVariant`; 0 = never use it, the
 /// levels then run on the cp.async kernels). The environment variable `ATTNSTATE_CASCADE_WS`
 /// overrides the default (a tuning and debugging aid).
@@ -303,9 +316,11 @@ EncodeTiledFn encode_tiled_fn() {
 
 /// Encodes the tensor maps of the pool's K and V as 4-D tensors whose strides grow with the
 /// dimension: `(head_dim, KV head, slot, page)` for NHD pages, `(head_dim, slot, KV head, page)`
-/// for HND; boxes of 64 × `box` slots, 128-byte swizzled. False when the pool cannot be described
-/// (the caller falls back to the cp.async kernels).
-bool encode_kv_maps(const PagedKvCache& kv, int box, kernels::CascadeTmaMaps* maps) {
+/// for HND; boxes of 64 × `box` slots, 128-byte swizzled. With `*run` > `box` also the run
+/// maps, whose boxes hold `*run` keys of consecutive whole pages (`box` is then the page size);
+/// `*run` becomes 0 when they cannot be made. False when the pool cannot be described (the
+/// caller falls back to the cp.async kernels).
+bool encode_kv_maps(const PagedKvCache& kv, int box, int* run, kernels::CascadeTmaMaps* maps) {
   const EncodeTiledFn fn = encode_tiled_fn();
   if (fn == nullptr || kv.num_pages > std::numeric_limits<std::int32_t>::max()) return false;
   const std::int64_t e = 2;  // bytes per element (bf16)
@@ -321,16 +336,30 @@ bool encode_kv_maps(const PagedKvCache& kv, int box, kernels::CascadeTmaMaps* ma
     if (st[i] % 16 != 0 || st[i] >= (std::int64_t{1} << 40)) return false;
     strides[i] = static_cast<cuuint64_t>(st[i]);
   }
-  const cuuint32_t box_dims[4] = {64, hnd ? static_cast<cuuint32_t>(box) : 1u,
-                                  hnd ? 1u : static_cast<cuuint32_t>(box), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const void* ptrs[2] = {kv.k, kv.v};
-  CUtensorMap* out[2] = {&maps->k, &maps->v};
-  for (int i = 0; i < 2; ++i)
-    if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptrs[i]), dims, strides,
-           box_dims, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return false;
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  // boxes of `box_slots` slots of `box_pages` pages into `out[0]` (K) and `out[1]` (V)
+  auto encode = [&](std::int64_t box_slots, std::int64_t box_pages, CUtensorMap* k_map,
+                    CUtensorMap* v_map) {
+    const cuuint32_t bs = static_cast<cuuint32_t>(box_slots);
+    const cuuint32_t box_dims[4] = {64, hnd ? bs : 1u, hnd ? 1u : bs,
+                                    static_cast<cuuint32_t>(box_pages)};
+    CUtensorMap* out[2] = {k_map, v_map};
+    for (int i = 0; i < 2; ++i)
+      if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptrs[i]), dims, strides,
+             box_dims, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    return true;
+  };
+  if (!encode(box, 1, &maps->k, &maps->v)) return false;
+  maps->k_run = maps->k;
+  maps->v_run = maps->v;
+  if (*run > box && !encode(box, *run / box, &maps->k_run, &maps->v_run)) {
+    *run = 0;
+    maps->k_run = maps->k;
+    maps->v_run = maps->v;
+  }
   return true;
 }
 
@@ -455,8 +484,9 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
                             variant == static_cast<int>(kernels::CascadeWsVariant::kKv64Turns)
                         ? 1
                         : 0;
+    p.tma_run = tma_run_keys(s.page_size);
     kernels::CascadeTmaMaps maps;
-    if (encode_kv_maps(kv, p.tma_box, &maps)) {
+    if (encode_kv_maps(kv, p.tma_box, &p.tma_run, &maps)) {
       kernels::launch_cascade_level_ws_bf16(p, maps, lp.tile_rows,
                                             static_cast<kernels::CascadeWsVariant>(variant), grid,
                                             overlap, stream);

@@ -14,7 +14,8 @@ template <class Tile>
 void launch_ws_tile(const CascadeLevelParams& p, const CascadeTmaMaps& maps, dim3 grid, bool pdl,
                     cudaStream_t stream) {
   launch_level_kernel(cascade_level_ws_kernel<Tile>, p, grid, Tile::kThreads, Tile::smem_bytes(),
-                      pdl, stream, "cascade_level_ws_kernel", maps.k, maps.v);
+                      pdl, stream, "cascade_level_ws_kernel", maps.k, maps.v, maps.k_run,
+                      maps.v_run);
 }
 
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)

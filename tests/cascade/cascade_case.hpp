@@ -46,6 +46,9 @@ struct CaseSpec {
   /// NaN in every pool element no key of the problem owns: the slots past each segment's end
   /// in its last page, the padding between pages, the unused pages (none may ever be read).
   bool nan_outside = false;
+  /// Page ids of the pool: 0 shuffled; 1 consecutive in allocation order (each segment's pages
+  /// one run); 2 consecutive with random breaks (about one page in eight swapped elsewhere).
+  int placement = 0;
   std::uint64_t seed = 1;
   std::vector<std::vector<SegmentSpec>> levels;  ///< Level-major segment lists.
 };
@@ -127,7 +130,13 @@ struct CascadeCase {
     num_pages = needed_pages(s) + s.extra_pages;
     std::vector<std::int32_t> perm(static_cast<std::size_t>(num_pages));
     std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    if (s.placement == 0) {
+      std::shuffle(perm.begin(), perm.end(), rng);
+    } else if (s.placement == 2) {
+      std::uniform_int_distribution<std::size_t> pick(0, perm.size() - 1);
+      for (std::size_t i = 0; i < perm.size(); ++i)
+        if (pick(rng) % 8 == 0) std::swap(perm[i], perm[pick(rng)]);
+    }
     std::size_t next = 0;
     for (const auto& lv : s.levels) {
       HostLevel h;

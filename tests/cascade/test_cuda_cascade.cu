@@ -310,6 +310,35 @@ TEST(CudaCascade, KeysPastSegmentEndsAreNeverRead) {
       }
 }
 
+TEST(CudaCascade, KvTilesOfConsecutivePagesMatch) {
+  // A whole KV tile whose pages follow one another in the pool is copied with one box per half
+  // of head_dim. Pools in allocation order (every tile a run) and with random breaks (runs and
+  // single pages mixed), page sizes below, at and above the tile, NHD and padded HND, tiles of
+  // 64 and 128 rows, splits whose tiles start inside a page (chunk 192), NaN in every element
+  // that is no key of the problem.
+  ATTNSTATE_REQUIRE_GPU();
+  for (int ps : {8, 16, 64, 128, 256})
+    for (auto layout : {attnstate::KvLayout::kNHD, attnstate::KvLayout::kHND})
+      for (int placement : {1, 2}) {
+        CaseSpec s = attnstate_test::two_level_spec(40, 1300 + 3 * ps, 23, 500 + ps + placement);
+        s.page_size = ps;
+        s.layout = layout;
+        s.page_pad = layout == attnstate::KvLayout::kHND ? 8 : 0;
+        s.nan_outside = true;
+        s.placement = placement;
+        for (int tile : {64, 128})
+          for (int chunk : {0, 192}) {
+            CascadeTuning t;
+            t.tile_rows = tile;
+            t.chunk = chunk;
+            t.kernel = attnstate::cuda::CascadeKernel::kWgmma;
+            EXPECT_TRUE(gpu_matches(s, DType::kF32, LseBase::kNatural, t))
+                << "page_size " << ps << " layout " << static_cast<int>(layout) << " placement "
+                << placement << " tile " << tile << " chunk " << chunk;
+          }
+      }
+}
+
 TEST(CudaCascade, AgreesWithTheCpuCascade) {
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec s = attnstate_test::two_level_spec(8, 200, 40, 77);

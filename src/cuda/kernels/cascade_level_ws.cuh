@@ -46,6 +46,10 @@ namespace kernels {
 struct CascadeTmaMaps {
   CUtensorMap k;  ///< K pool.
   CUtensorMap v;  ///< V pool.
+  /// K pool, boxes of `CascadeLevelParams::tma_run` keys: 64 × page_size slots × 1 ×
+  /// `tma_run / page_size` pages, for granules whose pages are consecutive in the pool.
+  CUtensorMap k_run;
+  CUtensorMap v_run;  ///< V pool, boxes of `tma_run` keys (as `k_run`).
 };
 
 /// Options of the warp-specialised kernel (bit flags, the `Opt` of `CascadeWsTile`).
@@ -105,7 +109,9 @@ struct CascadeWsTile {
 template <class Tile>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     cascade_level_ws_kernel(const CascadeLevelParams p, const __grid_constant__ CUtensorMap tm_k,
-                            const __grid_constant__ CUtensorMap tm_v) {
+                            const __grid_constant__ CUtensorMap tm_v,
+                            const __grid_constant__ CUtensorMap tm_k_run,
+                            const __grid_constant__ CUtensorMap tm_v_run) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = __nv_bfloat16;
   using Wg = detail::WsWgmmaBf16;
@@ -181,6 +187,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if (lane == 0) {
       detail::tma_prefetch_map(&tm_k);
       detail::tma_prefetch_map(&tm_v);
+      if (p.tma_run) {
+        detail::tma_prefetch_map(&tm_k_run);
+        detail::tma_prefetch_map(&tm_v_run);
+      }
     }
     // page ids by windows of 32 boxes, one per lane, loaded a window ahead of their copies
     auto load_window = [&](int w) {
@@ -190,15 +200,27 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       pg = pg < 0 ? 0 : (pg >= p.num_pages ? p.num_pages - 1 : pg);
       return static_cast<int>(pg);
     };
-    // the boxes of one whole tile of K or V (`tm`) into the stage at `dst`, completing on `full`
-    auto copy_boxes = [&](std::uint32_t dst, const CUtensorMap* tm, std::uint32_t full, int j0,
-                          int page) {
+    // runs: granules of R = p.tma_run keys (several whole pages, R / G boxes) whose pages are
+    // consecutive in the pool, one bit per box of the window, set for the boxes of such granules
+    const int per_run = p.tma_run > G ? p.tma_run / G : 1;  // boxes per run granule
+    auto runs_of = [&](int win) -> unsigned {
+      const int first = __shfl_sync(0xffffffffu, win, lane & ~(per_run - 1));
+      return __ballot_sync(0xffffffffu, win == first + (lane & (per_run - 1)));
+    };
+    // the boxes of one whole tile of K or V (`tm`) into the stage at `dst`, completing on `full`;
+    // a granule that is a run (`run`, the same for its lanes): one box of R keys per half of
+    // head_dim from `tm_run` by its first lane, the same bytes in the same places
+    auto copy_boxes = [&](std::uint32_t dst, const CUtensorMap* tm, const CUtensorMap* tm_run,
+                          bool run, std::uint32_t full, int j0, int page) {
       const int slot = detail::slot_of(p, j0 + b * G);
       const int c1 = p.hnd ? slot : h_kv, c2 = p.hnd ? h_kv : slot;
       const std::uint32_t box = dst + b * G * 128;
       for (int idx = lane; idx < nops; idx += 32) {
         const int half = idx / nb;
-        detail::tma_load_4d(box + half * (BN * 128), tm, full, half * 64, c1, c2, page);
+        if (!run)
+          detail::tma_load_4d(box + half * (BN * 128), tm, full, half * 64, c1, c2, page);
+        else if ((b & (per_run - 1)) == 0)
+          detail::tma_load_4d(box + half * (BN * 128), tm_run, full, half * 64, c1, c2, page);
       }
     };
     // the split's last, partial tile: cp.async, keys past the end zero-filled
@@ -232,10 +254,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     };
     int win_cur = load_window(0);
     int win_next = load_window(1);
+    unsigned runs = p.tma_run ? runs_of(win_cur) : 0u;
+    // this lane's granule: its boxes' bits within a tile
+    const unsigned granule_bits = ((1u << per_run) - 1u) << (b & ~(per_run - 1));
     for (int kt = 0; kt < n_tiles; ++kt) {
       if (kt > 0 && kt % per_win == 0) {
         win_cur = win_next;
         win_next = load_window(kt / per_win + 1);
+        if (p.tma_run) runs = runs_of(win_cur);
       }
       const int page = __shfl_sync(0xffffffffu, win_cur, (kt % per_win) * nb + b);
       const int st = kt % kStages;
@@ -247,10 +273,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         if (lane == 0) detail::mbar_arrive(full);  // (diagnostic: the stale tile is re-read)
       } else if (j0 + BN <= kv_end) {
         // a whole tile: nops boxes of K, then of V; one mbarrier transaction of K + V bytes
+        const unsigned bits = granule_bits << ((kt % per_win) * nb);
+        const bool run = per_run > 1 && (runs & bits) == bits;
         if (lane == 0) detail::mbar_arrive_expect_tx(full, 2 * kTileBytes);
         __syncwarp();
-        copy_boxes(dk, &tm_k, full, j0, page);
-        copy_boxes(dv, &tm_v, full, j0, page);
+        copy_boxes(dk, &tm_k, &tm_k_run, run, full, j0, page);
+        copy_boxes(dv, &tm_v, &tm_v_run, run, full, j0, page);
       } else {
         copy_partial(dk, dv, j0, full);
       }
