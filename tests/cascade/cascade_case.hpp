@@ -49,6 +49,12 @@ struct CaseSpec {
   /// Page ids of the pool: 0 shuffled; 1 consecutive in allocation order (each segment's pages
   /// one run); 2 consecutive with random breaks (about one page in eight swapped elsewhere).
   int placement = 0;
+  /// A query row (token · heads_q + head) whose element 3 is NaN, -1 for none: that row's
+  /// reference state is NaN (its scores are), every other row is unaffected.
+  int nan_query_row = -1;
+  /// A key of the first segment of level 0 whose element 3 is NaN in KV head 0, -1 for none:
+  /// every row of that head's group that sees the key has a NaN reference state.
+  int nan_key = -1;
   std::uint64_t seed = 1;
   std::vector<std::vector<SegmentSpec>> levels;  ///< Level-major segment lists.
 };
@@ -154,11 +160,21 @@ struct CascadeCase {
     page_elems = static_cast<std::int64_t>(s.page_size) * s.heads_kv * s.head_dim + s.page_pad;
     q.resize(static_cast<std::size_t>(batch) * s.q_len * s.heads_q * s.head_dim);
     for (float& x : q) x = uni(rng) * s.q_amp;
+    if (s.nan_query_row >= 0)
+      q.at(static_cast<std::size_t>(s.nan_query_row) * s.head_dim + 3) =
+          std::numeric_limits<float>::quiet_NaN();
     k.resize(static_cast<std::size_t>(num_pages * page_elems));
     v.resize(k.size());
     for (float& x : k) x = uni(rng);
     for (float& x : v) x = uni(rng);
     if (s.nan_outside) poison_outside();
+    if (s.nan_key >= 0) {
+      const HostLevel& h = levels.at(0);
+      const std::int64_t page =
+          h.page_indices.at(static_cast<std::size_t>(h.page_indptr[0] + s.nan_key / s.page_size));
+      k.at(static_cast<std::size_t>(page * page_elems + in_page(s.nan_key % s.page_size, 0) + 3)) =
+          std::numeric_limits<float>::quiet_NaN();
+    }
     q_raw = encode(q, s.dtype);
     k_raw = encode(k, s.dtype);
     v_raw = encode(v, s.dtype);
@@ -288,7 +304,8 @@ struct CascadeCase {
 };
 
 /// Compares a computed state (o decoded to float, lse in `base`) with the reference: every
-/// element finite where the reference is, |o - ref| ≤ tol_o, |lse - ref| ≤ tol_lse (natural log).
+/// element finite where the reference is, |o - ref| ≤ tol_o, |lse - ref| ≤ tol_lse (natural log);
+/// a row whose reference LSE is NaN must be NaN in its LSE and in every element of o.
 inline ::testing::AssertionResult matches_reference(const CascadeCase& c,
                                                     const std::vector<float>& o,
                                                     const std::vector<float>& lse,
@@ -299,6 +316,14 @@ inline ::testing::AssertionResult matches_reference(const CascadeCase& c,
     const double ref = c.ref_lse[r];
     double got = lse[r];
     if (base == attnstate::LseBase::kBase2) got *= std::log(2.0);
+    if (std::isnan(ref)) {  // a NaN input: the whole row NaN
+      bool all_nan = std::isnan(got);
+      for (int d = 0; d < D; ++d) all_nan = all_nan && std::isnan(o[r * D + d]);
+      if (!all_nan)
+        return ::testing::AssertionFailure()
+               << "row " << r << ": lse " << got << ", o[0] " << o[r * D] << ", want NaN";
+      continue;
+    }
     const bool ok_lse = std::isinf(ref) ? (std::isinf(got) && got < 0)
                                         : (std::isfinite(got) && std::abs(got - ref) <= tol_lse);
     if (!ok_lse)

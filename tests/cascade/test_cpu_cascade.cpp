@@ -47,6 +47,30 @@ TEST(CpuCascade, TwoLevelsSharedPrefixMatchesConcatenation) {
   EXPECT_TRUE(run_and_check(CascadeCase(attnstate_test::two_level_spec(6, 100, 37, 11))));
 }
 
+TEST(CpuCascade, NanQueryRowGivesANanRowOnly) {
+  // NaN in one query row: that row's state is NaN at every level it has keys in (its scores
+  // are), so the output row is NaN; every other row matches.
+  CaseSpec s = attnstate_test::two_level_spec(6, 100, 37, 12);
+  s.nan_query_row = 2 * s.heads_q + 5;
+  for (int levels : {2, 1}) {  // 1: only the shared level
+    s.levels.resize(static_cast<std::size_t>(levels));
+    const CascadeCase c(s);
+    ASSERT_TRUE(std::isnan(c.ref_lse[s.nan_query_row]));
+    EXPECT_TRUE(run_and_check(c)) << levels << " levels";
+  }
+}
+
+TEST(CpuCascade, NanKeyGivesNanRowsOnly) {
+  // NaN in one shared key of KV head 0: the rows of that head's group NaN in every request that
+  // shares it, every other row matches.
+  CaseSpec s = attnstate_test::two_level_spec(6, 100, 37, 13);
+  s.nan_key = 57;
+  const CascadeCase c(s);
+  ASSERT_TRUE(std::isnan(c.ref_lse[0]));
+  ASSERT_FALSE(std::isnan(c.ref_lse[s.heads_q / s.heads_kv]));
+  EXPECT_TRUE(run_and_check(c));
+}
+
 TEST(CpuCascade, OneLevelOfUniqueSegmentsMatchesAttention) {
   CaseSpec s;
   s.seed = 2;

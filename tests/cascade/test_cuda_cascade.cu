@@ -339,6 +339,58 @@ TEST(CudaCascade, KvTilesOfConsecutivePagesMatch) {
       }
 }
 
+TEST(CudaCascade, NanQueryRowGivesANanRowOnly) {
+  // NaN in one query row makes all its scores NaN: the row's state must come out NaN from every
+  // level kernel and from the decode (a row maximum that skipped NaN would leave it looking
+  // empty). Levels: a shared prefix + unique suffixes (decode or level kernel for the suffixes),
+  // the shared level alone, the unique level alone; every other row matches.
+  ATTNSTATE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int shape : {0, 1, 2})  // 0: prefix + suffixes; 1: prefix only; 2: suffixes only
+      for (int tile : {16, 64, 128})
+        for (bool decode : {true, false}) {
+          if (shape == 1 && decode) continue;  // no unique level to decode
+          CaseSpec s = attnstate_test::two_level_spec(40, 700, 37, 900 + tile + shape);
+          s.dtype = dt;
+          s.nan_query_row = 5 * s.heads_q + 6;
+          if (shape == 1) s.levels.pop_back();
+          if (shape == 2) s.levels.erase(s.levels.begin());
+          CascadeCase c(s);
+          ASSERT_TRUE(std::isnan(c.ref_lse[s.nan_query_row]));
+          CascadeTuning t;
+          t.tile_rows = tile;
+          t.kernel = tile == 16 ? attnstate::cuda::CascadeKernel::kMma
+                                : attnstate::cuda::CascadeKernel::kWgmma;
+          t.decode_last_level = decode;
+          GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+          g.run();
+          EXPECT_TRUE(g.check(c)) << "dtype " << static_cast<int>(dt) << " shape " << shape
+                                  << " tile " << tile << " decode " << decode;
+        }
+}
+
+TEST(CudaCascade, NanKeyGivesNanRowsOnly) {
+  // NaN in one shared key of KV head 0 (in the middle of a KV tile, a split and a page): the
+  // rows of that head's group NaN in every request, every other row matches; every level kernel.
+  ATTNSTATE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int tile : {16, 64, 128}) {
+      CaseSpec s = attnstate_test::two_level_spec(40, 1000, 37, 950 + tile);
+      s.dtype = dt;
+      s.nan_key = 517;
+      CascadeCase c(s);
+      ASSERT_TRUE(std::isnan(c.ref_lse[0]));
+      ASSERT_FALSE(std::isnan(c.ref_lse[s.heads_q / s.heads_kv]));
+      CascadeTuning t;
+      t.tile_rows = tile;
+      t.kernel = tile == 16 ? attnstate::cuda::CascadeKernel::kMma
+                            : attnstate::cuda::CascadeKernel::kWgmma;
+      GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+      g.run();
+      EXPECT_TRUE(g.check(c)) << "dtype " << static_cast<int>(dt) << " tile " << tile;
+    }
+}
+
 TEST(CudaCascade, AgreesWithTheCpuCascade) {
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec s = attnstate_test::two_level_spec(8, 200, 40, 77);
