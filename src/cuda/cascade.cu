@@ -53,9 +53,9 @@ int tma_box_rows(std::int64_t page_size) {
 }
 
 /// Keys per run box of the warp-specialised kernel for a page size (0: no run boxes): pages
-/// shorter than 64 keys whose ids follow one another are copied 64 keys per box. The copies'
-/// cost grows with the number of boxes: on the H200, a 32k-key prefix of 16-key pages took
-/// 156 µs in boxes of 16 keys, 137 in boxes of 32, 128 in boxes of 64, 130 in boxes of 128.
+/// shorter than 64 keys whose ids follow one another are copied 64 keys per box. On the H200 the
+/// prefix level of 32k/256/128 (16-key pages) took 120 µs in boxes of one page, 117-118 in runs
+/// of 32 or 64 keys (with boxes of one page and one half of head_dim each: 156 µs).
 int tma_run_keys(std::int64_t page_size) {
   int keys = kKvTile;
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
@@ -314,48 +314,76 @@ EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-/// Encodes the tensor maps of the pool's K and V as 4-D tensors whose strides grow with the
-/// dimension: `(head_dim, KV head, slot, page)` for NHD pages, `(head_dim, slot, KV head, page)`
-/// for HND; boxes of 64 × `box` slots, 128-byte swizzled. With `*run` > `box` also the run
-/// maps, whose boxes hold `*run` keys of consecutive whole pages (`box` is then the page size);
-/// `*run` becomes 0 when they cannot be made. False when the pool cannot be described (the
-/// caller falls back to the cp.async kernels).
-bool encode_kv_maps(const PagedKvCache& kv, int box, int* run, kernels::CascadeTmaMaps* maps) {
+/// Encodes the tensor maps of the pool's K and V (`kernels::CascadeTmaMaps`, head_dim 128) as
+/// 5-D tensors whose boxes land in the KV tile layout of the warp-specialised kernel: boxes of
+/// `*box` keys of one page with both halves of head_dim, and with `*run` > `*box` the run maps
+/// (boxes of `*run` keys of consecutive whole pages, NHD pools only). `*coords` receives the
+/// dims' kind: 0 NHD, 1 unpadded HND (page and KV head as one dim), 2 padded HND (boxes of 8
+/// keys: `*box` becomes 8). `*run` becomes 0 when there are no run maps. False when the pool
+/// cannot be described (the caller falls back to the cp.async kernels).
+bool encode_kv_maps(const PagedKvCache& kv, int* box, int* run, int* coords,
+                    kernels::CascadeTmaMaps* maps) {
   const EncodeTiledFn fn = encode_tiled_fn();
-  if (fn == nullptr || kv.num_pages > std::numeric_limits<std::int32_t>::max()) return false;
+  if (fn == nullptr || kv.head_dim != 128 || kv.page_size % 8 != 0 ||
+      kv.num_pages > std::numeric_limits<std::int32_t>::max())
+    return false;
   const std::int64_t e = 2;  // bytes per element (bf16)
-  const bool hnd = kv.layout == KvLayout::kHND;
-  const std::int64_t slots = kv.page_size, heads = kv.heads_kv;
-  const cuuint64_t dims[4] = {
-      static_cast<cuuint64_t>(kv.head_dim), static_cast<cuuint64_t>(hnd ? slots : heads),
-      static_cast<cuuint64_t>(hnd ? heads : slots), static_cast<cuuint64_t>(kv.num_pages)};
-  const std::int64_t st[3] = {kv.head_dim * e, (hnd ? slots : heads) * kv.head_dim * e,
-                              kv.page_elems() * e};
-  cuuint64_t strides[3];
-  for (int i = 0; i < 3; ++i) {
-    if (st[i] % 16 != 0 || st[i] >= (std::int64_t{1} << 40)) return false;
-    strides[i] = static_cast<cuuint64_t>(st[i]);
-  }
+  const std::int64_t S = kv.page_size, H = kv.heads_kv, D = kv.head_dim, P = kv.num_pages;
+  const std::int64_t page_bytes = kv.page_elems() * e;
   const void* ptrs[2] = {kv.k, kv.v};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  // boxes of `box_slots` slots of `box_pages` pages into `out[0]` (K) and `out[1]` (V)
-  auto encode = [&](std::int64_t box_slots, std::int64_t box_pages, CUtensorMap* k_map,
-                    CUtensorMap* v_map) {
-    const cuuint32_t bs = static_cast<cuuint32_t>(box_slots);
-    const cuuint32_t box_dims[4] = {64, hnd ? bs : 1u, hnd ? 1u : bs,
-                                    static_cast<cuuint32_t>(box_pages)};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  // K and V into `k_map` and `v_map`: sizes `d` of the 5 dims, byte strides `st` of dims 1-4,
+  // boxes `bx`
+  auto encode = [&](const std::int64_t* d, const std::int64_t* st, const std::int64_t* bx,
+                    CUtensorMap* k_map, CUtensorMap* v_map) {
+    cuuint64_t dims[5], strides[4];
+    cuuint32_t box_dims[5];
+    for (int i = 0; i < 5; ++i) {
+      dims[i] = static_cast<cuuint64_t>(d[i]);
+      box_dims[i] = static_cast<cuuint32_t>(bx[i]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      if (st[i] % 16 != 0 || st[i] >= (std::int64_t{1} << 40)) return false;
+      strides[i] = static_cast<cuuint64_t>(st[i]);
+    }
     CUtensorMap* out[2] = {k_map, v_map};
     for (int i = 0; i < 2; ++i)
-      if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptrs[i]), dims, strides,
+      if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(ptrs[i]), dims, strides,
              box_dims, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return false;
     return true;
   };
-  if (!encode(box, 1, &maps->k, &maps->v)) return false;
+  std::int64_t dims[5], st[4];
+  if (kv.layout == KvLayout::kNHD) {
+    *coords = 0;  // (64 of head_dim, 8 slots, KV head · 2 + half, slot / 8, page)
+    const std::int64_t d[5] = {64, 8, 2 * H, S / 8, P};
+    const std::int64_t t[4] = {H * D * e, 64 * e, 8 * H * D * e, page_bytes};
+    std::copy(d, d + 5, dims);
+    std::copy(t, t + 4, st);
+  } else if (page_bytes == H * S * D * e && P * H <= std::numeric_limits<std::int32_t>::max()) {
+    *coords = 1;  // (64, 8 slots, half, slot / 8, page · heads_kv + KV head)
+    *run = 0;
+    const std::int64_t d[5] = {64, 8, 2, S / 8, P * H};
+    const std::int64_t t[4] = {D * e, 64 * e, 8 * D * e, S * D * e};
+    std::copy(d, d + 5, dims);
+    std::copy(t, t + 4, st);
+  } else {
+    *coords = 2;  // (64, slot, half, KV head, page): boxes of 8 slots
+    *box = 8;
+    *run = 0;
+    const std::int64_t d[5] = {64, S, 2, H, P};
+    const std::int64_t t[4] = {D * e, 64 * e, S * D * e, page_bytes};
+    std::copy(d, d + 5, dims);
+    std::copy(t, t + 4, st);
+  }
+  const std::int64_t G = *box;
+  const std::int64_t page_box[5] = {64, 8, 2, *coords == 2 ? 1 : G / 8, 1};
+  if (!encode(dims, st, page_box, &maps->k, &maps->v)) return false;
   maps->k_run = maps->k;
   maps->v_run = maps->v;
-  if (*run > box && !encode(box, *run / box, &maps->k_run, &maps->v_run)) {
+  const std::int64_t run_box[5] = {64, 8, 2, G / 8, *run / G};
+  if (*run > G && !encode(dims, st, run_box, &maps->k_run, &maps->v_run)) {
     *run = 0;
     maps->k_run = maps->k;
     maps->v_run = maps->v;
@@ -486,7 +514,7 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
                         : 0;
     p.tma_run = tma_run_keys(s.page_size);
     kernels::CascadeTmaMaps maps;
-    if (encode_kv_maps(kv, p.tma_box, &p.tma_run, &maps)) {
+    if (encode_kv_maps(kv, &p.tma_box, &p.tma_run, &p.tma_coords, &maps)) {
       kernels::launch_cascade_level_ws_bf16(p, maps, lp.tile_rows,
                                             static_cast<kernels::CascadeWsVariant>(variant), grid,
                                             overlap, stream);

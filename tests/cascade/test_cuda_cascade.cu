@@ -311,11 +311,11 @@ TEST(CudaCascade, KeysPastSegmentEndsAreNeverRead) {
 }
 
 TEST(CudaCascade, KvTilesOfConsecutivePagesMatch) {
-  // Pages shorter than 64 keys whose ids follow one another in the pool are copied 64 keys per
+  // Pages shorter than 64 keys whose ids follow one another in the pool are copied several per
   // box (boxes of whole pages). Pools in allocation order (every granule a run) and with random
-  // breaks (runs and single pages mixed), page sizes below and above 64, NHD unpadded and padded,
-  // padded HND, tiles of 64 and 128 rows, splits whose tiles start inside a page (chunk 192), NaN
-  // in every element that is no key of the problem.
+  // breaks (runs and single pages mixed), page sizes below and above 64, NHD and HND unpadded
+  // and padded (each a different description of the pool), tiles of 64 and 128 rows, splits whose
+  // tiles start inside a page (chunk 192), NaN in every element that is no key of the problem.
   ATTNSTATE_REQUIRE_GPU();
   for (int ps : {8, 16, 64, 128, 256})
     for (auto layout : {attnstate::KvLayout::kNHD, attnstate::KvLayout::kHND})
@@ -323,7 +323,7 @@ TEST(CudaCascade, KvTilesOfConsecutivePagesMatch) {
         CaseSpec s = attnstate_test::two_level_spec(40, 1300 + 3 * ps, 23, 500 + ps + placement);
         s.page_size = ps;
         s.layout = layout;
-        s.page_pad = layout == attnstate::KvLayout::kHND || placement == 2 ? 8 : 0;
+        s.page_pad = placement == 2 ? 8 : 0;
         s.nan_outside = true;
         s.placement = placement;
         for (int tile : {64, 128})

@@ -50,10 +50,11 @@ struct CascadeLevelParams {
   float* ws_lse;                       ///< Partial base-2 LSEs `(slots, rows_total)`.
   std::int64_t rows_total;             ///< `batch · q_len · heads_q`.
   int slot_offset;                     ///< This level's first slot.
-  int tma_box;  ///< Warp-specialised kernel: keys per bulk-copy box (divides 64 and pages).
+  int tma_box;     ///< Warp-specialised kernel: keys per bulk-copy box (divides 64 and pages).
+  int tma_coords;  ///< Warp-specialised kernel: the tensor maps' dims (`CascadeTmaMaps`).
   /// Warp-specialised kernel: keys per run box (several whole pages, a multiple of `tma_box`
   /// dividing the KV tile; `CascadeTmaMaps::k_run` / `v_run`): a granule of that many keys whose
-  /// pages are consecutive in the pool is copied with one box per half of head_dim; 0 never.
+  /// pages are consecutive in the pool is copied with one box; 0 never.
   int tma_run;
   int ws_pingpong;   ///< Warp-specialised kernel: 1 to alternate the warpgroups' matrix products.
   int small_stages;  ///< cp.async stages of the 16-row tile (2 or 3).

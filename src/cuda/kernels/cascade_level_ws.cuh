@@ -3,11 +3,13 @@
 ///        the results of cascade_level_wgmma.cuh (one CTA = a tile of stacked query rows × one KV
 ///        split of a segment, online softmax in fp32, the partial state to the workspace), laid
 ///        out as a FlashAttention-3 style pipeline. One producer warp fills a ring of K/V stages
-///        with bulk tensor copies (TMA, one box per page granule, completing on the stage's
-///        "full" mbarrier); one or two consumer warpgroups of 64 rows each wait on "full",
-///        issue `QKᵀ` of tile t and `PV` of tile t-1 back to back (`wgmma`, queries and
-///        probabilities from registers), run the softmax of tile t while `PV` runs on the tensor
-///        cores, and release the stage on its "empty" mbarrier; with two warpgroups one's
+///        with bulk tensor copies (TMA, completing on the stage's "full" mbarrier: one box per
+///        page granule holding both halves of head_dim for its keys, or one per run of
+///        consecutive pages; the tile laid out in groups of 8 keys, `detail::kv_tile_offset`, so
+///        that a box is one contiguous piece of it); one or two consumer warpgroups of 64 rows each
+///        wait on "full", issue `QKᵀ` of tile t and `PV` of tile t-1 back to back (`wgmma`, queries
+///        and probabilities from registers), run the softmax of tile t while `PV` runs on the
+///        tensor cores, and release the stage on its "empty" mbarrier; with two warpgroups one's
 ///        softmax overlaps the other's matrix products (optionally in strict turns through named
 ///        barriers, `ws_pingpong`). No block-wide barrier in the main loop.
 ///
@@ -40,17 +42,32 @@ namespace attnstate {
 namespace cuda {
 namespace kernels {
 
-/// The tensor maps of a pool's K and V, seen as 4-D tensors with strides growing from dim 0 to 3:
-/// `(head_dim, KV head, slot in page, page)` for NHD pages, `(head_dim, slot, KV head, page)` for
-/// HND; boxes of 64 × `tma_box` slots × 1 × 1 elements, written 128-byte swizzled.
+/// The tensor maps of a pool's K and V, seen as 5-D tensors whose boxes land in shared memory in
+/// the layout of a KV tile (`kv_tile_offset`): groups of 8 keys, each both 64-wide halves of
+/// head_dim × 8 keys, 128-byte swizzled. Dims (innermost first, `CascadeLevelParams::tma_coords`):
+/// 0 (NHD) `(64 of head_dim, 8 slots, KV head · 2 + half, slot / 8, page)`; 1 (unpadded HND)
+/// `(64, 8 slots, half, slot / 8, page · heads_kv + KV head)`; 2 (padded HND) `(64, slot, half,
+/// KV head, page)`. A box holds `tma_box` keys of one page and both halves.
 struct CascadeTmaMaps {
   CUtensorMap k;  ///< K pool.
   CUtensorMap v;  ///< V pool.
-  /// K pool, boxes of `CascadeLevelParams::tma_run` keys: 64 × page_size slots × 1 ×
-  /// `tma_run / page_size` pages, for granules whose pages are consecutive in the pool.
+  /// K pool, boxes of `CascadeLevelParams::tma_run` keys (consecutive whole pages: the page dim
+  /// of the box is `tma_run / tma_box`), for granules whose pages are consecutive in the pool.
   CUtensorMap k_run;
   CUtensorMap v_run;  ///< V pool, boxes of `tma_run` keys (as `k_run`).
 };
+
+namespace detail {
+/// KV tile layout in shared memory (head_dim 128, 16-bit): groups of 8 keys, each the first then
+/// the second 64-wide half of head_dim for its 8 keys (rows of 128 bytes, 128-byte swizzled).
+constexpr std::uint32_t kKvHalfBytes = 8 * 128;            ///< One half of a group.
+constexpr std::uint32_t kKvGroupBytes = 2 * kKvHalfBytes;  ///< One group of 8 keys.
+/// Byte offset of 16-byte chunk `c` (0..15) of key `r` in a KV tile.
+__device__ __forceinline__ std::uint32_t kv_tile_offset(int r, int c) {
+  return static_cast<std::uint32_t>((r >> 3) * kKvGroupBytes + (c >> 3) * kKvHalfBytes +
+                                    (r & 7) * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+}  // namespace detail
 
 /// Options of the warp-specialised kernel (bit flags, the `Opt` of `CascadeWsTile`).
 enum CascadeWsOpt : int {
@@ -179,10 +196,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if (warp != 4 * NWG || n_tiles == 0) return;
     const T* kpool = static_cast<const T*>(p.k);
     const T* vpool = static_cast<const T*>(p.v);
-    const int G = p.tma_box;        // keys per box: divides BN and the page size (or is 64)
-    const int nb = BN / G;          // boxes per tile (a power of two ≤ 16)
-    const int nops = 2 * nb;        // two 64-wide halves of head_dim × boxes, for K and for V
-    const int b = lane & (nb - 1);  // the box this lane copies (the same for all its ops)
+    const int G = p.tma_box;        // keys per box (8-64): divides BN and the page size (or is 64)
+    const int nb = BN / G;          // boxes per tile and tensor (a power of two ≤ 16)
+    const int b = lane & (nb - 1);  // the box this lane copies (lanes below nb)
     const int per_win = 32 / nb;    // tiles per window of 32 boxes
     if (lane == 0) {
       detail::tma_prefetch_map(&tm_k);
@@ -207,21 +223,24 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const int first = __shfl_sync(0xffffffffu, win, lane & ~(per_run - 1));
       return __ballot_sync(0xffffffffu, win == first + (lane & (per_run - 1)));
     };
-    // the boxes of one whole tile of K or V (`tm`) into the stage at `dst`, completing on `full`;
-    // a granule that is a run (`run`, the same for its lanes): one box of R keys per half of
-    // head_dim from `tm_run` by its first lane, the same bytes in the same places
+    // the boxes of one whole tile of K or V (`tm`) into the stage at `dst`, completing on `full`:
+    // lane b < nb copies box b (G keys, both halves of head_dim); a granule that is a run (`run`,
+    // the same for its lanes): one box of R keys from `tm_run` by its first lane, the same bytes
+    // in the same places
     auto copy_boxes = [&](std::uint32_t dst, const CUtensorMap* tm, const CUtensorMap* tm_run,
                           bool run, std::uint32_t full, int j0, int page) {
+      if (lane >= nb || (run && (b & (per_run - 1)) != 0)) return;
       const int slot = detail::slot_of(p, j0 + b * G);
-      const int c1 = p.hnd ? slot : h_kv, c2 = p.hnd ? h_kv : slot;
-      const std::uint32_t box = dst + b * G * 128;
-      for (int idx = lane; idx < nops; idx += 32) {
-        const int half = idx / nb;
-        if (!run)
-          detail::tma_load_4d(box + half * (BN * 128), tm, full, half * 64, c1, c2, page);
-        else if ((b & (per_run - 1)) == 0)
-          detail::tma_load_4d(box + half * (BN * 128), tm_run, full, half * 64, c1, c2, page);
+      int c1 = 0, c2 = 2 * h_kv, c3 = slot >> 3, c4 = page;  // NHD
+      if (p.tma_coords == 1) {                               // unpadded HND
+        c2 = 0;
+        c4 = page * p.heads_kv + h_kv;
+      } else if (p.tma_coords == 2) {  // padded HND (boxes of 8 slots)
+        c1 = slot;
+        c2 = 0;
+        c3 = h_kv;
       }
+      detail::tma_load_5d(dst + b * G * 256, run ? tm_run : tm, full, 0, c1, c2, c3, c4);
     };
     // the split's last, partial tile: cp.async, keys past the end zero-filled
     auto copy_partial = [&](std::uint32_t dk, std::uint32_t dv, int j0, std::uint32_t full) {
@@ -241,7 +260,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         }
 #pragma unroll 4
         for (int c = 0; c < kChunks; ++c) {
-          const std::uint32_t o = 2 * detail::swz128<BN>(r, c);
+          const std::uint32_t o = detail::kv_tile_offset(r, c);
           detail::cp_async16(dk + o, kpool + off + c * 8, bytes);
           detail::cp_async16(dv + o, vpool + off + c * 8, bytes);
         }
@@ -331,10 +350,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   std::uint32_t pf[BN / 16][4];
 
   // descriptors (kWsDescPre): low words of stage 0 (+ a stage's bytes >> 4 per stage, + the
-  // k-step's offset >> 4), high words constant (stride 1024 bytes, 128-byte swizzle)
-  constexpr std::uint32_t kDescHi = (1024u >> 4) | (1u << 30);
+  // k-step's offset >> 4), high words constant (groups of 8 keys 2048 bytes apart, 128-byte
+  // swizzle)
+  constexpr std::uint32_t kDescHi = (detail::kKvGroupBytes >> 4) | (1u << 30);
   const std::uint32_t kdesc0 = ((k_smem & 0x3FFFFu) >> 4) | (1u << 16);
-  const std::uint32_t vdesc0 = ((v_smem & 0x3FFFFu) >> 4) | (((BN * 128u) >> 4) << 16);
+  const std::uint32_t vdesc0 = ((v_smem & 0x3FFFFu) >> 4) | ((detail::kKvHalfBytes >> 4) << 16);
 
   // S = Q Kᵀ of the tile in stage `st` (64 rows × BN keys), committed as one wgmma group
   auto issue_s = [&](int st) {
@@ -344,10 +364,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      constexpr int kRowBytes = BN * 128;
-      const std::uint32_t koff = (ks >> 2) * kRowBytes + (ks & 3) * 32;
-      const std::uint64_t desc = kDescPre ? detail::desc_join(kd + (koff >> 4), kDescHi)
-                                          : detail::wgmma_desc(kb + koff, 16, 1024);
+      // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kKvGroupBytes apart)
+      const std::uint32_t koff = (ks >> 2) * detail::kKvHalfBytes + (ks & 3) * 32;
+      const std::uint64_t desc = kDescPre
+                                     ? detail::desc_join(kd + (koff >> 4), kDescHi)
+                                     : detail::wgmma_desc(kb + koff, 16, detail::kKvGroupBytes);
       if constexpr (BN == 64) {
         if (ks == 0)
           Wg::mma_s64<0>(s, qf[ks], desc);
@@ -371,8 +392,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       Wg::mma_o128<1>(acc, pf[kk],
-                      kDescPre ? detail::desc_join(vd + kk * ((16 * 128) >> 4), kDescHi)
-                               : detail::wgmma_desc(vb + kk * 16 * 128, BN * 128, 1024));
+                      // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
+                      kDescPre
+                          ? detail::desc_join(vd + kk * ((2 * detail::kKvGroupBytes) >> 4), kDescHi)
+                          : detail::wgmma_desc(vb + kk * 2 * detail::kKvGroupBytes,
+                                               detail::kKvHalfBytes, detail::kKvGroupBytes));
     detail::wgmma_commit();
   };
   // scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities); returns
