@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       if ((Tile::kOpt & kWsDiagNoCopy) != 0 && kt >= kStages) {
         if (lane == 0) detail::mbar_arrive(full);  // (diagnostic: the stale tile is re-read)
       } else if (j0 + BN <= kv_end) {
-        // a whole tile: nops boxes of K, then of V; one mbarrier transaction of K + V bytes
+        // a whole tile: the boxes of K, then of V; one mbarrier transaction of K + V bytes
         const unsigned bits = granule_bits << ((kt % per_win) * nb);
         const bool run = per_run > 1 && (runs & bits) == bits;
         if (lane == 0) detail::mbar_arrive_expect_tx(full, 2 * kTileBytes);
