@@ -1,6 +1,6 @@
 /// @file cascade_async_ops.cuh
 /// @brief Hopper building blocks of the cascade level kernels: shared-memory mbarriers (arrive /
-///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 4-D box completing on an
+///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 5-D box completing on an
 ///        mbarrier, named barriers, and the bf16 / f16 `wgmma` shapes (`m64n64k16` / `m64n128k16`,
 ///        A from registers, the accumulator scale a template flag so the first k-step of a tile
 ///        overwrites instead of adding), the flush-to-zero `ex2.approx`, `max.NaN`, a descriptor
