@@ -3,7 +3,8 @@
 #   1. configures and builds for sm_90a (tests, examples, benchmarks),
 #   2. runs every test with CTest (GPU tests included),
 #   3. runs compute-sanitizer memcheck and racecheck over the GPU test executables,
-#   4. runs the GPU benchmarks, each writing a CSV,
+#   4. runs the GPU benchmarks, each writing a CSV (bench_cascade also with --quick --lean
+#      --scatter: the shared prefix's pages scattered over the pool),
 # and leaves logs and CSVs in $OUT (default ./gpu-out): summary.txt plus gpu-check.tar.gz.
 #
 # Knobs (environment): GPU_TARGETS   build only these targets (default: all)
@@ -128,6 +129,14 @@ if [ "${GPU_BENCH:-}" != none ]; then
       say "bench $name: ok"; cat "$LOG/$name.txt" >>"$SUMMARY"
     else
       say "bench $name: FAILED"; tail -20 "$LOG/$name.txt" | tee -a "$SUMMARY"; status=1
+    fi
+    # the cascade again with the shared prefix's pages scattered over the pool
+    if [ "$name" = bench_cascade ]; then
+      if "$exe" --quick --lean --scatter --csv "$LOG/$name-scatter.csv" >"$LOG/$name-scatter.txt" 2>&1; then
+        say "bench $name --scatter: ok"; cat "$LOG/$name-scatter.txt" >>"$SUMMARY"
+      else
+        say "bench $name --scatter: FAILED"; tail -20 "$LOG/$name-scatter.txt" | tee -a "$SUMMARY"; status=1
+      fi
     fi
   done
 fi
