@@ -43,13 +43,9 @@ bool launch_probe(const CascadeLevelParams& p, const CascadeTmaMaps& maps, int t
     else                                                                                \
       launch_ws_tile<CascadeWsTile<2, 128, stages, (opt)>>(p, maps, grid, pdl, stream); \
     return true;
-    ATTNSTATE_WS_PROBE_CASE(0, 3, kF)
-    ATTNSTATE_WS_PROBE_CASE(1, 3, kF | kP)
     ATTNSTATE_WS_PROBE_CASE(2, 3, kF | kL)
-    ATTNSTATE_WS_PROBE_CASE(4, 3, kF | kR)
     ATTNSTATE_WS_PROBE_CASE(5, 3, kF | kP | kL)
     ATTNSTATE_WS_PROBE_CASE(7, 3, kF | kP | kL | kR)
-    ATTNSTATE_WS_PROBE_CASE(14, 3, kF | kN)
     ATTNSTATE_WS_PROBE_CASE(15, 3, kF | kP | kL | kR | kN)
 #undef ATTNSTATE_WS_PROBE_CASE
     default:

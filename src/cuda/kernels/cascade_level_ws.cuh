@@ -78,7 +78,8 @@ enum CascadeWsOpt : int {
   /// wgmma descriptors from one base per ring stage plus constant offsets per k-step (shared
   /// addresses are below 2^18, so the 14-bit address field never carries into the next field).
   kWsDescPre = 2,
-  /// Row max and rescale factor without branches (`max.NaN`; the factor on `ex2.approx.ftz`).
+  /// Row max and rescale factor without branches (`max.NaN`; the factor on `ex2.approx.ftz`);
+  /// required with kWsFastExp.
   kWsFlatStats = 4,
   /// The accumulator is rescaled after the previous `PV` completed instead of before issuing
   /// it (the same operations in the same order on the accumulator).
@@ -118,6 +119,8 @@ struct CascadeWsTile {
   }
   static_assert(BN == 64 || BN == 128, "KV tile of 64 or 128 keys");
   static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
+  static_assert(!kFastExp || (Opt_ & kWsFlatStats) != 0,
+                "the fast exponent runs with the branch-free row statistics");
 };
 
 /// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. Threads: the
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   if constexpr (NWG == 2) detail::setmaxnreg_inc<Tile::kConsumerRegs>();
   constexpr int kOpt = Tile::kOpt;
   constexpr bool kDescPre = (kOpt & kWsDescPre) != 0;
-  constexpr bool kFlat = kFast && (kOpt & kWsFlatStats) != 0;
+  constexpr bool kFlat = kFast;  // the fast exponent comes with the branch-free row statistics
   constexpr bool kLate = (kOpt & kWsRescaleLate) != 0;
   const int wg = warp >> 2, wl = warp & 3;
   // with the fast exponent a negative scale runs as |scale| on negated queries (exact)
@@ -467,80 +470,43 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     } else {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        if constexpr (kFast) {
-          // raw scores: the max of the scaled scores is the scaled max (sc > 0); masked keys -inf
-          float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
-          if (masked) {
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float& sv = s[n][2 * rr + e];
-                sv = jb + n * 8 + e < limit[rr] ? sv : math::neg_inf();
-              }
-          }
-#pragma unroll
-          for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
-          float bmax = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
-          // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
-          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-          alpha[rr] = os[rr].rescale(bmax * sc);
-          moved |= alpha[rr] != 1.f;
-          // 2^{s·sc - m}: 0 for -inf scores, also while m is still -inf (then m is taken as 0)
-          const float nm = os[rr].m == math::neg_inf() ? 0.f : -os[rr].m;
-          float ps[2] = {0.f, 0.f};
+        float bmax = math::neg_inf();
+        if (masked) {
 #pragma unroll
           for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& sv = s[n][2 * rr + e];
-              sv = detail::ex2_approx_ftz(fmaf(sv, sc, nm));
-              ps[e] += sv;
+              sv = jb + n * 8 + e < limit[rr] ? sv * sc : math::neg_inf();
+              bmax = fmaxf(bmax, sv);
             }
-          os[rr].add(ps[0] + ps[1]);
         } else {
-          float bmax = math::neg_inf();
-          if (masked) {
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float& sv = s[n][2 * rr + e];
-                sv = jb + n * 8 + e < limit[rr] ? sv * sc : math::neg_inf();
-                bmax = fmaxf(bmax, sv);
-              }
-          } else {
-#pragma unroll
-            for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float& sv = s[n][2 * rr + e];
-                sv *= sc;
-                bmax = fmaxf(bmax, sv);
-              }
-          }
-          // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
-          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-          bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-          alpha[rr] = os[rr].rescale(bmax);
-          moved |= alpha[rr] != 1.f;
-          // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
-          const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
-          float psum = 0.f;
 #pragma unroll
           for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& sv = s[n][2 * rr + e];
-              sv = exp2f(sv - m);
-              psum += sv;
+              sv *= sc;
+              bmax = fmaxf(bmax, sv);
             }
-          os[rr].add(psum);
         }
+        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+        bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+        alpha[rr] = os[rr].rescale(bmax);
+        moved |= alpha[rr] != 1.f;
+        // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
+        const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
+        float psum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv = exp2f(sv - m);
+            psum += sv;
+          }
+        os[rr].add(psum);
       }
     }
     return __any_sync(0xffffffffu, moved) != 0;
