@@ -19,7 +19,8 @@
 ///        printed last: "fold" or "merge", the decode beside the prefix and a merge launch);
 ///        `--page n` sets the tokens per page (16 by default); `--scatter` places the shared
 ///        prefix's pages in a random order of the pool (by default they are in id order, so
-///        every KV tile of the prefix is one run of consecutive pages).
+///        every KV tile of the prefix is one run of consecutive pages); `--stream n` sets (1) or
+///        clears (0) `DecodePlan::streamed` of a one-split suffix decode (the streamed kernel).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -170,6 +171,9 @@ struct Explore {
 int g_decode_sms = -1;
 /// `CascadeTuning::decode_fold` of every plan (`--decode-fold`; -1 automatic).
 int g_decode_fold = -1;
+/// `--stream n`: sets (1) or clears (0) `DecodePlan::streamed` of a one-split decode level
+/// (-1: the automatic choice).
+int g_stream = -1;
 
 Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStream_t stream,
               int reps, bool lean, Explore* explore = nullptr) {
@@ -265,7 +269,9 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   cuda::CascadeTuning tuning;
   tuning.decode_sms = g_decode_sms;
   tuning.decode_fold = g_decode_fold;
-  const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, tuning);
+  cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, tuning);
+  if (g_stream >= 0 && plan.levels[1].decode && plan.last_decode.splits.max_splits == 1)
+    plan.last_decode.streamed = g_stream == 1;
   const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, {}, num_sms);
   cuda::CascadeTuning mma_only;
   mma_only.kernel = cuda::CascadeKernel::kMma;
@@ -425,6 +431,8 @@ int main(int argc, char** argv) {
       g_decode_sms = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--decode-fold") && i + 1 < argc)
       g_decode_fold = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc)
+      g_stream = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--lean"))
       lean = true;
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc)

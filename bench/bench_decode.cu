@@ -22,7 +22,9 @@
 /// the time per call (launch gaps inside the graph included, no host launch latency); points
 /// whose caches would take more than 4 GiB skip it; `--programmatic` sets
 /// `DecodePlan::programmatic_launch` on every plan (consecutive calls then overlap their
-/// launches, e.g. in the layer loop).
+/// launches, e.g. in the layer loop); `--stream 0|1` clears or sets `DecodePlan::streamed` on
+/// every plan without split requests (default: the automatic choice); `--explore` also times
+/// the one-split plan on the streamed kernel (`s1st`).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -230,7 +232,7 @@ int main(int argc, char** argv) {
   std::string csv_path;
   bool quick = false, explore = false, no_s1 = false, hnd = false, floors = false;
   bool host_time = false, timeline = false, programmatic = false;
-  int force_splits = 0, reps_arg = 0, layers = 0;
+  int force_splits = 0, reps_arg = 0, layers = 0, stream_mode = -1;
   std::vector<Point> points;
   Bench bench;
   for (int i = 1; i < argc; ++i) {
@@ -264,6 +266,8 @@ int main(int argc, char** argv) {
       programmatic = true;
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc)
       layers = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc)
+      stream_mode = std::atoi(argv[++i]) != 0 ? 1 : 0;
   }
   if (points.empty()) {
     std::vector<int> batches = {1, 4, 16, 64};
@@ -429,6 +433,7 @@ int main(int argc, char** argv) {
                                     : (kv_bytes > (std::int64_t{1} << 31) ? 20 : 60);
       cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, bench.num_sms);
       plan.programmatic_launch = programmatic;
+      if (stream_mode >= 0 && plan.splits.max_splits == 1) plan.streamed = stream_mode == 1;
       if (explore) {
         // Split counts at this point (time in µs).
         std::printf("explore %d/%d b%d %s (auto %d):", hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
@@ -450,8 +455,14 @@ int main(int argc, char** argv) {
           cuda::init_decode_workspace(ep, ews, eb, bench.stream);
           const double et = bench.time_us(
               reps, [&] { cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream); });
-          ATTNSTATE_CUDA_CHECK(cudaFree(ews));
           std::printf(" s%d=%.1f", ns, et);
+          if (ns == 1) {
+            ep.streamed = true;
+            const double st = bench.time_us(
+                reps, [&] { cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream); });
+            std::printf(" s1st=%.1f", st);
+          }
+          ATTNSTATE_CUDA_CHECK(cudaFree(ews));
         }
         std::printf("\n");
         std::fflush(stdout);
@@ -625,6 +636,7 @@ int main(int argc, char** argv) {
         std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.splits_for(ctx));
       else
         std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.num_splits);
+      if (plan.streamed) std::snprintf(splits_s, sizeof splits_s, "1st");  // streamed kernel
       std::printf(
           "%3d/%-2d %6d %6s %8.0f %6s %9.1f %7.0f %5.0f%% %5.1f%% %9.1f %7.0f %6.2fx "
           "%5.0f %-5s %6.2fx\n",

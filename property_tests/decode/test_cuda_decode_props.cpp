@@ -59,8 +59,10 @@ struct Gpu {
   cuda::DecodePlan plan;
 };
 
+/// Runs the planned decode. `may_stream`: a plan without split requests may be drawn to run on
+/// the streamed kernel, launched for 1, 3 or all SMs (few SMs: each warp takes many items).
 Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
-            const std::int32_t* plan_lens = nullptr) {
+            const std::int32_t* plan_lens = nullptr, bool may_stream = false) {
   DecodeProblem pr;
   pr.batch = p.batch;
   pr.q_len = p.cfg.q_len;
@@ -73,6 +75,10 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Gpu g;
   g.plan = cuda::plan_decode(pr, plan_lens ? plan_lens : p.seq_lens.data(), opt, sms);
+  if (may_stream && g.plan.splits.max_splits == 1 && *rc::gen::arbitrary<bool>()) {
+    g.plan.streamed = true;
+    g.plan.num_sms = *rc::gen::element(1, 3, sms);
+  }
   const DeviceProblem dp(p);
   const PagedKvCache kv = dp.kv(p);
   const ConstTensorView qv = dp.qv(p);
@@ -106,10 +112,11 @@ void assert_close(const std::vector<float>& ao, const std::vector<float>& al,
 }
 
 // The GPU decode equals the CPU decode of the same split layout (fp32 reference of the same
-// splits; the GPU rounds the probabilities to the KV dtype for the PV product).
+// splits; the GPU rounds the probabilities to the KV dtype for the PV product), on the split or
+// the streamed kernel.
 void agrees_with_cpu_decode() {
   const DecodeProblemHost p = random_gpu_problem();
-  const Gpu g = run_gpu(p, random_options());
+  const Gpu g = run_gpu(p, random_options(), nullptr, true);
   HostState c(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, DType::kF32, LseBase::kNatural);
   cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
   std::vector<float> co(g.o.size());
@@ -118,14 +125,14 @@ void agrees_with_cpu_decode() {
   assert_close(g.o, g.lse, co, cl, p.cfg.kv_dtype == DType::kBF16 ? 1.2e-2 : 3e-3);
 }
 
-// Splitting anywhere equals not splitting on the GPU.
+// Splitting anywhere equals not splitting on the GPU (either side possibly streamed).
 void splitting_anywhere_equals_not_splitting() {
   const DecodeProblemHost p = random_gpu_problem();
   DecodeOptions one;
   one.policy = SplitPolicy::kFixedCount;
   one.num_splits = 1;
-  const Gpu a = run_gpu(p, random_options());
-  const Gpu b = run_gpu(p, one);
+  const Gpu a = run_gpu(p, random_options(), nullptr, true);
+  const Gpu b = run_gpu(p, one, nullptr, true);
   assert_close(a.o, a.lse, b.o, b.lse, p.cfg.kv_dtype == DType::kBF16 ? 1.5e-2 : 4e-3);
 }
 

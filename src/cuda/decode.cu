@@ -15,6 +15,7 @@
 #include "cpu/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
 #include "cuda/kernels/decode_split_kv.cuh"
+#include "cuda/kernels/decode_stream.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -301,6 +302,70 @@ void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, bo
   }
 }
 
+/// Longest request the automatic policy runs on the streamed kernel (build-time knob). Measured
+/// on the H200 (32/8 heads, head dim 128, one split each, L2 flushed; µs, split kernel →
+/// streamed): 256 × 64 keys 48.9 → 26.6, 128 × 128 35.5 → 23.4, 128 × 256 54.0 → 38.7,
+/// 128 × 512 85.8 → 69.8, 256 × 1k 278.1 → 254.0.
+#ifndef ATTNSTATE_DECODE_STREAM_MAX_TOKENS
+#define ATTNSTATE_DECODE_STREAM_MAX_TOKENS 1024
+#endif
+
+/// Raises the streamed kernel's dynamic shared-memory limit once per device.
+template <int D, bool kBF16>
+void prepare_stream_kernel() {
+  int device = 0;
+  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::vector<bool> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < static_cast<int>(done.size()) && done[static_cast<std::size_t>(device)]) return;
+  RelaxedCaptureMode relaxed;  // the first call may come while the caller captures a graph
+  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_stream_kernel<D, kBF16>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(detail::stream_smem_bytes(D))));
+  if (device >= static_cast<int>(done.size())) done.resize(static_cast<std::size_t>(device) + 1);
+  done[static_cast<std::size_t>(device)] = true;
+}
+
+/// Launches the streamed kernel: one CTA per SM (fewer when there are fewer items).
+template <int D, bool kBF16>
+void launch_stream(const detail::DecodeParams& p, std::int64_t items, int num_sms,
+                   cudaStream_t stream) {
+  prepare_stream_kernel<D, kBF16>();
+  constexpr int kWarps = detail::stream_warps(D);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min<std::int64_t>(items, num_sms)));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(detail::stream_smem_bytes(D));
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  if (p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0) {
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as in `launch`
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, detail::decode_stream_kernel<D, kBF16>, p));
+  ATTNSTATE_CHECK_LAUNCH(stream, "decode_stream_kernel");
+}
+
+/// (head_dim, dtype) → template arguments of the streamed kernel (head dims 64 and 128).
+void dispatch_stream(const detail::DecodeParams& p, std::int64_t head_dim, DType dt,
+                     std::int64_t items, int num_sms, cudaStream_t stream) {
+  const bool bf16 = dt == DType::kBF16;
+  if (head_dim == 64) {
+    if (bf16)
+      launch_stream<64, true>(p, items, num_sms, stream);
+    else
+      launch_stream<64, false>(p, items, num_sms, stream);
+  } else {
+    if (bf16)
+      launch_stream<128, true>(p, items, num_sms, stream);
+    else
+      launch_stream<128, false>(p, items, num_sms, stream);
+  }
+}
+
 void validate_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", decode_str(pr.batch));
   if (pr.q_len < 1 || pr.q_len > 8)
@@ -346,6 +411,14 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const std::int64_t grid =
       problem.batch * problem.heads_kv * plan.row_tiles * plan.splits.max_splits;
   if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", decode_str(grid));
+  // Automatic policy, one split each, short requests and more items than one wave of the
+  // split kernel: the streamed kernel (its warps' pipelines run on from one item into the next).
+  std::int64_t max_len = 0;
+  for (std::int64_t i = 0; i < problem.batch; ++i)
+    max_len = std::max<std::int64_t>(max_len, seq_lens_host[i]);
+  plan.streamed = options.policy == SplitPolicy::kAuto && plan.splits.max_splits == 1 &&
+                  problem.head_dim <= 128 && grid > slots &&
+                  max_len <= ATTNSTATE_DECODE_STREAM_MAX_TOKENS;
   return plan;
 }
 
@@ -400,6 +473,9 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   if (kv.dtype != pr.kv_dtype)
     throw_argument(fn, "kv.dtype", std::string("plan.problem.kv_dtype = ") + to_string(pr.kv_dtype),
                    to_string(kv.dtype));
+  if (plan.streamed && plan.splits.max_splits > 1)
+    throw_argument(fn, "plan.streamed", "false when requests may be split (max_splits > 1)",
+                   "true with max_splits = " + decode_str(plan.splits.max_splits));
   if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
   if (prior.beside_previous && prior.count > 0)
     throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)");
@@ -486,6 +562,11 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.beside_previous = prior.beside_previous ? 1 : 0;
   p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
   const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
+  if (plan.streamed && pr.head_dim <= 128 && prior.count == 0 && p.q_vec &&
+      kv.page_size % detail::kDecodeTileRows == 0) {
+    dispatch_stream(p, pr.head_dim, pr.kv_dtype, grid, plan.num_sms > 0 ? plan.num_sms : 1, stream);
+    return;
+  }
   dispatch(p, pr.head_dim, pr.kv_dtype, short_candidate(pr.head_dim, plan.splits),
            plan.num_sms > 0 ? plan.num_sms : 1, grid, stream);
 }

@@ -105,8 +105,9 @@ TEST(CudaCascade, DecodeLevelMeetsEarlierLevelsThroughEveryMergePath) {
   // runs beside them into its workspace slot with a merge launch after: both, with one split
   // (direct store), a few (cluster merge) and many (workspace merge), after one or two shared
   // levels, with empty suffixes and an empty prefix, the workspace poisoned with NaN first (an
-  // empty state's o is never read). The stage-by-stage API (each level into its workspace slot,
-  // then the merge launch) gives the same answer.
+  // empty state's o is never read); with one split both on the split kernel and on the streamed
+  // one. The stage-by-stage API (each level into its workspace slot, then the merge launch) gives
+  // the same answer.
   ATTNSTATE_REQUIRE_GPU();
   std::vector<CaseSpec> specs;
   CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 41);
@@ -137,11 +138,17 @@ TEST(CudaCascade, DecodeLevelMeetsEarlierLevelsThroughEveryMergePath) {
         EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
         EXPECT_EQ(g.plan.decode_fold, fold == 1);
         if (t.decode_sms >= 0) EXPECT_EQ(g.plan.decode_sms, t.decode_sms);
-        g.workspace.poison();
-        g.run();
-        EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits << " fold " << fold;
-        g.run_stages();
-        EXPECT_TRUE(g.check(c)) << "stages: case " << i << " decode splits " << splits;
+        for (bool streamed : {false, true}) {
+          if (streamed && splits != 1) continue;
+          g.plan.last_decode.streamed = streamed;  // one split: either decode kernel
+          g.workspace.poison();
+          g.run();
+          EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits << " fold " << fold
+                                  << " streamed " << streamed;
+          g.run_stages();
+          EXPECT_TRUE(g.check(c)) << "stages: case " << i << " decode splits " << splits
+                                  << " streamed " << streamed;
+        }
       }
   }
 }

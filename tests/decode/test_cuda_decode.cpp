@@ -63,10 +63,11 @@ struct GpuOut {
   cuda::DecodePlan plan;
 };
 
-GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base) {
+/// Runs `plan` (possibly adjusted by hand) on the problem into a poisoned output.
+GpuOut run_plan(const DecodeProblemHost& p, const cuda::DecodePlan& plan, DType od, LseBase base) {
   DeviceProblem d(p);
   GpuOut r;
-  r.plan = cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms());
+  r.plan = plan;
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, r.plan.workspace_bytes()));
   ws.poison();
   cuda::init_decode_workspace(r.plan, ws.get(), ws.bytes());
@@ -76,6 +77,10 @@ GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, L
   r.o = out.o.download();
   r.lse = out.lse.download();
   return r;
+}
+
+GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base) {
+  return run_plan(p, cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms()), od, base);
 }
 
 double o_tol(DType kv, DType od) {
@@ -141,6 +146,120 @@ TEST(CudaDecode, MatchesReferenceAcrossShapes) {
       expect_matches_reference(p, g, c.od, c.base, cfg.name() + " splits " + std::to_string(n));
     }
   }
+}
+
+TEST(CudaDecode, StreamedKernelMatchesReference) {
+  // The streamed kernel (each warp takes whole items in turn, its copies running on into the
+  // next item): every dtype, layout, page size, head dim, group and q_len of the shape table,
+  // batches of ragged lengths (0, 1, page edges, several hundred keys), planned for 1 and 3 SMs
+  // (each warp then takes many items: short ones, empty ones and long ones in a row) and for the
+  // device. Page sizes that are not multiples of 16 fall back to the split kernel.
+  ATTNSTATE_REQUIRE_GPU();
+  struct Case {
+    std::int64_t q_len, hq, hkv, D, page;
+    KvLayout layout;
+    bool bt;
+    DType dt, od;
+  };
+  const Case cases[] = {
+      {1, 32, 8, 128, 16, KvLayout::kNHD, true, DType::kBF16, DType::kBF16},
+      {1, 64, 8, 128, 16, KvLayout::kHND, false, DType::kF16, DType::kF32},
+      {1, 4, 4, 64, 64, KvLayout::kHND, false, DType::kF16, DType::kF32},
+      {1, 16, 1, 256, 64, KvLayout::kNHD, true, DType::kF16, DType::kF16},
+      {2, 16, 2, 64, 256, KvLayout::kHND, true, DType::kBF16, DType::kF32},
+      {8, 16, 8, 128, 16, KvLayout::kHND, false, DType::kF16, DType::kF32},
+      {8, 64, 4, 64, 16, KvLayout::kNHD, false, DType::kBF16, DType::kF32},
+      {3, 12, 3, 256, 32, KvLayout::kNHD, true, DType::kBF16, DType::kF32},
+      {4, 32, 2, 128, 5, KvLayout::kNHD, false, DType::kF16, DType::kBF16},
+  };
+  std::uint64_t seed = 150;
+  for (const Case& c : cases) {
+    DecodeConfig cfg;
+    cfg.q_len = c.q_len;
+    cfg.heads_q = c.hq;
+    cfg.heads_kv = c.hkv;
+    cfg.head_dim = c.D;
+    cfg.page_size = c.page;
+    cfg.layout = c.layout;
+    cfg.block_table = c.bt;
+    cfg.q_dtype = cfg.kv_dtype = c.dt;
+    const std::int32_t pg = static_cast<std::int32_t>(c.page);
+    cfg.seq_lens = {pg + 1, 0, 300, 3, 700, 1, pg - 1, pg, 0, 16, 17, 2 * pg + 1, 15, 481, 33};
+    const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+    for (int sms : {1, 3, num_sms()}) {
+      cuda::DecodePlan plan =
+          cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(1), sms);
+      plan.streamed = true;
+      const GpuOut g = run_plan(p, plan, c.od, LseBase::kNatural);
+      expect_matches_reference(
+          p, g, c.od, LseBase::kNatural,
+          cfg.name() + " streamed, planned for " + std::to_string(sms) + " SMs");
+    }
+  }
+}
+
+TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
+  // The automatic policy picks the streamed kernel for many short requests (more items than one
+  // wave of the split kernel); a captured graph of the maximum plan serves shorter and empty
+  // requests, bitwise the same on every replay of the same lengths.
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.block_table = true;
+  const int sms = num_sms();
+  cfg.seq_lens.assign(static_cast<std::size_t>(sms), 200);  // 8 items per SM
+  DecodeProblemHost p = make_decode_problem(cfg, 850);
+  DeviceProblem d(p);
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(problem_of(p), p.seq_lens.data(), DecodeOptions{}, sms);
+  ASSERT_EQ(plan.splits.max_splits, 1);
+  ASSERT_TRUE(plan.streamed);
+  EXPECT_EQ(plan.workspace_bytes(), 0u);
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  cudaStream_t stream;
+  ATTNSTATE_CUDA_CHECK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  cuda::run_decode(plan, d.qv(p), d.kv(p), out.view, nullptr, 0, stream);
+  ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<std::int32_t> shorter = p.seq_lens;
+  for (std::size_t i = 0; i < shorter.size(); ++i)
+    shorter[i] = static_cast<std::int32_t>((i * 37) % 201);  // 0..200
+  for (const auto& l : {p.seq_lens, shorter}) {
+    p.seq_lens = l;
+    d.lens.upload(l);
+    std::vector<unsigned char> first_o;
+    for (int rep = 0; rep < 2; ++rep) {
+      out.o.poison();
+      out.lse.poison();
+      ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      GpuOut g;
+      g.plan = plan;
+      g.o = out.o.download();
+      g.lse = out.lse.download();
+      expect_matches_reference(
+          p, g, DType::kF32, LseBase::kNatural,
+          "replay " + std::to_string(rep) + ", lens[1] " + std::to_string(l[1]));
+      if (rep == 0)
+        first_o = g.o;
+      else
+        EXPECT_EQ(0, std::memcmp(first_o.data(), g.o.data(), g.o.size()));
+    }
+  }
+  ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
+  ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
+  // Not chosen: split requests, or a fixed split policy.
+  cfg.seq_lens = {32000};
+  const DecodeProblemHost one = make_decode_problem(cfg, 851);
+  EXPECT_FALSE(
+      cuda::plan_decode(problem_of(one), one.seq_lens.data(), DecodeOptions{}, sms).streamed);
+  EXPECT_FALSE(cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(1), sms).streamed);
 }
 
 TEST(CudaDecode, SplitCountsAndLengthEdges) {
@@ -709,6 +828,12 @@ TEST(CudaDecode, RejectsBadArguments) {
   }
   expect_err([&] { run(plan0, q, kv, out.view, plan0.workspace_bytes() - 1); },
              Status::kWorkspaceTooSmall, "workspace_bytes");
+  {
+    cuda::DecodePlan streamed = plan0;  // two splits: the streamed kernel does not apply
+    streamed.streamed = true;
+    expect_err([&] { run(streamed, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "plan.streamed");
+  }
   {
     auto k2 = kv;
     k2.space = MemorySpace::kHost;

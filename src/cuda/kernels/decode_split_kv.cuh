@@ -129,6 +129,31 @@ __device__ __forceinline__ void decode_mark_clock(int slot) {
 #define ATTNSTATE_DECODE_MARK_CLOCK(slot) ((void)0)
 #endif
 
+/// Stores four merged columns (from `4 · d4`) of query row `rg` of (request `b`, KV head `hkv`)
+/// as the output state, with the prior states folded in first when there are any.
+/// `grouped`: the calling lanes come in aligned groups of min(32, D / 4) active lanes that hold
+/// the quads of one row (then the fold shares its per-row work across the group).
+template <int D>
+__device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, int hkv, int rg,
+                                                  int d4, MergedColumns mc, bool grouped) {
+  const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
+  const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
+  if (p.prior_count > 0) {
+    constexpr int kGroup = D / 4 < 32 ? D / 4 : 32;
+    if (grouped)
+      mc = fold_prior_group<D, kGroup>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
+                                       token * p.heads_q + hq, d4, mc);
+    else
+      mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
+                         token * p.heads_q + hq, d4, mc);
+  }
+  store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
+            p.out_vec4);
+  if (d4 == 0)
+    p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
+        math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
+}
+
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
 /// (else f16) queries and KV.
 template <int D, bool kBF16, int kStages>
@@ -267,28 +292,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   float* pub_lse = pub_o + kRows * D;          // [row] base 2
   const std::int64_t tile_id = (static_cast<std::int64_t>(b) * p.heads_kv + hkv) * p.row_tiles + mt;
 
-  // Stores the merged columns (r, d4) of this tile's row r as the output state, with the prior
-  // states folded in when there are any.
-  // `grouped`: the calling lanes come in aligned groups of min(32, D / 4) active lanes that
-  // hold the quads of one row (then the fold shares its per-row work across the group).
+  // Stores the merged columns (r, d4) of this tile's row r as the output state (see
+  // `store_row_columns`).
   auto store_merged = [&](int r, int d4, MergedColumns mc, bool grouped = false) {
-    const int rg = row0 + r;
-    const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
-    const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-    if (p.prior_count > 0) {
-      constexpr int kGroup = kD4 < 32 ? kD4 : 32;
-      if (grouped)
-        mc = fold_prior_group<D, kGroup>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
-                                         token * p.heads_q + hq, d4, mc);
-      else
-        mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
-                           token * p.heads_q + hq, d4, mc);
-    }
-    store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
-              p.out_vec4);
-    if (d4 == 0)
-      p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-          math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
+    store_row_columns<D>(p, b, hkv, row0 + r, d4, mc, grouped);
   };
 
   if (active) {

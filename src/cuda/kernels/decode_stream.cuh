@@ -1,0 +1,446 @@
+/// @file decode_stream.cuh
+/// @brief The streamed decode kernel (internal): single-split plans with many short requests.
+///
+/// - Each warp takes whole items — (request, KV head, row tile) — in turn: item `w`, `w + W`,
+///   `w + 2W`, ... for warp `w` of the `W` warps of the grid (one CTA per SM, one wave; warp `i`
+///   of CTA `c` is `w = i · gridDim + c`, so consecutive items go to different SMs).
+/// - The warp streams its items' 16-token K/V tiles through its own cp.async ring (16-byte
+///   copies, evict-first), and the ring does not drain between items: the copies of the next
+///   item's first tiles are issued while the current item's last tiles are computed. The next
+///   item's query fragments are loaded from global memory straight into registers, and its
+///   length and page-table start, when the current item starts; its first 32 page ids one tile
+///   later (one per lane: a tile's page id is a shuffle, so no page-table load stands between
+///   two tiles' copies). The per-request start-up of the split kernel (length → page id → first
+///   bytes) is paid once per warp instead of once per CTA.
+/// - Per tile: `S = Q Kᵀ` and `O += P V` on tensor cores (m16n8k16, the item's query rows as
+///   M) and the online softmax (base 2), as in the split kernel; the whole item is one warp's
+///   state, so there is no merge between warps: at the item's end each thread stores its rows'
+///   normalised columns from its accumulator fragments.
+/// - A warp computes one tile at a time with little instruction-level parallelism, so several
+///   warps share each SM (8) and hide each other's latency; the shared memory is all ring.
+/// - Requirements (else the launcher uses the split kernel): one split per request, head dim 64
+///   or 128, page sizes that are multiples of 16, 16-byte aligned query rows, no prior states.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/kernels/decode_split_kv.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Warps per CTA (one CTA per SM) of the streamed kernel (build-time knob). Measured on the H200
+/// (head dim 128, 32/8 heads, batch 128 × 256 keys, L2 flushed): 8 warps with 3 stages 38.7 µs;
+/// 4 warps with 4 stages 52.9; 7 with 4 stages 64.6.
+#ifndef ATTNSTATE_DECODE_STREAM_WARPS
+#define ATTNSTATE_DECODE_STREAM_WARPS 8
+#endif
+/// Ring depth (16-token K/V tiles per warp) of the streamed kernel (build-time knob).
+#ifndef ATTNSTATE_DECODE_STREAM_STAGES
+#define ATTNSTATE_DECODE_STREAM_STAGES 3
+#endif
+
+/// Warps per CTA of the streamed kernel for head dim `D` (64 or 128).
+__host__ __device__ constexpr int stream_warps(int D) {
+  return D > 0 ? ATTNSTATE_DECODE_STREAM_WARPS : 0;
+}
+/// Shared-memory bytes of one CTA of the streamed kernel: each warp's ring of K/V tiles.
+__host__ __device__ constexpr std::int64_t stream_smem_bytes(int D) {
+  return std::int64_t{stream_warps(D)} * ATTNSTATE_DECODE_STREAM_STAGES * 2 * kDecodeTileRows * D *
+         2;
+}
+static_assert(stream_smem_bytes(64) <= 227 * 1024 && stream_smem_bytes(128) <= 227 * 1024,
+              "one CTA fits an SM");
+
+/// Stores two consecutive values as `dt` at element `off` of `base` (one aligned store when
+/// `vec`); rounds like `store_as`.
+__device__ __forceinline__ void store2_as(void* base, DType dt, std::int64_t off, float x, float y,
+                                          bool vec) {
+  if (vec) {
+    switch (dt) {
+      case DType::kF32:
+        *reinterpret_cast<float2*>(static_cast<float*>(base) + off) = make_float2(x, y);
+        return;
+      case DType::kF16:
+        *reinterpret_cast<std::uint32_t*>(static_cast<half_t*>(base) + off) = bits2<half_t>(x, y);
+        return;
+      default:
+        *reinterpret_cast<std::uint32_t*>(static_cast<bfloat16_t*>(base) + off) =
+            bits2<bfloat16_t>(x, y);
+        return;
+    }
+  }
+  store_as(base, dt, off, x);
+  store_as(base, dt, off + 1, y);
+}
+
+/// Waits until at most `n` (0 ≤ n ≤ N) of this thread's most recent cp.async groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_upto(int n) {
+  if constexpr (N > 0) {
+    if (n >= N) {
+      cp_async_wait<N>();
+      return;
+    }
+    cp_async_wait_upto<N - 1>(n);
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
+/// One item of a warp: a (request, KV head, row tile) and what its loads need.
+struct StreamItem {
+  int b = 0, hkv = 0, row0 = 0, rows = 0;
+  int len = 0;          // keys (clamped to the pages the request owns)
+  int tiles = -1;       // 16-token tiles; -1: past the last item
+  std::int64_t pt = 0;  // first page-table entry of the request (block-table row or CSR start)
+};
+
+/// Streamed decode kernel for head dim `D` (64 or 128); `kBF16` selects bf16 (else f16) queries
+/// and KV.
+template <int D, bool kBF16>
+__global__ void __launch_bounds__(stream_warps(D) * 32, 1)
+    decode_stream_kernel(const DecodeParams p) {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  using Elem = std::uint16_t;
+  constexpr int kWarps = stream_warps(D);
+  constexpr int kStages = ATTNSTATE_DECODE_STREAM_STAGES;
+  constexpr int kRows = kDecodeTileRows;
+  constexpr int kCpr = D / 8;  // 16-byte chunks per row
+  constexpr int kChunksPerLane = kRows * kCpr / 32;
+  constexpr int kNT = D / 8;   // n-tiles of the output
+  constexpr int kKS = D / 16;  // k-steps of Q Kᵀ
+  constexpr std::uint32_t kTileBytes = kRows * D * 2;
+  constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  if (p.beside_previous != 0 || p.programmatic != 0) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1)
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  }
+#endif
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const std::uint32_t ring = smem_addr(smem) + static_cast<std::uint32_t>(warp) * kStages *
+                                                   kStageBytes;  // [stage][K, V][16][D]
+
+  const std::int64_t items = static_cast<std::int64_t>(p.batch) * p.heads_kv * p.row_tiles;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  const Elem* kpool = static_cast<const Elem*>(p.k);
+  const Elem* vpool = static_cast<const Elem*>(p.v);
+  std::uint64_t policy = 0;
+#if ATTNSTATE_DECODE_EVICT_FIRST
+  policy = l2_evict_first_policy();
+#endif
+
+  // Item `x`: its coordinates, its length (clamped to its pages) and page-table start.
+  auto fetch = [&](std::int64_t x) {
+    StreamItem it;
+    if (x >= items) return it;
+    const int mt = static_cast<int>(x % p.row_tiles);
+    const int bh = static_cast<int>(x / p.row_tiles);
+    it.hkv = bh % p.heads_kv;
+    it.b = bh / p.heads_kv;
+    it.row0 = mt * kRows;
+    it.rows = min(kRows, p.rows - it.row0);
+    std::int64_t pages;
+    if (p.block_table != nullptr) {
+      it.pt = static_cast<std::int64_t>(it.b) * p.block_table_stride;
+      pages = p.block_table_stride;
+    } else {
+      it.pt = p.page_indptr[it.b];
+      pages = static_cast<std::int64_t>(p.page_indptr[it.b + 1]) - it.pt;
+      if (pages < 0) pages = 0;
+    }
+    std::int64_t len = p.seq_lens[it.b];
+    if (len < 0) len = 0;
+    if (len > pages * p.page_size) len = pages * p.page_size;
+    it.len = static_cast<int>(len);
+    it.tiles = (it.len + kRows - 1) / kRows;
+    return it;
+  };
+  // The A fragments of item `x`'s query rows (rows lane/4 and lane/4 + 8, two columns per
+  // register, as ldmatrix would give them), straight from global memory; rows past the item's
+  // are zero. Only the item's coordinates are needed: no load stands before these.
+  auto load_q = [&](std::int64_t x, std::uint32_t(&qf)[kKS][4]) {
+    if (x >= items) return;
+    const int mt = static_cast<int>(x % p.row_tiles);
+    const int bh = static_cast<int>(x / p.row_tiles);
+    const int hkv = bh % p.heads_kv;
+    const int b = bh / p.heads_kv;
+    const int rows = min(kRows, p.rows - mt * kRows);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (lane >> 2) + 8 * h;
+      const int rg = mt * kRows + r;
+      const std::uint32_t* src = static_cast<const std::uint32_t*>(p.q);
+      if (r < rows) {
+        const std::int64_t e = b * p.q_stride_b + (rg / p.group) * p.q_stride_t +
+                               (hkv * p.group + rg % p.group) * p.q_stride_h + 2 * (lane & 3);
+        src += e / 2;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk) {
+        qf[kk][h] = r < rows ? __ldg(src + 8 * kk) : 0u;
+        qf[kk][h + 2] = r < rows ? __ldg(src + 8 * kk + 4) : 0u;
+      }
+    }
+  };
+  // Page ids of pages [32·w, 32·w + 32) of an item, one per lane (0 past the item's pages).
+  const std::int32_t* table = p.block_table != nullptr ? p.block_table : p.page_indices;
+  auto pid_window = [&](const StreamItem& it, int w) -> int {
+    const int idx = 32 * w + lane;
+    const int n_pages = it.tiles > 0 ? (it.len - 1) / p.page_size + 1 : 0;
+    return idx < n_pages ? table[it.pt + idx] : 0;
+  };
+  auto in_page = [&](int hkv, std::int64_t slot) -> std::int64_t {
+    return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
+                        : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
+  };
+  // Per-lane constants of the chunk addressing (as in the split kernel).
+  constexpr int kRowStep = 32 / kCpr;
+  const int lane_r0 = lane / kCpr;
+  const int lane_col = lane % kCpr;
+  const std::int64_t row_stride =
+      p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
+  // Tile `t` of item `it` (page `pid`) → ring stage `stage` (keys past the length zero-filled).
+  auto load_tile = [&](const StreamItem& it, int t, int stage, std::int64_t pid) {
+    const int t0 = t * kRows;
+    const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
+    const std::uint32_t vd = kd + kTileBytes;
+    const std::int64_t base =
+        pid * p.page_elems + in_page(it.hkv, t0 % p.page_size + lane_r0) + lane_col * 8;
+#pragma unroll
+    for (int i = 0; i < kChunksPerLane; ++i) {
+      const int r = lane_r0 + i * kRowStep;
+      const bool valid = t0 + r < it.len;
+      const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
+      const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
+      kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
+      kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
+    }
+  };
+
+  // ---- the warp's first two items, and the load cursor: the next tile to copy is tile `ld_t`
+  //      of the current item (ld_sel 0) or of the next one (1); 2: none until the next item ----
+  std::int64_t x_cur = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
+  std::uint32_t qa[kKS][4], qn[kKS][4];  // query fragments of the current and the next item
+  load_q(x_cur, qa);
+  load_q(x_cur + stride, qn);
+  StreamItem cur = fetch(x_cur);
+  StreamItem nxt = fetch(x_cur + stride);
+  int ld_sel = 0, ld_t = 0;
+  // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; window 0 of the next item in
+  // `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when its length and
+  // page-table start have arrived, or when the cursor needs it first).
+  int ld_pids = pid_window(cur, 0), ld_win = 0;
+  int nxt_pids = 0;
+  bool nxt_ready = false;
+  auto ensure_nxt = [&]() {
+    if (!nxt_ready) {
+      nxt_pids = pid_window(nxt, 0);
+      nxt_ready = true;
+    }
+  };
+  auto normalize = [&]() {
+    if (ld_sel == 0 && ld_t >= cur.tiles) {
+      ensure_nxt();
+      ld_sel = 1;
+      ld_t = 0;
+      ld_pids = nxt_pids;
+      ld_win = 0;
+    }
+    if (ld_sel == 1 && ld_t >= nxt.tiles) ld_sel = 2;
+  };
+  normalize();
+  int ld_stage = 0;
+  int loaded = 0;  // tiles copied so far (one commit group each), `computed` computed
+  int computed = 0;
+  // Copies the tile at the cursor as one commit group, then moves the cursor. Nothing to copy:
+  // no group (a tile's group is then found by count).
+  auto issue = [&]() {
+    if (ld_sel < 2) {
+      const StreamItem it = ld_sel == 0 ? cur : nxt;
+      const int pidx = static_cast<int>(static_cast<std::int64_t>(ld_t) * kRows / p.page_size);
+      if ((pidx >> 5) != ld_win) {  // the next window of a long item (warp-uniform)
+        ld_win = pidx >> 5;
+        ld_pids = pid_window(it, ld_win);
+      }
+      std::int64_t pid = __shfl_sync(0xffffffffu, ld_pids, pidx & 31);
+      if (pid < 0) pid = 0;
+      if (pid >= p.num_pages) pid = p.num_pages - 1;
+      load_tile(it, ld_t, ld_stage, pid);
+      cp_async_commit();
+      ++loaded;
+      ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
+      ++ld_t;
+      normalize();
+    }
+  };
+#pragma unroll 1
+  for (int st = 0; st < kStages - 1; ++st) issue();
+
+  // ldmatrix lane addressing of K (B) and V (transposed B), as in the split kernel.
+  const int a_row = lane & 15;
+  const std::uint32_t a_x = static_cast<std::uint32_t>(((lane >> 4) ^ (lane & 7)) << 4);
+  const int b_row = ((lane >> 4) << 3) + (lane & 7);
+  const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  int stage = 0;
+
+#pragma unroll 1
+  while (cur.tiles >= 0) {
+    // per-thread row limits (exclusive key end) for rows lane/4 and lane/4 + 8
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (lane >> 2) + 8 * h;
+      lim[h] = r < cur.rows ? min(cur.len, cur.len - p.q_len + (cur.row0 + r) / p.group + 1) : 0;
+    }
+    float o_acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    math::OnlineSoftmax os[2];
+
+#pragma unroll 1
+    for (int t = 0; t < cur.tiles; ++t) {
+      issue();
+      // this tile's group is complete when at most `loaded - 1 - computed` (< kStages) groups
+      // committed after it are pending
+      cp_async_wait_upto<kStages - 1>(loaded - 1 - computed);
+      ++computed;
+      __syncwarp();
+      const std::uint32_t ks = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+      const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
+      const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
+      const int t0 = t * kRows;
+
+      // S = Q Kᵀ : 16 rows × 16 keys (two n-tiles of 8 keys).
+      float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk) {
+        std::uint32_t bk[4];
+        ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
+        mma_16816<kBF16>(sc[0], qa[kk], bk[0], bk[1]);
+        mma_16816<kBF16>(sc[1], qa[kk], bk[2], bk[3]);
+      }
+
+      // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
+      float pr[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float bm = math::neg_inf();
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tk = t0 + j * 8 + 2 * (lane & 3) + e;
+            float v = sc[j][2 * h + e] * p.s2_scale;
+            if (tk >= lim[h]) v = math::neg_inf();
+            sc[j][2 * h + e] = v;
+            bm = math::nan_max(bm, v);
+          }
+        }
+        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+        const float alpha = os[h].rescale(bm);
+        if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            o_acc[j][2 * h] *= alpha;
+            o_acc[j][2 * h + 1] *= alpha;
+          }
+        }
+        float psum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = os[h].prob(sc[j][2 * h + e]);
+            pr[j][2 * h + e] = pv;
+            psum += pv;
+          }
+        }
+        os[h].add(psum);
+      }
+
+      // O += P V : P (16 × 16 keys) from the score registers, V via transposed ldmatrix.
+      std::uint32_t pa[4];
+      pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
+      pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
+      pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
+      pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
+#pragma unroll
+      for (int jj = 0; jj < D / 16; ++jj) {
+        std::uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
+        mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
+        mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
+      }
+      __syncwarp();
+      ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
+    }
+
+    // ---- the item's state: each thread stores its two rows' columns from its fragments
+    //      (the same finalisation as the split kernel's warp merge with one warp) ----
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = os[h].l;
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = (lane >> 2) + 8 * h;
+      if (r >= cur.rows) continue;
+      const float m = os[h].m;
+      const bool empty = math::is_empty_lse(m);
+      const float f = empty ? 0.f : math::merge_weight(LseBase::kBase2, m, m);
+      const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, f * l);
+      const int rg = cur.row0 + r;
+      const std::int64_t token = static_cast<std::int64_t>(cur.b) * p.q_len + rg / p.group;
+      const std::int64_t hq = static_cast<std::int64_t>(cur.hkv) * p.group + rg % p.group;
+      const std::int64_t o_row = token * p.o_stride_token + hq * p.o_stride_head;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const float x = empty ? 0.f : f * o_acc[j][2 * h];
+        const float y = empty ? 0.f : f * o_acc[j][2 * h + 1];
+        store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x * res.inv_sum,
+                  y * res.inv_sum, p.out_vec4);
+      }
+      if ((lane & 3) == 0)
+        p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
+            math::convert_lse(res.lse, LseBase::kBase2, p.out_base);
+    }
+
+    // ---- the next item becomes current; the one after it is fetched ----
+    cur = nxt;
+    x_cur += stride;
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) qa[kk][u] = qn[kk][u];
+    load_q(x_cur + stride, qn);
+    nxt = fetch(x_cur + stride);
+    nxt_ready = false;
+    if (ld_sel == 1) {
+      ld_sel = 0;
+    } else if (ld_sel == 2) {  // the cursor waited for this item: on to the new next one
+      ensure_nxt();
+      ld_sel = 1;
+      ld_t = 0;
+      ld_pids = nxt_pids;
+      ld_win = 0;
+      if (ld_t >= nxt.tiles) ld_sel = 2;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
