@@ -304,10 +304,11 @@ void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, bo
 
 /// Longest request the automatic policy runs on the streamed kernel (build-time knob). Measured
 /// on the H200 (32/8 heads, head dim 128, one split each, L2 flushed; µs, split kernel →
-/// streamed): 256 × 64 keys 48.9 → 26.6, 128 × 128 35.5 → 23.4, 128 × 256 54.0 → 38.7,
-/// 128 × 512 85.8 → 69.8, 256 × 1k 278.1 → 254.0.
+/// streamed): 256 × 64 keys 49.4 → 26.1, 128 × 128 35.6 → 23.4, 128 × 256 54.1 → 38.3,
+/// 128 × 512 86.0 → 69.3, 256 × 1k 278.5 → 252.4, 128 × 2k 264.3 → 250.2, 256 × 2k 514.5 →
+/// 493.9.
 #ifndef ATTNSTATE_DECODE_STREAM_MAX_TOKENS
-#define ATTNSTATE_DECODE_STREAM_MAX_TOKENS 1024
+#define ATTNSTATE_DECODE_STREAM_MAX_TOKENS 2048
 #endif
 
 /// Raises the streamed kernel's dynamic shared-memory limit once per device.

@@ -58,13 +58,14 @@ struct DecodePlan {
   /// Run with the streamed kernel: each warp takes whole (request, KV head, row tile) items in
   /// turn, copying the next item's first tiles while it computes the current one's last (the
   /// per-request start-up of the split kernel is paid once per warp). `plan_decode` sets it for
-  /// the automatic policy when no request is split, the head dim is 64 or 128 and the items
-  /// exceed one wave of the split kernel; it may be set or cleared by hand for a plan with
-  /// `splits.max_splits == 1` (else `run_decode` throws). Results differ from the split kernel's
-  /// only by rounding (one warp sums a request's tiles in key order); repeatable for a given
-  /// plan. Runs it does not apply to use the split kernel: head dim 256, query rows not 16-byte
-  /// aligned, page sizes that are not multiples of 16, or prior states folded in (a cascade's
-  /// fold).
+  /// the automatic policy when no request is split, the head dim is 64 or 128, no request is
+  /// longer than 2048 keys and the items exceed one wave of the split kernel; it may be set or
+  /// cleared by hand for a plan with `splits.max_splits == 1` (else `run_decode` throws). Results
+  /// differ from the split kernel's only by rounding (one warp sums a request's tiles in key
+  /// order); repeatable for a given plan. Runs it does not apply to use the split kernel: head dim
+  /// 256, query rows not 16-byte aligned, page sizes that are not multiples of 16, or prior
+  /// states folded in (a cascade's fold; measured slower with the streamed kernel, whose warps
+  /// would wait for the shared levels holding a whole SM each).
   bool streamed = false;
   /// Benchmark aid: when true the cross-split merge is skipped (outputs of split requests are
   /// then left unwritten). Never set this outside of profiling.
