@@ -262,6 +262,41 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
   EXPECT_FALSE(cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(1), sms).streamed);
 }
 
+TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
+  // Host-only planning (no GPU needed), 132 SMs: the automatic policy runs many short requests
+  // (one split each, at least 6 items per SM) on the streamed kernel, and keeps the split kernel
+  // for split requests, head dim 256, requests longer than 2048 keys, fewer items, and the
+  // fixed policies.
+  auto plan = [](std::int64_t batch, std::int32_t len, std::int64_t D, const DecodeOptions& o) {
+    DecodeProblem pr;
+    pr.batch = batch;
+    pr.heads_q = 32;
+    pr.heads_kv = 8;
+    pr.head_dim = D;
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+    return cuda::plan_decode(pr, lens.data(), o, 132);
+  };
+  const DecodeOptions autom;
+  for (std::int64_t D : {64, 128}) {
+    const cuda::DecodePlan a = plan(128, 256, D, autom);
+    EXPECT_EQ(a.splits.max_splits, 1);
+    EXPECT_TRUE(a.streamed) << "head dim " << D;
+    EXPECT_EQ(a.workspace_bytes(), 0u);
+  }
+  EXPECT_TRUE(plan(256, 2048, 128, autom).streamed);
+  EXPECT_FALSE(plan(256, 2049, 128, autom).streamed);  // longer than the streamed kernel's cap
+  EXPECT_FALSE(plan(128, 256, 256, autom).streamed);   // head dim 256
+  EXPECT_FALSE(plan(64, 256, 128, autom).streamed);    // 512 items: under 6 per SM
+  EXPECT_FALSE(plan(98, 256, 128, autom).streamed);    // 784 items
+  EXPECT_TRUE(plan(99, 256, 128, autom).streamed);     // 792 items
+  EXPECT_FALSE(plan(1, 32768, 128, autom).streamed);   // split
+  EXPECT_FALSE(plan(128, 256, 128, count_opts(1)).streamed);
+  DecodeOptions fixed;
+  fixed.policy = SplitPolicy::kFixedSize;
+  fixed.split_size = 4096;
+  EXPECT_FALSE(plan(128, 256, 128, fixed).streamed);
+}
+
 TEST(CudaDecode, SplitCountsAndLengthEdges) {
   ATTNSTATE_REQUIRE_GPU();
   for (std::int64_t page : {16, 64}) {

@@ -59,7 +59,7 @@ struct DecodePlan {
   /// turn, copying the next item's first tiles while it computes the current one's last (the
   /// per-request start-up of the split kernel is paid once per warp). `plan_decode` sets it for
   /// the automatic policy when no request is split, the head dim is 64 or 128, no request is
-  /// longer than 2048 keys and the items exceed one wave of the split kernel; it may be set or
+  /// longer than 2048 keys and there are at least 6 items per SM; it may be set or
   /// cleared by hand for a plan with `splits.max_splits == 1` (else `run_decode` throws). Results
   /// differ from the split kernel's only by rounding (one warp sums a request's tiles in key
   /// order); repeatable for a given plan. Runs it does not apply to use the split kernel: head dim
