@@ -24,7 +24,8 @@
 /// Loads: each warp streams 16-token K/V tiles with 16-byte `cp.async` copies (evict-first)
 /// through a shared-memory pipeline (3 stages, or 2 with more CTAs per SM for short splits); any
 /// page size works (16-token tiles within a page look the page up once). Requirements: `k`, `v`
-/// 16-byte aligned and `page_elems()` a multiple of 8 elements.
+/// 16-byte aligned and `page_elems()` a multiple of 8 elements. Many short unsplit requests run on
+/// the streamed kernel instead (see `DecodePlan::streamed`).
 #pragma once
 
 #include <cuda_runtime_api.h>
