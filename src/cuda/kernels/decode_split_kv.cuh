@@ -154,6 +154,86 @@ __device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, 
         math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
 }
 
+/// One 16-key tile of a warp's decode: `S = Q Kᵀ` (16 query rows × 16 keys; the A fragments of
+/// k-step `kk` from `q_frag(kk, a)`, K from the swizzled tile at `k_lane`), the online softmax
+/// (base 2) of rows lane/4 and lane/4 + 8 with keys at or past `lim[h]` masked, and `O += P V`
+/// (P from the score registers, V via transposed ldmatrix from `v_lane`). `t0`: the tile's
+/// first key. Shared by the split and the streamed kernels.
+template <int D, bool kBF16, class QFrag>
+__device__ __forceinline__ void decode_tile(QFrag&& q_frag, std::uint32_t k_lane,
+                                            std::uint32_t v_lane, std::uint32_t a_x,
+                                            std::uint32_t b_x, int t0, const int (&lim)[2],
+                                            float s2_scale, math::OnlineSoftmax (&os)[2],
+                                            float (&o_acc)[D / 8][4]) {
+  constexpr int kNT = D / 8;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  // S = Q Kᵀ : 16 rows × 16 tokens (two n-tiles of 8 tokens).
+  float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    std::uint32_t a[4], bk[4];
+    q_frag(kk, a);
+    ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
+    mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
+    mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
+  }
+
+  // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
+  float pr[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float bm = math::neg_inf();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = t0 + j * 8 + 2 * (lane & 3) + e;
+        float v = sc[j][2 * h + e] * s2_scale;
+        if (t >= lim[h]) v = math::neg_inf();
+        sc[j][2 * h + e] = v;
+        bm = math::nan_max(bm, v);
+      }
+    }
+    bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+    bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+    const float alpha = os[h].rescale(bm);
+    // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+    // (the common case after the first tiles), bitwise the same result.
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        o_acc[j][2 * h] *= alpha;
+        o_acc[j][2 * h + 1] *= alpha;
+      }
+    }
+    float psum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = os[h].prob(sc[j][2 * h + e]);
+        pr[j][2 * h + e] = pv;
+        psum += pv;
+      }
+    }
+    os[h].add(psum);
+  }
+
+  // O += P V : P (16 × 16 tokens) from the score registers, V via transposed ldmatrix.
+  std::uint32_t pa[4];
+  pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
+  pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
+  pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
+  pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
+#pragma unroll
+  for (int jj = 0; jj < D / 16; ++jj) {
+    std::uint32_t bv[4];
+    ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
+    mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
+    mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
+  }
+}
+
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
 /// (else f16) queries and KV.
 template <int D, bool kBF16, int kStages>
@@ -451,71 +531,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
 
-      // S = Q Kᵀ : 16 rows × 16 tokens (two n-tiles of 8 tokens).
-      float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t a[4], bk[4];
-        ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
-        ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
-        mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
-        mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
-      }
-
-      // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
-      float pr[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float bm = math::neg_inf();
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int t = t0 + j * 8 + 2 * (lane & 3) + e;
-            float v = sc[j][2 * h + e] * p.s2_scale;
-            if (t >= lim[h]) v = math::neg_inf();
-            sc[j][2 * h + e] = v;
-            bm = math::nan_max(bm, v);
-          }
-        }
-        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-        const float alpha = os[h].rescale(bm);
-        // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-        // (the common case after the first tiles), bitwise the same result.
-        if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            o_acc[j][2 * h] *= alpha;
-            o_acc[j][2 * h + 1] *= alpha;
-          }
-        }
-        float psum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = os[h].prob(sc[j][2 * h + e]);
-            pr[j][2 * h + e] = pv;
-            psum += pv;
-          }
-        }
-        os[h].add(psum);
-      }
-
-      // O += P V : P (16 × 16 tokens) from the score registers, V via transposed ldmatrix.
-      std::uint32_t pa[4];
-      pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
-      pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
-      pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
-      pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
-#pragma unroll
-      for (int jj = 0; jj < D / 16; ++jj) {
-        std::uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
-        mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
-        mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
-      }
+      decode_tile<D, kBF16>(
+          [&](int kk, std::uint32_t(&a)[4]) { ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
+          k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
       __syncwarp();
     }
     cp_async_wait<0>();

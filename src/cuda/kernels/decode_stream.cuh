@@ -13,9 +13,9 @@
 ///   two tiles' copies). The per-request start-up of the split kernel (length → page id → first
 ///   bytes) is paid once per warp instead of once per CTA.
 /// - Per tile: `S = Q Kᵀ` and `O += P V` on tensor cores (m16n8k16, the item's query rows as
-///   M) and the online softmax (base 2), as in the split kernel; the whole item is one warp's
-///   state, so there is no merge between warps: at the item's end each thread stores its rows'
-///   normalised columns from its accumulator fragments.
+///   M) and the online softmax (base 2): the split kernel's `decode_tile`; the whole item is one
+///   warp's state, so there is no merge between warps: at the item's end each thread stores its
+///   rows' normalised columns from its accumulator fragments.
 /// - A warp computes one tile at a time with little instruction-level parallelism, so several
 ///   warps share each SM (8) and hide each other's latency; the shared memory is all ring.
 /// - Requirements (else the launcher uses the split kernel): one split per request, head dim 64
@@ -322,68 +322,12 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = t * kRows;
 
-      // S = Q Kᵀ : 16 rows × 16 keys (two n-tiles of 8 keys).
-      float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      decode_tile<D, kBF16>(
+          [&](int kk, std::uint32_t(&a)[4]) {
 #pragma unroll
-      for (int kk = 0; kk < kKS; ++kk) {
-        std::uint32_t bk[4];
-        ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
-        mma_16816<kBF16>(sc[0], qa[kk], bk[0], bk[1]);
-        mma_16816<kBF16>(sc[1], qa[kk], bk[2], bk[3]);
-      }
-
-      // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
-      float pr[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float bm = math::neg_inf();
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int tk = t0 + j * 8 + 2 * (lane & 3) + e;
-            float v = sc[j][2 * h + e] * p.s2_scale;
-            if (tk >= lim[h]) v = math::neg_inf();
-            sc[j][2 * h + e] = v;
-            bm = math::nan_max(bm, v);
-          }
-        }
-        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-        bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-        const float alpha = os[h].rescale(bm);
-        if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            o_acc[j][2 * h] *= alpha;
-            o_acc[j][2 * h + 1] *= alpha;
-          }
-        }
-        float psum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = os[h].prob(sc[j][2 * h + e]);
-            pr[j][2 * h + e] = pv;
-            psum += pv;
-          }
-        }
-        os[h].add(psum);
-      }
-
-      // O += P V : P (16 × 16 keys) from the score registers, V via transposed ldmatrix.
-      std::uint32_t pa[4];
-      pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
-      pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
-      pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
-      pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
-#pragma unroll
-      for (int jj = 0; jj < D / 16; ++jj) {
-        std::uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
-        mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
-        mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
-      }
+            for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
+          },
+          k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
       __syncwarp();
       ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
     }
