@@ -46,6 +46,23 @@ struct DecodeConfig {
   }
 };
 
+/// A configuration of the given shape (no lengths yet).
+inline DecodeConfig shape_config(std::int64_t q_len, std::int64_t heads_q, std::int64_t heads_kv,
+                                 std::int64_t head_dim, std::int64_t page_size, KvLayout layout,
+                                 bool block_table, DType q_dtype, DType kv_dtype) {
+  DecodeConfig c;
+  c.q_len = q_len;
+  c.heads_q = heads_q;
+  c.heads_kv = heads_kv;
+  c.head_dim = head_dim;
+  c.page_size = page_size;
+  c.layout = layout;
+  c.block_table = block_table;
+  c.q_dtype = q_dtype;
+  c.kv_dtype = kv_dtype;
+  return c;
+}
+
 /// Stores a float as `dt` into raw bytes at element `i`.
 inline void put(std::vector<unsigned char>& buf, DType dt, std::int64_t i, float x) {
   if (dt == DType::kF32) {

@@ -83,6 +83,24 @@ GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, L
   return run_plan(p, cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms()), od, base);
 }
 
+/// Replays a captured decode graph after uploading new lengths `lens` (also set in `p`) with the
+/// output poisoned first; returns the downloaded output.
+GpuOut replay(cudaGraphExec_t exec, cudaStream_t stream, const cuda::DecodePlan& plan,
+              DecodeProblemHost& p, DeviceProblem& d, DeviceState& out,
+              const std::vector<std::int32_t>& lens) {
+  p.seq_lens = lens;
+  d.lens.upload(lens);
+  out.o.poison();
+  out.lse.poison();
+  ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  GpuOut g;
+  g.plan = plan;
+  g.o = out.o.download();
+  g.lse = out.lse.download();
+  return g;
+}
+
 double o_tol(DType kv, DType od) {
   double t = kv == DType::kBF16 ? 1.2e-2 : 3e-3;
   if (od == DType::kBF16) t += 8e-3;
@@ -130,15 +148,7 @@ TEST(CudaDecode, MatchesReferenceAcrossShapes) {
   };
   std::uint64_t seed = 100;
   for (const Case& c : cases) {
-    DecodeConfig cfg;
-    cfg.q_len = c.q_len;
-    cfg.heads_q = c.hq;
-    cfg.heads_kv = c.hkv;
-    cfg.head_dim = c.D;
-    cfg.page_size = c.page;
-    cfg.layout = c.layout;
-    cfg.block_table = c.bt;
-    cfg.q_dtype = cfg.kv_dtype = c.dt;
+    DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, c.bt, c.dt, c.dt);
     cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 300, 3, 1029};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
     for (int n : {1, 3}) {
@@ -174,15 +184,7 @@ TEST(CudaDecode, StreamedKernelMatchesReference) {
   };
   std::uint64_t seed = 150;
   for (const Case& c : cases) {
-    DecodeConfig cfg;
-    cfg.q_len = c.q_len;
-    cfg.heads_q = c.hq;
-    cfg.heads_kv = c.hkv;
-    cfg.head_dim = c.D;
-    cfg.page_size = c.page;
-    cfg.layout = c.layout;
-    cfg.block_table = c.bt;
-    cfg.q_dtype = cfg.kv_dtype = c.dt;
+    DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, c.bt, c.dt, c.dt);
     const std::int32_t pg = static_cast<std::int32_t>(c.page);
     cfg.seq_lens = {pg + 1, 0, 300, 3, 700, 1, pg - 1, pg, 0, 16, 17, 2 * pg + 1, 15, 481, 33};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
@@ -229,19 +231,11 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
   std::vector<std::int32_t> shorter = p.seq_lens;
   for (std::size_t i = 0; i < shorter.size(); ++i)
     shorter[i] = static_cast<std::int32_t>((i * 37) % 201);  // 0..200
-  for (const auto& l : {p.seq_lens, shorter}) {
-    p.seq_lens = l;
-    d.lens.upload(l);
+  const std::vector<std::vector<std::int32_t>> all_lens = {p.seq_lens, shorter};
+  for (const auto& l : all_lens) {
     std::vector<unsigned char> first_o;
     for (int rep = 0; rep < 2; ++rep) {
-      out.o.poison();
-      out.lse.poison();
-      ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
-      GpuOut g;
-      g.plan = plan;
-      g.o = out.o.download();
-      g.lse = out.lse.download();
+      const GpuOut g = replay(exec, stream, plan, p, d, out, l);
       expect_matches_reference(
           p, g, DType::kF32, LseBase::kNatural,
           "replay " + std::to_string(rep) + ", lens[1] " + std::to_string(l[1]));
@@ -656,16 +650,7 @@ TEST(CudaDecode, GraphReplayOfMaxPlanServesShorterRequests) {
   const std::vector<std::vector<std::int32_t>> lens = {
       {3000, 3000, 3000, 3000}, {100, 0, 2999, 17}, {1, 1500, 0, 0}, {3000, 2, 64, 65}};
   for (const auto& l : lens) {
-    p.seq_lens = l;
-    d.lens.upload(l);
-    out.o.poison();
-    out.lse.poison();
-    ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    GpuOut g;
-    g.plan = plan;
-    g.o = out.o.download();
-    g.lse = out.lse.download();
+    const GpuOut g = replay(exec, stream, plan, p, d, out, l);
     expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
                              "replay lens " + std::to_string(l[0]) + "," + std::to_string(l[1]));
   }

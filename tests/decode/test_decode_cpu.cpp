@@ -128,16 +128,7 @@ TEST(DecodeCpu, MatchesReferenceAcrossShapesAndDtypes) {
   };
   std::uint64_t seed = 1;
   for (const Case& c : cases) {
-    DecodeConfig cfg;
-    cfg.q_len = c.q_len;
-    cfg.heads_q = c.hq;
-    cfg.heads_kv = c.hkv;
-    cfg.head_dim = c.D;
-    cfg.page_size = c.page;
-    cfg.layout = c.layout;
-    cfg.block_table = c.bt;
-    cfg.q_dtype = c.qd;
-    cfg.kv_dtype = c.kvd;
+    DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, c.bt, c.qd, c.kvd);
     cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 77, 3};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
     for (int n : {1, 3}) {

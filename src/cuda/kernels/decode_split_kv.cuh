@@ -94,6 +94,56 @@ __device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, i
 #endif
 }
 
+/// The decode kernels' start in a programmatic dependent launch: beside the previous kernel
+/// (`p.beside_previous`) every CTA lets the next kernel launch and the grid's last CTA waits for
+/// the previous one; chained (`p.programmatic`) every CTA does both. A no-op otherwise.
+__device__ __forceinline__ void decode_grid_dependency(const DecodeParams& p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  if (p.beside_previous != 0 || p.programmatic != 0) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1)
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  }
+#else
+  (void)p;
+#endif
+}
+
+/// Element offset, inside a page, of key slot `slot` of KV head `hkv` (NHD or HND).
+template <int D>
+__device__ __forceinline__ std::int64_t kv_in_page(const DecodeParams& p, int hkv,
+                                                   std::int64_t slot) {
+  return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
+                      : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
+}
+
+/// Copies one 16-key K/V tile that lies in one page into the XOR-swizzled stage at `kd` (K) and
+/// `vd` (V): lane `l` copies column `l % (D / 8)` of rows `l / (D / 8) + i · (32 / (D / 8))`,
+/// whose source offsets are `base` plus multiples of `row_stride`; keys at or past `end`
+/// (`t0` is the tile's first) are zero-filled.
+template <int D>
+__device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint32_t vd,
+                                                     const std::uint16_t* kpool,
+                                                     const std::uint16_t* vpool, std::int64_t base,
+                                                     std::int64_t row_stride, int t0, int end,
+                                                     std::uint64_t policy) {
+  constexpr int kCpr = D / 8;
+  constexpr int kRowStep = 32 / kCpr;
+  constexpr int kChunksPerLane = kDecodeTileRows * kCpr / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int lane_r0 = lane / kCpr;
+  const int lane_col = lane % kCpr;
+#pragma unroll
+  for (int i = 0; i < kChunksPerLane; ++i) {
+    const int r = lane_r0 + i * kRowStep;
+    const bool valid = t0 + r < end;
+    const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
+    const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
+    kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
+    kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
+  }
+}
+
 #if ATTNSTATE_DECODE_TIMELINE
 /// Probe timeline: per CTA, globaltimer at start (0), partial state done (1), merge decision
 /// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6);
@@ -262,13 +312,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
                 "every split's LSEs fit before the merged columns");
   int* is_last = reinterpret_cast<int*>(body + kBodyBytes);  // [cluster rank]
   static_assert(kDecodeMaxCluster <= kDecodeMaxWsGroup, "a flag per CTA of a cluster");
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  if (p.beside_previous != 0 || p.programmatic != 0) {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1)
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  }
-#endif
+  decode_grid_dependency(p);
 
   ATTNSTATE_DECODE_MARK(0);
   const int tid = threadIdx.x;
@@ -421,10 +465,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       if (id >= p.num_pages) id = p.num_pages - 1;
       return id;
     };
-    auto in_page = [&](std::int64_t slot) -> std::int64_t {
-      return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
-                          : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
-    };
+    auto in_page = [&](std::int64_t slot) { return kv_in_page<D>(p, hkv, slot); };
     // Page id of this warp's tile `it` when a tile lies in one page (else unused).
     auto tile_pid = [&](int it) -> std::int64_t {
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
@@ -444,10 +485,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       }
       return tile_pid(it);
     };
-    // Per-lane constants of the chunk addressing: lane l copies column `l % kCpr` of rows
-    // `l / kCpr + i · kRowStep` (kCpr ≤ 32 divides 32), so inside one page its source offsets
-    // are one base plus compile-time multiples of the row stride.
-    constexpr int kRowStep = 32 / kCpr;
+    // Per-lane constants of the chunk addressing (see `copy_kv_tile_in_page`): inside one page a
+    // lane's source offsets are one base plus compile-time multiples of the row stride.
     const int lane_r0 = lane / kCpr;
     const int lane_col = lane % kCpr;
     const std::int64_t row_stride =
@@ -471,15 +510,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       if (tile_in_page) {
         const std::int64_t base =
             pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
-#pragma unroll
-        for (int i = 0; i < kChunksPerLane; ++i) {
-          const int r = lane_r0 + i * kRowStep;
-          const bool valid = t0 + r < range.end;
-          const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
-          const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
-          kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
-          kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
-        }
+        copy_kv_tile_in_page<D>(kd, vd, kpool, vpool, base, row_stride, t0, range.end, policy);
         return;
       }
 #endif

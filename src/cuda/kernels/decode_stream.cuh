@@ -97,7 +97,7 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
 struct StreamItem {
   int b = 0, hkv = 0, row0 = 0, rows = 0;
   int len = 0;          // keys (clamped to the pages the request owns)
-  int tiles = -1;       // 16-token tiles; -1: past the last item
+  int tiles = -1;       // 16-token tiles (0 until fetched); -1: past the last item
   std::int64_t pt = 0;  // first page-table entry of the request (block-table row or CSR start)
 };
 
@@ -112,20 +112,13 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   constexpr int kStages = ATTNSTATE_DECODE_STREAM_STAGES;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kCpr = D / 8;  // 16-byte chunks per row
-  constexpr int kChunksPerLane = kRows * kCpr / 32;
   constexpr int kNT = D / 8;   // n-tiles of the output
   constexpr int kKS = D / 16;  // k-steps of Q Kᵀ
   constexpr std::uint32_t kTileBytes = kRows * D * 2;
   constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
 
   extern __shared__ __align__(128) unsigned char smem[];
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  if (p.beside_previous != 0 || p.programmatic != 0) {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1)
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  }
-#endif
+  decode_grid_dependency(p);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const std::uint32_t ring = smem_addr(smem) + static_cast<std::uint32_t>(warp) * kStages *
@@ -140,8 +133,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   policy = l2_evict_first_policy();
 #endif
 
-  // Item `x`: its coordinates, its length (clamped to its pages) and page-table start.
-  auto fetch = [&](std::int64_t x) {
+  // Item `x`'s coordinates (`tiles` 0 until `fetch` sets the length; -1 past the last item).
+  auto coords = [&](std::int64_t x) {
     StreamItem it;
     if (x >= items) return it;
     const int mt = static_cast<int>(x % p.row_tiles);
@@ -150,6 +143,12 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     it.b = bh / p.heads_kv;
     it.row0 = mt * kRows;
     it.rows = min(kRows, p.rows - it.row0);
+    it.tiles = 0;
+    return it;
+  };
+  // The item's length (clamped to its pages), tiles and page-table start.
+  auto fetch = [&](StreamItem& it) {
+    if (it.tiles < 0) return;
     std::int64_t pages;
     if (p.block_table != nullptr) {
       it.pt = static_cast<std::int64_t>(it.b) * p.block_table_stride;
@@ -164,32 +163,26 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     if (len > pages * p.page_size) len = pages * p.page_size;
     it.len = static_cast<int>(len);
     it.tiles = (it.len + kRows - 1) / kRows;
-    return it;
   };
-  // The A fragments of item `x`'s query rows (rows lane/4 and lane/4 + 8, two columns per
+  // The A fragments of the item's query rows (rows lane/4 and lane/4 + 8, two columns per
   // register, as ldmatrix would give them), straight from global memory; rows past the item's
   // are zero. Only the item's coordinates are needed: no load stands before these.
-  auto load_q = [&](std::int64_t x, std::uint32_t(&qf)[kKS][4]) {
-    if (x >= items) return;
-    const int mt = static_cast<int>(x % p.row_tiles);
-    const int bh = static_cast<int>(x / p.row_tiles);
-    const int hkv = bh % p.heads_kv;
-    const int b = bh / p.heads_kv;
-    const int rows = min(kRows, p.rows - mt * kRows);
+  auto load_q = [&](const StreamItem& it, std::uint32_t(&qf)[kKS][4]) {
+    if (it.tiles < 0) return;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = (lane >> 2) + 8 * h;
-      const int rg = mt * kRows + r;
+      const int rg = it.row0 + r;
       const std::uint32_t* src = static_cast<const std::uint32_t*>(p.q);
-      if (r < rows) {
-        const std::int64_t e = b * p.q_stride_b + (rg / p.group) * p.q_stride_t +
-                               (hkv * p.group + rg % p.group) * p.q_stride_h + 2 * (lane & 3);
+      if (r < it.rows) {
+        const std::int64_t e = it.b * p.q_stride_b + (rg / p.group) * p.q_stride_t +
+                               (it.hkv * p.group + rg % p.group) * p.q_stride_h + 2 * (lane & 3);
         src += e / 2;
       }
 #pragma unroll
       for (int kk = 0; kk < kKS; ++kk) {
-        qf[kk][h] = r < rows ? __ldg(src + 8 * kk) : 0u;
-        qf[kk][h + 2] = r < rows ? __ldg(src + 8 * kk + 4) : 0u;
+        qf[kk][h] = r < it.rows ? __ldg(src + 8 * kk) : 0u;
+        qf[kk][h + 2] = r < it.rows ? __ldg(src + 8 * kk + 4) : 0u;
       }
     }
   };
@@ -200,12 +193,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     const int n_pages = it.tiles > 0 ? (it.len - 1) / p.page_size + 1 : 0;
     return idx < n_pages ? table[it.pt + idx] : 0;
   };
-  auto in_page = [&](int hkv, std::int64_t slot) -> std::int64_t {
-    return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
-                        : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
-  };
-  // Per-lane constants of the chunk addressing (as in the split kernel).
-  constexpr int kRowStep = 32 / kCpr;
+  // Per-lane parts of the chunk addressing (see `copy_kv_tile_in_page`).
   const int lane_r0 = lane / kCpr;
   const int lane_col = lane % kCpr;
   const std::int64_t row_stride =
@@ -214,28 +202,22 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   auto load_tile = [&](const StreamItem& it, int t, int stage, std::int64_t pid) {
     const int t0 = t * kRows;
     const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
-    const std::uint32_t vd = kd + kTileBytes;
     const std::int64_t base =
-        pid * p.page_elems + in_page(it.hkv, t0 % p.page_size + lane_r0) + lane_col * 8;
-#pragma unroll
-    for (int i = 0; i < kChunksPerLane; ++i) {
-      const int r = lane_r0 + i * kRowStep;
-      const bool valid = t0 + r < it.len;
-      const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
-      const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
-      kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
-      kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
-    }
+        pid * p.page_elems + kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) + lane_col * 8;
+    copy_kv_tile_in_page<D>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0, it.len,
+                            policy);
   };
 
   // ---- the warp's first two items, and the load cursor: the next tile to copy is tile `ld_t`
   //      of the current item (ld_sel 0) or of the next one (1); 2: none until the next item ----
   std::int64_t x_cur = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
   std::uint32_t qa[kKS][4], qn[kKS][4];  // query fragments of the current and the next item
-  load_q(x_cur, qa);
-  load_q(x_cur + stride, qn);
-  StreamItem cur = fetch(x_cur);
-  StreamItem nxt = fetch(x_cur + stride);
+  StreamItem cur = coords(x_cur);
+  StreamItem nxt = coords(x_cur + stride);
+  load_q(cur, qa);
+  load_q(nxt, qn);
+  fetch(cur);
+  fetch(nxt);
   int ld_sel = 0, ld_t = 0;
   // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; window 0 of the next item in
   // `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when its length and
@@ -368,8 +350,9 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     for (int kk = 0; kk < kKS; ++kk)
 #pragma unroll
       for (int u = 0; u < 4; ++u) qa[kk][u] = qn[kk][u];
-    load_q(x_cur + stride, qn);
-    nxt = fetch(x_cur + stride);
+    nxt = coords(x_cur + stride);
+    load_q(nxt, qn);
+    fetch(nxt);
     nxt_ready = false;
     if (ld_sel == 1) {
       ld_sel = 0;
