@@ -9,6 +9,7 @@
 #include "attnstate/cuda/merge.hpp"
 #include "common/validate.hpp"
 #include "cuda/kernels/merge_dispatch.cuh"
+#include "cuda/kernels/merge_few.cuh"
 #include "cuda/kernels/merge_launch.cuh"
 #include "cuda/kernels/merge_ragged.cuh"
 #include "cuda/kernels/merge_ring.cuh"
@@ -38,19 +39,36 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   return args;
 }
 
-/// Whether `merge_states` may use its fast kernel (the ring kernel) for large stacks: 1 (the
+/// Whether `merge_states` may use its fast kernels (few-states and ring kernels): 1 (the
 /// default) or 0, the general kernel only (build-time knob, for comparisons).
 #ifndef ATTNSTATE_MERGE_FAST_PATH
 #define ATTNSTATE_MERGE_FAST_PATH 1
 #endif
 
-/// The one place that picks the kernel of `merge_states`: stacks with 16-byte access to `o` and
-/// at least one block of the ring kernel per SM go to the ring kernel, everything else to the
-/// general kernel; both give the same bits.
+/// Stacks of at most this many states (and 16-byte access to `o`) go to the few-states kernel:
+/// 0 to 4 (build-time knob, for comparisons; 0 disables it).
+#ifndef ATTNSTATE_MERGE_FEW_STATES
+#define ATTNSTATE_MERGE_FEW_STATES 4
+#endif
+static_assert(ATTNSTATE_MERGE_FEW_STATES >= 0 &&
+                  ATTNSTATE_MERGE_FEW_STATES <= kernels::kFewMaxStates,
+              "the few-states kernel merges at most kFewMaxStates states");
+
+/// The kernels of `merge_states`, all giving the same bits.
+enum class StackKernel { kGeneral, kFew, kRing };
+
+/// The one place that picks the kernel of `merge_states`: stacks with 16-byte access to `o` go to
+/// the few-states kernel (at most `ATTNSTATE_MERGE_FEW_STATES` states) or, with at least one
+/// block of work per SM, to the ring kernel; everything else to the general kernel.
 template <class TIn, class TO>
-bool use_ring(const kernels::RowsArgs& args) {
-  return ATTNSTATE_MERGE_FAST_PATH != 0 &&
-         kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count());
+StackKernel pick_kernel(const kernels::RowsArgs& args) {
+  if (ATTNSTATE_MERGE_FAST_PATH == 0) return StackKernel::kGeneral;
+  if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= ATTNSTATE_MERGE_FEW_STATES) {
+    return StackKernel::kFew;
+  }
+  return kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())
+             ? StackKernel::kRing
+             : StackKernel::kGeneral;
 }
 
 }  // namespace
@@ -62,7 +80,7 @@ namespace detail {
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
   bool fast = false;
   kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
-    fast = use_ring<decltype(ti), decltype(to)>(rows_args(states, out));
+    fast = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out)) != StackKernel::kGeneral;
   });
   return fast;
 }
@@ -84,9 +102,14 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
   if (rows == 0) return;
   const kernels::RowsArgs args = rows_args(states, out);
   kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
-    if (use_ring<decltype(ti), decltype(to)>(args)) {
-      kernels::launch_ring<decltype(ti), decltype(to), kernels::DefaultRingShape>(args, stream);
-      return;
+    switch (pick_kernel<decltype(ti), decltype(to)>(args)) {
+      case StackKernel::kFew:
+        return kernels::launch_few<decltype(ti), decltype(to)>(args, stream);
+      case StackKernel::kRing:
+        return kernels::launch_ring<decltype(ti), decltype(to), kernels::DefaultRingShape>(args,
+                                                                                           stream);
+      case StackKernel::kGeneral:
+        break;
     }
     const auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
     static const int resident = kernels::blocks_per_sm(kernel);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cuda/merge.hpp"
@@ -165,25 +166,51 @@ TEST(CudaMergeFastPath, MatchesTheGeneralKernelBitwiseForEveryHeadDimAndDtype) {
     }
 }
 
+/// The few-states kernel (S ≤ 4): every head dim and state count, both layouts, several dtype
+/// pairs, a token count that fills many blocks (and one that leaves a partial block), with empty
+/// inputs; bitwise against the general kernel and close to the CPU.
+TEST(CudaMergeFastPath, FewStatesMatchTheGeneralKernelBitwise) {
+  REQUIRE_FAST_PATH();
+  Rng rng;
+  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  const std::pair<DType, DType> dtypes[] = {
+      {DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF32}, {DType::kF32, DType::kBF16}};
+  for (std::int64_t dim : {64, 128, 256, 512})
+    for (std::int64_t S : {1, 2, 3, 4}) {
+      const auto& dt = dtypes[rng.integer(0, 2)];
+      const StackOrder order =
+          rng.chance(0.5) ? StackOrder::kTokensMajor : StackOrder::kStatesMajor;
+      StackShape s{order, 0, S, 8, dim, dt.first, dt.second};
+      ASSERT_EQ(fewest_fast_tokens(s, 1), 1) << describe_shape(s);  // any size takes it
+      s.tokens = 1;
+      check_fast_against_general(rng, s, 0.25);
+      s.tokens = 333;
+      check_fast_against_general(rng, s, 0.25);
+    }
+}
+
 TEST(CudaMergeFastPath, AllEmptyRowsGiveTheIdentity) {
   REQUIRE_FAST_PATH();
   Rng rng;
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
-  StackShape s{StackOrder::kTokensMajor, 0, 5, 32, 128, DType::kBF16, DType::kF32};
-  s.tokens = fewest_fast_tokens(s, 4096);
-  ASSERT_GT(s.tokens, 0);
-  TestStack stack(s.order, s.tokens, s.states, s.heads, s.dim, s.din, LseBase::kBase2);
-  stack.fill_random(rng, -5.f, 5.f, 1.0);  // every state empty, o = NaN
-  TestState got = merge_on_gpu(stack.dev_view(), s.dout, LseBase::kNatural);
-  ASSERT_TRUE(merge_states_fast_path(stack.dev_view(), got.dev_view()));
-  for (std::int64_t t = 0; t < s.tokens; ++t)
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      ASSERT_EQ(got.lse(t, h), -INFINITY);
-      for (std::int64_t d = 0; d < s.dim; ++d) {
-        ASSERT_EQ(got.o(t, h, d), 0.f);
-        ASSERT_FALSE(std::signbit(got.o(t, h, d)));
+  for (std::int64_t S : {2, 5}) {  // the few-states and the ring kernel
+    StackShape s{StackOrder::kTokensMajor, 0, S, 32, 128, DType::kBF16, DType::kF32};
+    SCOPED_TRACE(describe_shape(s));
+    s.tokens = fewest_fast_tokens(s, 4096);
+    ASSERT_GT(s.tokens, 0);
+    TestStack stack(s.order, s.tokens, s.states, s.heads, s.dim, s.din, LseBase::kBase2);
+    stack.fill_random(rng, -5.f, 5.f, 1.0);  // every state empty, o = NaN
+    TestState got = merge_on_gpu(stack.dev_view(), s.dout, LseBase::kNatural);
+    ASSERT_TRUE(merge_states_fast_path(stack.dev_view(), got.dev_view()));
+    for (std::int64_t t = 0; t < s.tokens; ++t)
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        ASSERT_EQ(got.lse(t, h), -INFINITY);
+        for (std::int64_t d = 0; d < s.dim; ++d) {
+          ASSERT_EQ(got.o(t, h, d), 0.f);
+          ASSERT_FALSE(std::signbit(got.o(t, h, d)));
+        }
       }
-    }
+  }
 }
 
 TEST(CudaMergeFastPath, UnalignedAndOddStacksMatchCpu) {

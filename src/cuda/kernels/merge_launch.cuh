@@ -74,10 +74,12 @@ struct RowSplit {
   int shift;   ///< log2(group).
 };
 
-/// The split of a row of `head_dim` (a multiple of `kChunk`, at most `32 * 2 * kChunk`).
-inline RowSplit row_split(std::int64_t head_dim) {
+/// The split of a row of `head_dim` (a multiple of `kChunk`, at most `32 * 2 * kChunk`): at
+/// least `min_chunks` (1 or 2) chunks per thread, at most 32 threads.
+inline RowSplit row_split(std::int64_t head_dim, int min_chunks = 1) {
   const int per_row = static_cast<int>(head_dim / kChunk);
-  const int group = per_row < 32 ? per_row : 32;
+  const int want = per_row / min_chunks;
+  const int group = want < 32 ? want : 32;
   int shift = 0;
   while ((1 << shift) < group) ++shift;
   return RowSplit{group, per_row / group, shift};
