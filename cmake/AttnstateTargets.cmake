@@ -3,11 +3,13 @@
 # Warnings for host C++ and for nvcc's host compiler.
 set(ATTNSTATE_CXX_WARNINGS -Wall -Wextra -Wpedantic -Wno-unused-parameter)
 
-# attnstate_component(<name> LANGUAGE CXX|CUDA SOURCES ... [LIBS ...])
-# A component library of the backends (e.g. attnstate_cpu_merge). Components are linked
-# together by the public targets attnstate::cpu and attnstate::cuda.
+# attnstate_component(<name> [EXPORT_NAME <export>] SOURCES ... [LIBS ...])
+# A component library of the backends (e.g. attnstate_cpu_decode), built and tested alone. It is
+# exported as attnstate::<export> (default: <name> without the "attnstate_" prefix) and the same
+# name is an alias in the build tree, so add_subdirectory and find_package users see one set of
+# names. Users link the backend targets (attnstate_backend below), not the components.
 function(attnstate_component name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "EXPORT_NAME" "SOURCES;LIBS" ${ARGN})
   if(NOT ARG_SOURCES)
     return()
   endif()
@@ -17,8 +19,29 @@ function(attnstate_component name)
   target_compile_options(${name} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:${ATTNSTATE_CXX_WARNINGS}>
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
-  string(REPLACE "attnstate_" "" export_name ${name})
+  set(export_name ${ARG_EXPORT_NAME})
+  if(NOT export_name)
+    string(REPLACE "attnstate_" "" export_name ${name})
+  endif()
   set_target_properties(${name} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF EXPORT_NAME ${export_name})
+  add_library(attnstate::${export_name} ALIAS ${name})
+  set_property(GLOBAL APPEND PROPERTY ATTNSTATE_EXPORTED_TARGETS ${name})
+endfunction()
+
+# attnstate_backend(<name> EXPORT_NAME <export> COMPONENTS ...)
+# A public backend target (attnstate::cpu, attnstate::cuda): an INTERFACE library linking every
+# component of COMPONENTS that was built, so a user linking it gets the whole backend. Exported
+# and aliased as attnstate::<export>.
+function(attnstate_backend name)
+  cmake_parse_arguments(ARG "" "EXPORT_NAME" "COMPONENTS" ${ARGN})
+  add_library(${name} INTERFACE)
+  foreach(component ${ARG_COMPONENTS})
+    if(TARGET ${component})
+      target_link_libraries(${name} INTERFACE ${component})
+    endif()
+  endforeach()
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${ARG_EXPORT_NAME})
+  add_library(attnstate::${ARG_EXPORT_NAME} ALIAS ${name})
   set_property(GLOBAL APPEND PROPERTY ATTNSTATE_EXPORTED_TARGETS ${name})
 endfunction()
 
