@@ -341,6 +341,39 @@ inline void check_mask(const char* func, const char* name, const std::uint8_t* m
   }
 }
 
+/// Bytes spanned by a tensor view whose rank, shape and strides are valid (0 when a dimension is
+/// empty); -1 when the span does not fit in 62 bits.
+inline std::int64_t tensor_bytes(const ConstTensorView& t) {
+  const int rank = t.rank < 0 ? 0 : (t.rank > 4 ? 4 : t.rank);
+  for (int i = 0; i < rank; ++i)
+    if (t.shape[i] == 0) return 0;
+  std::int64_t span = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    span = span_of(t.shape[i], t.stride[i], span);
+    if (span < 0) return -1;
+  }
+  std::int64_t bytes = 0;
+  return checked_mul_add(span, static_cast<std::int64_t>(size_of(t.dtype)), 0, &bytes) ? bytes : -1;
+}
+
+/// Bytes spanned by the tensor view named `name` (see `tensor_bytes`), whose rank, shape and
+/// strides are already checked; throws naming `name.stride[i]`, the dimension at which the span
+/// (from the innermost one outwards) stops fitting in 62 bits.
+inline std::int64_t check_tensor_span(const char* func, const char* name,
+                                      const ConstTensorView& t) {
+  const std::int64_t bytes = tensor_bytes(t);
+  if (bytes >= 0) return bytes;
+  std::int64_t span = 1;
+  int i = (t.rank > 4 ? 4 : t.rank) - 1;
+  if (i < 0) i = 0;
+  for (; i > 0; --i) {
+    span = span_of(t.shape[i], t.stride[i], span);
+    if (span < 0) break;
+  }
+  throw_argument(func, (std::string(name) + ".stride[" + std::to_string(i) + "]").c_str(),
+                 "strides whose span fits in 62 bits", std::to_string(t.stride[i]));
+}
+
 /// A tensor view named `name` of rank `rank`: non-null data (unless it has no elements), a
 /// valid dtype, non-negative shape and strides, the last dimension contiguous, the given space.
 inline void check_tensor(const char* func, const char* name, const ConstTensorView& t, int rank,

@@ -24,16 +24,6 @@ constexpr MemorySpace kHost = MemorySpace::kHost;
 /// Keys scored per online-softmax block.
 constexpr std::int64_t kKeyBlock = 64;
 
-/// Bytes spanned by a validated tensor view (0 when it has no elements).
-std::int64_t tensor_bytes(const ConstTensorView& t) {
-  std::int64_t span = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    if (t.shape[i] == 0) return 0;
-    span = v::span_of(t.shape[i], t.stride[i], span);
-  }
-  return span * static_cast<std::int64_t>(size_of(t.dtype));
-}
-
 /// Width of the partial sums of a dot product.
 constexpr std::int64_t kLanes = 8;
 /// Keys ahead whose K and V rows are prefetched (rows of one KV head are a stride apart).
@@ -188,9 +178,9 @@ void attention_state(const ConstTensorView& q, const ConstTensorView& k, const C
   same("out.tokens", q.shape[0], out.tokens, " (q.shape[0])");
   same("out.heads", q.shape[1], out.heads, " (q.shape[1])");
   same("out.head_dim", q.shape[2], out.head_dim, " (q.shape[2])");
-  v::check_disjoint(kFunc, "out", out, "q", q.data, tensor_bytes(q), nullptr, 0);
-  v::check_disjoint(kFunc, "out", out, "k", k.data, tensor_bytes(k), nullptr, 0);
-  v::check_disjoint(kFunc, "out", out, "v", val.data, tensor_bytes(val), nullptr, 0);
+  v::check_disjoint(kFunc, "out", out, "q", q.data, v::tensor_bytes(q), nullptr, 0);
+  v::check_disjoint(kFunc, "out", out, "k", k.data, v::tensor_bytes(k), nullptr, 0);
+  v::check_disjoint(kFunc, "out", out, "v", val.data, v::tensor_bytes(val), nullptr, 0);
 
   const std::int64_t items = out.tokens * k.shape[1];  // (token, KV head)
   if (items == 0) return;

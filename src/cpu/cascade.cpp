@@ -92,7 +92,8 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   const std::int64_t D = kv.head_dim, group = heads_q / kv.heads_kv;
   ::attnstate::detail::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal,
                                             kv, false);
-  ::attnstate::detail::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost);
+  ::attnstate::detail::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost,
+                                         &q);
   const float s2_scale =
       math::base2_score_scale(::attnstate::detail::cascade_scale(kFunc, options, D));
 

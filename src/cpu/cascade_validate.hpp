@@ -8,6 +8,7 @@
 
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/cascade.hpp"
+#include "common/validate.hpp"
 
 namespace attnstate {
 namespace detail {
@@ -59,18 +60,19 @@ inline void check_cascade_query(const char* func, const ConstTensorView& q, cons
                    cascade_str(q.shape[3]));
   if (q.stride[3] != 1) throw_argument(func, "q.stride[3]", "1", cascade_str(q.stride[3]));
   for (int d = 0; d < 3; ++d)
-    if (q.stride[d] < 0) throw_argument(func, "q.stride", ">= 0", cascade_str(q.stride[d]));
+    if (q.stride[d] < 0)
+      throw_argument(func, ("q.stride[" + cascade_str(d) + "]").c_str(), ">= 0",
+                     cascade_str(q.stride[d]));
+  check_tensor_span(func, "q", q);
 }
 
-/// Checks the output state view `(batch · q_len, H_q, head_dim)`.
+/// Checks the output state view `(batch · q_len, H_q, head_dim)`: an output state
+/// (`check_output_state`: valid strides whose span fits, pairwise-disjoint `(token, head)` rows)
+/// in `space`; with `q` (already checked by `check_cascade_query`), also memory disjoint from it.
 inline void check_cascade_out(const char* func, const StateView& out, std::int64_t tokens,
-                              std::int64_t heads, std::int64_t head_dim, MemorySpace space) {
-  if (out.o == nullptr) throw_argument(func, "out.o", "a non-null pointer");
-  if (out.lse == nullptr) throw_argument(func, "out.lse", "a non-null pointer");
-  if (out.space != space) throw_argument(func, "out.space", to_string(space), to_string(out.space));
-  if (!is_valid(out.dtype)) throw_argument(func, "out.dtype", "f32, f16 or bf16");
-  if (out.base != LseBase::kNatural && out.base != LseBase::kBase2)
-    throw_argument(func, "out.base", "kNatural or kBase2");
+                              std::int64_t heads, std::int64_t head_dim, MemorySpace space,
+                              const ConstTensorView* q = nullptr) {
+  check_output_state(func, "out", out, out.o, out.lse, space);
   if (out.tokens != tokens)
     throw_argument(func, "out.tokens", "batch * q_len = " + cascade_str(tokens),
                    cascade_str(out.tokens));
@@ -78,10 +80,7 @@ inline void check_cascade_out(const char* func, const StateView& out, std::int64
     throw_argument(func, "out.heads", "H_q = " + cascade_str(heads), cascade_str(out.heads));
   if (out.head_dim != head_dim)
     throw_argument(func, "out.head_dim", cascade_str(head_dim), cascade_str(out.head_dim));
-  if (out.o_stride_token < 0 || out.o_stride_head < 0)
-    throw_argument(func, "out.o_stride", "non-negative strides");
-  if (out.lse_stride_token < 0 || out.lse_stride_head < 0)
-    throw_argument(func, "out.lse_stride", "non-negative strides");
+  if (q != nullptr) check_disjoint(func, "out", out, "q", q->data, tensor_bytes(*q), nullptr, 0);
 }
 
 /// Checks a finite scale and returns the effective one.
@@ -105,7 +104,8 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
     const CascadeLevel& lv = levels[l];
     const std::int64_t ns = lv.num_segments;
     if (ns < 1 || ns > (std::int64_t{1} << 30))
-      throw_argument(func, cascade_level_arg(l, "num_segments").c_str(), ">= 1", cascade_str(ns));
+      throw_argument(func, cascade_level_arg(l, "num_segments").c_str(), "1..2^30",
+                     cascade_str(ns));
     if (lv.request_indptr == nullptr)
       throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "a non-null pointer");
     if (lv.page_indptr == nullptr)

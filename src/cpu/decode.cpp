@@ -210,8 +210,8 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOption
   p.head_dim = kv.head_dim;
   p.q_dtype = q.dtype;
   p.kv_dtype = kv.dtype;
-  const SplitLayout layout =
-      plan_split_layout(p, kv.seq_lens, options, detail::pool_threads(), kv.heads_kv);
+  const SplitLayout layout = plan_split_layout(p, kv.seq_lens, options, detail::pool_threads(),
+                                               kv.heads_kv, fn, "kv.seq_lens", "options");
   decode(q, kv, layout, scale, out);
 }
 

@@ -12,13 +12,17 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "common/validate.hpp"
 
 namespace attnstate {
 namespace detail {
 
 inline std::string decode_str(std::int64_t v) { return std::to_string(v); }
 
-/// Checks `q`, `kv` and `out` of a decode call against each other and against `space`.
+/// Checks `q`, `kv` and `out` of a decode call against each other and against `space`: `out` is
+/// an output state (`check_output_state`: valid strides whose span fits, pairwise-disjoint
+/// `(token, head)` rows) of shape `(batch·q_len, heads_q, head_dim)` whose memory is disjoint
+/// from `q`.
 inline void validate_decode_args(const char* fn, const ConstTensorView& q, const PagedKvCache& kv,
                                  const StateView& out, MemorySpace space) {
   const std::string sp = to_string(space);
@@ -69,12 +73,14 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   if (q.stride[3] != 1) throw_argument(fn, "q.stride[3]", "1", decode_str(q.stride[3]));
   for (int d = 0; d < 3; ++d)
     if (q.stride[d] < 0)
-      throw_argument(fn, "q.stride", "non-negative strides", decode_str(q.stride[d]));
+      throw_argument(fn, ("q.stride[" + decode_str(d) + "]").c_str(), ">= 0",
+                     decode_str(q.stride[d]));
+  const std::int64_t q_bytes = check_tensor_span(fn, "q", q);
   const std::int64_t tokens = q.shape[0] * q.shape[1];
   if (tokens > 0 && q.data == nullptr) throw_argument(fn, "q.data", "non-null", "null");
-  // out
-  if (out.space != space) throw_argument(fn, "out.space", sp, to_string(out.space));
-  if (!is_valid(out.dtype)) throw_argument(fn, "out.dtype", "f32, f16 or bf16", "unknown");
+  // out: the state of every (token, head) row, rows pairwise disjoint (each is written by one
+  // task), in `space`, and disjoint from q (read while out is written)
+  check_output_state(fn, "out", out, out.o, out.lse, space);
   if (out.tokens != tokens)
     throw_argument(fn, "out.tokens", "batch*q_len = " + decode_str(tokens), decode_str(out.tokens));
   if (out.heads != q.shape[2])
@@ -82,11 +88,7 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   if (out.head_dim != kv.head_dim)
     throw_argument(fn, "out.head_dim", "kv.head_dim = " + decode_str(kv.head_dim),
                    decode_str(out.head_dim));
-  if (out.o_stride_token < 0 || out.o_stride_head < 0 || out.lse_stride_token < 0 ||
-      out.lse_stride_head < 0)
-    throw_argument(fn, "out.o_stride_token", "non-negative strides", "a negative stride");
-  if (tokens > 0 && (out.o == nullptr || out.lse == nullptr))
-    throw_argument(fn, out.o == nullptr ? "out.o" : "out.lse", "non-null", "null");
+  check_disjoint(fn, "out", out, "q", q.data, q_bytes, nullptr, 0);
 }
 
 /// Checks a split layout.

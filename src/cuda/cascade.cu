@@ -25,8 +25,8 @@ namespace {
 using ::attnstate::detail::cascade_str;
 using ::attnstate::detail::throw_argument;
 
-constexpr int kKvTile = 64;     // keys per KV tile (CascadeTile::BN)
-constexpr int kMaxSplits = 64;  // splits per segment the heuristic may choose
+constexpr int kKvTile = 64;          // keys per KV tile (CascadeTile::BN)
+constexpr int kMaxLevelSplits = 64;  // splits per segment the level heuristic may choose
 constexpr std::size_t kAlign = 256;
 
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -99,7 +99,7 @@ int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64
   std::int64_t best_chunk = ceil_div(max_len, granule) * granule;
   double best_cost = std::numeric_limits<double>::infinity();
   std::int64_t prev = -1;
-  for (int n = 1; n <= kMaxSplits; ++n) {
+  for (int n = 1; n <= kMaxLevelSplits; ++n) {
     const std::int64_t chunk = ceil_div(ceil_div(max_len, n), granule) * granule;
     if (chunk == prev) continue;
     prev = chunk;
@@ -582,13 +582,17 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
     launch_merge_d<128>(p, out.dtype, programmatic, stream);
 }
 
-void check_out(const char* func, const CascadePlan& plan, const StateView& out) {
+/// Checks the output view (and, when given, that it does not overlap the queries).
+void check_out(const char* func, const CascadePlan& plan, const StateView& out,
+               const ConstTensorView* q = nullptr) {
   ::attnstate::detail::check_cascade_out(func, out, plan.shape.batch * plan.shape.q_len,
                                          plan.shape.heads_q, plan.shape.head_dim,
-                                         MemorySpace::kDevice);
-  const std::size_t align = out.dtype == DType::kF32 ? 16 : 8;
-  if (reinterpret_cast<std::uintptr_t>(out.o) % size_of(out.dtype) != 0)
-    throw_argument(func, "out.o", "a pointer aligned to its dtype (" + std::to_string(align) + ")");
+                                         MemorySpace::kDevice, q);
+  const std::size_t align = size_of(out.dtype);
+  if (reinterpret_cast<std::uintptr_t>(out.o) % align != 0)
+    throw_argument(
+        func, "out.o",
+        "a pointer aligned to the size of out.dtype (" + std::to_string(align) + " bytes)");
 }
 
 }  // namespace
@@ -635,8 +639,10 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   if (tuning.decode_fold < -1 || tuning.decode_fold > 1)
     throw_argument(func, "tuning.decode_fold", "-1 (automatic), 0 or 1",
                    cascade_str(tuning.decode_fold));
-  if (tuning.decode_splits < 0 || tuning.decode_splits > kMaxSplits)
-    throw_argument(func, "tuning.decode_splits", "0.." + cascade_str(kMaxSplits),
+  // a fixed split count of the decode level goes to plan_decode, which takes 1..kMaxSplits
+  if (tuning.decode_splits < 0 || tuning.decode_splits > ::attnstate::kMaxSplits)
+    throw_argument(func, "tuning.decode_splits",
+                   "0 (automatic) or 1.." + cascade_str(::attnstate::kMaxSplits),
                    cascade_str(tuning.decode_splits));
   const PagedKvCache kv = pool_of(shape);
   ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
@@ -760,7 +766,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                    cascade_str(num_levels));
   check_inputs(func, plan, q, kv);
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
-  check_out(func, plan, out);
+  check_out(func, plan, out, &q);
   check_workspace(func, plan, workspace, workspace_bytes);
   // A last level on the decode starts beside the last shared level: either it merges the other
   // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the

@@ -72,10 +72,11 @@ int split_multiple() {
 /// for short requests, at most as many splits as a cluster merges in distributed shared memory
 /// (rather than many tiny splits merged through the workspace); for long ones, a split count
 /// rounded up to `split_multiple()` when the grid stays within the slots.
-SplitLayout auto_layout(const DecodeProblem& problem, const std::int32_t* seq_lens,
+/// Errors name `fn` and `seq_lens_host` (the argument of `plan_decode`).
+SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
                         const DecodeOptions& options, std::int64_t slots, int row_tiles) {
-  SplitLayout l =
-      plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles);
+  SplitLayout l = plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles,
+                                    fn, "seq_lens_host", "options");
   std::int64_t max_len = 0;
   for (std::int64_t i = 0; i < problem.batch; ++i)
     max_len = std::max<std::int64_t>(max_len, seq_lens[i]);
@@ -405,10 +406,11 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const std::int64_t rows = problem.q_len * problem.group();
   plan.row_tiles = static_cast<int>((rows + detail::kDecodeTileRows - 1) / detail::kDecodeTileRows);
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm(problem.head_dim);
-  plan.splits = options.policy == SplitPolicy::kAuto
-                    ? auto_layout(problem, seq_lens_host, options, slots, plan.row_tiles)
-                    : plan_split_layout(problem, seq_lens_host, options, slots,
-                                        problem.heads_kv * plan.row_tiles);
+  plan.splits =
+      options.policy == SplitPolicy::kAuto
+          ? auto_layout(fn, problem, seq_lens_host, options, slots, plan.row_tiles)
+          : plan_split_layout(problem, seq_lens_host, options, slots,
+                              problem.heads_kv * plan.row_tiles, fn, "seq_lens_host", "options");
   const std::int64_t grid =
       problem.batch * problem.heads_kv * plan.row_tiles * plan.splits.max_splits;
   if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", decode_str(grid));

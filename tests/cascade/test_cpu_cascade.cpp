@@ -3,14 +3,17 @@
 ///        (double reference), and its argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/cascade.hpp"
+#include "attnstate/cpu/decode.hpp"
 #include "cascade_case.hpp"
 
 namespace {
@@ -269,6 +272,222 @@ TEST_F(CpuCascadeArgs, RejectsBadIndptrsLengthsAndPages) {
   lvl = c_.levels;
   lvl[0].page_indptr[1] = -1;
   expect_error("levels[0].page_indptr", [&] { call(q(), kv(), views().data(), 2, out()); });
+}
+
+TEST_F(CpuCascadeArgs, RejectsOutputRowsThatOverlap) {
+  // Two tokens written to the same row: rows of the output must be pairwise disjoint.
+  auto bad_out = out();
+  bad_out.o_stride_token = 0;
+  expect_error("'out.o_stride_token'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+  bad_out = out();
+  bad_out.o_stride_head = c_.spec.head_dim - 1;
+  expect_error("'out.o_stride_head'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+  bad_out = out();
+  bad_out.lse_stride_head = 0;
+  expect_error("'out.lse_stride_head'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+  // A stride whose span overflows is named, not multiplied out.
+  bad_out = out();
+  bad_out.lse_stride_token = std::int64_t{1} << 62;
+  expect_error("'out.lse_stride_token'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+}
+
+TEST_F(CpuCascadeArgs, NamesTheExactOutputAndQueryStride) {
+  auto bad_out = out();
+  bad_out.o_stride_head = -1;
+  expect_error("'out.o_stride_head'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+  bad_out = out();
+  bad_out.lse_stride_head = -1;
+  expect_error("'out.lse_stride_head'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+  bad_out = out();
+  bad_out.base = static_cast<LseBase>(7);
+  expect_error("'out.base'", [&] { call(q(), kv(), levels_.data(), 2, bad_out); });
+  auto bad_q = q();
+  bad_q.stride[1] = -8;
+  expect_error("'q.stride[1]'", [&] { call(bad_q, kv(), levels_.data(), 2, out()); });
+}
+
+TEST_F(CpuCascadeArgs, NumSegmentsAboveTheLimitStatesTheLimit) {
+  auto lv = levels_;
+  lv[0].num_segments = (std::int64_t{1} << 30) + 1;
+  expect_error("'levels[0].num_segments': expected 1..2^30",
+               [&] { call(q(), kv(), lv.data(), 2, out()); });
+}
+
+TEST_F(CpuCascadeArgs, AcceptsAStridedOutputInsideALargerBuffer) {
+  // Padded rows (a sub-view of a larger buffer) are a valid output; the result equals the
+  // contiguous one and the padding is left alone.
+  const std::int64_t T = c_.tokens(), H = c_.spec.heads_q, D = c_.spec.head_dim;
+  std::vector<float> big_o(static_cast<std::size_t>(T * (H * (D + 3) + 5)), -7.f);
+  std::vector<float> big_lse(static_cast<std::size_t>(T * 2 * H), -7.f);
+  attnstate::StateView sub = out();
+  sub.o = big_o.data();
+  sub.lse = big_lse.data();
+  sub.o_stride_head = D + 3;
+  sub.o_stride_token = H * (D + 3) + 5;
+  sub.lse_stride_head = 2;
+  sub.lse_stride_token = 2 * H;
+  ASSERT_NO_THROW(call(q(), kv(), levels_.data(), 2, out()));
+  ASSERT_NO_THROW(call(q(), kv(), levels_.data(), 2, sub));
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < H; ++h) {
+      EXPECT_EQ(big_lse[sub.lse_offset(t, h)], lse_[t * H + h]);
+      EXPECT_EQ(big_lse[sub.lse_offset(t, h) + 1], -7.f);
+      for (std::int64_t d = 0; d < D; ++d)
+        EXPECT_EQ(big_o[sub.o_offset(t, h) + d], o_[(t * H + h) * D + d]);
+      EXPECT_EQ(big_o[sub.o_offset(t, h) + D], -7.f);
+    }
+}
+
+/// A small valid problem for `cpu::decode` (its argument checks are shared with
+/// `cuda::run_decode`): 2 requests of one new token over one page each, 2 query heads on one KV
+/// head, head_dim 8, f32.
+class CpuDecodeArgs : public ::testing::Test {
+ protected:
+  static constexpr std::int64_t kBatch = 2, kHeads = 2, kDim = 8, kPage = 16;
+  CpuDecodeArgs() {
+    for (std::size_t i = 0; i < k_.size(); ++i) {
+      k_[i] = static_cast<float>((i * 7) % 11) / 11.f - 0.5f;
+      v_[i] = static_cast<float>((i * 5) % 13) / 13.f - 0.5f;
+    }
+    for (std::size_t i = 0; i < q_.size(); ++i) q_[i] = static_cast<float>(i % 5) / 5.f - 0.4f;
+  }
+  attnstate::PagedKvCache kv() const {
+    attnstate::PagedKvCache kv;
+    kv.k = k_.data();
+    kv.v = v_.data();
+    kv.dtype = DType::kF32;
+    kv.num_pages = kBatch;
+    kv.page_size = kPage;
+    kv.heads_kv = 1;
+    kv.head_dim = kDim;
+    kv.page_indptr = indptr_.data();
+    kv.page_indices = indices_.data();
+    kv.seq_lens = lens_.data();
+    kv.batch = kBatch;
+    return kv;
+  }
+  attnstate::ConstTensorView q() const {
+    return attnstate::make_tensor_view(q_.data(), DType::kF32, {kBatch, 1, kHeads, kDim});
+  }
+  attnstate::StateView out() {
+    return attnstate::make_state_view(o_.data(), DType::kF32, lse_.data(), kBatch, kHeads, kDim,
+                                      LseBase::kNatural);
+  }
+  static attnstate::SplitLayout two_splits() {
+    attnstate::SplitLayout l;
+    l.policy = attnstate::SplitPolicy::kFixedCount;
+    l.num_splits = 2;
+    l.max_splits = 2;
+    return l;
+  }
+  /// Expects kInvalidArgument whose message contains `text`, and `o_`, `lse_` untouched.
+  template <class F>
+  void expect_error(const std::string& text, F&& call) {
+    const std::vector<float> o0 = o_, lse0 = lse_;
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const attnstate::Error& e) {
+      EXPECT_EQ(e.status(), attnstate::Status::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(0, std::memcmp(o0.data(), o_.data(), o_.size() * 4)) << text;
+    EXPECT_EQ(0, std::memcmp(lse0.data(), lse_.data(), lse_.size() * 4)) << text;
+  }
+  std::vector<float> k_ = std::vector<float>(kBatch * kPage * kDim);
+  std::vector<float> v_ = std::vector<float>(kBatch * kPage * kDim);
+  std::vector<float> q_ = std::vector<float>(kBatch * kHeads * kDim);
+  std::vector<float> o_ = std::vector<float>(kBatch * kHeads * kDim, 3.f);
+  std::vector<float> lse_ = std::vector<float>(kBatch * kHeads, 3.f);
+  std::vector<std::int32_t> indptr_ = {0, 1, 2}, indices_ = {1, 0}, lens_ = {13, 16};
+};
+
+TEST_F(CpuDecodeArgs, RejectsOutputRowsThatOverlap) {
+  // Both tokens would write the same row (a data race between the tasks of the two requests).
+  auto bad = out();
+  bad.o_stride_token = 0;
+  expect_error("'out.o_stride_token'",
+               [&] { attnstate::cpu::decode(q(), kv(), two_splits(), 0.3f, bad); });
+  bad = out();
+  bad.o_stride_head = kDim / 2;
+  expect_error("'out.o_stride_head'",
+               [&] { attnstate::cpu::decode(q(), kv(), two_splits(), 0.3f, bad); });
+  bad = out();
+  bad.lse_stride_token = 0;
+  expect_error("'out.lse_stride_token'",
+               [&] { attnstate::cpu::decode(q(), kv(), attnstate::DecodeOptions{}, bad); });
+}
+
+TEST_F(CpuDecodeArgs, RejectsOutputOverlappingTheQueries) {
+  std::vector<float> shared(q_.size() + 4, 0.f);
+  std::copy(q_.begin(), q_.end(), shared.begin());
+  const auto qs =
+      attnstate::make_tensor_view(shared.data(), DType::kF32, {kBatch, 1, kHeads, kDim});
+  auto bad = out();
+  bad.o = shared.data() + 1;  // o over q
+  expect_error("'out.o'", [&] { attnstate::cpu::decode(qs, kv(), two_splits(), 0.3f, bad); });
+  bad = out();
+  bad.lse = shared.data() + q_.size() - 1;  // lse over the last element of q
+  expect_error("'out.lse'", [&] { attnstate::cpu::decode(qs, kv(), two_splits(), 0.3f, bad); });
+}
+
+TEST_F(CpuDecodeArgs, NamesTheExactStride) {
+  auto bad = out();
+  bad.o_stride_head = -1;
+  expect_error("'out.o_stride_head'",
+               [&] { attnstate::cpu::decode(q(), kv(), two_splits(), 0.3f, bad); });
+  bad = out();
+  bad.lse_stride_head = -1;
+  expect_error("'out.lse_stride_head'",
+               [&] { attnstate::cpu::decode(q(), kv(), two_splits(), 0.3f, bad); });
+  auto bad_q = q();
+  bad_q.stride[2] = -8;
+  expect_error("'q.stride[2]'",
+               [&] { attnstate::cpu::decode(bad_q, kv(), two_splits(), 0.3f, out()); });
+  bad_q = q();
+  bad_q.stride[0] = std::int64_t{1} << 62;  // the span of q does not fit
+  expect_error("'q.stride[0]'",
+               [&] { attnstate::cpu::decode(bad_q, kv(), two_splits(), 0.3f, out()); });
+}
+
+TEST_F(CpuDecodeArgs, PolicyErrorsNameTheDecodeAndItsOptions) {
+  attnstate::DecodeOptions opt;
+  opt.policy = attnstate::SplitPolicy::kFixedSize;
+  opt.split_size = 24;
+  expect_error("attnstate::cpu::decode: argument 'options.split_size'",
+               [&] { attnstate::cpu::decode(q(), kv(), opt, out()); });
+  opt.policy = attnstate::SplitPolicy::kFixedCount;
+  opt.num_splits = attnstate::kMaxSplits + 1;
+  expect_error("attnstate::cpu::decode: argument 'options.num_splits'",
+               [&] { attnstate::cpu::decode(q(), kv(), opt, out()); });
+}
+
+TEST_F(CpuDecodeArgs, AcceptsAStridedOutputInsideALargerBuffer) {
+  // Like a cascade level's partial states: the decode writes a strided view of a larger buffer
+  // (every other head slot, padded tokens); the rows it writes equal the contiguous result and
+  // nothing else is touched.
+  std::vector<float> big_o(static_cast<std::size_t>(kBatch * (2 * kHeads * kDim + 3)), -7.f);
+  std::vector<float> big_lse(static_cast<std::size_t>(kBatch * 2 * kHeads + 1), -7.f);
+  attnstate::StateView sub = out();
+  sub.o = big_o.data() + 1;
+  sub.lse = big_lse.data() + 1;
+  sub.o_stride_head = 2 * kDim;
+  sub.o_stride_token = 2 * kHeads * kDim + 3;
+  sub.lse_stride_head = 2;
+  sub.lse_stride_token = 2 * kHeads;
+  ASSERT_NO_THROW(attnstate::cpu::decode(q(), kv(), two_splits(), 0.3f, out()));
+  ASSERT_NO_THROW(attnstate::cpu::decode(q(), kv(), two_splits(), 0.3f, sub));
+  std::int64_t written = 0;
+  for (std::int64_t t = 0; t < kBatch; ++t)
+    for (std::int64_t h = 0; h < kHeads; ++h) {
+      EXPECT_EQ(big_lse[1 + sub.lse_offset(t, h)], lse_[t * kHeads + h]);
+      for (std::int64_t d = 0; d < kDim; ++d)
+        EXPECT_EQ(big_o[1 + sub.o_offset(t, h) + d], o_[(t * kHeads + h) * kDim + d]);
+      written += kDim;
+    }
+  std::int64_t untouched = 0;
+  for (float x : big_o) untouched += x == -7.f;
+  EXPECT_EQ(untouched, static_cast<std::int64_t>(big_o.size()) - written);
 }
 
 TEST(CpuCascadeCausal, RejectsALastLevelShorterThanTheNewTokens) {

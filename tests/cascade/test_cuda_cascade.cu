@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -405,13 +406,19 @@ TEST(CudaCascade, AgreesWithTheCpuCascade) {
   CascadeCase c(s);
   GpuCascade g(c, DType::kF32, LseBase::kBase2);
   g.run();
-  std::vector<float> o(c.out_elems()), lse(c.lse_elems());
+  // Each side against the reference as well (the CPU output poisoned with NaN first): the two
+  // backends alone could agree on rows neither wrote.
+  EXPECT_TRUE(g.check(c));
+  std::vector<float> o(c.out_elems(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> lse(c.lse_elems(), std::numeric_limits<float>::quiet_NaN());
   auto out = attnstate::make_state_view(o.data(), DType::kF32, lse.data(), c.tokens(), s.heads_q,
                                         s.head_dim, LseBase::kBase2);
   const auto levels = c.host_levels();
   attnstate::cpu::cascade_attention(c.query(c.q_raw.data(), MemorySpace::kHost),
                                     c.pool(c.k_raw.data(), c.v_raw.data(), MemorySpace::kHost),
                                     levels.data(), 2, c.options(), out);
+  // The CPU keeps probabilities in fp32: only fp32 rounding (as in test_cpu_cascade.cpp).
+  EXPECT_TRUE(attnstate_test::matches_reference(c, o, lse, LseBase::kBase2, 3e-5, 2e-4));
   const auto go = g.o_host();
   const auto gl = g.lse_host();
   for (std::size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(go[i], o[i], 2e-3) << i;
@@ -672,6 +679,64 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
                [&] { attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0); });
 }
 
+TEST(CudaCascadeArgs, PlanTakesEveryDecodeSplitCountThatPlanDecodeTakes) {
+  // `decode_splits` is documented as 1..kMaxSplits (the range of plan_decode), not the 64 splits
+  // the level kernels' heuristic may choose.
+  CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
+  const auto host = c.host_levels();
+  attnstate::cuda::CascadeShape sh;
+  sh.batch = c.batch;
+  sh.q_len = 1;
+  sh.heads_q = c.spec.heads_q;
+  sh.heads_kv = c.spec.heads_kv;
+  sh.head_dim = c.spec.head_dim;
+  sh.page_size = c.spec.page_size;
+  sh.num_pages = c.num_pages;
+  sh.dtype = DType::kBF16;
+  for (int splits : {1, 33, 64, 65, 200, attnstate::kMaxSplits}) {
+    CascadeTuning t;
+    t.decode_splits = splits;
+    attnstate::cuda::CascadePlan plan;
+    ASSERT_NO_THROW(plan = attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 132, t))
+        << splits;
+    ASSERT_TRUE(plan.levels[plan.num_levels - 1].decode) << splits;
+    EXPECT_EQ(plan.last_decode.splits.max_splits, splits);
+  }
+  CascadeTuning t;
+  t.decode_splits = attnstate::kMaxSplits + 1;
+  try {
+    attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 132, t);
+    ADD_FAILURE() << "no error";
+  } catch (const attnstate::Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("'tuning.decode_splits': expected 0 (automatic) or 1..512"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaCascade, DecodeLevelOfMoreThan64SplitsMatches) {
+  // Fixed decode split counts past the level kernels' 64 (many of them empty for these lengths)
+  // through both ways the decode's state meets the prefix's.
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec s = attnstate_test::two_level_spec(3, 300, 1500, 44);
+  CascadeCase c(s);
+  for (int splits : {65, attnstate::kMaxSplits})
+    for (int fold : {0, 1}) {
+      CascadeTuning t;
+      t.decode_splits = splits;
+      t.decode_fold = fold;
+      GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+      ASSERT_TRUE(g.plan.levels[g.plan.num_levels - 1].decode);
+      EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
+      g.workspace.poison();
+      g.run();
+      EXPECT_TRUE(g.check(c)) << "decode splits " << splits << " fold " << fold;
+      g.run_stages();
+      EXPECT_TRUE(g.check(c)) << "stages: decode splits " << splits;
+    }
+}
+
 TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
   ATTNSTATE_REQUIRE_GPU();
   CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 71));
@@ -708,6 +773,19 @@ TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
   auto out = g.out();
   out.heads += 1;
   expect_error(attnstate::Status::kInvalidArgument, "out.heads",
+               [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
+  out = g.out();
+  out.o_stride_token = 0;  // every token's rows on the same memory
+  expect_error(attnstate::Status::kInvalidArgument, "'out.o_stride_token'",
+               [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
+  out = g.out();
+  out.lse_stride_head = -1;
+  expect_error(attnstate::Status::kInvalidArgument, "'out.lse_stride_head'",
+               [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
+  out = g.out();
+  out.o = static_cast<char*>(out.o) + 2;  // f32 output
+  expect_error(attnstate::Status::kInvalidArgument,
+               "'out.o': expected a pointer aligned to the size of out.dtype (4 bytes)",
                [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
 }
 

@@ -8,8 +8,11 @@
 #include <random>
 #include <vector>
 
+#include "attnstate/core/decode_split.hpp"
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/cpu/merge.hpp"
+#include "cpu/cascade_validate.hpp"
+#include "cpu/decode_validate.hpp"
 #include "cpu_test_utils.hpp"
 
 namespace attnstate {
@@ -567,6 +570,253 @@ TEST(AttentionStateArgs, NullOutputLseIsRejected) {
   StateView out = f.att.view();
   out.lse = nullptr;
   expect_arg_error([&] { run_attention(f, f.q.view, f.k.view, f.v.view, 0.5f, out); }, "out.lse");
+}
+
+// ---- make_tensor_view ---------------------------------------------------------------------------
+
+TEST(MakeTensorViewArgs, MoreThanFourDimensionsAreRejected) {
+  float x[32] = {};
+  expect_arg_error([&] { make_tensor_view(x, DType::kF32, {1, 2, 2, 2, 4}); }, "dims");
+}
+
+TEST(MakeTensorViewArgs, NoDimensionsAreRejected) {
+  float x[1] = {};
+  expect_arg_error([&] { make_tensor_view(x, DType::kF32, {}); }, "dims");
+  try {
+    make_tensor_view(x, DType::kF32, {});
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 1 to 4 dimensions, got 0"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(MakeTensorViewArgs, OneToFourDimensionsAreContiguous) {
+  float x[24] = {};
+  const ConstTensorView t1 = make_tensor_view(x, DType::kF32, {24});
+  EXPECT_EQ(t1.rank, 1);
+  EXPECT_EQ(t1.stride[0], 1);
+  const ConstTensorView t4 = make_tensor_view(x, DType::kF32, {1, 2, 3, 4});
+  EXPECT_EQ(t4.rank, 4);
+  EXPECT_EQ(t4.stride[0], 24);
+  EXPECT_EQ(t4.stride[1], 12);
+  EXPECT_EQ(t4.stride[2], 4);
+  EXPECT_EQ(t4.stride[3], 1);
+}
+
+// ---- plan_split_layout --------------------------------------------------------------------------
+
+/// Expects `f` to throw an Error whose message starts with `prefix`.
+void expect_message_prefix(const std::function<void()>& f, const std::string& prefix) {
+  try {
+    f();
+    ADD_FAILURE() << "no attnstate::Error thrown (expected '" << prefix << "...')";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(prefix, 0), 0u) << e.what();
+  }
+}
+
+TEST(PlanSplitLayoutArgs, ErrorsNameTheCallerAndItsArguments) {
+  DecodeProblem pr;
+  pr.batch = 2;
+  pr.heads_q = 4;
+  pr.heads_kv = 2;
+  pr.head_dim = 64;
+  const std::int32_t lens[2] = {100, -3};
+  DecodeOptions o;
+  expect_message_prefix([&] { plan_split_layout(pr, lens, o, 100, 1); },
+                        "attnstate::plan_split_layout: argument 'seq_lens'");
+  expect_message_prefix(
+      [&] { plan_split_layout(pr, lens, o, 100, 1, "my::plan", "lens_host", "opts"); },
+      "my::plan: argument 'lens_host'");
+  expect_message_prefix(
+      [&] { plan_split_layout(pr, nullptr, o, 100, 1, "my::plan", "lens_host", "opts"); },
+      "my::plan: argument 'lens_host'");
+  const std::int32_t ok[2] = {100, 3};
+  o.policy = SplitPolicy::kFixedSize;
+  o.split_size = 8;
+  expect_message_prefix([&] { plan_split_layout(pr, ok, o, 100, 1, "my::plan", "l", "opts"); },
+                        "my::plan: argument 'opts.split_size'");
+  o.split_size = 16;
+  const std::int32_t long_lens[2] = {16 * kMaxSplits + 1, 3};
+  expect_message_prefix(
+      [&] { plan_split_layout(pr, long_lens, o, 100, 1, "my::plan", "l", "opts"); },
+      "my::plan: argument 'opts.split_size'");
+  o.policy = SplitPolicy::kFixedCount;
+  o.num_splits = 0;
+  expect_message_prefix([&] { plan_split_layout(pr, ok, o, 100, 1, "my::plan", "l", "opts"); },
+                        "my::plan: argument 'opts.num_splits'");
+  o.num_splits = kMaxSplits;
+  EXPECT_EQ(plan_split_layout(pr, ok, o, 100, 1, "my::plan", "l", "opts").max_splits, kMaxSplits);
+}
+
+// ---- decode and cascade output checks (shared by the CPU and the CUDA backends) ----------------
+
+/// A valid decode call's views (2 requests × 1 new token, 4 query heads on 2 KV heads,
+/// head_dim 8) in `space`; nothing is dereferenced by the checks.
+struct DecodeViews {
+  std::vector<float> q = std::vector<float>(2 * 4 * 8);
+  std::vector<float> o = std::vector<float>(2 * 4 * 8);
+  std::vector<float> lse = std::vector<float>(2 * 4);
+  std::vector<float> pool = std::vector<float>(16 * 2 * 8);
+  std::vector<std::int32_t> indptr = {0, 1, 1}, indices = {0}, lens = {5, 0};
+  MemorySpace space;
+
+  explicit DecodeViews(MemorySpace s) : space(s) {}
+  ConstTensorView qv() const {
+    return make_tensor_view(q.data(), DType::kF32, {2, 1, 4, 8}, space);
+  }
+  PagedKvCache kv() const {
+    PagedKvCache kv;
+    kv.k = kv.v = pool.data();
+    kv.dtype = DType::kF32;
+    kv.num_pages = 1;
+    kv.page_size = 16;
+    kv.heads_kv = 2;
+    kv.head_dim = 8;
+    kv.page_indptr = indptr.data();
+    kv.page_indices = indices.data();
+    kv.seq_lens = lens.data();
+    kv.batch = 2;
+    kv.space = space;
+    return kv;
+  }
+  StateView out() {
+    return make_state_view(o.data(), DType::kF32, lse.data(), 2, 4, 8, LseBase::kNatural, space);
+  }
+  void validate(const ConstTensorView& q_view, const StateView& out_view) const {
+    detail::validate_decode_args("fn", q_view, kv(), out_view, space);
+  }
+};
+
+constexpr MemorySpace kBothSpaces[] = {MemorySpace::kHost, MemorySpace::kDevice};
+
+TEST(DecodeOutputArgs, ValidViewsAndStridedSubViewsPass) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    EXPECT_NO_THROW(d.validate(d.qv(), d.out()));
+    // A strided view of a larger buffer (e.g. a cascade level's partial states).
+    std::vector<float> big(2 * 4 * 24 + 7), big_lse(2 * 4 * 3);
+    StateView sub = d.out();
+    sub.o = big.data() + 7;
+    sub.o_stride_head = 24;
+    sub.o_stride_token = 4 * 24;
+    sub.lse = big_lse.data();
+    sub.lse_stride_head = 3;
+    sub.lse_stride_token = 12;
+    EXPECT_NO_THROW(d.validate(d.qv(), sub));
+    // One token: its stride is never used, any value is fine.
+    ConstTensorView q1 = d.qv();
+    q1.shape[0] = 1;
+    PagedKvCache kv1 = d.kv();
+    kv1.batch = 1;
+    StateView o1 = d.out();
+    o1.tokens = 1;
+    o1.o_stride_token = 0;
+    o1.lse_stride_token = 0;
+    EXPECT_NO_THROW(detail::validate_decode_args("fn", q1, kv1, o1, sp));
+  }
+}
+
+TEST(DecodeOutputArgs, OverlappingRowsAreRejectedInBothSpaces) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    StateView out = d.out();
+    out.o_stride_token = 0;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o_stride_token");
+    out = d.out();
+    out.o_stride_head = 7;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o_stride_head");
+    out = d.out();
+    out.lse_stride_token = 2;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.lse_stride_token");
+    out = d.out();
+    out.lse_stride_head = 0;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.lse_stride_head");
+  }
+}
+
+TEST(DecodeOutputArgs, NegativeStridesAreNamedExactly) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    StateView out = d.out();
+    out.o_stride_head = -8;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o_stride_head");
+    out = d.out();
+    out.lse_stride_head = -1;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.lse_stride_head");
+    for (int dim = 0; dim < 3; ++dim) {
+      ConstTensorView q = d.qv();
+      q.stride[dim] = -1;
+      expect_arg_error([&] { d.validate(q, d.out()); }, "q.stride[" + std::to_string(dim) + "]");
+    }
+  }
+}
+
+TEST(DecodeOutputArgs, OverflowingSpansAreRejected) {
+  DecodeViews d(MemorySpace::kHost);
+  StateView out = d.out();
+  out.o_stride_token = std::int64_t{1} << 62;
+  expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o_stride_token");
+  ConstTensorView q = d.qv();
+  q.stride[1] = std::int64_t{1} << 62;
+  q.shape[1] = 2;
+  StateView out2 = d.out();
+  std::vector<float> o4(4 * 4 * 8), l4(4 * 4);
+  out2 = make_state_view(o4.data(), DType::kF32, l4.data(), 4, 4, 8, LseBase::kNatural);
+  expect_arg_error([&] { d.validate(q, out2); }, "q.stride[1]");
+}
+
+TEST(DecodeOutputArgs, OutputOverlappingTheQueriesIsRejected) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    StateView out = d.out();
+    out.o = d.q.data() + 8;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o");
+    out = d.out();
+    out.lse = d.q.data() + d.q.size() - 2;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.lse");
+  }
+}
+
+TEST(DecodeOutputArgs, OutputInTheWrongSpaceIsRejected) {
+  DecodeViews d(MemorySpace::kDevice);
+  StateView out = d.out();
+  out.space = MemorySpace::kHost;
+  expect_arg_error([&] { d.validate(d.qv(), out); }, "out.space");
+}
+
+TEST(CascadeOutputArgs, OverlappingRowsAndNegativeStridesAreNamedInBothSpaces) {
+  for (MemorySpace sp : kBothSpaces) {
+    std::vector<float> o(3 * 2 * 8), lse(3 * 2);
+    const StateView good =
+        make_state_view(o.data(), DType::kBF16, lse.data(), 3, 2, 8, LseBase::kBase2, sp);
+    const auto check = [&](const StateView& v) { detail::check_cascade_out("fn", v, 3, 2, 8, sp); };
+    EXPECT_NO_THROW(check(good));
+    StateView out = good;
+    out.o_stride_token = 0;
+    expect_arg_error([&] { check(out); }, "out.o_stride_token");
+    out = good;
+    out.lse_stride_head = 0;
+    expect_arg_error([&] { check(out); }, "out.lse_stride_head");
+    out = good;
+    out.o_stride_head = -1;
+    expect_arg_error([&] { check(out); }, "out.o_stride_head");
+    out = good;
+    out.lse_stride_token = -1;
+    expect_arg_error([&] { check(out); }, "out.lse_stride_token");
+  }
+}
+
+TEST(CascadeOutputArgs, OutputOverlappingTheQueriesIsRejectedWhenGiven) {
+  std::vector<std::uint16_t> q(3 * 2 * 8);
+  const ConstTensorView qv = make_tensor_view(q.data(), DType::kBF16, {3, 1, 2, 8});
+  std::vector<float> lse(3 * 2);
+  const StateView out =
+      make_state_view(q.data() + 8, DType::kBF16, lse.data(), 3, 2, 8, LseBase::kNatural);
+  EXPECT_NO_THROW(detail::check_cascade_out("fn", out, 3, 2, 8, MemorySpace::kHost));
+  expect_arg_error([&] { detail::check_cascade_out("fn", out, 3, 2, 8, MemorySpace::kHost, &qv); },
+                   "out.o");
 }
 
 // ---- threads ----------------------------------------------------------------------------------

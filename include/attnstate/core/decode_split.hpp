@@ -131,24 +131,34 @@ inline int wave_efficiency_splits(std::int64_t work_items, std::int64_t slots,
 ///                  multiple of 16, at most `kMaxSplits` splits for the longest request).
 /// @param slots     concurrent CTAs of the device (SMs × CTAs per SM) or worker threads.
 /// @param ctas_per_split  CTAs (or tasks) per split and request (KV heads × row tiles).
-/// @throws Error (`kInvalidArgument`) on a bad policy argument or a negative length.
+/// @param fn             the function named in error messages (a public entry point that plans
+///                       through this one passes its own name).
+/// @param seq_lens_name  the name of `seq_lens` in error messages (e.g. `"kv.seq_lens"`).
+/// @param options_name   the name of `options` in error messages (e.g. `"options"`, giving
+///                       `"options.split_size"`).
+/// @throws Error (`kInvalidArgument`) on a bad policy argument or a negative length, naming
+///         `fn` and the argument.
 inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::int32_t* seq_lens,
                                      const DecodeOptions& options, std::int64_t slots,
-                                     std::int64_t ctas_per_split) {
-  const char* fn = "plan_split_layout";
+                                     std::int64_t ctas_per_split,
+                                     const char* fn = "attnstate::plan_split_layout",
+                                     const char* seq_lens_name = "seq_lens",
+                                     const char* options_name = "options") {
+  const auto field = [options_name](const char* f) { return std::string(options_name) + "." + f; };
   if (problem.batch > 0 && seq_lens == nullptr)
-    detail::throw_argument(fn, "seq_lens", "a host array of batch lengths", "null");
+    detail::throw_argument(fn, seq_lens_name, "a host array of batch lengths", "null");
   std::int32_t max_len = 0;
   for (std::int64_t b = 0; b < problem.batch; ++b) {
     if (seq_lens[b] < 0)
-      detail::throw_argument(fn, "seq_lens", "lengths >= 0", std::to_string(seq_lens[b]));
+      detail::throw_argument(fn, seq_lens_name, "lengths >= 0",
+                             std::to_string(seq_lens[b]) + " at request " + std::to_string(b));
     max_len = std::max(max_len, seq_lens[b]);
   }
   SplitLayout l;
   switch (options.policy) {
     case SplitPolicy::kFixedCount:
       if (options.num_splits < 1 || options.num_splits > kMaxSplits)
-        detail::throw_argument(fn, "options.num_splits", "1.." + std::to_string(kMaxSplits),
+        detail::throw_argument(fn, field("num_splits").c_str(), "1.." + std::to_string(kMaxSplits),
                                std::to_string(options.num_splits));
       l.policy = SplitPolicy::kFixedCount;
       l.num_splits = options.num_splits;
@@ -156,13 +166,13 @@ inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::in
       return l;
     case SplitPolicy::kFixedSize: {
       if (options.split_size <= 0 || options.split_size % kSplitGranularity != 0)
-        detail::throw_argument(fn, "options.split_size", "a positive multiple of 16",
+        detail::throw_argument(fn, field("split_size").c_str(), "a positive multiple of 16",
                                std::to_string(options.split_size));
       const std::int64_t n =
           (static_cast<std::int64_t>(max_len) + options.split_size - 1) / options.split_size;
       if (n > kMaxSplits)
         detail::throw_argument(
-            fn, "options.split_size",
+            fn, field("split_size").c_str(),
             "at most " + std::to_string(kMaxSplits) + " splits per request",
             std::to_string(n) + " splits for " + std::to_string(max_len) + " tokens");
       l.policy = SplitPolicy::kFixedSize;

@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "attnstate/core/dtype.hpp"
+#include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
 
 namespace attnstate {
@@ -167,19 +169,20 @@ struct ConstTensorView {
 };
 
 /// A contiguous (row-major) tensor view of rank `dims.size()` (1..4).
+/// @throws Error (`kInvalidArgument`) naming `dims` unless it holds 1 to 4 dimensions.
 inline ConstTensorView make_tensor_view(const void* data, DType dtype,
                                         std::initializer_list<std::int64_t> dims,
                                         MemorySpace space = MemorySpace::kHost) {
+  if (dims.size() < 1 || dims.size() > 4)
+    detail::throw_argument("attnstate::make_tensor_view", "dims", "1 to 4 dimensions",
+                           std::to_string(dims.size()));
   ConstTensorView t;
   t.data = data;
   t.dtype = dtype;
   t.space = space;
-  t.rank = static_cast<int>(dims.size() > 4 ? 4 : dims.size());
+  t.rank = static_cast<int>(dims.size());
   int i = 0;
-  for (std::int64_t d : dims) {
-    if (i == 4) break;
-    t.shape[i++] = d;
-  }
+  for (std::int64_t d : dims) t.shape[i++] = d;
   std::int64_t s = 1;
   for (int k = t.rank - 1; k >= 0; --k) {
     t.stride[k] = s;

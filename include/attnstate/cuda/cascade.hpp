@@ -86,7 +86,7 @@ struct CascadeTuning {
   /// state meets the other levels').
   bool decode_last_level = true;
   /// Splits of such a decode level: 0 = the decode's automatic policy, else a fixed count
-  /// (`1..kMaxSplits`).
+  /// (`1..attnstate::kMaxSplits`, i.e. 1..512, the range `plan_decode` takes).
   int decode_splits = 0;
   /// SMs the shared levels leave to such a decode level, which then runs beside them (it is a
   /// programmatic dependent launch that waits for them only before folding their states, if it
