@@ -7,6 +7,7 @@
 /// 3000 tokens per request (decoded with split-KV), segment B is 500 more tokens held elsewhere
 /// (e.g. another device) whose state comes from `cpu::attention_state`; `A ⊕ B` must equal
 /// attention over `A ∪ B`.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -130,9 +131,12 @@ int main() {
     pr.heads_q = hq;
     pr.heads_kv = hkv;
     pr.head_dim = D;
-    splits = plan_split_layout(pr, lens.data(), opt, 8, hkv)
-                 .splits_for(static_cast<std::int32_t>(len_a));
-    cpu::decode(make_tensor_view(q.data(), DType::kBF16, {batch, 1, hq, D}), kv, opt, state_a);
+    // Plan as cpu::decode(q, kv, opt, out) does (the worker threads are the slots of kAuto),
+    // then run that very layout, so the split count printed below is the one that ran.
+    const SplitLayout layout = plan_split_layout(pr, lens.data(), opt, cpu::num_threads(), hkv);
+    splits = layout.splits_for(static_cast<std::int32_t>(len_a));
+    cpu::decode(make_tensor_view(q.data(), DType::kBF16, {batch, 1, hq, D}), kv, layout, scale,
+                state_a);
   }
 
   // 2. Segment B's state per request (one pass), natural log; 3. merge: A ⊕ B (in base 2 out).
@@ -171,10 +175,12 @@ int main() {
     cpu::attention_state(qb, make_tensor_view(kall.data(), DType::kF32, {len_a + len_b, hkv, D}),
                          make_tensor_view(vall.data(), DType::kF32, {len_a + len_b, hkv, D}), scale,
                          one);
-    for (std::int64_t i = 0; i < hq * D; ++i)
-      worst_o = std::fmax(worst_o, std::fabs(om[i] - oo[i]));
-    for (std::int64_t h = 0; h < hq; ++h)
-      worst_lse = std::fmax(worst_lse, std::fabs(lm[h] - lo[h]));
+    // NaN-propagating maxima (std::fmax would skip a NaN, and the check below would pass).
+    auto worse = [](double worst, double e) {
+      return std::isnan(e) ? INFINITY : std::max(worst, e);
+    };
+    for (std::int64_t i = 0; i < hq * D; ++i) worst_o = worse(worst_o, std::fabs(om[i] - oo[i]));
+    for (std::int64_t h = 0; h < hq; ++h) worst_lse = worse(worst_lse, std::fabs(lm[h] - lo[h]));
   }
   std::printf("split-KV decode on the %s: batch %lld, H_q/H_kv %lld/%lld, head_dim %lld, bf16\n",
               where, static_cast<long long>(batch), static_cast<long long>(hq),

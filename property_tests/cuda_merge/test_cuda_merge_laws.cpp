@@ -88,6 +88,101 @@ float chain_o_atol(const std::vector<const TestState*>& inputs) {
   return static_cast<float>(2e-5 * o_max + lse_err * o_max);
 }
 
+/// A double-precision reference of `⊕` of some states, stored in fp32, and the `o` tolerance of
+/// comparing an fp32 GPU merge (or a chain of them) of the same states with it.
+struct Expected {
+  TestState state;
+  float o_atol;
+};
+
+/// `⊕` of `S` states of shape `(tokens, heads, dim)` read through `lse(s, t, h)` (natural log)
+/// and `o(s, t, h, d)`, row by row in double: empty rows (-inf) skipped, whatever their `o`; a
+/// NaN LSE in a row makes the whole output row NaN, a NaN `o` element its own element. Written in
+/// fp32 and `base`, so that comparisons see only the GPU's error. `o_atol` is `chain_o_atol` of
+/// the inputs (2e-5 widened for large LSEs).
+template <class LseFn, class OFn>
+Expected reference_merge(std::int64_t S, std::int64_t tokens, std::int64_t heads, std::int64_t dim,
+                         LseBase base, LseFn lse, OFn o) {
+  const double ln2 = std::log(2.0);
+  Expected e{TestState(tokens, heads, dim, DType::kF32, base), 0.f};
+  double lse_max = 0, o_max = 1;
+  std::vector<double> acc(static_cast<std::size_t>(dim));
+  for (std::int64_t t = 0; t < tokens; ++t)
+    for (std::int64_t h = 0; h < heads; ++h) {
+      double m = -INFINITY;
+      bool nan = false;
+      for (std::int64_t s = 0; s < S; ++s) {
+        const double l = lse(s, t, h);
+        if (std::isnan(l)) {
+          nan = true;
+        } else {
+          m = std::max(m, l);
+        }
+        if (!std::isfinite(l)) continue;
+        lse_max = std::max(lse_max, std::fabs(l));
+        for (std::int64_t d = 0; d < dim; ++d)
+          if (std::isfinite(o(s, t, h, d))) o_max = std::max(o_max, std::fabs(o(s, t, h, d)));
+      }
+      if (nan || m == -INFINITY) {  // NaN row, or every input empty: (0, -inf)
+        e.state.set_lse(t, h, nan ? NAN : -INFINITY);
+        for (std::int64_t d = 0; d < dim; ++d) e.state.set_o(t, h, d, nan ? NAN : 0.f);
+        continue;
+      }
+      double sum = 0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::int64_t s = 0; s < S; ++s) {
+        const double l = lse(s, t, h);
+        if (l == -INFINITY) continue;
+        const double w = std::exp(l - m);
+        sum += w;
+        for (std::int64_t d = 0; d < dim; ++d)
+          acc[static_cast<std::size_t>(d)] += w * o(s, t, h, d);
+      }
+      const double out_lse = m + std::log(sum);
+      e.state.set_lse(t, h, static_cast<float>(base == LseBase::kBase2 ? out_lse / ln2 : out_lse));
+      for (std::int64_t d = 0; d < dim; ++d)
+        e.state.set_o(t, h, d, static_cast<float>(acc[static_cast<std::size_t>(d)] / sum));
+    }
+  const double lse_err = 4 * std::ldexp(1.0, -24) * lse_max * 1.4426950408889634;
+  e.o_atol = static_cast<float>(2e-5 * o_max + lse_err * o_max);
+  return e;
+}
+
+/// The reference `⊕` of states (each read in its own base).
+Expected reference_merge(const std::vector<const TestState*>& in, LseBase base) {
+  const TestState& s0 = *in.front();
+  return reference_merge(
+      static_cast<std::int64_t>(in.size()), s0.tokens(), s0.heads(), s0.head_dim(), base,
+      [&](std::int64_t s, std::int64_t t, std::int64_t h) {
+        const double l = in[s]->lse(t, h);
+        return in[s]->base() == LseBase::kBase2 ? l * std::log(2.0) : l;
+      },
+      [&](std::int64_t s, std::int64_t t, std::int64_t h, std::int64_t d) {
+        return static_cast<double>(in[s]->o(t, h, d));
+      });
+}
+
+/// The reference `⊕` of the states of a stack, read through its host view.
+Expected reference_merge(const ConstStateStackView& v, LseBase base) {
+  return reference_merge(
+      v.num_states, v.tokens, v.heads, v.head_dim, base,
+      [&](std::int64_t s, std::int64_t t, std::int64_t h) {
+        const double l = v.lse[s * v.lse_stride_state + v.lse_offset(t, h)];
+        return v.base == LseBase::kBase2 ? l * std::log(2.0) : l;
+      },
+      [&](std::int64_t s, std::int64_t t, std::int64_t h, std::int64_t d) {
+        return static_cast<double>(
+            load_elem(v.o, v.dtype, s * v.o_stride_state + v.o_offset(t, h) + d));
+      });
+}
+
+/// Fails the RapidCheck case unless `got` matches the reference (every element written: the
+/// output starts poisoned, and a NaN only matches a NaN the reference expects).
+void rc_expect_reference(const TestState& got, const Expected& want, const std::string& what) {
+  const ::testing::AssertionResult r = states_close(got, want.state, want.o_atol);
+  if (!r) RC_FAIL(what + " vs the double reference: " + r.message());
+}
+
 /// Fails the RapidCheck case with the comparison's message.
 void rc_expect(const ::testing::AssertionResult& r, const std::string& what) {
   if (!r) RC_FAIL(what + ": " + r.message());
@@ -112,6 +207,9 @@ TEST(CudaMergeLaws, IsAssociative) {
     TestState left = merged(ab, c, DType::kF32, LseBase::kNatural);
     TestState right = merged(a, bc, DType::kF32, LseBase::kNatural);
     rc_expect(states_close(left, right, chain_o_atol({&a, &b, &c})), "associativity");
+    // Against the reference too: two merges that leave the same row unwritten (NaN) would
+    // otherwise agree.
+    rc_expect_reference(left, reference_merge({&a, &b, &c}, LseBase::kNatural), "(a ⊕ b) ⊕ c");
   });
 }
 
@@ -125,6 +223,7 @@ TEST(CudaMergeLaws, IsCommutative) {
     TestState ab = merged(a, b, DType::kF32, base);
     TestState ba = merged(b, a, DType::kF32, base);
     rc_expect(states_close(ab, ba), "commutativity");
+    rc_expect_reference(ab, reference_merge({&a, &b}, base), "a ⊕ b");
   });
 }
 
@@ -158,10 +257,13 @@ TEST(CudaMergeLaws, IsBaseInvariant) {
     TestState direct = merged(a, b, DType::kF32, out_base);
     TestState an(p.tokens, p.heads, p.head_dim, p.dtype, out_base);
     TestState bn(p.tokens, p.heads, p.head_dim, p.dtype, out_base);
+    an.poison_device();
+    bn.poison_device();
     gpu::rebase(a.dev_view(), an.dev_view());
     gpu::rebase(b.dev_view(), bn.dev_view());
     TestState rebased = merged(an, bn, DType::kF32, out_base);
     rc_expect(states_close(direct, rebased), "base invariance");
+    rc_expect_reference(direct, reference_merge({&a, &b}, out_base), "a ⊕ b");
   });
 }
 
@@ -199,6 +301,7 @@ TEST(CudaMergeLaws, EmptyStatesWithNanOContributeNothing) {
     TestState with = merge_stack(p, {&x1, &e, &x2, &e}, base);
     TestState without = merge_stack(p, {&x1, &x2}, base);
     rc_expect(states_close(with, without), "empty inputs");
+    rc_expect_reference(without, reference_merge({&x1, &x2}, base), "x1 ⊕ x2");
   });
 }
 
@@ -257,6 +360,10 @@ TEST(CudaMergeLaws, NanInANonEmptyInputPropagates) {
     } else {
       RC_ASSERT(std::isnan(stacked.o(t, h, d)));
     }
+    // An output left unwritten is NaN too: every element against the reference (NaN exactly
+    // where the reference has it, the other rows and elements finite and close).
+    rc_expect_reference(out, reference_merge({&a, &b}, LseBase::kNatural), "a ⊕ b");
+    rc_expect_reference(stacked, reference_merge({&a, &b, &a}, LseBase::kNatural), "stack");
   });
 }
 
@@ -309,6 +416,9 @@ TEST(CudaMergeLaws, FastMergeStatesGivesTheGeneralKernelsBits) {
     a.download();
     b.download();
     RC_ASSERT(rows_bitwise_equal(a, b));
+    // Against the reference too: two kernels that leave the same row unwritten (NaN) would
+    // otherwise be bitwise equal.
+    rc_expect_reference(a, reference_merge(aligned.host_view(), out_base), "fast path");
   });
 }
 

@@ -67,6 +67,18 @@ float f32_at(const HostState& s, std::size_t i) {
   return x;
 }
 
+/// Fails the case unless `got` (f32, natural) matches the double-precision reference decode of
+/// `p` (a NaN, e.g. an unwritten element, counts as an infinite error).
+void assert_matches_reference(const DecodeProblemHost& p, const HostState& got, float scale) {
+  const ReferenceStates ref = reference_decode(p, scale);
+  double eo = 0, el = 0;
+  compare_states(ref, got.o.data(), DType::kF32, got.lse.data(), LseBase::kNatural,
+                 p.tokens() * p.cfg.heads_q, p.cfg.head_dim, &eo, &el);
+  const double tol_o = p.cfg.q_gain > 1.f ? 1e-4 * p.cfg.q_gain : 5e-5;
+  RC_ASSERT(eo <= tol_o);
+  RC_ASSERT(el <= 1e-5);
+}
+
 // Decode of a random paged problem equals, row by row, the one-pass state of the keys that row
 // sees (gathered into a contiguous segment).
 RC_GTEST_PROP(DecodeProps, EqualsOnePassAttentionState, ()) {
@@ -75,6 +87,9 @@ RC_GTEST_PROP(DecodeProps, EqualsOnePassAttentionState, ()) {
   const auto& c = p.cfg;
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   const HostState got = run(p, l, scale);
+  // The decode also against the double-precision reference (cpu::attention_state below is a
+  // second producer, not the reference).
+  assert_matches_reference(p, got, scale);
   const double tol_o = c.q_gain > 1.f ? 1e-4 * c.q_gain : 5e-5;
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t qi = 0; qi < c.q_len; ++qi) {
@@ -128,6 +143,9 @@ RC_GTEST_PROP(DecodeProps, SplittingAnywhereEqualsNotSplitting, ()) {
   const float scale = 1.f / std::sqrt(static_cast<float>(p.cfg.head_dim));
   const HostState a = run(p, l, scale);
   const HostState b = run(p, one, scale);
+  // Both against the reference: two runs compared only with each other could share an error.
+  assert_matches_reference(p, a, scale);
+  assert_matches_reference(p, b, scale);
   const double tol_o = p.cfg.q_gain > 1.f ? 2e-5 * p.cfg.q_gain : 1e-5;
   for (std::size_t i = 0; i < a.lse.size(); ++i) {
     if (std::isinf(b.lse[i])) {

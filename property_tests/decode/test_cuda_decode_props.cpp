@@ -99,6 +99,18 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
   return g;
 }
 
+/// Fails the case unless the GPU result matches the double-precision reference decode of `p` (the
+/// output starts poisoned: an unwritten element is NaN, an infinite error). Tolerances of
+/// tests/decode/test_cuda_decode.cpp for an f32 output.
+void assert_matches_reference(const DecodeProblemHost& p, const Gpu& g) {
+  const ReferenceStates ref = reference_decode(p, g.plan.scale);
+  double eo = 0, el = 0;
+  compare_states(ref, g.o.data(), DType::kF32, g.lse.data(), LseBase::kNatural,
+                 p.tokens() * p.cfg.heads_q, p.cfg.head_dim, &eo, &el);
+  RC_ASSERT(eo <= (p.cfg.kv_dtype == DType::kBF16 ? 1.2e-2 : 3e-3));
+  RC_ASSERT(el <= 5e-5);
+}
+
 void assert_close(const std::vector<float>& ao, const std::vector<float>& al,
                   const std::vector<float>& bo, const std::vector<float>& bl, double tol_o) {
   for (std::size_t i = 0; i < al.size(); ++i) {
@@ -117,6 +129,7 @@ void assert_close(const std::vector<float>& ao, const std::vector<float>& al,
 void agrees_with_cpu_decode() {
   const DecodeProblemHost p = random_gpu_problem();
   const Gpu g = run_gpu(p, random_options(), nullptr, true);
+  assert_matches_reference(p, g);
   HostState c(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, DType::kF32, LseBase::kNatural);
   cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
   std::vector<float> co(g.o.size());
@@ -133,6 +146,10 @@ void splitting_anywhere_equals_not_splitting() {
   one.num_splits = 1;
   const Gpu a = run_gpu(p, random_options(), nullptr, true);
   const Gpu b = run_gpu(p, one, nullptr, true);
+  // Both against the reference: two GPU results compared only with each other could share an
+  // error.
+  assert_matches_reference(p, a);
+  assert_matches_reference(p, b);
   assert_close(a.o, a.lse, b.o, b.lse, p.cfg.kv_dtype == DType::kBF16 ? 1.5e-2 : 4e-3);
 }
 
@@ -148,7 +165,11 @@ void plan_for_longer_requests_gives_same_bits() {
   longer[0] = std::max(longer[0], o.split_size * *rc::gen::inRange(1, 20));
   const Gpu a = run_gpu(p, o);
   const Gpu b = run_gpu(p, o, longer.data());
+  // Against the reference too: two runs that leave the same row unwritten (NaN) would otherwise
+  // be bitwise equal.
+  assert_matches_reference(p, a);
   RC_ASSERT(a.o.size() == b.o.size());
+  RC_ASSERT(a.lse.size() == b.lse.size());
   RC_ASSERT(0 == std::memcmp(a.o.data(), b.o.data(), 4 * a.o.size()));
   RC_ASSERT(0 == std::memcmp(a.lse.data(), b.lse.data(), 4 * a.lse.size()));
 }

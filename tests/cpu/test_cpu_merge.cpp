@@ -59,6 +59,8 @@ TEST(MergeState, OutputMayAliasEitherInputExactly) {
     test::fill_random(b, rng, -3, 3, 0.25);
     OwnedState expect = test::make_state(9, 4, 32, DType::kF32, LseBase::kNatural);
     cpu::merge_state(a.cview(), b.cview(), expect.view());
+    RefState ref = test::ref_merge({&a, &b});
+    test::expect_matches(expect, ref, test::o_tolerance(DType::kF32), "not aliased");
     if (which == 0) {
       cpu::merge_state(a.cview(), b.cview(), a.view());
       EXPECT_TRUE(test::bitwise_equal(a, expect));
@@ -67,6 +69,8 @@ TEST(MergeState, OutputMayAliasEitherInputExactly) {
       test::fill_random(c, rng, -3, 3, 0.25);
       OwnedState expect_c = test::make_state(9, 4, 32, DType::kF32, LseBase::kNatural);
       cpu::merge_state(a.cview(), c.cview(), expect_c.view());
+      RefState ref_c = test::ref_merge({&a, &c});
+      test::expect_matches(expect_c, ref_c, test::o_tolerance(DType::kF32), "not aliased (c)");
       cpu::merge_state(a.cview(), c.cview(), c.view());
       EXPECT_TRUE(test::bitwise_equal(c, expect_c));
     }
@@ -301,6 +305,10 @@ TEST(MergeStates, ResultIndependentOfThreadCount) {
   OwnedState ref = test::make_state(64, 8, 64, DType::kF16, LseBase::kBase2);
   cpu::set_num_threads(1);
   cpu::merge_states(st.view, ref.view());
+  // The one-thread result against the double reference: outputs only compared with each other
+  // would agree on a row no thread count writes (NaN).
+  RefState want = ref_of_stack(st);
+  test::expect_matches(ref, want, test::o_tolerance(DType::kF16), "1 thread");
   for (int n : {2, 3, 7}) {
     cpu::set_num_threads(n);
     EXPECT_EQ(cpu::num_threads(), n);
@@ -327,6 +335,9 @@ TEST(MergeStates, AgreesWithPairwiseMergeState) {
       for (std::int64_t d = 0; d < 24; ++d) as_ref.o_at(t, h, d) = acc.o_at(t, h, d);
     }
   test::expect_matches(stacked, as_ref, 1e-5, "pairwise vs stacked");
+  // And against the double reference (pairwise and stacked alone could agree on a bad row).
+  RefState ref = ref_of_stack(st);
+  test::expect_matches(stacked, ref, test::o_tolerance(DType::kF32), "stacked vs reference");
 }
 
 TEST(MergeStatesRagged, EmptySegmentsAndOffsetsMatchReference) {
@@ -438,6 +449,10 @@ TEST(Rebase, Base2MergeThenRebaseEqualsNaturalMerge) {
       for (std::int64_t d = 0; d < 32; ++d) ref.o_at(t, h, d) = direct.o_at(t, h, d);
     }
   test::expect_matches(nat, ref, 1e-5, "base2 + rebase vs natural");
+  // And the natural merge against the double reference (both outputs start poisoned: two merges
+  // compared only with each other could agree on a row neither wrote).
+  RefState want = ref_of_stack(st);
+  test::expect_matches(direct, want, test::o_tolerance(DType::kF32), "natural vs reference");
 }
 
 }  // namespace

@@ -60,6 +60,12 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+/// `got` is `want` bit for bit, or both are NaN (any payload).
+bool same_value(float got, float want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return std::memcmp(&got, &want, sizeof(float)) == 0;
+}
+
 template <class T>
 void check_axpy_matches_portable() {
   if (!cpu::detail::simd_rows_enabled()) GTEST_SKIP() << "no AVX2/F16C: only the portable rows run";
@@ -68,11 +74,23 @@ void check_axpy_matches_portable() {
     const auto x = random_bits<T>(static_cast<std::size_t>(n), rng);
     std::vector<float> a(n), b(n);
     for (bool first : {true, false}) {
-      for (std::int64_t i = 0; i < n; ++i) a[i] = b[i] = std::ldexp(1.f + float(i), -3);
+      // `first` overwrites: start from NaN, so an accumulate (or no write) shows.
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      for (std::int64_t i = 0; i < n; ++i)
+        a[i] = b[i] = first ? nan : std::ldexp(1.f + float(i), -3);
+      const std::vector<float> init = b;
       axpy_row(0.37f, x.data(), a.data(), n, first);
       axpy_row_portable(0.37f, x.data(), b.data(), n, first);
       // NaN results compare by bits too: both paths compute the same operations.
       EXPECT_TRUE(same_bits(a, b)) << "n=" << n << " first=" << first;
+      // The portable row against its definition, one multiply then one add (kept unfused by
+      // the volatile), so that both paths doing the same wrong thing (or nothing) fail.
+      for (std::int64_t i = 0; i < n; ++i) {
+        volatile float prod = 0.37f * to_float(x[i]);
+        const float want = first ? prod : init[i] + prod;
+        EXPECT_TRUE(same_value(b[i], want)) << "n=" << n << " first=" << first << " element " << i
+                                            << ": " << b[i] << " vs " << want;
+      }
     }
   }
 }
@@ -84,6 +102,7 @@ void check_store_matches_portable() {
   for (std::int64_t n : {1, 7, 8, 9, 31, 64, 67, 128, 1000}) {
     const auto acc = adversarial_floats(static_cast<std::size_t>(n), rng);
     std::vector<T> a(n), b(n);
+    for (std::int64_t i = 0; i < n; ++i) a[i].bits = b[i].bits = 0xFFFF;  // NaN: unwritten shows
     scale_store_row(acc.data(), 1.f, a.data(), n);
     scale_store_row_portable(acc.data(), 1.f, b.data(), n);
     for (std::int64_t i = 0; i < n; ++i) {
@@ -92,6 +111,14 @@ void check_store_matches_portable() {
         EXPECT_TRUE(a_nan && b_nan) << "element " << i << " of " << n;
       } else {
         EXPECT_EQ(a[i].bits, b[i].bits) << "element " << i << " of " << n << " value " << acc[i];
+      }
+      // The portable row against its definition (round to nearest even once), so that both
+      // paths doing the same wrong thing (or nothing) fail.
+      const T want = from_float<T>(acc[i] * 1.f);
+      if (std::isnan(to_float(want))) {
+        EXPECT_TRUE(b_nan) << "element " << i << " of " << n;
+      } else {
+        EXPECT_EQ(b[i].bits, want.bits) << "element " << i << " of " << n << " value " << acc[i];
       }
     }
   }

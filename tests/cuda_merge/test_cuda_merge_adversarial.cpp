@@ -142,6 +142,11 @@ TEST(CudaMergeAdversarial, NanInANonEmptyInputPropagates) {
   EXPECT_TRUE(std::isnan(out.o(2, 0, 0)));
   EXPECT_TRUE(std::isnan(out.o(1, 1, 5)));
   EXPECT_FALSE(std::isnan(out.o(1, 1, 4)));
+  // Every element against the CPU (NaN exactly where it has one): the spot checks above leave
+  // whole rows unchecked, and an unwritten (poisoned) row would pass the NaN ones.
+  TestState want(3, 2, 64, DType::kF32, LseBase::kNatural);
+  cpu::merge_state(a.host_view(), b.host_view(), want.host_view());
+  EXPECT_TRUE(states_close(out, want));
 
   TestStack stack(attnstate::StackOrder::kTokensMajor, 2, 5, 2, 128, DType::kBF16,
                   LseBase::kNatural);
@@ -159,6 +164,9 @@ TEST(CudaMergeAdversarial, NanInANonEmptyInputPropagates) {
   EXPECT_FALSE(std::isnan(sout.lse(0, 1)));
   EXPECT_TRUE(std::isnan(sout.lse(1, 0)));
   EXPECT_FALSE(std::isnan(sout.lse(1, 1)));
+  TestState swant(2, 2, 128, DType::kBF16, LseBase::kNatural);
+  cpu::merge_states(stack.host_view(), swant.host_view());
+  EXPECT_TRUE(states_close(sout, swant));
 }
 
 TEST(CudaMergeAdversarial, HugeLsesMatchCpuAndStayFinite) {
@@ -209,6 +217,7 @@ TEST(CudaMergeAdversarial, MixedBasesGiveTheSameStateAsOneBase) {
   a.fill_random(rng, -10.f, 10.f, 0.1);
   b.fill_random(rng, -10.f, 10.f, 0.1);
   TestState a_nat(10, 3, 256, DType::kF32, LseBase::kNatural);
+  a_nat.poison_device();
   gpu::rebase(a.dev_view(), a_nat.dev_view());
   TestState mixed(10, 3, 256, DType::kF32, LseBase::kBase2);
   TestState nat(10, 3, 256, DType::kF32, LseBase::kNatural);
@@ -217,19 +226,33 @@ TEST(CudaMergeAdversarial, MixedBasesGiveTheSameStateAsOneBase) {
   gpu::merge_state(a.dev_view(), b.dev_view(), mixed.dev_view());
   gpu::merge_state(a_nat.dev_view(), b.dev_view(), nat.dev_view());
   TestState mixed_nat(10, 3, 256, DType::kF32, LseBase::kNatural);
+  mixed_nat.poison_device();
   gpu::rebase(mixed.dev_view(), mixed_nat.dev_view());
   sync();
   mixed_nat.download();
   nat.download();
   EXPECT_TRUE(states_close(mixed_nat, nat));
+  // Both against the CPU merge of the mixed-base inputs: the two GPU results alone would agree
+  // on a row both leave unwritten (NaN).
+  TestState want(10, 3, 256, DType::kF32, LseBase::kNatural);
+  cpu::merge_state(a.host_view(), b.host_view(), want.host_view());
+  EXPECT_TRUE(states_close(nat, want));
+  EXPECT_TRUE(states_close(mixed_nat, want));
   // And a mislabelled base changes the result (the tag is honoured).
   StateView wrong = a.dev_view();
   wrong.base = LseBase::kNatural;
   TestState w(10, 3, 256, DType::kF32, LseBase::kNatural);
+  w.poison_device();
   gpu::merge_state(wrong, b.dev_view(), w.dev_view());
   sync();
   w.download();
   EXPECT_FALSE(states_close(w, nat));
+  // ...to what the CPU gives for the same mislabelled input (not merely to an unwritten NaN).
+  StateView wrong_host = a.host_view();
+  wrong_host.base = LseBase::kNatural;
+  TestState want_w(10, 3, 256, DType::kF32, LseBase::kNatural);
+  cpu::merge_state(wrong_host, b.host_view(), want_w.host_view());
+  EXPECT_TRUE(states_close(w, want_w));
 }
 
 }  // namespace

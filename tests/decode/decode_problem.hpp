@@ -291,4 +291,16 @@ inline void compare_states(const ReferenceStates& ref, const void* o, DType o_dt
   *lse_err = el;
 }
 
+/// Max abs difference of elements `[0, n)` of two raw buffers of dtype `dt`; +inf as soon as
+/// either side holds a NaN (std::max would skip it, so a NaN could never fail a bound).
+inline double max_abs_diff(const void* a, const void* b, DType dt, std::int64_t n) {
+  double worst = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double e = std::fabs(get(a, dt, i) - get(b, dt, i));
+    if (std::isnan(e)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
 }  // namespace attnstate_test

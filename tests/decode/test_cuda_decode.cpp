@@ -369,12 +369,18 @@ TEST(CudaDecode, AgreesWithCpuDecodeOfTheSamePlan) {
   cfg.seq_lens = {3000, 700, 5};
   const DecodeProblemHost p = make_decode_problem(cfg, 500);
   const GpuOut g = run_gpu(p, DecodeOptions{}, DType::kF32, LseBase::kNatural);
+  expect_matches_reference(p, g, DType::kF32, LseBase::kNatural, "gpu");
   HostState c(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
   cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
-  double worst = 0;
-  for (std::size_t i = 0; i < g.o.size() / 4; ++i)
-    worst = std::max(worst,
-                     std::fabs(get(g.o.data(), DType::kF32, i) - get(c.o.data(), DType::kF32, i)));
+  GpuOut cpu_out;  // the CPU result, checked against the reference too
+  cpu_out.plan = g.plan;
+  cpu_out.o = c.o;
+  cpu_out.lse = c.lse;
+  expect_matches_reference(p, cpu_out, DType::kF32, LseBase::kNatural, "cpu");
+  ASSERT_EQ(c.o.size(), g.o.size());
+  // NaN-propagating: a NaN on either side makes `worst` infinite.
+  const double worst =
+      max_abs_diff(g.o.data(), c.o.data(), DType::kF32, static_cast<std::int64_t>(g.o.size() / 4));
   EXPECT_LE(worst, o_tol(DType::kBF16, DType::kF32));
   for (std::size_t i = 0; i < g.lse.size(); ++i) EXPECT_NEAR(g.lse[i], c.lse[i], 1e-3);
 }
@@ -389,6 +395,12 @@ TEST(CudaDecode, BitwiseRepeatable) {
   const DecodeProblemHost p = make_decode_problem(cfg, 600);
   const GpuOut a = run_gpu(p, count_opts(13), DType::kF32, LseBase::kNatural);
   const GpuOut b = run_gpu(p, count_opts(13), DType::kF32, LseBase::kNatural);
+  // Each run against the reference: two runs that leave the same row unwritten (NaN) would
+  // otherwise be bitwise equal.
+  expect_matches_reference(p, a, DType::kF32, LseBase::kNatural, "run 1");
+  expect_matches_reference(p, b, DType::kF32, LseBase::kNatural, "run 2");
+  ASSERT_EQ(a.o.size(), b.o.size());
+  ASSERT_EQ(a.lse.size(), b.lse.size());
   EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size()));
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), 4 * a.lse.size()));
 }
@@ -419,6 +431,12 @@ TEST(CudaDecode, FixedSizeRowsIndependentOfBatch) {
   o.split_size = 256;
   const GpuOut a = run_gpu(alone, o, DType::kF32, LseBase::kNatural);
   const GpuOut b = run_gpu(others, o, DType::kF32, LseBase::kNatural);
+  // Both against the reference (of `others` as modified): the bitwise check alone would pass a
+  // row both runs leave unwritten (NaN).
+  expect_matches_reference(alone, a, DType::kF32, LseBase::kNatural, "alone");
+  expect_matches_reference(others, b, DType::kF32, LseBase::kNatural, "in a batch");
+  ASSERT_EQ(a.o.size(), static_cast<std::size_t>(4 * qrow));
+  ASSERT_EQ(b.o.size(), static_cast<std::size_t>(3 * 4 * qrow));
   EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data() + 4 * qrow, 4 * qrow));
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data() + cfg.heads_q, 4 * cfg.heads_q));
 }

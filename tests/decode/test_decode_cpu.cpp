@@ -211,13 +211,20 @@ TEST(DecodeCpu, SplittingChangesOnlyRounding) {
   cfg.q_dtype = DType::kF32;
   const DecodeProblemHost p = make_decode_problem(cfg, 5);
   HostState a(1, 1, 1, DType::kF32, LseBase::kNatural), b = a;
-  run_cpu(p, fixed_count(1), DType::kF32, LseBase::kNatural, &a);
+  // Each run also against the reference: two runs that both leave a row unwritten (NaN) would
+  // otherwise agree.
+  const RunResult ra = run_cpu(p, fixed_count(1), DType::kF32, LseBase::kNatural, &a);
+  EXPECT_LE(ra.o_err, 2e-4) << "one split";
+  EXPECT_LE(ra.lse_err, 1e-5) << "one split";
+  ASSERT_EQ(a.o.size(), static_cast<std::size_t>(4 * p.tokens() * cfg.heads_q * cfg.head_dim));
   for (int n : {2, 5, 63}) {
-    run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, &b);
-    double worst = 0;
-    for (std::size_t i = 0; i < a.o.size() / 4; ++i)
-      worst = std::max(
-          worst, std::fabs(get(a.o.data(), DType::kF32, i) - get(b.o.data(), DType::kF32, i)));
+    const RunResult rb = run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, &b);
+    EXPECT_LE(rb.o_err, 2e-4) << n;
+    EXPECT_LE(rb.lse_err, 1e-5) << n;
+    ASSERT_EQ(b.o.size(), a.o.size());
+    // NaN-propagating: a NaN on either side makes `worst` infinite.
+    const double worst = max_abs_diff(a.o.data(), b.o.data(), DType::kF32,
+                                      static_cast<std::int64_t>(a.o.size() / 4));
     EXPECT_LE(worst, 2e-6) << n;
     for (std::size_t i = 0; i < a.lse.size(); ++i) EXPECT_NEAR(a.lse[i], b.lse[i], 1e-5);
   }
@@ -244,8 +251,16 @@ TEST(DecodeCpu, FixedSizeRowsIndependentOfBatch) {
     }
   std::memcpy(&others.q[2 * 4 * 64], alone.q.data(), 2 * 4 * 64);
   HostState a(1, 1, 1, DType::kF32, LseBase::kNatural), b = a;
-  run_cpu(alone, fixed_size(64, 5), DType::kF32, LseBase::kNatural, &a);
-  run_cpu(others, fixed_size(64, 19), DType::kF32, LseBase::kNatural, &b);
+  // Both runs against the reference (of `others` as modified): the bitwise check alone would
+  // pass a row both runs leave unwritten (NaN).
+  const RunResult ra = run_cpu(alone, fixed_size(64, 5), DType::kF32, LseBase::kNatural, &a);
+  EXPECT_LE(ra.o_err, 2e-4) << "alone";
+  EXPECT_LE(ra.lse_err, 1e-5) << "alone";
+  const RunResult rb = run_cpu(others, fixed_size(64, 19), DType::kF32, LseBase::kNatural, &b);
+  EXPECT_LE(rb.o_err, 2e-4) << "in a batch";
+  EXPECT_LE(rb.lse_err, 1e-5) << "in a batch";
+  ASSERT_EQ(a.o.size(), static_cast<std::size_t>(4 * 4 * 64));
+  ASSERT_EQ(b.o.size(), static_cast<std::size_t>(3 * 4 * 4 * 64));
   EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data() + 4 * 4 * 64, 4 * 4 * 64));
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data() + 4, 4 * 4));
 }

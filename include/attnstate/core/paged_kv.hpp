@@ -69,7 +69,9 @@ struct DecodeOptions {
   float scale = 0.f;                        ///< Softmax scale; 0 means `1/sqrt(head_dim)`.
   SplitPolicy policy = SplitPolicy::kAuto;  ///< Split policy.
   int num_splits = 0;                       ///< For `kFixedCount`.
-  int split_size = 0;  ///< For `kFixedSize`, in tokens (a multiple of page_size).
+  int split_size = 0;  ///< For `kFixedSize`, in tokens: a positive multiple of 16
+                       ///< (`kSplitGranularity`, core/decode_split.hpp) giving at most
+                       ///< `kMaxSplits` splits for the longest request; any `page_size`.
 };
 
 }  // namespace attnstate

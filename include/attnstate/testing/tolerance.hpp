@@ -55,10 +55,11 @@ Tolerance tolerance_for(const AttentionProblem& problem);
 /// Tolerance of a merge of `inputs` written in `out_dtype`: `tolerance_for(out_dtype)` widened
 /// for large LSEs. An fp32 LSE of magnitude `L` is only known to about `L · 2^-24` (absolute),
 /// and so is every merge weight derived from it (base conversions and stored intermediate
-/// results round it again), so `o_abs` grows by `4 · 2^-24 · L · O` and `lse_abs` by
-/// `4 · 2^-24 · L`, where `L` is the largest finite |LSE| of the inputs in natural-log units
-/// and `O` the largest finite |o| of their non-empty rows (at least 1). At `L = 1e4` this is
-/// about `2.4e-3 · O` — the inherent precision of fp32 LSEs there, not slack for a bug.
+/// results round it again), so `o_abs` grows by `4 · 2^-24 · L · log2(e) · O` and `lse_abs` by
+/// `4 · 2^-24 · L · log2(e)`, where `L` is the largest finite |LSE| of the inputs in natural-log
+/// units (times log2(e): working in base 2 scales the LSEs by it) and `O` the largest finite |o|
+/// of their non-empty rows (at least 1). At `L = 1e4` this is about `3.4e-3 · O` — the inherent
+/// precision of fp32 LSEs there, not slack for a bug.
 Tolerance merge_tolerance(DType out_dtype, const std::vector<HostState>& inputs);
 
 /// Describes how `actual` differs from `expected` beyond `tol`: an empty string when they
