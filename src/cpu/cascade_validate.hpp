@@ -72,7 +72,7 @@ inline void check_cascade_query(const char* func, const ConstTensorView& q, cons
 inline void check_cascade_out(const char* func, const StateView& out, std::int64_t tokens,
                               std::int64_t heads, std::int64_t head_dim, MemorySpace space,
                               const ConstTensorView* q = nullptr) {
-  check_output_state(func, "out", out, out.o, out.lse, space);
+  // the shape first: a wrong head count is reported as such, not as overlapping rows
   if (out.tokens != tokens)
     throw_argument(func, "out.tokens", "batch * q_len = " + cascade_str(tokens),
                    cascade_str(out.tokens));
@@ -80,6 +80,7 @@ inline void check_cascade_out(const char* func, const StateView& out, std::int64
     throw_argument(func, "out.heads", "H_q = " + cascade_str(heads), cascade_str(out.heads));
   if (out.head_dim != head_dim)
     throw_argument(func, "out.head_dim", cascade_str(head_dim), cascade_str(out.head_dim));
+  check_output_state(func, "out", out, out.o, out.lse, space);
   if (q != nullptr) check_disjoint(func, "out", out, "q", q->data, tensor_bytes(*q), nullptr, 0);
 }
 

@@ -78,9 +78,9 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   const std::int64_t q_bytes = check_tensor_span(fn, "q", q);
   const std::int64_t tokens = q.shape[0] * q.shape[1];
   if (tokens > 0 && q.data == nullptr) throw_argument(fn, "q.data", "non-null", "null");
-  // out: the state of every (token, head) row, rows pairwise disjoint (each is written by one
-  // task), in `space`, and disjoint from q (read while out is written)
-  check_output_state(fn, "out", out, out.o, out.lse, space);
+  // out: its shape first (a wrong head count is reported as such, not as overlapping rows), then
+  // the state of every (token, head) row, rows pairwise disjoint (each is written by one task),
+  // in `space`, and disjoint from q (read while out is written)
   if (out.tokens != tokens)
     throw_argument(fn, "out.tokens", "batch*q_len = " + decode_str(tokens), decode_str(out.tokens));
   if (out.heads != q.shape[2])
@@ -88,6 +88,7 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   if (out.head_dim != kv.head_dim)
     throw_argument(fn, "out.head_dim", "kv.head_dim = " + decode_str(kv.head_dim),
                    decode_str(out.head_dim));
+  check_output_state(fn, "out", out, out.o, out.lse, space);
   check_disjoint(fn, "out", out, "q", q.data, q_bytes, nullptr, 0);
 }
 
