@@ -623,9 +623,8 @@ TEST(CudaCascadePlan, DecodeLevelFoldsOnlyWhenFewOfItsCtasWaitForTheSharedLevels
   EXPECT_TRUE(small.plan(t, 1).decode_fold);  // nothing to merge with
 }
 
-TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
-  CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
-  const auto host = c.host_levels();
+/// The plan shape of `c` (one query row per request, bf16).
+attnstate::cuda::CascadeShape bf16_shape(const CascadeCase& c) {
   attnstate::cuda::CascadeShape sh;
   sh.batch = c.batch;
   sh.q_len = 1;
@@ -635,6 +634,13 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   sh.page_size = c.spec.page_size;
   sh.num_pages = c.num_pages;
   sh.dtype = DType::kBF16;
+  return sh;
+}
+
+TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
+  CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
+  const auto host = c.host_levels();
+  const attnstate::cuda::CascadeShape sh = bf16_shape(c);
   auto plan = [&](attnstate::cuda::CascadeShape s, CascadeTuning t = {}) {
     return attnstate::cuda::plan_cascade(s, host.data(), 2, c.options(), 132, t);
   };
@@ -684,15 +690,7 @@ TEST(CudaCascadeArgs, PlanTakesEveryDecodeSplitCountThatPlanDecodeTakes) {
   // the level kernels' heuristic may choose.
   CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
   const auto host = c.host_levels();
-  attnstate::cuda::CascadeShape sh;
-  sh.batch = c.batch;
-  sh.q_len = 1;
-  sh.heads_q = c.spec.heads_q;
-  sh.heads_kv = c.spec.heads_kv;
-  sh.head_dim = c.spec.head_dim;
-  sh.page_size = c.spec.page_size;
-  sh.num_pages = c.num_pages;
-  sh.dtype = DType::kBF16;
+  const attnstate::cuda::CascadeShape sh = bf16_shape(c);
   for (int splits : {1, 33, 64, 65, 200, attnstate::kMaxSplits}) {
     CascadeTuning t;
     t.decode_splits = splits;
