@@ -2,7 +2,8 @@
 /// @brief Merging attention states produced by other libraries: one in base 2 (as FlashInfer
 ///        returns its LSE) and one in natural log (as FlashAttention does), imported with their
 ///        base tags and merged exactly with `cpu::merge_state`; and the error that silently
-///        mixing the two conventions would have caused.
+///        mixing the two conventions would have caused. The FlashAttention-style state also has
+///        FlashAttention's LSE layout, `[heads, tokens]` (`with_head_major_lse`).
 ///
 /// The two "external" states are computed here with `cpu::attention_state` over two halves of
 /// one KV cache, written in the other libraries' conventions (bf16 `o`, fp32 LSE); the state of
@@ -22,7 +23,7 @@ using attnstate::bfloat16_t;
 using attnstate::DType;
 using attnstate::LseBase;
 
-constexpr std::int64_t kTokens = 1, kHeadsQ = 8, kHeadsKv = 2, kHeadDim = 64, kKeys = 1000;
+constexpr std::int64_t kTokens = 4, kHeadsQ = 8, kHeadsKv = 2, kHeadDim = 64, kKeys = 1000;
 constexpr std::int64_t kSplit = 600;  // keys [0, 600) -> "FlashInfer", [600, 1000) -> "FA"
 
 /// Raw buffers as another library hands them over: bf16 `o`, fp32 LSE, no base attached.
@@ -31,21 +32,23 @@ struct ExternalState {
   std::vector<float> lse = std::vector<float>(kTokens * kHeadsQ);
 };
 
-/// Stands in for an external kernel: attention of `q` over keys [k0, k1), LSE in `base`.
+/// Stands in for an external kernel: attention of `q` over keys [k0, k1), LSE in `base`, laid out
+/// `[tokens, heads]` (FlashInfer) or `[heads, tokens]` (`head_major`, FlashAttention).
 ExternalState external_kernel(const std::vector<bfloat16_t>& q, const std::vector<bfloat16_t>& k,
                               const std::vector<bfloat16_t>& v, std::int64_t k0, std::int64_t k1,
-                              LseBase base) {
+                              LseBase base, bool head_major) {
   ExternalState s;
   const std::int64_t row = kHeadsKv * kHeadDim;
   const auto kv = [&](const std::vector<bfloat16_t>& x) {
     return attnstate::make_tensor_view(x.data() + k0 * row, DType::kBF16,
                                        {k1 - k0, kHeadsKv, kHeadDim});
   };
+  attnstate::StateView out = attnstate::make_state_view(s.o.data(), DType::kBF16, s.lse.data(),
+                                                        kTokens, kHeadsQ, kHeadDim, base);
+  if (head_major) out = attnstate::with_head_major_lse(out);
   attnstate::cpu::attention_state(
       attnstate::make_tensor_view(q.data(), DType::kBF16, {kTokens, kHeadsQ, kHeadDim}), kv(k),
-      kv(v), 1.f / std::sqrt(float(kHeadDim)),
-      attnstate::make_state_view(s.o.data(), DType::kBF16, s.lse.data(), kTokens, kHeadsQ, kHeadDim,
-                                 base));
+      kv(v), 1.f / std::sqrt(float(kHeadDim)), out);
   return s;
 }
 
@@ -74,18 +77,20 @@ int main() {
   const auto k = random_bf16(kKeys * kHeadsKv * kHeadDim, rng, 1.f);
   const auto v = random_bf16(kKeys * kHeadsKv * kHeadDim, rng, 1.f);
 
-  const ExternalState flashinfer = external_kernel(q, k, v, 0, kSplit, LseBase::kBase2);
-  const ExternalState flashattn = external_kernel(q, k, v, kSplit, kKeys, LseBase::kNatural);
+  const ExternalState flashinfer = external_kernel(q, k, v, 0, kSplit, LseBase::kBase2, false);
+  const ExternalState flashattn = external_kernel(q, k, v, kSplit, kKeys, LseBase::kNatural, true);
 
   //! [import-external-states]
-  // Import each state with the base its producer uses: FlashInfer's LSE is log2, FlashAttention's
-  // is ln. The tag travels with the view; every merge converts on load.
+  // Import each state with the base its producer uses: FlashInfer's LSE is log2, `[tokens, heads]`;
+  // FlashAttention's is ln, `[heads, tokens]` (its softmax_lse, per batch element). The tag and
+  // the strides travel with the view; every merge converts on load. (FlashAttention writes
+  // lse = +inf for a row without keys: map it to -inf, the empty state, before merging.)
   const attnstate::ConstStateView a =
       attnstate::make_const_state_view(flashinfer.o.data(), DType::kBF16, flashinfer.lse.data(),
                                        kTokens, kHeadsQ, kHeadDim, LseBase::kBase2);
-  const attnstate::ConstStateView b =
+  const attnstate::ConstStateView b = attnstate::with_head_major_lse(
       attnstate::make_const_state_view(flashattn.o.data(), DType::kBF16, flashattn.lse.data(),
-                                       kTokens, kHeadsQ, kHeadDim, LseBase::kNatural);
+                                       kTokens, kHeadsQ, kHeadDim, LseBase::kNatural));
   //! [import-external-states]
 
   //! [merge-mixed-bases]

@@ -4,6 +4,7 @@
 ///        dtype and base combinations, strided views and NaN-poisoned outputs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -453,6 +454,46 @@ TEST(Rebase, Base2MergeThenRebaseEqualsNaturalMerge) {
   // compared only with each other could agree on a row neither wrote).
   RefState want = ref_of_stack(st);
   test::expect_matches(direct, want, test::o_tolerance(DType::kF32), "natural vs reference");
+}
+
+/// FlashAttention's LSE layout `[heads, tokens]` read through `with_head_major_lse`: the same
+/// merge, bitwise, as the tokens-major copy of the same values; the output written head-major too.
+TEST(MergeState, HeadMajorLseViewsMatchTheTokensMajorLayout) {
+  std::mt19937 rng(131);
+  const std::int64_t T = 5, H = 3, D = 16;
+  std::uniform_real_distribution<float> uni(-4.f, 4.f);
+  std::vector<float> oa(T * H * D), ob(T * H * D), la(T * H), lb(T * H), la_hm(T * H);
+  for (float& x : oa) x = uni(rng);
+  for (float& x : ob) x = uni(rng);
+  for (std::int64_t i = 0; i < T * H; ++i) {
+    la[i] = uni(rng);
+    lb[i] = uni(rng);
+  }
+  la[1 * H + 2] = -INFINITY;  // one empty row
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < H; ++h) la_hm[h * T + t] = la[t * H + h];
+  const ConstStateView a =
+      make_const_state_view(oa.data(), DType::kF32, la.data(), T, H, D, LseBase::kNatural);
+  const ConstStateView a_hm = with_head_major_lse(
+      make_const_state_view(oa.data(), DType::kF32, la_hm.data(), T, H, D, LseBase::kNatural));
+  EXPECT_EQ(a_hm.lse_stride_token, 1);
+  EXPECT_EQ(a_hm.lse_stride_head, T);
+  EXPECT_EQ(with_head_major_lse(a, 40).lse_stride_head, 40);  // varlen: total_q
+  const ConstStateView b =
+      make_const_state_view(ob.data(), DType::kF32, lb.data(), T, H, D, LseBase::kBase2);
+  std::vector<float> o1(T * H * D, NAN), l1(T * H, NAN), o2(T * H * D, NAN), l2(T * H, NAN);
+  cpu::merge_state(a, b,
+                   make_state_view(o1.data(), DType::kF32, l1.data(), T, H, D, LseBase::kNatural));
+  cpu::merge_state(a_hm, b,
+                   with_head_major_lse(make_state_view(o2.data(), DType::kF32, l2.data(), T, H, D,
+                                                       LseBase::kNatural)));
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < H; ++h) {
+      ASSERT_FALSE(std::isnan(l1[t * H + h]));
+      EXPECT_EQ(l1[t * H + h], l2[h * T + t]) << t << " " << h;
+    }
+  for (float x : o1) ASSERT_FALSE(std::isnan(x));
 }
 
 }  // namespace

@@ -99,6 +99,25 @@ inline ConstStateView make_const_state_view(const void* o, DType dtype, const fl
                          head_dim, base, space);
 }
 
+/// `v` with its LSE read head-major, `lse(t, h) = lse[h · lse_stride_head + t]`: the layout of
+/// FlashAttention's `softmax_lse`. Its `(batch, heads, seqlen)` output is one view per batch
+/// element (LSE pointer `softmax_lse + b · heads · seqlen`, `tokens = seqlen`); its varlen
+/// `(heads, total_q)` output is one view with `lse_stride_head = total_q`. `lse_stride_head` 0
+/// (the default) means `v.tokens`. (FlashInfer's LSE is `[tokens, heads]`, the factories'
+/// default.)
+inline StateView with_head_major_lse(StateView v, std::int64_t lse_stride_head = 0) {
+  v.lse_stride_token = 1;
+  v.lse_stride_head = lse_stride_head > 0 ? lse_stride_head : v.tokens;
+  return v;
+}
+
+/// @copydoc with_head_major_lse(StateView, std::int64_t)
+inline ConstStateView with_head_major_lse(ConstStateView v, std::int64_t lse_stride_head = 0) {
+  v.lse_stride_token = 1;
+  v.lse_stride_head = lse_stride_head > 0 ? lse_stride_head : v.tokens;
+  return v;
+}
+
 /// Shape, strides and tags of a stack of `num_states` states over the same tokens and heads.
 struct StateStackLayout : StateLayout {
   std::int64_t num_states = 0;        ///< S, the number of states merged per (token, head).
