@@ -131,9 +131,13 @@ int main() {
     pr.heads_q = hq;
     pr.heads_kv = hkv;
     pr.head_dim = D;
-    // Plan as cpu::decode(q, kv, opt, out) does (the worker threads are the slots of kAuto),
-    // then run that very layout, so the split count printed below is the one that ran.
-    const SplitLayout layout = plan_split_layout(pr, lens.data(), opt, cpu::num_threads(), hkv);
+    // A fixed 4 splits per request, so that the split merge runs whatever the host's thread
+    // count (the automatic policy would give each thread a whole request on a large host); the
+    // layout is planned here and run as is, so the split count printed below is the one that ran.
+    DecodeOptions cpu_opt = opt;
+    cpu_opt.policy = SplitPolicy::kFixedCount;
+    cpu_opt.num_splits = 4;
+    const SplitLayout layout = plan_split_layout(pr, lens.data(), cpu_opt, cpu::num_threads(), hkv);
     splits = layout.splits_for(static_cast<std::int32_t>(len_a));
     cpu::decode(make_tensor_view(q.data(), DType::kBF16, {batch, 1, hq, D}), kv, layout, scale,
                 state_a);

@@ -13,7 +13,11 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
+/// Throws `Error(kCudaError)` for `err`, returned by `what`. The failing call also recorded `err`
+/// as the thread's last error: it is consumed here (a non-sticky one is cleared), so that a later
+/// launch check does not report it again against another kernel.
 [[noreturn]] inline void throw_cuda(cudaError_t err, const char* what, const char* file, int line) {
+  (void)cudaGetLastError();
   throw Error(Status::kCudaError, std::string("attnstate: CUDA error in ") + what + " (" + file +
                                       ":" + std::to_string(line) + "): " + cudaGetErrorName(err) +
                                       ": " + cudaGetErrorString(err));

@@ -4,7 +4,10 @@
 /// Call shape: `plan_decode` (host, once per shape: picks the splits from the real lengths and
 /// the SM count, sizes the workspace) → allocate `plan.workspace_bytes()` of device memory and
 /// zero it once (`init_decode_workspace`) → `run_decode` (any number of times, on the caller's
-/// stream, never allocates, never synchronises, capturable in a CUDA graph).
+/// stream, never allocates, never synchronises, capturable in a CUDA graph). A workspace belongs
+/// to one plan (initialise it again before using it with another). Calls run on the current
+/// device, which must be the device of the stream and of every pointer; a null stream is the
+/// legacy default stream (pass `cudaStreamPerThread` or your own stream in engines).
 ///
 /// The kernel reads `seq_lens` and the page table on the device and derives each request's splits
 /// from its device length (clamped to the pages the table gives it), so a plan made for maximum
@@ -93,6 +96,10 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
 
 /// Zeroes the ticket counters of a workspace on `stream` (one `cudaMemsetAsync`). Call once after
 /// allocating the workspace (or after a failed run); every `run_decode` leaves them zero again.
+/// A workspace serves one plan: where the counters lie depends on the plan, so a workspace that
+/// another plan has used (e.g. after re-planning, or one buffer shared by several plans) must be
+/// initialised again for this plan before its next `run_decode` (stream-ordered, outside any
+/// graph that replays the other plan), or its split merges may never complete.
 /// @param plan             the plan the workspace serves.
 /// @param workspace        device memory of at least `plan.workspace_bytes()` (null if 0).
 /// @param workspace_bytes  size of `workspace` in bytes.
