@@ -10,8 +10,10 @@
 #include <exception>
 #include <sstream>
 
+#include "attnstate/core/error.hpp"
 #include "attnstate/testing/reference.hpp"
 #include "attnstate/testing/tolerance.hpp"
+#include "option_checks.hpp"
 
 namespace attnstate {
 namespace testing {
@@ -25,6 +27,52 @@ class QuietListener : public rc::detail::TestListener {
   void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
   void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
 };
+
+/// Fails the current case with `message` as its whole description. Unlike `RC_FAIL`, which
+/// prefixes the kit's own source location and macro text, the report then shows only what the
+/// law says; shrinking and the seed are unaffected (RC_FAIL throws the same `CaseResult`).
+[[noreturn]] void fail(const std::string& message) {
+  throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Failure, message);
+}
+
+bool is_law(Law law) {
+  const std::vector<Law> laws = all_laws();
+  return std::find(laws.begin(), laws.end(), law) != laws.end();
+}
+
+/// Rejects options that cannot be checked, before any case runs, so that a bad option is never
+/// reported as a failure of the kernel.
+void check_options(const StateKernel& fn, const KernelCheckOptions& o) {
+  const char* func = "attnstate::testing::check_state_kernel";
+  if (!fn) detail::throw_argument(func, "fn", "a callable kernel", "an empty StateKernel");
+  check_problem_gen_options(o.problems, func, "options.problems");
+  if (o.laws.empty()) {
+    detail::throw_argument(func, "options.laws", "at least one law (the default is all_laws())",
+                           "an empty list");
+  }
+  for (std::size_t i = 0; i < o.laws.size(); ++i) {
+    const std::string name = "options.laws[" + std::to_string(i) + "]";
+    if (!is_law(o.laws[i])) {
+      detail::throw_argument(func, name.c_str(), "a Law (kExactness ... kDeterminism)",
+                             "value " + std::to_string(static_cast<int>(o.laws[i])));
+    }
+    if (std::find(o.laws.begin(), o.laws.begin() + static_cast<std::ptrdiff_t>(i), o.laws[i]) !=
+        o.laws.begin() + static_cast<std::ptrdiff_t>(i)) {
+      detail::throw_argument(func, name.c_str(), "each law at most once",
+                             std::string(to_string(o.laws[i])) + " again");
+    }
+  }
+  if (o.num_tests < 1) {
+    detail::throw_argument(func, "options.num_tests", ">= 1", std::to_string(o.num_tests));
+  }
+  if (o.max_parts < 1) {
+    detail::throw_argument(func, "options.max_parts", ">= 1", std::to_string(o.max_parts));
+  }
+  if (!(std::isfinite(o.tolerance_factor) && o.tolerance_factor > 0)) {
+    detail::throw_argument(func, "options.tolerance_factor", "a finite value > 0",
+                           show_number(o.tolerance_factor));
+  }
+}
 
 std::string show_keys(const std::vector<std::int64_t>& keys) {
   std::ostringstream ss;
@@ -40,7 +88,7 @@ HostState call(const StateKernel& fn, const AttentionProblem& p,
   try {
     return fn(p, keys);
   } catch (const std::exception& e) {
-    RC_FAIL(std::string(law) + ": the kernel threw for keys " + show_keys(keys) + ": " + e.what());
+    fail(std::string(law) + ": the kernel threw for keys " + show_keys(keys) + ": " + e.what());
   }
 }
 
@@ -61,8 +109,8 @@ void law_exactness(const StateKernel& fn, const KernelCheckOptions& opt) {
   const HostState out = call(fn, p, keys, "exactness");
   const std::string msg = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
   if (!msg.empty()) {
-    RC_FAIL("exactness: fn(K) differs from the double-precision reference, K = " + show_keys(keys) +
-            "\n" + msg);
+    fail("exactness: fn(K) differs from the double-precision reference, K = " + show_keys(keys) +
+         "\n" + msg);
   }
 }
 
@@ -73,13 +121,13 @@ void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
   // merge also checks that every returned state's base tag is honoured.
   const std::vector<LseBase>& bases = opt.problems.bases;
   const auto base_of_part = *rc::gen::container<std::vector<std::size_t>>(
-      pp.parts.size(), rc::gen::inRange<std::size_t>(0, bases.empty() ? 1 : bases.size()));
+      pp.parts.size(), rc::gen::inRange<std::size_t>(0, bases.size()));
   const HostState whole = call(fn, p, all_keys(p.num_keys()), "split_merge");
   std::vector<HostState> parts;
   std::ostringstream desc;
   for (std::size_t i = 0; i < pp.parts.size(); ++i) {
     AttentionProblem pi = p;
-    if (!bases.empty()) pi.base = bases[base_of_part[i]];
+    pi.base = bases[base_of_part[i]];
     parts.push_back(call(fn, pi, pp.parts[i], "split_merge"));
     desc << (i ? ", " : "") << "P" << i + 1 << " = " << show_keys(pp.parts[i]) << " ("
          << to_string(parts.back().base()) << ")";
@@ -91,7 +139,7 @@ void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
     ss << "split_merge: fn(all keys) differs from the ⊕ of fn over the " << parts.size()
        << " parts " << desc.str() << " (⊕ in double over the kernel's outputs)\n"
        << msg;
-    RC_FAIL(ss.str());
+    fail(ss.str());
   }
 }
 
@@ -100,7 +148,7 @@ void law_identity(const StateKernel& fn, const KernelCheckOptions& opt) {
   const HostState out = call(fn, p, {}, "identity");
   const std::string msg = compare_states(out, reference_state(p, {}), Tolerance{});
   if (!msg.empty()) {
-    RC_FAIL("identity: fn(∅) must be exactly the empty state (o = 0, lse = -inf)\n" + msg);
+    fail("identity: fn(∅) must be exactly the empty state (o = 0, lse = -inf)\n" + msg);
   }
 }
 
@@ -109,8 +157,8 @@ void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
   const auto keys = all_keys(p.num_keys());
   const HostState out = call(fn, p, keys, "declared_base");
   if (out.base() != p.base) {
-    RC_FAIL(std::string("declared_base: the state is declared ") + to_string(out.base()) + " but " +
-            to_string(p.base) + " was requested");
+    fail(std::string("declared_base: the state is declared ") + to_string(out.base()) + " but " +
+         to_string(p.base) + " was requested");
   }
   Tolerance lse_only = law_tolerance(p, opt);
   lse_only.o_abs = lse_only.o_rel = 1e300;
@@ -127,7 +175,7 @@ void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
     why += std::string(": they are ") + to_string(other) + " LSEs declared " +
            to_string(out.base()) + " (the classic mixed-base bug)";
   }
-  RC_FAIL(why + "\n" + msg);
+  fail(why + "\n" + msg);
 }
 
 void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
@@ -145,12 +193,12 @@ void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
         ss << "large_logits: inf/NaN in row [" << t << "," << h << "] (lse " << out.lse(t, h)
            << ", o[0] " << out.o(t, h, 0) << ") with scores up to " << max_abs_score(p)
            << " in magnitude: is the running max subtracted before exponentiating?";
-        RC_FAIL(ss.str());
+        fail(ss.str());
       }
     }
   }
   const std::string msg = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
-  if (!msg.empty()) RC_FAIL("large_logits: differs from the double-precision reference\n" + msg);
+  if (!msg.empty()) fail("large_logits: differs from the double-precision reference\n" + msg);
 }
 
 void law_determinism(const StateKernel& fn, const KernelCheckOptions& opt) {
@@ -160,8 +208,7 @@ void law_determinism(const StateKernel& fn, const KernelCheckOptions& opt) {
   const HostState b = call(fn, p, keys, "determinism");
   const std::string msg = compare_bitwise(a, b);
   if (!msg.empty()) {
-    RC_FAIL("determinism: two calls on the same inputs differ, K = " + show_keys(keys) + "\n" +
-            msg);
+    fail("determinism: two calls on the same inputs differ, K = " + show_keys(keys) + "\n" + msg);
   }
 }
 
@@ -194,6 +241,10 @@ std::uint64_t default_seed() { return rc::detail::configuration().testParams.see
 
 PropertyResult run_property(const std::string& name, const std::function<void()>& property,
                             int num_tests, std::uint64_t seed, bool shrink) {
+  const char* func = "attnstate::testing::run_property";
+  if (!property)
+    detail::throw_argument(func, "property", "a callable property", "an empty function");
+  if (num_tests < 1) detail::throw_argument(func, "num_tests", ">= 1", std::to_string(num_tests));
   rc::detail::TestParams params = rc::detail::configuration().testParams;
   params.maxSuccess = num_tests;
   params.seed = seed != 0 ? seed : default_seed();
@@ -263,6 +314,7 @@ std::string KernelCheckReport::summary() const {
 }
 
 KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOptions& options) {
+  check_options(fn, options);
   KernelCheckReport report;
   report.seed = options.seed != 0 ? options.seed : default_seed();
   for (Law law : options.laws) {

@@ -6,7 +6,11 @@
 #include <limits>
 #include <ostream>
 #include <random>
+#include <string>
 #include <utility>
+
+#include "attnstate/core/error.hpp"
+#include "option_checks.hpp"
 
 namespace attnstate {
 namespace testing {
@@ -23,8 +27,9 @@ rc::Gen<std::uint64_t> gen_seed() {
   return rc::gen::resize(kFullSize, rc::gen::arbitrary<std::uint64_t>());
 }
 
-/// One element of `choices` (non-empty); unlike `rc::gen::elementOf` it shrinks towards the
-/// first element, so list the simplest choice first.
+/// One element of `choices` (non-empty: the public generators check their options first);
+/// unlike `rc::gen::elementOf` it shrinks towards the first element, so list the simplest choice
+/// first.
 template <class T>
 rc::Gen<T> pick(const std::vector<T>& choices) {
   if (choices.empty()) throw rc::GenerationFailure("empty list of choices");
@@ -90,9 +95,109 @@ rc::Gen<float> gen_lse(const StateGenOptions& opt) {
   });
 }
 
+/// `<prefix>.<name>`.
+std::string field(const std::string& prefix, const char* name) { return prefix + "." + name; }
+
+/// `<prefix>.<name>[<i>]`.
+std::string element(const std::string& prefix, const char* name, std::size_t i) {
+  return field(prefix, name) + "[" + std::to_string(i) + "]";
+}
+
+void check_at_least(std::int64_t value, std::int64_t min, const char* func,
+                    const std::string& name) {
+  if (value < min) {
+    detail::throw_argument(func, name.c_str(), ">= " + std::to_string(min), std::to_string(value));
+  }
+}
+
+/// A non-empty list of values >= 1 (GQA group sizes, head dims).
+void check_extents(const std::vector<std::int64_t>& values, const char* func,
+                   const std::string& prefix, const char* name, const char* what) {
+  if (values.empty()) {
+    detail::throw_argument(func, field(prefix, name).c_str(),
+                           std::string("a non-empty list of ") + what, "an empty list");
+  }
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    check_at_least(values[i], 1, func, element(prefix, name, i));
+  }
+}
+
+/// A non-empty list of valid dtypes.
+void check_dtypes(const std::vector<DType>& dtypes, const char* func, const std::string& prefix,
+                  const char* name) {
+  if (dtypes.empty()) {
+    detail::throw_argument(func, field(prefix, name).c_str(),
+                           "a non-empty list of dtypes (e.g. {DType::kF32})", "an empty list");
+  }
+  for (std::size_t i = 0; i < dtypes.size(); ++i) {
+    if (!is_valid(dtypes[i])) {
+      detail::throw_argument(func, element(prefix, name, i).c_str(), "f32, f16 or bf16",
+                             "value " + std::to_string(static_cast<int>(dtypes[i])));
+    }
+  }
+}
+
+/// A non-empty list of valid LSE bases.
+void check_bases(const std::vector<LseBase>& bases, const char* func, const std::string& prefix) {
+  if (bases.empty()) {
+    detail::throw_argument(func, field(prefix, "bases").c_str(),
+                           "a non-empty list of LSE bases (e.g. {LseBase::kNatural})",
+                           "an empty list");
+  }
+  for (std::size_t i = 0; i < bases.size(); ++i) {
+    if (bases[i] != LseBase::kNatural && bases[i] != LseBase::kBase2) {
+      detail::throw_argument(func, element(prefix, "bases", i).c_str(), "natural or base2",
+                             "value " + std::to_string(static_cast<int>(bases[i])));
+    }
+  }
+}
+
 }  // namespace
 
+void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
+                               const std::string& prefix) {
+  check_at_least(o.max_tokens, 1, func, field(prefix, "max_tokens"));
+  check_at_least(o.min_keys, 0, func, field(prefix, "min_keys"));
+  if (o.max_keys < o.min_keys) {
+    detail::throw_argument(func, field(prefix, "max_keys").c_str(),
+                           ">= " + field(prefix, "min_keys") + " = " + std::to_string(o.min_keys),
+                           std::to_string(o.max_keys));
+  }
+  check_at_least(o.max_heads_kv, 1, func, field(prefix, "max_heads_kv"));
+  check_extents(o.group_sizes, func, prefix, "group_sizes", "GQA group sizes (H_q / H_kv)");
+  check_extents(o.head_dims, func, prefix, "head_dims", "head dims");
+  check_dtypes(o.input_dtypes, func, prefix, "input_dtypes");
+  check_dtypes(o.output_dtypes, func, prefix, "output_dtypes");
+  check_bases(o.bases, func, prefix);
+  if (o.large_logits_percent < 0 || o.large_logits_percent > 100) {
+    detail::throw_argument(func, field(prefix, "large_logits_percent").c_str(), "0 to 100",
+                           std::to_string(o.large_logits_percent));
+  }
+  if (!(std::isfinite(o.large_logit_factor) && o.large_logit_factor > 0.f)) {
+    detail::throw_argument(func, field(prefix, "large_logit_factor").c_str(), "a finite value > 0",
+                           show_number(o.large_logit_factor));
+  }
+}
+
+void check_state_gen_options(const StateGenOptions& o, const char* func,
+                             const std::string& prefix) {
+  check_at_least(o.max_tokens, 1, func, field(prefix, "max_tokens"));
+  check_at_least(o.max_heads, 1, func, field(prefix, "max_heads"));
+  check_at_least(o.max_head_dim, 1, func, field(prefix, "max_head_dim"));
+  check_dtypes(o.dtypes, func, prefix, "dtypes");
+  check_bases(o.bases, func, prefix);
+  if (!std::isfinite(o.lse_magnitude)) {
+    detail::throw_argument(func, field(prefix, "lse_magnitude").c_str(), "a finite value",
+                           show_number(o.lse_magnitude));
+  }
+}
+
 rc::Gen<StateShape> gen_state_shape(const StateGenOptions& opt) {
+  // Only the extents matter here (the dtype and base lists may be anything).
+  const char* func = "attnstate::testing::gen_state_shape";
+  check_at_least(opt.max_tokens, 1, func, "options.max_tokens");
+  check_at_least(opt.max_heads, 1, func, "options.max_heads");
+  check_at_least(opt.max_head_dim, 1, func, "options.max_head_dim");
   return rc::gen::exec([opt] {
     StateShape s;
     s.tokens = *rc::gen::inRange<std::int64_t>(1, opt.max_tokens + 1);
@@ -103,6 +208,7 @@ rc::Gen<StateShape> gen_state_shape(const StateGenOptions& opt) {
 }
 
 rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& opt) {
+  check_state_gen_options(opt, "attnstate::testing::gen_state", "options");
   return rc::gen::exec([shape, opt] {
     const DType dt = *pick(opt.dtypes);
     const LseBase base = *pick(opt.bases);
@@ -117,11 +223,13 @@ rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& opt
 }
 
 rc::Gen<HostState> gen_state(const StateGenOptions& opt) {
+  check_state_gen_options(opt, "attnstate::testing::gen_state", "options");
   return rc::gen::mapcat(gen_state_shape(opt),
                          [opt](const StateShape& shape) { return gen_state(shape, opt); });
 }
 
 rc::Gen<HostState> gen_empty_state(const StateShape& shape, const StateGenOptions& opt) {
+  check_state_gen_options(opt, "attnstate::testing::gen_empty_state", "options");
   return rc::gen::exec([shape, opt] {
     const DType dt = *pick(opt.dtypes);
     const LseBase base = *pick(opt.bases);
@@ -134,6 +242,7 @@ rc::Gen<HostState> gen_empty_state(const StateShape& shape, const StateGenOption
 
 rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
                                            const StateGenOptions& opt) {
+  check_state_gen_options(opt, "attnstate::testing::gen_states", "options");
   return rc::gen::exec([min_count, max_count, opt] {
     const StateShape shape = *gen_state_shape(opt);
     const int lo = min_count < 1 ? 1 : min_count;
@@ -198,6 +307,7 @@ ProblemGenOptions decode_problem_options() {
 }
 
 rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
+  check_problem_gen_options(opt, "attnstate::testing::gen_attention_problem", "options");
   return rc::gen::exec([opt] {
     const std::int64_t tokens = *rc::gen::inRange<std::int64_t>(1, opt.max_tokens + 1);
     const std::int64_t hkv = *rc::gen::inRange<std::int64_t>(1, opt.max_heads_kv + 1);
@@ -235,6 +345,7 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
 }
 
 rc::Gen<PartitionedProblem> gen_partitioned_problem(const ProblemGenOptions& opt, int max_parts) {
+  check_problem_gen_options(opt, "attnstate::testing::gen_partitioned_problem", "options");
   return rc::gen::exec([opt, max_parts] {
     PartitionedProblem pp;
     pp.problem = *gen_attention_problem(opt);

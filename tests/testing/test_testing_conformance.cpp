@@ -4,11 +4,13 @@
 ///        the seed.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/gtest.hpp"
+#include "attnstate/testing/rapidcheck_support.hpp"
 #include "sample_kernels.hpp"
 
 namespace {
@@ -102,6 +104,36 @@ TEST(KitConformance, FailureReportNamesLawShrunkCaseAndSeed) {
       << text;
   EXPECT_NE(report.failed_laws().find("identity"), std::string::npos);
   EXPECT_FALSE(report.failed(Law::kLargeLogits));
+  // The law's own description, without the kit's source location or macro text.
+  EXPECT_NE(text.find("\n\nidentity: fn(∅) must be exactly the empty state"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("RC_FAIL"), std::string::npos) << text;
+  EXPECT_EQ(text.find("conformance.cpp"), std::string::npos) << text;
+}
+
+TEST(KitConformance, KernelThrowingIsReportedWithItsMessageOnly) {
+  KernelCheckOptions o = quick_options(4242);
+  o.laws = {Law::kIdentity};
+  const KernelCheckReport report = check_state_kernel(
+      [](const AttentionProblem&, const std::vector<std::int64_t>&) -> HostState {
+        throw std::runtime_error("out of registers");
+      },
+      o);
+  const std::string text = report.summary();
+  EXPECT_NE(text.find("identity: the kernel threw for keys {}: out of registers"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("RC_FAIL"), std::string::npos) << text;
+}
+
+TEST(KitConformance, NumTestsNotMaxSuccessSetsTheCaseCount) {
+  // RC_PARAMS' max_success (e.g. from ATTNSTATE_RC_DEFAULT_PARAMS) is not used by the kit.
+  KernelCheckOptions o = quick_options();
+  o.num_tests = attnstate::testing::rc_max_success() + 3;
+  o.laws = {Law::kIdentity};
+  const KernelCheckReport report = check_state_kernel(sample(Defect::kNone), o);
+  ASSERT_EQ(report.laws.size(), 1u);
+  EXPECT_EQ(report.laws[0].num_tests, o.num_tests);
 }
 
 TEST(KitConformance, SameSeedReproducesTheSameReport) {

@@ -150,6 +150,26 @@ TEST(KitTolerance, CompareFlagsEachKindOfMismatch) {
   EXPECT_NE(compare_states(want, nan_lse, tol).find("expected NaN"), std::string::npos);
 }
 
+TEST(KitTolerance, StatesCloseTakesAHostStateOrAReferenceState) {
+  HostState want(1, 1, 2, DType::kF32, LseBase::kNatural);
+  want.set_lse(0, 0, 1.f);
+  want.set_o(0, 0, 0, 0.5f);
+  want.set_o(0, 0, 1, -0.5f);
+  const Tolerance tol = tolerance_for(DType::kF32);
+  HostState off = want;
+  off.set_o(0, 0, 1, -0.5f + 1e-3f);
+
+  // Expected as a stored state (the overload of compare_states / ATTNSTATE_EXPECT_STATES_CLOSE).
+  EXPECT_TRUE(states_close(want, want, tol));
+  EXPECT_FALSE(states_close(off, want, tol));
+  EXPECT_TRUE(states_close(want.converted(DType::kF32, LseBase::kBase2), want, tol));
+  // Expected in double.
+  EXPECT_TRUE(states_close(want, to_reference(want), tol));
+  EXPECT_FALSE(states_close(off, to_reference(want), tol));
+  // Both forms agree with compare_states.
+  EXPECT_EQ(states_close(off, want, tol), compare_states(off, want, tol).empty());
+}
+
 TEST(KitTolerance, DtypeTolerancesAreOrdered) {
   EXPECT_LT(tolerance_for(DType::kF32).o_rel, tolerance_for(DType::kF16).o_rel);
   EXPECT_LT(tolerance_for(DType::kF16).o_rel, tolerance_for(DType::kBF16).o_rel);

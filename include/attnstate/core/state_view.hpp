@@ -105,13 +105,19 @@ inline ConstStateView make_const_state_view(const void* o, DType dtype, const fl
 /// `(heads, total_q)` output is one view with `lse_stride_head = total_q`. `lse_stride_head` 0
 /// (the default) means `v.tokens`. (FlashInfer's LSE is `[tokens, heads]`, the factories'
 /// default.)
+/// @param v                a state view.
+/// @param lse_stride_head  elements between the LSEs of consecutive heads; 0 means `v.tokens`.
+/// @return `v` with `lse_stride_token = 1` and that `lse_stride_head`.
 inline StateView with_head_major_lse(StateView v, std::int64_t lse_stride_head = 0) {
   v.lse_stride_token = 1;
   v.lse_stride_head = lse_stride_head > 0 ? lse_stride_head : v.tokens;
   return v;
 }
 
-/// @copydoc with_head_major_lse(StateView, std::int64_t)
+/// `v` with its LSE read head-major (the read-only form of the overload above).
+/// @param v                a read-only state view.
+/// @param lse_stride_head  elements between the LSEs of consecutive heads; 0 means `v.tokens`.
+/// @return `v` with `lse_stride_token = 1` and that `lse_stride_head`.
 inline ConstStateView with_head_major_lse(ConstStateView v, std::int64_t lse_stride_head = 0) {
   v.lse_stride_token = 1;
   v.lse_stride_head = lse_stride_head > 0 ? lse_stride_head : v.tokens;

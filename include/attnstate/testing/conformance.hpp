@@ -37,23 +37,30 @@ enum class Law {
   kDeterminism,   ///< Two calls with the same inputs give bitwise-identical states.
 };
 
-/// Name of a law ("exactness", "split_merge", "identity", "declared_base", "large_logits",
-/// "determinism").
+/// Name of a law.
+/// @param law  the law.
+/// @return "exactness", "split_merge", "identity", "declared_base", "large_logits",
+///         "determinism" (or "unknown" for a value outside `Law`).
 const char* to_string(Law law);
 
 /// Every law, in the order they are checked.
+/// @return the six laws (the default of `KernelCheckOptions::laws`).
 std::vector<Law> all_laws();
 
-/// Options of `check_state_kernel`.
+/// Options of `check_state_kernel`. `check_state_kernel` validates them before running any
+/// case and throws `attnstate::Error` (`kInvalidArgument`) naming the offending field.
 struct KernelCheckOptions {
-  ProblemGenOptions problems;          ///< The problems drawn (shapes, dtypes, bases).
-  std::vector<Law> laws = all_laws();  ///< The laws to check.
-  int num_tests = 200;                 ///< Successful cases required per law.
-  int max_parts = 5;                   ///< Largest partition for `kSplitMerge`.
+  ProblemGenOptions problems;          ///< The problems drawn (shapes, dtypes, bases): every
+                                       ///< list non-empty, `min_keys <= max_keys`.
+  std::vector<Law> laws = all_laws();  ///< The laws to check (at least one, each once).
+  int num_tests = 200;                 ///< Successful cases required per law (≥ 1). This, not
+                                       ///< `RC_PARAMS`' `max_success`, sets the case count.
+  int max_parts = 5;                   ///< Largest partition for `kSplitMerge` (≥ 1).
   std::uint64_t seed = 0;              ///< RapidCheck seed; 0 takes the seed of `RC_PARAMS`
                                        ///< (random per process unless set there).
-  double tolerance_factor = 1.0;       ///< Multiplies every tolerance (relax for low-precision
-                                       ///< kernels; the defaults are `tolerance_for(problem)`).
+  double tolerance_factor = 1.0;       ///< Multiplies every tolerance (finite, > 0; relax for
+                                       ///< low-precision kernels; the defaults are
+                                       ///< `tolerance_for(problem)`).
   bool shrink = true;                  ///< Shrink failures to a minimal case.
 };
 
@@ -76,25 +83,37 @@ struct KernelCheckReport {
   std::uint64_t seed = 0;       ///< The RapidCheck seed every law ran with.
   std::vector<LawResult> laws;  ///< One entry per checked law.
 
-  /// True when every checked law passed.
+  /// @return true when every checked law passed.
   bool passed() const;
-  /// True when `law` was checked and failed.
+  /// @param law  a law.
+  /// @return true when `law` was checked and failed.
   bool failed(Law law) const;
-  /// The names of the failed laws, comma-separated ("" when all passed).
+  /// @return the names of the failed laws, comma-separated ("" when all passed).
   std::string failed_laws() const;
-  /// A multi-line summary: one line per law (`PASS`/`FAIL`, cases), then each failure's
-  /// message, then the seed and how to reproduce (`KernelCheckOptions::seed = <seed>` or
-  /// `RC_PARAMS="seed=<seed>"`).
+  /// @return a multi-line summary: one line per law (`PASS`/`FAIL`, cases), then each
+  ///         failure's message, then the seed and how to reproduce
+  ///         (`KernelCheckOptions::seed = <seed>` or `RC_PARAMS="seed=<seed>"`).
   std::string summary() const;
 };
 
 /// Property-tests `fn` against the laws in `options.laws` with RapidCheck and returns a report.
 ///
-/// Each law runs `options.num_tests` random cases drawn from `options.problems`; a failing case
-/// is shrunk to a minimal one (fewest tokens, heads, keys, parts; simplest dtype and base),
-/// printed in the report with the law's name and the seed. Exceptions thrown by `fn` count as
-/// failures of the law being checked. Comparisons use `tolerance_for(problem)` scaled by
-/// `options.tolerance_factor` (twice that for `kSplitMerge`, where both sides carry error).
+/// Each law runs `options.num_tests` random cases drawn from `options.problems` (RapidCheck's
+/// `max_success`, e.g. from `RC_PARAMS` or `ATTNSTATE_RC_DEFAULT_PARAMS`, does not change that
+/// count); a failing case is shrunk to a minimal one (fewest tokens, heads, keys, parts; simplest
+/// dtype and base), printed in the report with the law's name and the seed. Exceptions thrown by
+/// `fn` count as failures of the law being checked. Comparisons use `tolerance_for(problem)`
+/// scaled by `options.tolerance_factor` (twice that for `kSplitMerge`, where both sides carry
+/// error). The dtype of the returned state is not checked against `problem.out_dtype`: only its
+/// values are compared, at the tolerance of the requested dtype.
+///
+/// @param fn       the kernel under test.
+/// @param options  the problems drawn, the laws, the case count, the seed and the tolerances.
+/// @return one result per law in `options.laws` (pass or failure message) and the seed used.
+/// @throws attnstate::Error (`kInvalidArgument`) before running any case when `fn` is empty or
+///         `options` is invalid (an empty list in `options.problems` or `options.laws`,
+///         `min_keys > max_keys`, `num_tests < 1`, ...); the message names the field, e.g.
+///         `options.problems.bases`.
 ///
 /// Example (a kernel author's whole test):
 /// @code
@@ -114,11 +133,14 @@ KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOpt
 /// @param num_tests  cases required to pass.
 /// @param seed       RapidCheck seed (0: the seed of `RC_PARAMS`).
 /// @param shrink     whether to shrink a failure.
+/// @return whether every case passed, the cases that passed and, on failure, the shrunk
+///         counterexample, the failure's description and the seed.
+/// @throws attnstate::Error (`kInvalidArgument`) when `property` is empty or `num_tests < 1`.
 PropertyResult run_property(const std::string& name, const std::function<void()>& property,
                             int num_tests, std::uint64_t seed, bool shrink = true);
 
-/// The seed RapidCheck uses in this process when none is given (from `RC_PARAMS`, else
-/// drawn randomly once per process).
+/// The seed RapidCheck uses in this process when none is given.
+/// @return the seed of `RC_PARAMS`, else one drawn randomly once per process.
 std::uint64_t default_seed();
 
 }  // namespace testing

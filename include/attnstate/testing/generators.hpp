@@ -42,30 +42,59 @@ struct StateGenOptions {
 };
 
 /// A random state shape within `options`' limits.
+/// @param options  the limits (`max_tokens`, `max_heads`, `max_head_dim`, each ≥ 1).
+/// @return a generator of shapes, shrinking towards `(1, 1, 1)`.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the field when a limit is below 1.
 rc::Gen<StateShape> gen_state_shape(const StateGenOptions& options = {});
 
 /// States of random shape, dtype and base: each row's LSE is ordinary (`[-20, 20]`), extreme
 /// (near ±`lse_magnitude`), or empty (`-inf`, with NaN or garbage in `o` when
 /// `nan_in_empty_o`); `o` of non-empty rows lies in `[-1, 1]`, rounded to the dtype.
+/// @param options  what may be drawn.
+/// @return a generator of states.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.dtypes`) when
+///         `options` is invalid: an empty dtype or base list, a limit below 1.
 rc::Gen<HostState> gen_state(const StateGenOptions& options = {});
 /// States of the given shape (dtype, base and values random as above).
+/// @param shape    the shape of every state drawn.
+/// @param options  what may be drawn (the shape limits are ignored).
+/// @return a generator of states of `shape`.
+/// @throws attnstate::Error (`kInvalidArgument`) as `gen_state(const StateGenOptions&)`.
 rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& options = {});
 /// Empty states `(o = garbage or NaN, lse = -inf)` of the given shape, random dtype and base.
+/// @param shape    the shape of every state drawn.
+/// @param options  the dtypes and bases drawn, and whether `o` holds garbage or NaN.
+/// @return a generator of empty states of `shape`.
+/// @throws attnstate::Error (`kInvalidArgument`) as `gen_state(const StateGenOptions&)`.
 rc::Gen<HostState> gen_empty_state(const StateShape& shape, const StateGenOptions& options = {});
 /// Between `min_count` and `max_count` states (≥ 1) of one shape (random per list).
+/// @param min_count  fewest states (values below 1 count as 1).
+/// @param max_count  most states (values below `min_count` count as `min_count`).
+/// @param options    what may be drawn.
+/// @return a generator of non-empty lists of states sharing one shape.
+/// @throws attnstate::Error (`kInvalidArgument`) as `gen_state(const StateGenOptions&)`.
 rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
                                            const StateGenOptions& options = {});
 
 /// A random subset of `[0, n_keys)`, sorted; may be empty or the whole set.
+/// @param n_keys  the number of keys (≥ 0).
+/// @return a generator of sorted key indices.
 rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys);
 /// Two disjoint random subsets of `[0, n_keys)` (each sorted, either may be empty).
+/// @param n_keys  the number of keys (≥ 0).
+/// @return a generator of pairs of disjoint, sorted key-index lists.
 rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_disjoint_pair(
     std::int64_t n_keys);
 /// A random partition of `[0, n_keys)` into 1 to `max_parts` parts, each sorted. Parts may be
 /// empty or hold a single key; their union is the whole set and they are pairwise disjoint.
+/// @param n_keys     the number of keys (≥ 0).
+/// @param max_parts  most parts (values below 1 count as 1).
+/// @return a generator of partitions (lists of sorted key-index lists).
 rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_keys, int max_parts);
 
-/// What `gen_attention_problem` may produce.
+/// What `gen_attention_problem` may produce. Every list must be non-empty and
+/// `min_keys <= max_keys`: the generators and `check_state_kernel` throw `attnstate::Error`
+/// (`kInvalidArgument`) naming the field otherwise.
 struct ProblemGenOptions {
   std::int64_t max_tokens = 3;                        ///< Query rows drawn from `[1, max_tokens]`.
   std::int64_t min_keys = 0;                          ///< Keys drawn from `[min_keys, max_keys]`.
@@ -82,11 +111,17 @@ struct ProblemGenOptions {
 
 /// Decode-shaped problems: 1 to 8 query rows (speculative decode), GQA groups 4 and 8,
 /// head_dim 64 or 128, up to 300 keys, f16/bf16 inputs.
+/// @return those options (outputs still f32, f16 or bf16, both bases).
 ProblemGenOptions decode_problem_options();
 
 /// Random attention problems: `q`, `k`, `v` uniform in `[-1, 1]` rounded to the input dtype
 /// (`q` multiplied by `large_logit_factor` in `large_logits_percent`% of problems), scale
 /// `1/sqrt(head_dim)` or 1, a random output dtype and base.
+/// @param options  what may be drawn.
+/// @return a generator of problems, shrinking towards one token, one head, head_dim and key
+///         count at their minimum, the first listed dtypes and base.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.bases`) when
+///         `options` is invalid: an empty list, `min_keys > max_keys`, a limit below 1.
 rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& options = {});
 
 /// A problem and a partition of its keys into up to `max_parts` parts.
@@ -95,11 +130,19 @@ struct PartitionedProblem {
   std::vector<std::vector<std::int64_t>> parts;  ///< Disjoint parts covering all its keys.
 };
 /// A random problem with a random partition of its keys (see `gen_partition`).
+/// @param options    what problems may be drawn.
+/// @param max_parts  most parts (values below 1 count as 1).
+/// @return a generator of problems with a partition of their keys.
+/// @throws attnstate::Error (`kInvalidArgument`) as `gen_attention_problem`.
 rc::Gen<PartitionedProblem> gen_partitioned_problem(const ProblemGenOptions& options,
                                                     int max_parts);
 /// RapidCheck's hook for showing a partitioned problem.
+/// @param value  the problem and its partition.
+/// @param os     the stream written to.
 void showValue(const PartitionedProblem& value, std::ostream& os);
 /// RapidCheck's hook for showing a shape.
+/// @param shape  the shape, printed as `(tokens, heads, head_dim)`.
+/// @param os     the stream written to.
 void showValue(const StateShape& shape, std::ostream& os);
 
 }  // namespace testing
@@ -107,8 +150,12 @@ void showValue(const StateShape& shape, std::ostream& os);
 
 namespace attnstate {
 /// RapidCheck's hook for showing a dtype in a counterexample ("f32", "f16", "bf16").
+/// @param dtype  the dtype.
+/// @param os     the stream written to.
 inline void showValue(DType dtype, std::ostream& os) { os << to_string(dtype); }
 /// RapidCheck's hook for showing an LSE base in a counterexample ("natural", "base2").
+/// @param base  the base.
+/// @param os    the stream written to.
 inline void showValue(LseBase base, std::ostream& os) { os << to_string(base); }
 }  // namespace attnstate
 
@@ -116,7 +163,7 @@ namespace rc {
 /// `rc::gen::arbitrary<DType>()`: f32, f16 or bf16 (shrinks towards f32).
 template <>
 struct Arbitrary<attnstate::DType> {
-  /// The generator.
+  /// @return the generator.
   static Gen<attnstate::DType> arbitrary() {
     return gen::element(attnstate::DType::kF32, attnstate::DType::kF16, attnstate::DType::kBF16);
   }
@@ -124,7 +171,7 @@ struct Arbitrary<attnstate::DType> {
 /// `rc::gen::arbitrary<LseBase>()`: natural or base 2 (shrinks towards natural).
 template <>
 struct Arbitrary<attnstate::LseBase> {
-  /// The generator.
+  /// @return the generator.
   static Gen<attnstate::LseBase> arbitrary() {
     return gen::element(attnstate::LseBase::kNatural, attnstate::LseBase::kBase2);
   }
@@ -132,7 +179,7 @@ struct Arbitrary<attnstate::LseBase> {
 /// `rc::gen::arbitrary<HostState>()`: `attnstate::testing::gen_state()` with default options.
 template <>
 struct Arbitrary<attnstate::testing::HostState> {
-  /// The generator.
+  /// @return the generator.
   static Gen<attnstate::testing::HostState> arbitrary() { return attnstate::testing::gen_state(); }
 };
 }  // namespace rc

@@ -15,6 +15,12 @@ namespace testing {
 
 /// `check_state_kernel(fn, options)` as a GoogleTest assertion result whose failure text is
 /// the report's summary (failed laws, shrunk cases, seed).
+/// @param fn       the kernel under test.
+/// @param options  as for `check_state_kernel`.
+/// @return success when every law in `options.laws` held, else a failure carrying the summary.
+/// @throws attnstate::Error (`kInvalidArgument`) when `fn` is empty or `options` is invalid
+///         (as `check_state_kernel`): GoogleTest then reports the test as failed with that
+///         message, which names the field.
 inline ::testing::AssertionResult kernel_conforms(const StateKernel& fn,
                                                   const KernelCheckOptions& options = {}) {
   const KernelCheckReport report = check_state_kernel(fn, options);
@@ -23,6 +29,11 @@ inline ::testing::AssertionResult kernel_conforms(const StateKernel& fn,
 }
 
 /// `compare_states` as a GoogleTest assertion result.
+/// @tparam Expected  `HostState` or `ReferenceState`.
+/// @param actual    the state under test.
+/// @param expected  the expected state.
+/// @param tol       the allowed error.
+/// @return success when they match, else a failure listing the first mismatches.
 template <class Expected>
 ::testing::AssertionResult states_close_assertion(const HostState& actual, const Expected& expected,
                                                   const Tolerance& tol) {

@@ -26,59 +26,85 @@ class HostState {
   /// A state with no rows (0 tokens, 0 heads, 0 head_dim).
   HostState() = default;
   /// The empty state `(0, -inf)` of shape `(tokens, heads, head_dim)`, `o` stored in `dtype`,
-  /// LSE in `base`. @throws attnstate::Error (`kInvalidArgument`) on a negative extent.
+  /// LSE in `base`.
+  /// @param tokens    number of tokens (≥ 0).
+  /// @param heads     heads per token (≥ 0).
+  /// @param head_dim  elements of `o` per (token, head) (≥ 0).
+  /// @param dtype     storage dtype of `o`.
+  /// @param base      base of the LSEs.
+  /// @throws attnstate::Error (`kInvalidArgument`) on a negative extent.
   HostState(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, DType dtype,
             LseBase base);
   /// A deep copy of a host state view of any strides (`o` keeps the view's dtype, the LSEs
-  /// keep its base). @throws attnstate::Error (`kInvalidArgument`) on a null pointer or a
-  /// device view.
+  /// keep its base): the easy way to return a kernel's host output to the kit.
+  /// @param view  a state in host memory (e.g. `make_state_view(o, dtype, lse, ...)` over the
+  ///              kernel's output buffers).
+  /// @return an owning, contiguous copy with the view's shape, dtype and base.
+  /// @throws attnstate::Error (`kInvalidArgument`) on a null pointer or a device view.
   static HostState from_view(const ConstStateView& view);
 
-  /// Number of tokens (independent query rows).
+  /// @return the number of tokens (independent query rows).
   std::int64_t tokens() const { return tokens_; }
-  /// Heads per token.
+  /// @return the heads per token.
   std::int64_t heads() const { return heads_; }
-  /// Elements of `o` per (token, head).
+  /// @return the elements of `o` per (token, head).
   std::int64_t head_dim() const { return head_dim_; }
-  /// Storage type of `o`.
+  /// @return the storage type of `o`.
   DType dtype() const { return o_.dtype(); }
-  /// Base of the stored LSEs.
+  /// @return the base of the stored LSEs.
   LseBase base() const { return base_; }
 
   /// `o[t, h, d]` converted to float (exact).
+  /// @param t  token; @param h  head; @param d  element.
+  /// @return the stored value as a float.
   float o(std::int64_t t, std::int64_t h, std::int64_t d) const;
   /// Stores `o[t, h, d] = x`, rounded once to `dtype()`.
+  /// @param t  token; @param h  head; @param d  element; @param x  the value.
   void set_o(std::int64_t t, std::int64_t h, std::int64_t d, float x);
   /// `lse[t, h]` in `base()`.
+  /// @param t  token; @param h  head.
+  /// @return the stored LSE.
   float lse(std::int64_t t, std::int64_t h) const;
   /// Stores `lse[t, h] = x` (interpreted in `base()`).
+  /// @param t  token; @param h  head; @param x  the LSE.
   void set_lse(std::int64_t t, std::int64_t h, float x);
   /// True when row `(t, h)` is empty (`lse == -inf`).
+  /// @param t  token; @param h  head.
+  /// @return whether the row is empty.
   bool is_empty_row(std::int64_t t, std::int64_t h) const;
 
   /// The `o` tensor `(tokens, heads, head_dim)`.
+  /// @return the tensor, stored in `dtype()`.
   const HostTensor& o_tensor() const { return o_; }
   /// @copydoc o_tensor() const
   HostTensor& o_tensor() { return o_; }
   /// The LSEs, row-major `(tokens, heads)`.
+  /// @return the LSEs, in `base()`.
   const std::vector<float>& lse_values() const { return lse_; }
   /// @copydoc lse_values() const
   std::vector<float>& lse_values() { return lse_; }
 
   /// A writable contiguous view (`MemorySpace::kHost`) of this state.
+  /// @return the view (valid while this state lives and is not resized).
   StateView view();
   /// A read-only contiguous view of this state.
+  /// @return the view (valid while this state lives and is not resized).
   ConstStateView view() const;
   /// Same as the const `view()`, callable on a non-const state.
+  /// @return a read-only view.
   ConstStateView const_view() const { return view(); }
 
   /// Fills `o` and `lse` with NaN, so that a kernel that leaves a value unwritten is caught.
   void poison();
   /// Changes the base tag WITHOUT touching the values (only for building deliberately
   /// mislabeled states in tests; use `converted()` to change the base correctly).
+  /// @param base  the new tag.
   void relabel_base(LseBase base) { base_ = base; }
   /// A copy stored in `dtype` with LSEs converted to `base` (via `math::convert_lse`; `o`
   /// rounded once).
+  /// @param dtype  storage dtype of the copy's `o`.
+  /// @param base   base of the copy's LSEs.
+  /// @return the converted copy.
   HostState converted(DType dtype, LseBase base) const;
 
  private:
@@ -90,14 +116,22 @@ class HostState {
   std::vector<float> lse_;
 };
 
-/// True when `a` and `b` have the same shape, dtype and base and bitwise-identical `o` and
-/// `lse` (NaN payloads included).
+/// Bitwise equality of two states.
+/// @param a  a state.
+/// @param b  another state.
+/// @return true when `a` and `b` have the same shape, dtype and base and bitwise-identical `o`
+///         and `lse` (NaN payloads included).
 bool bitwise_equal(const HostState& a, const HostState& b);
 
 /// Prints a state in a compact human-readable form (shape, dtype, base, each row's LSE and
 /// its first `o` values). Used by RapidCheck to show counterexamples.
+/// @param state  the state.
+/// @param os     the stream written to.
 void showValue(const HostState& state, std::ostream& os);
 /// Streams `showValue(state)`.
+/// @param os     the stream written to.
+/// @param state  the state.
+/// @return `os`.
 std::ostream& operator<<(std::ostream& os, const HostState& state);
 
 }  // namespace testing

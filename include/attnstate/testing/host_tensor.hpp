@@ -20,39 +20,57 @@ class HostTensor {
   /// An empty tensor (rank 0, no elements).
   HostTensor() = default;
   /// A zero-filled tensor of `shape` (1 to 4 extents, each ≥ 0) stored as `dtype`.
+  /// @param dtype  storage dtype (f32, f16 or bf16).
+  /// @param shape  extents, outermost first.
   /// @throws attnstate::Error (`kInvalidArgument`) for a bad rank, a negative extent or an
   ///         unknown dtype.
   HostTensor(DType dtype, std::vector<std::int64_t> shape);
   /// A tensor of `shape` holding `values` (row-major, `values.size()` = number of elements),
   /// each rounded once to `dtype`.
+  /// @param dtype   storage dtype (f32, f16 or bf16).
+  /// @param shape   extents, outermost first.
+  /// @param values  the elements, row-major.
+  /// @return the tensor.
+  /// @throws attnstate::Error (`kInvalidArgument`) as the constructor, or when `values.size()`
+  ///         is not the number of elements.
   static HostTensor from_floats(DType dtype, std::vector<std::int64_t> shape,
                                 const std::vector<float>& values);
 
-  /// Storage type of the elements.
+  /// @return the storage type of the elements.
   DType dtype() const { return dtype_; }
-  /// Number of dimensions.
+  /// @return the number of dimensions.
   int rank() const { return static_cast<int>(shape_.size()); }
-  /// Extents, outermost first.
+  /// @return the extents, outermost first.
   const std::vector<std::int64_t>& shape() const { return shape_; }
   /// Extent of dimension `i`.
+  /// @param i  the dimension (0 = outermost).
+  /// @return its extent.
   std::int64_t dim(int i) const { return shape_.at(static_cast<std::size_t>(i)); }
-  /// Total number of elements.
+  /// @return the total number of elements.
   std::int64_t numel() const { return numel_; }
 
   /// Element `i` of the flattened tensor, converted to float (exact).
+  /// @param i  flat (row-major) index.
+  /// @return the stored value as a float.
   float get(std::int64_t i) const;
   /// Stores `x` at flat index `i`, rounded once to the dtype.
+  /// @param i  flat (row-major) index.
+  /// @param x  the value.
   void set(std::int64_t i, float x);
   /// Stores `x` in every element.
+  /// @param x  the value (rounded once to the dtype).
   void fill(float x);
   /// All elements as floats, row-major.
+  /// @return `numel()` floats.
   std::vector<float> to_floats() const;
 
   /// Raw storage (`numel() * size_of(dtype())` bytes).
+  /// @return a pointer to the first element.
   void* data() { return storage_.data(); }
   /// @copydoc data()
   const void* data() const { return storage_.data(); }
   /// A read-only, contiguous host view of the tensor.
+  /// @return the view (valid while this tensor lives).
   ConstTensorView view() const;
 
  private:

@@ -31,17 +31,17 @@ struct AttentionProblem {
                                      ///< hundreds (informational).
   std::uint64_t value_seed = 0;      ///< Seed the values were drawn from (informational).
 
-  /// Query rows.
+  /// @return the number of query rows.
   std::int64_t tokens() const { return q.dim(0); }
-  /// Query heads `H_q`.
+  /// @return the query heads `H_q`.
   std::int64_t heads_q() const { return q.dim(1); }
-  /// KV heads `H_kv`.
+  /// @return the KV heads `H_kv`.
   std::int64_t heads_kv() const { return k.dim(1); }
-  /// Elements per head.
+  /// @return the elements per head.
   std::int64_t head_dim() const { return q.dim(2); }
-  /// Keys in the segment (`T`).
+  /// @return the keys in the segment (`T`).
   std::int64_t num_keys() const { return k.dim(0); }
-  /// `H_q / H_kv`.
+  /// @return `H_q / H_kv`.
   std::int64_t group_size() const { return heads_q() / heads_kv(); }
 };
 
@@ -59,6 +59,7 @@ struct AttentionProblem {
 /// @param scale      softmax scale applied to `q·k`.
 /// @param out_dtype  dtype requested for the output `o`.
 /// @param base       LSE base requested for the output.
+/// @return the problem.
 /// @throws attnstate::Error (`kInvalidArgument`) when the sizes do not match the extents or
 ///         `H_q % H_kv != 0`.
 AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::int64_t heads_kv,
@@ -71,20 +72,30 @@ AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::in
 ///
 /// @param problem  the problem to restrict.
 /// @param keys  indices into `[0, problem.num_keys())`; may be empty (a `T = 0` segment).
+/// @return a problem with the same queries, scale, output dtype and base and `keys.size()` keys.
 /// @throws attnstate::Error (`kInvalidArgument`) for an index out of range.
 AttentionProblem select_keys(const AttentionProblem& problem,
                              const std::vector<std::int64_t>& keys);
 
-/// A state shaped for `problem`'s output, `(tokens, H_q, head_dim)` in `out_dtype` and `base`,
-/// poisoned with NaN so that any value a kernel fails to write shows up.
+/// A state shaped for `problem`'s output, poisoned with NaN so that any value a kernel fails to
+/// write shows up.
+/// @param problem  the problem.
+/// @return a `(tokens, H_q, head_dim)` state in `problem.out_dtype` and `problem.base`.
 HostState make_output_state(const AttentionProblem& problem);
 
 /// The indices `0 .. n-1`.
+/// @param n  the number of keys.
+/// @return `{0, 1, ..., n-1}` (empty for `n <= 0`).
 std::vector<std::int64_t> all_keys(std::int64_t n);
 
 /// Prints the problem's shape, dtypes, base, scale and value seed (not the values).
+/// @param os       the stream written to.
+/// @param problem  the problem.
+/// @return `os`.
 std::ostream& operator<<(std::ostream& os, const AttentionProblem& problem);
 /// RapidCheck's hook for showing a problem in a counterexample.
+/// @param problem  the problem.
+/// @param os       the stream written to.
 void showValue(const AttentionProblem& problem, std::ostream& os);
 
 }  // namespace testing

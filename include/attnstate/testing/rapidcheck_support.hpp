@@ -17,10 +17,13 @@ namespace testing {
 /// environment variable, keeping every key the user already set there (the user's value wins).
 /// Must run before RapidCheck reads its configuration, i.e. before the first property runs;
 /// `ATTNSTATE_RC_DEFAULT_PARAMS` does that from a static initializer.
+/// @param params  space-separated `key=value` items.
 /// @return true when `RC_PARAMS` was changed.
 bool add_default_rc_params(const std::string& params);
 
 /// The number of cases RapidCheck runs per property in this process (`max_success`).
+/// @return `max_success` of RapidCheck's configuration. `check_state_kernel` does not use it
+///         (its case count is `KernelCheckOptions::num_tests`).
 int rc_max_success();
 
 }  // namespace testing
@@ -33,7 +36,10 @@ int rc_max_success();
 
 /// Sets default RapidCheck parameters for the whole test executable (unless `RC_PARAMS`
 /// already sets those keys), e.g. `ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");` at
-/// namespace scope in one source file of the executable.
+/// namespace scope in one source file of the executable. `max_success` sets the case count of
+/// `RC_GTEST_PROP` / `rc::check` properties, not of `check_state_kernel` (which runs
+/// `KernelCheckOptions::num_tests` cases per law); a `seed` set this way is used by
+/// `check_state_kernel` when `KernelCheckOptions::seed` is 0.
 #define ATTNSTATE_RC_DEFAULT_PARAMS(params)                                    \
   static const bool ATTNSTATE_RC_CAT(attnstate_rc_default_params_, __LINE__) = \
       ::attnstate::testing::add_default_rc_params(params)

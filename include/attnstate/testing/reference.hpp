@@ -24,19 +24,28 @@ struct ReferenceState {
   std::vector<double> lse;           ///< `(tokens, heads)`.
 
   /// `o[t, h, d]`.
+  /// @param t  token; @param h  head; @param d  element.
+  /// @return the value.
   double o_at(std::int64_t t, std::int64_t h, std::int64_t d) const {
     return o[static_cast<std::size_t>((t * heads + h) * head_dim + d)];
   }
   /// `lse[t, h]`.
+  /// @param t  token; @param h  head.
+  /// @return the LSE, in `base`.
   double lse_at(std::int64_t t, std::int64_t h) const {
     return lse[static_cast<std::size_t>(t * heads + h)];
   }
 };
 
 /// The exact widening of a stored state to double (same base).
+/// @param state  the stored state.
+/// @return its values in double, same shape and base.
 ReferenceState to_reference(const HostState& state);
 
 /// The same state with its LSEs converted to `base` (in double; ±inf and NaN preserved).
+/// @param state  the state.
+/// @param base   the base wanted.
+/// @return the state with `lse` in `base` (`o` unchanged).
 ReferenceState rebased(const ReferenceState& state, LseBase base);
 
 /// The attention state of `problem`'s queries over the keys `keys`, in double.
@@ -46,25 +55,42 @@ ReferenceState rebased(const ReferenceState& state, LseBase base);
 /// `o = Σ e^{s_i - m} v[i,g] / Σ e^{s_i - m}`, `lse = m + ln Σ e^{s_i - m}` (converted to
 /// `base`). An empty `keys` gives `(0, -inf)`. Cost `O(tokens · H_q · |keys| · head_dim)`.
 ///
+/// @param problem  the queries, keys, values and scale.
+/// @param keys     indices into `[0, problem.num_keys())` (any order; may be empty).
+/// @param base     the base of the returned LSEs.
+/// @return the `(tokens, H_q, head_dim)` state in double.
 /// @throws attnstate::Error (`kInvalidArgument`) for a key index out of range.
 ReferenceState reference_state(const AttentionProblem& problem,
                                const std::vector<std::int64_t>& keys, LseBase base);
 /// As above, in the problem's requested base `problem.base`.
+/// @param problem  the queries, keys, values, scale and requested base.
+/// @param keys     indices into `[0, problem.num_keys())` (any order; may be empty).
+/// @return the state in double, LSEs in `problem.base`.
+/// @throws attnstate::Error (`kInvalidArgument`) for a key index out of range.
 ReferenceState reference_state(const AttentionProblem& problem,
                                const std::vector<std::int64_t>& keys);
 
 /// `⊕_i states[i]` in double, written in `base`, with the library's contract: max-subtracted
 /// weights, an empty input row contributes nothing (its `o` is never read, even if NaN),
 /// all-empty rows give `(0, -inf)`, NaN in a non-empty input propagates. Inputs may have
-/// different bases. @throws attnstate::Error (`kInvalidArgument`) when the shapes differ or
-/// `states` is empty.
+/// different bases.
+/// @param states  the states to merge (at least one, one shape).
+/// @param base    the base of the result's LSEs.
+/// @return the merged state in double.
+/// @throws attnstate::Error (`kInvalidArgument`) when the shapes differ or `states` is empty.
 ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBase base);
 /// `⊕_i states[i]` of stored states (each widened exactly to double first), in `base`.
+/// @param states  the states to merge (at least one, one shape; any dtypes and bases).
+/// @param base    the base of the result's LSEs.
+/// @return the merged state in double.
+/// @throws attnstate::Error (`kInvalidArgument`) when the shapes differ or `states` is empty.
 ReferenceState reference_merge(const std::vector<HostState>& states, LseBase base);
 
 /// The largest `|scale| · Σ_d |q[t,h,d] k[i,g,d]|` over all (token, head, key) of the
 /// problem: it bounds the magnitude of every score and scales the fp32 rounding error a kernel
 /// can make in computing them.
+/// @param problem  the problem.
+/// @return that bound (0 for a problem without keys).
 double max_abs_score(const AttentionProblem& problem);
 
 }  // namespace testing

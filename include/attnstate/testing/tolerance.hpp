@@ -27,6 +27,8 @@ struct Tolerance {
   double lse_rel = 0;  ///< Relative tolerance on the LSE (matters for LSEs near ±1e4).
 
   /// Every field multiplied by `factor` (e.g. 2 when both sides of a comparison carry error).
+  /// @param factor  the multiplier.
+  /// @return the scaled tolerance.
   Tolerance scaled(double factor) const {
     return Tolerance{o_abs * factor, o_rel * factor, lse_abs * factor, lse_rel * factor};
   }
@@ -44,12 +46,16 @@ struct Tolerance {
 /// f16 and bf16 allow about four half-ulps at 1 (2^-11 and 2^-8 relative), covering the
 /// rounding of the stored inputs of a chain of merges plus the final rounding; the LSE is
 /// always fp32, so its tolerance does not depend on `o_dtype`. See docs/numerics.md.
+/// @param o_dtype  storage dtype of the output `o`.
+/// @return the tolerance of the table.
 Tolerance tolerance_for(DType o_dtype);
 
 /// Tolerance of an attention state computed by an fp32 kernel for `problem` (all its keys),
 /// stored in `problem.out_dtype`: `tolerance_for(out_dtype)` widened by the fp32 error of the
 /// scores (`(head_dim + 8) · 2^-24 · max_abs_score(problem)`) and of the sums over the keys
 /// (`(num_keys + head_dim + 8) · 2^-24`), with `o` terms scaled by the largest `|v|`.
+/// @param problem  the problem (its output dtype, base, shapes and values).
+/// @return the tolerance for comparing a kernel's state with `reference_state(problem, ...)`.
 Tolerance tolerance_for(const AttentionProblem& problem);
 
 /// Tolerance of a merge of `inputs` written in `out_dtype`: `tolerance_for(out_dtype)` widened
@@ -60,25 +66,51 @@ Tolerance tolerance_for(const AttentionProblem& problem);
 /// units (times log2(e): working in base 2 scales the LSEs by it) and `O` the largest finite |o|
 /// of their non-empty rows (at least 1). At `L = 1e4` this is about `3.4e-3 · O` — the inherent
 /// precision of fp32 LSEs there, not slack for a bug.
+/// @param out_dtype  storage dtype of the merged `o`.
+/// @param inputs     the merged states.
+/// @return the tolerance for comparing the merge with `reference_merge(inputs, ...)`.
 Tolerance merge_tolerance(DType out_dtype, const std::vector<HostState>& inputs);
 
 /// Describes how `actual` differs from `expected` beyond `tol`: an empty string when they
 /// match. `actual`'s LSEs are interpreted in `actual.base()` (its declared base) and
 /// converted to `expected.base` before comparing. The text names the first mismatches as
-/// `lse[t,h]` / `o[t,h,d]` with the values, the difference and the allowed error.
+/// `lse[t,h]` / `o[t,h,d]` with the values, the difference and the allowed error. The dtype
+/// of `actual` is not compared (only its values).
+/// @param actual    the state under test.
+/// @param expected  the expected state (in double).
+/// @param tol       the allowed error.
+/// @return "" when they match, else a description of the mismatches.
 std::string compare_states(const HostState& actual, const ReferenceState& expected,
                            const Tolerance& tol);
 /// As above, with the expected state given as a stored state (widened exactly to double).
+/// @param actual    the state under test.
+/// @param expected  the expected state (any dtype and base).
+/// @param tol       the allowed error.
+/// @return "" when they match, else a description of the mismatches.
 std::string compare_states(const HostState& actual, const HostState& expected,
                            const Tolerance& tol);
 
-/// Describes how `a` and `b` differ bit for bit (shape, dtype, base, `o` or `lse` bits): an
-/// empty string when they are bitwise identical.
+/// Describes how `a` and `b` differ bit for bit (shape, dtype, base, `o` or `lse` bits).
+/// @param a  a state.
+/// @param b  another state.
+/// @return "" when they are bitwise identical, else a description of the differences.
 std::string compare_bitwise(const HostState& a, const HostState& b);
 
 /// True when `compare_states(actual, expected, tol)` finds no mismatch.
+/// @param actual    the state under test.
+/// @param expected  the expected state (in double).
+/// @param tol       the allowed error.
+/// @return whether `actual` matches `expected` within `tol`.
 inline bool states_close(const HostState& actual, const ReferenceState& expected,
                          const Tolerance& tol) {
+  return compare_states(actual, expected, tol).empty();
+}
+/// As above, with the expected state given as a stored state (widened exactly to double).
+/// @param actual    the state under test.
+/// @param expected  the expected state (any dtype and base).
+/// @param tol       the allowed error.
+/// @return whether `actual` matches `expected` within `tol`.
+inline bool states_close(const HostState& actual, const HostState& expected, const Tolerance& tol) {
   return compare_states(actual, expected, tol).empty();
 }
 
