@@ -484,6 +484,12 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   if (plan.streamed && plan.splits.max_splits > 1)
     throw_argument(fn, "plan.streamed", "false when requests may be split (max_splits > 1)",
                    "true with max_splits = " + decode_str(plan.splits.max_splits));
+  // The plan is a public struct: its derived fields must still agree with its problem.
+  const std::int64_t tiles =
+      (pr.q_len * pr.group() + detail::kDecodeTileRows - 1) / detail::kDecodeTileRows;
+  if (plan.row_tiles != tiles)
+    throw_argument(fn, "plan.row_tiles", "ceil(q_len * group / 16) = " + decode_str(tiles),
+                   decode_str(plan.row_tiles));
   if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
   if (prior.beside_previous && prior.count > 0)
     throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)");

@@ -871,6 +871,10 @@ TEST(CudaDecode, RejectsBadArguments) {
     streamed.streamed = true;
     expect_err([&] { run(streamed, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
                "plan.streamed");
+    cuda::DecodePlan edited = plan0;  // a derived field that no longer matches the problem
+    edited.row_tiles += 1;
+    expect_err([&] { run(edited, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "plan.row_tiles");
   }
   {
     auto k2 = kv;
