@@ -21,6 +21,8 @@
 #                                    property tests run RC_PARAMS=max_success=20 under it
 #                      GPU_SAN_SHARDS GoogleTest shards per (tool, executable) run (default 1)
 #                      GPU_SAN_JOBS  sanitizer runs at once (default 1; e.g. 6 on 16 host cores)
+#                      GPU_SAN_RETRY_TIMEOUT cap of the re-run, alone, of a run that hit
+#                                    GPU_SAN_TIMEOUT while sharing the host (default 400)
 # GoogleTest/RapidCheck are taken from .deps/usr when present (scripts/make-device-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,12 +65,12 @@ fi
 # Each (tool, executable) run is cut into GPU_SAN_SHARDS GoogleTest shards, and GPU_SAN_JOBS runs
 # go at once (the sanitizers are bound by host CPU, and the tests use little GPU memory). No run
 # starts once GPU_SAN_BUDGET seconds have passed; each is capped at GPU_SAN_TIMEOUT.
-san_one() {  # tool exe name shard shards -> one summary line on stdout
-  local tool=$1 exe=$2 name=$3 shard=$4 shards=$5 log rc
+san_one() {  # tool exe name shard shards [cap] -> one summary line on stdout
+  local tool=$1 exe=$2 name=$3 shard=$4 shards=$5 cap=${6:-${GPU_SAN_TIMEOUT:-240}} log rc
   log="$LOG/san-$tool-$name-$shard.log"
   [ "$shards" = 1 ] && log="$LOG/san-$tool-$name.log"
   GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard RC_PARAMS="max_success=20" \
-    timeout "${GPU_SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    timeout "$cap" compute-sanitizer --tool "$tool" --error-exitcode 9 \
     --print-limit 20 "$exe" --gtest_filter='-*Large*' >"$log" 2>&1
   rc=$?
   local what="sanitizer $tool $name"
@@ -77,7 +79,7 @@ san_one() {  # tool exe name shard shards -> one summary line on stdout
     echo "$what: clean ($(grep -c '^\[       OK' "$log") tests; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1))"
   elif [ $rc = 124 ]; then
     # stopped by the time cap: not a pass; say how far it got and whether anything was reported
-    echo "$what: TIMED OUT after ${GPU_SAN_TIMEOUT:-240} s ($(grep -c '^\[       OK' "$log") tests done, $(grep -cE 'Invalid|hazard|Race reported' "$log") errors reported); last: $(grep '^\[ RUN' "$log" | tail -1)"
+    echo "$what: TIMED OUT after $cap s ($(grep -c '^\[       OK' "$log") tests done, $(grep -cE 'Invalid|hazard|Race reported' "$log") errors reported); last: $(grep '^\[ RUN' "$log" | tail -1)"
   else
     echo "$what: FAILED"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|FAILED|hazard" "$log" | head -10
   fi
@@ -105,11 +107,23 @@ if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; the
           continue
         fi
         while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 1; done
+        echo "$tool $exe $name $shard $exe_shards" >"$LOG/san-$idx.args"
         san_one "$tool" "$exe" "$name" "$shard" "$exe_shards" >"$LOG/san-$idx.line" &
       done
     done
   done
   wait
+  # A run cut by the cap while sharing the host is re-run alone, with GPU_SAN_RETRY_TIMEOUT
+  # (a slow test under racecheck can take minutes when 15 runs share 16 cores).
+  for ((i = 0; i < n; ++i)); do
+    if grep -q ": TIMED OUT" "$LOG/san-$i.line" 2>/dev/null && [ -f "$LOG/san-$i.args" ]; then
+      read -r tool exe name shard exe_shards <"$LOG/san-$i.args"
+      { san_one "$tool" "$exe" "$name" "$shard" "$exe_shards" "${GPU_SAN_RETRY_TIMEOUT:-400}" |
+          sed 's/$/ [re-run alone after a timeout]/'; } >"$LOG/san-$i.retry"
+      mv "$LOG/san-$i.retry" "$LOG/san-$i.line"
+    fi
+    rm -f "$LOG/san-$i.args"
+  done
   for ((i = 0; i < n; ++i)); do
     cat "$LOG/san-$i.line" | tee -a "$SUMMARY"
     grep -qE ": (FAILED|TIMED OUT)" "$LOG/san-$i.line" && status=1
