@@ -18,6 +18,7 @@
 ///   pointers, strides and dtype: `check_alias`), otherwise not at all (`check_disjoint`).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -36,6 +37,16 @@ inline std::string arg_name(const char* name, const char* field) {
 /// Throws naming `name` unless `p` is non-null.
 inline void check_not_null(const char* func, const char* name, const void* p) {
   if (p == nullptr) throw_argument(func, name, "a non-null pointer", "nullptr");
+}
+
+/// Throws naming `name` unless `p` (non-null) is aligned to `bytes` (the element size: a
+/// misaligned element access would fault on the GPU, and is undefined on the host).
+inline void check_aligned(const char* func, const char* name, const void* p, std::size_t bytes) {
+  if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % bytes != 0) {
+    throw_argument(func, name, "a pointer aligned to " + std::to_string(bytes) + " bytes",
+                   "an address " + std::to_string(reinterpret_cast<std::uintptr_t>(p) % bytes) +
+                       " bytes past a multiple");
+  }
 }
 
 /// Throws naming `name` unless `dt` is f32, f16 or bf16.
@@ -120,13 +131,17 @@ inline void check_layout(const char* func, const char* name, const StateLayout& 
   check_dtype(func, arg_name(name, "dtype").c_str(), v.dtype);
   check_base(func, arg_name(name, "base").c_str(), v.base);
   check_space(func, arg_name(name, "space").c_str(), v.space, space);
-  if (o_span(v) < 0) {
-    throw_argument(func, arg_name(name, "o_stride_token").c_str(),
-                   "strides whose span fits in 62 bits", std::to_string(v.o_stride_token));
+  if (o_span(v) < 0) {  // names the head stride when a token's own span overflows
+    const bool head = v.tokens > 0 && span_of(v.heads, v.o_stride_head, v.head_dim) < 0;
+    throw_argument(func, arg_name(name, head ? "o_stride_head" : "o_stride_token").c_str(),
+                   "strides whose span fits in 62 bits",
+                   std::to_string(head ? v.o_stride_head : v.o_stride_token));
   }
   if (lse_span(v) < 0) {
-    throw_argument(func, arg_name(name, "lse_stride_token").c_str(),
-                   "strides whose span fits in 62 bits", std::to_string(v.lse_stride_token));
+    const bool head = v.tokens > 0 && span_of(v.heads, v.lse_stride_head, 1) < 0;
+    throw_argument(func, arg_name(name, head ? "lse_stride_head" : "lse_stride_token").c_str(),
+                   "strides whose span fits in 62 bits",
+                   std::to_string(head ? v.lse_stride_head : v.lse_stride_token));
   }
 }
 
@@ -138,6 +153,8 @@ inline void check_state(const char* func, const char* name, const StateLayout& v
     check_not_null(func, arg_name(name, "o").c_str(), o);
     check_not_null(func, arg_name(name, "lse").c_str(), lse);
   }
+  check_aligned(func, arg_name(name, "o").c_str(), o, size_of(v.dtype));
+  check_aligned(func, arg_name(name, "lse").c_str(), lse, sizeof(float));
 }
 
 /// @copydoc check_state
@@ -156,6 +173,7 @@ inline void check_rows_disjoint(const char* func, const char* name, const char* 
     std::int64_t n, s;
     const char* field;
   };
+  if (tokens <= 0) return;  // no rows (e.g. a head-major LSE view of 0 tokens: stride 0)
   Dim d[2] = {{heads, s_head, head_field}, {tokens, s_tok, tok_field}};
   if (d[1].s < d[0].s) {
     const Dim t = d[0];
@@ -222,8 +240,9 @@ inline std::int64_t o_bytes(const StateLayout& v) {
 inline std::int64_t lse_bytes(const StateLayout& v) { return lse_span(v) * 4; }
 
 /// An output `out` that may alias the input `in` only exactly: their memory is either disjoint
-/// or the same pointers, strides and dtype (checked separately for `o` and `lse`). Both views
-/// must already be validated and of the same shape.
+/// or the same pointers, strides and dtype (checked separately for `o` and `lse`; `out.o` must
+/// be disjoint from `in.lse` and `out.lse` from `in.o`). Both views must already be validated
+/// and of the same shape.
 inline void check_alias(const char* func, const char* out_name, const ConstStateView& out,
                         const char* in_name, const ConstStateView& in) {
   if (ranges_overlap(out.o, o_bytes(out), in.o, o_bytes(in))) {
@@ -245,6 +264,15 @@ inline void check_alias(const char* func, const char* out_name, const ConstState
           std::string("memory disjoint from ") + in_name + ".lse or the same pointer and strides",
           "a partial overlap");
     }
+  }
+  // across the arrays: an output o over an input lse (or the reverse) is never an exact alias
+  if (ranges_overlap(out.o, o_bytes(out), in.lse, lse_bytes(in))) {
+    throw_argument(func, arg_name(out_name, "o").c_str(),
+                   std::string("memory disjoint from ") + in_name + ".lse", "an overlap");
+  }
+  if (ranges_overlap(out.lse, lse_bytes(out), in.o, o_bytes(in))) {
+    throw_argument(func, arg_name(out_name, "lse").c_str(),
+                   std::string("memory disjoint from ") + in_name + ".o", "an overlap");
   }
 }
 
@@ -298,6 +326,8 @@ inline void check_stack(const char* func, const char* name, const ConstStateStac
     check_not_null(func, arg_name(name, "o").c_str(), v.o);
     check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
   }
+  check_aligned(func, arg_name(name, "o").c_str(), v.o, size_of(v.dtype));
+  check_aligned(func, arg_name(name, "lse").c_str(), v.lse, sizeof(float));
 }
 
 /// Throws unless `out` is disjoint from the memory of the stack `in`.
@@ -405,6 +435,7 @@ inline void check_tensor(const char* func, const char* name, const ConstTensorVi
     }
   }
   check_not_null(func, arg_name(name, "data").c_str(), t.data);
+  check_aligned(func, arg_name(name, "data").c_str(), t.data, size_of(t.dtype));
 }
 
 }  // namespace detail

@@ -37,6 +37,8 @@ inline void check_cascade_pool(const char* func, const PagedKvCache& kv, MemoryS
     throw_argument(func, "kv.page_stride",
                    "0 or >= page_size * heads_kv * head_dim = " + cascade_str(dense),
                    cascade_str(kv.page_stride));
+  check_aligned(func, "kv.k", kv.k, size_of(kv.dtype));
+  check_aligned(func, "kv.v", kv.v, size_of(kv.dtype));
 }
 
 /// Checks the query view `(batch, q_len, H_q, head_dim)` against the pool.
@@ -64,6 +66,7 @@ inline void check_cascade_query(const char* func, const ConstTensorView& q, cons
       throw_argument(func, ("q.stride[" + cascade_str(d) + "]").c_str(), ">= 0",
                      cascade_str(q.stride[d]));
   check_tensor_span(func, "q", q);
+  check_aligned(func, "q.data", q.data, size_of(q.dtype));
 }
 
 /// Checks the output state view `(batch · q_len, H_q, head_dim)`: an output state

@@ -29,6 +29,9 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   // kv
   if (kv.space != space) throw_argument(fn, "kv.space", sp, to_string(kv.space));
   if (!is_valid(kv.dtype)) throw_argument(fn, "kv.dtype", "f32, f16 or bf16", "unknown");
+  if (kv.layout != KvLayout::kNHD && kv.layout != KvLayout::kHND)
+    throw_argument(fn, "kv.layout", "kNHD or kHND",
+                   "value " + decode_str(static_cast<int>(kv.layout)));
   if (kv.batch < 0) throw_argument(fn, "kv.batch", ">= 0", decode_str(kv.batch));
   if (kv.page_size < 1) throw_argument(fn, "kv.page_size", ">= 1", decode_str(kv.page_size));
   if (kv.heads_kv < 1) throw_argument(fn, "kv.heads_kv", ">= 1", decode_str(kv.heads_kv));
@@ -53,6 +56,12 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
                      "non-null with a CSR table", "null");
     if (bt && kv.block_table_stride < 0)
       throw_argument(fn, "kv.block_table_stride", ">= 0", decode_str(kv.block_table_stride));
+    check_aligned(fn, "kv.k", kv.k, size_of(kv.dtype));
+    check_aligned(fn, "kv.v", kv.v, size_of(kv.dtype));
+    check_aligned(fn, "kv.seq_lens", kv.seq_lens, sizeof(std::int32_t));
+    check_aligned(fn, "kv.page_indptr", kv.page_indptr, sizeof(std::int32_t));
+    check_aligned(fn, "kv.page_indices", kv.page_indices, sizeof(std::int32_t));
+    check_aligned(fn, "kv.block_table", kv.block_table, sizeof(std::int32_t));
   }
   // q
   if (q.space != space) throw_argument(fn, "q.space", sp, to_string(q.space));
@@ -78,6 +87,7 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
   const std::int64_t q_bytes = check_tensor_span(fn, "q", q);
   const std::int64_t tokens = q.shape[0] * q.shape[1];
   if (tokens > 0 && q.data == nullptr) throw_argument(fn, "q.data", "non-null", "null");
+  check_aligned(fn, "q.data", q.data, size_of(q.dtype));
   // out: its shape first (a wrong head count is reported as such, not as overlapping rows), then
   // the state of every (token, head) row, rows pairwise disjoint (each is written by one task),
   // in `space`, and disjoint from q (read while out is written)
@@ -90,6 +100,18 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
                    decode_str(out.head_dim));
   check_output_state(fn, "out", out, out.o, out.lse, space);
   check_disjoint(fn, "out", out, "q", q.data, q_bytes, nullptr, 0);
+  // and from the cache and the tables it reads (whose extents are known on the host)
+  if (kv.batch > 0) {
+    const std::int64_t page = kv.page_stride != 0 ? kv.page_stride : dense;
+    std::int64_t pool_bytes = 0;
+    if (checked_mul_add(kv.num_pages, page * static_cast<std::int64_t>(size_of(kv.dtype)), 0,
+                        &pool_bytes)) {
+      check_disjoint(fn, "out", out, "kv.k", kv.k, pool_bytes, nullptr, 0);
+      check_disjoint(fn, "out", out, "kv.v", kv.v, pool_bytes, nullptr, 0);
+    }
+    const std::int64_t b4 = kv.batch * 4;
+    check_disjoint(fn, "out", out, "kv.seq_lens", kv.seq_lens, b4, kv.page_indptr, b4 + 4);
+  }
 }
 
 /// Checks a split layout.

@@ -334,9 +334,11 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
     v::throw_argument(kFunc, "rows.head_dim", std::to_string(out.head_dim) + " (as out.head_dim)",
                       std::to_string(rows.head_dim));
   }
+  v::check_aligned(kFunc, "indptr", indptr, sizeof(std::int32_t));
   v::check_indptr_host(kFunc, "indptr", indptr, out.tokens, rows.tokens);
   v::check_disjoint(kFunc, "out", out, "rows", rows.o, v::o_bytes(rows), rows.lse,
                     v::lse_bytes(rows));
+  v::check_disjoint(kFunc, "out", out, "indptr", indptr, (out.tokens + 1) * 4, nullptr, 0);
   StackSource src;
   src.o = rows.o;
   src.lse = rows.lse;

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -215,7 +216,10 @@ bool decode_eligible(const CascadeShape& shape, const CascadeLevel& lv, int l, i
   return true;
 }
 
-void check_workspace(const char* func, const CascadePlan& plan, const void* ws, std::size_t bytes) {
+/// The workspace: large enough, 16-byte aligned, and disjoint from `out` (written while the
+/// workspace is read) and from `q` (read while the workspace is written) when they are given.
+void check_workspace(const char* func, const CascadePlan& plan, const void* ws, std::size_t bytes,
+                     const StateView* out = nullptr, const ConstTensorView* q = nullptr) {
   const std::size_t need = plan.workspace_bytes();
   if (bytes < need)
     throw_argument(func, "workspace_bytes", ">= plan.workspace_bytes() = " + std::to_string(need),
@@ -223,12 +227,60 @@ void check_workspace(const char* func, const CascadePlan& plan, const void* ws, 
   if (need > 0 && ws == nullptr) throw_argument(func, "workspace", "a non-null pointer");
   if (reinterpret_cast<std::uintptr_t>(ws) % 16 != 0)
     throw_argument(func, "workspace", "a 16-byte aligned pointer");
+  const auto need_bytes = static_cast<std::int64_t>(need);
+  if (out != nullptr)
+    ::attnstate::detail::check_disjoint(func, "out", *out, "workspace", ws, need_bytes, nullptr, 0);
+  if (q != nullptr && ::attnstate::detail::ranges_overlap(
+                          q->data, ::attnstate::detail::tensor_bytes(*q), ws, need_bytes))
+    throw_argument(func, "workspace", "memory disjoint from q", "an overlap");
 }
+
+/// Largest GQA group (`heads_q / heads_kv`) of a cascade (`CascadeShape::heads_q`).
+constexpr std::int64_t kMaxCascadeGroup = 64;
 
 void check_plan(const char* func, const CascadePlan& plan) {
   if (plan.num_levels < 1 || plan.num_levels > kMaxCascadeLevels || plan.num_slots < 1 ||
       plan.shape.batch < 1 || plan.scale == 0.f)
     throw_argument(func, "plan", "a plan made by plan_cascade");
+  // The plan is a public struct: its per-level fields must still describe slots inside the
+  // workspace and launchable kernels (checked before anything is queued).
+  int slots = 0;
+  for (int l = 0; l < plan.num_levels; ++l) {
+    const CascadeLevelPlan& lp = plan.levels[l];
+    const auto bad = [&](const char* field, const std::string& want, std::int64_t got) {
+      throw_argument(func, ("plan.levels[" + std::to_string(l) + "]." + field).c_str(), want,
+                     cascade_str(got));
+    };
+    if (lp.num_segments < 1) bad("num_segments", ">= 1", lp.num_segments);
+    if (lp.slot_offset != slots)
+      bad("slot_offset", "the slots of the levels before it = " + cascade_str(slots),
+          lp.slot_offset);
+    if (lp.decode) {
+      if (l != plan.num_levels - 1) bad("decode", "false except on the last level", 1);
+      if (plan.last_decode.problem.batch != plan.shape.batch ||
+          plan.last_decode.problem.heads_q != plan.shape.heads_q ||
+          plan.last_decode.problem.heads_kv != plan.shape.heads_kv ||
+          plan.last_decode.problem.head_dim != plan.shape.head_dim ||
+          plan.last_decode.problem.q_len != plan.shape.q_len)
+        throw_argument(func, "plan.last_decode.problem", "the shape of plan.shape");
+      slots += 1;
+      continue;
+    }
+    if (!kernels::cascade_tile_supported(lp.tile_rows))
+      bad("tile_rows", "16, 64 or 128", lp.tile_rows);
+    if (lp.chunk < 1) bad("chunk", ">= 1", lp.chunk);
+    if (lp.max_tiles < 1) bad("max_tiles", ">= 1", lp.max_tiles);
+    if (lp.max_splits < 1 || lp.max_splits > plan.num_slots - slots)
+      bad("max_splits", "1.." + cascade_str(plan.num_slots - slots) + " (slots left)",
+          lp.max_splits);
+    if (lp.num_segments * lp.max_tiles * lp.max_splits >= (std::int64_t{1} << 31))
+      bad("max_splits", "a grid of fewer than 2^31 blocks",
+          lp.num_segments * lp.max_tiles * lp.max_splits);
+    slots += lp.max_splits;
+  }
+  if (slots != plan.num_slots)
+    throw_argument(func, "plan.num_slots", "the slots of its levels = " + cascade_str(slots),
+                   cascade_str(plan.num_slots));
 }
 
 /// Checks the tensors of a level run against the plan.
@@ -249,9 +301,10 @@ void check_inputs(const char* func, const CascadePlan& plan, const ConstTensorVi
     throw_argument(func, "kv.head_dim", "the planned " + cascade_str(s.head_dim),
                    cascade_str(kv.head_dim));
   if (kv.num_pages < 1) throw_argument(func, "kv.num_pages", ">= 1", cascade_str(kv.num_pages));
-  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0 ||
-      reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
-    throw_argument(func, "kv.k", "16-byte aligned pools (kv.k and kv.v)");
+  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0)
+    throw_argument(func, "kv.k", "a 16-byte aligned pool", "a misaligned pointer");
+  if (reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
+    throw_argument(func, "kv.v", "a 16-byte aligned pool", "a misaligned pointer");
   if (kv.page_elems() % 8 != 0)
     throw_argument(func, "kv.page_stride", "a page stride that is a multiple of 8 elements",
                    cascade_str(kv.page_elems()));
@@ -284,13 +337,23 @@ void check_device_level(const char* func, const CascadePlan& plan, int l, const 
     throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer");
 }
 
-/// True when the current device is an sm_90 part (the `wgmma` kernel is built for sm_90a).
-bool device_is_sm90() {
+/// True when the `wgmma` level kernels can run on the current device: an sm_90 part, and the
+/// code the runtime loaded for it was built for sm_90a (a build for plain `90` has none; the
+/// level then runs on the `mma.sync` kernels). Cached per device ordinal (neither changes).
+bool wgmma_available() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<signed char> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
   int dev = 0, major = 0, minor = 0;
   ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < kMaxDevices) {
+    const signed char k = known[dev].load(std::memory_order_relaxed);
+    if (k != 0) return k == 2;
+  }
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
+  const bool yes = major == 9 && minor == 0 && kernels::sm90a_code_loaded();
+  if (dev >= 0 && dev < kMaxDevices) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 }
 
 /// `cuTensorMapEncodeTiled` of the driver, looked up once through the runtime (no link to the
@@ -504,7 +567,7 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.small_stages = small_stages(lp.chunk);
   const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
                   static_cast<unsigned>(s.heads_kv));
-  const bool wgmma = lp.wgmma && lp.tile_rows >= 64 && device_is_sm90();
+  const bool wgmma = lp.wgmma && lp.tile_rows >= 64 && wgmma_available();
   if (wgmma && ws_level(s, lp)) {
     p.tma_box = tma_box_rows(s.page_size);
     const int variant = ws_variant();
@@ -588,11 +651,6 @@ void check_out(const char* func, const CascadePlan& plan, const StateView& out,
   ::attnstate::detail::check_cascade_out(func, out, plan.shape.batch * plan.shape.q_len,
                                          plan.shape.heads_q, plan.shape.head_dim,
                                          MemorySpace::kDevice, q);
-  const std::size_t align = size_of(out.dtype);
-  if (reinterpret_cast<std::uintptr_t>(out.o) % align != 0)
-    throw_argument(
-        func, "out.o",
-        "a pointer aligned to the size of out.dtype (" + std::to_string(align) + " bytes)");
 }
 
 }  // namespace
@@ -611,9 +669,16 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
                    cascade_str(shape.q_len));
   if (shape.heads_kv < 1 || shape.heads_kv > 65535)
     throw_argument(func, "shape.heads_kv", "1..65535", cascade_str(shape.heads_kv));
-  if (shape.heads_q < 1 || shape.heads_q % shape.heads_kv != 0)
-    throw_argument(func, "shape.heads_q", "a positive multiple of heads_kv",
+  if (shape.heads_q < 1 || shape.heads_q % shape.heads_kv != 0 ||
+      shape.heads_q / shape.heads_kv > kMaxCascadeGroup)
+    throw_argument(func, "shape.heads_q",
+                   "a positive multiple of heads_kv, at most " + cascade_str(kMaxCascadeGroup) +
+                       " times it (the GQA group)",
                    cascade_str(shape.heads_q));
+  // the kernels index query rows with 32-bit integers
+  if (shape.batch * shape.q_len * shape.heads_q > 0x7FFFFFFF)
+    throw_argument(func, "shape.batch", "batch * q_len * heads_q < 2^31",
+                   cascade_str(shape.batch * shape.q_len * shape.heads_q));
   if (shape.page_size < 1 || shape.page_size > (1 << 20))
     throw_argument(func, "shape.page_size", "1..2^20", cascade_str(shape.page_size));
   if (shape.num_pages < 0)
@@ -751,7 +816,7 @@ void run_cascade_merge(const CascadePlan& plan, StateView out, const void* works
   const char* func = "attnstate::cuda::run_cascade_merge";
   check_plan(func, plan);
   check_out(func, plan, out);
-  check_workspace(func, plan, workspace, workspace_bytes);
+  check_workspace(func, plan, workspace, workspace_bytes, &out);
   launch_merge(plan, out, workspace, false, stream);
 }
 
@@ -767,7 +832,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   check_inputs(func, plan, q, kv);
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
   check_out(func, plan, out, &q);
-  check_workspace(func, plan, workspace, workspace_bytes);
+  check_workspace(func, plan, workspace, workspace_bytes, &out, &q);
   // A last level on the decode starts beside the last shared level: either it merges the other
   // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the
   // merge follows as a programmatic launch. Its tickets are zeroed before the first level so

@@ -505,9 +505,10 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   }
   if (kv.batch == 0) return;
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
-  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0 ||
-      reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
-    throw_argument(fn, "kv.k", "16-byte aligned K and V pools", "a misaligned pointer");
+  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0)
+    throw_argument(fn, "kv.k", "a 16-byte aligned K pool", "a misaligned pointer");
+  if (reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
+    throw_argument(fn, "kv.v", "a 16-byte aligned V pool", "a misaligned pointer");
   if (kv.page_elems() % 8 != 0)
     throw_argument(fn, "kv.page_stride", "a multiple of 8 elements", decode_str(kv.page_elems()));
   if (kv.page_size > 0x7FFFFFFF / 2)
@@ -521,7 +522,17 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
                      Status::kWorkspaceTooSmall);
     if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0)
       throw_argument(fn, "workspace", "16-byte aligned", "a misaligned pointer");
+    // written while q is read and out is written
+    attnstate::detail::check_disjoint(fn, "out", out, "workspace", workspace, w.total, nullptr, 0);
+    if (attnstate::detail::ranges_overlap(q.data, attnstate::detail::tensor_bytes(q), workspace,
+                                          w.total))
+      throw_argument(fn, "workspace", "memory disjoint from q", "an overlap");
   }
+  // the launch grid of this batch (plan_decode checked it for the plan's batch)
+  const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
+  if (grid > 0x7FFFFFFF)
+    throw_argument(fn, "plan.splits.max_splits", "a grid of at most 2^31-1 CTAs",
+                   decode_str(grid) + " CTAs");
 
   detail::DecodeParams p{};
   p.q = q.data;
@@ -575,7 +586,6 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.prior_rows = prior.rows;
   p.beside_previous = prior.beside_previous ? 1 : 0;
   p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
-  const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
   if (plan.streamed && pr.head_dim <= 128 && prior.count == 0 && p.q_vec &&
       kv.page_size % detail::kDecodeTileRows == 0) {
     dispatch_stream(p, pr.head_dim, pr.kv_dtype, grid, plan.num_sms > 0 ? plan.num_sms : 1, stream);

@@ -133,8 +133,10 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
                       std::to_string(rows.head_dim));
   }
   v::check_not_null(kFunc, "indptr", indptr);
+  v::check_aligned(kFunc, "indptr", indptr, sizeof(std::int32_t));
   v::check_disjoint(kFunc, "out", out, "rows", rows.o, v::o_bytes(rows), rows.lse,
                     v::lse_bytes(rows));
+  v::check_disjoint(kFunc, "out", out, "indptr", indptr, (out.tokens + 1) * 4, nullptr, 0);
   kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
   const std::int64_t n = out.tokens * out.heads;
   if (n == 0) return;

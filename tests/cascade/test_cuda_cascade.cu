@@ -683,6 +683,12 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
   expect_error(attnstate::Status::kInvalidArgument, "decode_sms", [&] { plan(sh, t); });
   expect_error(attnstate::Status::kInvalidArgument, "num_sms",
                [&] { attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 0); });
+  attnstate::cuda::CascadeShape wide = sh;
+  wide.heads_q = sh.heads_kv * 65;  // a GQA group above 64
+  expect_error(attnstate::Status::kInvalidArgument, "shape.heads_q",
+               [&] { attnstate::cuda::plan_cascade(wide, host.data(), 2, c.options(), 132); });
+  wide.heads_q = sh.heads_kv * 64;
+  EXPECT_NO_THROW(attnstate::cuda::plan_cascade(wide, host.data(), 2, c.options(), 132));
 }
 
 TEST(CudaCascadeArgs, PlanTakesEveryDecodeSplitCountThatPlanDecodeTakes) {
@@ -783,8 +789,34 @@ TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
   out = g.out();
   out.o = static_cast<char*>(out.o) + 2;  // f32 output
   expect_error(attnstate::Status::kInvalidArgument,
-               "'out.o': expected a pointer aligned to the size of out.dtype (4 bytes)",
+               "'out.o': expected a pointer aligned to 4 bytes",
                [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
+  // the output inside the workspace (read by the merge while out is written)
+  out = g.out();
+  out.lse = reinterpret_cast<float*>(g.workspace.get()) + 4;
+  expect_error(attnstate::Status::kInvalidArgument, "'out.lse'",
+               [&] { run(g.qv(), g.kv(), g.levels, out, ws); });
+  // a plan edited after plan_cascade: slots outside the workspace, an unknown tile, a count of
+  // slots that disagrees with its levels
+  const attnstate::cuda::CascadePlan good = g.plan;
+  g.plan.levels[0].max_splits = g.plan.num_slots + 1;
+  expect_error(attnstate::Status::kInvalidArgument, "plan.levels[0].max_splits",
+               [&] { run(g.qv(), g.kv(), g.levels, g.out(), ws); });
+  g.plan = good;
+  g.plan.levels[1].slot_offset += 1;
+  expect_error(attnstate::Status::kInvalidArgument, "plan.levels[1].slot_offset",
+               [&] { run(g.qv(), g.kv(), g.levels, g.out(), ws); });
+  g.plan = good;
+  if (!g.plan.levels[0].decode) {
+    g.plan.levels[0].tile_rows = 32;
+    expect_error(attnstate::Status::kInvalidArgument, "plan.levels[0].tile_rows",
+                 [&] { run(g.qv(), g.kv(), g.levels, g.out(), ws); });
+  }
+  g.plan = good;
+  g.plan.num_slots += 1;
+  expect_error(attnstate::Status::kInvalidArgument, "plan.num_slots",
+               [&] { run(g.qv(), g.kv(), g.levels, g.out(), ws); });
+  g.plan = good;
 }
 
 }  // namespace

@@ -94,8 +94,14 @@ TEST(PairMerge, NaNInNonEmptyInputPropagates) {
     const math::PairWeights q = math::pair_weights(base, 1.f, 2.f);
     EXPECT_TRUE(std::isnan(math::pair_combine(q, kNaN, 2.f)));
     EXPECT_TRUE(std::isnan(math::pair_combine(q, 1.f, kNaN)));
-    // NaN lse against an empty side is still NaN.
-    EXPECT_TRUE(std::isnan(math::pair_weights(base, kNaN, -INFINITY).lse));
+    // NaN lse against an empty side is still NaN, in o too (as in the n-ary merge).
+    for (bool a_side : {true, false}) {
+      const math::PairWeights e = a_side ? math::pair_weights(base, kNaN, -INFINITY)
+                                         : math::pair_weights(base, -INFINITY, kNaN);
+      EXPECT_TRUE(std::isnan(e.lse));
+      EXPECT_TRUE(std::isnan(a_side ? math::pair_combine(e, 0.5f, kNaN)
+                                    : math::pair_combine(e, kNaN, 0.5f)));
+    }
   }
 }
 
@@ -106,6 +112,16 @@ TEST(PairMerge, PositiveInfiniteLseGivesNaN) {
     EXPECT_TRUE(std::isnan(math::pair_combine(p, 1.f, 1.f)));
     float lse;
     EXPECT_TRUE(std::isnan(nary(base, {INFINITY, 3.f}, {1.f, 1.f}, &lse)));
+    EXPECT_TRUE(std::isnan(lse));
+    // against an empty side too: the pairwise and n-ary merges agree
+    for (bool a_side : {true, false}) {
+      const math::PairWeights e = a_side ? math::pair_weights(base, INFINITY, -INFINITY)
+                                         : math::pair_weights(base, -INFINITY, INFINITY);
+      EXPECT_TRUE(std::isnan(e.lse));
+      EXPECT_TRUE(
+          std::isnan(a_side ? math::pair_combine(e, 0.5f, 0.f) : math::pair_combine(e, 0.f, 0.5f)));
+    }
+    EXPECT_TRUE(std::isnan(nary(base, {INFINITY, -INFINITY}, {0.5f, 1.f}, &lse)));
     EXPECT_TRUE(std::isnan(lse));
   }
 }

@@ -235,6 +235,50 @@ TEST(MergeStateArgs, AliasWithDifferentDtypeIsRejected) {
   expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.o");
 }
 
+TEST(MergeStateArgs, OutputLseOverAnInputsOIsRejected) {
+  // out.lse inside a.o (and out.o inside b.lse): never an exact alias, a silent corruption
+  Fixture f;
+  StateView out = f.out.view();
+  out.lse = static_cast<float*>(const_cast<void*>(f.a.cview().o)) + 1;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), f.b.cview(), out); }, "out.lse");
+  std::vector<float> shared(kT * kH * kD + kT * kH);
+  ConstStateView a = f.a.cview();
+  a.lse = shared.data() + kD;  // a.lse inside out.o
+  StateView out2 = make_state_view(shared.data(), DType::kF32, shared.data() + kT * kH * kD, kT, kH,
+                                   kD, LseBase::kNatural);
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), out2); }, "out.o");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, MisalignedPointersAreRejected) {
+  Fixture f;
+  ConstStateView b = f.b.cview();  // bf16: 2-byte elements
+  b.o = static_cast<const char*>(b.o) + 1;
+  expect_arg_error([&] { cpu::merge_state(f.a.cview(), b, f.out.view()); }, "b.o");
+  ConstStateView a = f.a.cview();
+  a.lse = reinterpret_cast<const float*>(reinterpret_cast<const char*>(a.lse) + 2);
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.lse");
+  f.expect_outputs_untouched();
+}
+
+TEST(MergeStateArgs, HeadStrideWhoseSpanOverflowsIsNamed) {
+  Fixture f;
+  ConstStateView a = f.a.cview();
+  a.o_stride_head = std::int64_t{1} << 61;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.o_stride_head");
+  a = f.a.cview();
+  a.lse_stride_head = std::int64_t{1} << 62;
+  expect_arg_error([&] { cpu::merge_state(a, f.b.cview(), f.out.view()); }, "a.lse_stride_head");
+}
+
+TEST(MergeStateArgs, ZeroTokenHeadMajorViewsAreAccepted) {
+  // FlashAttention varlen with no tokens: a head-major LSE of 0 tokens has head stride 0
+  std::vector<float> o(1), lse(1);
+  const StateView none = with_head_major_lse(
+      make_state_view(o.data(), DType::kF32, lse.data(), 0, 4, 8, LseBase::kNatural), 0);
+  EXPECT_NO_THROW(cpu::merge_state(none, none, none));
+}
+
 // ---- merge_state_inplace ----------------------------------------------------------------------
 
 TEST(MergeStateInplaceArgs, NullAccLseIsRejected) {
@@ -397,6 +441,16 @@ TEST(MergeStatesRaggedArgs, OutputOverlappingRowsIsRejected) {
   Fixture f;
   StateView out = f.a.view();
   expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), f.indptr.data(), out); }, "out.o");
+}
+
+TEST(MergeStatesRaggedArgs, OutputOverTheIndptrIsRejected) {
+  Fixture f;
+  std::vector<float> buf(kT * kH * kD + kT * kH + 8);
+  std::int32_t* indptr = reinterpret_cast<std::int32_t*>(buf.data() + kT * kH * kD + 2);
+  for (int i = 0; i <= kT; ++i) indptr[i] = i;  // inside out.lse
+  const StateView out = make_state_view(buf.data(), DType::kF32, buf.data() + kT * kH * kD, kT, kH,
+                                        kD, LseBase::kNatural);
+  expect_arg_error([&] { cpu::merge_states_ragged(f.a.cview(), indptr, out); }, "out.lse");
 }
 
 // ---- rebase -----------------------------------------------------------------------------------
@@ -775,6 +829,39 @@ TEST(DecodeOutputArgs, OutputOverlappingTheQueriesIsRejected) {
     expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o");
     out = d.out();
     out.lse = d.q.data() + d.q.size() - 2;
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.lse");
+  }
+}
+
+TEST(DecodeArgs, InvalidLayoutAndMisalignedPointersAreNamed) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    PagedKvCache kv = d.kv();
+    kv.layout = static_cast<KvLayout>(5);
+    expect_arg_error([&] { detail::validate_decode_args("fn", d.qv(), kv, d.out(), sp); },
+                     "kv.layout");
+    kv = d.kv();
+    kv.v = reinterpret_cast<const char*>(kv.v) + 2;
+    expect_arg_error([&] { detail::validate_decode_args("fn", d.qv(), kv, d.out(), sp); }, "kv.v");
+    kv = d.kv();
+    kv.seq_lens =
+        reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(d.lens.data()) + 1);
+    expect_arg_error([&] { detail::validate_decode_args("fn", d.qv(), kv, d.out(), sp); },
+                     "kv.seq_lens");
+    ConstTensorView q = d.qv();
+    q.data = reinterpret_cast<const char*>(q.data) + 2;
+    expect_arg_error([&] { d.validate(q, d.out()); }, "q.data");
+  }
+}
+
+TEST(DecodeArgs, OutputOverTheCacheOrItsTablesIsRejected) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    StateView out = d.out();
+    out.o = d.pool.data() + 8;  // out over the K/V pool
+    expect_arg_error([&] { d.validate(d.qv(), out); }, "out.o");
+    out = d.out();
+    out.lse = reinterpret_cast<float*>(d.lens.data());  // over seq_lens
     expect_arg_error([&] { d.validate(d.qv(), out); }, "out.lse");
   }
 }

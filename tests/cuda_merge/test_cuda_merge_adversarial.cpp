@@ -169,6 +169,57 @@ TEST(CudaMergeAdversarial, NanInANonEmptyInputPropagates) {
   EXPECT_TRUE(states_close(sout, swant));
 }
 
+TEST(CudaMergeAdversarial, InvalidLseBesideAnEmptyStateGivesNaN) {
+  // +inf or NaN LSE merged with an empty state: NaN in o and lse, as the n-ary merge and the CPU
+  // give (a pass-through would hide FlashAttention's +inf rows without keys).
+  ATTNSTATE_REQUIRE_GPU();
+  Rng rng;
+  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    TestState a(4, 2, 128, dt, LseBase::kNatural);
+    TestState b(4, 2, 128, dt, LseBase::kNatural);
+    a.fill_random(rng);
+    b.fill_random(rng);
+    make_empty(b);
+    a.set_lse(0, 0, INFINITY);
+    a.set_lse(1, 1, NAN);
+    b.set_lse(2, 1, a.lse(2, 1));  // one ordinary row, for contrast
+    for (int d = 0; d < 128; ++d) b.set_o(2, 1, d, 0.25f);
+    a.set_lse(3, 0, -INFINITY);
+    b.set_lse(3, 0, INFINITY);  // the invalid side second
+    a.upload();
+    b.upload();
+    TestState out(4, 2, 128, dt, LseBase::kNatural);
+    out.poison_device();
+    gpu::merge_state(a.dev_view(), b.dev_view(), out.dev_view());
+    sync();
+    out.download();
+    for (auto [t, h] : {std::pair<int, int>{0, 0}, {1, 1}, {3, 0}}) {
+      EXPECT_TRUE(std::isnan(out.lse(t, h))) << t << "," << h;
+      EXPECT_TRUE(std::isnan(out.o(t, h, 7))) << t << "," << h;
+    }
+    TestState want(4, 2, 128, dt, LseBase::kNatural);
+    cpu::merge_state(a.host_view(), b.host_view(), want.host_view());
+    EXPECT_TRUE(states_close(out, want));
+    TestStack stack(attnstate::StackOrder::kTokensMajor, 4, 2, 2, 128, dt, LseBase::kNatural);
+    for (int t = 0; t < 4; ++t)
+      for (int h = 0; h < 2; ++h) {
+        stack.set_lse(t, 0, h, a.lse(t, h));
+        stack.set_lse(t, 1, h, b.lse(t, h));
+        for (int d = 0; d < 128; ++d) {
+          stack.set_o(t, 0, h, d, a.o(t, h, d));
+          stack.set_o(t, 1, h, d, b.o(t, h, d));
+        }
+      }
+    stack.upload();
+    out.poison_device();
+    gpu::merge_states(stack.dev_view(), out.dev_view());
+    sync();
+    out.download();
+    EXPECT_TRUE(states_close(out, want));
+  }
+}
+
 TEST(CudaMergeAdversarial, HugeLsesMatchCpuAndStayFinite) {
   ATTNSTATE_REQUIRE_GPU();
   Rng rng;

@@ -915,6 +915,24 @@ TEST(CudaDecode, RejectsBadArguments) {
     expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument,
                "kv.page_indices");
   }
+  {
+    auto k2 = kv;  // only V misaligned: the message names V
+    k2.v = static_cast<const char*>(kv.v) + 2;
+    expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "'kv.v'");
+    k2 = kv;
+    k2.layout = static_cast<KvLayout>(3);
+    expect_err([&] { run(plan0, q, k2, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "'kv.layout'");
+  }
+  {
+    auto o2 = out.view;  // the output's LSEs inside the workspace
+    o2.lse = reinterpret_cast<float*>(ws.get());
+    expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "'out.lse'");
+    o2 = out.view;  // an f32 output one byte off
+    o2.o = static_cast<char*>(o2.o) + 1;
+    expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "'out.o'");
+  }
 }
 
 }  // namespace

@@ -66,9 +66,11 @@ struct SplitLayout {
   /// Tokens per split for a request of `len` tokens.
   ATTNSTATE_HOST_DEVICE std::int32_t chunk_for(std::int32_t len) const {
     if (policy == SplitPolicy::kFixedCount) {
-      const std::int32_t c = (len + num_splits - 1) / num_splits;
-      const std::int32_t r = (c + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
-      return r > 0 ? r : kSplitGranularity;
+      // 64-bit intermediates: no overflow for lengths near 2^31
+      const std::int64_t c = (static_cast<std::int64_t>(len) + num_splits - 1) / num_splits;
+      const std::int64_t r = (c + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
+      constexpr std::int64_t kMax = 0x7FFFFFFF / kSplitGranularity * kSplitGranularity;
+      return r <= 0 ? kSplitGranularity : static_cast<std::int32_t>(r < kMax ? r : kMax);
     }
     return split_size;
   }
@@ -76,7 +78,7 @@ struct SplitLayout {
   ATTNSTATE_HOST_DEVICE std::int32_t splits_for(std::int32_t len) const {
     if (len <= 0) return 1;
     const std::int32_t c = chunk_for(len);
-    const std::int32_t n = (len + c - 1) / c;
+    const auto n = static_cast<std::int32_t>((static_cast<std::int64_t>(len) + c - 1) / c);
     return n < max_splits ? n : max_splits;
   }
   /// Token range of split `s` of a request of `len` tokens.

@@ -30,6 +30,11 @@ template <class T>
 void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                           dim3 grid, bool pdl, cudaStream_t stream);
 
+/// True when the code the runtime loaded for the current device was built for sm_90a, so the
+/// `wgmma` level kernels have their bodies (a build for plain `90`, or for an older architecture
+/// run on Hopper, has only the `mma.sync` kernels). Defined in cascade_level_bf16.cu.
+bool sm90a_code_loaded();
+
 /// Launches the bf16 level kernel (defined in cascade_level_bf16.cu).
 void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                                dim3 grid, bool pdl, cudaStream_t stream);

@@ -182,7 +182,9 @@ struct LevelBlock {
     row0 = tile * bm;
     if (row0 >= nrows) return false;
     pbeg = max(pi0, 0);
-    const int npages = max(pi1 - pbeg, 0);
+    // a level run without page ids (allowed when it was planned without pages) has no keys,
+    // whatever its device lengths have become since
+    const int npages = p.page_indices != nullptr ? max(pi1 - pbeg, 0) : 0;
     len = static_cast<int>(min(static_cast<std::int64_t>(max(sl0, 0)),
                                static_cast<std::int64_t>(npages) * p.page_size));
     const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
