@@ -202,7 +202,8 @@ bool run_gpu(const SharedPromptBatch& s) {
   shape.dtype = DType::kBF16;
   const auto h_levels = s.host_levels();
   //! [cascade-plan]
-  const cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels.data(), 2, {}, sms);
+  const attnstate::cuda::CascadePlan plan =
+      attnstate::cuda::plan_cascade(shape, h_levels.data(), 2, {}, sms);
   //! [cascade-plan]
   void* ws = nullptr;
   ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 1)));

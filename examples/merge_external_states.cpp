@@ -82,8 +82,10 @@ int main() {
 
   //! [import-external-states]
   // Import each state with the base its producer uses: FlashInfer's LSE is log2, `[tokens, heads]`;
-  // FlashAttention's is ln, `[heads, tokens]` (its softmax_lse, per batch element). The tag and
-  // the strides travel with the view; every merge converts on load. (FlashAttention writes
+  // FlashAttention's is ln, here `[heads, tokens]`: the softmax_lse `[batch, heads, seqlen_q]` of
+  // one batch element whose kTokens query rows are its seqlen_q (for batched decode, seqlen_q = 1,
+  // it is `[tokens = batch, heads]`: the plain view, no with_head_major_lse). The tag and the
+  // strides travel with the view; every merge converts on load. (FlashAttention writes
   // lse = +inf for a row without keys: map it to -inf, the empty state, before merging.)
   const attnstate::ConstStateView a =
       attnstate::make_const_state_view(flashinfer.o.data(), DType::kBF16, flashinfer.lse.data(),

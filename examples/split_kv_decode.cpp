@@ -80,19 +80,22 @@ int main() {
     pr.heads_kv = hkv;
     pr.head_dim = D;
     //! [decode-plan]
-    const cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, sms);
+    // attnstate::cuda spelled out: a bare cuda:: is ambiguous with libcu++'s ::cuda.
+    const attnstate::cuda::DecodePlan plan =
+        attnstate::cuda::plan_decode(pr, lens.data(), opt, sms);
     //! [decode-plan]
     splits = plan.splits.splits_for(static_cast<std::int32_t>(len_a));
     void *dq, *dk, *dv, *ws, *doa;
     std::int32_t *dt, *dl;
     float* dla;
-    const std::size_t ws_bytes = plan.workspace_bytes() + 256;
+    // Exactly plan.workspace_bytes(): run_decode needs 16-byte alignment and cudaMalloc gives 256.
+    const std::size_t ws_bytes = plan.workspace_bytes();
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&dq, q.size() * 2));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&dk, k.size() * 2));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&dv, v.size() * 2));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dt), table.size() * 4));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dl), lens.size() * 4));
-    ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));  // 0: no splits
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&doa, oa.size() * 4));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dla), la.size() * 4));
     ATTNSTATE_CUDA_CHECK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
@@ -107,8 +110,8 @@ int main() {
     dkv.seq_lens = dl;
     dkv.space = MemorySpace::kDevice;
     //! [decode-run]
-    cuda::init_decode_workspace(plan, ws, ws_bytes);  // once per workspace: zeroes its tickets
-    cuda::run_decode(
+    attnstate::cuda::init_decode_workspace(plan, ws, ws_bytes);  // once: zeroes its tickets
+    attnstate::cuda::run_decode(
         plan, make_tensor_view(dq, DType::kBF16, {batch, 1, hq, D}, MemorySpace::kDevice), dkv,
         make_state_view(doa, DType::kF32, dla, batch, hq, D, LseBase::kNatural,
                         MemorySpace::kDevice),

@@ -3,8 +3,13 @@
 ///
 /// Call shape: `plan_cascade` (host only, from the shapes, the host copies of the level arrays
 /// and the SM count: picks a row tile and a KV split per level, sizes the fp32 workspace) →
-/// allocate `plan.workspace_bytes()` of device memory → `run_cascade` (any number of times, on
-/// the caller's stream; never allocates, never synchronises, capturable in a CUDA graph).
+/// allocate `plan.workspace_bytes()` of device memory (no initialisation: its only integer
+/// tickets, those of a last level on the split-KV decode, are zeroed by `run_cascade` itself at
+/// the start of every call, one `cudaMemsetAsync`) → `run_cascade` (any number of times, on the
+/// caller's stream; never allocates, never synchronises, capturable in a CUDA graph). One
+/// workspace serves one run at a time: give each stream or graph that may run concurrently its
+/// own. Calls run on the current device, which must be the device of the stream and of every
+/// pointer; a null stream is the legacy default stream.
 ///
 /// How it runs. For every level one kernel launch: a CTA takes one segment, one KV head, one tile
 /// of query rows and one KV split of the segment. The rows of a tile are the queries of ALL the
@@ -180,7 +185,12 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
 /// @param num_levels     `plan.num_levels`.
 /// @param out            device state `(batch · q_len, heads_q, head_dim)`, token `b·q_len + t`;
 ///                       any dtype, any base (written in `out.base`).
-/// @param workspace      device memory of at least `plan.workspace_bytes()`, 256-byte aligned.
+/// @param workspace      device memory of at least `plan.workspace_bytes()`; 16-byte aligned
+///                       (checked), 256-byte aligned recommended (as `cudaMalloc` returns; the
+///                       sections inside are laid out at 256-byte offsets). Needs no
+///                       initialisation: the tickets of a decode last level are zeroed on
+///                       `stream` at the start of every call. Not shared with a run that may be
+///                       in flight at the same time (another stream or graph).
 /// @param workspace_bytes its size.
 /// @param stream         the caller's stream.
 /// @throws Error (`kInvalidArgument`, `kWorkspaceTooSmall`, `kCudaError`).

@@ -2,12 +2,16 @@
 /// @brief CUDA backend: split-KV (Flash-Decoding) attention over a paged KV cache, plan/run.
 ///
 /// Call shape: `plan_decode` (host, once per shape: picks the splits from the real lengths and
-/// the SM count, sizes the workspace) → allocate `plan.workspace_bytes()` of device memory and
-/// zero it once (`init_decode_workspace`) → `run_decode` (any number of times, on the caller's
-/// stream, never allocates, never synchronises, capturable in a CUDA graph). A workspace belongs
-/// to one plan (initialise it again before using it with another). Calls run on the current
-/// device, which must be the device of the stream and of every pointer; a null stream is the
-/// legacy default stream (pass `cudaStreamPerThread` or your own stream in engines).
+/// the SM count, sizes the workspace) → allocate `plan.workspace_bytes()` of device memory,
+/// 16-byte aligned, and zero its tickets once (`init_decode_workspace`) → `run_decode` (any
+/// number of times, on the caller's stream, never allocates, never synchronises, capturable in a
+/// CUDA graph). A workspace belongs to one plan (initialise it again before using it with
+/// another) and to one run at a time: two runs in flight on one workspace (two streams, or two
+/// graphs replayed concurrently) race on its integer tickets, so give each stream or graph that
+/// may run concurrently its own. For a CUDA graph, plan once at the maximum batch and lengths and
+/// reuse that plan and its workspace (the size depends on the batch and the split layout). Calls
+/// run on the current device, which must be the device of the stream and of every pointer; a null
+/// stream is the legacy default stream (pass `cudaStreamPerThread` or your own stream in engines).
 ///
 /// The kernel reads `seq_lens` and the page table on the device and derives each request's splits
 /// from its device length (clamped to the pages the table gives it), so a plan made for maximum
@@ -75,9 +79,14 @@ struct DecodePlan {
   /// then left unwritten). Never set this outside of profiling.
   bool profile_skip_combine = false;
 
-  /// Bytes of device workspace `run_decode` needs (0 when no request can be split): fp32 partial
+  /// Bytes of device workspace `run_decode` needs (0 when `splits.max_splits == 1`): fp32 partial
   /// states `o (batch, heads_kv, row_tiles, max_splits, 16, head_dim)` and their base-2 LSEs,
-  /// plus one int32 ticket per (request, KV head, row tile); 256-byte aligned sections.
+  /// plus one int32 ticket per (request, KV head, row tile), each section rounded up to 256
+  /// bytes. With `tiles = batch · heads_kv · row_tiles` and `parts = tiles · max_splits · 16`:
+  /// `round256(parts · head_dim · 4) + round256(parts · 4) + round256(tiles · 4)`; e.g. batch 1,
+  /// 8 KV heads, 4 query heads per KV head, head_dim 128, 32 splits: 2,113,792 bytes. It depends
+  /// on the planned batch and split layout (so on the planned lengths and, for `kAuto`, the SM
+  /// count): plan at the maximum shape a graph will replay.
   std::size_t workspace_bytes() const;
 };
 
@@ -101,7 +110,8 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
 /// initialised again for this plan before its next `run_decode` (stream-ordered, outside any
 /// graph that replays the other plan), or its split merges may never complete.
 /// @param plan             the plan the workspace serves.
-/// @param workspace        device memory of at least `plan.workspace_bytes()` (null if 0).
+/// @param workspace        device memory of at least `plan.workspace_bytes()` (null if 0),
+///                         16-byte aligned (checked by `run_decode`).
 /// @param workspace_bytes  size of `workspace` in bytes.
 /// @param stream           the caller's stream.
 /// @throws Error (`kInvalidArgument`, `kWorkspaceTooSmall`, `kCudaError`).
@@ -122,8 +132,10 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
 ///                   Lengths are clamped to the pages each request owns; page ids to the pool.
 /// @param out        device state `(batch·q_len, heads_q, head_dim)`, token `b·q_len + i`; any
 ///                   dtype, any base (written in `out.base`).
-/// @param workspace  device memory of at least `plan.workspace_bytes()`, initialised once with
-///                   `init_decode_workspace`; may be null when that size is 0.
+/// @param workspace  device memory of at least `plan.workspace_bytes()`, 16-byte aligned
+///                   (`cudaMalloc` gives 256), initialised once with `init_decode_workspace`;
+///                   may be null when that size is 0. Not shared with a run that may be in
+///                   flight at the same time (another stream or graph): they race on its tickets.
 /// @param workspace_bytes  size of `workspace` in bytes.
 /// @param stream     the caller's stream.
 /// @throws Error (`kInvalidArgument`, `kNotSupported`, `kWorkspaceTooSmall`, `kCudaError`).
