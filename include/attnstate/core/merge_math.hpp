@@ -101,7 +101,8 @@ struct PairWeights {
 
 /// Weights of the pairwise merge of two states whose LSEs are in the same base.
 /// When one side is empty the other passes through exactly (weight 1, LSE unchanged), unless
-/// its LSE is NaN or +inf: then, as in the n-ary merge, the weights and the LSE are NaN.
+/// its LSE is NaN or +inf: then, as in the n-ary merge, the weights and the LSE are NaN and
+/// neither side is marked empty (so the combined value is NaN).
 ATTNSTATE_HOST_DEVICE PairWeights pair_weights(LseBase base, float lse_a, float lse_b) {
   PairWeights p;
   p.a_empty = lse_a == -INFINITY;
@@ -110,7 +111,10 @@ ATTNSTATE_HOST_DEVICE PairWeights pair_weights(LseBase base, float lse_a, float 
     p.wa = p.a_empty ? 0.f : 1.f;
     p.wb = p.a_empty && !p.b_empty ? 1.f : 0.f;
     p.lse = p.a_empty ? lse_b : lse_a;
-    if (p.lse != p.lse || p.lse == INFINITY) p.wa = p.wb = p.lse = NAN;  // invalid input
+    if (p.lse != p.lse || p.lse == INFINITY) {  // invalid input: both sides weighted by NaN
+      p.a_empty = p.b_empty = false;
+      p.wa = p.wb = p.lse = NAN;
+    }
     return p;
   }
   const float m = nan_max(lse_a, lse_b);
@@ -129,11 +133,10 @@ ATTNSTATE_HOST_DEVICE PairWeights pair_weights(LseBase base, float lse_a, float 
 }
 
 /// Applies pair weights to one element pair. Reads neither side's value as a factor when that
-/// side is empty; both empty gives 0. A side that passes through is multiplied by its weight 1
-/// (exact), or by NaN for an invalid LSE.
+/// side is empty; both empty gives 0.
 ATTNSTATE_HOST_DEVICE float pair_combine(const PairWeights& p, float oa, float ob) {
-  if (p.b_empty) return p.a_empty ? 0.f : p.wa * oa;
-  if (p.a_empty) return p.wb * ob;
+  if (p.b_empty) return p.a_empty ? 0.f : oa;
+  if (p.a_empty) return ob;
   return p.wa * oa + p.wb * ob;
 }
 
