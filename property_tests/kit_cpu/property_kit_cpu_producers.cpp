@@ -136,6 +136,7 @@ attnstate::testing::KernelCheckOptions decode_options() {
   attnstate::testing::KernelCheckOptions o;
   o.problems = attnstate::testing::decode_problem_options();
   o.num_tests = 100;
+  o.p_rounded_to_input = false;  // fp32 probabilities: held to fp32 precision before rounding o
   return o;
 }
 

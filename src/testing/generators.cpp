@@ -173,6 +173,10 @@ void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
     detail::throw_argument(func, field(prefix, "large_logits_percent").c_str(), "0 to 100",
                            std::to_string(o.large_logits_percent));
   }
+  if (o.offset_values_percent < 0 || o.offset_values_percent > 100) {
+    detail::throw_argument(func, field(prefix, "offset_values_percent").c_str(), "0 to 100",
+                           std::to_string(o.offset_values_percent));
+  }
   if (!(std::isfinite(o.large_logit_factor) && o.large_logit_factor > 0.f)) {
     detail::throw_argument(func, field(prefix, "large_logit_factor").c_str(), "a finite value > 0",
                            show_number(o.large_logit_factor));
@@ -268,24 +272,31 @@ rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys) {
 
 rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_disjoint_pair(
     std::int64_t n_keys) {
-  return rc::gen::map(rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
-                                                           rc::gen::inRange(0, 3)),
-                      [](const std::vector<int>& owner) {
-                        std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> out;
-                        for (std::size_t i = 0; i < owner.size(); ++i) {
-                          if (owner[i] == 1) out.first.push_back(static_cast<std::int64_t>(i));
-                          if (owner[i] == 2) out.second.push_back(static_cast<std::int64_t>(i));
-                        }
-                        return out;
-                      });
+  // Owners drawn at full size: `inRange` scaled by a small test size gives 0 (neither subset)
+  // for every key, i.e. two empty subsets in most cases.
+  return rc::gen::map(
+      rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
+                                           rc::gen::resize(kFullSize, rc::gen::inRange(0, 3))),
+      [](const std::vector<int>& owner) {
+        std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> out;
+        for (std::size_t i = 0; i < owner.size(); ++i) {
+          if (owner[i] == 1) out.first.push_back(static_cast<std::int64_t>(i));
+          if (owner[i] == 2) out.second.push_back(static_cast<std::int64_t>(i));
+        }
+        return out;
+      });
 }
 
 rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_keys, int max_parts) {
   const int top = max_parts < 1 ? 1 : max_parts;
   return rc::gen::exec([n_keys, top] {
-    const int parts = *rc::gen::inRange(1, top + 1);
-    const auto owner = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
-                                                             rc::gen::inRange(0, parts));
+    // The part count and every key's owner are drawn at full size (uniform whatever the test
+    // size, still shrinking towards one part and towards part 0): `inRange` scales its range
+    // with the size, so at the small sizes of a property's first cases it would give one part
+    // holding every key, and `fn(all)` would be compared with itself.
+    const int parts = *rc::gen::resize(kFullSize, rc::gen::inRange(1, top + 1));
+    const auto owner = *rc::gen::container<std::vector<int>>(
+        static_cast<std::size_t>(n_keys), rc::gen::resize(kFullSize, rc::gen::inRange(0, parts)));
     std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(parts));
     for (std::size_t i = 0; i < owner.size(); ++i) {
       out[static_cast<std::size_t>(owner[i])].push_back(static_cast<std::int64_t>(i));
@@ -325,6 +336,9 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
         *rc::gen::resize(kFullSize, rc::gen::inRange(0, 100)) >= 100 - opt.large_logits_percent;
     const bool unit_scale = *rc::gen::arbitrary<bool>();
     const auto seed = *gen_seed();
+    // Shrinks towards 0, i.e. towards zero-mean values.
+    const bool offset =
+        *rc::gen::resize(kFullSize, rc::gen::inRange(0, 100)) >= 100 - opt.offset_values_percent;
 
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> uni(-1.f, 1.f);
@@ -335,10 +349,20 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
     for (float& x : q) x = uni(rng) * amp;
     for (float& x : k) x = uni(rng);
     for (float& x : v) x = uni(rng);
+    if (offset) {
+      // A mean c in [-0.9, 0.9] per (KV head, element), the spread shrunk to keep |v| <= 1.
+      std::vector<float> mean(static_cast<std::size_t>(hkv * dim));
+      for (float& c : mean) c = 0.9f * uni(rng);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const float c = mean[i % mean.size()];
+        v[i] = c + (1.f - std::fabs(c)) * v[i];
+      }
+    }
     const float scale = unit_scale ? 1.f : 1.f / std::sqrt(static_cast<float>(dim));
     AttentionProblem p =
         make_problem(tokens, hkv * group, hkv, dim, keys, in_dt, q, k, v, scale, out_dt, base);
     p.large_logits = large;
+    p.offset_values = offset;
     p.value_seed = seed;
     return p;
   });

@@ -57,6 +57,7 @@ AttentionProblem select_keys(const AttentionProblem& problem,
   out.out_dtype = problem.out_dtype;
   out.base = problem.base;
   out.large_logits = problem.large_logits;
+  out.offset_values = problem.offset_values;
   out.value_seed = problem.value_seed;
   return out;
 }
@@ -79,7 +80,7 @@ std::ostream& operator<<(std::ostream& os, const AttentionProblem& p) {
      << ", H_kv=" << p.heads_kv() << ", head_dim=" << p.head_dim() << ", keys=" << p.num_keys()
      << ", qkv " << to_string(p.q.dtype()) << ", out " << to_string(p.out_dtype) << ", base "
      << to_string(p.base) << ", scale=" << p.scale << (p.large_logits ? ", large logits" : "")
-     << ", value_seed=" << p.value_seed << ")";
+     << (p.offset_values ? ", offset values" : "") << ", value_seed=" << p.value_seed << ")";
   return os;
 }
 

@@ -32,6 +32,7 @@ ReferenceState make_empty(std::int64_t tokens, std::int64_t heads, std::int64_t 
   r.base = base;
   r.o.assign(static_cast<std::size_t>(tokens * heads * head_dim), 0.0);
   r.lse.assign(static_cast<std::size_t>(tokens * heads), kNegInf);
+  r.o_magnitude.assign(r.o.size(), 0.0);
   return r;
 }
 
@@ -39,6 +40,7 @@ ReferenceState make_empty(std::int64_t tokens, std::int64_t heads, std::int64_t 
 
 ReferenceState to_reference(const HostState& s) {
   ReferenceState r = make_empty(s.tokens(), s.heads(), s.head_dim(), s.base());
+  r.o_magnitude.clear();  // unknown: a stored value says nothing about how it was computed
   for (std::int64_t i = 0; i < s.o_tensor().numel(); ++i) {
     r.o[static_cast<std::size_t>(i)] = s.o_tensor().get(i);
   }
@@ -85,9 +87,11 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
         m = std::max(m, s[i]);
       }
       double* o = &r.o[static_cast<std::size_t>((t * hq + h) * dim)];
+      double* mag = &r.o_magnitude[static_cast<std::size_t>((t * hq + h) * dim)];
       double& lse = r.lse[static_cast<std::size_t>(t * hq + h)];
       if (nan) {
         std::fill(o, o + dim, std::numeric_limits<double>::quiet_NaN());
+        std::fill(mag, mag + dim, std::numeric_limits<double>::quiet_NaN());
         lse = std::numeric_limits<double>::quiet_NaN();
         continue;
       }
@@ -96,9 +100,15 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
         const double w = std::exp(s[i] - m);
         sum += w;
         const float* vr = &v[static_cast<std::size_t>((keys[i] * hkv + g) * dim)];
-        for (std::int64_t d = 0; d < dim; ++d) o[d] += w * vr[d];
+        for (std::int64_t d = 0; d < dim; ++d) {
+          o[d] += w * vr[d];
+          mag[d] += w * std::fabs(static_cast<double>(vr[d]));
+        }
       }
-      for (std::int64_t d = 0; d < dim; ++d) o[d] /= sum;
+      for (std::int64_t d = 0; d < dim; ++d) {
+        o[d] /= sum;
+        mag[d] /= sum;
+      }
       lse = convert(m + std::log(sum), LseBase::kNatural, base);
     }
   }
@@ -119,6 +129,11 @@ ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBas
     }
   }
   ReferenceState r = make_empty(first.tokens, first.heads, first.head_dim, base);
+  // Magnitudes only when every input has them (a stored input's says nothing about the terms
+  // its o was computed from).
+  const bool with_magnitude = std::all_of(
+      states.begin(), states.end(), [](const ReferenceState& s) { return s.has_o_magnitude(); });
+  if (!with_magnitude) r.o_magnitude.clear();
   const std::int64_t rows = first.tokens * first.heads, dim = first.head_dim;
   std::vector<double> lse(states.size());
   for (std::int64_t row = 0; row < rows; ++row) {
@@ -132,8 +147,10 @@ ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBas
       m = std::max(m, lse[i]);
     }
     double* o = &r.o[static_cast<std::size_t>(row * dim)];
+    double* mag = with_magnitude ? &r.o_magnitude[static_cast<std::size_t>(row * dim)] : nullptr;
     if (nan) {
       std::fill(o, o + dim, std::numeric_limits<double>::quiet_NaN());
+      if (mag) std::fill(mag, mag + dim, std::numeric_limits<double>::quiet_NaN());
       r.lse[static_cast<std::size_t>(row)] = std::numeric_limits<double>::quiet_NaN();
       continue;
     }
@@ -143,10 +160,18 @@ ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBas
       if (lse[i] == kNegInf) continue;  // an empty input's o is never read
       const double w = std::exp(lse[i] - m);
       sum += w;
-      const double* oi = &states[i].o[static_cast<std::size_t>(row * dim)];
+      const std::size_t off = static_cast<std::size_t>(row * dim);
+      const double* oi = &states[i].o[off];
       for (std::int64_t d = 0; d < dim; ++d) o[d] += w * oi[d];
+      if (with_magnitude) {
+        const double* mi = &states[i].o_magnitude[off];
+        for (std::int64_t d = 0; d < dim; ++d) mag[d] += w * mi[d];
+      }
     }
     for (std::int64_t d = 0; d < dim; ++d) o[d] /= sum;
+    if (mag) {
+      for (std::int64_t d = 0; d < dim; ++d) mag[d] /= sum;
+    }
     r.lse[static_cast<std::size_t>(row)] = convert(m + std::log(sum), LseBase::kNatural, base);
   }
   return r;

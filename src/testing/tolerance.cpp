@@ -14,7 +14,23 @@ namespace testing {
 namespace {
 
 constexpr double kUnitRoundoff = 5.9604644775390625e-8;  // 2^-24, fp32
+/// Half the spacing of f16 subnormals (2^-25): the largest absolute error of rounding a value
+/// below 2^-14 to f16.
+constexpr double kF16SubnormalHalfUlp = 2.98023223876953125e-8;
 constexpr int kMaxReported = 6;
+
+/// Unit roundoff (half an ulp at 1, the largest relative error of rounding a normal value to
+/// nearest) of a storage dtype: 2^-8 for bf16 (8 significant bits), 2^-11 for f16, 2^-24 f32.
+double unit_roundoff(DType dt) {
+  switch (dt) {
+    case DType::kBF16:
+      return 3.90625e-3;
+    case DType::kF16:
+      return 4.8828125e-4;
+    default:
+      return kUnitRoundoff;
+  }
+}
 
 /// Collects mismatch lines, keeping the first few and counting the rest.
 class Mismatches {
@@ -90,17 +106,29 @@ Tolerance tolerance_for(DType o_dtype) {
   }
 }
 
-Tolerance tolerance_for(const AttentionProblem& problem) {
-  Tolerance tol = tolerance_for(problem.out_dtype);
+Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input) {
+  // The fp32 floor of the f32 row of the table; the LSE part is the table's (fp32 whatever the
+  // dtypes), widened below.
+  Tolerance tol = tolerance_for(DType::kF32);
+  const DType in = problem.v.dtype();
+  const double keys = static_cast<double>(problem.num_keys());
   const double dim = static_cast<double>(problem.head_dim());
   const double score_err = (dim + 8) * kUnitRoundoff * max_abs_score(problem);
-  const double sum_err = (static_cast<double>(problem.num_keys()) + dim + 8) * kUnitRoundoff;
+  const double sum_err = (keys + dim + 8) * kUnitRoundoff;
   double v_max = 1.0;
   for (std::int64_t i = 0; i < problem.v.numel(); ++i) {
     v_max = std::max(v_max, static_cast<double>(std::fabs(problem.v.get(i))));
   }
   const double base_factor = problem.base == LseBase::kBase2 ? 1.4426950408889634 : 1.0;
+  // Rounding P to the input dtype (tensor cores) and o to the output dtype, each at most one
+  // unit roundoff of the element's magnitude Σ w_i |v_i|; twice that as the margin.
+  const bool rounds_p = p_rounded_to_input && in != DType::kF32;
+  const double u_in = rounds_p ? unit_roundoff(in) : 0.0;
+  tol.o_magnitude_rel = 2 * (u_in + unit_roundoff(problem.out_dtype));
+  tol.o_magnitude_default = v_max;
   tol.o_abs = tol.o_abs * v_max + (4 * score_err + 2 * sum_err) * v_max;
+  if (rounds_p && in == DType::kF16) tol.o_abs += 2 * keys * kF16SubnormalHalfUlp * v_max;
+  if (problem.out_dtype == DType::kF16) tol.o_abs += 2 * kF16SubnormalHalfUlp;
   tol.lse_abs += (2 * score_err + sum_err) * base_factor;
   return tol;
 }
@@ -137,6 +165,7 @@ std::string compare_states(const HostState& a, const ReferenceState& e, const To
     return ss.str();
   }
   const ReferenceState got = rebased(to_reference(a), e.base);
+  const bool with_magnitude = e.has_o_magnitude();
   Mismatches mm;
   for (std::int64_t t = 0; t < e.tokens; ++t) {
     for (std::int64_t h = 0; h < e.heads; ++h) {
@@ -153,7 +182,13 @@ std::string compare_states(const HostState& a, const ReferenceState& e, const To
           }
           continue;
         }
-        const std::string msg = check_value(g, e.o_at(t, h, d), tol.o_abs, tol.o_rel);
+        const double want = e.o_at(t, h, d);
+        const std::size_t i = static_cast<std::size_t>((t * e.heads + h) * e.head_dim + d);
+        const double magnitude =
+            with_magnitude ? e.o_magnitude[i] : std::max(std::fabs(want), tol.o_magnitude_default);
+        const double abs_tol =
+            tol.o_magnitude_rel > 0 ? tol.o_abs + tol.o_magnitude_rel * magnitude : tol.o_abs;
+        const std::string msg = check_value(g, want, abs_tol, tol.o_rel);
         if (!msg.empty()) mm.add() << "o[" << t << "," << h << "," << d << "]: " << msg;
       }
     }

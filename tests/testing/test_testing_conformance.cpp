@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/testing/conformance.hpp"
@@ -15,6 +16,7 @@
 
 namespace {
 
+using attnstate::DType;
 using attnstate::testing::AttentionProblem;
 using attnstate::testing::check_state_kernel;
 using attnstate::testing::HostState;
@@ -36,8 +38,15 @@ KernelCheckOptions quick_options(std::uint64_t seed = 0) {
   return o;
 }
 
+/// For kernels that keep P in fp32: held to fp32 precision before the final rounding of o.
+KernelCheckOptions fp32_p_options() {
+  KernelCheckOptions o = quick_options();
+  o.p_rounded_to_input = false;
+  return o;
+}
+
 TEST(KitConformance, PassesCorrectUserKernel) {
-  const KernelCheckReport report = check_state_kernel(sample(Defect::kNone), quick_options());
+  const KernelCheckReport report = check_state_kernel(sample(Defect::kNone), fp32_p_options());
   EXPECT_TRUE(report.passed()) << report.summary();
   ASSERT_EQ(report.laws.size(), attnstate::testing::all_laws().size());
   for (const auto& law : report.laws) EXPECT_EQ(law.num_tests, 100) << law.name;
@@ -52,7 +61,93 @@ TEST(KitConformance, PassesLibraryCpuAttentionState) {
                                         out.view());
         return out;
       },
-      quick_options());
+      fp32_p_options());
+}
+
+attnstate::testing::StateKernel flash(const attnstate_test::FlashConfig& config) {
+  return [config](const AttentionProblem& p, const std::vector<std::int64_t>& keys) {
+    return attnstate_test::flash_kernel(p, keys, config);
+  };
+}
+
+/// Default problems (up to 300 keys, every output dtype, 20% large logits, half with offset
+/// values) with 16-bit inputs.
+KernelCheckOptions sixteen_bit_options(DType input, int num_tests) {
+  KernelCheckOptions o;
+  o.num_tests = num_tests;
+  o.problems.input_dtypes = {input};
+  return o;
+}
+
+// (a) A tensor-core flash kernel that rounds P to bf16/f16 for P·V (as FlashAttention and the
+// library's CUDA decode/cascade do), with fp32 sums and accumulators and one final rounding,
+// keeps the contract: it passes with the default tolerances, f32 outputs included (it uses at
+// most about 0.45 of the allowed error on o).
+TEST(KitConformance, PassesTensorCoreKernelRoundingP) {
+  attnstate_test::FlashConfig b64;  // 64-key blocks, one pass
+  attnstate_test::FlashConfig b16;  // 16-key tiles, 3 splits merged in fp32 (the CUDA decode)
+  b16.block = 16;
+  b16.splits = 3;
+  for (DType in : {DType::kBF16, DType::kF16}) {
+    for (const auto& config : {b64, b16}) {
+      const KernelCheckReport report =
+          check_state_kernel(flash(config), sixteen_bit_options(in, 150));
+      EXPECT_TRUE(report.passed()) << to_string(in) << ", block " << config.block << "\n"
+                                   << report.summary();
+    }
+  }
+  KernelCheckOptions decode;
+  decode.problems = attnstate::testing::decode_problem_options();
+  decode.num_tests = 30;
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(flash(b16), decode);
+}
+
+// The allowance for the rounding of P is what a tensor-core kernel needs: declared as keeping P
+// in fp32 (`p_rounded_to_input = false`), the same kernel fails on its f32 outputs.
+TEST(KitConformance, RoundingPFailsWhenDeclaredFp32) {
+  KernelCheckOptions o = sixteen_bit_options(DType::kBF16, 100);
+  o.problems.output_dtypes = {DType::kF32};
+  o.laws = {Law::kExactness};
+  o.p_rounded_to_input = false;
+  o.shrink = false;
+  const KernelCheckReport report = check_state_kernel(flash(attnstate_test::FlashConfig{}), o);
+  EXPECT_TRUE(report.failed(Law::kExactness)) << report.summary();
+}
+
+// (b) The same kernel with its P·V accumulator kept in the 16-bit input dtype (rounded after
+// every key: the fp32-accumulation contract broken) errs by several times the tolerance over a
+// few hundred keys, most of all on values with a non-zero mean.
+TEST(KitConformance, CatchesSixteenBitAccumulator) {
+  attnstate_test::FlashConfig bad;
+  bad.acc_in_input_dtype = true;
+  for (DType in : {DType::kBF16, DType::kF16}) {
+    KernelCheckOptions o = sixteen_bit_options(in, 200);
+    o.shrink = false;  // the failure is the point here, not its minimal case
+    const KernelCheckReport report = check_state_kernel(flash(bad), o);
+    EXPECT_FALSE(report.passed()) << to_string(in) << "\n" << report.summary();
+    EXPECT_TRUE(report.failed(Law::kExactness) || report.failed(Law::kLargeLogits) ||
+                report.failed(Law::kSplitMerge))
+        << report.summary();
+    EXPECT_FALSE(report.failed(Law::kIdentity)) << report.summary();
+  }
+}
+
+// (c) A kernel that does not rescale its accumulator when a 64-key block raises the running max
+// is caught with the default options (their key counts cross 64-key blocks).
+TEST(KitConformance, CatchesMissedRescaleBetweenBlocks) {
+  attnstate_test::FlashConfig bad;
+  bad.forget_rescale = true;
+  KernelCheckOptions o;  // the defaults, only without shrinking
+  o.shrink = false;
+  const KernelCheckReport report = check_state_kernel(flash(bad), o);
+  EXPECT_FALSE(report.passed()) << report.summary();
+  EXPECT_TRUE(report.failed(Law::kExactness)) << report.summary();
+  // The same kernel without the defect (and with fp32 P) passes, even held to fp32 precision.
+  attnstate_test::FlashConfig fp32_p;
+  fp32_p.round_p = false;
+  o.num_tests = 100;
+  o.p_rounded_to_input = false;
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(flash(fp32_p), o);
 }
 
 TEST(KitConformance, CatchesMissingMaxSubtraction) {

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <vector>
 
+#include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/generators.hpp"
 #include "attnstate/testing/reference.hpp"
 
@@ -51,6 +53,39 @@ RC_GTEST_PROP(KitGenerators, DisjointPairIsDisjoint, ()) {
   for (std::int64_t k : pair.second) RC_ASSERT(a.count(k) == 0u);
   for (std::int64_t k : pair.first) RC_ASSERT(k >= 0 && k < n);
   for (std::int64_t k : pair.second) RC_ASSERT(k >= 0 && k < n);
+}
+
+TEST(KitGenerators, PartitionsSplitTheKeysFromTheFirstCases) {
+  // As the split_merge law draws them: 200 cases at RapidCheck's growing sizes (0, 1, 2, ...),
+  // default problems, up to 5 parts. The part count and owners are drawn at full size, so even
+  // the small first cases split the keys; drawn at the test size, one part held every key in
+  // about 62% of the cases (fn(all) compared with itself).
+  int cases = 0, split = 0, trivial = 0;
+  std::vector<int> nonempty_hist(6, 0);
+  const auto result = run_property(
+      "partition counts",
+      [&] {
+        const PartitionedProblem pp = *gen_partitioned_problem(ProblemGenOptions{}, 5);
+        int nonempty = 0;
+        for (const auto& part : pp.parts) nonempty += !part.empty();
+        ++cases;
+        ++nonempty_hist[static_cast<std::size_t>(nonempty)];
+        if (pp.problem.num_keys() >= 2) (nonempty >= 2 ? split : trivial) += 1;
+      },
+      200, 4242, false);
+  ASSERT_TRUE(result.passed) << result.message;
+  ASSERT_EQ(cases, 200);
+  EXPECT_GT(split, 3 * trivial) << "cases with one non-empty part: " << trivial;
+  for (int k = 2; k <= 5; ++k) EXPECT_GT(nonempty_hist[static_cast<std::size_t>(k)], 10) << k;
+}
+
+TEST(KitGenerators, DisjointPairsAreBothNonEmptyAtSmallSizes) {
+  int both = 0;
+  for (int size = 0; size < 50; ++size) {
+    const auto pair = gen_disjoint_pair(20)(rc::Random(1000u + size), size).value();
+    both += !pair.first.empty() && !pair.second.empty();
+  }
+  EXPECT_GT(both, 45);
 }
 
 TEST(KitGenerators, PartitionsIncludeEmptyAndOneKeyParts) {
@@ -123,13 +158,19 @@ TEST(KitGenerators, StateListsShareOneShape) {
 }
 
 TEST(KitGenerators, ProblemsHaveValidGqaShapesAndLargeLogits) {
-  int large = 0, gqa = 0;
+  int large = 0, gqa = 0, offset = 0, over_64 = 0, over_256 = 0, under_16 = 0;
   double max_score_large = 0, max_score_plain = 0;
   for (const AttentionProblem& p : sample(gen_attention_problem(), 300)) {
     ASSERT_EQ(p.heads_q() % p.heads_kv(), 0);
     ASSERT_EQ(p.k.shape(), p.v.shape());
     ASSERT_EQ(p.q.dim(2), p.k.dim(2));
-    ASSERT_LE(p.num_keys(), 40);
+    ASSERT_LE(p.num_keys(), 300);
+    // Key counts are uniform over [0, 300] at every size: they cross 64- and 256-key tiles.
+    over_64 += p.num_keys() > 64;
+    over_256 += p.num_keys() > 256;
+    under_16 += p.num_keys() < 16;
+    for (float x : p.v.to_floats()) ASSERT_LE(std::fabs(x), 1.f);
+    offset += p.offset_values;
     gqa += p.group_size() > 1;
     const double s = max_abs_score(p);
     if (p.large_logits) {
@@ -141,8 +182,39 @@ TEST(KitGenerators, ProblemsHaveValidGqaShapesAndLargeLogits) {
   }
   EXPECT_GT(large, 20);
   EXPECT_GT(gqa, 50);
+  EXPECT_GT(over_64, 150);
+  EXPECT_GT(over_256, 20);
+  EXPECT_GT(under_16, 5);
+  EXPECT_GT(offset, 100);
+  EXPECT_LT(offset, 200);
   EXPECT_GT(max_score_large, 100.0);  // scores in the hundreds
   EXPECT_LT(max_score_plain, 40.0);
+}
+
+TEST(KitGenerators, OffsetValuesHaveNonZeroChannelMeans) {
+  ProblemGenOptions o;
+  o.min_keys = 200;
+  double plain = 0, offset = 0;
+  int n_plain = 0, n_offset = 0;
+  for (const AttentionProblem& p : sample(gen_attention_problem(o), 60)) {
+    // Mean over channels of |mean over keys|: about 0.45 with offsets, about 0.03 without.
+    const std::vector<float> v = p.v.to_floats();
+    const std::int64_t channels = p.heads_kv() * p.head_dim();
+    double sum_abs_mean = 0;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      double mean = 0;
+      for (std::int64_t i = 0; i < p.num_keys(); ++i) {
+        mean += v[static_cast<std::size_t>(i * channels + c)];
+      }
+      sum_abs_mean += std::fabs(mean / static_cast<double>(p.num_keys()));
+    }
+    (p.offset_values ? offset : plain) += sum_abs_mean / static_cast<double>(channels);
+    (p.offset_values ? n_offset : n_plain) += 1;
+  }
+  ASSERT_GT(n_plain, 5);
+  ASSERT_GT(n_offset, 5);
+  EXPECT_LT(plain / n_plain, 0.1);
+  EXPECT_GT(offset / n_offset, 0.25);
 }
 
 TEST(KitGenerators, DecodeProblemsAreDecodeShaped) {

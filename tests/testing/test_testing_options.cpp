@@ -137,6 +137,10 @@ TEST(KitOptions, RejectsBadExtentsAndValuesOfTheProblems) {
   expect_rejected(o, "options.problems.large_logits_percent", "0 to 100");
 
   o = quick();
+  o.problems.offset_values_percent = -1;
+  expect_rejected(o, "options.problems.offset_values_percent", "0 to 100");
+
+  o = quick();
   o.problems.large_logit_factor = std::numeric_limits<float>::infinity();
   expect_rejected(o, "options.problems.large_logit_factor", "a finite value > 0");
 }

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "attnstate/testing/generators.hpp"
 #include "attnstate/testing/gtest.hpp"
@@ -168,6 +170,115 @@ TEST(KitTolerance, StatesCloseTakesAHostStateOrAReferenceState) {
   EXPECT_FALSE(states_close(off, to_reference(want), tol));
   // Both forms agree with compare_states.
   EXPECT_EQ(states_close(off, want, tol), compare_states(off, want, tol).empty());
+}
+
+/// One query row, one head, head_dim 1, keys with score 0 (equal weights) and values `v`.
+AttentionProblem equal_weight_problem(const std::vector<float>& v, DType dtype = DType::kF32,
+                                      DType out = DType::kF32) {
+  const std::vector<float> k(v.size(), 0.f);
+  return make_problem(1, 1, 1, 1, static_cast<std::int64_t>(v.size()), dtype, {1.f}, k, v, 1.f, out,
+                      LseBase::kNatural);
+}
+
+TEST(KitReference, StatesCarryTheMagnitudeOfTheirTerms) {
+  // o = (0.5 - 0.5) / 2 = 0 but the terms are of magnitude 0.5: o_magnitude = Σ w_i |v_i|.
+  const AttentionProblem p = equal_weight_problem({0.5f, -0.5f});
+  const ReferenceState r = reference_state(p, all_keys(2));
+  ASSERT_TRUE(r.has_o_magnitude());
+  EXPECT_NEAR(r.o[0], 0.0, kTight);
+  EXPECT_NEAR(r.o_magnitude[0], 0.5, kTight);
+  const ReferenceState empty = reference_state(p, {});
+  ASSERT_TRUE(empty.has_o_magnitude());
+  EXPECT_EQ(empty.o_magnitude[0], 0.0);
+
+  // A merge averages the inputs' magnitudes with the merge weights: the parts' states merge
+  // into the magnitude of the whole ...
+  const ReferenceState merged =
+      reference_merge({reference_state(p, {0}), reference_state(p, {1})}, LseBase::kBase2);
+  ASSERT_TRUE(merged.has_o_magnitude());
+  EXPECT_NEAR(merged.o_magnitude[0], 0.5, kTight);
+  // ... but has none when an input is a stored state (whose terms are unknown).
+  HostState a(1, 1, 1, DType::kBF16, LseBase::kNatural), b = a;
+  a.set_lse(0, 0, 0.f);
+  a.set_o(0, 0, 0, 0.25f);
+  b.set_lse(0, 0, 0.f);
+  b.set_o(0, 0, 0, -0.75f);
+  EXPECT_FALSE(to_reference(a).has_o_magnitude());
+  const ReferenceState stored = reference_merge(std::vector<HostState>{a, b}, LseBase::kNatural);
+  EXPECT_NEAR(stored.o[0], -0.25, kTight);
+  EXPECT_FALSE(stored.has_o_magnitude());
+  EXPECT_FALSE(reference_merge({merged, to_reference(a)}, LseBase::kNatural).has_o_magnitude());
+}
+
+TEST(KitTolerance, MagnitudeTermScalesWithTheTermsNotWithTheResult) {
+  ReferenceState want = reference_state(equal_weight_problem({0.5f, -0.5f}), all_keys(2));
+  Tolerance tol;
+  tol.o_magnitude_rel = 0.01;  // allows 0.005 here, although o = 0
+  tol.lse_abs = 1e-6;
+  HostState got(1, 1, 1, DType::kF32, LseBase::kNatural);
+  got.set_lse(0, 0, static_cast<float>(want.lse[0]));
+  got.set_o(0, 0, 0, 0.004f);
+  EXPECT_EQ(compare_states(got, want, tol), "");
+  got.set_o(0, 0, 0, 0.006f);
+  EXPECT_NE(compare_states(got, want, tol).find("o[0,0,0]"), std::string::npos);
+  // Without magnitudes (a stored expected state) M = max(|e|, o_magnitude_default).
+  got.set_o(0, 0, 0, 0.004f);
+  want.o_magnitude.clear();
+  EXPECT_NE(compare_states(got, want, tol), "");
+  tol.o_magnitude_default = 0.5;
+  EXPECT_EQ(compare_states(got, want, tol), "");
+  // scaled() scales the tolerance, not the default magnitude.
+  const Tolerance twice = tol.scaled(2.0);
+  EXPECT_EQ(twice.o_magnitude_rel, 0.02);
+  EXPECT_EQ(twice.o_magnitude_default, 0.5);
+}
+
+TEST(KitTolerance, ProducerToleranceIsOneRoundingOfPAndOneOfOTwice) {
+  const double u_bf16 = std::ldexp(1.0, -8), u_f16 = std::ldexp(1.0, -11);
+  const double u_f32 = std::ldexp(1.0, -24);
+  const std::vector<float> v = {0.5f, -0.25f, 1.f};
+  struct Case {
+    DType in, out;
+    double rel;
+  };
+  for (const Case& c :
+       {Case{DType::kBF16, DType::kBF16, 2 * (u_bf16 + u_bf16)},
+        Case{DType::kBF16, DType::kF32, 2 * (u_bf16 + u_f32)},
+        Case{DType::kF16, DType::kF16, 2 * (u_f16 + u_f16)},
+        Case{DType::kF16, DType::kBF16, 2 * (u_f16 + u_bf16)},
+        Case{DType::kF32, DType::kBF16, 2 * u_bf16}, Case{DType::kF32, DType::kF32, 2 * u_f32}}) {
+    const Tolerance tol = tolerance_for(equal_weight_problem(v, c.in, c.out));
+    EXPECT_EQ(tol.o_magnitude_rel, c.rel) << to_string(c.in) << " -> " << to_string(c.out);
+    EXPECT_EQ(tol.o_magnitude_default, 1.0);
+    EXPECT_EQ(tol.o_rel, 1e-5);
+    // No dtype-sized absolute term any more: fp32 terms only (and f16 subnormal P, 2^-25/key).
+    EXPECT_LT(tol.o_abs, c.in == DType::kF16 ? 2e-5 : 1.2e-5);
+    // A kernel declared to keep P in fp32 is allowed the final rounding of o only.
+    const Tolerance fp32_p = tolerance_for(equal_weight_problem(v, c.in, c.out), false);
+    const double u_out = c.out == DType::kBF16 ? u_bf16 : c.out == DType::kF16 ? u_f16 : u_f32;
+    EXPECT_EQ(fp32_p.o_magnitude_rel, 2 * u_out);
+    EXPECT_LT(fp32_p.o_abs, 1.2e-5);
+  }
+}
+
+TEST(KitTolerance, MergeToleranceIsUnchanged) {
+  // merge_tolerance has no magnitude term: a merge is held to its dtype table (widened only
+  // for large LSEs), whatever magnitudes the expected state carries.
+  HostState a(1, 1, 2, DType::kF32, LseBase::kNatural);
+  a.set_lse(0, 0, 0.5f);
+  a.set_o(0, 0, 0, 0.25f);
+  a.set_o(0, 0, 1, -1.f);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const Tolerance m = merge_tolerance(dt, {a, a});
+    const Tolerance t = tolerance_for(dt);
+    EXPECT_EQ(m.o_magnitude_rel, 0.0);
+    EXPECT_EQ(t.o_magnitude_rel, 0.0);
+    EXPECT_EQ(m.o_rel, t.o_rel);
+    EXPECT_NEAR(m.o_abs, t.o_abs, 1e-6);
+  }
+  EXPECT_EQ(tolerance_for(DType::kBF16).o_abs, 1.6e-2);
+  EXPECT_EQ(tolerance_for(DType::kF16).o_abs, 2e-3);
+  EXPECT_EQ(tolerance_for(DType::kF32).o_abs, 1e-5);
 }
 
 TEST(KitTolerance, DtypeTolerancesAreOrdered) {

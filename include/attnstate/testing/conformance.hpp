@@ -62,6 +62,11 @@ struct KernelCheckOptions {
                                        ///< low-precision kernels; the defaults are
                                        ///< `tolerance_for(problem)`).
   bool shrink = true;                  ///< Shrink failures to a minimal case.
+  bool p_rounded_to_input = true;      ///< The kernel may round the probabilities `P` to the
+                                       ///< 16-bit input dtype for `P·V` (tensor cores), which
+                                       ///< the tolerance then allows for; false holds a kernel
+                                       ///< that keeps `P` in fp32 to that precision (see
+                                       ///< `tolerance_for(const AttentionProblem&, bool)`).
 };
 
 /// The outcome of one RapidCheck property.
@@ -103,7 +108,8 @@ struct KernelCheckReport {
 /// count); a failing case is shrunk to a minimal one (fewest tokens, heads, keys, parts; simplest
 /// dtype and base), printed in the report with the law's name and the seed. Exceptions thrown by
 /// `fn` count as failures of the law being checked. Comparisons use `tolerance_for(problem)`
-/// scaled by `options.tolerance_factor` (twice that for `kSplitMerge`, where both sides carry
+/// (with `options.p_rounded_to_input`) scaled by `options.tolerance_factor` (twice that for
+/// `kSplitMerge`, where both sides carry
 /// error). The dtype of the returned state is not checked against `problem.out_dtype`: only its
 /// values are compared, at the tolerance of the requested dtype.
 ///

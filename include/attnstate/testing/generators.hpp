@@ -80,13 +80,16 @@ rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
 /// @param n_keys  the number of keys (≥ 0).
 /// @return a generator of sorted key indices.
 rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys);
-/// Two disjoint random subsets of `[0, n_keys)` (each sorted, either may be empty).
+/// Two disjoint random subsets of `[0, n_keys)` (each sorted, either may be empty): each key is
+/// in the first, the second or neither with probability 1/3, whatever RapidCheck's size.
 /// @param n_keys  the number of keys (≥ 0).
 /// @return a generator of pairs of disjoint, sorted key-index lists.
 rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_disjoint_pair(
     std::int64_t n_keys);
 /// A random partition of `[0, n_keys)` into 1 to `max_parts` parts, each sorted. Parts may be
 /// empty or hold a single key; their union is the whole set and they are pairwise disjoint.
+/// The part count and each key's part are uniform whatever RapidCheck's size (so even the first,
+/// small cases of a property split the keys), and shrink towards one part.
 /// @param n_keys     the number of keys (≥ 0).
 /// @param max_parts  most parts (values below 1 count as 1).
 /// @return a generator of partitions (lists of sorted key-index lists).
@@ -96,17 +99,23 @@ rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_key
 /// `min_keys <= max_keys`: the generators and `check_state_kernel` throw `attnstate::Error`
 /// (`kInvalidArgument`) naming the field otherwise.
 struct ProblemGenOptions {
-  std::int64_t max_tokens = 3;                        ///< Query rows drawn from `[1, max_tokens]`.
-  std::int64_t min_keys = 0;                          ///< Keys drawn from `[min_keys, max_keys]`.
-  std::int64_t max_keys = 40;                         ///< See `min_keys`.
-  std::int64_t max_heads_kv = 2;                      ///< `H_kv` drawn from `[1, max_heads_kv]`.
-  std::vector<std::int64_t> group_sizes = {1, 2, 4};  ///< `H_q / H_kv` choices (GQA).
+  std::int64_t max_tokens = 3;    ///< Query rows drawn from `[1, max_tokens]`.
+  std::int64_t min_keys = 0;      ///< Keys drawn uniformly from `[min_keys, max_keys]`.
+  std::int64_t max_keys = 300;    ///< See `min_keys`. The default crosses 64-, 128- and 256-key
+                                  ///< tiles (a missed rescale between tiles, an fp16/bf16
+                                  ///< accumulator show up only over many keys).
+  std::int64_t max_heads_kv = 2;  ///< `H_kv` drawn from `[1, max_heads_kv]`.
+  std::vector<std::int64_t> group_sizes = {1, 2, 4};           ///< `H_q / H_kv` choices (GQA).
   std::vector<std::int64_t> head_dims = {1, 2, 4, 8, 16, 32};  ///< head_dim choices.
   std::vector<DType> input_dtypes = {DType::kF32, DType::kF16, DType::kBF16};   ///< q/k/v.
   std::vector<DType> output_dtypes = {DType::kF32, DType::kF16, DType::kBF16};  ///< out `o`.
   std::vector<LseBase> bases = {LseBase::kNatural, LseBase::kBase2};  ///< Requested bases.
   int large_logits_percent = 20;    ///< Share of problems with `q` amplified (0 to 100).
   float large_logit_factor = 40.f;  ///< The amplification: scores reach the hundreds.
+  int offset_values_percent = 50;   ///< Share of problems whose values have a non-zero mean per
+                                    ///< channel (0 to 100), as real V caches do: a sum of many
+                                    ///< same-signed terms, where an accumulator kept in 16 bits
+                                    ///< drifts (with zero-mean values its errors mostly cancel).
 };
 
 /// Decode-shaped problems: 1 to 8 query rows (speculative decode), GQA groups 4 and 8,
@@ -115,8 +124,11 @@ struct ProblemGenOptions {
 ProblemGenOptions decode_problem_options();
 
 /// Random attention problems: `q`, `k`, `v` uniform in `[-1, 1]` rounded to the input dtype
-/// (`q` multiplied by `large_logit_factor` in `large_logits_percent`% of problems), scale
-/// `1/sqrt(head_dim)` or 1, a random output dtype and base.
+/// (`q` multiplied by `large_logit_factor` in `large_logits_percent`% of problems; in
+/// `offset_values_percent`% of problems each (KV head, element) of `v` is instead uniform around
+/// a mean `c` drawn in `[-0.9, 0.9]`: `c + (1 - |c|) · u`, still within `[-1, 1]`), key counts
+/// uniform in `[min_keys, max_keys]` whatever RapidCheck's size, scale `1/sqrt(head_dim)` or 1,
+/// a random output dtype and base.
 /// @param options  what may be drawn.
 /// @return a generator of problems, shrinking towards one token, one head, head_dim and key
 ///         count at their minimum, the first listed dtypes and base.

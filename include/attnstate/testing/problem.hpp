@@ -29,6 +29,8 @@ struct AttentionProblem {
   LseBase base = LseBase::kNatural;  ///< LSE base requested for the output.
   bool large_logits = false;         ///< True when `q` was amplified so that scores reach the
                                      ///< hundreds (informational).
+  bool offset_values = false;        ///< True when `v` has a non-zero mean per channel
+                                     ///< (informational).
   std::uint64_t value_seed = 0;      ///< Seed the values were drawn from (informational).
 
   /// @return the number of query rows.

@@ -15,6 +15,13 @@ namespace testing {
 
 /// A state in double precision: `o (tokens, heads, head_dim)` and `lse (tokens, heads)`,
 /// row-major, LSEs in `base`. The empty row is `(0, -inf)`.
+///
+/// `o_magnitude`, when present, gives for every element of `o` the magnitude its rounding errors
+/// scale with: for an attention state, `Σ_i w_i |v_i[d]|` over its keys (`w_i` the softmax
+/// weights, so `|o[d]| ≤ o_magnitude[d] ≤ max |v|`). A kernel that rounds the probabilities `P`
+/// (or any term of the sum `o = Σ_i w_i v_i`) with relative error `u` errs by at most
+/// `u · o_magnitude`, however much the terms cancel in `o`. `compare_states` uses it with
+/// `Tolerance::o_magnitude_rel`.
 struct ReferenceState {
   std::int64_t tokens = 0;           ///< Number of tokens.
   std::int64_t heads = 0;            ///< Heads per token.
@@ -22,6 +29,8 @@ struct ReferenceState {
   LseBase base = LseBase::kNatural;  ///< Base of `lse`.
   std::vector<double> o;             ///< `(tokens, heads, head_dim)`.
   std::vector<double> lse;           ///< `(tokens, heads)`.
+  std::vector<double> o_magnitude;   ///< Same shape as `o`, or empty when unknown (a state
+                                     ///< widened from storage by `to_reference`).
 
   /// `o[t, h, d]`.
   /// @param t  token; @param h  head; @param d  element.
@@ -29,6 +38,8 @@ struct ReferenceState {
   double o_at(std::int64_t t, std::int64_t h, std::int64_t d) const {
     return o[static_cast<std::size_t>((t * heads + h) * head_dim + d)];
   }
+  /// @return whether `o_magnitude` is present (one value per element of `o`).
+  bool has_o_magnitude() const { return !o.empty() && o_magnitude.size() == o.size(); }
   /// `lse[t, h]`.
   /// @param t  token; @param h  head.
   /// @return the LSE, in `base`.
@@ -39,7 +50,7 @@ struct ReferenceState {
 
 /// The exact widening of a stored state to double (same base).
 /// @param state  the stored state.
-/// @return its values in double, same shape and base.
+/// @return its values in double, same shape and base, without `o_magnitude`.
 ReferenceState to_reference(const HostState& state);
 
 /// The same state with its LSEs converted to `base` (in double; ±inf and NaN preserved).
@@ -53,7 +64,8 @@ ReferenceState rebased(const ReferenceState& state, LseBase base);
 /// For each query token `t` and head `h` (KV head `g = h / group_size`): scores
 /// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over `i ∈ keys`, `m = max s_i`,
 /// `o = Σ e^{s_i - m} v[i,g] / Σ e^{s_i - m}`, `lse = m + ln Σ e^{s_i - m}` (converted to
-/// `base`). An empty `keys` gives `(0, -inf)`. Cost `O(tokens · H_q · |keys| · head_dim)`.
+/// `base`), and `o_magnitude = Σ e^{s_i - m} |v[i,g]| / Σ e^{s_i - m}`. An empty `keys` gives
+/// `(0, -inf)` (magnitude 0). Cost `O(tokens · H_q · |keys| · head_dim)`.
 ///
 /// @param problem  the queries, keys, values and scale.
 /// @param keys     indices into `[0, problem.num_keys())` (any order; may be empty).
@@ -73,7 +85,9 @@ ReferenceState reference_state(const AttentionProblem& problem,
 /// `⊕_i states[i]` in double, written in `base`, with the library's contract: max-subtracted
 /// weights, an empty input row contributes nothing (its `o` is never read, even if NaN),
 /// all-empty rows give `(0, -inf)`, NaN in a non-empty input propagates. Inputs may have
-/// different bases.
+/// different bases. When every input has `o_magnitude`, the result's is the same weighted mean
+/// of theirs (so the merge of the states of the parts of a key set has the magnitude of the
+/// state of the whole); otherwise the result has none.
 /// @param states  the states to merge (at least one, one shape).
 /// @param base    the base of the result's LSEs.
 /// @return the merged state in double.

@@ -2,7 +2,9 @@
 /// @brief Dtype-aware tolerances and state comparisons that describe the first mismatches.
 ///
 /// A value `a` matches an expected `e` when `|a - e| ≤ abs + rel · |e|`, with `abs`/`rel` taken
-/// from a `Tolerance` for `o` and for `lse` separately. Special values must match exactly: an
+/// from a `Tolerance` for `o` and for `lse` separately; `o` also allows
+/// `o_magnitude_rel · M`, `M` the element's magnitude (`ReferenceState::o_magnitude`, e.g.
+/// `Σ_i w_i |v_i|` for an attention state). Special values must match exactly: an
 /// expected empty row `(lse = -inf)` needs `lse == -inf` and `o == 0` (the identity, never NaN);
 /// an expected NaN needs a NaN; an expected finite value needs a finite value.
 #pragma once
@@ -20,17 +22,28 @@ namespace attnstate {
 namespace testing {
 
 /// Absolute and relative tolerances for the two parts of a state.
+///
+/// An element `o[t,h,d]` with expected value `e` may differ by
+/// `o_abs + o_rel · |e| + o_magnitude_rel · M`, where `M` is the expected state's
+/// `o_magnitude` for that element when it has one (`reference_state`, `reference_merge`), else
+/// `max(|e|, o_magnitude_default)`.
 struct Tolerance {
-  double o_abs = 0;    ///< Absolute tolerance on `o` (for values of magnitude about 1).
-  double o_rel = 0;    ///< Relative tolerance on `o`.
-  double lse_abs = 0;  ///< Absolute tolerance on the LSE (in the LSE's own base).
-  double lse_rel = 0;  ///< Relative tolerance on the LSE (matters for LSEs near ±1e4).
+  double o_abs = 0;                ///< Absolute tolerance on `o` (for values of magnitude about 1).
+  double o_rel = 0;                ///< Relative tolerance on `o`.
+  double lse_abs = 0;              ///< Absolute tolerance on the LSE (in the LSE's own base).
+  double lse_rel = 0;              ///< Relative tolerance on the LSE (matters for LSEs near ±1e4).
+  double o_magnitude_rel = 0;      ///< Tolerance on `o` per unit of the element's magnitude `M`
+                                   ///< (the unit roundoffs of the roundings a kernel may make).
+  double o_magnitude_default = 0;  ///< `M` where the expected state has no `o_magnitude` (e.g.
+                                   ///< a stored state): a bound such as the largest `|v|`.
 
-  /// Every field multiplied by `factor` (e.g. 2 when both sides of a comparison carry error).
+  /// Every tolerance multiplied by `factor` (e.g. 2 when both sides of a comparison carry
+  /// error); `o_magnitude_default`, a magnitude and not a tolerance, is kept.
   /// @param factor  the multiplier.
   /// @return the scaled tolerance.
   Tolerance scaled(double factor) const {
-    return Tolerance{o_abs * factor, o_rel * factor, lse_abs * factor, lse_rel * factor};
+    return Tolerance{o_abs * factor,   o_rel * factor,           lse_abs * factor,
+                     lse_rel * factor, o_magnitude_rel * factor, o_magnitude_default};
   }
 };
 
@@ -50,13 +63,38 @@ struct Tolerance {
 /// @return the tolerance of the table.
 Tolerance tolerance_for(DType o_dtype);
 
-/// Tolerance of an attention state computed by an fp32 kernel for `problem` (all its keys),
-/// stored in `problem.out_dtype`: `tolerance_for(out_dtype)` widened by the fp32 error of the
-/// scores (`(head_dim + 8) · 2^-24 · max_abs_score(problem)`) and of the sums over the keys
-/// (`(num_keys + head_dim + 8) · 2^-24`), with `o` terms scaled by the largest `|v|`.
-/// @param problem  the problem (its output dtype, base, shapes and values).
-/// @return the tolerance for comparing a kernel's state with `reference_state(problem, ...)`.
-Tolerance tolerance_for(const AttentionProblem& problem);
+/// Tolerance of an attention state computed for `problem` (any subset of its keys) by a kernel
+/// that keeps the numerics contract — scores, sums and accumulators in fp32, `o` rounded once to
+/// `problem.out_dtype` — and may, like a tensor-core flash kernel, round the probabilities `P`
+/// to the 16-bit input dtype for the `P·V` product.
+///
+/// With `u_in` the unit roundoff of that rounding of `P` (`2^-8` for bf16 inputs, `2^-11` for
+/// f16; 0 for f32 inputs or when `p_rounded_to_input` is false: no rounding), `u_out` that of
+/// the output dtype (`2^-8`, `2^-11`, `2^-24`),
+/// `V` the largest `|v|` (at least 1), `D` the head_dim, `T` the key count and
+/// `S = max_abs_score(problem)`:
+///
+/// - `o_magnitude_rel = 2 · (u_in + u_out)`: rounding `P` errs by at most `u_in · M` and
+///   rounding `o` (and, in a split, each part's `o`) by at most `u_out · M`, `M = Σ_i w_i |v_i|`
+///   the element's `ReferenceState::o_magnitude` (`o_magnitude_default = V` where it is
+///   unknown); the factor 2 is the margin (it also covers `P` rounded towards zero, or `o`
+///   normalised by the sum of the rounded `P`);
+/// - `o_abs = (1e-5 + 4 · (D + 8) · 2^-24 · S + 2 · (T + D + 8) · 2^-24) · V` (fp32 floor, the
+///   fp32 error of the scores and of the sums over the keys), plus `2 · T · 2^-25 · V` for f16
+///   inputs (probabilities below 2^-14 are f16 subnormals, with absolute error 2^-25) and
+///   `2 · 2^-25` for an f16 output (the f16 term only when `P` may be rounded); `o_rel = 1e-5`;
+/// - `lse_abs = 1e-5 + (2 · (D + 8) · 2^-24 · S + (T + D + 8) · 2^-24) · b` (`b` = log2(e) in
+///   base 2, else 1), `lse_rel = 1e-6`.
+///
+/// A kernel that accumulates `P·V` in 16 bits (rounding `u_in · |acc|` per key) or loses a
+/// rescale exceeds this over a few hundred keys. See docs/testing_kit.md.
+/// @param problem             the problem (its dtypes, base, shapes and values).
+/// @param p_rounded_to_input  whether the kernel may round `P` to the 16-bit input dtype (true:
+///                            tensor-core kernels; false: a kernel with fp32 `P` is held to
+///                            fp32 precision before the final rounding of `o`).
+/// @return the tolerance for comparing a kernel's state with `reference_state(problem, ...)`
+///         (which carries `o_magnitude`).
+Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input = true);
 
 /// Tolerance of a merge of `inputs` written in `out_dtype`: `tolerance_for(out_dtype)` widened
 /// for large LSEs. An fp32 LSE of magnitude `L` is only known to about `L · 2^-24` (absolute),
