@@ -113,6 +113,36 @@ TEST(MergeState, NaNInNonEmptyInputPropagates) {
   EXPECT_FALSE(std::isnan(out.o_at(0, 0, 0)));
 }
 
+TEST(MergeState, InvalidLseBesideAnEmptyStateGivesANaNRowLikeMergeStates) {
+  // +inf (FlashAttention's row without keys, not mapped to -inf) or NaN LSE beside an empty
+  // state: the whole row is NaN, in o too, as the n-ary merge gives; never passed through.
+  for (float bad : {INFINITY, NAN}) {
+    std::mt19937 rng(105);
+    OwnedState a = test::make_state(2, 2, 8, DType::kBF16, LseBase::kBase2);
+    OwnedState b = test::make_state(2, 2, 8, DType::kF32, LseBase::kBase2);
+    test::fill_random(a, rng);
+    test::fill_random(b, rng);
+    a.set_lse(0, 1, bad);
+    b.set_lse(0, 1, -INFINITY);  // empty
+    b.set_lse(1, 0, bad);
+    a.set_lse(1, 0, -INFINITY);  // empty, the invalid side second
+    OwnedState out = test::make_state(2, 2, 8, DType::kF32, LseBase::kBase2);
+    cpu::merge_state(a.cview(), b.cview(), out.view());
+    for (int t = 0; t < 2; ++t)
+      for (int h = 0; h < 2; ++h) {
+        EXPECT_EQ(std::isnan(out.lse_at(t, h)), (t == 0 && h == 1) || (t == 1 && h == 0));
+        for (int d = 0; d < 8; ++d)
+          EXPECT_EQ(std::isnan(out.o_at(t, h, d)), (t == 0 && h == 1) || (t == 1 && h == 0))
+              << t << "," << h << "," << d;
+      }
+    cpu::merge_state_inplace(a.view(), b.cview(), nullptr);
+    for (int d = 0; d < 8; ++d) {
+      EXPECT_TRUE(std::isnan(a.o_at(0, 1, d)));
+      EXPECT_TRUE(std::isnan(a.o_at(1, 0, d)));
+    }
+  }
+}
+
 TEST(MergeStateInplace, MaskedTokensUntouchedOthersMatchReference) {
   std::mt19937 rng(105);
   for (DType dacc : kDTypes)
