@@ -49,6 +49,14 @@ inline void check_aligned(const char* func, const char* name, const void* p, std
   }
 }
 
+/// `check_aligned` for the field `field` of the argument `name` (the name `"name.field"` is built
+/// only for the error).
+inline void check_aligned(const char* func, const char* name, const char* field, const void* p,
+                          std::size_t bytes) {
+  if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % bytes != 0)
+    check_aligned(func, arg_name(name, field).c_str(), p, bytes);
+}
+
 /// Throws naming `name` unless `dt` is f32, f16 or bf16.
 inline void check_dtype(const char* func, const char* name, DType dt) {
   if (!is_valid(dt)) {
@@ -153,8 +161,8 @@ inline void check_state(const char* func, const char* name, const StateLayout& v
     check_not_null(func, arg_name(name, "o").c_str(), o);
     check_not_null(func, arg_name(name, "lse").c_str(), lse);
   }
-  check_aligned(func, arg_name(name, "o").c_str(), o, size_of(v.dtype));
-  check_aligned(func, arg_name(name, "lse").c_str(), lse, sizeof(float));
+  check_aligned(func, name, "o", o, size_of(v.dtype));
+  check_aligned(func, name, "lse", lse, sizeof(float));
 }
 
 /// @copydoc check_state
@@ -326,8 +334,8 @@ inline void check_stack(const char* func, const char* name, const ConstStateStac
     check_not_null(func, arg_name(name, "o").c_str(), v.o);
     check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
   }
-  check_aligned(func, arg_name(name, "o").c_str(), v.o, size_of(v.dtype));
-  check_aligned(func, arg_name(name, "lse").c_str(), v.lse, sizeof(float));
+  check_aligned(func, name, "o", v.o, size_of(v.dtype));
+  check_aligned(func, name, "lse", v.lse, sizeof(float));
 }
 
 /// Throws unless `out` is disjoint from the memory of the stack `in`.
@@ -435,7 +443,7 @@ inline void check_tensor(const char* func, const char* name, const ConstTensorVi
     }
   }
   check_not_null(func, arg_name(name, "data").c_str(), t.data);
-  check_aligned(func, arg_name(name, "data").c_str(), t.data, size_of(t.dtype));
+  check_aligned(func, name, "data", t.data, size_of(t.dtype));
 }
 
 }  // namespace detail
