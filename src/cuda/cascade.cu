@@ -476,7 +476,7 @@ enum class DecodeLevelMode {
 void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& q,
                          const PagedKvCache& kv, const CascadeLevel& lv, void* workspace,
                          DecodeLevelMode mode, const StateView* out, bool zero_tickets,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool check_only = false) {
   const CascadeShape& s = plan.shape;
   PagedKvCache table = kv;
   table.page_indptr = lv.page_indptr;
@@ -499,14 +499,18 @@ void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& 
                       LseBase::kBase2, MemorySpace::kDevice);
   const std::size_t dbytes = decode_bytes(plan);
   void* dws = dbytes > 0 ? ws + partials_bytes(plan) : nullptr;
-  if (dbytes > 0 && zero_tickets) init_decode_workspace(plan.last_decode, dws, dbytes, stream);
+  if (dbytes > 0 && zero_tickets && !check_only)
+    init_decode_workspace(plan.last_decode, dws, dbytes, stream);
   if (mode == DecodeLevelMode::kSlot) {
-    run_decode(plan.last_decode, q, table, slot, dws, dbytes, stream);
+    detail::PriorStates none;
+    none.check_only = check_only;
+    detail::run_decode_with_prior(plan.last_decode, q, table, slot, dws, dbytes, none, stream);
     return;
   }
   if (mode == DecodeLevelMode::kSlotBeside) {
     detail::PriorStates none;
     none.beside_previous = true;
+    none.check_only = check_only;
     detail::run_decode_with_prior(plan.last_decode, q, table, slot, dws, dbytes, none, stream);
     return;
   }
@@ -515,6 +519,7 @@ void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& 
   prior.lse = slot_lse - static_cast<std::int64_t>(plan.levels[l].slot_offset) * rows;
   prior.count = plan.levels[l].slot_offset;
   prior.rows = rows;
+  prior.check_only = check_only;
   detail::run_decode_with_prior(plan.last_decode, q, table, *out, dws, dbytes, prior, stream);
 }
 
@@ -840,6 +845,11 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   const int last = num_levels - 1;
   const bool decode = plan.levels[last].decode;
   const std::size_t dbytes = decode_bytes(plan);
+  // the decode level's own checks (plan, tables, workspace) before anything is queued
+  if (decode)
+    launch_decode_level(plan, last, q, kv, device_levels[last], workspace,
+                        plan.decode_fold ? DecodeLevelMode::kFold : DecodeLevelMode::kSlotBeside,
+                        &out, false, stream, true);
   if (decode && dbytes > 0)
     init_decode_workspace(plan.last_decode, static_cast<char*>(workspace) + partials_bytes(plan),
                           dbytes, stream);

@@ -533,6 +533,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   if (grid > 0x7FFFFFFF)
     throw_argument(fn, "plan.splits.max_splits", "a grid of at most 2^31-1 CTAs",
                    decode_str(grid) + " CTAs");
+  if (prior.check_only) return;
 
   detail::DecodeParams p{};
   p.q = q.data;

@@ -817,6 +817,22 @@ TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
   expect_error(attnstate::Status::kInvalidArgument, "plan.num_slots",
                [&] { run(g.qv(), g.kv(), g.levels, g.out(), ws); });
   g.plan = good;
+  // an argument only the decode level checks (its lengths misaligned): found before the shared
+  // level is queued, so the workspace keeps its pattern
+  if (g.plan.levels[1].decode) {
+    std::vector<std::uint8_t> pattern(ws, 0xA5);
+    g.workspace.upload(pattern);
+    attnstate_test::DeviceBuffer<std::int32_t> lens(8);
+    lv = g.levels;
+    lv[1].seg_lens =
+        reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(lens.get()) + 2);
+    expect_error(attnstate::Status::kInvalidArgument, "'kv.seq_lens'",
+                 [&] { run(g.qv(), g.kv(), lv, g.out(), ws); });
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(g.workspace.download(), pattern);
+  } else {
+    ADD_FAILURE() << "the two-level case was expected to run its last level on the decode";
+  }
 }
 
 }  // namespace
