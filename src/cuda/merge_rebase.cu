@@ -39,5 +39,16 @@ void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
   });
 }
 
+void mark_empty_rows(StateView state, cudaStream_t stream) {
+  static const char* const kFunc = "attnstate::cuda::mark_empty_rows";
+  attnstate::detail::check_output_state(kFunc, "state", state, MemorySpace::kDevice);
+  const std::int64_t rows = state.tokens * state.heads;
+  if (rows == 0) return;
+  static const int resident = kernels::blocks_per_sm(kernels::mark_empty_rows_kernel);
+  const kernels::LaunchShape shape = kernels::launch_shape(rows, resident);
+  kernels::mark_empty_rows_kernel<<<shape.blocks, shape.threads, 0, stream>>>(state);
+  ATTNSTATE_CHECK_LAUNCH(stream, "mark_empty_rows_kernel");
+}
+
 }  // namespace cuda
 }  // namespace attnstate

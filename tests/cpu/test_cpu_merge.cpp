@@ -143,6 +143,40 @@ TEST(MergeState, InvalidLseBesideAnEmptyStateGivesANaNRowLikeMergeStates) {
   }
 }
 
+TEST(MarkEmptyRows, PositiveInfinityBecomesTheEmptyStateOnAHeadMajorView) {
+  // FlashAttention varlen: LSE [heads, total_q], +inf for a row without keys
+  std::mt19937 rng(106);
+  const std::int64_t T = 5, H = 3, D = 8;
+  OwnedState other = test::make_state(T, H, D, DType::kF32, LseBase::kNatural);
+  test::fill_random(other, rng);
+  std::vector<float> o(T * H * D, 0.f), lse(H * T);
+  for (std::size_t i = 0; i < lse.size(); ++i) lse[i] = 0.5f * static_cast<float>(i);
+  const StateView fa = with_head_major_lse(
+      make_state_view(o.data(), DType::kF32, lse.data(), T, H, D, LseBase::kNatural), T);
+  fa.lse[fa.lse_offset(2, 1)] = INFINITY;
+  fa.lse[fa.lse_offset(4, 0)] = INFINITY;
+  const std::vector<float> before = lse;
+  OwnedState bad = test::make_state(T, H, D, DType::kF32, LseBase::kNatural);
+  cpu::merge_state(fa, other.cview(), bad.view());
+  EXPECT_TRUE(std::isnan(bad.o_at(2, 1, 0)));  // +inf is invalid input until marked
+  cpu::mark_empty_rows(fa);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const float l = fa.lse[fa.lse_offset(t, h)];
+      if ((t == 2 && h == 1) || (t == 4 && h == 0))
+        EXPECT_EQ(l, -INFINITY);
+      else
+        EXPECT_EQ(l, before[h * T + t]);
+    }
+  OwnedState out = test::make_state(T, H, D, DType::kF32, LseBase::kNatural);
+  cpu::merge_state(fa, other.cview(), out.view());
+  for (std::int64_t d = 0; d < D; ++d) EXPECT_EQ(out.o_at(2, 1, d), other.o_at(2, 1, d));
+  EXPECT_EQ(out.lse_at(4, 0), other.lse_at(4, 0));
+  StateView null_lse = fa;
+  null_lse.lse = nullptr;
+  test::expect_arg_error([&] { cpu::mark_empty_rows(null_lse); }, "state.lse");
+}
+
 TEST(MergeStateInplace, MaskedTokensUntouchedOthersMatchReference) {
   std::mt19937 rng(105);
   for (DType dacc : kDTypes)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -300,6 +301,29 @@ TEST(CudaMerge, RebaseInPlaceRewritesOnlyTheLse) {
   hout.base = LseBase::kNatural;
   cpu::rebase(want.host_view(), hout);
   EXPECT_TRUE(rows_bitwise_equal(s, want));  // o untouched (NaN rows too), LSEs converted alike
+}
+
+TEST(CudaMerge, MarkEmptyRowsTurnsPositiveInfinityIntoTheEmptyState) {
+  // FlashAttention's rows without keys (lse = +inf) become empty; every other row, finite, -inf
+  // or NaN, and every o element keep their bits (as the CPU does).
+  ATTNSTATE_REQUIRE_GPU();
+  Rng rng;
+  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  TestState s(37, 6, 128, DType::kBF16, LseBase::kNatural);
+  s.fill_random(rng, -9.f, 9.f, 0.2);
+  for (int t = 0; t < 37; t += 3) s.set_lse(t, t % 6, INFINITY);
+  s.set_lse(1, 2, NAN);
+  s.upload();
+  TestState want = s.clone();
+  gpu::mark_empty_rows(s.dev_view());
+  sync();
+  s.download();
+  cpu::mark_empty_rows(want.host_view());
+  EXPECT_TRUE(rows_bitwise_equal(s, want));
+  int emptied = 0;
+  for (int t = 0; t < 37; t += 3) emptied += s.lse(t, t % 6) == -INFINITY;
+  EXPECT_EQ(emptied, 13);
+  EXPECT_TRUE(std::isnan(s.lse(1, 2)));
 }
 
 TEST(CudaMerge, ManyHeadsAndFewTokensMatchCpu) {

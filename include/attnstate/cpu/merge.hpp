@@ -52,6 +52,14 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
 /// `in` itself (same pointers and strides): then only the LSEs are rewritten.
 void rebase(ConstStateView in, StateView out);
 
+/// Makes the rows whose LSE is `+inf` empty states: their LSE becomes `-inf` (their `o` is left
+/// as it is; an empty state's `o` is never read). Other rows are unchanged. FlashAttention marks
+/// a query row that saw no keys with `lse = +inf`, which the merges treat as invalid input (the
+/// merged row is NaN): call this on such states before merging them.
+///
+/// @param state  host state, rewritten in place (only its LSEs are written).
+void mark_empty_rows(StateView state);
+
 /// Number of worker threads the CPU backend uses (defaults to the hardware concurrency).
 int num_threads();
 /// Sets the number of worker threads (≥ 1); `0` restores the default.

@@ -51,5 +51,12 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
 /// Copies `in` to `out` converting the LSE base and the dtype of `o`; `out` may be `in` itself.
 void rebase(ConstStateView in, StateView out, cudaStream_t stream = nullptr);
 
+/// Makes the rows whose LSE is `+inf` (FlashAttention's mark of a query row without keys) empty
+/// states, in place: their LSE becomes `-inf`; `o` and the other rows are not written. See
+/// `cpu::mark_empty_rows`.
+/// @param state   device state (only its LSEs are read and written).
+/// @param stream  the caller's stream.
+void mark_empty_rows(StateView state, cudaStream_t stream = nullptr);
+
 }  // namespace cuda
 }  // namespace attnstate

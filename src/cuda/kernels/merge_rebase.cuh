@@ -56,6 +56,19 @@ __global__ void __launch_bounds__(kMergeBlock) rebase_kernel(RebaseArgs args) {
   }
 }
 
+/// `mark_empty_rows`: each LSE of `+inf` becomes `-inf` (one thread per row, grid-stride).
+__global__ void __launch_bounds__(kMergeBlock) mark_empty_rows_kernel(StateView state) {
+  const std::int64_t heads = state.heads;
+  const std::int64_t total = state.tokens * heads;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const std::int64_t token = i / heads;
+    float* l = state.lse + state.lse_offset(token, i - token * heads);
+    if (*l == INFINITY) *l = -INFINITY;
+  }
+}
+
 }  // namespace kernels
 }  // namespace cuda
 }  // namespace attnstate
