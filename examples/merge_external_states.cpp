@@ -86,7 +86,8 @@ int main() {
   // one batch element whose kTokens query rows are its seqlen_q (for batched decode, seqlen_q = 1,
   // it is `[tokens = batch, heads]`: the plain view, no with_head_major_lse). The tag and the
   // strides travel with the view; every merge converts on load. (FlashAttention writes
-  // lse = +inf for a row without keys: map it to -inf, the empty state, before merging.)
+  // lse = +inf for a row without keys: make such rows empty before merging, in place, with
+  // attnstate::cpu::mark_empty_rows or attnstate::cuda::mark_empty_rows on a mutable view.)
   const attnstate::ConstStateView a =
       attnstate::make_const_state_view(flashinfer.o.data(), DType::kBF16, flashinfer.lse.data(),
                                        kTokens, kHeadsQ, kHeadDim, LseBase::kBase2);
