@@ -225,8 +225,7 @@ void check_workspace(const char* func, const CascadePlan& plan, const void* ws, 
     throw_argument(func, "workspace_bytes", ">= plan.workspace_bytes() = " + std::to_string(need),
                    std::to_string(bytes), Status::kWorkspaceTooSmall);
   if (need > 0 && ws == nullptr) throw_argument(func, "workspace", "a non-null pointer");
-  if (reinterpret_cast<std::uintptr_t>(ws) % 16 != 0)
-    throw_argument(func, "workspace", "a 16-byte aligned pointer");
+  ::attnstate::detail::check_aligned(func, "workspace", ws, 16);
   const auto need_bytes = static_cast<std::int64_t>(need);
   if (out != nullptr)
     ::attnstate::detail::check_disjoint(func, "out", *out, "workspace", ws, need_bytes, nullptr, 0);
@@ -301,10 +300,8 @@ void check_inputs(const char* func, const CascadePlan& plan, const ConstTensorVi
     throw_argument(func, "kv.head_dim", "the planned " + cascade_str(s.head_dim),
                    cascade_str(kv.head_dim));
   if (kv.num_pages < 1) throw_argument(func, "kv.num_pages", ">= 1", cascade_str(kv.num_pages));
-  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0)
-    throw_argument(func, "kv.k", "a 16-byte aligned pool", "a misaligned pointer");
-  if (reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
-    throw_argument(func, "kv.v", "a 16-byte aligned pool", "a misaligned pointer");
+  ::attnstate::detail::check_aligned(func, "kv.k", kv.k, 16);  // the kernels' 16-byte copies
+  ::attnstate::detail::check_aligned(func, "kv.v", kv.v, 16);
   if (kv.page_elems() % 8 != 0)
     throw_argument(func, "kv.page_stride", "a page stride that is a multiple of 8 elements",
                    cascade_str(kv.page_elems()));

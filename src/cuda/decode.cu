@@ -133,11 +133,36 @@ struct RelaxedCaptureMode {
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 };
 
-/// Per-device state of one kernel instantiation: attributes raised, and how many clusters of
-/// each size the device keeps resident at once (function attributes belong to the device
-/// context, so a process driving several GPUs sets them on each).
+/// Raises `kKernel`'s dynamic shared-memory limit to `smem` bytes and prefers the largest
+/// shared-memory carveout, once per device (function attributes belong to the device context,
+/// so a process driving several GPUs sets them on each). The first call may come while the
+/// caller captures a graph: these are not stream operations.
+template <auto kKernel>
+void raise_smem_limit(int smem) {
+  int device = 0;
+  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::vector<bool> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < static_cast<int>(done.size()) && done[static_cast<std::size_t>(device)]) return;
+  RelaxedCaptureMode relaxed;
+  ATTNSTATE_CUDA_CHECK(
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  ATTNSTATE_CUDA_CHECK(
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  if (device >= static_cast<int>(done.size())) done.resize(static_cast<std::size_t>(device) + 1);
+  done[static_cast<std::size_t>(device)] = true;
+}
+
+/// True when a decode launch is a programmatic dependent launch: prior states to fold (from the
+/// previous kernel of the stream), a launch beside the previous kernel, or the plan's choice.
+bool programmatic_launch(const detail::DecodeParams& p) {
+  return p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0;
+}
+
+/// Per-device state of one kernel instantiation: how many clusters of each size the device
+/// keeps resident at once.
 struct KernelDeviceState {
-  bool attributes = false;
   int max_clusters[detail::kDecodeMaxWsGroup + 1] = {};  // -1 unknown
   KernelDeviceState() {
     for (int& c : max_clusters) c = -1;
@@ -149,6 +174,10 @@ struct KernelDeviceState {
 /// sizes the merge does not use).
 template <int D, bool kBF16, int kStages>
 int prepare_kernel(int cluster) {
+  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
+  const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
+  raise_smem_limit<kernel>(smem);  // the largest carveout, so that the planned CTAs per SM fit
+  if (cluster < 2 || cluster > detail::kDecodeMaxWsGroup) return 0;
   int device = 0;
   ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mutex;
@@ -157,22 +186,8 @@ int prepare_kernel(int cluster) {
   if (device >= static_cast<int>(states.size()))
     states.resize(static_cast<std::size_t>(device) + 1);
   KernelDeviceState& st = states[static_cast<std::size_t>(device)];
-  if (cluster < 2 || cluster > detail::kDecodeMaxWsGroup) cluster = 0;
-  if (st.attributes && (cluster == 0 || st.max_clusters[cluster] >= 0))
-    return cluster == 0 ? 0 : st.max_clusters[cluster];
-  // The first call may come while the caller captures a graph: these are not stream operations.
-  RelaxedCaptureMode relaxed;
-  auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
-  const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
-  if (!st.attributes) {
-    ATTNSTATE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // Prefer the largest shared-memory carveout so that the planned CTAs per SM fit.
-    ATTNSTATE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    st.attributes = true;
-  }
-  if (cluster == 0) return 0;
+  if (st.max_clusters[cluster] >= 0) return st.max_clusters[cluster];
+  RelaxedCaptureMode relaxed;  // an occupancy query, not a stream operation
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(cluster));
   cfg.blockDim = dim3(detail::kDecodeWarps * 32);
@@ -237,7 +252,7 @@ void launch(detail::DecodeParams p, std::int64_t grid, cudaStream_t stream) {
     attr[n_attr].val.clusterDim.z = 1;
     ++n_attr;
   }
-  if (p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0) {
+  if (programmatic_launch(p)) {
     // The prior states come from the previous kernel of the stream: this one may start while
     // that one finishes (programmatic dependent launch); it waits before reading them. Beside
     // the previous kernel: it reads nothing that kernel writes; its last CTA holds the grid.
@@ -312,28 +327,12 @@ void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, bo
 #define ATTNSTATE_DECODE_STREAM_MAX_TOKENS 2048
 #endif
 
-/// Raises the streamed kernel's dynamic shared-memory limit once per device.
-template <int D, bool kBF16>
-void prepare_stream_kernel() {
-  int device = 0;
-  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::vector<bool> done;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device < static_cast<int>(done.size()) && done[static_cast<std::size_t>(device)]) return;
-  RelaxedCaptureMode relaxed;  // the first call may come while the caller captures a graph
-  ATTNSTATE_CUDA_CHECK(cudaFuncSetAttribute(detail::decode_stream_kernel<D, kBF16>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(detail::stream_smem_bytes(D))));
-  if (device >= static_cast<int>(done.size())) done.resize(static_cast<std::size_t>(device) + 1);
-  done[static_cast<std::size_t>(device)] = true;
-}
-
 /// Launches the streamed kernel: one CTA per SM (fewer when there are fewer items).
 template <int D, bool kBF16>
 void launch_stream(const detail::DecodeParams& p, std::int64_t items, int num_sms,
                    cudaStream_t stream) {
-  prepare_stream_kernel<D, kBF16>();
+  raise_smem_limit<detail::decode_stream_kernel<D, kBF16>>(
+      static_cast<int>(detail::stream_smem_bytes(D)));
   constexpr int kWarps = detail::stream_warps(D);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(std::min<std::int64_t>(items, num_sms)));
@@ -341,7 +340,7 @@ void launch_stream(const detail::DecodeParams& p, std::int64_t items, int num_sm
   cfg.dynamicSmemBytes = static_cast<std::size_t>(detail::stream_smem_bytes(D));
   cfg.stream = stream;
   cudaLaunchAttribute attr;
-  if (p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0) {
+  if (programmatic_launch(p)) {
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as in `launch`
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
@@ -505,10 +504,8 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   }
   if (kv.batch == 0) return;
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
-  if (reinterpret_cast<std::uintptr_t>(kv.k) % 16 != 0)
-    throw_argument(fn, "kv.k", "a 16-byte aligned K pool", "a misaligned pointer");
-  if (reinterpret_cast<std::uintptr_t>(kv.v) % 16 != 0)
-    throw_argument(fn, "kv.v", "a 16-byte aligned V pool", "a misaligned pointer");
+  attnstate::detail::check_aligned(fn, "kv.k", kv.k, 16);  // the kernels' 16-byte copies
+  attnstate::detail::check_aligned(fn, "kv.v", kv.v, 16);
   if (kv.page_elems() % 8 != 0)
     throw_argument(fn, "kv.page_stride", "a multiple of 8 elements", decode_str(kv.page_elems()));
   if (kv.page_size > 0x7FFFFFFF / 2)
@@ -520,8 +517,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
       throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),
                      decode_str(static_cast<std::int64_t>(workspace_bytes)),
                      Status::kWorkspaceTooSmall);
-    if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0)
-      throw_argument(fn, "workspace", "16-byte aligned", "a misaligned pointer");
+    attnstate::detail::check_aligned(fn, "workspace", workspace, 16);
     // written while q is read and out is written
     attnstate::detail::check_disjoint(fn, "out", out, "workspace", workspace, w.total, nullptr, 0);
     if (attnstate::detail::ranges_overlap(q.data, attnstate::detail::tensor_bytes(q), workspace,
