@@ -22,6 +22,13 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 /// (instead of growing with the test's size), while still shrinking towards the minimum.
 constexpr int kFullSize = 100;
 
+/// A value in `[lo, hi)` drawn at full size: uniform whatever the test size (`rc::gen::inRange`
+/// alone scales its range down with the size), still shrinking towards `lo`.
+template <class T>
+rc::Gen<T> in_full_range(T lo, T hi) {
+  return rc::gen::resize(kFullSize, rc::gen::inRange<T>(lo, hi));
+}
+
 /// A 64-bit seed for bulk values, drawn uniformly whatever the test size (shrinks to 0).
 rc::Gen<std::uint64_t> gen_seed() {
   return rc::gen::resize(kFullSize, rc::gen::arbitrary<std::uint64_t>());
@@ -33,7 +40,7 @@ rc::Gen<std::uint64_t> gen_seed() {
 template <class T>
 rc::Gen<T> pick(const std::vector<T>& choices) {
   if (choices.empty()) throw rc::GenerationFailure("empty list of choices");
-  return rc::gen::map(rc::gen::resize(kFullSize, rc::gen::inRange<std::size_t>(0, choices.size())),
+  return rc::gen::map(in_full_range<std::size_t>(0, choices.size()),
                       [choices](std::size_t i) { return choices[i]; });
 }
 
@@ -86,7 +93,7 @@ rc::Gen<float> gen_lse(const StateGenOptions& opt) {
   std::size_t total = 0;
   for (const Weighted& c : choices) total += c.first;
   return rc::gen::exec([choices, total] {
-    std::size_t pick = *rc::gen::resize(kFullSize, rc::gen::inRange<std::size_t>(0, total));
+    std::size_t pick = *in_full_range<std::size_t>(0, total);
     for (const Weighted& c : choices) {
       if (pick < c.first) return *c.second;
       pick -= c.first;
@@ -274,17 +281,16 @@ rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_dis
     std::int64_t n_keys) {
   // Owners drawn at full size: `inRange` scaled by a small test size gives 0 (neither subset)
   // for every key, i.e. two empty subsets in most cases.
-  return rc::gen::map(
-      rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
-                                           rc::gen::resize(kFullSize, rc::gen::inRange(0, 3))),
-      [](const std::vector<int>& owner) {
-        std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> out;
-        for (std::size_t i = 0; i < owner.size(); ++i) {
-          if (owner[i] == 1) out.first.push_back(static_cast<std::int64_t>(i));
-          if (owner[i] == 2) out.second.push_back(static_cast<std::int64_t>(i));
-        }
-        return out;
-      });
+  return rc::gen::map(rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
+                                                           in_full_range<int>(0, 3)),
+                      [](const std::vector<int>& owner) {
+                        std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> out;
+                        for (std::size_t i = 0; i < owner.size(); ++i) {
+                          if (owner[i] == 1) out.first.push_back(static_cast<std::int64_t>(i));
+                          if (owner[i] == 2) out.second.push_back(static_cast<std::int64_t>(i));
+                        }
+                        return out;
+                      });
 }
 
 rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_keys, int max_parts) {
@@ -294,9 +300,9 @@ rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_key
     // size, still shrinking towards one part and towards part 0): `inRange` scales its range
     // with the size, so at the small sizes of a property's first cases it would give one part
     // holding every key, and `fn(all)` would be compared with itself.
-    const int parts = *rc::gen::resize(kFullSize, rc::gen::inRange(1, top + 1));
-    const auto owner = *rc::gen::container<std::vector<int>>(
-        static_cast<std::size_t>(n_keys), rc::gen::resize(kFullSize, rc::gen::inRange(0, parts)));
+    const int parts = *in_full_range<int>(1, top + 1);
+    const auto owner = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
+                                                             in_full_range<int>(0, parts));
     std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(parts));
     for (std::size_t i = 0; i < owner.size(); ++i) {
       out[static_cast<std::size_t>(owner[i])].push_back(static_cast<std::int64_t>(i));
@@ -326,19 +332,16 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
     const std::int64_t dim = *pick(opt.head_dims);
     // Key counts uniform over the whole range (not growing with the test size): long and short
     // segments are equally interesting; failures still shrink towards min_keys.
-    const std::int64_t keys =
-        *rc::gen::resize(kFullSize, rc::gen::inRange<std::int64_t>(opt.min_keys, opt.max_keys + 1));
+    const std::int64_t keys = *in_full_range<std::int64_t>(opt.min_keys, opt.max_keys + 1);
     const DType in_dt = *pick(opt.input_dtypes);
     const DType out_dt = *pick(opt.output_dtypes);
     const LseBase base = *pick(opt.bases);
     // Shrinks towards 0, i.e. towards ordinary logits.
-    const bool large =
-        *rc::gen::resize(kFullSize, rc::gen::inRange(0, 100)) >= 100 - opt.large_logits_percent;
+    const bool large = *in_full_range<int>(0, 100) >= 100 - opt.large_logits_percent;
     const bool unit_scale = *rc::gen::arbitrary<bool>();
     const auto seed = *gen_seed();
     // Shrinks towards 0, i.e. towards zero-mean values.
-    const bool offset =
-        *rc::gen::resize(kFullSize, rc::gen::inRange(0, 100)) >= 100 - opt.offset_values_percent;
+    const bool offset = *in_full_range<int>(0, 100) >= 100 - opt.offset_values_percent;
 
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> uni(-1.f, 1.f);
