@@ -23,6 +23,7 @@
 #include <limits>
 #include <string>
 
+#include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/state_view.hpp"
 
@@ -93,37 +94,18 @@ inline void check_finite(const char* func, const char* name, float x) {
   if (!(x - x == 0.f)) throw_argument(func, name, "a finite value", std::to_string(x));
 }
 
-/// `a * b + c` for non-negative operands; false on overflow past 2^62.
-inline bool checked_mul_add(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t* r) {
-  constexpr std::int64_t kLimit = std::int64_t{1} << 62;
-  if (a < 0 || b < 0 || c < 0) return false;
-  if (a != 0 && b > kLimit / a) return false;
-  const std::int64_t p = a * b;
-  if (p > kLimit - c) return false;
-  *r = p + c;
-  return true;
-}
-
-/// Elements spanned by `n` items of stride `stride` plus an inner `inner`-element block
-/// (`(n-1)*stride + inner`, 0 when `n == 0`); -1 on overflow.
-inline std::int64_t span_of(std::int64_t n, std::int64_t stride, std::int64_t inner) {
-  if (n <= 0) return 0;
-  std::int64_t r = 0;
-  return checked_mul_add(n - 1, stride, inner, &r) ? r : -1;
-}
-
 /// Elements of `o` spanned by a layout (0 when it has no tokens).
 inline std::int64_t o_span(const StateLayout& v) {
   if (v.tokens <= 0) return 0;
-  const std::int64_t inner = span_of(v.heads, v.o_stride_head, v.head_dim);
-  return inner < 0 ? -1 : span_of(v.tokens, v.o_stride_token, inner);
+  const std::int64_t inner = checked_span(v.heads, v.o_stride_head, v.head_dim);
+  return inner < 0 ? -1 : checked_span(v.tokens, v.o_stride_token, inner);
 }
 
 /// Elements of `lse` spanned by a layout (0 when it has no tokens).
 inline std::int64_t lse_span(const StateLayout& v) {
   if (v.tokens <= 0) return 0;
-  const std::int64_t inner = span_of(v.heads, v.lse_stride_head, 1);
-  return inner < 0 ? -1 : span_of(v.tokens, v.lse_stride_token, inner);
+  const std::int64_t inner = checked_span(v.heads, v.lse_stride_head, 1);
+  return inner < 0 ? -1 : checked_span(v.tokens, v.lse_stride_token, inner);
 }
 
 /// Shape, strides, dtype, base and space of a state layout named `name` (no pointers).
@@ -140,13 +122,13 @@ inline void check_layout(const char* func, const char* name, const StateLayout& 
   check_base(func, arg_name(name, "base").c_str(), v.base);
   check_space(func, arg_name(name, "space").c_str(), v.space, space);
   if (o_span(v) < 0) {  // names the head stride when a token's own span overflows
-    const bool head = v.tokens > 0 && span_of(v.heads, v.o_stride_head, v.head_dim) < 0;
+    const bool head = v.tokens > 0 && checked_span(v.heads, v.o_stride_head, v.head_dim) < 0;
     throw_argument(func, arg_name(name, head ? "o_stride_head" : "o_stride_token").c_str(),
                    "strides whose span fits in 62 bits",
                    std::to_string(head ? v.o_stride_head : v.o_stride_token));
   }
   if (lse_span(v) < 0) {
-    const bool head = v.tokens > 0 && span_of(v.heads, v.lse_stride_head, 1) < 0;
+    const bool head = v.tokens > 0 && checked_span(v.heads, v.lse_stride_head, 1) < 0;
     throw_argument(func, arg_name(name, head ? "lse_stride_head" : "lse_stride_token").c_str(),
                    "strides whose span fits in 62 bits",
                    std::to_string(head ? v.lse_stride_head : v.lse_stride_token));
@@ -196,7 +178,7 @@ inline void check_rows_disjoint(const char* func, const char* name, const char* 
                      ">= " + std::to_string(block) + " (rows of the output must not overlap)",
                      std::to_string(x.s));
     }
-    block = span_of(x.n, x.s, block);
+    block = checked_span(x.n, x.s, block);
   }
 }
 
@@ -305,13 +287,13 @@ inline void check_disjoint(const char* func, const char* out_name, const ConstSt
 inline std::int64_t stack_o_span(const StateStackLayout& v) {
   const std::int64_t per_state = o_span(v);
   if (per_state <= 0) return per_state;
-  return span_of(v.num_states, v.o_stride_state, per_state);
+  return checked_span(v.num_states, v.o_stride_state, per_state);
 }
 /// Elements of `lse` spanned by a stack (0 when it has no tokens); -1 on overflow.
 inline std::int64_t stack_lse_span(const StateStackLayout& v) {
   const std::int64_t per_state = lse_span(v);
   if (per_state <= 0) return per_state;
-  return span_of(v.num_states, v.lse_stride_state, per_state);
+  return checked_span(v.num_states, v.lse_stride_state, per_state);
 }
 
 /// A stack of input states named `name`: `check_state` rules plus `num_states >= 1` and
@@ -387,7 +369,7 @@ inline std::int64_t tensor_bytes(const ConstTensorView& t) {
     if (t.shape[i] == 0) return 0;
   std::int64_t span = 1;
   for (int i = rank - 1; i >= 0; --i) {
-    span = span_of(t.shape[i], t.stride[i], span);
+    span = checked_span(t.shape[i], t.stride[i], span);
     if (span < 0) return -1;
   }
   std::int64_t bytes = 0;
@@ -405,7 +387,7 @@ inline std::int64_t check_tensor_span(const char* func, const char* name,
   int i = (t.rank > 4 ? 4 : t.rank) - 1;
   if (i < 0) i = 0;
   for (; i > 0; --i) {
-    span = span_of(t.shape[i], t.stride[i], span);
+    span = checked_span(t.shape[i], t.stride[i], span);
     if (span < 0) break;
   }
   throw_argument(func, (std::string(name) + ".stride[" + std::to_string(i) + "]").c_str(),
@@ -436,7 +418,7 @@ inline void check_tensor(const char* func, const char* name, const ConstTensorVi
   }
   if (empty) return;
   for (int i = rank - 1; i >= 0; --i) {
-    span = span_of(t.shape[i], t.stride[i], span);
+    span = checked_span(t.shape[i], t.stride[i], span);
     if (span < 0) {
       throw_argument(func, (std::string(name) + ".stride[" + std::to_string(i) + "]").c_str(),
                      "strides whose span fits in 62 bits", std::to_string(t.stride[i]));
