@@ -24,7 +24,7 @@ thread_local bool t_inside_pool = false;
 
 int default_threads() {
   const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
+  return hw == 0 ? 1 : static_cast<int>(std::min<unsigned>(hw, kMaxThreads));
 }
 
 /// One parallel_for call shared by the caller and the workers.
@@ -114,7 +114,17 @@ class ThreadPool {
     stop_ = false;
     // A new worker starts from the current generation, so it only runs jobs posted after now.
     const std::uint64_t gen = generation_;
-    for (int i = 0; i < n; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
+    try {
+      workers_.reserve(static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
+    } catch (const std::exception& e) {  // std::system_error, or bad_alloc for the vector
+      const std::size_t started = workers_.size();
+      resize_workers(0);  // stops and joins the workers that did start
+      throw Error(Status::kResourceExhausted,
+                  "attnstate::cpu: could not start " + std::to_string(n) +
+                      " worker threads (set_num_threads; " + std::to_string(started) +
+                      " started): " + e.what());
+    }
   }
 
   void worker_loop(std::uint64_t seen) {
@@ -161,8 +171,9 @@ int pool_threads() { return ThreadPool::instance().threads(); }
 int num_threads() { return detail::pool_threads(); }
 
 void set_num_threads(int n) {
-  if (n < 0) {
-    attnstate::detail::throw_argument("attnstate::cpu::set_num_threads", "n", ">= 0",
+  if (n < 0 || n > kMaxThreads) {
+    attnstate::detail::throw_argument("attnstate::cpu::set_num_threads", "n",
+                                      "0.." + std::to_string(kMaxThreads) + " (0: the default)",
                                       std::to_string(n));
   }
   detail::ThreadPool::instance().set_threads(n);

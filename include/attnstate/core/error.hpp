@@ -15,6 +15,7 @@ enum class Status {
   kWorkspaceTooSmall,  ///< A caller-provided workspace is smaller than required.
   kCudaError,          ///< A CUDA runtime call or kernel launch failed.
   kInternal,           ///< A broken internal invariant (a library bug).
+  kResourceExhausted,  ///< The system refused a resource (e.g. a worker thread could not start).
 };
 
 /// Name of a status code ("invalid_argument", ...).
@@ -32,6 +33,8 @@ inline const char* to_string(Status s) {
       return "cuda_error";
     case Status::kInternal:
       return "internal";
+    case Status::kResourceExhausted:
+      return "resource_exhausted";
   }
   return "unknown";
 }

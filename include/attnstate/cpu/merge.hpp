@@ -60,9 +60,16 @@ void rebase(ConstStateView in, StateView out);
 /// @param state  host state, rewritten in place (only its LSEs are written).
 void mark_empty_rows(StateView state);
 
-/// Number of worker threads the CPU backend uses (defaults to the hardware concurrency).
+/// Most threads `set_num_threads` accepts.
+inline constexpr int kMaxThreads = 256;
+
+/// Number of threads (the pool's workers plus the caller) the CPU backend uses: the last value
+/// given to `set_num_threads`, else the hardware concurrency capped at `kMaxThreads`.
 int num_threads();
-/// Sets the number of worker threads (≥ 1); `0` restores the default.
+/// Sets the number of threads, `1 ≤ n ≤ kMaxThreads`; `0` restores the default. The workers
+/// start at the next call that runs in parallel; if the system cannot start them, that call
+/// throws `Error` (`kResourceExhausted`) and leaves no thread behind.
+/// @throws Error (`kInvalidArgument`) naming `n` when it is outside `[0, kMaxThreads]`.
 void set_num_threads(int n);
 
 }  // namespace cpu
