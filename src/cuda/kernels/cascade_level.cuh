@@ -12,6 +12,9 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/grid_dependency.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/mma.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -62,64 +65,6 @@ struct CascadeLevelParams {
 
 namespace detail {
 
-template <class T>
-struct MmaType;
-template <>
-struct MmaType<__nv_bfloat16> {
-  __device__ static __forceinline__ std::uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<std::uint32_t*>(&v);
-  }
-  __device__ static __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4],
-                                             std::uint32_t b0, std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaType<__half> {
-  __device__ static __forceinline__ std::uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<std::uint32_t*>(&v);
-  }
-  __device__ static __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4],
-                                             std::uint32_t b0, std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/// 16-byte async copy global → shared; `bytes` 0 writes zeros without reading `src`.
-__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 /// Programmatic dependent launch: on entry a CTA lets the next kernel of the stream start
 /// (`griddepcontrol.launch_dependents`); on exit the first CTA of the grid waits for the previous
 /// kernel to complete (`griddepcontrol.wait`). So a level kernel launched with programmatic
@@ -127,15 +72,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::ui
 /// never completes before that one, and the merge launched after it sees every level's writes.
 /// Both are no-ops without such a launch.
 struct PdlScope {
-  __device__ __forceinline__ PdlScope() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-  }
+  __device__ __forceinline__ PdlScope() { arch::launch_dependent_grids(); }
   __device__ __forceinline__ ~PdlScope() {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    if (blockIdx.x == 0 && blockIdx.y == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+    if (blockIdx.x == 0 && blockIdx.y == 0) arch::wait_on_dependent_grids();
   }
 };
 
@@ -270,7 +209,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   constexpr int D = Tile::D, WM = Tile::WM, WN = Tile::WN, BM = Tile::BM, BN = Tile::BN;
   constexpr int BNW = Tile::BNW, kStages = Tile::kStages, kThreads = Tile::kThreads;
   constexpr int kChunks = Tile::kChunks;
-  using Mma = detail::MmaType<T>;
+  using Mma = arch::Mma16816<T>;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* s_q = reinterpret_cast<T*>(smem_raw);
@@ -303,9 +242,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
       src = q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
       bytes = 16;
     }
-    detail::cp_async16(detail::smem_u32(s_q + detail::swz<D>(r, c)), src, bytes);
+    arch::cp_async_16_zfill(arch::smem_addr(s_q + detail::swz<D>(r, c)), src, bytes);
   }
-  detail::cp_async_commit();
+  arch::cp_async_commit();
 
   // KV tile loads: thread `tid` copies 16-byte chunk `c_ld` of rows `r_ld + it * kRowStep`.
   // The page ids of a tile are fetched one tile ahead of its copies (`pg`), so the dependent
@@ -346,8 +285,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         vs = vpool + off;
         bytes = 16;
       }
-      detail::cp_async16(detail::smem_u32(dk + detail::swz<D>(r, c)), ks, bytes);
-      detail::cp_async16(detail::smem_u32(dv + detail::swz<D>(r, c)), vs, bytes);
+      arch::cp_async_16_zfill(arch::smem_addr(dk + detail::swz<D>(r, c)), ks, bytes);
+      arch::cp_async_16_zfill(arch::smem_addr(dv + detail::swz<D>(r, c)), vs, bytes);
     }
   };
 
@@ -358,7 +297,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
       fetch_pages(st, pg);
       issue_kv(st, st, pg);
     }
-    detail::cp_async_commit();
+    arch::cp_async_commit();
   }
   if (p.prefetch_pages && kStages - 1 < n_tiles) fetch_pages(kStages - 1, pg);
 
@@ -374,14 +313,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     }
   }
 
-  detail::cp_async_wait<kStages - 1>();
+  arch::cp_async_wait<kStages - 1>();
   __syncthreads();
   std::uint32_t qf[D / 16][4];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const int r = wm * 16 + (lane & 15);
     const int c = ks * 2 + (lane >> 4);
-    detail::ldmatrix_x4(qf[ks], detail::smem_u32(s_q + detail::swz<D>(r, c)));
+    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + detail::swz<D>(r, c)));
   }
 
   float acc[D / 8][4];
@@ -390,7 +329,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   math::OnlineSoftmax os[2];
 
   for (int kt = 0; kt < n_tiles; ++kt) {
-    detail::cp_async_wait<kStages - 2>();
+    arch::cp_async_wait<kStages - 2>();
     __syncthreads();
     {
       const int nt = kt + kStages - 1;
@@ -398,7 +337,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         if (!p.prefetch_pages) fetch_pages(nt, pg);
         issue_kv(nt, nt % kStages, pg);
       }
-      detail::cp_async_commit();
+      arch::cp_async_commit();
       if (p.prefetch_pages && nt + 1 < n_tiles) fetch_pages(nt + 1, pg);
     }
     const T* ks_tile = s_k + (kt % kStages) * BN * D;
@@ -416,7 +355,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         const int key = wn * BNW + np * 16 + (mi >> 1) * 8 + (lane & 7);
         const int c = ks * 2 + (mi & 1);
         std::uint32_t b[4];
-        detail::ldmatrix_x4(b, detail::smem_u32(ks_tile + detail::swz<D>(key, c)));
+        arch::ldmatrix_x4(b, arch::smem_addr(ks_tile + detail::swz<D>(key, c)));
         Mma::mma(s[2 * np], qf[ks], b[0], b[1]);
         Mma::mma(s[2 * np + 1], qf[ks], b[2], b[3]);
       }
@@ -474,13 +413,13 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
         const int key = wn * BNW + kk * 16 + (mi & 1) * 8 + (lane & 7);
         const int c = dp * 2 + (mi >> 1);
         std::uint32_t b[4];
-        detail::ldmatrix_x4_trans(b, detail::smem_u32(vs_tile + detail::swz<D>(key, c)));
+        arch::ldmatrix_x4_trans(b, arch::smem_addr(vs_tile + detail::swz<D>(key, c)));
         Mma::mma(acc[2 * dp], a, b[0], b[1]);
         Mma::mma(acc[2 * dp + 1], a, b[2], b[3]);
       }
     }
   }
-  detail::cp_async_wait<0>();
+  arch::cp_async_wait<0>();
 
   // full row sums across the quad
 #pragma unroll

@@ -14,7 +14,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
-#include "cuda/kernels/cascade_async_ops.cuh"
+#include "cuda/arch/wgmma.cuh"
 #include "cuda/kernels/cascade_level.cuh"
 
 namespace attnstate {
@@ -28,54 +28,19 @@ struct WgmmaType {
   /// S += A Bᵀ: m64n64k16, B K-major (keys × head_dim rows).
   __device__ static __forceinline__ void mma_s(float (&d)[8][4], const std::uint32_t (&a)[4],
                                                std::uint64_t desc_b) {
-    Wgmma<T>::template mma_s64<1>(d, a, desc_b);
+    arch::Wgmma<T>::template mma_s64<1>(d, a, desc_b);
   }
   /// O += P V: m64n128k16, B MN-major (V rows = keys).
   __device__ static __forceinline__ void mma_o128(float (&d)[16][4], const std::uint32_t (&a)[4],
                                                   std::uint64_t desc_b) {
-    Wgmma<T>::template mma_o128<1>(d, a, desc_b);
+    arch::Wgmma<T>::template mma_o128<1>(d, a, desc_b);
   }
   /// O += P V: m64n64k16, B MN-major (head_dim 64).
   __device__ static __forceinline__ void mma_o64(float (&d)[8][4], const std::uint32_t (&a)[4],
                                                  std::uint64_t desc_b) {
-    Wgmma<T>::template mma_o64<1>(d, a, desc_b);
+    arch::Wgmma<T>::template mma_o64<1>(d, a, desc_b);
   }
 };
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-/// Pins accumulator registers at this point of the program: the compiler may not move their
-/// reads or writes across it (used around wgmma issue and wait, whose register effects it does
-/// not see).
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
-}
-/// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-/// A wgmma shared-memory matrix descriptor with 128-byte swizzling.
-__device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t smem_addr, std::uint32_t lbo,
-                                                    std::uint32_t sbo) {
-  std::uint64_t d = 0;
-  d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFFu) >> 4);
-  d |= static_cast<std::uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
-  d |= static_cast<std::uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
-  d |= static_cast<std::uint64_t>(1) << 62;  // 128-byte swizzle
-  return d;
-}
 
 /// Element offset of 16-byte chunk `c` of KV row `r` in the 128B-swizzled layout the tensor
 /// cores read: `[D / 64][rows][64]`, chunk `c % 8` XOR `r % 8` inside each 128-byte row.
@@ -143,9 +108,9 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
       src = q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
       bytes = 16;
     }
-    detail::cp_async16(detail::smem_u32(s_q + detail::swz<D>(r, c)), src, bytes);
+    arch::cp_async_16_zfill(arch::smem_addr(s_q + detail::swz<D>(r, c)), src, bytes);
   }
-  detail::cp_async_commit();
+  arch::cp_async_commit();
 
   // KV tile loads: thread `tid` copies 16-byte chunk `c_ld` of rows `r_ld + it * kRowStep`.
   // The page ids of a tile are fetched one tile ahead of its copies (`pg`), so the dependent
@@ -186,8 +151,8 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
         vs = vpool + off;
         bytes = 16;
       }
-      detail::cp_async16(detail::smem_u32(dk + detail::swz128<BN>(r, c)), ks, bytes);
-      detail::cp_async16(detail::smem_u32(dv + detail::swz128<BN>(r, c)), vs, bytes);
+      arch::cp_async_16_zfill(arch::smem_addr(dk + detail::swz128<BN>(r, c)), ks, bytes);
+      arch::cp_async_16_zfill(arch::smem_addr(dv + detail::swz128<BN>(r, c)), vs, bytes);
     }
   };
 
@@ -198,7 +163,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
       fetch_pages(st, pg);
       issue_kv(st, st, pg);
     }
-    detail::cp_async_commit();
+    arch::cp_async_commit();
   }
   if (p.prefetch_pages && kStages - 1 < n_tiles) fetch_pages(kStages - 1, pg);
 
@@ -213,14 +178,14 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     }
   }
 
-  detail::cp_async_wait<kStages - 1>();
+  arch::cp_async_wait<kStages - 1>();
   __syncthreads();
   std::uint32_t qf[D / 16][4];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const int r = warp * 16 + (lane & 15);
     const int c = ks * 2 + (lane >> 4);
-    detail::ldmatrix_x4(qf[ks], detail::smem_u32(s_q + detail::swz<D>(r, c)));
+    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + detail::swz<D>(r, c)));
   }
 
   float acc[D / 8][4];
@@ -229,8 +194,8 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   math::OnlineSoftmax os[2];
 
   for (int kt = 0; kt < n_tiles; ++kt) {
-    detail::cp_async_wait<kStages - 2>();
-    detail::fence_proxy_async();
+    arch::cp_async_wait<kStages - 2>();
+    arch::fence_proxy_async();
     __syncthreads();
     {
       const int nt = kt + kStages - 1;
@@ -238,26 +203,26 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
         if (!p.prefetch_pages) fetch_pages(nt, pg);
         issue_kv(nt, nt % kStages, pg);
       }
-      detail::cp_async_commit();
+      arch::cp_async_commit();
       if (p.prefetch_pages && nt + 1 < n_tiles) fetch_pages(nt + 1, pg);
     }
-    const std::uint32_t k_base = detail::smem_u32(s_k + (kt % kStages) * BN * D);
-    const std::uint32_t v_base = detail::smem_u32(s_v + (kt % kStages) * BN * D);
+    const std::uint32_t k_base = arch::smem_addr(s_k + (kt % kStages) * BN * D);
+    const std::uint32_t v_base = arch::smem_addr(s_v + (kt % kStages) * BN * D);
 
     // S = Q Kᵀ (64 rows of this warpgroup × 64 keys)
     float s[BN / 8][4];
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    detail::fence_regs(s);
-    detail::wgmma_fence();
+    arch::fence_regs(s);
+    arch::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const std::uint32_t addr = k_base + (ks >> 2) * (BN * 128) + (ks & 3) * 32;
-      Wg::mma_s(s, qf[ks], detail::wgmma_desc(addr, 16, 1024));
+      Wg::mma_s(s, qf[ks], arch::wgmma_desc(addr, 16, 1024));
     }
-    detail::wgmma_commit();
-    detail::wgmma_wait0();
-    detail::fence_regs(s);
+    arch::wgmma_commit();
+    arch::wgmma_wait<0>();
+    arch::fence_regs(s);
 
     const int jb = kv_begin + kt * BN + 2 * (lane & 3);
 #pragma unroll
@@ -300,26 +265,26 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     std::uint32_t pf[BN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      pf[kk][0] = detail::MmaType<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pf[kk][1] = detail::MmaType<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pf[kk][2] = detail::MmaType<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[kk][3] = detail::MmaType<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pf[kk][0] = arch::Mma16816<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = arch::Mma16816<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = arch::Mma16816<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = arch::Mma16816<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    detail::fence_regs(acc);
-    detail::wgmma_fence();
+    arch::fence_regs(acc);
+    arch::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const std::uint64_t desc = detail::wgmma_desc(v_base + kk * 16 * 128, BN * 128, 1024);
+      const std::uint64_t desc = arch::wgmma_desc(v_base + kk * 16 * 128, BN * 128, 1024);
       if constexpr (D == 128)
         Wg::mma_o128(acc, pf[kk], desc);
       else
         Wg::mma_o64(acc, pf[kk], desc);
     }
-    detail::wgmma_commit();
-    detail::wgmma_wait0();
-    detail::fence_regs(acc);
+    arch::wgmma_commit();
+    arch::wgmma_wait<0>();
+    arch::fence_regs(acc);
   }
-  detail::cp_async_wait<0>();
+  arch::cp_async_wait<0>();
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {

@@ -35,7 +35,10 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
-#include "cuda/kernels/cascade_async_ops.cuh"
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/special.cuh"
+#include "cuda/arch/tma.cuh"
+#include "cuda/arch/wgmma.cuh"
 #include "cuda/kernels/cascade_level_wgmma.cuh"
 
 namespace attnstate {
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_v_run) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = __nv_bfloat16;
-  using Wg = detail::WsWgmmaBf16;
+  using Wg = arch::Wgmma<__nv_bfloat16>;
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN, NWG = Tile::NWG;
   constexpr int kStages = Tile::kStages, kConsumers = Tile::kConsumers;
   constexpr bool kFast = Tile::kFastExp;
@@ -147,10 +150,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   T* s_q = reinterpret_cast<T*>(smem_al);
   T* s_k = s_q + BM * D;
   T* s_v = s_k + kStages * BN * D;
-  const std::uint32_t q_smem = detail::smem_u32(s_q);
-  const std::uint32_t k_smem = detail::smem_u32(s_k), v_smem = detail::smem_u32(s_v);
+  const std::uint32_t q_smem = arch::smem_addr(s_q);
+  const std::uint32_t k_smem = arch::smem_addr(s_k), v_smem = arch::smem_addr(s_v);
   // mbarriers, kStages × 8 bytes each: a stage's K and V landed ("full"), were read ("empty")
-  const std::uint32_t full0 = detail::smem_u32(s_v + kStages * BN * D);
+  const std::uint32_t full0 = arch::smem_addr(s_v + kStages * BN * D);
   const std::uint32_t empty0 = full0 + kStages * 8;
 
   const detail::PdlScope pdl;
@@ -166,10 +169,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      detail::mbar_init(full0 + 8 * s, 1);
-      detail::mbar_init(empty0 + 8 * s, 4 * NWG);
+      arch::mbar_init(full0 + 8 * s, 1);
+      arch::mbar_init(empty0 + 8 * s, 4 * NWG);
     }
-    detail::fence_mbar_init();
+    arch::fence_mbar_init();
   }
   // --- queries → shared memory, in the 128-byte swizzled layout of the K tiles: each consumer
   // warpgroup copies its own 64 rows (zero past the segment's rows)
@@ -187,15 +190,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               c * 8;
         bytes = 16;
       }
-      detail::cp_async16(q_smem + 2 * detail::swz128<BM>(r, c), src, bytes);
+      arch::cp_async_16_zfill(q_smem + 2 * detail::swz128<BM>(r, c), src, bytes);
     }
-    detail::cp_async_commit();
+    arch::cp_async_commit();
   }
   __syncthreads();  // the mbarriers are initialised
 
   if (warp >= 4 * NWG) {
     // ================= producer warpgroup: one warp fills the K/V ring =================
-    if constexpr (NWG == 2) detail::setmaxnreg_dec<Tile::kProducerRegs>();
+    if constexpr (NWG == 2) arch::setmaxnreg_dec<Tile::kProducerRegs>();
     if (warp != 4 * NWG || n_tiles == 0) return;
     const T* kpool = static_cast<const T*>(p.k);
     const T* vpool = static_cast<const T*>(p.v);
@@ -204,11 +207,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const int b = lane & (nb - 1);  // the box this lane copies (lanes below nb)
     const int per_win = 32 / nb;    // tiles per window of 32 boxes
     if (lane == 0) {
-      detail::tma_prefetch_map(&tm_k);
-      detail::tma_prefetch_map(&tm_v);
+      arch::tma_prefetch_map(&tm_k);
+      arch::tma_prefetch_map(&tm_v);
       if (p.tma_run) {
-        detail::tma_prefetch_map(&tm_k_run);
-        detail::tma_prefetch_map(&tm_v_run);
+        arch::tma_prefetch_map(&tm_k_run);
+        arch::tma_prefetch_map(&tm_v_run);
       }
     }
     // page ids by windows of 32 boxes, one per lane, loaded a window ahead of their copies
@@ -243,7 +246,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         c2 = 0;
         c3 = h_kv;
       }
-      detail::tma_load_5d(dst + b * G * 256, run ? tm_run : tm, full, 0, c1, c2, c3, c4);
+      arch::tma_load_5d(dst + b * G * 256, run ? tm_run : tm, full, 0, c1, c2, c3, c4);
     };
     // the split's last, partial tile: cp.async, keys past the end zero-filled
     auto copy_partial = [&](std::uint32_t dk, std::uint32_t dv, int j0, std::uint32_t full) {
@@ -264,15 +267,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 #pragma unroll 4
         for (int c = 0; c < kChunks; ++c) {
           const std::uint32_t o = detail::kv_tile_offset(r, c);
-          detail::cp_async16(dk + o, kpool + off + c * 8, bytes);
-          detail::cp_async16(dv + o, vpool + off + c * 8, bytes);
+          arch::cp_async_16_zfill(dk + o, kpool + off + c * 8, bytes);
+          arch::cp_async_16_zfill(dv + o, vpool + off + c * 8, bytes);
         }
       }
-      detail::cp_async_commit();
-      detail::cp_async_wait<0>();
-      detail::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
+      arch::cp_async_commit();
+      arch::cp_async_wait<0>();
+      arch::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
       __syncwarp();
-      if (lane == 0) detail::mbar_arrive(full);
+      if (lane == 0) arch::mbar_arrive(full);
     };
     int win_cur = load_window(0);
     int win_next = load_window(1);
@@ -287,17 +290,17 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
       const int page = __shfl_sync(0xffffffffu, win_cur, (kt % per_win) * nb + b);
       const int st = kt % kStages;
-      if (kt >= kStages) detail::mbar_wait(empty0 + 8 * st, ((kt / kStages) - 1) & 1);
+      if (kt >= kStages) arch::mbar_wait(empty0 + 8 * st, ((kt / kStages) - 1) & 1);
       const std::uint32_t full = full0 + 8 * st;
       const std::uint32_t dk = k_smem + st * kTileBytes, dv = v_smem + st * kTileBytes;
       const int j0 = kv_begin + kt * BN;
       if ((Tile::kOpt & kWsDiagNoCopy) != 0 && kt >= kStages) {
-        if (lane == 0) detail::mbar_arrive(full);  // (diagnostic: the stale tile is re-read)
+        if (lane == 0) arch::mbar_arrive(full);  // (diagnostic: the stale tile is re-read)
       } else if (j0 + BN <= kv_end) {
         // a whole tile: the boxes of K, then of V; one mbarrier transaction of K + V bytes
         const unsigned bits = granule_bits << ((kt % per_win) * nb);
         const bool run = per_run > 1 && (runs & bits) == bits;
-        if (lane == 0) detail::mbar_arrive_expect_tx(full, 2 * kTileBytes);
+        if (lane == 0) arch::mbar_arrive_expect_tx(full, 2 * kTileBytes);
         __syncwarp();
         copy_boxes(dk, &tm_k, &tm_k_run, run, full, j0, page);
         copy_boxes(dv, &tm_v, &tm_v_run, run, full, j0, page);
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   }
 
   // ================= consumer warpgroups =================
-  if constexpr (NWG == 2) detail::setmaxnreg_inc<Tile::kConsumerRegs>();
+  if constexpr (NWG == 2) arch::setmaxnreg_inc<Tile::kConsumerRegs>();
   constexpr int kOpt = Tile::kOpt;
   constexpr bool kDescPre = (kOpt & kWsDescPre) != 0;
   constexpr bool kFlat = kFast;  // the fast exponent comes with the branch-free row statistics
@@ -318,14 +321,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // with the fast exponent a negative scale runs as |scale| on negated queries (exact)
   const bool negate_q = kFast && p.s2_scale < 0.f;
   const float sc = kFast ? fabsf(p.s2_scale) : p.s2_scale;
-  detail::cp_async_wait<0>();
-  detail::named_sync(1 + wg, 128);  // this warpgroup's query rows are in shared memory
+  arch::cp_async_wait<0>();
+  arch::named_sync(1 + wg, 128);  // this warpgroup's query rows are in shared memory
   std::uint32_t qf[D / 16][4];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const int r = wg * 64 + wl * 16 + (lane & 15);
     const int c = ks * 2 + (lane >> 4);
-    detail::ldmatrix_x4(qf[ks], q_smem + 2 * detail::swz128<BM>(r, c));
+    arch::ldmatrix_x4(qf[ks], q_smem + 2 * detail::swz128<BM>(r, c));
     if (negate_q)
 #pragma unroll
       for (int i = 0; i < 4; ++i) qf[ks][i] ^= 0x80008000u;
@@ -363,15 +366,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   auto issue_s = [&](int st) {
     const std::uint32_t kb = k_smem + st * kTileBytes;
     const std::uint32_t kd = kdesc0 + st * (kTileBytes >> 4);
-    detail::fence_regs(s);
-    detail::wgmma_fence();
+    arch::fence_regs(s);
+    arch::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kKvGroupBytes apart)
       const std::uint32_t koff = (ks >> 2) * detail::kKvHalfBytes + (ks & 3) * 32;
-      const std::uint64_t desc = kDescPre
-                                     ? detail::desc_join(kd + (koff >> 4), kDescHi)
-                                     : detail::wgmma_desc(kb + koff, 16, detail::kKvGroupBytes);
+      const std::uint64_t desc = kDescPre ? arch::desc_join(kd + (koff >> 4), kDescHi)
+                                          : arch::wgmma_desc(kb + koff, 16, detail::kKvGroupBytes);
       if constexpr (BN == 64) {
         if (ks == 0)
           Wg::mma_s64<0>(s, qf[ks], desc);
@@ -384,23 +386,23 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           Wg::mma_s128<1>(s, qf[ks], desc);
       }
     }
-    detail::wgmma_commit();
+    arch::wgmma_commit();
   };
   // O += P V of the tile in stage `st`, committed as one wgmma group
   auto issue_pv = [&](int st) {
     const std::uint32_t vb = v_smem + st * kTileBytes;
     const std::uint32_t vd = vdesc0 + st * (kTileBytes >> 4);
-    detail::fence_regs(acc);
-    detail::wgmma_fence();
+    arch::fence_regs(acc);
+    arch::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       Wg::mma_o128<1>(acc, pf[kk],
                       // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
                       kDescPre
-                          ? detail::desc_join(vd + kk * ((2 * detail::kKvGroupBytes) >> 4), kDescHi)
-                          : detail::wgmma_desc(vb + kk * 2 * detail::kKvGroupBytes,
-                                               detail::kKvHalfBytes, detail::kKvGroupBytes));
-    detail::wgmma_commit();
+                          ? arch::desc_join(vd + kk * ((2 * detail::kKvGroupBytes) >> 4), kDescHi)
+                          : arch::wgmma_desc(vb + kk * 2 * detail::kKvGroupBytes,
+                                             detail::kKvHalfBytes, detail::kKvGroupBytes));
+    arch::wgmma_commit();
   };
   // scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities); returns
   // whether some row of the warp moved its max (the accumulator then needs `alpha`)
@@ -436,19 +438,19 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
-        bmax[rr] = detail::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
+        bmax[rr] = math::nan_max(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
-        bmax[rr] = detail::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+        bmax[rr] = math::nan_max(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
       float nm[2];
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         // OnlineSoftmax::rescale: a factor 1 while nothing was seen, 0 from an empty row
         // (2^-inf), NaN once a max is NaN
         const float m_old = os[rr].m;
-        const float m_new = detail::max_nan(m_old, bmax[rr] * sc);
+        const float m_new = math::nan_max(m_old, bmax[rr] * sc);
         const bool none = m_new == math::neg_inf();
-        alpha[rr] = none ? 1.f : detail::ex2_approx_ftz(m_old - m_new);
+        alpha[rr] = none ? 1.f : arch::ex2_approx_ftz(m_old - m_new);
         os[rr].l *= alpha[rr];
         os[rr].m = m_new;
         moved |= alpha[rr] != 1.f;
@@ -462,7 +464,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& sv = s[n][2 * rr + e];
-            sv = detail::ex2_approx_ftz(fmaf(sv, sc, nm[rr]));
+            sv = arch::ex2_approx_ftz(fmaf(sv, sc, nm[rr]));
             ps[e] += sv;
           }
         os[rr].add(ps[0] + ps[1]);
@@ -515,10 +517,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      pf[kk][0] = detail::MmaType<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pf[kk][1] = detail::MmaType<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pf[kk][2] = detail::MmaType<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[kk][3] = detail::MmaType<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pf[kk][0] = arch::Mma16816<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = arch::Mma16816<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = arch::Mma16816<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = arch::Mma16816<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   };
   auto rescale_acc = [&] {
@@ -534,12 +536,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   if (n_tiles > 0) {
     // Ping-pong: warpgroup w issues its products after barrier 3 + w, then lets the other go.
     const bool pp = NWG == 2 && p.ws_pingpong != 0 && n_tiles >= 2;
-    if (pp && wg == 1) detail::named_arrive(3, 2 * 128);  // warpgroup 0 goes first
+    if (pp && wg == 1) arch::named_arrive(3, 2 * 128);  // warpgroup 0 goes first
     // tile 0: S, softmax (the accumulator is still 0: no rescale)
-    detail::mbar_wait(full0, 0);
+    arch::mbar_wait(full0, 0);
     issue_s(0);
-    detail::wgmma_wait<0>();
-    detail::fence_regs(s);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(s);
     softmax(0);
     pack_p();
     bool resc = false;
@@ -557,30 +559,30 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         stp = (kt - 1) % kStages;
         ph = (kt / kStages) & 1;
       }
-      detail::mbar_wait(full0 + 8 * st, ph);
-      if (pp) detail::named_sync(3 + wg, 2 * 128);
+      arch::mbar_wait(full0 + 8 * st, ph);
+      if (pp) arch::named_sync(3 + wg, 2 * 128);
       issue_s(st);                        // S_t = Q K_tᵀ
       if (!kLate && resc) rescale_acc();  // O *= alpha_{t-1}
       issue_pv(stp);                      // O += P_{t-1} V_{t-1}
       // the other warpgroup's turn (warpgroup 1 gives no turn after its last products, so
       // every arrival is matched by a wait)
-      if (pp && !(wg == 1 && kt == n_tiles - 1)) detail::named_arrive(3 + (wg ^ 1), 2 * 128);
-      detail::wgmma_wait<1>();  // S_t is done (PV still runs)
-      detail::fence_regs(s);
+      if (pp && !(wg == 1 && kt == n_tiles - 1)) arch::named_arrive(3 + (wg ^ 1), 2 * 128);
+      arch::wgmma_wait<1>();  // S_t is done (PV still runs)
+      arch::fence_regs(s);
       resc = softmax(kt);
-      detail::fence_regs(s);    // (ptxas still hoists the wait to where P packing may start)
-      detail::wgmma_wait<0>();  // PV_{t-1} is done: stage t-1 is free, P may be overwritten
-      detail::fence_regs(acc);
-      if (lane == 0) detail::mbar_arrive(empty0 + 8 * stp);
+      arch::fence_regs(s);    // (ptxas still hoists the wait to where P packing may start)
+      arch::wgmma_wait<0>();  // PV_{t-1} is done: stage t-1 is free, P may be overwritten
+      arch::fence_regs(acc);
+      if (lane == 0) arch::mbar_arrive(empty0 + 8 * stp);
       if (kLate && resc) rescale_acc();  // O *= alpha_t
       pack_p();
     }
     const int stl = (n_tiles - 1) % kStages;
     if (!kLate && resc) rescale_acc();
     issue_pv(stl);
-    detail::wgmma_wait<0>();
-    detail::fence_regs(acc);
-    if (lane == 0) detail::mbar_arrive(empty0 + 8 * stl);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(acc);
+    if (lane == 0) arch::mbar_arrive(empty0 + 8 * stl);
   }
 
   // full row sums across the quad

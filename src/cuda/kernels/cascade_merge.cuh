@@ -9,6 +9,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
+#include "cuda/arch/grid_dependency.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -39,11 +40,9 @@ __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
   constexpr int kPer = D / 32;  // elements per lane
   constexpr int kUnroll = 8;    // partial states whose loads are in flight together
   const int lane = threadIdx.x & 31;
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   // a programmatic dependent launch: the partial states come from the kernels before (a no-op
   // after an ordinary launch)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  arch::wait_on_dependent_grids();
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kCascadeMergeWarps + (threadIdx.x >> 5);
   if (row >= p.rows) return;

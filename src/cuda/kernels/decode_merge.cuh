@@ -17,6 +17,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
+#include "cuda/arch/grid_dependency.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -96,9 +97,7 @@ static __device__ __noinline__ MergedColumns fold_prior(const float* prior_o,
                                                         const float* prior_lse, int count,
                                                         std::int64_t rows, std::int64_t row, int d4,
                                                         MergedColumns own) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  arch::wait_on_dependent_grids();
   const float* lse = prior_lse + row;
   const float* o = prior_o + row * D + 4 * d4;
   float m = math::neg_inf();
@@ -161,9 +160,7 @@ static __device__ __noinline__ MergedColumns fold_prior_group(const float* prior
                                                               std::int64_t rows, std::int64_t row,
                                                               int d4, MergedColumns own) {
   static_assert(G == 16 || G == 32, "groups of 16 or 32 lanes");
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  arch::wait_on_dependent_grids();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int gl = lane & (G - 1);
   const unsigned mask = G == 32 ? 0xffffffffu : (0xffffu << (lane & 16));

@@ -43,8 +43,12 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/grid_dependency.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/mma.cuh"
+#include "cuda/arch/special.cuh"
 #include "cuda/kernels/decode_merge.cuh"
-#include "cuda/kernels/decode_mma.cuh"
 #include "cuda/kernels/decode_params.cuh"
 
 namespace attnstate {
@@ -87,10 +91,10 @@ __host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages) {
 __device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, int bytes,
                                            std::uint64_t policy) {
 #if ATTNSTATE_DECODE_EVICT_FIRST
-  cp_async_16_policy(dst, src, bytes, policy);
+  arch::cp_async_16_zfill_policy(dst, src, bytes, policy);
 #else
   (void)policy;
-  cp_async_16<ATTNSTATE_DECODE_PREFETCH>(dst, src, bytes);
+  arch::cp_async_16_zfill<ATTNSTATE_DECODE_PREFETCH>(dst, src, bytes);
 #endif
 }
 
@@ -100,9 +104,8 @@ __device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, i
 __device__ __forceinline__ void decode_grid_dependency(const DecodeParams& p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   if (p.beside_previous != 0 || p.programmatic != 0) {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1)
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    arch::launch_dependent_grids();
+    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1) arch::wait_on_dependent_grids();
   }
 #else
   (void)p;
@@ -152,17 +155,13 @@ __device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint
 __device__ unsigned long long g_decode_timeline[kDecodeTimelineCtas * 8];
 __device__ __forceinline__ void decode_mark(int slot) {
   if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    g_decode_timeline[blockIdx.x * 8 + slot] = t;
+    g_decode_timeline[blockIdx.x * 8 + slot] = arch::globaltimer();
   }
 }
 /// As `decode_mark`, after `dep` is available.
 __device__ __forceinline__ void decode_mark_dep(int slot, int dep) {
   if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep));
-    g_decode_timeline[blockIdx.x * 8 + slot] = t;
+    g_decode_timeline[blockIdx.x * 8 + slot] = arch::globaltimer_after(dep);
   }
 }
 /// As `decode_mark`, the SM clock instead (cycles; the workspace merge's sub-phases).
@@ -223,9 +222,9 @@ __device__ __forceinline__ void decode_tile(QFrag&& q_frag, std::uint32_t k_lane
   for (int kk = 0; kk < D / 16; ++kk) {
     std::uint32_t a[4], bk[4];
     q_frag(kk, a);
-    ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
-    mma_16816<kBF16>(sc[0], a, bk[0], bk[1]);
-    mma_16816<kBF16>(sc[1], a, bk[2], bk[3]);
+    arch::ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
+    arch::Mma16816<arch::B16<kBF16>>::mma(sc[0], a, bk[0], bk[1]);
+    arch::Mma16816<arch::B16<kBF16>>::mma(sc[1], a, bk[2], bk[3]);
   }
 
   // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
@@ -271,16 +270,16 @@ __device__ __forceinline__ void decode_tile(QFrag&& q_frag, std::uint32_t k_lane
 
   // O += P V : P (16 × 16 tokens) from the score registers, V via transposed ldmatrix.
   std::uint32_t pa[4];
-  pa[0] = pack2<kBF16>(pr[0][0], pr[0][1]);
-  pa[1] = pack2<kBF16>(pr[0][2], pr[0][3]);
-  pa[2] = pack2<kBF16>(pr[1][0], pr[1][1]);
-  pa[3] = pack2<kBF16>(pr[1][2], pr[1][3]);
+  pa[0] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[0][0], pr[0][1]);
+  pa[1] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[0][2], pr[0][3]);
+  pa[2] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[1][0], pr[1][1]);
+  pa[3] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[1][2], pr[1][3]);
 #pragma unroll
   for (int jj = 0; jj < D / 16; ++jj) {
     std::uint32_t bv[4];
-    ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
-    mma_16816<kBF16>(o_acc[2 * jj], pa, bv[0], bv[1]);
-    mma_16816<kBF16>(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
+    arch::ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
+    arch::Mma16816<arch::B16<kBF16>>::mma(o_acc[2 * jj], pa, bv[0], bv[1]);
+    arch::Mma16816<arch::B16<kBF16>>::mma(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
   }
 }
 
@@ -404,7 +403,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   // A cluster group of the workspace merge: every CTA signals that it runs (its shared memory
   // exists) before any peer writes its ticket flag there (`cluster_wait` in the ticket step).
   const bool grouped = in_cluster && !clustered;
-  if (grouped) cluster_arrive_relaxed();
+  if (grouped) arch::cluster_arrive_relaxed();
   if (s >= n_splits && !in_cluster) return;
   const bool active = s < n_splits;
   const TokenRange range = p.splits.range(len, s);  // empty when s ≥ n_splits
@@ -455,7 +454,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     const bool tile_in_page = (p.page_size % kRows) == 0;
     std::uint64_t policy = 0;
 #if ATTNSTATE_DECODE_EVICT_FIRST
-    policy = l2_evict_first_policy();
+    policy = arch::l2_evict_first_policy();
 #endif
 
     auto page_id = [&](std::int64_t pidx) -> std::int64_t {
@@ -496,12 +495,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     // chunk of k-step kk is `(32 · kk) ^ x`).
     constexpr std::uint32_t kTileBytes = kTileElems * 2;
     constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
-    const std::uint32_t ring = smem_addr(kbuf);
+    const std::uint32_t ring = arch::smem_addr(kbuf);
     const int a_row = lane & 15;  // Q fragments (A) and V (transposed B)
     const std::uint32_t a_x = static_cast<std::uint32_t>(((lane >> 4) ^ (lane & 7)) << 4);
     const int b_row = ((lane >> 4) << 3) + (lane & 7);  // K (B)
     const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
-    const std::uint32_t q_lane = smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
+    const std::uint32_t q_lane = arch::smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
     auto load_tile = [&](int it, int stage, std::int64_t pid) {
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
       const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
@@ -540,7 +539,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
 #pragma unroll 1
     for (int st = 0; st < kStages - 1; ++st) {
       if (st < my_tiles) load_tile(st, st, first_pid(st));
-      cp_async_commit();
+      arch::cp_async_commit();
     }
     // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
     std::int64_t pid_next = first_pid(kStages - 1);
@@ -550,8 +549,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const int nxt = it + kStages - 1;
       if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
       pid_next = tile_pid(nxt + 1);
-      cp_async_commit();
-      cp_async_wait<kStages - 1>();
+      arch::cp_async_commit();
+      arch::cp_async_wait<kStages - 1>();
       __syncwarp();
 #if ATTNSTATE_DECODE_TIMELINE
       if (it == 0) ATTNSTATE_DECODE_MARK(5);
@@ -563,11 +562,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
 
       decode_tile<D, kBF16>(
-          [&](int kk, std::uint32_t(&a)[4]) { ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
+          [&](int kk, std::uint32_t(&a)[4]) { arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
           k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
       __syncwarp();
     }
-    cp_async_wait<0>();
+    arch::cp_async_wait<0>();
     ATTNSTATE_DECODE_MARK(6);
 
     // ---- merge the warps' states (fixed warp order) ----
@@ -648,7 +647,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   ATTNSTATE_DECODE_MARK(1);
   if (single) return;
   if (p.skip_combine) {
-    if (grouped) cluster_wait();  // the barrier phase completes in every CTA of the cluster
+    if (grouped) arch::cluster_wait();  // the barrier phase completes in every CTA of the cluster
     return;
   }
 
@@ -657,11 +656,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   if (clustered) {
     // ---- cluster merge: CTA s merges a contiguous share of the tile's columns, reading the
     //      published states of the request's splits from their CTAs' shared memory ----
-    cluster_sync();
+    arch::cluster_sync();
     const int share = (items + p.cluster - 1) / p.cluster;
     const int e_end = min(items, (s + 1) * share);
-    const std::uint32_t o_addr = smem_addr(pub_o);
-    const std::uint32_t l_addr = smem_addr(pub_lse);
+    const std::uint32_t o_addr = arch::smem_addr(pub_o);
+    const std::uint32_t l_addr = arch::smem_addr(pub_lse);
     // (a fixed trip count, unrolled: no loop state lives across the output calls; a cluster has
     // at least two CTAs)
     constexpr int kIters = (kRows * kD4 / 2 + kThreads - 1) / kThreads;
@@ -671,12 +670,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       if (e >= e_end) break;
       const int r = e / kD4;
       const int d4 = e % kD4;
-      auto lse_at = [&](int i) { return ld_cluster(cluster_map(l_addr + 4 * r, i)); };
-      auto o_at = [&](int i) { return ld_cluster4(cluster_map(o_addr + 4 * (r * D + 4 * d4), i)); };
+      auto lse_at = [&](int i) { return arch::ld_cluster(arch::cluster_map(l_addr + 4 * r, i)); };
+      auto o_at = [&](int i) {
+        return arch::ld_cluster4(arch::cluster_map(o_addr + 4 * (r * D + 4 * d4), i));
+      };
       store_merged(r, d4,
                    split_merge<kDecodeMaxCluster, kDecodeClusterBatch>(n_splits, lse_at, o_at));
     }
-    cluster_sync();  // peers may still read this CTA's state until here
+    arch::cluster_sync();  // peers may still read this CTA's state until here
     ATTNSTATE_DECODE_MARK(3);
     return;
   }
@@ -690,28 +691,28 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     const int C = p.cluster;  // 1, or groups of C consecutive splits in a cluster
     const int g = s / C;
     if (g * C >= n_splits) {  // the whole group (cluster): no split of the request in it
-      if (C > 1) cluster_wait();
+      if (C > 1) arch::cluster_wait();
       return;
     }
     const int rank = s - g * C;
-    __syncthreads();            // every thread's partial-state stores precede the release below
-    if (C > 1) cluster_wait();  // every CTA of the group runs: its flags may be written
+    __syncthreads();  // every thread's partial-state stores precede the release below
+    if (C > 1) arch::cluster_wait();  // every CTA of the group runs: its flags may be written
     if (tid == 0) {
-      const int ticket = active ? atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) : -1;
+      const int ticket = active ? arch::atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) : -1;
       const int last = ticket == n_splits - 1;
       if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
       if (C > 1) {
         // this CTA's slot in every CTA of the group
-        const std::uint32_t slot = smem_addr(is_last + rank);
+        const std::uint32_t slot = arch::smem_addr(is_last + rank);
 #pragma unroll 1
         for (int c = 0; c < C; ++c)
-          st_cluster(cluster_map(slot, static_cast<std::uint32_t>(c)), last);
+          arch::st_cluster(arch::cluster_map(slot, static_cast<std::uint32_t>(c)), last);
       } else {
         *is_last = last;
       }
     }
     if (C > 1)
-      cluster_sync();  // every slot is written; no remote access after this
+      arch::cluster_sync();  // every slot is written; no remote access after this
     else
       __syncthreads();
     ATTNSTATE_DECODE_MARK(2);
@@ -754,11 +755,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   // The LSEs, and the first batch of this thread's first item, in flight together.
 #pragma unroll 1
   for (int c = tid; c < n * (kRows / 4); c += kThreads)
-    cp_async_16<0>(smem_addr(st_w + 4 * c), p.ws_lse + split0 + 4 * c, 16);
-  cp_async_commit();
+    arch::cp_async_16_zfill<0>(arch::smem_addr(st_w + 4 * c), p.ws_lse + split0 + 4 * c, 16);
+  arch::cp_async_commit();
   if (tid < ne) load_batch(tid, 0);
   ATTNSTATE_DECODE_MARK_CLOCK(5);
-  cp_async_wait<0>();
+  arch::cp_async_wait<0>();
   __syncthreads();
   ATTNSTATE_DECODE_MARK_CLOCK(6);
   // Each row's max over the splits' LSEs and every split's weight in place of its LSE (-1 marks

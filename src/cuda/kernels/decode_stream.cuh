@@ -84,12 +84,12 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
   if constexpr (N > 0) {
     if (n >= N) {
-      cp_async_wait<N>();
+      arch::cp_async_wait<N>();
       return;
     }
     cp_async_wait_upto<N - 1>(n);
   } else {
-    cp_async_wait<0>();
+    arch::cp_async_wait<0>();
   }
 }
 
@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   decode_grid_dependency(p);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const std::uint32_t ring = smem_addr(smem) + static_cast<std::uint32_t>(warp) * kStages *
-                                                   kStageBytes;  // [stage][K, V][16][D]
+  const std::uint32_t ring = arch::smem_addr(smem) + static_cast<std::uint32_t>(warp) * kStages *
+                                                         kStageBytes;  // [stage][K, V][16][D]
 
   const std::int64_t items = static_cast<std::int64_t>(p.batch) * p.heads_kv * p.row_tiles;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const Elem* vpool = static_cast<const Elem*>(p.v);
   std::uint64_t policy = 0;
 #if ATTNSTATE_DECODE_EVICT_FIRST
-  policy = l2_evict_first_policy();
+  policy = arch::l2_evict_first_policy();
 #endif
 
   // Item `x`'s coordinates (`tiles` 0 until `fetch` sets the length; -1 past the last item).
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       if (pid < 0) pid = 0;
       if (pid >= p.num_pages) pid = p.num_pages - 1;
       load_tile(it, ld_t, ld_stage, pid);
-      cp_async_commit();
+      arch::cp_async_commit();
       ++loaded;
       ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
       ++ld_t;
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       if (ld_t >= nxt.tiles) ld_sel = 2;
     }
   }
-  cp_async_wait<0>();
+  arch::cp_async_wait<0>();
 }
 
 }  // namespace detail

@@ -26,7 +26,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/check.hpp"
-#include "merge_cp_async.cuh"
+#include "cuda/arch/memory.cuh"
 #include "merge_launch.cuh"
 #include "merge_row.cuh"
 #include "merge_smem.cuh"
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   constexpr int kW = G::kWords;
   constexpr int kL = kRingLsePerLane;
   extern __shared__ __align__(128) unsigned char smem[];
-  const std::uint32_t ring = smem_addr(smem);
+  const std::uint32_t ring = arch::smem_addr(smem);
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int g = tid & (kP - 1);             // thread within its row
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
           for (int c = 0; c < kC; ++c) {
 #pragma unroll
             for (int x = 0; x < kW; ++x) {
-              cp_async_16(ring + 16 * o_word(issue_p, u, c, x),
-                          reinterpret_cast<const uint4*>(src + c * kP * kChunk) + x);
+              arch::cp_async_16(ring + 16 * o_word(issue_p, u, c, x),
+                                reinterpret_cast<const uint4*>(src + c * kP * kChunk) + x);
             }
           }
         }
@@ -199,14 +199,14 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
           for (int k = 0; k < kL; ++k) {
             const int s = gl + r * kP + k * kV;
             if (s < num_states) {
-              cp_async_4(ring + kLBase + 4 * l_float(issue_p, r, k),
-                         l + s * args.in.lse_stride_state);
+              arch::cp_async_4(ring + kLBase + 4 * l_float(issue_p, r, k),
+                               l + s * args.in.lse_stride_state);
             }
           }
         }
       }
     }
-    cp_async_commit();
+    arch::cp_async_commit();
     if (++issue_b == batches) {
       issue_b = 0;
       issued.advance(step_tokens, step_heads, heads);
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   int p = 0;
   for (std::int64_t q = 0; q < items; ++q) {
     issue_next();
-    cp_async_wait<kStages - 1>();  // this item's copies (this thread's own) have landed
+    arch::cp_async_wait<kStages - 1>();  // this item's copies (this thread's own) have landed
     const std::int64_t row = first_row + cur.index * step;
     const int count = row < total_rows ? num_states : 0;
     if (b == 0) {
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     }
     if (++p == kStages) p = 0;
   }
-  cp_async_wait<0>();
+  arch::cp_async_wait<0>();
 }
 
 /// Calls `f(std::integral_constant<int, D>{})` for a supported head_dim `D` (64, 128, 256, 512).

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attnstate/core/dtype.hpp"
+#include "cuda/arch/memory.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -42,10 +43,7 @@ __device__ __forceinline__ void load_chunk_stream(Chunk<T>& c, const T* p, bool 
   if (aligned) {
 #pragma unroll
     for (int k = 0; k < Chunk<T>::kWords; ++k) {
-      uint4& w = c.w[k];
-      asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
-          : "l"(reinterpret_cast<const uint4*>(p) + k));
+      c.w[k] = arch::ld_global_nc_no_allocate(reinterpret_cast<const uint4*>(p) + k);
     }
   } else {
 #pragma unroll
@@ -58,7 +56,7 @@ template <class T>
 __device__ __forceinline__ void prefetch_chunk_l2(const T* p) {
 #pragma unroll
   for (int k = 0; k < Chunk<T>::kWords; ++k) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(p) + 16 * k));
+    arch::prefetch_global_l2(reinterpret_cast<const char*>(p) + 16 * k);
   }
 }
 

@@ -1,11 +1,8 @@
-/// @file cascade_async_ops.cuh
-/// @brief Hopper building blocks of the cascade level kernels: shared-memory mbarriers (arrive /
-///        expect-tx / parity wait), the bulk tensor copy (TMA) of a 5-D box completing on an
-///        mbarrier, named barriers, and the bf16 / f16 `wgmma` shapes (`m64n64k16` / `m64n128k16`,
-///        A from registers, the accumulator scale a template flag so the first k-step of a tile
-///        overwrites instead of adding), the flush-to-zero `ex2.approx`, `max.NaN`, a descriptor
-///        from its two 32-bit halves, used by the warp-specialised kernel and by the bf16
-///        shapes of cascade_level_wgmma.cuh.
+/// @file wgmma.cuh
+/// @brief PTX wrappers of Hopper's warpgroup MMA (sm_90a): the `wgmma.mma_async` shapes of the
+///        cascade kernels (`m64n64k16`, `m64n128k16`; bf16 or f16 operands, A from registers, B
+///        from a shared-memory descriptor), their fence / commit / wait, the register and
+///        async-proxy fences around them, descriptors, and `setmaxnreg`.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,63 +13,54 @@
 
 namespace attnstate {
 namespace cuda {
-namespace kernels {
-namespace detail {
+namespace arch {
 
-/// Initialises the mbarrier at shared address `bar` for `count` arrivals per phase.
-__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+/// Orders this warpgroup's register accesses before the `wgmma` that follow.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
-/// Makes mbarrier initialisations visible to the other threads and to the async proxy.
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+/// Closes the group of `wgmma` issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-/// One arrival that also expects `bytes` of asynchronous (TMA) writes in this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
+/// Waits until at most `N` committed wgmma groups of this thread are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/// One arrival (release semantics: this thread's prior writes are visible to the waiters).
-__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+/// Pins accumulator registers at this point of the program: the compiler may not move their
+/// reads or writes across it (used around wgmma issue and wait, whose register effects it does
+/// not see).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
 }
-/// Waits (acquire) until the phase of parity `parity` of the mbarrier has completed.
-__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
-  std::uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+/// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma,
+/// bulk copies).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/// Bulk tensor copy of one box of the 5-D tensor map `tmap` at coordinates (c0..c4) into shared
-/// memory at `dst`, completing `bytes` of transaction on the mbarrier `bar`.
-__device__ __forceinline__ void tma_load_5d(std::uint32_t dst, const void* tmap, std::uint32_t bar,
-                                            int c0, int c1, int c2, int c3, int c4) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<std::uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-      "r"(c4)
-      : "memory");
-}
-/// Prefetches a tensor map (kernel parameter) into the descriptor cache.
-__device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(tmap))
-               : "memory");
+/// A wgmma shared-memory matrix descriptor with 128-byte swizzling.
+__device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t smem_addr, std::uint32_t lbo,
+                                                    std::uint32_t sbo) {
+  std::uint64_t d = 0;
+  d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+  d |= static_cast<std::uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<std::uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<std::uint64_t>(1) << 62;  // 128-byte swizzle
+  return d;
 }
 
-/// Named barrier `id` (1..15; 0 is `__syncthreads`) over `threads` threads: wait for all.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-/// Named barrier `id` over `threads` threads: arrive without waiting.
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+/// A 64-bit wgmma descriptor from its two 32-bit halves (`lo`: start address >> 4 and leading
+/// byte offset >> 4; `hi`: stride byte offset >> 4 and the swizzle mode).
+__device__ __forceinline__ std::uint64_t desc_join(std::uint32_t lo, std::uint32_t hi) {
+  std::uint64_t d;
+  asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo), "r"(hi));
+  return d;
 }
 
 /// Lowers this warpgroup's registers per thread to `N` (returns them to the CTA's pool).
@@ -84,12 +72,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-/// Waits until at most `N` committed wgmma groups of this thread are pending.
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // Operand lists and bodies of the `wgmma` wrappers below (local to this header): 32 or 64 fp32
@@ -186,33 +168,6 @@ struct Wgmma {
 #undef ATTNSTATE_WGMMA_ACC64
 #undef ATTNSTATE_WGMMA_ACC32
 
-/// The bf16 shapes of the warp-specialised kernel.
-using WsWgmmaBf16 = Wgmma<__nv_bfloat16>;
-
-/// `2^x` on the special-function unit, subnormal results flushed to zero (`ex2.approx.ftz`):
-/// `2^-inf` = 0, NaN stays NaN.
-__device__ __forceinline__ float ex2_approx_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-/// A 64-bit wgmma descriptor from its two 32-bit halves (`lo`: start address >> 4 and leading
-/// byte offset >> 4; `hi`: stride byte offset >> 4 and the swizzle mode).
-__device__ __forceinline__ std::uint64_t desc_join(std::uint32_t lo, std::uint32_t hi) {
-  std::uint64_t d;
-  asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo), "r"(hi));
-  return d;
-}
-
-/// `max(a, b)`, NaN when either is NaN (`max.NaN`, no branch).
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float y;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
-  return y;
-}
-
-}  // namespace detail
-}  // namespace kernels
+}  // namespace arch
 }  // namespace cuda
 }  // namespace attnstate
