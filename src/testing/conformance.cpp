@@ -174,15 +174,18 @@ void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
   const LseBase other = out.base() == LseBase::kBase2 ? LseBase::kNatural : LseBase::kBase2;
   HostState relabeled = out;
   relabeled.relabel_base(other);
-  const bool other_fits =
-      compare_states(relabeled, reference_state(p, keys, other), lse_only).empty();
-  std::string why = std::string("declared_base: the LSEs do not match the declared base ") +
-                    to_string(out.base());
-  if (other_fits) {
-    why += std::string(": they are ") + to_string(other) + " LSEs declared " +
-           to_string(out.base()) + " (the classic mixed-base bug)";
+  if (compare_states(relabeled, reference_state(p, keys, other), lse_only).empty()) {
+    fail(std::string("declared_base: the LSEs do not match the declared base ") +
+         to_string(out.base()) + ": they are " + to_string(other) + " LSEs declared " +
+         to_string(out.base()) + " (the classic mixed-base bug)\n" + msg);
   }
-  fail(why + "\n" + msg);
+  // Relabelling does not fix it: the LSEs are wrong in either base, so this is not a base
+  // problem; report the whole state against the reference, as the exactness law does.
+  const std::string full = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
+  fail(
+      "declared_base: an exactness failure, not a base problem (the LSEs match the reference in "
+      "neither base): fn(all keys) differs from the double-precision reference\n" +
+      (full.empty() ? msg : full));
 }
 
 void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
@@ -246,12 +249,35 @@ std::vector<Law> all_laws() {
 
 std::uint64_t default_seed() { return rc::detail::configuration().testParams.seed; }
 
-PropertyResult run_property(const std::string& name, const std::function<void()>& property,
-                            int num_tests, std::uint64_t seed, bool shrink) {
-  const char* func = "attnstate::testing::run_property";
-  if (!property)
-    detail::throw_argument(func, "property", "a callable property", "an empty function");
-  if (num_tests < 1) detail::throw_argument(func, "num_tests", ">= 1", std::to_string(num_tests));
+namespace {
+
+/// The reproduce line, the one place a report prints its seed.
+std::string reproduce_line(std::uint64_t seed, const char* option) {
+  return "reproduce with RC_PARAMS=\"seed=" + std::to_string(seed) + "\" (or " + option +
+         " set to that seed)";
+}
+
+/// A failure as RapidCheck shows it, each drawn value under its label: "<label> (<type>):",
+/// or "value <i> (<type>):" past the labels given.
+void print_failure(const rc::detail::FailureResult& failure, const std::vector<std::string>& labels,
+                   std::ostream& os) {
+  const std::size_t shrinks = failure.reproduce.shrinkPath.size();
+  os << "Falsifiable after " << failure.numSuccess + 1 << " test"
+     << (failure.numSuccess == 0 ? "" : "s") << " and " << shrinks << " shrink"
+     << (shrinks == 1 ? "" : "s") << "\n";
+  for (std::size_t i = 0; i < failure.counterExample.size(); ++i) {
+    const auto& value = failure.counterExample[i];
+    os << "\n"
+       << (i < labels.size() ? labels[i] : "value " + std::to_string(i + 1)) << " (" << value.first
+       << "):\n"
+       << value.second << "\n";
+  }
+  os << "\n" << failure.description;
+}
+
+PropertyResult run_property_impl(const std::string& name, const std::function<void()>& property,
+                                 int num_tests, std::uint64_t seed, bool shrink,
+                                 const std::vector<std::string>& labels, const char* seed_option) {
   rc::detail::TestParams params = rc::detail::configuration().testParams;
   params.maxSuccess = num_tests;
   params.seed = seed != 0 ? seed : default_seed();
@@ -265,24 +291,36 @@ PropertyResult run_property(const std::string& name, const std::function<void()>
 
   PropertyResult out;
   out.name = name;
-  std::ostringstream ss;
   if (result.is<rc::detail::SuccessResult>()) {
     out.passed = true;
     out.num_tests = result.get<rc::detail::SuccessResult>().numSuccess;
     return out;
   }
-  ss << "law '" << name << "' broke (seed " << params.seed << ")\n";
+  std::ostringstream ss;
+  ss << "law '" << name << "' broke\n";
   if (result.is<rc::detail::FailureResult>()) {
     const auto& failure = result.get<rc::detail::FailureResult>();
     out.num_tests = failure.numSuccess;
-    rc::detail::printResultMessage(failure, ss);
+    print_failure(failure, labels, ss);
   } else {
     rc::detail::printResultMessage(result, ss);
   }
-  ss << "\nreproduce with seed " << params.seed << " (KernelCheckOptions::seed = " << params.seed
-     << ", or RC_PARAMS=\"seed=" << params.seed << "\")";
+  ss << "\n" << reproduce_line(params.seed, seed_option);
   out.message = ss.str();
   return out;
+}
+
+}  // namespace
+
+PropertyResult run_property(const std::string& name, const std::function<void()>& property,
+                            int num_tests, std::uint64_t seed, bool shrink,
+                            const std::vector<std::string>& labels) {
+  const char* func = "attnstate::testing::run_property";
+  if (!property)
+    detail::throw_argument(func, "property", "a callable property", "an empty function");
+  if (num_tests < 1) detail::throw_argument(func, "num_tests", ">= 1", std::to_string(num_tests));
+  return run_property_impl(name, property, num_tests, seed, shrink, labels,
+                           "run_property's seed argument");
 }
 
 bool KernelCheckReport::passed() const {
@@ -309,13 +347,21 @@ std::string KernelCheckReport::summary() const {
   for (const LawResult& r : laws) {
     ss << (r.passed ? "PASS " : "FAIL ") << r.name << " (" << r.num_tests << " cases passed)\n";
   }
+  // Each message ends with the same reproduce line (one seed for every law): printed once, last.
+  const std::string reproduce = "\n" + reproduce_line(seed, "KernelCheckOptions::seed");
   for (const LawResult& r : laws) {
-    if (!r.passed) ss << "\n" << r.message << "\n";
+    if (r.passed) continue;
+    const bool ends =
+        r.message.size() >= reproduce.size() &&
+        r.message.compare(r.message.size() - reproduce.size(), reproduce.size(), reproduce) == 0;
+    ss << "\n"
+       << (ends ? r.message.substr(0, r.message.size() - reproduce.size()) : r.message) << "\n";
   }
-  ss << "seed " << seed;
-  if (!passed()) {
-    ss << "; reproduce with KernelCheckOptions::seed = " << seed << " or RC_PARAMS=\"seed=" << seed
-       << "\"";
+  // The seed once, for the whole report: every law ran with it.
+  if (passed()) {
+    ss << "seed " << seed;
+  } else {
+    ss << reproduce_line(seed, "KernelCheckOptions::seed");
   }
   return ss.str();
 }
@@ -326,12 +372,17 @@ KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOpt
   report.seed = options.seed != 0 ? options.seed : default_seed();
   for (Law law : options.laws) {
     std::function<void()> property;
+    // What each law draws, in order (the labels of its counterexample's values).
+    std::vector<std::string> labels = {"problem"};
     switch (law) {
       case Law::kExactness:
         property = [&] { law_exactness(fn, options); };
+        labels.push_back("keys K, indices into the problem's keys");
         break;
       case Law::kSplitMerge:
         property = [&] { law_split_merge(fn, options); };
+        labels = {"problem and its partition P1, ..., Pn of the keys",
+                  "base of each part, an index into options.problems.bases"};
         break;
       case Law::kIdentity:
         property = [&] { law_identity(fn, options); };
@@ -344,11 +395,13 @@ KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOpt
         break;
       case Law::kDeterminism:
         property = [&] { law_determinism(fn, options); };
+        labels.push_back("keys K, indices into the problem's keys");
         break;
     }
     LawResult r;
     static_cast<PropertyResult&>(r) =
-        run_property(to_string(law), property, options.num_tests, report.seed, options.shrink);
+        run_property_impl(to_string(law), property, options.num_tests, report.seed, options.shrink,
+                          labels, "KernelCheckOptions::seed");
     r.law = law;
     report.laws.push_back(std::move(r));
   }

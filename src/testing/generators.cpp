@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "arg_checks.hpp"
+#include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
 #include "option_checks.hpp"
 
@@ -218,7 +220,26 @@ rc::Gen<StateShape> gen_state_shape(const StateGenOptions& opt) {
   });
 }
 
+namespace {
+
+/// A shape every state of which can be built: extents >= 0, sizes at most 2^62 (checked here, at
+/// the call, rather than when the generator first runs).
+void check_shape(const StateShape& shape, const char* func) {
+  kit::check_extent(shape.tokens, func, "shape.tokens");
+  kit::check_extent(shape.heads, func, "shape.heads");
+  kit::check_extent(shape.head_dim, func, "shape.head_dim");
+  const std::int64_t extents[3] = {shape.tokens, shape.heads, shape.head_dim};
+  if (checked_product(extents, 3) < 0) {
+    detail::throw_argument(func, "shape", "at most 2^62 elements",
+                           std::to_string(shape.tokens) + " x " + std::to_string(shape.heads) +
+                               " x " + std::to_string(shape.head_dim) + " (overflows)");
+  }
+}
+
+}  // namespace
+
 rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& opt) {
+  check_shape(shape, "attnstate::testing::gen_state");
   check_state_gen_options(opt, "attnstate::testing::gen_state", "options");
   return rc::gen::exec([shape, opt] {
     const DType dt = *pick(opt.dtypes);
@@ -240,6 +261,7 @@ rc::Gen<HostState> gen_state(const StateGenOptions& opt) {
 }
 
 rc::Gen<HostState> gen_empty_state(const StateShape& shape, const StateGenOptions& opt) {
+  check_shape(shape, "attnstate::testing::gen_empty_state");
   check_state_gen_options(opt, "attnstate::testing::gen_empty_state", "options");
   return rc::gen::exec([shape, opt] {
     const DType dt = *pick(opt.dtypes);
@@ -266,6 +288,7 @@ rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
 }
 
 rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys) {
+  kit::check_extent(n_keys, "attnstate::testing::gen_key_subset", "n_keys");
   return rc::gen::map(rc::gen::container<std::vector<bool>>(static_cast<std::size_t>(n_keys),
                                                             rc::gen::arbitrary<bool>()),
                       [](const std::vector<bool>& in) {
@@ -279,6 +302,7 @@ rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys) {
 
 rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_disjoint_pair(
     std::int64_t n_keys) {
+  kit::check_extent(n_keys, "attnstate::testing::gen_disjoint_pair", "n_keys");
   // Owners drawn at full size: `inRange` scaled by a small test size gives 0 (neither subset)
   // for every key, i.e. two empty subsets in most cases.
   return rc::gen::map(rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n_keys),
@@ -294,6 +318,7 @@ rc::Gen<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> gen_dis
 }
 
 rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_keys, int max_parts) {
+  kit::check_extent(n_keys, "attnstate::testing::gen_partition", "n_keys");
   const int top = max_parts < 1 ? 1 : max_parts;
   return rc::gen::exec([n_keys, top] {
     // The part count and every key's owner are drawn at full size (uniform whatever the test

@@ -7,6 +7,8 @@
 #include <limits>
 #include <string>
 
+#include "arg_checks.hpp"
+#include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
 
 namespace attnstate {
@@ -38,6 +40,34 @@ ReferenceState make_empty(std::int64_t tokens, std::int64_t heads, std::int64_t 
 
 }  // namespace
 
+namespace kit {
+
+void check_reference(const ReferenceState& r, const char* func, const char* arg) {
+  const std::string a(arg);
+  check_extent(r.tokens, func, (a + ".tokens").c_str());
+  check_extent(r.heads, func, (a + ".heads").c_str());
+  check_extent(r.head_dim, func, (a + ".head_dim").c_str());
+  check_base(r.base, func, (a + ".base").c_str());
+  const std::int64_t extents[3] = {r.tokens, r.heads, r.head_dim};
+  const std::int64_t rows = checked_product(extents, 2), elems = checked_product(extents, 3);
+  if (rows < 0 || elems < 0) {
+    detail::throw_argument(func, (a + ".head_dim").c_str(), "a shape of at most 2^62 elements",
+                           std::to_string(r.tokens) + " x " + std::to_string(r.heads) + " x " +
+                               std::to_string(r.head_dim) + " (overflows)");
+  }
+  const auto check_size = [&](std::size_t size, std::int64_t want, const char* field) {
+    if (static_cast<std::int64_t>(size) != want) {
+      detail::throw_argument(func, (a + "." + field).c_str(),
+                             std::to_string(want) + " values (its shape's)", std::to_string(size));
+    }
+  };
+  check_size(r.o.size(), elems, "o");
+  check_size(r.lse.size(), rows, "lse");
+  if (!r.o_magnitude.empty()) check_size(r.o_magnitude.size(), elems, "o_magnitude");
+}
+
+}  // namespace kit
+
 ReferenceState to_reference(const HostState& s) {
   ReferenceState r = make_empty(s.tokens(), s.heads(), s.head_dim(), s.base());
   r.o_magnitude.clear();  // unknown: a stored value says nothing about how it was computed
@@ -49,6 +79,8 @@ ReferenceState to_reference(const HostState& s) {
 }
 
 ReferenceState rebased(const ReferenceState& state, LseBase base) {
+  kit::check_base(state.base, "attnstate::testing::rebased", "state.base");
+  kit::check_base(base, "attnstate::testing::rebased", "base");
   ReferenceState r = state;
   for (double& x : r.lse) x = convert(x, state.base, base);
   r.base = base;
@@ -57,13 +89,10 @@ ReferenceState rebased(const ReferenceState& state, LseBase base) {
 
 ReferenceState reference_state(const AttentionProblem& p, const std::vector<std::int64_t>& keys,
                                LseBase base) {
-  for (std::int64_t key : keys) {
-    if (key < 0 || key >= p.num_keys()) {
-      detail::throw_argument("reference_state", "keys",
-                             "indices in [0, " + std::to_string(p.num_keys()) + ")",
-                             std::to_string(key));
-    }
-  }
+  const char* fn = "attnstate::testing::reference_state";
+  kit::check_problem(p, fn, "problem");
+  kit::check_keys(keys, p.num_keys(), fn, "keys");
+  kit::check_base(base, fn, "base");
   const std::int64_t tokens = p.tokens(), hq = p.heads_q(), hkv = p.heads_kv(), dim = p.head_dim();
   const std::int64_t group = p.group_size();
   ReferenceState r = make_empty(tokens, hq, dim, base);
@@ -117,15 +146,26 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
 
 ReferenceState reference_state(const AttentionProblem& problem,
                                const std::vector<std::int64_t>& keys) {
+  kit::check_base(problem.base, "attnstate::testing::reference_state", "problem.base");
   return reference_state(problem, keys, problem.base);
 }
 
 ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBase base) {
-  if (states.empty()) detail::throw_argument("reference_merge", "states", "at least one state");
+  const char* fn = "attnstate::testing::reference_merge";
+  if (states.empty()) detail::throw_argument(fn, "states", "at least one state", "an empty list");
+  kit::check_base(base, fn, "base");
   const ReferenceState& first = states.front();
-  for (const ReferenceState& s : states) {
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const std::string name = "states[" + std::to_string(i) + "]";
+    kit::check_reference(states[i], fn, name.c_str());
+    const ReferenceState& s = states[i];
     if (s.tokens != first.tokens || s.heads != first.heads || s.head_dim != first.head_dim) {
-      detail::throw_argument("reference_merge", "states", "one shape for every state");
+      detail::throw_argument(fn, name.c_str(),
+                             "the shape of states[0] (" + std::to_string(first.tokens) + ", " +
+                                 std::to_string(first.heads) + ", " +
+                                 std::to_string(first.head_dim) + ")",
+                             "(" + std::to_string(s.tokens) + ", " + std::to_string(s.heads) +
+                                 ", " + std::to_string(s.head_dim) + ")");
     }
   }
   ReferenceState r = make_empty(first.tokens, first.heads, first.head_dim, base);
@@ -185,6 +225,7 @@ ReferenceState reference_merge(const std::vector<HostState>& states, LseBase bas
 }
 
 double max_abs_score(const AttentionProblem& p) {
+  kit::check_problem(p, "attnstate::testing::max_abs_score", "problem");
   const std::vector<float> q = p.q.to_floats();
   const std::vector<float> k = p.k.to_floats();
   const std::int64_t hq = p.heads_q(), hkv = p.heads_kv(), dim = p.head_dim();

@@ -8,6 +8,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "arg_checks.hpp"
+
 namespace attnstate {
 namespace testing {
 
@@ -96,6 +98,7 @@ std::string shape_header(const HostState& a, const ReferenceState& e) {
 }  // namespace
 
 Tolerance tolerance_for(DType o_dtype) {
+  kit::check_dtype(o_dtype, "attnstate::testing::tolerance_for", "o_dtype");
   switch (o_dtype) {
     case DType::kF16:
       return Tolerance{2e-3, 2e-3, 1e-5, 1e-6};
@@ -107,6 +110,7 @@ Tolerance tolerance_for(DType o_dtype) {
 }
 
 Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input) {
+  kit::check_problem(problem, "attnstate::testing::tolerance_for", "problem");
   // The fp32 floor of the f32 row of the table; the LSE part is the table's (fp32 whatever the
   // dtypes), widened below.
   Tolerance tol = tolerance_for(DType::kF32);
@@ -134,6 +138,7 @@ Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input
 }
 
 Tolerance merge_tolerance(DType out_dtype, const std::vector<HostState>& inputs) {
+  kit::check_dtype(out_dtype, "attnstate::testing::merge_tolerance", "out_dtype");
   Tolerance tol = tolerance_for(out_dtype);
   double lse_max = 0, o_max = 1;
   for (const HostState& s : inputs) {
@@ -158,6 +163,7 @@ Tolerance merge_tolerance(DType out_dtype, const std::vector<HostState>& inputs)
 }
 
 std::string compare_states(const HostState& a, const ReferenceState& e, const Tolerance& tol) {
+  kit::check_reference(e, "attnstate::testing::compare_states", "expected");
   if (a.tokens() != e.tokens || a.heads() != e.heads || a.head_dim() != e.head_dim) {
     std::ostringstream ss;
     ss << "shape mismatch: got (" << a.tokens() << ", " << a.heads() << ", " << a.head_dim()
@@ -215,6 +221,8 @@ std::string compare_bitwise(const HostState& a, const HostState& b) {
   if (a.base() != b.base()) {
     return std::string("base mismatch: ") + to_string(a.base()) + " vs " + to_string(b.base());
   }
+  a.view();  // view() checks that each storage matches its shape (read below through data())
+  b.view();
   Mismatches mm;
   const std::size_t elem = size_of(a.dtype());
   const auto* pa = static_cast<const unsigned char*>(a.o_tensor().data());

@@ -14,14 +14,15 @@
 #include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/generators.hpp"
 #include "attnstate/testing/gtest.hpp"
+#include "kit_test_utils.hpp"
 #include "sample_kernels.hpp"
 
 namespace {
 
+using attnstate_test::invalid_argument_message;
+
 using attnstate::DType;
-using attnstate::Error;
 using attnstate::LseBase;
-using attnstate::Status;
 using attnstate::testing::AttentionProblem;
 using attnstate::testing::check_state_kernel;
 using attnstate::testing::HostState;
@@ -44,21 +45,6 @@ KernelCheckOptions quick() {
   o.num_tests = 5;
   o.seed = 7;
   return o;
-}
-
-/// Runs `call`, which must throw `attnstate::Error(kInvalidArgument)`; returns its message.
-std::string invalid_argument_message(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::kInvalidArgument) << e.what();
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
 }
 
 /// `check_state_kernel(options)` is rejected before the kernel runs, with a message naming

@@ -74,8 +74,10 @@ struct PropertyResult {
   std::string name;     ///< The property's (law's) name.
   bool passed = false;  ///< True when every case passed.
   int num_tests = 0;    ///< Cases that passed (before the failure, if any).
-  std::string message;  ///< For a failure: the law's name, the shrunk minimal case, what
-                        ///< differed and how to reproduce it (seed); empty on success.
+  std::string message;  ///< For a failure: the law's name, the shrunk minimal case (each
+                        ///< value labelled), what differed and, in its last line, how to
+                        ///< reproduce it (the seed); empty on success. `summary()` prints that
+                        ///< line once for all the laws.
 };
 
 /// The outcome of one law of `check_state_kernel`.
@@ -96,8 +98,8 @@ struct KernelCheckReport {
   /// @return the names of the failed laws, comma-separated ("" when all passed).
   std::string failed_laws() const;
   /// @return a multi-line summary: one line per law (`PASS`/`FAIL`, cases), then each
-  ///         failure's message, then the seed and how to reproduce
-  ///         (`KernelCheckOptions::seed = <seed>` or `RC_PARAMS="seed=<seed>"`).
+  ///         failure's message, then the seed, once: `seed <seed>` when every law passed, else
+  ///         how to reproduce (`RC_PARAMS="seed=<seed>"` or `KernelCheckOptions::seed`).
   std::string summary() const;
 };
 
@@ -139,11 +141,15 @@ KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOpt
 /// @param num_tests  cases required to pass.
 /// @param seed       RapidCheck seed (0: the seed of `RC_PARAMS`).
 /// @param shrink     whether to shrink a failure.
+/// @param labels     what the property's draws are, in the order it draws them: the shrunk
+///                   counterexample shows value `i` as `<labels[i]> (<type>):` (as
+///                   `value <i+1> (<type>):` past the labels given).
 /// @return whether every case passed, the cases that passed and, on failure, the shrunk
-///         counterexample, the failure's description and the seed.
+///         counterexample, the failure's description and the seed (once, in the last line).
 /// @throws attnstate::Error (`kInvalidArgument`) when `property` is empty or `num_tests < 1`.
 PropertyResult run_property(const std::string& name, const std::function<void()>& property,
-                            int num_tests, std::uint64_t seed, bool shrink = true);
+                            int num_tests, std::uint64_t seed, bool shrink = true,
+                            const std::vector<std::string>& labels = {});
 
 /// The seed RapidCheck uses in this process when none is given.
 /// @return the seed of `RC_PARAMS`, else one drawn randomly once per process.

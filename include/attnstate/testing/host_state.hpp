@@ -32,7 +32,9 @@ class HostState {
   /// @param head_dim  elements of `o` per (token, head) (≥ 0).
   /// @param dtype     storage dtype of `o`.
   /// @param base      base of the LSEs.
-  /// @throws attnstate::Error (`kInvalidArgument`) on a negative extent.
+  /// @throws attnstate::Error (`kInvalidArgument`) naming the argument on a negative extent, an
+  ///         invalid dtype or base, or sizes past 2^62 elements or bytes (`kMaxSize`,
+  ///         core/checked.hpp); `kResourceExhausted` when the host cannot allocate them.
   HostState(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, DType dtype,
             LseBase base);
   /// A deep copy of a host state view of any strides (`o` keeps the view's dtype, the LSEs
@@ -40,7 +42,9 @@ class HostState {
   /// @param view  a state in host memory (e.g. `make_state_view(o, dtype, lse, ...)` over the
   ///              kernel's output buffers).
   /// @return an owning, contiguous copy with the view's shape, dtype and base.
-  /// @throws attnstate::Error (`kInvalidArgument`) on a null pointer or a device view.
+  /// @throws attnstate::Error (`kInvalidArgument`) on a device view, a negative extent or
+  ///         stride, strides whose span overflows, an invalid dtype or base, or a null pointer
+  ///         where there is data to read.
   static HostState from_view(const ConstStateView& view);
 
   /// @return the number of tokens (independent query rows).
@@ -57,6 +61,8 @@ class HostState {
   /// `o[t, h, d]` converted to float (exact).
   /// @param t  token; @param h  head; @param d  element.
   /// @return the stored value as a float.
+  /// @throws attnstate::Error (`kInvalidArgument`) naming the index (`t`, `h` or `d`) that is
+  ///         out of range (the same for `set_o`, `lse`, `set_lse` and `is_empty_row`).
   float o(std::int64_t t, std::int64_t h, std::int64_t d) const;
   /// Stores `o[t, h, d] = x`, rounded once to `dtype()`.
   /// @param t  token; @param h  head; @param d  element; @param x  the value.
@@ -86,6 +92,8 @@ class HostState {
 
   /// A writable contiguous view (`MemorySpace::kHost`) of this state.
   /// @return the view (valid while this state lives and is not resized).
+  /// @throws attnstate::Error (`kInvalidArgument`) when `o_tensor()` or `lse_values()` was
+  ///         replaced by storage of another size (also for the const `view()`).
   StateView view();
   /// A read-only contiguous view of this state.
   /// @return the view (valid while this state lives and is not resized).
@@ -99,15 +107,23 @@ class HostState {
   /// Changes the base tag WITHOUT touching the values (only for building deliberately
   /// mislabeled states in tests; use `converted()` to change the base correctly).
   /// @param base  the new tag.
-  void relabel_base(LseBase base) { base_ = base; }
+  /// @throws attnstate::Error (`kInvalidArgument`) unless `base` is natural or base2.
+  void relabel_base(LseBase base);
   /// A copy stored in `dtype` with LSEs converted to `base` (via `math::convert_lse`; `o`
   /// rounded once).
   /// @param dtype  storage dtype of the copy's `o`.
   /// @param base   base of the copy's LSEs.
   /// @return the converted copy.
+  /// @throws attnstate::Error (`kInvalidArgument`) for an invalid dtype or base.
   HostState converted(DType dtype, LseBase base) const;
 
  private:
+  // Bounds-checked flat indices; the storage (reachable through o_tensor() and lse_values())
+  // is checked against the shape too, so a resized vector is an error, not a wild read.
+  std::int64_t o_index(std::int64_t t, std::int64_t h, std::int64_t d, const char* func) const;
+  std::size_t lse_index(std::int64_t t, std::int64_t h, const char* func) const;
+  void check_storage(const char* func) const;
+
   std::int64_t tokens_ = 0;
   std::int64_t heads_ = 0;
   std::int64_t head_dim_ = 0;

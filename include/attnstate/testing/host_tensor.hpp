@@ -22,8 +22,9 @@ class HostTensor {
   /// A zero-filled tensor of `shape` (1 to 4 extents, each ≥ 0) stored as `dtype`.
   /// @param dtype  storage dtype (f32, f16 or bf16).
   /// @param shape  extents, outermost first.
-  /// @throws attnstate::Error (`kInvalidArgument`) for a bad rank, a negative extent or an
-  ///         unknown dtype.
+  /// @throws attnstate::Error (`kInvalidArgument`) for a bad rank, a negative extent (naming
+  ///         `shape[i]`), an unknown dtype, or more than 2^62 bytes in all (`kMaxSize`,
+  ///         core/checked.hpp); `kResourceExhausted` when the host cannot allocate it.
   HostTensor(DType dtype, std::vector<std::int64_t> shape);
   /// A tensor of `shape` holding `values` (row-major, `values.size()` = number of elements),
   /// each rounded once to `dtype`.
@@ -45,17 +46,20 @@ class HostTensor {
   /// Extent of dimension `i`.
   /// @param i  the dimension (0 = outermost).
   /// @return its extent.
-  std::int64_t dim(int i) const { return shape_.at(static_cast<std::size_t>(i)); }
+  /// @throws attnstate::Error (`kInvalidArgument`) naming `i` unless `0 <= i < rank()`.
+  std::int64_t dim(int i) const;
   /// @return the total number of elements.
   std::int64_t numel() const { return numel_; }
 
   /// Element `i` of the flattened tensor, converted to float (exact).
   /// @param i  flat (row-major) index.
   /// @return the stored value as a float.
+  /// @throws attnstate::Error (`kInvalidArgument`) naming `i` unless `0 <= i < numel()`.
   float get(std::int64_t i) const;
   /// Stores `x` at flat index `i`, rounded once to the dtype.
   /// @param i  flat (row-major) index.
   /// @param x  the value.
+  /// @throws attnstate::Error (`kInvalidArgument`) naming `i` unless `0 <= i < numel()`.
   void set(std::int64_t i, float x);
   /// Stores `x` in every element.
   /// @param x  the value (rounded once to the dtype).

@@ -1,0 +1,100 @@
+/// @file arg_checks.hpp
+/// @brief Argument checks shared by the testing kit's classes and functions (internal to the
+///        kit): extents, overflow-checked sizes (through core/checked.hpp), indices and
+///        allocations, each failure an `attnstate::Error` in the library's message form.
+#pragma once
+
+#include <cstdint>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/checked.hpp"
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/error.hpp"
+#include "attnstate/core/lse_base.hpp"
+#include "attnstate/testing/problem.hpp"
+#include "attnstate/testing/reference.hpp"
+
+namespace attnstate {
+namespace testing {
+namespace kit {
+
+/// Throws unless `value` is in `[0, kMaxSize]` (an extent or count of elements).
+inline void check_extent(std::int64_t value, const char* func, const char* arg) {
+  if (value < 0 || value > kMaxSize) {
+    detail::throw_argument(func, arg, "an extent in [0, 2^62]", std::to_string(value));
+  }
+}
+
+/// `a * b`, or throws naming `arg` when the product passes `kMaxSize` (operands are checked
+/// extents, so only the product can be out of range).
+inline std::int64_t mul_or_throw(std::int64_t a, std::int64_t b, const char* func, const char* arg,
+                                 const std::string& what) {
+  std::int64_t r = 0;
+  if (!checked_mul(a, b, &r)) {
+    detail::throw_argument(func, arg, what + " of at most 2^62",
+                           std::to_string(a) + " x " + std::to_string(b) + " (overflows)");
+  }
+  return r;
+}
+
+/// Throws unless `0 <= i < n`, naming the index.
+inline void check_index(std::int64_t i, std::int64_t n, const char* func, const char* arg) {
+  if (i < 0 || i >= n) {
+    detail::throw_argument(func, arg, "an index in [0, " + std::to_string(n) + ")",
+                           std::to_string(i));
+  }
+}
+
+inline void check_dtype(DType dtype, const char* func, const char* arg) {
+  if (!is_valid(dtype)) {
+    detail::throw_argument(func, arg, "f32, f16 or bf16",
+                           "value " + std::to_string(static_cast<int>(dtype)));
+  }
+}
+
+inline void check_base(LseBase base, const char* func, const char* arg) {
+  if (base != LseBase::kNatural && base != LseBase::kBase2) {
+    detail::throw_argument(func, arg, "natural or base2",
+                           "value " + std::to_string(static_cast<int>(base)));
+  }
+}
+
+/// `v.assign(n, x)`; a request the host cannot satisfy (a valid but huge size) becomes an
+/// `attnstate::Error` (`kResourceExhausted`) instead of `std::bad_alloc` / `std::length_error`.
+template <class T>
+void assign_or_throw(std::vector<T>& v, std::int64_t n, const T& x, const char* func,
+                     const char* arg) {
+  try {
+    v.assign(static_cast<std::size_t>(n), x);
+  } catch (const std::bad_alloc&) {
+    detail::throw_argument(
+        func, arg, "a size the host can allocate",
+        std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes",
+        Status::kResourceExhausted);
+  } catch (const std::length_error&) {
+    detail::throw_argument(
+        func, arg, "a size the host can allocate",
+        std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes",
+        Status::kResourceExhausted);
+  }
+}
+
+/// Throws unless `problem` is consistent (a hand-built `AttentionProblem` may not be): `q`, `k`
+/// rank 3, `v` of `k`'s shape and dtype, `H_q` a multiple of `H_kv >= 1`, one head_dim, valid
+/// output dtype and base. Names the field as `<arg>.<field>`.
+void check_problem(const AttentionProblem& problem, const char* func, const char* arg);
+
+/// Throws unless `state`'s vectors have the sizes of its shape (a hand-built `ReferenceState`
+/// may not): `o` and `lse` (and `o_magnitude` when present) against the overflow-checked counts.
+void check_reference(const ReferenceState& state, const char* func, const char* arg);
+
+/// Throws unless every key is in `[0, num_keys)`, naming `<arg>[i]`.
+void check_keys(const std::vector<std::int64_t>& keys, std::int64_t num_keys, const char* func,
+                const char* arg);
+
+}  // namespace kit
+}  // namespace testing
+}  // namespace attnstate
