@@ -1,0 +1,148 @@
+"""The merges of the attention-state algebra over arrays of any DLPack library.
+
+Every function takes `attnstate.State` values (o, lse and the LSE base), runs on the CPU
+backend for host arrays and on the CUDA backend for CUDA arrays, on the caller's stream: for
+torch tensors the current `torch.cuda.current_stream()` unless `stream=` is given (an int
+handle or any object with `__cuda_stream__`; CuPy arrays default to CuPy's current stream,
+other libraries need `stream=`). Nothing synchronises. Outputs are written into `out=` when
+given, else allocated with the inputs' own library on their device.
+"""
+
+from . import _attnstate as _C
+from ._arrays import array_dtype, dtype_name, empty, error
+
+State = _C.State
+
+
+def _base(base, default, fn, arg="base"):
+    return default if base is None else _parse_base(base, fn, arg)
+
+
+def _parse_base(base, fn, arg):
+    if isinstance(base, _C.Base):
+        return base
+    if base == "natural":
+        return _C.Base.NATURAL
+    if base == "base2":
+        return _C.Base.BASE2
+    raise error(fn, arg, 'attnstate.Base or "natural" / "base2"', repr(base))
+
+
+def _check_state(s, fn, arg):
+    if not isinstance(s, State):
+        raise error(fn, arg, "an attnstate.State(o, lse, base)", type(s).__name__)
+
+
+def _alloc(like, o_shape, dtype, base, fn):
+    o = empty(like.o, tuple(o_shape), dtype_name(dtype, "dtype", fn) if dtype else array_dtype(like.o))
+    lse = empty(like.o, tuple(o_shape[:-1]), "float32")
+    return State(o, lse, base)
+
+
+def merge_state(a, b, *, out=None, dtype=None, base=None, stream=None):
+    """`a ⊕ b` for every (token, head): the state of the union of two disjoint key sets.
+
+    a, b: State with o (tokens, heads, head_dim) float32/float16/bfloat16 (independently, last
+        dim contiguous, any other strides) and lse (tokens, heads) float32, each in its own base
+        (converted on load: mixing bases is exact).
+    out: State of the same shape to write (its own dtype and base); may be `a` or `b` itself.
+        Default: allocated like `a.o`, with `dtype` (default a's) and `base` (default a's).
+    stream: CUDA stream for CUDA arrays (see the module doc); must be None for host arrays.
+    Returns `out`. CUDA: head_dim 64, 128, 256 or 512.
+    """
+    fn = "attnstate.merge_state"
+    _check_state(a, fn, "a")
+    _check_state(b, fn, "b")
+    if out is None:
+        out = _alloc(a, a.o.shape, dtype, _base(base, a.base, fn), fn)
+    _C.merge_state(a, b, out, stream)
+    return out
+
+
+def merge_state_(acc, other, *, mask=None, stream=None):
+    """In place: `acc = acc ⊕ other` for every (token, head) whose `mask[token]` is non-zero.
+
+    acc: State (tokens, heads, head_dim), updated in its own dtype and base.
+    other: State of the same shape, any dtype and base.
+    mask: optional (tokens,) bool or uint8 array, same memory as the states; None merges all.
+    Returns `acc`.
+    """
+    fn = "attnstate.merge_state_"
+    _check_state(acc, fn, "acc")
+    _check_state(other, fn, "other")
+    _C.merge_state_(acc, other, mask, stream)
+    return acc
+
+
+def merge_states(states, *, order="tokens_major", out=None, dtype=None, base=None, stream=None):
+    """`out[t, h] = ⊕_s states[t, s, h]`: merges S states per (token, head).
+
+    states: State whose o is (tokens, S, heads, head_dim) and lse (tokens, S, heads) for
+        order="tokens_major", or o (S, tokens, heads, head_dim) / lse (S, tokens, heads) for
+        order="states_major"; any strides with the last dim contiguous; S >= 1.
+    out: State (tokens, heads, head_dim); default allocated like `states.o` with `dtype`
+        (default the stack's) and `base` (default the stack's).
+    Returns `out`.
+    """
+    fn = "attnstate.merge_states"
+    _check_state(states, fn, "states")
+    if out is None:
+        shape = states.o.shape
+        if len(shape) != 4:
+            raise error(fn, "states.o", "4 dimensions", tuple(shape))
+        if order not in ("tokens_major", "states_major"):
+            raise error(fn, "order", '"tokens_major" or "states_major"', repr(order))
+        tokens = shape[0] if order == "tokens_major" else shape[1]
+        out = _alloc(states, (tokens, shape[2], shape[3]), dtype,
+                     _base(base, states.base, fn), fn)
+    _C.merge_states(states, order, out, stream)
+    return out
+
+
+def merge_states_ragged(rows, indptr, *, out=None, dtype=None, base=None, stream=None):
+    """Ragged merge: `out[t, h] = ⊕_{r in [indptr[t], indptr[t+1])} rows[r, h]`.
+
+    rows: State (total_rows, heads, head_dim). indptr: (tokens + 1,) int32, contiguous, in the
+    memory of the states (on the device it is read on the device: a graph captured for a
+    maximum token count replays for fewer; offsets are clamped to the rows). A token without
+    rows gets the empty state (0, -inf). out: State (tokens, heads, head_dim) or allocated.
+    Returns `out`.
+    """
+    fn = "attnstate.merge_states_ragged"
+    _check_state(rows, fn, "rows")
+    if out is None:
+        tokens = len(indptr) - 1
+        if tokens < 0:
+            raise error(fn, "indptr", "at least one entry", "0")
+        shape = rows.o.shape
+        out = _alloc(rows, (tokens,) + tuple(shape[1:]), dtype, _base(base, rows.base, fn), fn)
+    _C.merge_states_ragged(rows, indptr, out, stream)
+    return out
+
+
+def rebase(state, base=None, *, dtype=None, out=None, stream=None):
+    """The same state with its LSE in `base` (and o in `dtype`): a conversion, exact up to
+    the rounding of the new dtype.
+
+    state: State (tokens, heads, head_dim). base: the target base (required unless `out` is
+    given, whose base is the target). out: may be `state` itself (then only the LSEs change;
+    pass `State(state.o, state.lse, new_base)` over the same arrays). Returns `out`.
+    """
+    fn = "attnstate.rebase"
+    _check_state(state, fn, "state")
+    if out is None:
+        if base is None:
+            raise error(fn, "base", 'the target base (attnstate.Base or "natural" / "base2")',
+                        "None")
+        out = _alloc(state, state.o.shape, dtype, _parse_base(base, fn, "base"), fn)
+    _C.rebase(state, out, stream)
+    return out
+
+
+def mark_empty_rows(state, *, stream=None):
+    """In place: rows whose LSE is +inf (FlashAttention's mark of a query row without keys)
+    become the empty state (their LSE -inf; o is not written). Call it on FlashAttention's
+    states before merging them. Returns `state`."""
+    _check_state(state, "attnstate.mark_empty_rows", "state")
+    _C.mark_empty_rows(state, stream)
+    return state

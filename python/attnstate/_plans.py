@@ -1,0 +1,161 @@
+"""Split-KV decode and cascade attention as plan/run objects (FlashInfer's wrapper shape).
+
+`plan(...)` runs on the host, once per shape, from the real (maximum) lengths; it allocates the
+workspace with the library of the `like=` array on its device (attnstate never allocates) and,
+on the GPU, zeroes its tickets on the stream. `run(...)` launches on the caller's stream, never
+allocates when `out=` is given, never synchronises, and can be captured in a CUDA graph
+(`torch.cuda.graph`): plan at the maximum batch and lengths, then capture `run`.
+"""
+
+import math
+
+from . import _attnstate as _C
+from ._arrays import array_dtype, device_of, empty, error, to_dtype
+from ._merge import State, _parse_base
+
+
+def _out_state(like, out, tokens, heads, head_dim, dtype, base, fn):
+    if out is not None:
+        if not isinstance(out, State):
+            raise error(fn, "out", "an attnstate.State(o, lse, base)", type(out).__name__)
+        return out
+    o = empty(like, (tokens, heads, head_dim), dtype or array_dtype(like))
+    return State(o, empty(like, (tokens, heads), "float32"), _parse_base(base, fn, "base"))
+
+
+class Decode:
+    """Split-KV (Flash-Decoding) attention over a paged KV cache.
+
+    >>> dec = attnstate.Decode()
+    >>> dec.plan(seq_lens_host, heads_q=32, heads_kv=8, head_dim=128, dtype=torch.bfloat16,
+    ...          like=k_pages)                      # host: splits, workspace
+    >>> state = dec.run(q, k_pages, v_pages, seq_lens, page_indptr=indptr,
+    ...                 page_indices=indices)       # per step, on the current stream
+
+    Queries q (batch, q_len, heads_q, head_dim); pools k, v (pages, page_size, heads_kv,
+    head_dim) for layout "NHD" or (pages, heads_kv, page_size, head_dim) for "HND"; a CSR page
+    table (page_indptr (batch + 1,), page_indices) or a block table (batch, max_pages); int32
+    seq_lens (batch,) in the memory of q. Row i of request b attends to keys
+    [0, seq_lens[b] - q_len + i]. The output is a State (batch * q_len, heads_q, head_dim), token
+    b * q_len + i, in the base asked for, to merge further. CUDA: head_dim 64/128/256, q and KV
+    both float16 or both bfloat16, q_len 1..8; CPU: any head_dim, float32/16/bfloat16.
+    """
+
+    def __init__(self):
+        self._plan = None
+        self.workspace = None
+
+    def plan(self, seq_lens, *, heads_q, heads_kv, head_dim, dtype, kv_dtype=None, q_len=1,
+             scale=None, policy="auto", num_splits=0, split_size=0, like=None, num_sms=0,
+             stream=None):
+        """Plans for the host int32 array `seq_lens` (batch,) of (maximum) lengths.
+
+        dtype / kv_dtype: of the queries / the KV pools (kv_dtype defaults to dtype).
+        scale: softmax scale (default 1/sqrt(head_dim)). policy: "auto", "fixed_count"
+        (num_splits per request) or "fixed_size" (split_size tokens, a multiple of 16).
+        like: an array whose library and device the run will use (e.g. the K pool): a CUDA array
+        plans for its device (SM count from the device unless num_sms > 0) and allocates the
+        workspace there; a host array or None plans for the CPU backend.
+        stream: where the workspace's tickets are zeroed (default: as for every call).
+        Returns self.
+        """
+        fn = "attnstate.Decode.plan"
+        device = device_of(like) if like is not None else None
+        self._plan = _C.plan_decode(
+            seq_lens, q_len, heads_q, heads_kv, head_dim, to_dtype(dtype, "dtype", fn),
+            to_dtype(kv_dtype if kv_dtype is not None else dtype, "kv_dtype", fn),
+            0.0 if scale is None else float(scale), policy, num_splits, split_size,
+            -1 if device is None else device, num_sms)
+        self._heads_q, self._head_dim, self._q_len = heads_q, head_dim, q_len
+        self.workspace = None
+        nbytes = self._plan.workspace_bytes
+        if nbytes:
+            self.workspace = empty(like, (nbytes,), "uint8")
+            _C.init_decode_workspace(self._plan, self.workspace, stream)
+        return self
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the workspace the plan needs (0 on the CPU or without split merges)."""
+        return self._require().workspace_bytes
+
+    @property
+    def max_splits(self):
+        """Most splits of any request in the plan (CUDA plans; 0 on the CPU)."""
+        return self._require().max_splits
+
+    def _require(self):
+        if self._plan is None:
+            raise error("attnstate.Decode.run", "self", "a planned Decode (call plan() first)",
+                        "no plan")
+        return self._plan
+
+    def run(self, q, k, v, seq_lens, *, page_indptr=None, page_indices=None, block_table=None,
+            layout="NHD", out=None, dtype=None, base="natural", stream=None):
+        """Runs the planned decode; returns `out` (or a State allocated like q, in `dtype`
+        (default q's) and `base` (default natural)). Exactly one of (page_indptr, page_indices)
+        and block_table gives the page table; the plan's batch is the maximum, `seq_lens` may be
+        shorter or have shorter lengths (a graph captured once replays for them)."""
+        plan = self._require()
+        batch = q.shape[0] if len(q.shape) == 4 else 0
+        out = _out_state(q, out, batch * self._q_len, self._heads_q, self._head_dim, dtype, base,
+                         "attnstate.Decode.run")
+        _C.run_decode(plan, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout,
+                      out, self.workspace, stream)
+        return out
+
+
+class Cascade:
+    """Cascade (shared-prefix) attention: levels of KV segments in one paged pool, a segment
+    shared by many requests read once for all of them; equals attention over each request's
+    concatenated segments.
+
+    A level is a tuple (request_indptr, page_indptr, page_indices, seg_lens) of int32 arrays:
+    segment s serves requests [request_indptr[s], request_indptr[s+1]) and holds seg_lens[s]
+    tokens in pages page_indices[page_indptr[s]:page_indptr[s+1]]. `plan` takes the levels as
+    host arrays, `run` the same levels in the memory of q. Queries (batch, q_len, heads_q,
+    head_dim); pools as for Decode. CUDA: head_dim 64 or 128, float16/bfloat16, 1..8 levels.
+    """
+
+    def __init__(self):
+        self._plan = None
+        self.workspace = None
+
+    def plan(self, levels, *, batch, heads_q, heads_kv, head_dim, page_size, num_pages, dtype,
+             q_len=1, scale=None, causal=True, like=None, num_sms=0):
+        """Plans from host levels; `like` as for Decode.plan. Returns self."""
+        fn = "attnstate.Cascade.plan"
+        device = device_of(like) if like is not None else None
+        self._plan = _C.plan_cascade(
+            [tuple(level) for level in levels], batch, q_len, heads_q, heads_kv, head_dim,
+            page_size, num_pages, to_dtype(dtype, "dtype", fn),
+            0.0 if scale is None else float(scale), causal, -1 if device is None else device,
+            num_sms)
+        self._shape = (batch * q_len, heads_q, head_dim)
+        nbytes = self._plan.workspace_bytes
+        self.workspace = empty(like, (nbytes,), "uint8") if nbytes else None
+        return self
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the workspace the plan needs (0 on the CPU)."""
+        if self._plan is None:
+            raise error("attnstate.Cascade", "self", "a planned Cascade", "no plan")
+        return self._plan.workspace_bytes
+
+    def run(self, q, k, v, levels, *, layout="NHD", out=None, dtype=None, base="natural",
+            stream=None):
+        """Runs the planned cascade over `levels` (in q's memory); returns `out` or a State
+        (batch * q_len, heads_q, head_dim) allocated like q."""
+        if self._plan is None:
+            raise error("attnstate.Cascade.run", "self", "a planned Cascade (call plan() first)",
+                        "no plan")
+        out = _out_state(q, out, *self._shape, dtype, base, "attnstate.Cascade.run")
+        _C.run_cascade(self._plan, q, k, v, [tuple(level) for level in levels], layout, out,
+                       self.workspace, stream)
+        return out
+
+
+def default_scale(head_dim):
+    """The softmax scale the library uses by default, 1/sqrt(head_dim)."""
+    return 1.0 / math.sqrt(head_dim)

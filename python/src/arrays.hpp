@@ -1,0 +1,87 @@
+/// @file arrays.hpp
+/// @brief DLPack arrays (torch, CuPy, JAX, NumPy) to attnstate views, the caller's stream, and the
+///        Python `State` value; shared by the bindings of the merges and of the plans.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnstate/attnstate.hpp"
+
+namespace attnstate {
+namespace py {
+
+namespace nb = nanobind;
+
+/// `attnstate.State`: an attention state of any array library, with its LSE base.
+struct PyState {
+  nb::object o;    ///< `(tokens, heads, head_dim)` (a stack: one more leading dimension).
+  nb::object lse;  ///< `(tokens, heads)` fp32 (a stack: one more leading dimension).
+  LseBase base = LseBase::kNatural;
+};
+
+/// Parses a base argument: an `attnstate.Base` or "natural" / "base2"; None is an error naming
+/// `name` (the base is part of every state's value, it is never guessed).
+LseBase parse_base(nb::handle base, const char* fn, const std::string& name);
+
+/// The arrays of one call: imports them, checks that they share one memory space and device,
+/// and keeps them alive until the call returns.
+class Call {
+ public:
+  explicit Call(const char* fn) : fn_(fn) {}
+  const char* fn() const { return fn_; }
+
+  /// Imports `h` (anything speaking DLPack or the buffer protocol) of rank `ndim`.
+  nb::ndarray<> array(nb::handle h, const std::string& name, int ndim);
+  /// A state view of `s` (`o` of rank 3, `lse` of rank 2 with o's first two extents).
+  StateView state(const PyState& s, const std::string& name);
+  /// A stack view of `s` (`o` rank 4, `lse` rank 3) in `order` (the layout of its leading dims).
+  ConstStateStackView stack(const PyState& s, StackOrder order, const std::string& name);
+  /// A contiguous 1-D int32 array (indptr, lengths, tables), or null for None when `optional`.
+  const std::int32_t* int32_vector(nb::handle h, const std::string& name, std::int64_t* size,
+                                   bool optional = false);
+  /// A contiguous 2-D int32 array (a block table), its extents in `rows` and `cols`.
+  const std::int32_t* int32_matrix(nb::handle h, const std::string& name, std::int64_t* rows,
+                                   std::int64_t* cols);
+  /// A tensor view of rank `ndim` (queries, KV pools), last dimension contiguous.
+  ConstTensorView tensor(nb::handle h, const std::string& name, int ndim);
+
+  MemorySpace space() const { return space_; }
+  int device() const { return device_; }
+
+  /// The stream of a device call: `stream` itself (an int handle, an object with
+  /// `__cuda_stream__`, `cuda_stream` or `ptr`), else the current stream of the first array's
+  /// library (torch, CuPy); for host arrays `stream` must be None. Sets the current CUDA device
+  /// to the arrays' device for the rest of the call.
+  void* stream(nb::handle stream);
+
+  /// Raises attnstate.Error naming `name` (the Python argument), in the library's message form.
+  [[noreturn]] void fail(const std::string& name, const std::string& expected,
+                         const std::string& got = std::string(),
+                         Status status = Status::kInvalidArgument) const;
+
+  ~Call();
+
+ private:
+  void place(const nb::ndarray<>& a, nb::handle h, const std::string& name);
+
+  const char* fn_;
+  bool placed_ = false;
+  MemorySpace space_ = MemorySpace::kHost;
+  int device_ = -1;
+  nb::handle first_;  // the first array: its library gives the default stream
+  int restore_device_ = -1;
+  std::vector<nb::ndarray<>> keep_;
+};
+
+/// Maps a DLPack dtype to the library's (f32, f16, bf16); false for any other.
+bool to_dtype(nb::dlpack::dtype dt, DType* out);
+/// Python-facing name of a dlpack dtype ("float32", "int64", ...).
+std::string dtype_name(nb::dlpack::dtype dt);
+
+}  // namespace py
+}  // namespace attnstate

@@ -1,0 +1,316 @@
+/// @file plans.cpp
+/// @brief Bindings of split-KV decode and cascade attention as plan/run pairs. A plan is made on
+///        the host once (CUDA: `plan_decode` / `plan_cascade`; host arrays: the options the CPU
+///        backend takes); each run imports its arrays and launches on the caller's stream.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <vector>
+
+#include "arrays.hpp"
+
+namespace attnstate {
+namespace py {
+
+namespace {
+
+#if defined(ATTNSTATE_HAS_CUDA)
+using CudaDecodePlan = cuda::DecodePlan;
+using CudaCascadePlan = cuda::CascadePlan;
+#else
+struct NoPlan {  // a build without CUDA plans for the CPU only
+  std::size_t workspace_bytes() const { return 0; }
+};
+using CudaDecodePlan = NoPlan;
+using CudaCascadePlan = NoPlan;
+#endif
+
+// What a Python plan object holds: the CPU options and, for a CUDA device, the CUDA plan.
+template <class Plan, class Options>
+struct PyPlan {
+  bool device = false;
+  Options options;
+  Plan plan;
+  std::size_t workspace_bytes() const { return device ? plan.workspace_bytes() : 0; }
+};
+
+struct PyDecodePlan : PyPlan<CudaDecodePlan, DecodeOptions> {
+  DecodeProblem problem;
+};
+
+struct PyCascadePlan : PyPlan<CudaCascadePlan, CascadeOptions> {
+  std::int64_t batch = 0;
+  int num_levels = 0;
+};
+
+SplitPolicy parse_policy(const char* fn, const std::string& p) {
+  if (p == "auto") return SplitPolicy::kAuto;
+  if (p == "fixed_count") return SplitPolicy::kFixedCount;
+  if (p == "fixed_size") return SplitPolicy::kFixedSize;
+  detail::throw_argument(fn, "policy", "\"auto\", \"fixed_count\" or \"fixed_size\"",
+                         "\"" + p + "\"");
+}
+
+KvLayout parse_layout(const Call& c, const std::string& l) {
+  if (l == "NHD") return KvLayout::kNHD;
+  if (l == "HND") return KvLayout::kHND;
+  c.fail("layout", "\"NHD\" or \"HND\"", "\"" + l + "\"");
+}
+
+int device_sms(int device) {
+#if defined(ATTNSTATE_HAS_CUDA)
+  int sms = 0;
+  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+#else
+  (void)device;
+  detail::throw_argument("attnstate.Decode.plan", "device",
+                         "None (this build of attnstate has no CUDA backend)", "a CUDA device",
+                         Status::kNotSupported);
+#endif
+}
+
+// The paged pools: k and v `[pages, page_size, H_kv, D]` (NHD) or `[pages, H_kv, page_size, D]`
+// (HND), each page dense; pages may be strided (page_stride = k's first stride).
+PagedKvCache kv_pools(Call& c, nb::handle k, nb::handle v, const std::string& layout) {
+  PagedKvCache kv;
+  kv.layout = parse_layout(c, layout);
+  const ConstTensorView tk = c.tensor(k, "k", 4), tv = c.tensor(v, "v", 4);
+  for (int i = 0; i < 4; ++i) {
+    if (tv.shape[i] != tk.shape[i] || tv.stride[i] != tk.stride[i])
+      c.fail("v", "the shape and strides of k", "another shape or strides");
+  }
+  if (tv.dtype != tk.dtype)
+    c.fail("v", std::string("dtype ") + to_string(tk.dtype) + " (as k)", to_string(tv.dtype));
+  const bool nhd = kv.layout == KvLayout::kNHD;
+  kv.num_pages = tk.shape[0];
+  kv.page_size = nhd ? tk.shape[1] : tk.shape[2];
+  kv.heads_kv = nhd ? tk.shape[2] : tk.shape[1];
+  kv.head_dim = tk.shape[3];
+  // inside a page: [page_size, H_kv, D] or [H_kv, page_size, D], dense (extents of 1 aside)
+  const bool dense = (tk.shape[2] <= 1 || tk.stride[2] == tk.shape[3]) &&
+                     (tk.shape[1] <= 1 || tk.stride[1] == tk.shape[2] * tk.shape[3]);
+  if (!dense)
+    c.fail("k", "pages laid out densely inside (only the page stride may be larger)",
+           "strides (" + std::to_string(tk.stride[0]) + ", " + std::to_string(tk.stride[1]) + ", " +
+               std::to_string(tk.stride[2]) + ", " + std::to_string(tk.stride[3]) + ")");
+  kv.page_stride = tk.stride[0];
+  kv.k = tk.data;
+  kv.v = tv.data;
+  kv.dtype = tk.dtype;
+  kv.space = c.space();
+  return kv;
+}
+
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// The run's workspace (None for none), after checking that the arrays imported so far are in
+// the memory the plan was made for (`device`: a CUDA plan).
+Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
+  if (device && c.space() == MemorySpace::kHost)
+    c.fail("q", "CUDA arrays (the plan was made for a CUDA device)", "host arrays");
+  if (!device && c.space() == MemorySpace::kDevice)
+    c.fail("q", "host arrays (the plan was made for the CPU)", "CUDA arrays");
+  Workspace w;
+  if (!workspace.is_none()) {
+    nb::ndarray<> a = c.array(workspace, "workspace", 1);
+    w.data = a.data();
+    w.bytes = a.nbytes();
+  }
+  return w;
+}
+
+PyDecodePlan plan_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t heads_q,
+                         std::int64_t heads_kv, std::int64_t head_dim, DType q_dtype,
+                         DType kv_dtype, float scale, const std::string& policy, int num_splits,
+                         int split_size, int device, int num_sms) {
+  const char* fn = "attnstate.Decode.plan";
+  Call c(fn);
+  std::int64_t batch = 0;
+  const std::int32_t* lens = c.int32_vector(seq_lens, "seq_lens", &batch);
+  if (c.space() != MemorySpace::kHost)
+    c.fail("seq_lens", "a host array (the plan reads the lengths on the host)", "a CUDA array");
+  PyDecodePlan p;
+  p.problem = DecodeProblem{batch, q_len, heads_q, heads_kv, head_dim, q_dtype, kv_dtype};
+  p.options.scale = scale;
+  p.options.policy = parse_policy(fn, policy);
+  p.options.num_splits = num_splits;
+  p.options.split_size = split_size;
+  p.device = device >= 0;
+#if defined(ATTNSTATE_HAS_CUDA)
+  if (p.device) {
+    if (num_sms <= 0) num_sms = device_sms(device);
+    p.plan = cuda::plan_decode(p.problem, lens, p.options, num_sms);
+  }
+#else
+  if (p.device) device_sms(device);
+#endif
+  (void)lens;
+  return p;
+}
+
+void init_decode_workspace(const PyDecodePlan& p, nb::handle workspace, nb::handle stream) {
+  if (!p.device || p.workspace_bytes() == 0) return;
+#if defined(ATTNSTATE_HAS_CUDA)
+  Call c("attnstate.Decode.plan");
+  nb::ndarray<> ws = c.array(workspace, "workspace", 1);
+  [[maybe_unused]] void* s = c.stream(stream);
+  cuda::init_decode_workspace(p.plan, ws.data(), ws.nbytes(), static_cast<cudaStream_t>(s));
+#endif
+}
+
+void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
+                nb::handle seq_lens, nb::handle page_indptr, nb::handle page_indices,
+                nb::handle block_table, const std::string& layout, const PyState& out,
+                nb::handle workspace, nb::handle stream) {
+  Call c("attnstate.Decode.run");
+  const ConstTensorView tq = c.tensor(q, "q", 4);
+  PagedKvCache kv = kv_pools(c, k, v, layout);
+  kv.seq_lens = c.int32_vector(seq_lens, "seq_lens", &kv.batch);
+  std::int64_t n_indptr = 0;
+  kv.page_indptr = c.int32_vector(page_indptr, "page_indptr", &n_indptr, true);
+  kv.page_indices = c.int32_vector(page_indices, "page_indices", nullptr, true);
+  if (!block_table.is_none()) {
+    std::int64_t rows = 0;
+    kv.block_table = c.int32_matrix(block_table, "block_table", &rows, &kv.block_table_stride);
+  }
+  const StateView vo = c.state(out, "out");
+  const Workspace ws = workspace_of(c, workspace, p.device);
+  [[maybe_unused]] void* s = c.stream(stream);
+  if (c.space() == MemorySpace::kHost) {
+    nb::gil_scoped_release unlocked;
+    cpu::decode(tq, kv, p.options, vo);
+    return;
+  }
+#if defined(ATTNSTATE_HAS_CUDA)
+  cuda::run_decode(p.plan, tq, kv, vo, ws.data, ws.bytes, static_cast<cudaStream_t>(s));
+#endif
+}
+
+// Level arrays as a tuple (request_indptr, page_indptr, page_indices or None, seg_lens).
+std::vector<CascadeLevel> levels_of(Call& c, const std::vector<nb::tuple>& levels) {
+  std::vector<CascadeLevel> out;
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const std::string name = "levels[" + std::to_string(i) + "]";
+    if (levels[i].size() != 4)
+      c.fail(name, "(request_indptr, page_indptr, page_indices, seg_lens)",
+             std::to_string(levels[i].size()) + " items");
+    CascadeLevel l;
+    std::int64_t n = 0, m = 0;
+    l.request_indptr = c.int32_vector(levels[i][0], name + ".request_indptr", &n);
+    l.page_indptr = c.int32_vector(levels[i][1], name + ".page_indptr", &m);
+    l.page_indices = c.int32_vector(levels[i][2], name + ".page_indices", nullptr, true);
+    l.seg_lens = c.int32_vector(levels[i][3], name + ".seg_lens", &l.num_segments);
+    if (n != l.num_segments + 1 || m != l.num_segments + 1)
+      c.fail(name,
+             "request_indptr and page_indptr of len(seg_lens) + 1 = " +
+                 std::to_string(l.num_segments + 1) + " entries",
+             std::to_string(n) + " and " + std::to_string(m));
+    out.push_back(l);
+  }
+  return out;
+}
+
+PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t batch,
+                           std::int64_t q_len, std::int64_t heads_q, std::int64_t heads_kv,
+                           std::int64_t head_dim, std::int64_t page_size, std::int64_t num_pages,
+                           DType dtype, float scale, bool causal, int device, int num_sms) {
+  Call c("attnstate.Cascade.plan");
+  const std::vector<CascadeLevel> host = levels_of(c, levels);
+  if (c.space() != MemorySpace::kHost)
+    c.fail("levels", "host arrays (the plan reads them on the host)", "CUDA arrays");
+  PyCascadePlan p;
+  p.batch = batch;
+  p.options.scale = scale;
+  p.options.causal = causal;
+  p.num_levels = static_cast<int>(host.size());
+  p.device = device >= 0;
+#if defined(ATTNSTATE_HAS_CUDA)
+  if (p.device) {
+    if (num_sms <= 0) num_sms = device_sms(device);
+    const cuda::CascadeShape shape{batch,    q_len,     heads_q,   heads_kv,
+                                   head_dim, page_size, num_pages, dtype};
+    p.plan = cuda::plan_cascade(shape, host.data(), p.num_levels, p.options, num_sms);
+  }
+#else
+  (void)q_len, (void)heads_q, (void)heads_kv, (void)head_dim, (void)page_size, (void)num_pages,
+      (void)dtype, (void)num_sms;
+  if (p.device) device_sms(device);
+#endif
+  return p;
+}
+
+void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle v,
+                 const std::vector<nb::tuple>& levels, const std::string& layout,
+                 const PyState& out, nb::handle workspace, nb::handle stream) {
+  Call c("attnstate.Cascade.run");
+  const ConstTensorView tq = c.tensor(q, "q", 4);
+  const PagedKvCache kv = kv_pools(c, k, v, layout);
+  const std::vector<CascadeLevel> lv = levels_of(c, levels);
+  const StateView vo = c.state(out, "out");
+  const Workspace ws = workspace_of(c, workspace, p.device);
+  [[maybe_unused]] void* s = c.stream(stream);
+  if (c.space() == MemorySpace::kHost) {
+    nb::gil_scoped_release unlocked;
+    cpu::cascade_attention(tq, kv, lv.data(), static_cast<int>(lv.size()), p.options, vo);
+    return;
+  }
+#if defined(ATTNSTATE_HAS_CUDA)
+  cuda::run_cascade(p.plan, tq, kv, lv.data(), static_cast<int>(lv.size()), vo, ws.data, ws.bytes,
+                    static_cast<cudaStream_t>(s));
+#endif
+}
+
+}  // namespace
+
+void bind_plans(nb::module_& m) {
+  using nb::arg;
+  nb::enum_<DType>(m, "DType", "Storage dtype of o, queries and KV.")
+      .value("F32", DType::kF32)
+      .value("F16", DType::kF16)
+      .value("BF16", DType::kBF16);
+
+  nb::class_<PyDecodePlan>(m, "_DecodePlan")
+      .def_prop_ro("workspace_bytes", &PyDecodePlan::workspace_bytes)
+      .def_prop_ro("on_device", [](const PyDecodePlan& p) { return p.device; })
+      .def_prop_ro("batch", [](const PyDecodePlan& p) { return p.problem.batch; })
+      .def_prop_ro("max_splits",
+                   [](const PyDecodePlan& p) {
+#if defined(ATTNSTATE_HAS_CUDA)
+                     if (p.device) return p.plan.splits.max_splits;
+#endif
+                     return 0;
+                   })
+      .def_prop_ro("streamed", [](const PyDecodePlan& p) {
+#if defined(ATTNSTATE_HAS_CUDA)
+        if (p.device) return p.plan.streamed;
+#endif
+        return false;
+      });
+  m.def("plan_decode", &plan_decode, arg("seq_lens"), arg("q_len"), arg("heads_q"), arg("heads_kv"),
+        arg("head_dim"), arg("q_dtype"), arg("kv_dtype"), arg("scale"), arg("policy"),
+        arg("num_splits"), arg("split_size"), arg("device"), arg("num_sms"));
+  m.def("init_decode_workspace", &init_decode_workspace, arg("plan"), arg("workspace"),
+        arg("stream").none());
+  m.def("run_decode", &run_decode, arg("plan"), arg("q"), arg("k"), arg("v"), arg("seq_lens"),
+        arg("page_indptr").none(), arg("page_indices").none(), arg("block_table").none(),
+        arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none());
+
+  nb::class_<PyCascadePlan>(m, "_CascadePlan")
+      .def_prop_ro("workspace_bytes", &PyCascadePlan::workspace_bytes)
+      .def_prop_ro("on_device", [](const PyCascadePlan& p) { return p.device; })
+      .def_prop_ro("num_levels", [](const PyCascadePlan& p) { return p.num_levels; })
+      .def_prop_ro("batch", [](const PyCascadePlan& p) { return p.batch; });
+  m.def("plan_cascade", &plan_cascade, arg("levels"), arg("batch"), arg("q_len"), arg("heads_q"),
+        arg("heads_kv"), arg("head_dim"), arg("page_size"), arg("num_pages"), arg("dtype"),
+        arg("scale"), arg("causal"), arg("device"), arg("num_sms"));
+  m.def("run_cascade", &run_cascade, arg("plan"), arg("q"), arg("k"), arg("v"), arg("levels"),
+        arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none());
+}
+
+}  // namespace py
+}  // namespace attnstate

@@ -1,0 +1,39 @@
+"""Helpers of the package's tests: a float64 NumPy reference of attention states and the GPU
+skip markers (tests needing torch/CuPy/JAX and a CUDA device skip cleanly without them)."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+
+def reference_state(q, k, v, scale, base="natural"):
+    """(o, lse) of q (T, H, D) over k, v (N, Hkv, D) in float64; lse in `base`."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    if k.shape[0] == 0:
+        return np.zeros(q.shape), np.full(q.shape[:2], -np.inf)
+    g = q.shape[1] // k.shape[1]
+    s = np.einsum("thd,khd->thk", q, np.repeat(k, g, axis=1)) * scale
+    m = s.max(axis=2, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(axis=2, keepdims=True)
+    o = np.einsum("thk,khd->thd", p, np.repeat(v, g, axis=1)) / l
+    lse = (m + np.log(l))[..., 0]
+    return o, (lse / np.log(2.0) if base == "base2" else lse)
+
+
+def has_module(name):
+    return importlib.util.find_spec(name) is not None
+
+
+def cuda_torch():
+    """torch when it is installed and sees a CUDA device and attnstate has its CUDA backend."""
+    import attnstate
+    if not attnstate.has_cuda or not has_module("torch"):
+        return None
+    import torch
+    return torch if torch.cuda.is_available() else None
+
+
+requires_torch_cuda = pytest.mark.skipif(
+    cuda_torch() is None, reason="needs torch, a CUDA device and attnstate's CUDA backend")
