@@ -18,6 +18,7 @@
 ///   pointers, strides and dtype: `check_alias`), otherwise not at all (`check_disjoint`).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -25,6 +26,7 @@
 
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
+#include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
 
 namespace attnstate {
@@ -94,18 +96,42 @@ inline void check_finite(const char* func, const char* name, float x) {
   if (!(x - x == 0.f)) throw_argument(func, name, "a finite value", std::to_string(x));
 }
 
-/// Elements of `o` spanned by a layout (0 when it has no tokens).
+/// `elems` when `elems` elements of `elem_bytes` bytes fit in `kMaxSize` bytes, else -1.
+inline std::int64_t if_bytes_fit(std::int64_t elems, std::size_t elem_bytes) {
+  std::int64_t bytes = 0;
+  return elems >= 0 && checked_mul(elems, static_cast<std::int64_t>(elem_bytes), &bytes) ? elems
+                                                                                         : -1;
+}
+
+/// Elements of `o` spanned by a layout (0 when it has no tokens); -1 when the span, in elements
+/// or in bytes, passes `kMaxSize`.
 inline std::int64_t o_span(const StateLayout& v) {
   if (v.tokens <= 0) return 0;
   const std::int64_t inner = checked_span(v.heads, v.o_stride_head, v.head_dim);
-  return inner < 0 ? -1 : checked_span(v.tokens, v.o_stride_token, inner);
+  return inner < 0
+             ? -1
+             : if_bytes_fit(checked_span(v.tokens, v.o_stride_token, inner), size_of(v.dtype));
 }
 
-/// Elements of `lse` spanned by a layout (0 when it has no tokens).
+/// Elements of `lse` spanned by a layout (0 when it has no tokens); -1 as for `o_span`.
 inline std::int64_t lse_span(const StateLayout& v) {
   if (v.tokens <= 0) return 0;
   const std::int64_t inner = checked_span(v.heads, v.lse_stride_head, 1);
-  return inner < 0 ? -1 : checked_span(v.tokens, v.lse_stride_token, inner);
+  return inner < 0 ? -1 : if_bytes_fit(checked_span(v.tokens, v.lse_stride_token, inner), 4);
+}
+
+/// Throws for `n` items `stride` apart whose span does not fit in `kMaxSize` (elements and
+/// bytes), naming the factor out of proportion: the extent (`n_field`) when it exceeds the
+/// stride, else the stride (`s_field`); the other is given in the message.
+[[noreturn]] inline void throw_span_overflow(const char* func, const char* name,
+                                             const char* n_field, std::int64_t n,
+                                             const char* s_field, std::int64_t stride) {
+  const bool extent = n - 1 > stride;
+  throw_argument(func, arg_name(name, extent ? n_field : s_field).c_str(),
+                 std::string("a span of ") + n_field + " items " + s_field +
+                     " apart within 2^62 elements and bytes",
+                 std::to_string(extent ? n : stride) + " (with " + (extent ? s_field : n_field) +
+                     " = " + std::to_string(extent ? stride : n) + ")");
 }
 
 /// Shape, strides, dtype, base and space of a state layout named `name` (no pointers).
@@ -121,17 +147,18 @@ inline void check_layout(const char* func, const char* name, const StateLayout& 
   check_dtype(func, arg_name(name, "dtype").c_str(), v.dtype);
   check_base(func, arg_name(name, "base").c_str(), v.base);
   check_space(func, arg_name(name, "space").c_str(), v.space, space);
-  if (o_span(v) < 0) {  // names the head stride when a token's own span overflows
-    const bool head = v.tokens > 0 && checked_span(v.heads, v.o_stride_head, v.head_dim) < 0;
-    throw_argument(func, arg_name(name, head ? "o_stride_head" : "o_stride_token").c_str(),
-                   "strides whose span fits in 62 bits",
-                   std::to_string(head ? v.o_stride_head : v.o_stride_token));
+  if (if_bytes_fit(v.head_dim, size_of(v.dtype)) < 0)
+    throw_argument(func, arg_name(name, "head_dim").c_str(), "at most 2^62 bytes per row",
+                   std::to_string(v.head_dim));
+  if (o_span(v) < 0) {  // a token's own span (over its heads) first, then the tokens'
+    if (if_bytes_fit(checked_span(v.heads, v.o_stride_head, v.head_dim), size_of(v.dtype)) < 0)
+      throw_span_overflow(func, name, "heads", v.heads, "o_stride_head", v.o_stride_head);
+    throw_span_overflow(func, name, "tokens", v.tokens, "o_stride_token", v.o_stride_token);
   }
   if (lse_span(v) < 0) {
-    const bool head = v.tokens > 0 && checked_span(v.heads, v.lse_stride_head, 1) < 0;
-    throw_argument(func, arg_name(name, head ? "lse_stride_head" : "lse_stride_token").c_str(),
-                   "strides whose span fits in 62 bits",
-                   std::to_string(head ? v.lse_stride_head : v.lse_stride_token));
+    if (if_bytes_fit(checked_span(v.heads, v.lse_stride_head, 1), 4) < 0)
+      throw_span_overflow(func, name, "heads", v.heads, "lse_stride_head", v.lse_stride_head);
+    throw_span_overflow(func, name, "tokens", v.tokens, "lse_stride_token", v.lse_stride_token);
   }
 }
 
@@ -196,6 +223,18 @@ inline void check_output_state(const char* func, const char* name, const StateLa
 inline void check_output_state(const char* func, const char* name, const ConstStateView& v,
                                MemorySpace space) {
   check_output_state(func, name, v, v.o, v.lse, space);
+}
+
+/// A state named `name` of which only the LSEs are written (its `o` is neither read nor written,
+/// and may be null): `check_layout`, a non-null aligned `lse` (unless empty) whose `(token, head)`
+/// entries are pairwise disjoint.
+inline void check_output_lse(const char* func, const char* name, const StateView& v,
+                             MemorySpace space) {
+  check_layout(func, name, v, space);
+  if (v.tokens > 0) check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
+  check_aligned(func, name, "lse", v.lse, sizeof(float));
+  check_rows_disjoint(func, name, "lse_stride_token", "lse_stride_head", v.tokens,
+                      v.lse_stride_token, v.heads, v.lse_stride_head, 1);
 }
 
 /// Throws naming `b_name.tokens`/`.heads`/`.head_dim` unless `b` has the shape of `a`.
@@ -283,17 +322,92 @@ inline void check_disjoint(const char* func, const char* out_name, const ConstSt
   }
 }
 
-/// Elements of `o` spanned by a stack (0 when it has no tokens); -1 on overflow.
+/// The softmax scale of a call: `0` means `1/sqrt(head_dim)` (the one meaning of 0 in every
+/// entry point and options struct); any other value must be finite. Throws naming `name`.
+inline float resolve_scale(const char* func, const char* name, float scale, std::int64_t head_dim) {
+  if (!std::isfinite(scale))
+    throw_argument(func, name, "a finite value (0 means 1/sqrt(head_dim))", std::to_string(scale));
+  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
+}
+
+/// The name of the largest of three factors (the one out of proportion when their product
+/// overflows).
+inline const char* largest_of(const char* na, std::int64_t a, const char* nb, std::int64_t b,
+                              const char* nc, std::int64_t c) {
+  return a >= b && a >= c ? na : (b >= c ? nb : nc);
+}
+
+/// Checks the scalar fields, the pointers and the size of the KV pool `kv` (named "kv"): valid
+/// dtype and layout, `num_pages >= 0`, `page_size`, `heads_kv`, `head_dim >= 1`, a page stride
+/// of 0 (dense) or at least a page, each of the two pools at most `kMaxSize` bytes, `k` and `v`
+/// non-null (when the pool has pages) and aligned to their element. Returns the bytes of one
+/// pool (`num_pages * page_elems * size_of(dtype)`).
+inline std::int64_t check_kv_pool(const char* func, const PagedKvCache& kv, MemorySpace space) {
+  check_space(func, "kv.space", kv.space, space);
+  if (!is_valid(kv.dtype))
+    throw_argument(func, "kv.dtype", "f32, f16 or bf16",
+                   "value " + std::to_string(static_cast<int>(kv.dtype)));
+  if (kv.layout != KvLayout::kNHD && kv.layout != KvLayout::kHND)
+    throw_argument(func, "kv.layout", "kNHD or kHND",
+                   "value " + std::to_string(static_cast<int>(kv.layout)));
+  check_min(func, "kv.num_pages", kv.num_pages, 0);
+  check_min(func, "kv.page_size", kv.page_size, 1);
+  check_min(func, "kv.heads_kv", kv.heads_kv, 1);
+  check_min(func, "kv.head_dim", kv.head_dim, 1);
+  const std::int64_t elem = static_cast<std::int64_t>(size_of(kv.dtype));
+  std::int64_t dense = 0;
+  if (!checked_mul(kv.page_size, kv.heads_kv, &dense) || !checked_mul(dense, kv.head_dim, &dense) ||
+      if_bytes_fit(dense, size_of(kv.dtype)) < 0) {
+    throw_argument(func,
+                   largest_of("kv.page_size", kv.page_size, "kv.heads_kv", kv.heads_kv,
+                              "kv.head_dim", kv.head_dim),
+                   "page_size * heads_kv * head_dim within 2^62 bytes",
+                   std::to_string(kv.page_size) + " * " + std::to_string(kv.heads_kv) + " * " +
+                       std::to_string(kv.head_dim));
+  }
+  if (kv.page_stride != 0 && kv.page_stride < dense)
+    throw_argument(func, "kv.page_stride",
+                   "0 or >= page_size * heads_kv * head_dim = " + std::to_string(dense),
+                   std::to_string(kv.page_stride));
+  const std::int64_t page = kv.page_stride != 0 ? kv.page_stride : dense;
+  std::int64_t pool = 0;
+  if (!checked_mul(kv.num_pages, page, &pool) || !checked_mul(pool, elem, &pool)) {
+    const bool pages = kv.num_pages > page;
+    const char* stride = kv.page_stride != 0 ? "kv.page_stride" : "kv.page_size";
+    throw_argument(
+        func, pages ? "kv.num_pages" : stride, "a pool of num_pages pages within 2^62 bytes",
+        std::to_string(kv.num_pages) + " pages of " + std::to_string(page) + " elements");
+  }
+  if (kv.num_pages > 0) {
+    check_not_null(func, "kv.k", kv.k);
+    check_not_null(func, "kv.v", kv.v);
+  }
+  check_aligned(func, "kv.k", kv.k, size_of(kv.dtype));
+  check_aligned(func, "kv.v", kv.v, size_of(kv.dtype));
+  return pool;
+}
+
+/// Throws unless the output `out` is disjoint from both pools of `kv` (`pool_bytes` each, from
+/// `check_kv_pool`): an output inside the cache would overwrite it.
+inline void check_disjoint_from_pool(const char* func, const char* out_name,
+                                     const ConstStateView& out, const PagedKvCache& kv,
+                                     std::int64_t pool_bytes) {
+  check_disjoint(func, out_name, out, "kv.k", kv.k, pool_bytes, nullptr, 0);
+  check_disjoint(func, out_name, out, "kv.v", kv.v, pool_bytes, nullptr, 0);
+}
+
+/// Elements of `o` spanned by a stack (0 when it has no tokens); -1 on overflow (elements or
+/// bytes).
 inline std::int64_t stack_o_span(const StateStackLayout& v) {
   const std::int64_t per_state = o_span(v);
   if (per_state <= 0) return per_state;
-  return checked_span(v.num_states, v.o_stride_state, per_state);
+  return if_bytes_fit(checked_span(v.num_states, v.o_stride_state, per_state), size_of(v.dtype));
 }
 /// Elements of `lse` spanned by a stack (0 when it has no tokens); -1 on overflow.
 inline std::int64_t stack_lse_span(const StateStackLayout& v) {
   const std::int64_t per_state = lse_span(v);
   if (per_state <= 0) return per_state;
-  return checked_span(v.num_states, v.lse_stride_state, per_state);
+  return if_bytes_fit(checked_span(v.num_states, v.lse_stride_state, per_state), 4);
 }
 
 /// A stack of input states named `name`: `check_state` rules plus `num_states >= 1` and
@@ -304,14 +418,11 @@ inline void check_stack(const char* func, const char* name, const ConstStateStac
   check_min(func, arg_name(name, "num_states").c_str(), v.num_states, 1);
   check_min(func, arg_name(name, "o_stride_state").c_str(), v.o_stride_state, 0);
   check_min(func, arg_name(name, "lse_stride_state").c_str(), v.lse_stride_state, 0);
-  if (stack_o_span(v) < 0) {
-    throw_argument(func, arg_name(name, "o_stride_state").c_str(),
-                   "strides whose span fits in 62 bits", std::to_string(v.o_stride_state));
-  }
-  if (stack_lse_span(v) < 0) {
-    throw_argument(func, arg_name(name, "lse_stride_state").c_str(),
-                   "strides whose span fits in 62 bits", std::to_string(v.lse_stride_state));
-  }
+  if (stack_o_span(v) < 0)
+    throw_span_overflow(func, name, "num_states", v.num_states, "o_stride_state", v.o_stride_state);
+  if (stack_lse_span(v) < 0)
+    throw_span_overflow(func, name, "num_states", v.num_states, "lse_stride_state",
+                        v.lse_stride_state);
   if (v.tokens > 0) {
     check_not_null(func, arg_name(name, "o").c_str(), v.o);
     check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
@@ -376,22 +487,31 @@ inline std::int64_t tensor_bytes(const ConstTensorView& t) {
   return checked_mul_add(span, static_cast<std::int64_t>(size_of(t.dtype)), 0, &bytes) ? bytes : -1;
 }
 
+/// Throws for a tensor view named `name` whose span does not fit (`tensor_bytes(t) < 0`), naming
+/// the dimension at which it stops fitting, from the innermost one outwards: its extent
+/// (`name.shape[i]`) or its stride (`name.stride[i]`), whichever is out of proportion.
+[[noreturn]] inline void throw_tensor_span(const char* func, const char* name,
+                                           const ConstTensorView& t) {
+  const int rank = t.rank < 1 ? 1 : (t.rank > 4 ? 4 : t.rank);
+  std::int64_t span = 1;
+  int i = rank - 1;
+  for (; i > 0; --i) {
+    const std::int64_t next = checked_span(t.shape[i], t.stride[i], span);
+    if (if_bytes_fit(next, size_of(t.dtype)) < 0) break;
+    span = next;
+  }
+  const std::string dim = "[" + std::to_string(i) + "]";
+  const std::string shape = "shape" + dim, stride = "stride" + dim;
+  throw_span_overflow(func, name, shape.c_str(), t.shape[i], stride.c_str(), t.stride[i]);
+}
+
 /// Bytes spanned by the tensor view named `name` (see `tensor_bytes`), whose rank, shape and
-/// strides are already checked; throws naming `name.stride[i]`, the dimension at which the span
-/// (from the innermost one outwards) stops fitting in 62 bits.
+/// strides are already checked; throws as `throw_tensor_span` when it does not fit.
 inline std::int64_t check_tensor_span(const char* func, const char* name,
                                       const ConstTensorView& t) {
   const std::int64_t bytes = tensor_bytes(t);
   if (bytes >= 0) return bytes;
-  std::int64_t span = 1;
-  int i = (t.rank > 4 ? 4 : t.rank) - 1;
-  if (i < 0) i = 0;
-  for (; i > 0; --i) {
-    span = checked_span(t.shape[i], t.stride[i], span);
-    if (span < 0) break;
-  }
-  throw_argument(func, (std::string(name) + ".stride[" + std::to_string(i) + "]").c_str(),
-                 "strides whose span fits in 62 bits", std::to_string(t.stride[i]));
+  throw_tensor_span(func, name, t);
 }
 
 /// A tensor view named `name` of rank `rank`: non-null data (unless it has no elements), a
@@ -404,7 +524,6 @@ inline void check_tensor(const char* func, const char* name, const ConstTensorVi
   }
   check_dtype(func, arg_name(name, "dtype").c_str(), t.dtype);
   check_space(func, arg_name(name, "space").c_str(), t.space, space);
-  std::int64_t span = 1;
   bool empty = false;
   for (int i = 0; i < rank; ++i) {
     const std::string dim = std::to_string(i);
@@ -417,13 +536,7 @@ inline void check_tensor(const char* func, const char* name, const ConstTensorVi
                    "1 (last dimension contiguous)", std::to_string(t.stride[rank - 1]));
   }
   if (empty) return;
-  for (int i = rank - 1; i >= 0; --i) {
-    span = checked_span(t.shape[i], t.stride[i], span);
-    if (span < 0) {
-      throw_argument(func, (std::string(name) + ".stride[" + std::to_string(i) + "]").c_str(),
-                     "strides whose span fits in 62 bits", std::to_string(t.stride[i]));
-    }
-  }
+  if (tensor_bytes(t) < 0) throw_tensor_span(func, name, t);
   check_not_null(func, arg_name(name, "data").c_str(), t.data);
   check_aligned(func, name, "data", t.data, size_of(t.dtype));
 }

@@ -169,7 +169,7 @@ void attention_state(const ConstTensorView& q, const ConstTensorView& k, const C
     v::throw_argument(kFunc, "v.dtype", std::string(to_string(k.dtype)) + " (as k.dtype)",
                       to_string(val.dtype));
   }
-  v::check_finite(kFunc, "scale", scale);
+  scale = v::resolve_scale(kFunc, "scale", scale, q.shape[2]);
   v::check_output_state(kFunc, "out", out, kHost);
   const auto same = [&](const char* field, std::int64_t want, std::int64_t got, const char* what) {
     if (want != got)
@@ -184,8 +184,11 @@ void attention_state(const ConstTensorView& q, const ConstTensorView& k, const C
 
   const std::int64_t items = out.tokens * k.shape[1];  // (token, KV head)
   if (items == 0) return;
-  const std::int64_t work =
-      std::max<std::int64_t>(1, k.shape[0]) * q.shape[1] / k.shape[1] * q.shape[2] * 2;
+  // keys x group x head_dim x 2 flops per item, saturated (the grain only needs its magnitude)
+  std::int64_t work = std::max<std::int64_t>(1, k.shape[0]);
+  if (!checked_mul(work, q.shape[1] / k.shape[1], &work) ||
+      !checked_mul(work, q.shape[2] * 2, &work))
+    work = kMaxSize;
   const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / work);
   dispatch_dtype(q.dtype, [&](auto tq) {
     dispatch_dtype(k.dtype, [&](auto tkv) {

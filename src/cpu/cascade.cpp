@@ -10,7 +10,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
-#include "cpu/cascade_validate.hpp"
+#include "common/cascade_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
 
@@ -86,16 +86,17 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
 
 void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
                        int num_levels, const CascadeOptions& options, StateView out) {
-  ::attnstate::detail::check_cascade_pool(kFunc, kv, MemorySpace::kHost);
-  ::attnstate::detail::check_cascade_query(kFunc, q, kv, MemorySpace::kHost);
+  namespace v = ::attnstate::detail;
+  const std::int64_t pool_bytes = v::check_cascade_pool(kFunc, kv, MemorySpace::kHost);
+  v::check_cascade_query(kFunc, q, kv, MemorySpace::kHost);
   const std::int64_t batch = q.shape[0], q_len = q.shape[1], heads_q = q.shape[2];
   const std::int64_t D = kv.head_dim, group = heads_q / kv.heads_kv;
-  ::attnstate::detail::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal,
-                                            kv, false);
-  ::attnstate::detail::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost,
-                                         &q);
-  const float s2_scale =
-      math::base2_score_scale(::attnstate::detail::cascade_scale(kFunc, options, D));
+  v::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost, &q);
+  v::check_disjoint_from_pool(kFunc, "out", out, kv, pool_bytes);
+  const float s2_scale = math::base2_score_scale(v::cascade_scale(kFunc, options, D));
+  if (batch == 0) return;  // an empty batch: nothing to read or write (levels unused)
+  v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
+  v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels);
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;

@@ -11,7 +11,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
-#include "cpu/decode_validate.hpp"
+#include "common/decode_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
 
@@ -41,8 +41,8 @@ inline std::int64_t page_id(const PagedKvCache& kv, std::int64_t b, std::int64_t
 /// Checks the contents of the host page table and lengths.
 void validate_tables(const char* fn, const PagedKvCache& kv) {
   if (kv.block_table == nullptr) {
-    if (kv.page_indptr[0] < 0)
-      throw_argument(fn, "kv.page_indptr", "indptr[0] >= 0", decode_str(kv.page_indptr[0]));
+    if (kv.page_indptr[0] != 0)
+      throw_argument(fn, "kv.page_indptr[0]", "0", decode_str(kv.page_indptr[0]));
     for (std::int64_t b = 0; b < kv.batch; ++b)
       if (kv.page_indptr[b + 1] < kv.page_indptr[b])
         throw_argument(fn, "kv.page_indptr", "non-decreasing offsets",
@@ -126,7 +126,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
   const char* fn = "attnstate::cpu::decode";
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
   attnstate::detail::validate_split_layout(fn, splits);
-  attnstate::detail::validate_scale(fn, scale);
+  scale = attnstate::detail::resolve_scale(fn, "scale", scale, kv.head_dim);
   if (kv.batch > 0) validate_tables(fn, kv);
 
   const std::int64_t batch = kv.batch;
@@ -199,8 +199,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOption
   const char* fn = "attnstate::cpu::decode";
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
   const float scale =
-      options.scale != 0.f ? options.scale : 1.f / std::sqrt(static_cast<float>(kv.head_dim));
-  attnstate::detail::validate_scale(fn, scale);
+      attnstate::detail::resolve_scale(fn, "options.scale", options.scale, kv.head_dim);
   if (kv.batch > 0) validate_tables(fn, kv);
   DecodeProblem p;
   p.batch = kv.batch;

@@ -354,7 +354,7 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
 
 void mark_empty_rows(StateView state) {
   static const char* const kFunc = "attnstate::cpu::mark_empty_rows";
-  v::check_output_state(kFunc, "state", state, kHost);
+  v::check_output_lse(kFunc, "state", state, kHost);
   for (std::int64_t t = 0; t < state.tokens; ++t)
     for (std::int64_t h = 0; h < state.heads; ++h) {
       float& l = state.lse[state.lse_offset(t, h)];

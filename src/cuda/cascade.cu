@@ -14,7 +14,7 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
-#include "cpu/cascade_validate.hpp"
+#include "common/cascade_validate.hpp"
 #include "cuda/decode_prior.hpp"
 #include "cuda/kernels/cascade_launch.cuh"
 #include "cuda/kernels/cascade_merge.cuh"
@@ -224,7 +224,7 @@ void check_workspace(const char* func, const CascadePlan& plan, const void* ws, 
   if (bytes < need)
     throw_argument(func, "workspace_bytes", ">= plan.workspace_bytes() = " + std::to_string(need),
                    std::to_string(bytes), Status::kWorkspaceTooSmall);
-  if (need > 0 && ws == nullptr) throw_argument(func, "workspace", "a non-null pointer");
+  if (need > 0 && ws == nullptr) throw_argument(func, "workspace", "a non-null pointer", "nullptr");
   ::attnstate::detail::check_aligned(func, "workspace", ws, 16);
   const auto need_bytes = static_cast<std::int64_t>(need);
   if (out != nullptr)
@@ -240,7 +240,10 @@ constexpr std::int64_t kMaxCascadeGroup = 64;
 void check_plan(const char* func, const CascadePlan& plan) {
   if (plan.num_levels < 1 || plan.num_levels > kMaxCascadeLevels || plan.num_slots < 1 ||
       plan.shape.batch < 1 || plan.scale == 0.f)
-    throw_argument(func, "plan", "a plan made by plan_cascade");
+    throw_argument(func, "plan", "a plan made by plan_cascade",
+                   "num_levels " + cascade_str(plan.num_levels) + ", num_slots " +
+                       cascade_str(plan.num_slots) + ", shape.batch " +
+                       cascade_str(plan.shape.batch) + ", scale " + std::to_string(plan.scale));
   // The plan is a public struct: its per-level fields must still describe slots inside the
   // workspace and launchable kernels (checked before anything is queued).
   int slots = 0;
@@ -261,7 +264,8 @@ void check_plan(const char* func, const CascadePlan& plan) {
           plan.last_decode.problem.heads_kv != plan.shape.heads_kv ||
           plan.last_decode.problem.head_dim != plan.shape.head_dim ||
           plan.last_decode.problem.q_len != plan.shape.q_len)
-        throw_argument(func, "plan.last_decode.problem", "the shape of plan.shape");
+        throw_argument(func, "plan.last_decode.problem", "the shape of plan.shape",
+                       "a different batch, heads, head_dim or q_len");
       slots += 1;
       continue;
     }
@@ -282,11 +286,12 @@ void check_plan(const char* func, const CascadePlan& plan) {
                    cascade_str(plan.num_slots));
 }
 
-/// Checks the tensors of a level run against the plan.
-void check_inputs(const char* func, const CascadePlan& plan, const ConstTensorView& q,
-                  const PagedKvCache& kv) {
+/// Checks the tensors of a level run against the plan; returns the bytes of each KV pool.
+std::int64_t check_inputs(const char* func, const CascadePlan& plan, const ConstTensorView& q,
+                          const PagedKvCache& kv) {
   const CascadeShape& s = plan.shape;
-  ::attnstate::detail::check_cascade_pool(func, kv, MemorySpace::kDevice);
+  const std::int64_t pool_bytes =
+      ::attnstate::detail::check_cascade_pool(func, kv, MemorySpace::kDevice);
   if (kv.dtype != s.dtype)
     throw_argument(func, "kv.dtype", std::string("the planned ") + to_string(s.dtype),
                    to_string(kv.dtype));
@@ -312,10 +317,16 @@ void check_inputs(const char* func, const CascadePlan& plan, const ConstTensorVi
   if (q.shape[0] != s.batch || q.shape[1] != s.q_len || q.shape[2] != s.heads_q)
     throw_argument(func, "q.shape",
                    "the planned (batch, q_len, heads_q) = (" + cascade_str(s.batch) + ", " +
-                       cascade_str(s.q_len) + ", " + cascade_str(s.heads_q) + ")");
+                       cascade_str(s.q_len) + ", " + cascade_str(s.heads_q) + ")",
+                   "(" + cascade_str(q.shape[0]) + ", " + cascade_str(q.shape[1]) + ", " +
+                       cascade_str(q.shape[2]) + ")");
   if (reinterpret_cast<std::uintptr_t>(q.data) % 16 != 0 || q.stride[0] % 8 != 0 ||
       q.stride[1] % 8 != 0 || q.stride[2] % 8 != 0)
-    throw_argument(func, "q", "a 16-byte aligned pointer and strides that are multiples of 8");
+    throw_argument(func, "q", "a 16-byte aligned pointer and strides that are multiples of 8",
+                   "address % 16 = " + cascade_str(reinterpret_cast<std::uintptr_t>(q.data) % 16) +
+                       ", strides (" + cascade_str(q.stride[0]) + ", " + cascade_str(q.stride[1]) +
+                       ", " + cascade_str(q.stride[2]) + ")");
+  return pool_bytes;
 }
 
 void check_device_level(const char* func, const CascadePlan& plan, int l, const CascadeLevel& lv) {
@@ -324,14 +335,7 @@ void check_device_level(const char* func, const CascadePlan& plan, int l, const 
     throw_argument(func, cascade_level_arg(l, "num_segments").c_str(),
                    "the planned " + cascade_str(plan.levels[l].num_segments),
                    cascade_str(lv.num_segments));
-  if (lv.request_indptr == nullptr)
-    throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "a non-null pointer");
-  if (lv.page_indptr == nullptr)
-    throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "a non-null pointer");
-  if (lv.seg_lens == nullptr)
-    throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(), "a non-null pointer");
-  if (lv.page_indices == nullptr && plan.levels[l].has_pages)
-    throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer");
+  ::attnstate::detail::check_level_arrays(func, l, lv, plan.levels[l].has_pages);
 }
 
 /// True when the `wgmma` level kernels can run on the current device: an sm_90 part, and the
@@ -696,7 +700,8 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
     throw_argument(func, "tuning.tile_rows", "0, 16, 64 or 128", cascade_str(tuning.tile_rows));
   if (tuning.kernel != CascadeKernel::kAuto && tuning.kernel != CascadeKernel::kMma &&
       tuning.kernel != CascadeKernel::kWgmma)
-    throw_argument(func, "tuning.kernel", "kAuto, kMma or kWgmma");
+    throw_argument(func, "tuning.kernel", "kAuto, kMma or kWgmma",
+                   "value " + cascade_str(static_cast<int>(tuning.kernel)));
   if (tuning.chunk < 0 || tuning.chunk % kKvTile != 0)
     throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
                    cascade_str(tuning.chunk));
@@ -827,13 +832,15 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                  std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade";
   check_plan(func, plan);
-  if (device_levels == nullptr) throw_argument(func, "device_levels", "a non-null pointer");
+  if (device_levels == nullptr)
+    throw_argument(func, "device_levels", "a non-null pointer", "nullptr");
   if (num_levels != plan.num_levels)
     throw_argument(func, "num_levels", "the planned " + cascade_str(plan.num_levels),
                    cascade_str(num_levels));
-  check_inputs(func, plan, q, kv);
+  const std::int64_t pool_bytes = check_inputs(func, plan, q, kv);
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
   check_out(func, plan, out, &q);
+  ::attnstate::detail::check_disjoint_from_pool(func, "out", out, kv, pool_bytes);
   check_workspace(func, plan, workspace, workspace_bytes, &out, &q);
   // A last level on the decode starts beside the last shared level: either it merges the other
   // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the

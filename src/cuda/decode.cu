@@ -12,7 +12,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
-#include "cpu/decode_validate.hpp"
+#include "common/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
 #include "cuda/kernels/decode_split_kv.cuh"
 #include "cuda/kernels/decode_stream.cuh"
@@ -396,8 +396,7 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   validate_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   const float scale =
-      options.scale != 0.f ? options.scale : 1.f / std::sqrt(static_cast<float>(problem.head_dim));
-  attnstate::detail::validate_scale(fn, scale);
+      attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
   DecodePlan plan;
   plan.problem = problem;
   plan.scale = scale;
@@ -457,7 +456,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   const DecodeProblem& pr = plan.problem;
   validate_problem(fn, pr);
   attnstate::detail::validate_split_layout(fn, plan.splits);
-  attnstate::detail::validate_scale(fn, plan.scale);
+  const float scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
     throw_argument(fn, "kv.batch", "<= plan.problem.batch = " + decode_str(pr.batch),
@@ -491,7 +490,8 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
                    decode_str(plan.row_tiles));
   if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
   if (prior.beside_previous && prior.count > 0)
-    throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)");
+    throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)",
+                   "true with prior.count = " + decode_str(prior.count));
   if (prior.count > 0) {
     if (prior.o == nullptr || prior.lse == nullptr ||
         reinterpret_cast<std::uintptr_t>(prior.o) % 16 != 0)
@@ -555,7 +555,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.rows = p.q_len * p.group;
   p.row_tiles = plan.row_tiles;
   p.splits = plan.splits;
-  p.s2_scale = math::base2_score_scale(plan.scale);
+  p.s2_scale = math::base2_score_scale(scale);
   p.out_o = out.o;
   p.out_lse = out.lse;
   p.o_stride_token = out.o_stride_token;

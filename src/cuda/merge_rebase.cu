@@ -41,7 +41,7 @@ void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
 
 void mark_empty_rows(StateView state, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::mark_empty_rows";
-  attnstate::detail::check_output_state(kFunc, "state", state, MemorySpace::kDevice);
+  attnstate::detail::check_output_lse(kFunc, "state", state, MemorySpace::kDevice);
   const std::int64_t rows = state.tokens * state.heads;
   if (rows == 0) return;
   static const int resident = kernels::blocks_per_sm(kernels::mark_empty_rows_kernel);

@@ -373,8 +373,11 @@ inline void expect_arg_error(const std::function<void()>& f, const std::string& 
     ADD_FAILURE() << "no attnstate::Error thrown (expected one naming '" << arg << "')";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), status) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'" + arg + "'"), std::string::npos)
-        << "message does not name '" << arg << "': " << e.what();
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(": argument '" + arg + "': expected "), std::string::npos)
+        << "message does not name '" << arg << "' as \"<function>: argument '<name>': expected "
+        << "<what>, got <value>\": " << msg;
+    EXPECT_NE(msg.find(", got "), std::string::npos) << "message lacks ', got <value>': " << msg;
   }
 }
 

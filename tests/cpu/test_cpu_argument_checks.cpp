@@ -11,8 +11,8 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/cpu/merge.hpp"
-#include "cpu/cascade_validate.hpp"
-#include "cpu/decode_validate.hpp"
+#include "common/cascade_validate.hpp"
+#include "common/decode_validate.hpp"
 #include "cpu_test_utils.hpp"
 
 namespace attnstate {
@@ -642,6 +642,34 @@ TEST(MakeTensorViewArgs, NoDimensionsAreRejected) {
     EXPECT_NE(std::string(e.what()).find("expected 1 to 4 dimensions, got 0"), std::string::npos)
         << e.what();
   }
+}
+
+TEST(MakeTensorViewArgs, NegativeExtentIsRejected) {
+  float x[4] = {};
+  expect_arg_error([&] { make_tensor_view(x, DType::kF32, {2, -1, 2}); }, "dims[1]");
+}
+
+TEST(MakeTensorViewArgs, ElementCountPast2To62IsRejected) {
+  float x[4] = {};
+  constexpr std::int64_t k31 = std::int64_t{1} << 31;
+  // 2^31 · 2^31 · 2 = 2^63 wrapped to a negative count before the check existed
+  expect_arg_error([&] { make_tensor_view(x, DType::kF32, {2, k31, k31}); }, "dims");
+  expect_arg_error([&] { make_tensor_view(x, DType::kF32, {k31, k31, 4, 1}); }, "dims");
+  // an empty outer dimension does not make overflowing strides valid
+  expect_arg_error([&] { make_tensor_view(x, DType::kF32, {0, k31 * 4, k31 * 4}); }, "dims");
+  const ConstTensorView ok = make_tensor_view(x, DType::kF32, {std::int64_t{1} << 62});
+  EXPECT_EQ(ok.numel(), std::int64_t{1} << 62);
+}
+
+TEST(MakeTensorViewArgs, NumelOfAHandBuiltViewNeverOverflows) {
+  ConstTensorView t;
+  t.rank = 3;
+  t.shape[0] = t.shape[1] = t.shape[2] = std::int64_t{1} << 30;
+  EXPECT_EQ(t.numel(), -1);
+  t.shape[2] = -2;
+  EXPECT_EQ(t.numel(), -1);
+  t.rank = 7;
+  EXPECT_EQ(t.numel(), -1);
 }
 
 TEST(MakeTensorViewArgs, OneToFourDimensionsAreContiguous) {

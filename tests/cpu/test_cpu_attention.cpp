@@ -37,7 +37,8 @@ TEST(AttentionState, MatchesDoubleReferenceAcrossDtypesAndGqa) {
                                           test::random_padding(rng));
         const float scale = 1.f / std::sqrt(static_cast<float>(c.dim));
         cpu::attention_state(q.view, k.view, v.view, scale, out.view());
-        RefState ref = test::ref_attention(q, k, v, scale);
+        // 0 stands for 1/sqrt(head_dim), as in every entry point
+        RefState ref = test::ref_attention(q, k, v, scale == 0.f ? 1.f / std::sqrt(8.f) : scale);
         // o is a convex combination of |v| <~ 5: scale the tolerance accordingly.
         test::expect_matches(out, ref, 3 * test::o_tolerance(dout),
                              std::to_string(c.tokens) + "x" + std::to_string(c.hq) + "/" +
@@ -87,7 +88,8 @@ TEST(AttentionState, ScoreScaleIsApplied) {
   for (float scale : {0.f, 0.5f, 3.f}) {
     OwnedState out = test::make_state(1, 2, 8, DType::kF32, LseBase::kNatural);
     cpu::attention_state(q.view, k.view, v.view, scale, out.view());
-    RefState ref = test::ref_attention(q, k, v, scale);
+    // 0 stands for 1/sqrt(head_dim), as in every entry point
+    RefState ref = test::ref_attention(q, k, v, scale == 0.f ? 1.f / std::sqrt(8.f) : scale);
     test::expect_matches(out, ref, 1e-5, "scale " + std::to_string(scale));
   }
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attnstate/core/checked.hpp"
 #include "attnstate/core/config.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
@@ -147,6 +148,12 @@ inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::in
                                      const char* seq_lens_name = "seq_lens",
                                      const char* options_name = "options") {
   const auto field = [options_name](const char* f) { return std::string(options_name) + "." + f; };
+  if (problem.batch < 0)
+    detail::throw_argument(fn, "problem.batch", ">= 0", std::to_string(problem.batch));
+  if (options.policy != SplitPolicy::kAuto && options.policy != SplitPolicy::kFixedCount &&
+      options.policy != SplitPolicy::kFixedSize)
+    detail::throw_argument(fn, field("policy").c_str(), "kAuto, kFixedCount or kFixedSize",
+                           "value " + std::to_string(static_cast<int>(options.policy)));
   if (problem.batch > 0 && seq_lens == nullptr)
     detail::throw_argument(fn, seq_lens_name, "a host array of batch lengths", "null");
   std::int32_t max_len = 0;
@@ -182,11 +189,16 @@ inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::in
       l.max_splits = static_cast<std::int32_t>(std::max<std::int64_t>(1, n));
       return l;
     }
-    case SplitPolicy::kAuto:
-    default: {
-      const std::int64_t work = problem.batch * std::max<std::int64_t>(1, ctas_per_split);
+    default: {  // kAuto (other values were rejected above)
+      // counts past 2^40 CTAs mean "far more than fill the machine": capped so that the
+      // heuristic's products cannot overflow
+      constexpr std::int64_t kCap = std::int64_t{1} << 40;
+      std::int64_t work = kCap;
+      if (!checked_mul(problem.batch, std::max<std::int64_t>(1, ctas_per_split), &work) ||
+          work > kCap)
+        work = kCap;
       const std::int64_t blocks = (static_cast<std::int64_t>(max_len) + 63) / 64;
-      const int s = wave_efficiency_splits(work, std::max<std::int64_t>(1, slots), blocks,
+      const int s = wave_efficiency_splits(work, std::clamp<std::int64_t>(slots, 1, kCap), blocks,
                                            kAutoWaveThreshold);
       std::int64_t chunk = (static_cast<std::int64_t>(max_len) + s - 1) / s;
       chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;

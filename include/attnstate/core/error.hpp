@@ -58,11 +58,10 @@ class Error : public std::runtime_error {
 namespace detail {
 
 [[noreturn]] inline void throw_argument(const char* func, const char* arg,
-                                        const std::string& expected,
-                                        const std::string& got = std::string(),
+                                        const std::string& expected, const std::string& got,
                                         Status status = Status::kInvalidArgument) {
   std::string msg = std::string(func) + ": argument '" + arg + "': expected " + expected;
-  if (!got.empty()) msg += ", got " + got;
+  msg += ", got " + got;
   throw Error(status, msg);
 }
 

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "attnstate/core/checked.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
@@ -185,34 +186,44 @@ struct ConstTensorView {
   std::int64_t stride[4] = {0, 0, 0, 0};   ///< Elements between consecutive indices of each dim.
   MemorySpace space = MemorySpace::kHost;  ///< Where `data` lives.
 
-  /// Total number of elements.
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < rank; ++i) n *= shape[i];
-    return n;
-  }
+  /// Total number of elements; -1 when the rank is outside 0..4, an extent is negative or the
+  /// product passes `kMaxSize` (core/checked.hpp).
+  std::int64_t numel() const { return rank < 0 || rank > 4 ? -1 : checked_product(shape, rank); }
 };
 
 /// A contiguous (row-major) tensor view of rank `dims.size()` (1..4).
-/// @throws Error (`kInvalidArgument`) naming `dims` unless it holds 1 to 4 dimensions.
+/// @throws Error (`kInvalidArgument`) naming `dims` unless it holds 1 to 4 dimensions, naming
+///         `dims[i]` for a negative extent, and naming `dims` when the element count (or a
+///         stride) passes `kMaxSize` (2^62).
 inline ConstTensorView make_tensor_view(const void* data, DType dtype,
                                         std::initializer_list<std::int64_t> dims,
                                         MemorySpace space = MemorySpace::kHost) {
+  constexpr const char* kFn = "attnstate::make_tensor_view";
   if (dims.size() < 1 || dims.size() > 4)
-    detail::throw_argument("attnstate::make_tensor_view", "dims", "1 to 4 dimensions",
-                           std::to_string(dims.size()));
+    detail::throw_argument(kFn, "dims", "1 to 4 dimensions", std::to_string(dims.size()));
   ConstTensorView t;
   t.data = data;
   t.dtype = dtype;
   t.space = space;
   t.rank = static_cast<int>(dims.size());
   int i = 0;
-  for (std::int64_t d : dims) t.shape[i++] = d;
+  for (std::int64_t d : dims) {
+    if (d < 0)
+      detail::throw_argument(kFn, ("dims[" + std::to_string(i) + "]").c_str(), ">= 0",
+                             std::to_string(d));
+    t.shape[i++] = d;
+  }
   std::int64_t s = 1;
   for (int k = t.rank - 1; k >= 0; --k) {
     t.stride[k] = s;
-    s *= t.shape[k];
+    if (k > 0 && !checked_mul(s, t.shape[k], &s))
+      detail::throw_argument(
+          kFn, "dims", "extents whose product is at most 2^62 elements",
+          "a product past 2^62 at dims[" + std::to_string(k) + "] = " + std::to_string(t.shape[k]));
   }
+  if (t.numel() < 0)
+    detail::throw_argument(kFn, "dims", "extents whose product is at most 2^62 elements",
+                           "a product past 2^62 at dims[0] = " + std::to_string(t.shape[0]));
   return t;
 }
 

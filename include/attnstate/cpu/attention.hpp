@@ -16,9 +16,7 @@ namespace cpu {
 /// @param q      queries `(tokens, H_q, head_dim)`, f32/f16/bf16, host, last dim contiguous.
 /// @param k      keys `(T, H_kv, head_dim)`, same head_dim, `H_q % H_kv == 0`.
 /// @param v      values, same shape and dtype as `k`.
-/// @param scale  softmax scale (typically `1/sqrt(head_dim)`); finite. Used exactly as given:
-///               0 gives every key the same weight (the mean of `v`, `lse = log_b T`); it does
-///               not stand for `1/sqrt(head_dim)` as `DecodeOptions::scale = 0` does.
+/// @param scale  softmax scale, finite; 0 means `1/sqrt(head_dim)` (as in every options struct).
 /// @param out    state `(tokens, H_q, head_dim)`; written in its own dtype and base; rows
 ///               pairwise disjoint, memory disjoint from `q`, `k` and `v`.
 /// @throws Error (`kInvalidArgument`) naming the argument on any violation.

@@ -67,7 +67,9 @@ namespace cpu {
 /// @param num_levels  `1 ≤ num_levels ≤ kMaxCascadeLevels`.
 /// @param options     scale and causal masking.
 /// @param out         state `(batch · q_len, H_q, head_dim)`, token `b · q_len + t`; written in
-///                    its own dtype and base. A request with no keys gets `(0, -inf)`.
+///                    its own dtype and base. A request with no keys gets `(0, -inf)`. Its
+///                    memory must be disjoint from `q`, both KV pools and every level array.
+///                    A batch of 0 requests is a no-op (the levels are not read).
 /// @throws Error `kInvalidArgument` naming the argument on a null pointer, a shape or stride
 ///         mismatch, a non-monotone or out-of-range indptr, a page index outside the pool, a
 ///         segment longer than its pages, or a non-host view.

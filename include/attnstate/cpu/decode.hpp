@@ -26,7 +26,7 @@ namespace cpu {
 /// @param kv      host paged cache (`kv.space == kHost`), f32/f16/bf16, CSR or block table,
 ///                `seq_lens ≥ 0` within the pages of each request, page ids inside the pool.
 /// @param splits  the split layout (`max_splits ≥ 1`; `kFixedCount` or `kFixedSize`).
-/// @param scale   softmax scale, finite and non-zero.
+/// @param scale   softmax scale, finite; 0 means `1/sqrt(head_dim)`.
 /// @param out     host state `(batch·q_len, heads_q, head_dim)` (token `b·q_len + i`), any dtype
 ///                and base.
 /// @throws Error (`kInvalidArgument`) naming the argument on any violation.

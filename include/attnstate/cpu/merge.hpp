@@ -57,7 +57,8 @@ void rebase(ConstStateView in, StateView out);
 /// a query row that saw no keys with `lse = +inf`, which the merges treat as invalid input (the
 /// merged row is NaN): call this on such states before merging them.
 ///
-/// @param state  host state, rewritten in place (only its LSEs are written).
+/// @param state  host state, rewritten in place (only its LSEs are read and written; `o` may be
+///               null).
 void mark_empty_rows(StateView state);
 
 /// Most threads `set_num_threads` accepts.

@@ -26,25 +26,10 @@ inline std::string decode_str(std::int64_t v) { return std::to_string(v); }
 inline void validate_decode_args(const char* fn, const ConstTensorView& q, const PagedKvCache& kv,
                                  const StateView& out, MemorySpace space) {
   const std::string sp = to_string(space);
-  // kv
-  if (kv.space != space) throw_argument(fn, "kv.space", sp, to_string(kv.space));
-  if (!is_valid(kv.dtype)) throw_argument(fn, "kv.dtype", "f32, f16 or bf16", "unknown");
-  if (kv.layout != KvLayout::kNHD && kv.layout != KvLayout::kHND)
-    throw_argument(fn, "kv.layout", "kNHD or kHND",
-                   "value " + decode_str(static_cast<int>(kv.layout)));
+  // kv: the pool (its size overflow-checked), then the tables
+  const std::int64_t pool_bytes = check_kv_pool(fn, kv, space);
   if (kv.batch < 0) throw_argument(fn, "kv.batch", ">= 0", decode_str(kv.batch));
-  if (kv.page_size < 1) throw_argument(fn, "kv.page_size", ">= 1", decode_str(kv.page_size));
-  if (kv.heads_kv < 1) throw_argument(fn, "kv.heads_kv", ">= 1", decode_str(kv.heads_kv));
-  if (kv.head_dim < 1) throw_argument(fn, "kv.head_dim", ">= 1", decode_str(kv.head_dim));
-  if (kv.num_pages < 0) throw_argument(fn, "kv.num_pages", ">= 0", decode_str(kv.num_pages));
-  const std::int64_t dense = kv.page_size * kv.heads_kv * kv.head_dim;
-  if (kv.page_stride != 0 && kv.page_stride < dense)
-    throw_argument(fn, "kv.page_stride",
-                   "0 or >= page_size*heads_kv*head_dim = " + decode_str(dense),
-                   decode_str(kv.page_stride));
   if (kv.batch > 0) {
-    if (kv.num_pages > 0 && (kv.k == nullptr || kv.v == nullptr))
-      throw_argument(fn, kv.k == nullptr ? "kv.k" : "kv.v", "non-null", "null");
     if (kv.seq_lens == nullptr) throw_argument(fn, "kv.seq_lens", "non-null", "null");
     const bool csr = kv.page_indptr != nullptr || kv.page_indices != nullptr;
     const bool bt = kv.block_table != nullptr;
@@ -56,8 +41,11 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
                      "non-null with a CSR table", "null");
     if (bt && kv.block_table_stride < 0)
       throw_argument(fn, "kv.block_table_stride", ">= 0", decode_str(kv.block_table_stride));
-    check_aligned(fn, "kv.k", kv.k, size_of(kv.dtype));
-    check_aligned(fn, "kv.v", kv.v, size_of(kv.dtype));
+    std::int64_t table = 0;
+    if (bt &&
+        (!checked_mul(kv.batch, kv.block_table_stride, &table) || !checked_mul(table, 4, &table)))
+      throw_argument(fn, "kv.block_table_stride", "batch * block_table_stride within 2^62 bytes",
+                     decode_str(kv.block_table_stride) + " (batch " + decode_str(kv.batch) + ")");
     check_aligned(fn, "kv.seq_lens", kv.seq_lens, sizeof(std::int32_t));
     check_aligned(fn, "kv.page_indptr", kv.page_indptr, sizeof(std::int32_t));
     check_aligned(fn, "kv.page_indices", kv.page_indices, sizeof(std::int32_t));
@@ -85,7 +73,7 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
       throw_argument(fn, ("q.stride[" + decode_str(d) + "]").c_str(), ">= 0",
                      decode_str(q.stride[d]));
   const std::int64_t q_bytes = check_tensor_span(fn, "q", q);
-  const std::int64_t tokens = q.shape[0] * q.shape[1];
+  const std::int64_t tokens = q.shape[0] * q.shape[1];  // both small: q's span fits
   if (tokens > 0 && q.data == nullptr) throw_argument(fn, "q.data", "non-null", "null");
   check_aligned(fn, "q.data", q.data, size_of(q.dtype));
   // out: its shape first (a wrong head count is reported as such, not as overlapping rows), then
@@ -100,17 +88,17 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
                    decode_str(out.head_dim));
   check_output_state(fn, "out", out, out.o, out.lse, space);
   check_disjoint(fn, "out", out, "q", q.data, q_bytes, nullptr, 0);
-  // and from the cache and the tables it reads (whose extents are known on the host)
+  // and from the cache and the tables it reads (the CSR page ids' extent is known on the host)
+  check_disjoint_from_pool(fn, "out", out, kv, pool_bytes);
   if (kv.batch > 0) {
-    const std::int64_t page = kv.page_stride != 0 ? kv.page_stride : dense;
-    std::int64_t pool_bytes = 0;
-    if (checked_mul_add(kv.num_pages, page * static_cast<std::int64_t>(size_of(kv.dtype)), 0,
-                        &pool_bytes)) {
-      check_disjoint(fn, "out", out, "kv.k", kv.k, pool_bytes, nullptr, 0);
-      check_disjoint(fn, "out", out, "kv.v", kv.v, pool_bytes, nullptr, 0);
-    }
     const std::int64_t b4 = kv.batch * 4;
     check_disjoint(fn, "out", out, "kv.seq_lens", kv.seq_lens, b4, kv.page_indptr, b4 + 4);
+    check_disjoint(fn, "out", out, "kv.block_table", kv.block_table,
+                   kv.block_table != nullptr ? kv.batch * kv.block_table_stride * 4 : 0, nullptr,
+                   0);
+    if (space == MemorySpace::kHost && kv.page_indices != nullptr && kv.page_indptr[kv.batch] > 0)
+      check_disjoint(fn, "out", out, "kv.page_indices", kv.page_indices,
+                     std::int64_t{kv.page_indptr[kv.batch]} * 4, nullptr, 0);
   }
 }
 
@@ -130,12 +118,6 @@ inline void validate_split_layout(const char* fn, const SplitLayout& s) {
   } else {
     throw_argument(fn, "splits.policy", "kFixedCount or kFixedSize (a planned layout)", "kAuto");
   }
-}
-
-/// Checks a resolved softmax scale.
-inline void validate_scale(const char* fn, float scale) {
-  if (!std::isfinite(scale) || scale == 0.f)
-    throw_argument(fn, "scale", "finite and non-zero", std::to_string(scale));
 }
 
 }  // namespace detail

@@ -20,36 +20,24 @@ inline std::string cascade_level_arg(int l, const char* field) {
   return "levels[" + std::to_string(l) + "]." + field;
 }
 
-/// Checks the scalar fields and pointers of a KV pool.
-inline void check_cascade_pool(const char* func, const PagedKvCache& kv, MemorySpace space) {
-  if (kv.k == nullptr) throw_argument(func, "kv.k", "a non-null pointer");
-  if (kv.v == nullptr) throw_argument(func, "kv.v", "a non-null pointer");
-  if (kv.space != space) throw_argument(func, "kv.space", to_string(space), to_string(kv.space));
-  if (!is_valid(kv.dtype)) throw_argument(func, "kv.dtype", "f32, f16 or bf16");
-  if (kv.layout != KvLayout::kNHD && kv.layout != KvLayout::kHND)
-    throw_argument(func, "kv.layout", "kNHD or kHND");
-  if (kv.num_pages < 0) throw_argument(func, "kv.num_pages", ">= 0", cascade_str(kv.num_pages));
-  if (kv.page_size < 1) throw_argument(func, "kv.page_size", ">= 1", cascade_str(kv.page_size));
-  if (kv.heads_kv < 1) throw_argument(func, "kv.heads_kv", ">= 1", cascade_str(kv.heads_kv));
-  if (kv.head_dim < 1) throw_argument(func, "kv.head_dim", ">= 1", cascade_str(kv.head_dim));
-  const std::int64_t dense = kv.page_size * kv.heads_kv * kv.head_dim;
-  if (kv.page_stride != 0 && kv.page_stride < dense)
-    throw_argument(func, "kv.page_stride",
-                   "0 or >= page_size * heads_kv * head_dim = " + cascade_str(dense),
-                   cascade_str(kv.page_stride));
-  check_aligned(func, "kv.k", kv.k, size_of(kv.dtype));
-  check_aligned(func, "kv.v", kv.v, size_of(kv.dtype));
+/// Checks the KV pool (`check_kv_pool`) and returns the bytes of each of its two pools.
+inline std::int64_t check_cascade_pool(const char* func, const PagedKvCache& kv,
+                                       MemorySpace space) {
+  return check_kv_pool(func, kv, space);
 }
 
 /// Checks the query view `(batch, q_len, H_q, head_dim)` against the pool.
 inline void check_cascade_query(const char* func, const ConstTensorView& q, const PagedKvCache& kv,
                                 MemorySpace space) {
-  if (q.data == nullptr) throw_argument(func, "q.data", "a non-null pointer");
+  if (q.data == nullptr && q.shape[0] > 0)
+    throw_argument(func, "q.data", "a non-null pointer", "nullptr");
   if (q.space != space) throw_argument(func, "q.space", to_string(space), to_string(q.space));
-  if (!is_valid(q.dtype)) throw_argument(func, "q.dtype", "f32, f16 or bf16");
+  if (!is_valid(q.dtype))
+    throw_argument(func, "q.dtype", "f32, f16 or bf16",
+                   "value " + cascade_str(static_cast<int>(q.dtype)));
   if (q.rank != 4)
     throw_argument(func, "q.rank", "4 (batch, q_len, H_q, head_dim)", cascade_str(q.rank));
-  if (q.shape[0] < 1) throw_argument(func, "q.shape[0]", "batch >= 1", cascade_str(q.shape[0]));
+  if (q.shape[0] < 0) throw_argument(func, "q.shape[0]", "batch >= 0", cascade_str(q.shape[0]));
   if (q.shape[1] < 1 || q.shape[1] > kMaxCascadeQueryLen)
     throw_argument(func, "q.shape[1]", "q_len in 1.." + cascade_str(kMaxCascadeQueryLen),
                    cascade_str(q.shape[1]));
@@ -87,11 +75,23 @@ inline void check_cascade_out(const char* func, const StateView& out, std::int64
   if (q != nullptr) check_disjoint(func, "out", out, "q", q->data, tensor_bytes(*q), nullptr, 0);
 }
 
-/// Checks a finite scale and returns the effective one.
+/// Checks a finite scale and returns the effective one (0 means `1/sqrt(head_dim)`).
 inline float cascade_scale(const char* func, const CascadeOptions& options, std::int64_t head_dim) {
-  if (!std::isfinite(options.scale))
-    throw_argument(func, "options.scale", "a finite value (0 = 1/sqrt(head_dim))");
-  return options.scale != 0.f ? options.scale : 1.f / std::sqrt(static_cast<float>(head_dim));
+  return resolve_scale(func, "options.scale", options.scale, head_dim);
+}
+
+/// Throws naming `levels[l].<array>` when one of the level's offset or length arrays is null
+/// (`page_indices` too when `need_pages`).
+inline void check_level_arrays(const char* func, int l, const CascadeLevel& lv,
+                               bool need_pages = false) {
+  const auto non_null = [&](const char* field, const void* p) {
+    if (p == nullptr)
+      throw_argument(func, cascade_level_arg(l, field).c_str(), "a non-null pointer", "nullptr");
+  };
+  non_null("request_indptr", lv.request_indptr);
+  non_null("page_indptr", lv.page_indptr);
+  non_null("seg_lens", lv.seg_lens);
+  if (need_pages) non_null("page_indices", lv.page_indices);
 }
 
 /// Checks the level descriptions (host arrays) against the batch, the pool and the query length.
@@ -100,7 +100,7 @@ inline float cascade_scale(const char* func, const CascadeOptions& options, std:
 inline void check_cascade_levels(const char* func, const CascadeLevel* levels, int num_levels,
                                  std::int64_t batch, std::int64_t q_len, bool causal,
                                  const PagedKvCache& kv, bool pages_optional) {
-  if (levels == nullptr) throw_argument(func, "levels", "a non-null pointer");
+  if (levels == nullptr) throw_argument(func, "levels", "a non-null pointer", "nullptr");
   if (num_levels < 1 || num_levels > kMaxCascadeLevels)
     throw_argument(func, "num_levels", "1.." + cascade_str(kMaxCascadeLevels),
                    cascade_str(num_levels));
@@ -110,12 +110,7 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
     if (ns < 1 || ns > (std::int64_t{1} << 30))
       throw_argument(func, cascade_level_arg(l, "num_segments").c_str(), "1..2^30",
                      cascade_str(ns));
-    if (lv.request_indptr == nullptr)
-      throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "a non-null pointer");
-    if (lv.page_indptr == nullptr)
-      throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "a non-null pointer");
-    if (lv.seg_lens == nullptr)
-      throw_argument(func, cascade_level_arg(l, "seg_lens").c_str(), "a non-null pointer");
+    check_level_arrays(func, l, lv);
     if (lv.request_indptr[0] != 0)
       throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(), "[0] == 0",
                      cascade_str(lv.request_indptr[0]));
@@ -123,8 +118,8 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
       throw_argument(func, cascade_level_arg(l, "request_indptr").c_str(),
                      "[num_segments] == batch = " + cascade_str(batch),
                      cascade_str(lv.request_indptr[ns]));
-    if (lv.page_indptr[0] < 0)
-      throw_argument(func, cascade_level_arg(l, "page_indptr").c_str(), "[0] >= 0",
+    if (lv.page_indptr[0] != 0)
+      throw_argument(func, cascade_level_arg(l, "page_indptr[0]").c_str(), "0",
                      cascade_str(lv.page_indptr[0]));
     for (std::int64_t s = 0; s < ns; ++s) {
       if (lv.request_indptr[s + 1] < lv.request_indptr[s])
@@ -150,7 +145,8 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
     const std::int64_t used_pages = lv.page_indptr[ns];
     if (used_pages > 0 && !(pages_optional && lv.page_indices == nullptr)) {
       if (lv.page_indices == nullptr)
-        throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer");
+        throw_argument(func, cascade_level_arg(l, "page_indices").c_str(), "a non-null pointer",
+                       "nullptr");
       for (std::int64_t s = 0; s < ns; ++s) {
         const std::int64_t need = (lv.seg_lens[s] + kv.page_size - 1) / kv.page_size;
         for (std::int64_t p = lv.page_indptr[s]; p < lv.page_indptr[s] + need; ++p)
@@ -160,6 +156,25 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
                            cascade_str(lv.page_indices[p]) + " at position " + cascade_str(p));
       }
     }
+  }
+}
+
+/// Throws unless the output `out` is disjoint from every host array of the (checked) levels:
+/// an output over a page table or a length array would change what the call reads.
+inline void check_out_disjoint_from_levels(const char* func, const ConstStateView& out,
+                                           const CascadeLevel* levels, int num_levels) {
+  for (int l = 0; l < num_levels; ++l) {
+    const CascadeLevel& lv = levels[l];
+    const std::int64_t ns = lv.num_segments;
+    const auto disjoint = [&](const char* field, const void* p, std::int64_t bytes) {
+      if (ranges_overlap(out.o, o_bytes(out), p, bytes) ||
+          ranges_overlap(out.lse, lse_bytes(out), p, bytes))
+        check_disjoint(func, "out", out, cascade_level_arg(l, field).c_str(), p, bytes, nullptr, 0);
+    };
+    disjoint("request_indptr", lv.request_indptr, (ns + 1) * 4);
+    disjoint("page_indptr", lv.page_indptr, (ns + 1) * 4);
+    disjoint("seg_lens", lv.seg_lens, ns * 4);
+    disjoint("page_indices", lv.page_indices, std::int64_t{lv.page_indptr[ns]} * 4);
   }
 }
 
