@@ -10,9 +10,19 @@ set(ATTNSTATE_CXX_WARNINGS -Wall -Wextra -Wpedantic -Wno-unused-parameter)
 # names. Users link the backend targets (attnstate_backend below), not the components.
 function(attnstate_component name)
   cmake_parse_arguments(ARG "" "EXPORT_NAME" "SOURCES;LIBS" ${ARGN})
+  # A component is its explicit source list: a missing list or file is a configure error, never
+  # a component (and its tests) silently left out.
   if(NOT ARG_SOURCES)
-    return()
+    message(FATAL_ERROR "attnstate: component ${name} has no SOURCES")
   endif()
+  foreach(src ${ARG_SOURCES})
+    if(NOT IS_ABSOLUTE "${src}")
+      set(src "${CMAKE_CURRENT_SOURCE_DIR}/${src}")
+    endif()
+    if(NOT EXISTS "${src}")
+      message(FATAL_ERROR "attnstate: component ${name}: source ${src} does not exist")
+    endif()
+  endforeach()
   add_library(${name} STATIC ${ARG_SOURCES})
   target_link_libraries(${name} PUBLIC attnstate_core ${ARG_LIBS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -30,15 +40,16 @@ endfunction()
 
 # attnstate_backend(<name> EXPORT_NAME <export> COMPONENTS ...)
 # A public backend target (attnstate::cpu, attnstate::cuda): an INTERFACE library linking every
-# component of COMPONENTS that was built, so a user linking it gets the whole backend. Exported
+# component of COMPONENTS (each must exist), so a user linking it gets the whole backend. Exported
 # and aliased as attnstate::<export>.
 function(attnstate_backend name)
   cmake_parse_arguments(ARG "" "EXPORT_NAME" "COMPONENTS" ${ARGN})
   add_library(${name} INTERFACE)
   foreach(component ${ARG_COMPONENTS})
-    if(TARGET ${component})
-      target_link_libraries(${name} INTERFACE ${component})
+    if(NOT TARGET ${component})
+      message(FATAL_ERROR "attnstate: backend ${name}: component ${component} was not defined")
     endif()
+    target_link_libraries(${name} INTERFACE ${component})
   endforeach()
   set_target_properties(${name} PROPERTIES EXPORT_NAME ${ARG_EXPORT_NAME})
   add_library(attnstate::${ARG_EXPORT_NAME} ALIAS ${name})

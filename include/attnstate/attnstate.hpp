@@ -3,6 +3,7 @@
 ///        cascade) and, when the CUDA backend is linked (`ATTNSTATE_HAS_CUDA`), its API.
 #pragma once
 
+#include "attnstate/core/cascade.hpp"
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/config.hpp"
 #include "attnstate/core/decode_split.hpp"

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "attnstate/core/cascade.hpp"
 #include "attnstate/core/error.hpp"
-#include "attnstate/cpu/cascade.hpp"
 #include "common/validate.hpp"
 
 namespace attnstate {

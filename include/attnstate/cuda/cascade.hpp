@@ -49,9 +49,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attnstate/core/cascade.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
-#include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cuda/decode.hpp"
 
 namespace attnstate {
