@@ -23,6 +23,9 @@
 #                      GPU_SAN_JOBS  sanitizer runs at once (default 1; e.g. 6 on 16 host cores)
 #                      GPU_SAN_RETRY_TIMEOUT cap of the re-run, alone, of a run that hit
 #                                    GPU_SAN_TIMEOUT while sharing the host (default 400)
+#                      GPU_PYTHON    0 to skip the Python package's build and pytest run (default 1)
+#                      GPU_PYTHON_EXE the Python with torch, nanobind, scikit-build-core, pytest
+#                                    (default python3)
 # GoogleTest/RapidCheck are taken from .deps/usr when present (scripts/make-device-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -153,6 +156,17 @@ if [ "${GPU_BENCH:-}" != none ]; then
       fi
     fi
   done
+fi
+
+# 5. the Python package built with CUDA (python/run_tests.sh: pip into $BUILD-py, then pytest,
+# the GPU tests included: torch, CuPy, JAX, graph capture, torch.compile, Triton, SDPA producers)
+if [ "${GPU_PYTHON:-1}" = 1 ]; then
+  t0=$(date +%s)
+  PY_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a ${prefix[*]}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    python/run_tests.sh "${GPU_PYTHON_EXE:-python3}" "$PWD/$BUILD-py" -rs >"$LOG/pytest.log" 2>&1 ||
+    status=1
+  say "pytest (CUDA package): $(tail -1 "$LOG/pytest.log") ($(( $(date +%s) - t0 )) s)"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$LOG/pytest.log" | head -40 | tee -a "$SUMMARY"
 fi
 
 say "== gpu-check status $status"

@@ -56,7 +56,7 @@ bool is_torch_tensor(nb::handle h) {
   return mod.is_none() ? std::string() : nb::cast<std::string>(nb::str(mod));
 }
 
-std::string shape_string(const nb::ndarray<>& a) {
+std::string shape_string(const Array& a) {
   std::string s = "(";
   for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
   return s + (a.ndim() == 1 ? ",)" : ")");
@@ -121,9 +121,9 @@ void Call::fail(const std::string& name, const std::string& expected, const std:
   detail::throw_argument(fn_, name.c_str(), expected, got, status);
 }
 
-nb::ndarray<> Call::array(nb::handle h, const std::string& name, int ndim) {
+Array Call::array(nb::handle h, const std::string& name, int ndim) {
   if (h.is_none()) fail(name, "an array", "None");
-  nb::ndarray<> a;
+  Array a;
   bool ok = false;
   if (is_torch_tensor(h) && torch_hooks().to_dlpack.is_valid() &&
       !torch_hooks().to_dlpack.is_none()) {
@@ -142,7 +142,7 @@ nb::ndarray<> Call::array(nb::handle h, const std::string& name, int ndim) {
   return a;
 }
 
-void Call::place(const nb::ndarray<>& a, nb::handle h, const std::string& name) {
+void Call::place(const Array& a, nb::handle h, const std::string& name) {
   const int type = a.device_type();
   MemorySpace space;
   int device = -1;
@@ -175,8 +175,8 @@ void Call::place(const nb::ndarray<>& a, nb::handle h, const std::string& name) 
 }
 
 StateView Call::state(const PyState& s, const std::string& name) {
-  nb::ndarray<> o = array(s.o, name + ".o", 3);
-  nb::ndarray<> lse = array(s.lse, name + ".lse", 2);
+  Array o = array(s.o, name + ".o", 3);
+  Array lse = array(s.lse, name + ".lse", 2);
   StateView v;
   if (!to_dtype(o.dtype(), &v.dtype))
     fail(name + ".o", "dtype float32, float16 or bfloat16", dtype_name(o.dtype()));
@@ -190,8 +190,8 @@ StateView Call::state(const PyState& s, const std::string& name) {
          "shape (" + std::to_string(o.shape(0)) + ", " + std::to_string(o.shape(1)) +
              ") (o's first two dimensions)",
          shape_string(lse));
-  v.o = o.data();
-  v.lse = static_cast<float*>(lse.data());
+  v.o = const_cast<void*>(o.data());
+  v.lse = static_cast<float*>(const_cast<void*>(lse.data()));
   v.tokens = static_cast<std::int64_t>(o.shape(0));
   v.heads = static_cast<std::int64_t>(o.shape(1));
   v.head_dim = static_cast<std::int64_t>(o.shape(2));
@@ -205,8 +205,8 @@ StateView Call::state(const PyState& s, const std::string& name) {
 }
 
 ConstStateStackView Call::stack(const PyState& s, StackOrder order, const std::string& name) {
-  nb::ndarray<> o = array(s.o, name + ".o", 4);
-  nb::ndarray<> lse = array(s.lse, name + ".lse", 3);
+  Array o = array(s.o, name + ".o", 4);
+  Array lse = array(s.lse, name + ".lse", 3);
   ConstStateStackView v;
   if (!to_dtype(o.dtype(), &v.dtype))
     fail(name + ".o", "dtype float32, float16 or bfloat16", dtype_name(o.dtype()));
@@ -244,7 +244,7 @@ ConstStateStackView Call::stack(const PyState& s, StackOrder order, const std::s
 const std::int32_t* Call::int32_vector(nb::handle h, const std::string& name, std::int64_t* size,
                                        bool optional) {
   if (h.is_none() && optional) return nullptr;
-  nb::ndarray<> a = array(h, name, 1);
+  Array a = array(h, name, 1);
   if (!(a.dtype() == nb::dtype<std::int32_t>())) fail(name, "dtype int32", dtype_name(a.dtype()));
   if (a.shape(0) > 1 && a.stride(0) != 1) fail(name, "a contiguous array", "a strided one");
   if (size) *size = static_cast<std::int64_t>(a.shape(0));
@@ -253,7 +253,7 @@ const std::int32_t* Call::int32_vector(nb::handle h, const std::string& name, st
 
 const std::int32_t* Call::int32_matrix(nb::handle h, const std::string& name, std::int64_t* rows,
                                        std::int64_t* cols) {
-  nb::ndarray<> a = array(h, name, 2);
+  Array a = array(h, name, 2);
   if (!(a.dtype() == nb::dtype<std::int32_t>())) fail(name, "dtype int32", dtype_name(a.dtype()));
   if (a.shape(1) > 1 && a.stride(1) != 1) fail(name, "a contiguous last dimension", "strided");
   *rows = static_cast<std::int64_t>(a.shape(0));
@@ -263,7 +263,7 @@ const std::int32_t* Call::int32_matrix(nb::handle h, const std::string& name, st
 }
 
 ConstTensorView Call::tensor(nb::handle h, const std::string& name, int ndim) {
-  nb::ndarray<> a = array(h, name, ndim);
+  Array a = array(h, name, ndim);
   ConstTensorView t;
   if (!to_dtype(a.dtype(), &t.dtype))
     fail(name, "dtype float32, float16 or bfloat16", dtype_name(a.dtype()));

@@ -17,6 +17,10 @@ namespace py {
 
 namespace nb = nanobind;
 
+/// An imported array. Imported read-only-capable: JAX and other producers may mark their
+/// exports read-only, and most arguments are inputs; outputs are written through it.
+using Array = nb::ndarray<nb::ro>;
+
 /// `attnstate.State`: an attention state of any array library, with its LSE base.
 struct PyState {
   nb::object o;    ///< `(tokens, heads, head_dim)` (a stack: one more leading dimension).
@@ -36,7 +40,7 @@ class Call {
   const char* fn() const { return fn_; }
 
   /// Imports `h` (anything speaking DLPack or the buffer protocol) of rank `ndim`.
-  nb::ndarray<> array(nb::handle h, const std::string& name, int ndim);
+  Array array(nb::handle h, const std::string& name, int ndim);
   /// A state view of `s` (`o` of rank 3, `lse` of rank 2 with o's first two extents).
   StateView state(const PyState& s, const std::string& name);
   /// A stack view of `s` (`o` rank 4, `lse` rank 3) in `order` (the layout of its leading dims).
@@ -67,7 +71,7 @@ class Call {
   ~Call();
 
  private:
-  void place(const nb::ndarray<>& a, nb::handle h, const std::string& name);
+  void place(const Array& a, nb::handle h, const std::string& name);
 
   const char* fn_;
   bool placed_ = false;
@@ -75,7 +79,7 @@ class Call {
   int device_ = -1;
   nb::handle first_;  // the first array: its library gives the default stream
   int restore_device_ = -1;
-  std::vector<nb::ndarray<>> keep_;
+  std::vector<Array> keep_;
 };
 
 /// Maps a DLPack dtype to the library's (f32, f16, bf16); false for any other.

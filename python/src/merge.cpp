@@ -35,7 +35,7 @@ void merge_state_inplace(const PyState& acc, const PyState& other, nb::handle ma
   const StateView va = c.state(acc, "acc"), vo = c.state(other, "other");
   const std::uint8_t* m = nullptr;
   if (!mask.is_none()) {
-    nb::ndarray<> a = c.array(mask, "mask", 1);
+    Array a = c.array(mask, "mask", 1);
     const nb::dlpack::dtype dt = a.dtype();
     const bool bytes = dt.lanes == 1 && dt.bits == 8 &&
                        (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ||

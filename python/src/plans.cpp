@@ -117,8 +117,8 @@ Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
     c.fail("q", "host arrays (the plan was made for the CPU)", "CUDA arrays");
   Workspace w;
   if (!workspace.is_none()) {
-    nb::ndarray<> a = c.array(workspace, "workspace", 1);
-    w.data = a.data();
+    Array a = c.array(workspace, "workspace", 1);
+    w.data = const_cast<void*>(a.data());
     w.bytes = a.nbytes();
   }
   return w;
@@ -157,9 +157,10 @@ void init_decode_workspace(const PyDecodePlan& p, nb::handle workspace, nb::hand
   if (!p.device || p.workspace_bytes() == 0) return;
 #if defined(ATTNSTATE_HAS_CUDA)
   Call c("attnstate.Decode.plan");
-  nb::ndarray<> ws = c.array(workspace, "workspace", 1);
+  Array ws = c.array(workspace, "workspace", 1);
   [[maybe_unused]] void* s = c.stream(stream);
-  cuda::init_decode_workspace(p.plan, ws.data(), ws.nbytes(), static_cast<cudaStream_t>(s));
+  cuda::init_decode_workspace(p.plan, const_cast<void*>(ws.data()), ws.nbytes(),
+                              static_cast<cudaStream_t>(s));
 #endif
 }
 

@@ -1,0 +1,162 @@
+"""CUDA backend from torch: merges on the caller's stream, decode with graph capture,
+torch.compile over the custom ops, errors (skipped without torch, a GPU or the CUDA backend)."""
+
+import numpy as np
+import pytest
+
+import attnstate
+from helpers import cuda_torch, reference_state, requires_torch_cuda
+
+pytestmark = [pytest.mark.gpu, requires_torch_cuda]
+torch = cuda_torch()
+
+
+def rand_state(tokens, heads, d, dtype, base, scale=3.0, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    o = torch.randn(tokens, heads, d, device="cuda", generator=g).to(dtype)
+    lse = torch.randn(tokens, heads, device="cuda", generator=g) * scale
+    return attnstate.State(o, lse, base)
+
+
+def host_merge(a, b, base="natural"):
+    """The same merge on the CPU backend (float32 NumPy copies): the GPU must match it."""
+    def h(s):
+        return attnstate.State(s.o.float().cpu().numpy(), s.lse.cpu().numpy(), s.base)
+    return attnstate.merge_state(h(a), h(b), base=base)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_merge_state_matches_the_cpu_on_a_side_stream(dtype):
+    dt = getattr(torch, dtype)
+    a = rand_state(4096, 8, 128, dt, "natural", seed=1)
+    b = rand_state(4096, 8, 128, torch.float16, "base2", seed=2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the current stream: attnstate launches there
+        out = attnstate.merge_state(a, b, dtype=torch.float32)
+    side.synchronize()
+    ref = host_merge(a, b)
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=1e-5)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=1e-5)
+
+
+def test_explicit_streams_int_and_object():
+    a, b = rand_state(64, 4, 64, torch.bfloat16, "natural"), rand_state(64, 4, 64, torch.bfloat16,
+                                                                          "natural", seed=5)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    o1 = attnstate.merge_state(a, b, stream=s.cuda_stream)
+    o2 = attnstate.merge_state(a, b, stream=s)
+    s.synchronize()
+    assert torch.equal(o1.o, o2.o) and torch.equal(o1.lse, o2.lse)
+
+
+@pytest.mark.parametrize("order", ["tokens_major", "states_major"])
+def test_merge_states_and_ragged_equal_pairwise_merges(order):
+    S, T, H, D = 3, 33, 4, 128
+    o = torch.randn(S, T, H, D, device="cuda")
+    lse = torch.randn(S, T, H, device="cuda")
+    stack_o, stack_lse = (o, lse) if order == "states_major" else (o.transpose(0, 1),
+                                                                   lse.transpose(0, 1))
+    out = attnstate.merge_states(attnstate.State(stack_o, stack_lse, "natural"), order=order)
+    acc = attnstate.State(o[0].clone(), lse[0].clone(), "natural")
+    for s in range(1, S):
+        attnstate.merge_state_(acc, attnstate.State(o[s], lse[s], "natural"))
+    torch.testing.assert_close(out.o, acc.o, atol=1e-5, rtol=1e-5)
+    rows = attnstate.State(o.transpose(0, 1).reshape(T * S, H, D).contiguous(),
+                           lse.transpose(0, 1).reshape(T * S, H).contiguous(), "natural")
+    indptr = torch.arange(0, T * S + 1, S, dtype=torch.int32, device="cuda")
+    ragged = attnstate.merge_states_ragged(rows, indptr)
+    torch.testing.assert_close(ragged.o, out.o, atol=1e-5, rtol=1e-5)
+
+
+def test_errors_from_cuda_calls():
+    a = rand_state(8, 2, 128, torch.bfloat16, "natural")
+    host = attnstate.State(a.o.cpu(), a.lse.cpu(), "natural")
+    with pytest.raises(attnstate.Error, match="argument 'b.o': expected a device array"):
+        attnstate.merge_state(a, host)
+    mixed = attnstate.State(a.o, a.lse.cpu(), "natural")
+    with pytest.raises(attnstate.Error, match="argument 'a.lse'"):
+        attnstate.merge_state(mixed, a)
+    with pytest.raises(attnstate.Error, match="argument 'stream'"):
+        attnstate.merge_state(host, host, stream=torch.cuda.current_stream())
+    odd = rand_state(8, 2, 80, torch.bfloat16, "natural")
+    with pytest.raises(attnstate.Error) as e:
+        attnstate.merge_state(odd, odd)
+    assert e.value.status == attnstate.Status.NOT_SUPPORTED and "head_dim" in str(e.value)
+
+
+def paged_problem(batch=4, heads_q=32, heads_kv=8, d=128, page=16, lens=(1000, 17, 0, 300)):
+    pages_of = [-(-n // page) for n in lens]
+    total = max(sum(pages_of), 1)
+    perm = torch.randperm(total, dtype=torch.int32)
+    k = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+    indptr = torch.tensor(np.concatenate([[0], np.cumsum(pages_of)]), dtype=torch.int32)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
+    return q, k, v, seq, indptr, perm
+
+
+def test_decode_matches_the_cpu_decode_and_replays_in_a_graph():
+    q, k, v, seq, indptr, indices = paged_problem()
+    dec = attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=128,
+                                  dtype=torch.bfloat16, like=k)
+    dev = dict(page_indptr=indptr.cuda(), page_indices=indices.cuda())
+    out = dec.run(q, k, v, seq.cuda(), **dev, dtype=torch.float32)
+    host = attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=128,
+                                   dtype="float32")
+    ref = host.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                   seq.numpy(), page_indptr=indptr.numpy(), page_indices=indices.numpy())
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
+
+    # captured once with out=, replayed: the same bits as the eager run
+    seq_dev = seq.cuda()
+    static = attnstate.State(torch.empty_like(out.o), torch.empty_like(out.lse), "natural")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dec.run(q, k, v, seq_dev, **dev, out=static)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.run(q, k, v, seq_dev, **dev, out=static)
+    static.o.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static.o, out.o) and torch.equal(static.lse, out.lse)
+
+
+def test_torch_compile_fullgraph_custom_ops():
+    a = rand_state(256, 8, 128, torch.bfloat16, "natural", seed=3)
+    b = rand_state(256, 8, 128, torch.bfloat16, "base2", seed=4)
+
+    def f(ao, alse, bo, blse):
+        o, lse = torch.ops.attnstate.merge_state(ao, alse, 0, bo, blse, 1, 0, "float32")
+        return o * 2, lse
+
+    eager = f(a.o, a.lse, b.o, b.lse)
+    compiled = torch.compile(f, fullgraph=True)(a.o, a.lse, b.o, b.lse)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+    ref = attnstate.merge_state(a, b, dtype="float32")
+    assert torch.equal(eager[0], ref.o * 2)
+
+
+def test_torch_compile_decode_op_in_cuda_graphs():
+    from attnstate import torch_ops
+    q, k, v, seq, indptr, indices = paged_problem()
+    dec = attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=128,
+                                  dtype=torch.bfloat16, like=k)
+    pid = torch_ops.register_plan(dec)
+    args = (seq.cuda(), indptr.cuda(), indices.cuda())
+
+    def step(q, k, v, seq_lens, ip, ix, ws):
+        return torch.ops.attnstate.decode(pid, q, k, v, seq_lens, ip, ix, None, "NHD", ws, 0, "")
+
+    eager = step(q, k, v, *args, dec.workspace)
+    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        got = compiled(q, k, v, *args, dec.workspace)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
