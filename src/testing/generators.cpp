@@ -161,6 +161,40 @@ void check_bases(const std::vector<LseBase>& bases, const char* func, const std:
   }
 }
 
+/// The largest draw's element count, `fields[0].value x fields[1].value x ...`, at most 2^62
+/// (so no size computed from a draw overflows, and every `max + 1` bound fits); names the field at
+/// which the product passes it. The fields are checked >= 1 first.
+void check_largest(const std::vector<std::pair<std::string, std::int64_t>>& fields,
+                   const char* func, const char* what) {
+  std::int64_t p = 1;
+  std::string got;
+  for (const auto& f : fields) {
+    got += (got.empty() ? "" : " x ") + std::to_string(f.second);
+    if (!checked_mul(p, f.second, &p)) {
+      detail::throw_argument(
+          func, f.first.c_str(),
+          std::string("a value keeping the largest ") + what + " at most 2^62 elements",
+          got + " (overflows)");
+    }
+  }
+}
+
+std::int64_t largest(const std::vector<std::int64_t>& values) {
+  std::int64_t m = 0;
+  for (std::int64_t v : values) m = v > m ? v : m;
+  return m;
+}
+
+void check_state_extents(const StateGenOptions& o, const char* func, const std::string& prefix) {
+  check_at_least(o.max_tokens, 1, func, field(prefix, "max_tokens"));
+  check_at_least(o.max_heads, 1, func, field(prefix, "max_heads"));
+  check_at_least(o.max_head_dim, 1, func, field(prefix, "max_head_dim"));
+  check_largest({{field(prefix, "max_tokens"), o.max_tokens},
+                 {field(prefix, "max_heads"), o.max_heads},
+                 {field(prefix, "max_head_dim"), o.max_head_dim}},
+                func, "state");
+}
+
 }  // namespace
 
 void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
@@ -175,6 +209,17 @@ void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
   check_at_least(o.max_heads_kv, 1, func, field(prefix, "max_heads_kv"));
   check_extents(o.group_sizes, func, prefix, "group_sizes", "GQA group sizes (H_q / H_kv)");
   check_extents(o.head_dims, func, prefix, "head_dims", "head dims");
+  check_largest({{field(prefix, "max_tokens"), o.max_tokens},
+                 {field(prefix, "max_heads_kv"), o.max_heads_kv},
+                 {field(prefix, "group_sizes"), largest(o.group_sizes)},
+                 {field(prefix, "head_dims"), largest(o.head_dims)}},
+                func, "q");
+  if (o.max_keys > 0) {
+    check_largest({{field(prefix, "max_keys"), o.max_keys},
+                   {field(prefix, "max_heads_kv"), o.max_heads_kv},
+                   {field(prefix, "head_dims"), largest(o.head_dims)}},
+                  func, "k and v");
+  }
   check_dtypes(o.input_dtypes, func, prefix, "input_dtypes");
   check_dtypes(o.output_dtypes, func, prefix, "output_dtypes");
   check_bases(o.bases, func, prefix);
@@ -194,9 +239,7 @@ void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
 
 void check_state_gen_options(const StateGenOptions& o, const char* func,
                              const std::string& prefix) {
-  check_at_least(o.max_tokens, 1, func, field(prefix, "max_tokens"));
-  check_at_least(o.max_heads, 1, func, field(prefix, "max_heads"));
-  check_at_least(o.max_head_dim, 1, func, field(prefix, "max_head_dim"));
+  check_state_extents(o, func, prefix);
   check_dtypes(o.dtypes, func, prefix, "dtypes");
   check_bases(o.bases, func, prefix);
   if (!std::isfinite(o.lse_magnitude)) {
@@ -208,9 +251,7 @@ void check_state_gen_options(const StateGenOptions& o, const char* func,
 rc::Gen<StateShape> gen_state_shape(const StateGenOptions& opt) {
   // Only the extents matter here (the dtype and base lists may be anything).
   const char* func = "attnstate::testing::gen_state_shape";
-  check_at_least(opt.max_tokens, 1, func, "options.max_tokens");
-  check_at_least(opt.max_heads, 1, func, "options.max_heads");
-  check_at_least(opt.max_head_dim, 1, func, "options.max_head_dim");
+  check_state_extents(opt, func, "options");
   return rc::gen::exec([opt] {
     StateShape s;
     s.tokens = *rc::gen::inRange<std::int64_t>(1, opt.max_tokens + 1);

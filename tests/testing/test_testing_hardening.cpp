@@ -218,6 +218,52 @@ TEST(KitHardening, ReferenceStatesOfTheWrongSizeAreRejected) {
       << cmp;
 }
 
+TEST(KitHardening, ReferenceStateAccessIsBoundsChecked) {
+  attnstate::testing::ReferenceState r;
+  r.tokens = 2;
+  r.heads = 1;
+  r.head_dim = 3;
+  r.o.assign(6, 1.0);
+  r.lse.assign(2, 0.0);
+  // (0, 0, 3) is inside o (flat index 3): only the per-index check catches it.
+  EXPECT_EQ(invalid_argument_message([&] { r.o_at(0, 0, 3); }),
+            "attnstate::testing::ReferenceState::o_at: argument 'd': expected an index in [0, 3), "
+            "got 3");
+  EXPECT_EQ(invalid_argument_message([&] { r.lse_at(0, 1); }),
+            "attnstate::testing::ReferenceState::lse_at: argument 'h': expected an index in [0, "
+            "1), got 1");
+  r.lse.resize(1);
+  const std::string shrunk = invalid_argument_message([&] { r.lse_at(1, 0); });
+  EXPECT_TRUE(starts_with(shrunk, "attnstate::testing::ReferenceState::lse_at: argument 'this'"))
+      << shrunk;
+  EXPECT_EQ(r.o_at(1, 0, 2), 1.0);
+}
+
+TEST(KitHardening, GeneratorOptionsWhoseLargestDrawOverflowsAreRejected) {
+  attnstate::testing::ProblemGenOptions p;
+  p.max_tokens = std::numeric_limits<std::int64_t>::max();  // max_tokens + 1 would overflow
+  const std::string msg =
+      invalid_argument_message([&] { attnstate::testing::gen_attention_problem(p); });
+  EXPECT_TRUE(starts_with(msg,
+                          "attnstate::testing::gen_attention_problem: argument "
+                          "'options.max_tokens': expected"))
+      << msg;
+  attnstate::testing::ProblemGenOptions k;
+  k.max_keys = std::int64_t{1} << 60;  // x 2 heads x 32 dims: 2^66 elements of k
+  const std::string keys =
+      invalid_argument_message([&] { attnstate::testing::gen_attention_problem(k); });
+  EXPECT_TRUE(starts_with(keys,
+                          "attnstate::testing::gen_attention_problem: argument "
+                          "'options.head_dims': expected"))
+      << keys;
+  attnstate::testing::StateGenOptions st;
+  st.max_head_dim = std::int64_t{1} << 62;  // 3 x 3 x 2^62
+  const std::string state = invalid_argument_message([&] { attnstate::testing::gen_state(st); });
+  EXPECT_TRUE(starts_with(
+      state, "attnstate::testing::gen_state: argument 'options.max_head_dim': expected"))
+      << state;
+}
+
 // --- The conformance report ---
 
 /// The correct sample kernel with every non-empty LSE shifted by +0.5: wrong in either base, so

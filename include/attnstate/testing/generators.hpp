@@ -44,7 +44,8 @@ struct StateGenOptions {
 /// A random state shape within `options`' limits.
 /// @param options  the limits (`max_tokens`, `max_heads`, `max_head_dim`, each ≥ 1).
 /// @return a generator of shapes, shrinking towards `(1, 1, 1)`.
-/// @throws attnstate::Error (`kInvalidArgument`) naming the field when a limit is below 1.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the field when a limit is below 1 or the
+///         largest shape passes 2^62 elements.
 rc::Gen<StateShape> gen_state_shape(const StateGenOptions& options = {});
 
 /// States of random shape, dtype and base: each row's LSE is ordinary (`[-20, 20]`), extreme
@@ -53,12 +54,15 @@ rc::Gen<StateShape> gen_state_shape(const StateGenOptions& options = {});
 /// @param options  what may be drawn.
 /// @return a generator of states.
 /// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.dtypes`) when
-///         `options` is invalid: an empty dtype or base list, a limit below 1.
+///         `options` is invalid: an empty dtype or base list, a limit below 1, limits whose
+///         largest state passes 2^62 elements.
 rc::Gen<HostState> gen_state(const StateGenOptions& options = {});
 /// States of the given shape (dtype, base and values random as above).
 /// @param shape    the shape of every state drawn.
 /// @param options  what may be drawn (the shape limits are ignored).
 /// @return a generator of states of `shape`.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the field of `shape` that is negative
+///         or makes it pass 2^62 elements (likewise `gen_empty_state`).
 /// @throws attnstate::Error (`kInvalidArgument`) as `gen_state(const StateGenOptions&)`.
 rc::Gen<HostState> gen_state(const StateShape& shape, const StateGenOptions& options = {});
 /// Empty states `(o = garbage or NaN, lse = -inf)` of the given shape, random dtype and base.
@@ -79,6 +83,8 @@ rc::Gen<std::vector<HostState>> gen_states(int min_count, int max_count,
 /// A random subset of `[0, n_keys)`, sorted; may be empty or the whole set.
 /// @param n_keys  the number of keys (≥ 0).
 /// @return a generator of sorted key indices.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `n_keys` when it is negative (likewise
+///         `gen_disjoint_pair` and `gen_partition`).
 rc::Gen<std::vector<std::int64_t>> gen_key_subset(std::int64_t n_keys);
 /// Two disjoint random subsets of `[0, n_keys)` (each sorted, either may be empty): each key is
 /// in the first, the second or neither with probability 1/3, whatever RapidCheck's size.
@@ -133,7 +139,8 @@ ProblemGenOptions decode_problem_options();
 /// @return a generator of problems, shrinking towards one token, one head, head_dim and key
 ///         count at their minimum, the first listed dtypes and base.
 /// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.bases`) when
-///         `options` is invalid: an empty list, `min_keys > max_keys`, a limit below 1.
+///         `options` is invalid: an empty list, `min_keys > max_keys`, a limit below 1, limits
+///         whose largest `q` or `k` passes 2^62 elements.
 rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& options = {});
 
 /// A problem and a partition of its keys into up to `max_parts` parts.

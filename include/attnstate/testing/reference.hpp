@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "attnstate/core/checked.hpp"
+#include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/problem.hpp"
@@ -35,16 +38,53 @@ struct ReferenceState {
   /// `o[t, h, d]`.
   /// @param t  token; @param h  head; @param d  element.
   /// @return the value.
+  /// @throws attnstate::Error (`kInvalidArgument`) naming the index out of range, or `this`
+  ///         when `o` is shorter than the shape says.
   double o_at(std::int64_t t, std::int64_t h, std::int64_t d) const {
-    return o[static_cast<std::size_t>((t * heads + h) * head_dim + d)];
+    return o[element(t, h, d, "attnstate::testing::ReferenceState::o_at")];
   }
   /// @return whether `o_magnitude` is present (one value per element of `o`).
   bool has_o_magnitude() const { return !o.empty() && o_magnitude.size() == o.size(); }
   /// `lse[t, h]`.
   /// @param t  token; @param h  head.
   /// @return the LSE, in `base`.
+  /// @throws attnstate::Error (`kInvalidArgument`) as `o_at`.
   double lse_at(std::int64_t t, std::int64_t h) const {
-    return lse[static_cast<std::size_t>(t * heads + h)];
+    return lse[row_index(t, h, "attnstate::testing::ReferenceState::lse_at")];
+  }
+
+ private:
+  // Bounds-checked flat indices (a ReferenceState may be built by hand, its vectors shorter than
+  // its shape, its extents anything): each index in range, the flat index overflow-checked and
+  // inside the vector.
+  static void check_index(std::int64_t i, std::int64_t n, const char* func, const char* arg) {
+    if (i < 0 || i >= n) {
+      detail::throw_argument(func, arg, "an index in [0, " + std::to_string(n) + ")",
+                             std::to_string(i));
+    }
+  }
+  static std::size_t inside(std::int64_t i, std::size_t size, const char* func) {
+    if (i < 0 || static_cast<std::size_t>(i) >= size) {
+      detail::throw_argument(func, "this", "storage as large as the state's shape",
+                             std::to_string(size) + " values");
+    }
+    return static_cast<std::size_t>(i);
+  }
+  std::int64_t row(std::int64_t t, std::int64_t h, const char* func) const {
+    check_index(t, tokens, func, "t");
+    check_index(h, heads, func, "h");
+    std::int64_t r = -1;
+    return checked_mul_add(t, heads, h, &r) ? r : -1;
+  }
+  std::size_t row_index(std::int64_t t, std::int64_t h, const char* func) const {
+    return inside(row(t, h, func), lse.size(), func);
+  }
+  std::size_t element(std::int64_t t, std::int64_t h, std::int64_t d, const char* func) const {
+    check_index(d, head_dim, func, "d");
+    const std::int64_t r = row(t, h, func);
+    std::int64_t e = -1;
+    if (r < 0 || !checked_mul_add(r, head_dim, d, &e)) e = -1;
+    return inside(e, o.size(), func);
   }
 };
 
