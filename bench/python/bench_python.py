@@ -78,10 +78,9 @@ def decode_problem(layers, batch=1, ctx=1024, heads_q=32, heads_kv=8, page=16):
                torch.randn(pages, page, heads_kv, D, device="cuda", dtype=torch.bfloat16))
               for _ in range(layers)]
     seq = torch.full((batch,), ctx, dtype=torch.int32)
-    indptr = torch.arange(0, pages + 1, pages // batch, dtype=torch.int32, device="cuda")
-    indices = torch.arange(pages, dtype=torch.int32, device="cuda")
+    table = torch.arange(pages, dtype=torch.int32, device="cuda").view(batch, -1)  # block table
     q = torch.randn(batch, 1, heads_q, D, device="cuda", dtype=torch.bfloat16)
-    return q, caches, seq, indptr, indices
+    return q, caches, seq, table
 
 
 def main():
@@ -102,12 +101,13 @@ def main():
     r["host_to_dlpack_x6_us"] = host_times(
         lambda: [torch.utils.dlpack.to_dlpack(t) for t in (a.o, a.lse, b.o, b.lse, out.o, out.lse)])
     r["host_current_stream_us"] = host_times(lambda: torch.cuda.current_stream().cuda_stream)
+    r["host_empty_kernel_launch_us"] = host_times(lambda: torch.cuda._sleep(0))
 
     # 1b. host time of a decode run (batch 1 x 1k keys, 32/8 heads, pages of 16)
-    q, caches, seq, indptr, indices = decode_problem(64)
+    q, caches, seq, table = decode_problem(64)
     seq_dev = seq.cuda()
     decs = []
-    for layer in range(32):
+    for layer in range(64):
         decs.append(attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=D,
                                             dtype=torch.bfloat16, like=caches[0][0]))
     dout = attnstate.State(torch.empty(1, 32, D, device="cuda", dtype=torch.bfloat16),
@@ -115,7 +115,7 @@ def main():
     k0, v0 = caches[0]
     r["decode_max_splits"] = decs[0].max_splits
     r["host_decode_run_us"] = host_times(
-        lambda: decs[0].run(q, k0, v0, seq_dev, page_indptr=indptr, page_indices=indices,
+        lambda: decs[0].run(q, k0, v0, seq_dev, block_table=table,
                             out=dout))
 
     # 2. kernel times from Python, as the C++ benchmarks measure them
@@ -124,14 +124,15 @@ def main():
         lambda i: attnstate.merge_state(sets[i % 3][0], sets[i % 3][1], out=sets[i % 3][2]),
         calls=30)
     louts = [attnstate.State(torch.empty_like(dout.o), torch.empty_like(dout.lse), "natural")
-             for _ in range(32)]
-    r["kernel_decode_layers32_us"], graph = graph_time_per_call(
-        lambda i: decs[i].run(q, caches[i][0], caches[i][1], seq_dev, page_indptr=indptr,
-                              page_indices=indices, out=louts[i]), calls=32)
+             for _ in range(64)]
+    # as bench_decode --layers: 64 calls in one graph, each on its own 4 MiB cache
+    r["kernel_decode_layers64_us"], graph = graph_time_per_call(
+        lambda i: decs[i].run(q, caches[i][0], caches[i][1], seq_dev, block_table=table,
+                              out=louts[i]), calls=64)
 
     # 3. graph replay: same bits as eager calls, no Python per call
-    eager = [decs[i].run(q, caches[i][0], caches[i][1], seq_dev, page_indptr=indptr,
-                         page_indices=indices) for i in range(32)]
+    eager = [decs[i].run(q, caches[i][0], caches[i][1], seq_dev, block_table=table)
+              for i in range(64)]
     for o in louts:
         o.o.zero_()
     graph.replay()
@@ -140,7 +141,7 @@ def main():
                                       for e, o in zip(eager, louts))
     t0 = time.perf_counter_ns()
     graph.replay()
-    r["host_graph_replay_32_decodes_us"] = (time.perf_counter_ns() - t0) / 1e3
+    r["host_graph_replay_64_decodes_us"] = (time.perf_counter_ns() - t0) / 1e3
     torch.cuda.synchronize()
 
     for key, val in r.items():

@@ -29,6 +29,7 @@ def _parse_base(base, fn, arg):
 
 
 def _check_state(s, fn, arg):
+    # only where an output is allocated from `s`; the binding checks every State it gets
     if not isinstance(s, State):
         raise error(fn, arg, "an attnstate.State(o, lse, base)", type(s).__name__)
 
@@ -50,10 +51,9 @@ def merge_state(a, b, *, out=None, dtype=None, base=None, stream=None):
     stream: CUDA stream for CUDA arrays (see the module doc); must be None for host arrays.
     Returns `out`. CUDA: head_dim 64, 128, 256 or 512.
     """
-    fn = "attnstate.merge_state"
-    _check_state(a, fn, "a")
-    _check_state(b, fn, "b")
     if out is None:
+        fn = "attnstate.merge_state"
+        _check_state(a, fn, "a")
         out = _alloc(a, a.o.shape, dtype, _base(base, a.base, fn), fn)
     _C.merge_state(a, b, out, stream)
     return out
@@ -67,9 +67,6 @@ def merge_state_(acc, other, *, mask=None, stream=None):
     mask: optional (tokens,) bool or uint8 array, same memory as the states; None merges all.
     Returns `acc`.
     """
-    fn = "attnstate.merge_state_"
-    _check_state(acc, fn, "acc")
-    _check_state(other, fn, "other")
     _C.merge_state_(acc, other, mask, stream)
     return acc
 
@@ -85,8 +82,8 @@ def merge_states(states, *, order="tokens_major", out=None, dtype=None, base=Non
     Returns `out`.
     """
     fn = "attnstate.merge_states"
-    _check_state(states, fn, "states")
     if out is None:
+        _check_state(states, fn, "states")
         shape = states.o.shape
         if len(shape) != 4:
             raise error(fn, "states.o", "4 dimensions", tuple(shape))
@@ -109,8 +106,8 @@ def merge_states_ragged(rows, indptr, *, out=None, dtype=None, base=None, stream
     Returns `out`.
     """
     fn = "attnstate.merge_states_ragged"
-    _check_state(rows, fn, "rows")
     if out is None:
+        _check_state(rows, fn, "rows")
         tokens = len(indptr) - 1
         if tokens < 0:
             raise error(fn, "indptr", "at least one entry", "0")
@@ -129,8 +126,8 @@ def rebase(state, base=None, *, dtype=None, out=None, stream=None):
     pass `State(state.o, state.lse, new_base)` over the same arrays). Returns `out`.
     """
     fn = "attnstate.rebase"
-    _check_state(state, fn, "state")
     if out is None:
+        _check_state(state, fn, "state")
         if base is None:
             raise error(fn, "base", 'the target base (attnstate.Base or "natural" / "base2")',
                         "None")
@@ -143,6 +140,5 @@ def mark_empty_rows(state, *, stream=None):
     """In place: rows whose LSE is +inf (FlashAttention's mark of a query row without keys)
     become the empty state (their LSE -inf; o is not written). Call it on FlashAttention's
     states before merging them. Returns `state`."""
-    _check_state(state, "attnstate.mark_empty_rows", "state")
     _C.mark_empty_rows(state, stream)
     return state

@@ -9,6 +9,7 @@ run on the current torch stream.
 `attnstate::decode`, its workspace a mutated argument.
 """
 
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -18,7 +19,8 @@ from ._merge import State
 
 Tensor = torch.Tensor
 _BASES = (_C.Base.NATURAL, _C.Base.BASE2)
-_PLANS = {}  # id -> Decode, so that a compiled graph names a plan by an int
+# id -> Decode, so that a compiled graph names a plan by an int; weak: the caller owns the plan
+_PLANS = weakref.WeakValueDictionary()
 
 
 def _dtype(name, like):
@@ -130,8 +132,7 @@ def _(plan_id, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout
 
 
 def register_plan(dec):
-    """An int naming `dec` (an attnstate.Decode) for the decode op; kept while the process
-    lives."""
+    """An int naming `dec` (an attnstate.Decode) for the decode op, valid while `dec` lives."""
     key = id(dec)
     _PLANS[key] = dec
     return key

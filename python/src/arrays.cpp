@@ -174,7 +174,16 @@ void Call::place(const Array& a, nb::handle h, const std::string& name) {
          "device " + std::to_string(device));
 }
 
-StateView Call::state(const PyState& s, const std::string& name) {
+const PyState& Call::state_of(nb::handle h, const std::string& name) const {
+  PyState* s = nullptr;
+  if (!nb::try_cast<PyState*>(h, s) || s == nullptr)
+    fail(name, "an attnstate.State(o, lse, base)",
+         nb::cast<std::string>(nb::str(nb::type_name(h.type()))));
+  return *s;
+}
+
+StateView Call::state(nb::handle h, const std::string& name) {
+  const PyState& s = state_of(h, name);
   Array o = array(s.o, name + ".o", 3);
   Array lse = array(s.lse, name + ".lse", 2);
   StateView v;
@@ -204,7 +213,8 @@ StateView Call::state(const PyState& s, const std::string& name) {
   return v;
 }
 
-ConstStateStackView Call::stack(const PyState& s, StackOrder order, const std::string& name) {
+ConstStateStackView Call::stack(nb::handle h, StackOrder order, const std::string& name) {
+  const PyState& s = state_of(h, name);
   Array o = array(s.o, name + ".o", 4);
   Array lse = array(s.lse, name + ".lse", 3);
   ConstStateStackView v;

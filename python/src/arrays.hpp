@@ -36,15 +36,18 @@ LseBase parse_base(nb::handle base, const char* fn, const std::string& name);
 /// and keeps them alive until the call returns.
 class Call {
  public:
-  explicit Call(const char* fn) : fn_(fn) {}
+  explicit Call(const char* fn) : fn_(fn) { keep_.reserve(8); }
   const char* fn() const { return fn_; }
 
   /// Imports `h` (anything speaking DLPack or the buffer protocol) of rank `ndim`.
   Array array(nb::handle h, const std::string& name, int ndim);
-  /// A state view of `s` (`o` of rank 3, `lse` of rank 2 with o's first two extents).
-  StateView state(const PyState& s, const std::string& name);
-  /// A stack view of `s` (`o` rank 4, `lse` rank 3) in `order` (the layout of its leading dims).
-  ConstStateStackView stack(const PyState& s, StackOrder order, const std::string& name);
+  /// The `attnstate.State` `h` (an error naming `name` for anything else).
+  const PyState& state_of(nb::handle h, const std::string& name) const;
+  /// A state view of the State `h` (`o` of rank 3, `lse` of rank 2 with o's first two extents).
+  StateView state(nb::handle h, const std::string& name);
+  /// A stack view of the State `h` (`o` rank 4, `lse` rank 3) in `order` (the layout of its
+  /// leading dimensions).
+  ConstStateStackView stack(nb::handle h, StackOrder order, const std::string& name);
   /// A contiguous 1-D int32 array (indptr, lengths, tables), or null for None when `optional`.
   const std::int32_t* int32_vector(nb::handle h, const std::string& name, std::int64_t* size,
                                    bool optional = false);

@@ -15,7 +15,7 @@ namespace {
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 #endif
 
-void merge_state(const PyState& a, const PyState& b, const PyState& out, nb::handle stream) {
+void merge_state(nb::handle a, nb::handle b, nb::handle out, nb::handle stream) {
   Call c("attnstate.merge_state");
   const StateView va = c.state(a, "a"), vb = c.state(b, "b"), vo = c.state(out, "out");
   [[maybe_unused]] void* s = c.stream(stream);
@@ -29,8 +29,7 @@ void merge_state(const PyState& a, const PyState& b, const PyState& out, nb::han
 #endif
 }
 
-void merge_state_inplace(const PyState& acc, const PyState& other, nb::handle mask,
-                         nb::handle stream) {
+void merge_state_inplace(nb::handle acc, nb::handle other, nb::handle mask, nb::handle stream) {
   Call c("attnstate.merge_state_");
   const StateView va = c.state(acc, "acc"), vo = c.state(other, "other");
   const std::uint8_t* m = nullptr;
@@ -65,8 +64,7 @@ StackOrder parse_order(const Call& c, const std::string& order) {
   c.fail("order", "\"tokens_major\" or \"states_major\"", "\"" + order + "\"");
 }
 
-void merge_states(const PyState& states, const std::string& order, const PyState& out,
-                  nb::handle stream) {
+void merge_states(nb::handle states, const std::string& order, nb::handle out, nb::handle stream) {
   Call c("attnstate.merge_states");
   const ConstStateStackView vs = c.stack(states, parse_order(c, order), "states");
   const StateView vo = c.state(out, "out");
@@ -81,8 +79,7 @@ void merge_states(const PyState& states, const std::string& order, const PyState
 #endif
 }
 
-void merge_states_ragged(const PyState& rows, nb::handle indptr, const PyState& out,
-                         nb::handle stream) {
+void merge_states_ragged(nb::handle rows, nb::handle indptr, nb::handle out, nb::handle stream) {
   Call c("attnstate.merge_states_ragged");
   const StateView vr = c.state(rows, "rows");
   std::int64_t n = 0;
@@ -102,7 +99,7 @@ void merge_states_ragged(const PyState& rows, nb::handle indptr, const PyState& 
 #endif
 }
 
-void rebase(const PyState& in, const PyState& out, nb::handle stream) {
+void rebase(nb::handle in, nb::handle out, nb::handle stream) {
   Call c("attnstate.rebase");
   const StateView vi = c.state(in, "state"), vo = c.state(out, "out");
   [[maybe_unused]] void* s = c.stream(stream);
@@ -116,7 +113,7 @@ void rebase(const PyState& in, const PyState& out, nb::handle stream) {
 #endif
 }
 
-void mark_empty_rows(const PyState& state, nb::handle stream) {
+void mark_empty_rows(nb::handle state, nb::handle stream) {
   Call c("attnstate.mark_empty_rows");
   const StateView v = c.state(state, "state");
   [[maybe_unused]] void* s = c.stream(stream);

@@ -166,7 +166,7 @@ void init_decode_workspace(const PyDecodePlan& p, nb::handle workspace, nb::hand
 
 void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
                 nb::handle seq_lens, nb::handle page_indptr, nb::handle page_indices,
-                nb::handle block_table, const std::string& layout, const PyState& out,
+                nb::handle block_table, const std::string& layout, nb::handle out,
                 nb::handle workspace, nb::handle stream) {
   Call c("attnstate.Decode.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
@@ -246,8 +246,8 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
 }
 
 void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle v,
-                 const std::vector<nb::tuple>& levels, const std::string& layout,
-                 const PyState& out, nb::handle workspace, nb::handle stream) {
+                 const std::vector<nb::tuple>& levels, const std::string& layout, nb::handle out,
+                 nb::handle workspace, nb::handle stream) {
   Call c("attnstate.Cascade.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
   const PagedKvCache kv = kv_pools(c, k, v, layout);
