@@ -9,7 +9,8 @@ Errors raise `attnstate.Error` (`.status`, a message naming the argument).
 """
 
 from ._attnstate import Base, DType, Error, State, Status, has_cuda, num_threads, set_num_threads
-from ._merge import mark_empty_rows, merge_state, merge_state_, merge_states, merge_states_ragged, rebase
+from ._merge import (mark_empty_rows, merge_state, merge_state_, merge_states, merge_states_ragged,
+                     rebase)
 from ._plans import Cascade, Decode, default_scale
 
 __version__ = "0.1.0"

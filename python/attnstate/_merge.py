@@ -35,7 +35,8 @@ def _check_state(s, fn, arg):
 
 
 def _alloc(like, o_shape, dtype, base, fn):
-    o = empty(like.o, tuple(o_shape), dtype_name(dtype, "dtype", fn) if dtype else array_dtype(like.o))
+    o_dtype = dtype_name(dtype, "dtype", fn) if dtype else array_dtype(like.o)
+    o = empty(like.o, tuple(o_shape), o_dtype)
     lse = empty(like.o, tuple(o_shape[:-1]), "float32")
     return State(o, lse, base)
 

@@ -95,7 +95,9 @@ class Decode:
         """Runs the planned decode; returns `out` (or a State allocated like q, in `dtype`
         (default q's) and `base` (default natural)). Exactly one of (page_indptr, page_indices)
         and block_table gives the page table; the plan's batch is the maximum, `seq_lens` may be
-        shorter or have shorter lengths (a graph captured once replays for them)."""
+        shorter or have shorter lengths (a graph captured once replays for them). stream: as for
+        the merges (torch's current stream by default, an int handle or an object with
+        `__cuda_stream__`; None for host arrays); the run enqueues and returns."""
         plan = self._require()
         batch = q.shape[0] if len(q.shape) == 4 else 0
         out = _out_state(q, out, batch * self._q_len, self._heads_q, self._head_dim, dtype, base,
@@ -146,7 +148,8 @@ class Cascade:
     def run(self, q, k, v, levels, *, layout="NHD", out=None, dtype=None, base="natural",
             stream=None):
         """Runs the planned cascade over `levels` (in q's memory); returns `out` or a State
-        (batch * q_len, heads_q, head_dim) allocated like q."""
+        (batch * q_len, heads_q, head_dim), token b * q_len + t, allocated like q in `dtype`
+        (default q's) and `base`. stream: as for Decode.run."""
         if self._plan is None:
             raise error("attnstate.Cascade.run", "self", "a planned Cascade (call plan() first)",
                         "no plan")

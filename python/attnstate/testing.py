@@ -10,7 +10,8 @@ logits, determinism), shrinking a failure to a minimal case.
 (query head h reads KV head h // (heads_q // heads_kv); keys may be 0) and returns (o, lse):
 o (tokens, heads_q, head_dim), lse (tokens, heads_q) in the declared base, as arrays of any
 library (host or CUDA; they are copied to float32 NumPy arrays for the comparison). By default
-q, k, v are float32 NumPy arrays holding values of the drawn input dtype; pass
+q, k, v are float32 NumPy arrays holding values of the drawn input dtype (exactly: every f16 and
+bf16 value is a float32 value); pass
 `to_inputs(array, dtype_name)` to hand the kernel other arrays (e.g. bfloat16 CUDA tensors).
 """
 
@@ -40,8 +41,9 @@ def _default_inputs(a, dtype):
     return a  # float32 arrays already hold values rounded to the drawn dtype
 
 
-def check_kernel(fn, *, base, out_dtype="float32", input_dtypes=("float32", "float16"),
-                 laws=LAWS, num_tests=100, seed=0, tolerance_factor=1.0, shrink=True,
+def check_kernel(fn, *, base, out_dtype="float32",
+                 input_dtypes=("float32", "float16", "bfloat16"), laws=LAWS, num_tests=100,
+                 seed=0, tolerance_factor=1.0, shrink=True,
                  p_rounded_to_input=True, max_parts=5, max_tokens=3, min_keys=0, max_keys=300,
                  max_heads_kv=2, group_sizes=(1, 2, 4), head_dims=(1, 2, 4, 8, 16, 32),
                  large_logits_percent=20, to_inputs=None):

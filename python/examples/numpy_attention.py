@@ -8,6 +8,10 @@ overflows once scores reach the hundreds).
 import numpy as np
 
 
+def _empty_state(tokens, heads, d):
+    return np.zeros((tokens, heads, d), np.float32), np.full((tokens, heads), -np.inf, np.float32)
+
+
 def _scores(q, k, scale):
     group = q.shape[1] // max(k.shape[1], 1)
     kh = np.repeat(k.astype(np.float64), group, axis=1)  # (keys, heads_q, d)
@@ -18,7 +22,7 @@ def attention(q, k, v, scale):
     """The attention state (o, lse), natural-log LSE, of q over all of k, v."""
     tokens, heads, d = q.shape
     if k.shape[0] == 0:  # no keys: the empty state
-        return np.zeros((tokens, heads, d), np.float32), np.full((tokens, heads), -np.inf, np.float32)
+        return _empty_state(tokens, heads, d)
     s, group = _scores(q, k, scale)
     m = s.max(axis=2, keepdims=True)
     p = np.exp(s - m)
@@ -32,7 +36,7 @@ def attention_without_max(q, k, v, scale):
     """The same in float32 without the max subtraction: exp(s) overflows for large scores."""
     tokens, heads, d = q.shape
     if k.shape[0] == 0:
-        return np.zeros((tokens, heads, d), np.float32), np.full((tokens, heads), -np.inf, np.float32)
+        return _empty_state(tokens, heads, d)
     s, group = _scores(q, k, scale)
     with np.errstate(over="ignore", invalid="ignore"):
         p = np.exp(s.astype(np.float32))

@@ -7,8 +7,8 @@ import attnstate
 
 
 def st(tokens=4, heads=2, d=8, dtype=np.float32, base="natural"):
-    return attnstate.State(np.zeros((tokens, heads, d), dtype), np.zeros((tokens, heads), np.float32),
-                           base)
+    return attnstate.State(np.zeros((tokens, heads, d), dtype),
+                           np.zeros((tokens, heads), np.float32), base)
 
 
 def raises(match, status=attnstate.Status.INVALID_ARGUMENT):
@@ -57,8 +57,9 @@ def test_mismatched_shapes():
     with raises("argument 'a.lse': expected shape \\(4, 2\\)"):
         attnstate.merge_state(s, st())
     with raises("argument 'a.o': expected 3 dimensions"):
-        attnstate.merge_state(attnstate.State(np.zeros((4, 8), np.float32), np.zeros((4, 2), np.float32),
-                                              "natural"), st())
+        flat = attnstate.State(np.zeros((4, 8), np.float32), np.zeros((4, 2), np.float32),
+                               "natural")
+        attnstate.merge_state(flat, st())
     with raises("argument 'mask'"):
         attnstate.merge_state_(st(), st(), mask=np.ones(3, np.uint8))
     with raises("argument 'indptr'"):

@@ -86,9 +86,9 @@ def test_flash_states_merge_from_jax_arrays_into_torch_outputs():
     a = as_state(*flash(q, k[:, :, :500], v[:, :, :500]))
     b = as_state(*flash(q, k[:, :, 500:], v[:, :, 500:]))
     # JAX arrays of the first half (a copy made by JAX), ready before attnstate reads them
-    ja = attnstate.State(jnp.asarray(a.o.float().cpu().numpy(), device=jax.devices("gpu")[0]),
-                         jnp.asarray(a.lse.contiguous().cpu().numpy(), device=jax.devices("gpu")[0]),
-                         "natural")
+    gpu = jax.devices("gpu")[0]
+    ja = attnstate.State(jnp.asarray(a.o.float().cpu().numpy(), device=gpu),
+                         jnp.asarray(a.lse.contiguous().cpu().numpy(), device=gpu), "natural")
     jax.block_until_ready((ja.o, ja.lse))
     out = attnstate.State(torch.empty(L, H, D, device="cuda"), torch.empty(L, H, device="cuda"),
                           "natural")

@@ -160,3 +160,31 @@ def test_torch_compile_decode_op_in_cuda_graphs():
     for _ in range(3):  # warm-up, record, replay
         got = compiled(q, k, v, *args, dec.workspace)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+def test_cascade_on_the_gpu_matches_the_cpu_cascade():
+    heads_q, heads_kv, d, page = 16, 4, 128, 16
+    prefix, suffixes = 200, [37, 5, 64]
+    batch = len(suffixes)
+    pages = [-(-prefix // page)] + [-(-n // page) for n in suffixes]
+    total = sum(pages)
+    k = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+    starts = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    shared = (np.array([0, batch], np.int32), np.array([0, pages[0]], np.int32),
+              np.arange(pages[0], dtype=np.int32), np.array([prefix], np.int32))
+    own = (np.arange(batch + 1, dtype=np.int32), (starts[1:] - starts[1]).astype(np.int32),
+           np.arange(starts[1], total, dtype=np.int32), np.array(suffixes, np.int32))
+    levels = [shared, own]
+    q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
+    shape = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dim=d, page_size=page,
+                 num_pages=total)
+    cas = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, **shape)
+    dev_levels = [tuple(torch.from_numpy(a).cuda() for a in level) for level in levels]
+    out = cas.run(q, k, v, dev_levels, dtype=torch.float32)
+    host = attnstate.Cascade().plan(levels, dtype="float32", **shape)
+    ref = host.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                   levels)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
