@@ -37,3 +37,18 @@ def cuda_torch():
 
 requires_torch_cuda = pytest.mark.skipif(
     cuda_torch() is None, reason="needs torch, a CUDA device and attnstate's CUDA backend")
+
+
+def shared_prefix_levels(prefix, suffixes, page_size):
+    """Two cascade levels over one pool: a prefix of `prefix` tokens shared by every request in
+    pages 0.., then request b's own `suffixes[b]` tokens in the pages after. Returns the levels
+    (host int32 tuples), the pool's page count and the first page of each segment."""
+    batch = len(suffixes)
+    pages = [-(-prefix // page_size)] + [-(-n // page_size) for n in suffixes]
+    total = sum(pages)
+    starts = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    shared = (np.array([0, batch], np.int32), np.array([0, pages[0]], np.int32),
+              np.arange(pages[0], dtype=np.int32), np.array([prefix], np.int32))
+    own = (np.arange(batch + 1, dtype=np.int32), (starts[1:] - starts[1]).astype(np.int32),
+           np.arange(starts[1], total, dtype=np.int32), np.array(suffixes, np.int32))
+    return [shared, own], total, starts

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnstate
-from helpers import cuda_torch, reference_state, requires_torch_cuda
+from helpers import cuda_torch, requires_torch_cuda, shared_prefix_levels
 
 pytestmark = [pytest.mark.gpu, requires_torch_cuda]
 torch = cuda_torch()
@@ -166,16 +166,9 @@ def test_cascade_on_the_gpu_matches_the_cpu_cascade():
     heads_q, heads_kv, d, page = 16, 4, 128, 16
     prefix, suffixes = 200, [37, 5, 64]
     batch = len(suffixes)
-    pages = [-(-prefix // page)] + [-(-n // page) for n in suffixes]
-    total = sum(pages)
+    levels, total, _ = shared_prefix_levels(prefix, suffixes, page)
     k = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
-    starts = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    shared = (np.array([0, batch], np.int32), np.array([0, pages[0]], np.int32),
-              np.arange(pages[0], dtype=np.int32), np.array([prefix], np.int32))
-    own = (np.arange(batch + 1, dtype=np.int32), (starts[1:] - starts[1]).astype(np.int32),
-           np.arange(starts[1], total, dtype=np.int32), np.array(suffixes, np.int32))
-    levels = [shared, own]
     q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
     shape = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dim=d, page_size=page,
                  num_pages=total)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import attnstate
-from helpers import reference_state
+from helpers import reference_state, shared_prefix_levels
 
 rng = np.random.default_rng(11)
 
@@ -92,20 +92,14 @@ def test_cascade_shared_prefix_matches_attention():
     heads_q, heads_kv, d, page_size = 4, 2, 8, 4
     prefix, suffixes = 10, [3, 7, 1]
     batch = len(suffixes)
-    pages = [-(-prefix // page_size)] + [-(-n // page_size) for n in suffixes]
-    total = sum(pages)
+    levels, total, starts = shared_prefix_levels(prefix, suffixes, page_size)
     k = rng.standard_normal((total, page_size, heads_kv, d)).astype(np.float32)
     v = rng.standard_normal((total, page_size, heads_kv, d)).astype(np.float32)
-    starts = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    shared = (np.array([0, batch], np.int32), np.array([0, pages[0]], np.int32),
-              np.arange(pages[0], dtype=np.int32), np.array([prefix], np.int32))
-    own = (np.arange(batch + 1, dtype=np.int32), (starts[1:] - starts[1]).astype(np.int32),
-           np.arange(starts[1], total, dtype=np.int32), np.array(suffixes, np.int32))
     q = rng.standard_normal((batch, 1, heads_q, d)).astype(np.float32)
-    cas = attnstate.Cascade().plan([shared, own], batch=batch, heads_q=heads_q,
-                                   heads_kv=heads_kv, head_dim=d, page_size=page_size,
-                                   num_pages=total, dtype="float32")
-    out = cas.run(q, k, v, [shared, own])
+    cas = attnstate.Cascade().plan(levels, batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                                   head_dim=d, page_size=page_size, num_pages=total,
+                                   dtype="float32")
+    out = cas.run(q, k, v, levels)
     flat_k = k.reshape(-1, heads_kv, d)
     flat_v = v.reshape(-1, heads_kv, d)
     for b, n in enumerate(suffixes):
