@@ -126,3 +126,19 @@ def test_nan_in_a_non_empty_input_propagates():
     a.o[0, 0, 0] = np.nan
     out = attnstate.merge_state(a, state(q, k[10:], v[10:], scale))
     assert np.isnan(out.o[0, 0, 0]) and not np.isnan(out.o[1]).any()
+
+
+def test_state_value_and_cpu_threads():
+    o, lse = np.zeros((2, 1, 4), np.float32), np.zeros((2, 1), np.float32)
+    s = attnstate.State(o, lse, attnstate.Base.BASE2)
+    got_o, got_lse, base = s
+    assert got_o is o and got_lse is lse and base == attnstate.Base.BASE2
+    assert "base2" in repr(s) and "(2, 1, 4)" in repr(s)
+    before = attnstate.num_threads()
+    attnstate.set_num_threads(1)
+    try:
+        assert attnstate.num_threads() == 1
+        test_merge_state_of_two_halves_is_full_attention("natural", "base2", "natural")
+    finally:
+        attnstate.set_num_threads(0)
+    assert attnstate.num_threads() == before
