@@ -42,10 +42,18 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
     if (bt && kv.block_table_stride < 0)
       throw_argument(fn, "kv.block_table_stride", ">= 0", decode_str(kv.block_table_stride));
     std::int64_t table = 0;
+    if (!checked_add(kv.batch, 1, &table) || !checked_mul(table, 4, &table))  // lens, indptr
+      throw_argument(fn, "kv.batch", "a batch whose tables fit in 2^62 bytes",
+                     decode_str(kv.batch));
     if (bt &&
-        (!checked_mul(kv.batch, kv.block_table_stride, &table) || !checked_mul(table, 4, &table)))
-      throw_argument(fn, "kv.block_table_stride", "batch * block_table_stride within 2^62 bytes",
-                     decode_str(kv.block_table_stride) + " (batch " + decode_str(kv.batch) + ")");
+        (!checked_mul(kv.batch, kv.block_table_stride, &table) || !checked_mul(table, 4, &table))) {
+      const bool batch = kv.batch > kv.block_table_stride;  // the factor out of proportion
+      throw_argument(fn, batch ? "kv.batch" : "kv.block_table_stride",
+                     "batch * block_table_stride within 2^62 bytes",
+                     decode_str(batch ? kv.batch : kv.block_table_stride) + " (with " +
+                         (batch ? "block_table_stride " : "batch ") +
+                         decode_str(batch ? kv.block_table_stride : kv.batch) + ")");
+    }
     check_aligned(fn, "kv.seq_lens", kv.seq_lens, sizeof(std::int32_t));
     check_aligned(fn, "kv.page_indptr", kv.page_indptr, sizeof(std::int32_t));
     check_aligned(fn, "kv.page_indices", kv.page_indices, sizeof(std::int32_t));

@@ -3,6 +3,7 @@
 #include "attnstate/testing/host_state.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <iomanip>
 #include <limits>
@@ -86,6 +87,15 @@ HostState HostState::from_view(const ConstStateView& v) {
     detail::throw_argument(fn, "view.o", "non-null", "null");
   }
   if (any_row && v.lse == nullptr) detail::throw_argument(fn, "view.lse", "non-null", "null");
+  // an element access through a misaligned pointer is undefined: reject it
+  const auto aligned = [&](const char* name, const void* p, std::size_t bytes) {
+    const auto off = reinterpret_cast<std::uintptr_t>(p) % bytes;
+    if (p != nullptr && off != 0)
+      detail::throw_argument(fn, name, "a pointer aligned to " + std::to_string(bytes) + " bytes",
+                             "an address " + std::to_string(off) + " bytes past a multiple");
+  };
+  aligned("view.o", v.o, size_of(v.dtype));
+  aligned("view.lse", v.lse, sizeof(float));
   const std::size_t elem = size_of(v.dtype);
   for (std::int64_t t = 0; t < v.tokens; ++t) {
     for (std::int64_t h = 0; h < v.heads; ++h) {

@@ -16,7 +16,7 @@ namespace attnstate_fuzz {
 
 /// TODO(fuzz finding F3, /tmp/fuzz-findings.md): set to false once cpu::decode names kv.batch
 /// (not kv.block_table_stride) for a batch past 2^62.
-constexpr bool kPendingHugeBatchName = true;
+constexpr bool kPendingHugeBatchName = false;
 
 inline float draw_scale(Ctx& c, bool* bad) {
   *bad = false;
@@ -351,8 +351,9 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
         const i64 first = csr ? indptr[static_cast<std::size_t>(b)] : b * width;
         const i64 used = (len + kv.page_size - 1) / kv.page_size;
         const i64 pos = first + r.range(0, used - 1);
-        const std::int32_t bad_id = static_cast<std::int32_t>(
-            r.pick<i64>({-1, kv.num_pages, kv.num_pages + 1000, INT32_MAX, INT32_MIN}));
+        const std::int32_t bad_id = static_cast<std::int32_t>(r.pick<i64>(
+            {-1, std::min<i64>(kv.num_pages, INT32_MAX),
+             std::min<i64>(kv.num_pages, INT32_MAX - 1000) + 1000, INT32_MAX, INT32_MIN}));
         c.put<std::int32_t>((csr ? ix_off : bt_off) + 4 * pos, bad_id);
         c.reject("page id " + std::to_string(bad_id) + " at " + str(pos),
                  {csr ? "kv.page_indices" : "kv.block_table"});

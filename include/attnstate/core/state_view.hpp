@@ -70,7 +70,42 @@ struct ConstStateView : StateLayout {
       : StateLayout(v), o(v.o), lse(v.lse) {}
 };
 
+namespace detail {
+
+/// A contiguous stride: the product of the extents `x[0..n)` (named `names[i]`, function `fn`).
+/// Negative extents are kept as given (the call taking the view rejects them, naming them);
+/// throws naming the extent largest in magnitude when the product passes `kMaxSize`.
+inline std::int64_t contiguous_stride(const char* fn, std::initializer_list<const char*> names,
+                                      std::initializer_list<std::int64_t> x) {
+  std::int64_t magnitude = 1;
+  bool negative = false, fits = true;
+  for (std::int64_t v : x) {
+    negative ^= v < 0;
+    fits = fits && v != INT64_MIN && checked_mul(magnitude, v < 0 ? -v : v, &magnitude);
+  }
+  if (fits) return negative ? -magnitude : magnitude;
+  const char* largest = *names.begin();
+  std::uint64_t big = 0;
+  std::string got;
+  const char* const* name = names.begin();
+  for (std::int64_t v : x) {
+    const std::uint64_t m =
+        v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
+    if (m > big) {
+      big = m;
+      largest = *name;
+    }
+    got += (got.empty() ? "" : " * ") + std::string(*name) + " = " + std::to_string(v);
+    ++name;
+  }
+  throw_argument(fn, largest, "extents whose product is at most 2^62 elements", got);
+}
+
+}  // namespace detail
+
 /// A contiguous state view: `o` laid out `[tokens, heads, head_dim]`, `lse` `[tokens, heads]`.
+/// @throws Error (`kInvalidArgument`) naming the largest extent when `heads * head_dim` passes
+///         2^62 (negative extents are kept, for the taking call to reject).
 inline StateView make_state_view(void* o, DType dtype, float* lse, std::int64_t tokens,
                                  std::int64_t heads, std::int64_t head_dim, LseBase base,
                                  MemorySpace space = MemorySpace::kHost) {
@@ -81,7 +116,8 @@ inline StateView make_state_view(void* o, DType dtype, float* lse, std::int64_t 
   v.heads = heads;
   v.head_dim = head_dim;
   v.o_stride_head = head_dim;
-  v.o_stride_token = heads * head_dim;
+  v.o_stride_token = detail::contiguous_stride("attnstate::make_state_view", {"heads", "head_dim"},
+                                               {heads, head_dim});
   v.lse_stride_head = 1;
   v.lse_stride_token = heads;
   v.dtype = dtype;
@@ -159,16 +195,21 @@ inline ConstStateStackView make_state_stack(const void* o, DType dtype, const fl
   v.head_dim = head_dim;
   v.o_stride_head = head_dim;
   v.lse_stride_head = 1;
+  constexpr const char* kFn = "attnstate::make_state_stack";
+  const std::int64_t row = detail::contiguous_stride(kFn, {"heads", "head_dim"}, {heads, head_dim});
   if (order == StackOrder::kTokensMajor) {
-    v.o_stride_state = heads * head_dim;
-    v.o_stride_token = num_states * heads * head_dim;
+    v.o_stride_state = row;
+    v.o_stride_token = detail::contiguous_stride(kFn, {"num_states", "heads", "head_dim"},
+                                                 {num_states, heads, head_dim});
     v.lse_stride_state = heads;
-    v.lse_stride_token = num_states * heads;
+    v.lse_stride_token =
+        detail::contiguous_stride(kFn, {"num_states", "heads"}, {num_states, heads});
   } else {
-    v.o_stride_token = heads * head_dim;
-    v.o_stride_state = tokens * heads * head_dim;
+    v.o_stride_token = row;
+    v.o_stride_state =
+        detail::contiguous_stride(kFn, {"tokens", "heads", "head_dim"}, {tokens, heads, head_dim});
     v.lse_stride_token = heads;
-    v.lse_stride_state = tokens * heads;
+    v.lse_stride_state = detail::contiguous_stride(kFn, {"tokens", "heads"}, {tokens, heads});
   }
   v.dtype = dtype;
   v.base = base;
