@@ -34,7 +34,7 @@ constexpr int kMaxCascadeQueryLen = 8;
 struct CascadeLevel {
   std::int64_t num_segments = 0;                 ///< Segments of this level (≥ 1).
   const std::int32_t* request_indptr = nullptr;  ///< `(num_segments + 1)` request offsets.
-  const std::int32_t* page_indptr = nullptr;     ///< `(num_segments + 1)` page offsets.
+  const std::int32_t* page_indptr = nullptr;     ///< `(num_segments + 1)` page offsets, [0] = 0.
   const std::int32_t* page_indices = nullptr;    ///< Page ids `(page_indptr[num_segments])`.
   const std::int32_t* seg_lens = nullptr;        ///< `(num_segments)` tokens per segment (≥ 0).
 };

@@ -37,7 +37,7 @@ struct PagedKvCache {
   std::int64_t head_dim = 0;         ///< Elements per head.
   std::int64_t page_stride = 0;  ///< Elements between consecutive pages (≥ page_size·H_kv·D;
                                  ///< 0 means exactly that, i.e. a dense pool).
-  const std::int32_t* page_indptr = nullptr;   ///< CSR offsets `(batch + 1)`, or null.
+  const std::int32_t* page_indptr = nullptr;   ///< CSR offsets `(batch + 1)`, [0] = 0, or null.
   const std::int32_t* page_indices = nullptr;  ///< CSR page ids, or null.
   const std::int32_t* block_table = nullptr;   ///< Dense `(batch, block_table_stride)`, or null.
   std::int64_t block_table_stride = 0;         ///< Columns of `block_table`.
