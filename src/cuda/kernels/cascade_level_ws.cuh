@@ -435,20 +435,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
         bmax[rr] = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
       }
-      // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+      // (a NaN score is left out of the max but its probability is NaN: the row ends NaN;
+      // arch::max_nan is math::nan_max in one instruction, for this per-tile row max)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
-        bmax[rr] = math::nan_max(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
+        bmax[rr] = arch::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
-        bmax[rr] = math::nan_max(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+        bmax[rr] = arch::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
       float nm[2];
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         // OnlineSoftmax::rescale: a factor 1 while nothing was seen, 0 from an empty row
         // (2^-inf), NaN once a max is NaN
         const float m_old = os[rr].m;
-        const float m_new = math::nan_max(m_old, bmax[rr] * sc);
+        const float m_new = arch::max_nan(m_old, bmax[rr] * sc);
         const bool none = m_new == math::neg_inf();
         alpha[rr] = none ? 1.f : arch::ex2_approx_ftz(m_old - m_new);
         os[rr].l *= alpha[rr];
@@ -492,7 +493,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               bmax = fmaxf(bmax, sv);
             }
         }
-        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+        // (a NaN score is left out of the max but its probability is NaN: the row ends NaN;
+        // arch::max_nan is math::nan_max in one instruction, for this per-tile row max)
         bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
         bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
         alpha[rr] = os[rr].rescale(bmax);
