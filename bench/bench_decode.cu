@@ -15,7 +15,7 @@
 /// GPU waits for the host's launch); `--floors` also times an empty kernel after the flush and
 /// the read bandwidth of the cache in the decode's access pattern (no arithmetic); `--host`
 /// prints the host time of one `run_decode` call; `--timeline` (builds with
-/// ATTNSTATE_DECODE_TIMELINE=1 only) prints per-CTA timeline statistics of single calls;
+/// -DATTNSTATE_BUILD_PROBES=ON only) prints per-CTA timeline statistics of single calls;
 /// `--layers n` also times the point as a model's layer loop: n calls captured in one CUDA graph,
 /// call l reading its own cache (layer l's pages, inputs rotated: n caches, at least 256 MiB in
 /// all, never the same bytes twice in a replay), the graph replayed after an L2 flush; prints
@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "probe_hooks.hpp"
 
 namespace {
 
@@ -107,10 +109,6 @@ __global__ void spin_kernel(unsigned long long ns) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (t - t0 < ns);
 }
-
-#if ATTNSTATE_DECODE_TIMELINE
-extern "C" void attnstate_decode_timeline(unsigned long long* host, int ctas);
-#endif
 
 /// Reads the K and V rows of `streams` (request, KV head) pairs the way the decode does, without
 /// arithmetic: one CTA of 4 warps per stream, each warp 16-token tiles (w, w + 4, ...), lane l
@@ -469,7 +467,7 @@ int main(int argc, char** argv) {
         continue;
       }
       if (timeline) {
-#if ATTNSTATE_DECODE_TIMELINE
+#if ATTNSTATE_PROBES
         // Single calls after a flush: per-CTA stamps (start, partial state done, merge
         // decision, merge end) relative to the first CTA's start, in µs.
         void* tws = nullptr;
@@ -546,7 +544,7 @@ int main(int argc, char** argv) {
         }
         ATTNSTATE_CUDA_CHECK(cudaFree(tws));
 #else
-        std::printf("timeline: build with -DATTNSTATE_DECODE_TIMELINE=1\n");
+        std::printf("timeline: build with -DATTNSTATE_BUILD_PROBES=ON\n");
 #endif
       }
       if (host_time) {
@@ -616,14 +614,17 @@ int main(int argc, char** argv) {
       cuda::init_decode_workspace(plan, ws, ws_bytes, bench.stream);
       const double t = bench.time_us(
           reps, [&] { cuda::run_decode(plan, qv, kv, out, ws, ws_bytes, bench.stream); });
-      double comb = 0;
+      double comb = 0;  // the merge's share: only a probe build can leave the merge out
+#if ATTNSTATE_PROBES
       if (plan.splits.max_splits > 1) {
-        cuda::DecodePlan skip = plan;
-        skip.profile_skip_combine = true;
-        const double ts = bench.time_us(
-            reps, [&] { cuda::run_decode(skip, qv, kv, out, ws, ws_bytes, bench.stream); });
+        const double ts = bench.time_us(reps, [&] {
+          cuda::probe::run_decode_skip_combine(plan, qv, kv, out, ws, ws_bytes, bench.stream);
+        });
         comb = std::max(0.0, (t - ts) / t);
       }
+#else
+      comb = std::nan("");
+#endif
       const double t1 = no_s1 ? 0.0 : bench.time_us(reps, [&] {
         cuda::run_decode(plan1, qv, kv, out, ws, ws_bytes, bench.stream);
       });

@@ -2,19 +2,16 @@
 /// @brief Launch checking and the debug-sync switch of the cuda backend.
 #include "attnstate/cuda/check.hpp"
 
-#include <cstdlib>
-#include <cstring>
-
 namespace attnstate {
 namespace cuda {
 namespace detail {
 
 bool debug_sync_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("ATTNSTATE_DEBUG_SYNC");
-    return v != nullptr && std::strcmp(v, "0") != 0 && v[0] != '\0';
-  }();
-  return enabled;
+#if defined(ATTNSTATE_DEBUG_SYNC) && ATTNSTATE_DEBUG_SYNC
+  return true;  // a build with -DATTNSTATE_DEBUG_SYNC=ON
+#else
+  return false;
+#endif
 }
 
 void check_launch(cudaStream_t stream, const char* kernel, const char* file, int line) {

@@ -16,6 +16,7 @@
 #include "cuda/decode_prior.hpp"
 #include "cuda/kernels/decode_split_kv.cuh"
 #include "cuda/kernels/decode_stream.cuh"
+#include "cuda/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -44,34 +45,10 @@ int ctas_per_sm(std::int64_t head_dim) {
                            : detail::decode_ctas_per_sm(256, detail::kDecodeStages);
 }
 
-/// Splits of at most this many tokens are worth merging in a cluster rather than spread over
-/// more CTAs (automatic policy). Build-time knob.
-#ifndef ATTNSTATE_DECODE_CLUSTER_TOKENS
-#define ATTNSTATE_DECODE_CLUSTER_TOKENS 256
-#endif
-
-/// The automatic split count is rounded up to a multiple of this (when the grid stays within
-/// `slots` and the splits merge through the workspace), so that groups of splits can share a
-/// cluster (measured on the H200 at 1 × 32k, 31 → 32 splits: 50.2 → 47.1 µs at 64/8 heads).
-/// Build-time knob (1: off); probe builds read ATTNSTATE_DECODE_SPLIT_MULT when set.
-#ifndef ATTNSTATE_DECODE_SPLIT_MULT
-#define ATTNSTATE_DECODE_SPLIT_MULT 2
-#endif
-int split_multiple() {
-#if ATTNSTATE_DECODE_TIMELINE
-  static const int env = [] {
-    const char* v = std::getenv("ATTNSTATE_DECODE_SPLIT_MULT");
-    return v != nullptr ? std::atoi(v) : -1;
-  }();
-  if (env >= 1) return env;
-#endif
-  return ATTNSTATE_DECODE_SPLIT_MULT;
-}
-
 /// The automatic split layout for `slots` concurrent CTAs: the wave-efficiency heuristic, then,
 /// for short requests, at most as many splits as a cluster merges in distributed shared memory
 /// (rather than many tiny splits merged through the workspace); for long ones, a split count
-/// rounded up to `split_multiple()` when the grid stays within the slots.
+/// rounded up to `tuning::kDecodeSplitMultiple` when the grid stays within the slots.
 /// Errors name `fn` and `seq_lens_host` (the argument of `plan_decode`).
 SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
                         const DecodeOptions& options, std::int64_t slots, int row_tiles) {
@@ -83,12 +60,12 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
   if (detail::kDecodeMaxCluster > 1 && l.max_splits > detail::kDecodeMaxCluster) {
     std::int64_t chunk = (max_len + detail::kDecodeMaxCluster - 1) / detail::kDecodeMaxCluster;
     chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
-    if (chunk > 0 && chunk <= ATTNSTATE_DECODE_CLUSTER_TOKENS) {
+    if (chunk > 0 && chunk <= tuning::kDecodeClusterTokens) {
       l.split_size = static_cast<std::int32_t>(chunk);
       l.max_splits = static_cast<std::int32_t>((max_len + chunk - 1) / chunk);
     }
   }
-  const int mult = split_multiple();
+  const int mult = tuning::kDecodeSplitMultiple;
   if (mult > 1 && l.policy == SplitPolicy::kFixedSize && l.max_splits > detail::kDecodeMaxCluster &&
       l.max_splits % mult != 0) {
     const std::int64_t target = (l.max_splits + mult - 1) / mult * mult;
@@ -103,6 +80,13 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
   }
   return l;
 }
+
+#if ATTNSTATE_PROBES
+thread_local bool t_skip_combine = false;  // set only by probe::run_decode_skip_combine
+bool probe_skip_combine() { return t_skip_combine; }
+#else
+constexpr bool probe_skip_combine() { return false; }
+#endif
 
 struct WorkspaceLayout {
   std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
@@ -205,24 +189,11 @@ int prepare_kernel(int cluster) {
   return n;
 }
 
-/// Largest group size of the workspace merge (build-time knob; probe builds read the
-/// environment variable ATTNSTATE_DECODE_WS_GROUP instead when it is set).
-int max_ws_group() {
-#if ATTNSTATE_DECODE_TIMELINE
-  static const int env = [] {
-    const char* v = std::getenv("ATTNSTATE_DECODE_WS_GROUP");
-    return v != nullptr ? std::atoi(v) : -1;
-  }();
-  if (env >= 1) return std::min(env, detail::kDecodeMaxWsGroup);
-#endif
-  return detail::kDecodeWsGroup;
-}
-
 /// The group size of the workspace merge of `S` splits on a grid of `grid` CTAs: the largest
 /// size that divides the split count and keeps every cluster resident at once, 1 for none.
 template <int D, bool kBF16, int kStages>
 int ws_group(int S, std::int64_t grid) {
-  for (int c = std::min(max_ws_group(), S - 1); c >= 2; --c)
+  for (int c = std::min(detail::kDecodeWsGroup, S - 1); c >= 2; --c)
     if (S % c == 0 && grid / c <= prepare_kernel<D, kBF16, kStages>(c)) return c;
   return 1;
 }
@@ -318,15 +289,6 @@ void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, bo
   }
 }
 
-/// Longest request the automatic policy runs on the streamed kernel (build-time knob). Measured
-/// on the H200 (32/8 heads, head dim 128, one split each, L2 flushed; µs, split kernel →
-/// streamed): 256 × 64 keys 49.4 → 26.1, 128 × 128 35.6 → 23.4, 128 × 256 54.1 → 38.3,
-/// 128 × 512 86.0 → 69.3, 256 × 1k 278.5 → 252.4, 128 × 2k 264.3 → 250.2, 256 × 2k 514.5 →
-/// 493.9.
-#ifndef ATTNSTATE_DECODE_STREAM_MAX_TOKENS
-#define ATTNSTATE_DECODE_STREAM_MAX_TOKENS 2048
-#endif
-
 /// Launches the streamed kernel: one CTA per SM (fewer when there are fewer items).
 template <int D, bool kBF16>
 void launch_stream(const detail::DecodeParams& p, std::int64_t items, int num_sms,
@@ -415,8 +377,7 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   // Automatic policy, one split each, requests up to the cap and enough items to keep at least
   // 3/4 of the streamed kernel's warps busy on every SM: the streamed kernel (its warps' copies
   // run on from one item into the next). With fewer items its SMs hold too few warps to hide
-  // the latency of their arithmetic (measured: 64 × 1k keys, 512 items, 77.5 µs on the split
-  // kernel, 91.0 streamed).
+  // the latency of their arithmetic (bench/RESULTS.md, the streamed kernel's section).
   std::int64_t max_len = 0;
   for (std::int64_t i = 0; i < problem.batch; ++i)
     max_len = std::max<std::int64_t>(max_len, seq_lens_host[i]);
@@ -424,7 +385,7 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
                   problem.head_dim <= 128 &&
                   4 * grid >= 3 * static_cast<std::int64_t>(num_sms) *
                                   detail::stream_warps(static_cast<int>(problem.head_dim)) &&
-                  max_len <= ATTNSTATE_DECODE_STREAM_MAX_TOKENS;
+                  max_len <= tuning::kDecodeStreamMaxTokens;
   return plan;
 }
 
@@ -576,7 +537,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.ws_o = w.total ? reinterpret_cast<float*>(ws + w.o_off) : nullptr;
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
   p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
-  p.skip_combine = plan.profile_skip_combine;
+  p.skip_combine = probe_skip_combine();
   p.prior_o = prior.count > 0 ? prior.o : nullptr;
   p.prior_lse = prior.count > 0 ? prior.lse : nullptr;
   p.prior_count = prior.count;
@@ -595,7 +556,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
 }  // namespace cuda
 }  // namespace attnstate
 
-#if ATTNSTATE_DECODE_TIMELINE
+#if ATTNSTATE_PROBES
 /// Probe builds only: copies the per-CTA timeline stamps (8 per CTA, `ctas` CTAs) to `host` and
 /// clears them.
 extern "C" void attnstate_decode_timeline(unsigned long long* host, int ctas) {
@@ -607,4 +568,27 @@ extern "C" void attnstate_decode_timeline(unsigned long long* host, int ctas) {
   ATTNSTATE_CUDA_CHECK(cudaGetSymbolAddress(&addr, g_decode_timeline));
   ATTNSTATE_CUDA_CHECK(cudaMemset(addr, 0, sizeof(g_decode_timeline)));
 }
+#endif
+
+#if ATTNSTATE_PROBES
+namespace attnstate {
+namespace cuda {
+namespace probe {
+
+void run_decode_skip_combine(const DecodePlan& plan, const ConstTensorView& q,
+                             const PagedKvCache& kv, StateView out, void* workspace,
+                             std::size_t workspace_bytes, cudaStream_t stream) {
+  t_skip_combine = true;
+  try {
+    run_decode(plan, q, kv, out, workspace, workspace_bytes, stream);
+  } catch (...) {
+    t_skip_combine = false;
+    throw;
+  }
+  t_skip_combine = false;
+}
+
+}  // namespace probe
+}  // namespace cuda
+}  // namespace attnstate
 #endif

@@ -8,19 +8,13 @@
 #include "cuda/kernels/merge_dispatch.cuh"
 #include "cuda/kernels/merge_launch.cuh"
 #include "cuda/kernels/merge_pair.cuh"
+#include "cuda/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {
 namespace {
 
 namespace v = attnstate::detail;
-
-/// Chunks of a row per thread of the pairwise merge, at least (1 or 2; build-time knob): two
-/// halve the per-row work per byte (measured on the H200 at 4096 tokens × 32 heads × 128, bf16:
-/// 41.7 → 30.7 µs).
-#ifndef ATTNSTATE_MERGE_PAIR_CHUNKS
-#define ATTNSTATE_MERGE_PAIR_CHUNKS 2
-#endif
 
 constexpr MemorySpace kDevice = MemorySpace::kDevice;
 
@@ -33,7 +27,7 @@ void launch_pair(const ConstStateView& a, const ConstStateView& b, const StateVi
   args.b = b;
   args.out = out;
   args.mask = mask;
-  args.split = kernels::row_split(out.head_dim, ATTNSTATE_MERGE_PAIR_CHUNKS);
+  args.split = kernels::row_split(out.head_dim, tuning::kMergePairChunks);
   args.aligned =
       kernels::vec_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
       kernels::vec_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&

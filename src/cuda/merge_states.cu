@@ -14,6 +14,7 @@
 #include "cuda/kernels/merge_ragged.cuh"
 #include "cuda/kernels/merge_ring.cuh"
 #include "cuda/kernels/merge_stack.cuh"
+#include "cuda/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -39,31 +40,18 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   return args;
 }
 
-/// Whether `merge_states` may use its fast kernels (few-states and ring kernels): 1 (the
-/// default) or 0, the general kernel only (build-time knob, for comparisons).
-#ifndef ATTNSTATE_MERGE_FAST_PATH
-#define ATTNSTATE_MERGE_FAST_PATH 1
-#endif
-
-/// Stacks of at most this many states (and 16-byte access to `o`) go to the few-states kernel:
-/// 0 to 4 (build-time knob, for comparisons; 0 disables it).
-#ifndef ATTNSTATE_MERGE_FEW_STATES
-#define ATTNSTATE_MERGE_FEW_STATES 4
-#endif
-static_assert(ATTNSTATE_MERGE_FEW_STATES >= 0 &&
-                  ATTNSTATE_MERGE_FEW_STATES <= kernels::kFewMaxStates,
+static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels::kFewMaxStates,
               "the few-states kernel merges at most kFewMaxStates states");
 
 /// The kernels of `merge_states`, all giving the same bits.
 enum class StackKernel { kGeneral, kFew, kRing };
 
 /// The one place that picks the kernel of `merge_states`: stacks with 16-byte access to `o` go to
-/// the few-states kernel (at most `ATTNSTATE_MERGE_FEW_STATES` states) or, with at least one
+/// the few-states kernel (at most `tuning::kMergeFewStates` states) or, with at least one
 /// block of work per SM, to the ring kernel; everything else to the general kernel.
 template <class TIn, class TO>
 StackKernel pick_kernel(const kernels::RowsArgs& args) {
-  if (ATTNSTATE_MERGE_FAST_PATH == 0) return StackKernel::kGeneral;
-  if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= ATTNSTATE_MERGE_FEW_STATES) {
+  if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= tuning::kMergeFewStates) {
     return StackKernel::kFew;
   }
   return kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())

@@ -23,8 +23,8 @@ namespace detail {
                                       ": " + cudaGetErrorString(err));
 }
 
-/// True when launches should be followed by a stream synchronisation (debug aid; set the
-/// environment variable `ATTNSTATE_DEBUG_SYNC=1`). Never enabled during graph capture.
+/// True when launches are followed by a stream synchronisation (debug aid: a build configured
+/// with `-DATTNSTATE_DEBUG_SYNC=ON`). Never done during graph capture.
 bool debug_sync_enabled();
 
 /// Checks the last launch on `stream` (and synchronises it in debug-sync mode unless capturing).

@@ -75,9 +75,6 @@ struct DecodePlan {
   /// states folded in (a cascade's fold; measured slower with the streamed kernel, whose warps
   /// would wait for the shared levels holding a whole SM each).
   bool streamed = false;
-  /// Benchmark aid: when true the cross-split merge is skipped (outputs of split requests are
-  /// then left unwritten). Never set this outside of profiling.
-  bool profile_skip_combine = false;
 
   /// Bytes of device workspace `run_decode` needs (0 when `splits.max_splits == 1`): fp32 partial
   /// states `o (batch, heads_kv, row_tiles, max_splits, 16, head_dim)` and their base-2 LSEs,

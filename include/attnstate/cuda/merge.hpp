@@ -3,8 +3,8 @@
 ///
 /// Same operations, argument checks and numerics as `attnstate::cpu` (see cpu/merge.hpp), over
 /// views of device memory (`MemorySpace::kDevice`). Every function launches on the caller's
-/// stream, never allocates, never synchronises (unless `ATTNSTATE_DEBUG_SYNC=1`), and can be
-/// captured in a CUDA graph. Calls run on the current device, which must be the device of the
+/// stream, never allocates, never synchronises (unless built with `ATTNSTATE_DEBUG_SYNC`), and can
+/// be captured in a CUDA graph. Calls run on the current device, which must be the device of the
 /// stream and of every pointer; a null stream is the legacy default stream. Supported head_dim:
 /// 64, 128, 256, 512 (others raise `Status::kNotSupported`); any number of tokens and heads; o in
 /// f32, f16 or bf16, input and output dtypes and LSE bases may differ.

@@ -1,0 +1,33 @@
+/// @file tuning_sm90.hpp
+/// @brief The host-side tuning constants of the CUDA backend, chosen on the H200 (sm_90): how
+///        the plans and dispatchers pick kernels, splits and launch shapes. The measurements that
+///        chose each value are in bench/RESULTS.md; changing one changes speed, never results.
+///
+/// The kernels' own compile-time shapes (tile sizes, pipeline depths) live beside the kernels in
+/// `kernels/*_params.cuh`. Nothing here is a build-time or environment knob: a value a user may
+/// choose goes through the options structs (`DecodeOptions`, `CascadeTuning`).
+#pragma once
+
+namespace attnstate {
+namespace cuda {
+namespace tuning {
+
+/// Pairwise merge: chunks of a row per thread, at least (two halve the per-row work per byte).
+inline constexpr int kMergePairChunks = 2;
+/// `merge_states`: stacks of at most this many states (with 16-byte access to `o`) run on the
+/// few-states kernel (at most `kernels::kFewMaxStates`).
+inline constexpr int kMergeFewStates = 4;
+
+/// Decode, automatic policy: splits of at most this many tokens merge in a cluster (distributed
+/// shared memory) rather than spreading over more CTAs merged through the workspace.
+inline constexpr int kDecodeClusterTokens = 256;
+/// Decode, automatic policy: the split count of a long request is rounded up to a multiple of
+/// this when the grid stays within one wave, so that groups of splits can share a cluster.
+inline constexpr int kDecodeSplitMultiple = 2;
+/// Decode, automatic policy: the longest request that runs on the streamed kernel (one split per
+/// request, enough items to fill every SM).
+inline constexpr int kDecodeStreamMaxTokens = 2048;
+
+}  // namespace tuning
+}  // namespace cuda
+}  // namespace attnstate
