@@ -42,13 +42,6 @@ struct WgmmaType {
   }
 };
 
-/// Element offset of 16-byte chunk `c` of KV row `r` in the 128B-swizzled layout the tensor
-/// cores read: `[D / 64][rows][64]`, chunk `c % 8` XOR `r % 8` inside each 128-byte row.
-template <int Rows>
-__device__ __forceinline__ int swz128(int r, int c) {
-  return (c >> 3) * Rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
-}
-
 }  // namespace detail
 
 /// Tile configuration of the wgmma kernel: `NWG` warpgroups of 64 rows; `D` the head dim.
@@ -74,7 +67,7 @@ template <class T, class Tile>
 __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const CascadeLevelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN;
-  constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads, kChunks = Tile::kChunks;
+  constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads;
   using Wg = detail::WgmmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
@@ -84,99 +77,20 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   T* s_k = s_q + BM * D;
   T* s_v = s_k + kStages * BN * D;
 
-  const detail::PdlScope pdl;
+  const tile::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h_kv = blockIdx.y;
-  detail::LevelBlock lb;
+  tile::LevelBlock lb;
   if (!lb.locate(p, BM, BN)) return;
-  const int r0 = lb.r0, rows_per_req = lb.rows_per_req;
-  const int nrows = lb.nrows, row0 = lb.row0, pbeg = lb.pbeg, len = lb.len;
-  const int kv_begin = lb.kv_begin, kv_end = lb.kv_end, n_tiles = lb.n_tiles;
-
-  const T* q = static_cast<const T*>(p.q);
-  const T* kpool = static_cast<const T*>(p.k);
-  const T* vpool = static_cast<const T*>(p.v);
-
-  for (int i = tid; i < BM * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const int R = row0 + r;
-    const T* src = q;
-    int bytes = 0;
-    if (R < nrows) {
-      const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
-      const int t = rem / p.group, g = rem % p.group;
-      src = q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
-      bytes = 16;
-    }
-    arch::cp_async_16_zfill(arch::smem_addr(s_q + detail::swz<D>(r, c)), src, bytes);
-  }
-  arch::cp_async_commit();
-
-  // KV tile loads: thread `tid` copies 16-byte chunk `c_ld` of rows `r_ld + it * kRowStep`.
-  // The page ids of a tile are fetched one tile ahead of its copies (`pg`), so the dependent
-  // page-table loads overlap the math instead of stalling every copy.
-  constexpr int kLoadIters = BN * kChunks / kThreads;
-  constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && (BN * kChunks) % kThreads == 0, "load mapping");
-  const int c_ld = tid % kChunks, r_ld = tid / kChunks;
-  auto fetch_pages = [&](int kt, int(&pg)[kLoadIters]) {
-    const int jb = kv_begin + kt * BN + r_ld;
-#pragma unroll
-    for (int it = 0; it < kLoadIters; ++it) {
-      const int j = jb + it * kRowStep;
-      pg[it] = j < kv_end ? p.page_indices[pbeg + detail::page_of(p, j)] : 0;
-    }
-  };
-  auto issue_kv = [&](int kt, int stage, const int(&pg)[kLoadIters]) {
-    T* dk = s_k + stage * BN * D;
-    T* dv = s_v + stage * BN * D;
-    const int jb = kv_begin + kt * BN;
-#pragma unroll
-    for (int it = 0; it < kLoadIters; ++it) {
-      const int r = r_ld + it * kRowStep, c = c_ld;
-      const int j = jb + r;
-      const T* ks = kpool;
-      const T* vs = vpool;
-      int bytes = 0;
-      if (j < kv_end) {
-        std::int64_t page = pg[it];
-        page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-        const int slot = detail::slot_of(p, j);
-        const std::int64_t off = page * p.page_elems +
-                                 (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
-                                        : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
-                                     D +
-                                 c * 8;
-        ks = kpool + off;
-        vs = vpool + off;
-        bytes = 16;
-      }
-      arch::cp_async_16_zfill(arch::smem_addr(dk + detail::swz128<BN>(r, c)), ks, bytes);
-      arch::cp_async_16_zfill(arch::smem_addr(dv + detail::swz128<BN>(r, c)), vs, bytes);
-    }
-  };
-
-  int pg[kLoadIters];
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < n_tiles) {
-      fetch_pages(st, pg);
-      issue_kv(st, st, pg);
-    }
-    arch::cp_async_commit();
-  }
-  if (p.prefetch_pages && kStages - 1 < n_tiles) fetch_pages(kStages - 1, pg);
-
+  using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::Swizzle128<BN>>;
+  const Loader ld(p, lb, s_k, s_v, h_kv, tid);
+  ld.template load_q<BM>(s_q, tid);
+  int pg[Loader::kLoadIters];
+  ld.start(pg);
+  // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
   int limit[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int R = row0 + warp * 16 + (lane >> 2) + rr * 8;
-    limit[rr] = kv_end;
-    if (p.causal_tail && R < nrows) {
-      const int t = (R % rows_per_req) / p.group;
-      limit[rr] = min(kv_end, len - (p.q_len - 1 - t));
-    }
-  }
+  ld.causal_limits(warp * 16, lane, limit);
+  const int kv_begin = lb.kv_begin, n_tiles = lb.n_tiles;
 
   arch::cp_async_wait<kStages - 1>();
   __syncthreads();
@@ -185,7 +99,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   for (int ks = 0; ks < D / 16; ++ks) {
     const int r = warp * 16 + (lane & 15);
     const int c = ks * 2 + (lane >> 4);
-    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + detail::swz<D>(r, c)));
+    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + tile::swz<D>(r, c)));
   }
 
   float acc[D / 8][4];
@@ -197,15 +111,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::cp_async_wait<kStages - 2>();
     arch::fence_proxy_async();
     __syncthreads();
-    {
-      const int nt = kt + kStages - 1;
-      if (nt < n_tiles) {
-        if (!p.prefetch_pages) fetch_pages(nt, pg);
-        issue_kv(nt, nt % kStages, pg);
-      }
-      arch::cp_async_commit();
-      if (p.prefetch_pages && nt + 1 < n_tiles) fetch_pages(nt + 1, pg);
-    }
+    ld.advance(kt, pg);
     const std::uint32_t k_base = arch::smem_addr(s_k + (kt % kStages) * BN * D);
     const std::uint32_t v_base = arch::smem_addr(s_v + (kt % kStages) * BN * D);
 

@@ -156,10 +156,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const std::uint32_t full0 = arch::smem_addr(s_v + kStages * BN * D);
   const std::uint32_t empty0 = full0 + kStages * 8;
 
-  const detail::PdlScope pdl;
+  const tile::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h_kv = blockIdx.y;
-  detail::LevelBlock lb;
+  tile::LevelBlock lb;
   if (!lb.locate(p, BM, BN)) return;
   const int r0 = lb.r0, rows_per_req = lb.rows_per_req;
   const int nrows = lb.nrows, row0 = lb.row0, pbeg = lb.pbeg, len = lb.len;
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               c * 8;
         bytes = 16;
       }
-      arch::cp_async_16_zfill(q_smem + 2 * detail::swz128<BM>(r, c), src, bytes);
+      arch::cp_async_16_zfill(q_smem + 2 * tile::swz128<BM>(r, c), src, bytes);
     }
     arch::cp_async_commit();
   }
@@ -218,7 +218,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     auto load_window = [&](int w) {
       const int j = kv_begin + (w * 32 + lane) * G;
       std::int64_t pg = 0;
-      if (j < kv_end) pg = p.page_indices[pbeg + detail::page_of(p, j)];
+      if (j < kv_end) pg = p.page_indices[pbeg + tile::page_of(p, j)];
+      // tile::clamp_page written out (here and in copy_partial): through the helper ptxas emits
+      // other code for this kernel, and it is kept as measured (bench/RESULTS.md, 2026-12-01)
       pg = pg < 0 ? 0 : (pg >= p.num_pages ? p.num_pages - 1 : pg);
       return static_cast<int>(pg);
     };
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     auto copy_boxes = [&](std::uint32_t dst, const CUtensorMap* tm, const CUtensorMap* tm_run,
                           bool run, std::uint32_t full, int j0, int page) {
       if (lane >= nb || (run && (b & (per_run - 1)) != 0)) return;
-      const int slot = detail::slot_of(p, j0 + b * G);
+      const int slot = tile::slot_of(p, j0 + b * G);
       int c1 = 0, c2 = 2 * h_kv, c3 = slot >> 3, c4 = page;  // NHD
       if (p.tma_coords == 1) {                               // unpadded HND
         c2 = 0;
@@ -255,9 +257,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         std::int64_t off = 0;
         int bytes = 0;
         if (j < kv_end) {
-          std::int64_t page = p.page_indices[pbeg + detail::page_of(p, j)];
+          std::int64_t page = p.page_indices[pbeg + tile::page_of(p, j)];
           page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-          const int sl = detail::slot_of(p, j);
+          const int sl = tile::slot_of(p, j);
           off =
               page * p.page_elems + (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
                                            : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   for (int ks = 0; ks < D / 16; ++ks) {
     const int r = wg * 64 + wl * 16 + (lane & 15);
     const int c = ks * 2 + (lane >> 4);
-    arch::ldmatrix_x4(qf[ks], q_smem + 2 * detail::swz128<BM>(r, c));
+    arch::ldmatrix_x4(qf[ks], q_smem + 2 * tile::swz128<BM>(r, c));
     if (negate_q)
 #pragma unroll
       for (int i = 0; i < 4; ++i) qf[ks][i] ^= 0x80008000u;

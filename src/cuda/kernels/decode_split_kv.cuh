@@ -50,6 +50,7 @@
 #include "cuda/arch/special.cuh"
 #include "cuda/kernels/decode_merge.cuh"
 #include "cuda/kernels/decode_params.cuh"
+#include "cuda/tile/paged_kv.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -458,11 +459,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
 #endif
 
     auto page_id = [&](std::int64_t pidx) -> std::int64_t {
-      std::int64_t id = p.block_table != nullptr ? p.block_table[b * p.block_table_stride + pidx]
-                                                 : p.page_indices[csr_base + pidx];
-      if (id < 0) id = 0;
-      if (id >= p.num_pages) id = p.num_pages - 1;
-      return id;
+      return tile::clamp_page(p.block_table != nullptr
+                                  ? p.block_table[b * p.block_table_stride + pidx]
+                                  : p.page_indices[csr_base + pidx],
+                              p.num_pages);
     };
     auto in_page = [&](std::int64_t slot) { return kv_in_page<D>(p, hkv, slot); };
     // Page id of this warp's tile `it` when a tile lies in one page (else unused).
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       for (int k = 0; k < kSpec; ++k) {
         if (k == it && tile_in_page && it < my_tiles && spec_pid[k] >= 0 &&
             static_cast<std::uint32_t>(range.begin + warp * kRows) == spec_t0) {
-          const std::int64_t id = spec_pid[k];
+          const std::int64_t id = spec_pid[k];  // >= 0: only the upper clamp can apply
           return id < p.num_pages ? id : p.num_pages - 1;
         }
       }

@@ -255,9 +255,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
         ld_win = pidx >> 5;
         ld_pids = pid_window(it, ld_win);
       }
-      std::int64_t pid = __shfl_sync(0xffffffffu, ld_pids, pidx & 31);
-      if (pid < 0) pid = 0;
-      if (pid >= p.num_pages) pid = p.num_pages - 1;
+      const std::int64_t pid =
+          tile::clamp_page(__shfl_sync(0xffffffffu, ld_pids, pidx & 31), p.num_pages);
       load_tile(it, ld_t, ld_stage, pid);
       arch::cp_async_commit();
       ++loaded;

@@ -1,0 +1,57 @@
+/// @file cascade_params.cuh
+/// @brief The arguments of one cascade level launch (shared by the host launchers, the tile
+///        parts and the three level kernels).
+#pragma once
+
+#include <cstdint>
+
+namespace attnstate {
+namespace cuda {
+namespace kernels {
+
+/// Arguments of one level launch (a small POD passed by value).
+struct CascadeLevelParams {
+  const void* q;            ///< Queries `(batch, q_len, heads_q, D)`.
+  std::int64_t q_stride_b;  ///< Elements between requests.
+  std::int64_t q_stride_t;  ///< Elements between new tokens.
+  std::int64_t q_stride_h;  ///< Elements between heads.
+  const void* k;            ///< K pool.
+  const void* v;            ///< V pool.
+  std::int64_t page_elems;  ///< Elements between pages.
+  std::int64_t num_pages;   ///< Pages in the pool (page ids are clamped to it).
+  int page_size;            ///< Tokens per page.
+  int page_shift;           ///< log2(page_size) when a power of two, else -1.
+  int prefetch_pages;       ///< 1: fetch a KV tile's page ids one tile ahead of its copies.
+  int heads_kv;             ///< KV heads.
+  int hnd;                  ///< 1 for the HND page layout.
+  const std::int32_t* request_indptr;  ///< `(num_segments + 1)`.
+  const std::int32_t* page_indptr;     ///< `(num_segments + 1)`.
+  const std::int32_t* page_indices;    ///< Page ids.
+  const std::int32_t* seg_lens;        ///< `(num_segments)`.
+  int num_segments;                    ///< Segments of the level.
+  int batch;                           ///< Requests.
+  int q_len;                           ///< New tokens per request.
+  int group;                           ///< Query heads per KV head.
+  int heads_q;                         ///< Query heads.
+  int chunk;                           ///< KV tokens per split.
+  int max_splits;                      ///< Splits per segment in the grid.
+  int max_tiles;                       ///< Row tiles per segment in the grid.
+  int causal_tail;                     ///< 1 when the causal mask applies (last level, causal).
+  float s2_scale;                      ///< `scale · log2(e)`.
+  float* ws_o;                         ///< Partial outputs `(slots, rows_total, D)`.
+  float* ws_lse;                       ///< Partial base-2 LSEs `(slots, rows_total)`.
+  std::int64_t rows_total;             ///< `batch · q_len · heads_q`.
+  int slot_offset;                     ///< This level's first slot.
+  int tma_box;     ///< Warp-specialised kernel: keys per bulk-copy box (divides 64 and pages).
+  int tma_coords;  ///< Warp-specialised kernel: the tensor maps' dims (`CascadeTmaMaps`).
+  /// Warp-specialised kernel: keys per run box (several whole pages, a multiple of `tma_box`
+  /// dividing the KV tile; `CascadeTmaMaps::k_run` / `v_run`): a granule of that many keys whose
+  /// pages are consecutive in the pool is copied with one box; 0 never.
+  int tma_run;
+  int ws_pingpong;   ///< Warp-specialised kernel: 1 to alternate the warpgroups' matrix products.
+  int small_stages;  ///< cp.async stages of the 16-row tile (2 or 3).
+};
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,294 @@
+/// @file cascade_level_block.cuh
+/// @brief Device parts of the cascade level kernels: the CTA's work (segment, row tile, split),
+///        its grid-dependency scope, token → page addressing, the swizzled tile layouts, the
+///        partial-state store, and the query/KV copies of the cp.async kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "attnstate/core/lse_base.hpp"
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/grid_dependency.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/kernels/cascade_params.cuh"
+#include "cuda/tile/paged_kv.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace tile {
+
+/// Programmatic dependent launch: on entry a CTA lets the next kernel of the stream start
+/// (`griddepcontrol.launch_dependents`); on exit the first CTA of the grid waits for the previous
+/// kernel to complete (`griddepcontrol.wait`). So a level kernel launched with programmatic
+/// serialization runs beside the one before it (its other CTAs come and go freely) but its grid
+/// never completes before that one, and the merge launched after it sees every level's writes.
+/// Both are no-ops without such a launch.
+struct PdlScope {
+  __device__ __forceinline__ PdlScope() { arch::launch_dependent_grids(); }
+  __device__ __forceinline__ ~PdlScope() {
+    if (blockIdx.x == 0 && blockIdx.y == 0) arch::wait_on_dependent_grids();
+  }
+};
+
+/// Page (within the segment) of token `j`.
+__device__ __forceinline__ int page_of(const kernels::CascadeLevelParams& p, int j) {
+  return p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+}
+/// Slot within its page of token `j`.
+__device__ __forceinline__ int slot_of(const kernels::CascadeLevelParams& p, int j) {
+  return p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+}
+
+/// The work of one level CTA, decoded from `blockIdx.x` = (segment, row tile, split) and the
+/// level arrays (clamped: nothing is ever read out of bounds). `locate` returns false when the
+/// CTA has nothing to do (a segment, row tile or split past the level's); the kernel then returns.
+struct LevelBlock {
+  int split;         ///< This CTA's KV split of the segment.
+  int last;          ///< The segment's last split (0 when it has no keys).
+  int r0;            ///< The segment's first request.
+  int rows_per_req;  ///< Query rows per request (`q_len · group`).
+  int nrows;         ///< Query rows of the segment (requests × rows_per_req).
+  int row0;          ///< This CTA's first row (`row tile · BM`).
+  int pbeg;          ///< The segment's first entry in `page_indices`.
+  int len;           ///< Keys of the segment (at most its pages hold).
+  int kv_begin;      ///< First key of this split.
+  int kv_end;        ///< One past the last key of this split.
+  int n_tiles;       ///< KV tiles of `bn` keys in the split.
+
+  /// Decodes the CTA with `bm` query rows and KV tiles of `bn` keys.
+  __device__ __forceinline__ bool locate(const kernels::CascadeLevelParams& p, int bm, int bn) {
+    int x = blockIdx.x;
+    split = x % p.max_splits;
+    x /= p.max_splits;
+    const int tile = x % p.max_tiles;
+    const int seg = x / p.max_tiles;
+    if (seg >= p.num_segments) return false;
+    // (the five level-array loads first: one memory round trip, not a chain of them)
+    const int ri0 = p.request_indptr[seg], ri1 = p.request_indptr[seg + 1];
+    const int pi0 = p.page_indptr[seg], pi1 = p.page_indptr[seg + 1], sl0 = p.seg_lens[seg];
+    r0 = min(max(ri0, 0), p.batch);
+    const int r1 = min(max(ri1, r0), p.batch);
+    rows_per_req = p.q_len * p.group;
+    nrows = (r1 - r0) * rows_per_req;
+    row0 = tile * bm;
+    if (row0 >= nrows) return false;
+    pbeg = max(pi0, 0);
+    // a level run without page ids (allowed when it was planned without pages) has no keys,
+    // whatever its device lengths have become since
+    const int npages = p.page_indices != nullptr ? max(pi1 - pbeg, 0) : 0;
+    len = static_cast<int>(min(static_cast<std::int64_t>(max(sl0, 0)),
+                               static_cast<std::int64_t>(npages) * p.page_size));
+    const int nsplit = len == 0 ? 0 : min((len + p.chunk - 1) / p.chunk, p.max_splits);
+    last = max(nsplit, 1) - 1;
+    if (split > last) return false;
+    kv_begin = nsplit == 0 ? 0 : split * p.chunk;
+    kv_end = nsplit == 0 ? 0 : (split == last ? len : kv_begin + p.chunk);
+    n_tiles = (kv_end - kv_begin + bn - 1) / bn;
+    return true;
+  }
+
+  /// Writes this thread's two rows of a warp's 16-row accumulator (`acc[n][0..1]`: row
+  /// `rbase + lane/4`, `acc[n][2..3]`: 8 rows below, columns `8n + 2·(lane % 4)` and the next;
+  /// `rbase` counts from this CTA's first row) with their softmax sums `os` (full row sums) as the
+  /// partial state of workspace slot `slot_offset + split`: o normalised, LSE in base 2. The
+  /// segment's last split also marks the row's later slots empty. Rows past the segment's are
+  /// skipped.
+  template <int D>
+  __device__ __forceinline__ void store_partial(const kernels::CascadeLevelParams& p, int h_kv,
+                                                int rbase, const float (&acc)[D / 8][4],
+                                                const math::OnlineSoftmax (&os)[2]) const {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int R = row0 + rbase + (lane >> 2) + rr * 8;
+      if (R >= nrows) continue;
+      const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+      const int t = rem / p.group, g = rem % p.group;
+      const std::int64_t row =
+          (static_cast<std::int64_t>(req) * p.q_len + t) * p.heads_q + h_kv * p.group + g;
+      const float inv = os[rr].inv_sum();
+      float* dst = p.ws_o +
+                   (static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row) * D +
+                   2 * (lane & 3);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(acc[n][2 * rr] * inv, acc[n][2 * rr + 1] * inv);
+      if ((lane & 3) == 0) {
+        p.ws_lse[static_cast<std::int64_t>(p.slot_offset + split) * p.rows_total + row] =
+            os[rr].lse(LseBase::kBase2);
+        if (split == last)
+          for (int k = split + 1; k < p.max_splits; ++k)
+            p.ws_lse[static_cast<std::int64_t>(p.slot_offset + k) * p.rows_total + row] =
+                math::neg_inf();
+      }
+    }
+  }
+};
+
+/// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+/// Element offset of 16-byte chunk `c` of KV row `r` in the 128B-swizzled layout the tensor
+/// cores read: `[D / 64][rows][64]`, chunk `c % 8` XOR `r % 8` inside each 128-byte row.
+template <int Rows>
+__device__ __forceinline__ int swz128(int r, int c) {
+  return (c >> 3) * Rows * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+/// The shared-memory layout of a `[rows][D]` 16-bit tile with 16-byte chunks XOR-swizzled by row
+/// (`swz`), as the `mma.sync` kernels read it.
+template <int D>
+struct RowSwizzle {
+  __device__ static __forceinline__ int at(int r, int c) { return swz<D>(r, c); }
+};
+/// The 128-byte-swizzled layout of a KV tile of `Rows` keys that the `wgmma` B operand reads
+/// (`swz128`).
+template <int Rows>
+struct Swizzle128 {
+  __device__ static __forceinline__ int at(int r, int c) { return swz128<Rows>(r, c); }
+};
+
+/// The copies of a cp.async level kernel (`mma.sync` and `wgmma`): the query tile, the KV tiles
+/// of `BN` keys through a `kStages`-deep pipeline into `KvLayout`-swizzled stages, with their page
+/// ids fetched one tile ahead of the copies (so the dependent page-table loads overlap the math
+/// instead of stalling every copy), and the rows' causal key limits. Thread `tid` of `kThreads`
+/// copies 16-byte chunk `c_ld` of rows `r_ld + it · kRowStep` of each KV tile.
+template <class T, int D, int BN, int kThreads, int kStages, class KvLayout>
+struct LevelLoader {
+  static constexpr int kChunks = D / 8;  ///< 16-byte chunks per row.
+  static constexpr int kLoadIters = BN * kChunks / kThreads;
+  static constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && (BN * kChunks) % kThreads == 0, "load mapping");
+
+  const kernels::CascadeLevelParams& p;
+  const LevelBlock& lb;
+  T* s_k;    ///< The K stages, `kStages × BN × D`.
+  T* s_v;    ///< The V stages.
+  int h_kv;  ///< This CTA's KV head.
+  int c_ld;  ///< This thread's chunk of a KV row.
+  int r_ld;  ///< This thread's first KV row.
+
+  __device__ __forceinline__ LevelLoader(const kernels::CascadeLevelParams& p_,
+                                         const LevelBlock& lb_, T* s_k_, T* s_v_, int h_kv_,
+                                         int tid)
+      : p(p_),
+        lb(lb_),
+        s_k(s_k_),
+        s_v(s_v_),
+        h_kv(h_kv_),
+        c_ld(tid % kChunks),
+        r_ld(tid / kChunks) {}
+
+  /// Issues the copies of the query tile of `BM` rows into `s_q` (row-swizzled; rows past the
+  /// segment's are zero) and commits them as one group.
+  template <int BM>
+  __device__ __forceinline__ void load_q(T* s_q, int tid) const {
+    const T* q = static_cast<const T*>(p.q);
+    for (int i = tid; i < BM * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int R = lb.row0 + r;
+      const T* src = q;
+      int bytes = 0;
+      if (R < lb.nrows) {
+        const int req = lb.r0 + R / lb.rows_per_req, rem = R % lb.rows_per_req;
+        const int t = rem / p.group, g = rem % p.group;
+        src =
+            q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+        bytes = 16;
+      }
+      arch::cp_async_16_zfill(arch::smem_addr(s_q + swz<D>(r, c)), src, bytes);
+    }
+    arch::cp_async_commit();
+  }
+
+  /// This thread's page ids of KV tile `kt`.
+  __device__ __forceinline__ void fetch_pages(int kt, int (&pg)[kLoadIters]) const {
+    const int jb = lb.kv_begin + kt * BN + r_ld;
+#pragma unroll
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int j = jb + it * kRowStep;
+      pg[it] = j < lb.kv_end ? p.page_indices[lb.pbeg + page_of(p, j)] : 0;
+    }
+  }
+
+  /// Issues this thread's copies of KV tile `kt` into stage `stage` (keys past the split's end
+  /// zero-filled).
+  __device__ __forceinline__ void issue(int kt, int stage, const int (&pg)[kLoadIters]) const {
+    const T* kpool = static_cast<const T*>(p.k);
+    const T* vpool = static_cast<const T*>(p.v);
+    T* dk = s_k + stage * BN * D;
+    T* dv = s_v + stage * BN * D;
+    const int jb = lb.kv_begin + kt * BN;
+#pragma unroll
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int r = r_ld + it * kRowStep, c = c_ld;
+      const int j = jb + r;
+      const T* ks = kpool;
+      const T* vs = vpool;
+      int bytes = 0;
+      if (j < lb.kv_end) {
+        const std::int64_t page = clamp_page(pg[it], p.num_pages);
+        const int slot = slot_of(p, j);
+        const std::int64_t off = page * p.page_elems +
+                                 (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
+                                        : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
+                                     D +
+                                 c * 8;
+        ks = kpool + off;
+        vs = vpool + off;
+        bytes = 16;
+      }
+      arch::cp_async_16_zfill(arch::smem_addr(dk + KvLayout::at(r, c)), ks, bytes);
+      arch::cp_async_16_zfill(arch::smem_addr(dv + KvLayout::at(r, c)), vs, bytes);
+    }
+  }
+
+  /// The pipeline's start: the first `kStages - 1` tiles issued, one commit group each, and
+  /// (prefetching) the page ids of the next.
+  __device__ __forceinline__ void start(int (&pg)[kLoadIters]) const {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < lb.n_tiles) {
+        fetch_pages(st, pg);
+        issue(st, st, pg);
+      }
+      arch::cp_async_commit();
+    }
+    if (p.prefetch_pages && kStages - 1 < lb.n_tiles) fetch_pages(kStages - 1, pg);
+  }
+
+  /// At KV tile `kt` of the main loop (its stage landed, the previous stage free): issues tile
+  /// `kt + kStages - 1` (one commit group, empty past the split) and fetches the page ids after.
+  __device__ __forceinline__ void advance(int kt, int (&pg)[kLoadIters]) const {
+    const int nt = kt + kStages - 1;
+    if (nt < lb.n_tiles) {
+      if (!p.prefetch_pages) fetch_pages(nt, pg);
+      issue(nt, nt % kStages, pg);
+    }
+    arch::cp_async_commit();
+    if (p.prefetch_pages && nt + 1 < lb.n_tiles) fetch_pages(nt + 1, pg);
+  }
+
+  /// Key limits of this thread's two rows (`rbase + lane/4` and 8 below, counted from the CTA's
+  /// first row): the split's end, and on a causal last level the row's new token's position.
+  __device__ __forceinline__ void causal_limits(int rbase, int lane, int (&limit)[2]) const {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int R = lb.row0 + rbase + (lane >> 2) + rr * 8;
+      limit[rr] = lb.kv_end;
+      if (p.causal_tail && R < lb.nrows) {
+        const int t = (R % lb.rows_per_req) / p.group;
+        limit[rr] = min(lb.kv_end, lb.len - (p.q_len - 1 - t));
+      }
+    }
+  }
+};
+
+}  // namespace tile
+}  // namespace cuda
+}  // namespace attnstate
