@@ -19,6 +19,8 @@
 #                      GPU_SAN_BUDGET seconds after which no sanitizer run starts (default 420);
 #                                    each run is capped at GPU_SAN_TIMEOUT (default 240) and
 #                                    property tests run RC_PARAMS=max_success=20 under it
+#                      GPU_SAN_FUZZ_CASES cases per entry point of test_cuda_fuzz under
+#                                    the sanitizers (default 50)
 #                      GPU_SAN_SHARDS GoogleTest shards per (tool, executable) run (default 1)
 #                      GPU_SAN_JOBS  sanitizer runs at once (default 1; e.g. 6 on 16 host cores)
 #                      GPU_SAN_RETRY_TIMEOUT cap of the re-run, alone, of a run that hit
@@ -72,7 +74,12 @@ san_one() {  # tool exe name shard shards [cap] -> one summary line on stdout
   local tool=$1 exe=$2 name=$3 shard=$4 shards=$5 cap=${6:-${GPU_SAN_TIMEOUT:-240}} log rc
   log="$LOG/san-$tool-$name-$shard.log"
   [ "$shards" = 1 ] && log="$LOG/san-$tool-$name.log"
-  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard RC_PARAMS="max_success=20" \
+  local rc_params="max_success=20"
+  # --- fuzz: test_cuda_fuzz (issue 16, tests/fuzz) runs GPU_SAN_FUZZ_CASES (default 50) cases
+  # per entry point under each tool (2,000 plainly; memcheck shows an access outside its arena)
+  [ "$name" = test_cuda_fuzz ] && rc_params="max_success=${GPU_SAN_FUZZ_CASES:-50}"
+  # --- end fuzz ---
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard RC_PARAMS="$rc_params" \
     timeout "$cap" compute-sanitizer --tool "$tool" --error-exitcode 9 \
     --print-limit 20 "$exe" --gtest_filter='-*Large*' >"$log" 2>&1
   rc=$?
