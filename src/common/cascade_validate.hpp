@@ -159,22 +159,30 @@ inline void check_cascade_levels(const char* func, const CascadeLevel* levels, i
   }
 }
 
-/// Throws unless the output `out` is disjoint from every host array of the (checked) levels:
-/// an output over a page table or a length array would change what the call reads.
+/// Throws naming `name` unless the bytes `[p, p + bytes)` a call writes (its output or its
+/// workspace) are disjoint from the offset and length arrays of level `l`, whose extents
+/// follow from `num_segments` (the page ids' extent is known only for host levels: `host`).
+inline void check_disjoint_from_level(const char* func, const char* name, const void* p,
+                                      std::int64_t bytes, int l, const CascadeLevel& lv,
+                                      bool host) {
+  const std::int64_t ns = lv.num_segments;
+  const auto disjoint = [&](const char* field, const void* in, std::int64_t in_bytes) {
+    check_buffer_disjoint(func, name, p, bytes, cascade_level_arg(l, field).c_str(), in, in_bytes);
+  };
+  disjoint("request_indptr", lv.request_indptr, (ns + 1) * 4);
+  disjoint("page_indptr", lv.page_indptr, (ns + 1) * 4);
+  disjoint("seg_lens", lv.seg_lens, ns * 4);
+  if (host) disjoint("page_indices", lv.page_indices, std::int64_t{lv.page_indptr[ns]} * 4);
+}
+
+/// Throws unless the output `out` is disjoint from the arrays of the (checked) levels (host
+/// levels: their page ids too): an output over a page table or a length array would change
+/// what the call reads.
 inline void check_out_disjoint_from_levels(const char* func, const ConstStateView& out,
-                                           const CascadeLevel* levels, int num_levels) {
+                                           const CascadeLevel* levels, int num_levels, bool host) {
   for (int l = 0; l < num_levels; ++l) {
-    const CascadeLevel& lv = levels[l];
-    const std::int64_t ns = lv.num_segments;
-    const auto disjoint = [&](const char* field, const void* p, std::int64_t bytes) {
-      if (ranges_overlap(out.o, o_bytes(out), p, bytes) ||
-          ranges_overlap(out.lse, lse_bytes(out), p, bytes))
-        check_disjoint(func, "out", out, cascade_level_arg(l, field).c_str(), p, bytes, nullptr, 0);
-    };
-    disjoint("request_indptr", lv.request_indptr, (ns + 1) * 4);
-    disjoint("page_indptr", lv.page_indptr, (ns + 1) * 4);
-    disjoint("seg_lens", lv.seg_lens, ns * 4);
-    disjoint("page_indices", lv.page_indices, std::int64_t{lv.page_indptr[ns]} * 4);
+    check_disjoint_from_level(func, "out.o", out.o, o_bytes(out), l, levels[l], host);
+    check_disjoint_from_level(func, "out.lse", out.lse, lse_bytes(out), l, levels[l], host);
   }
 }
 

@@ -23,8 +23,10 @@ inline std::string decode_str(std::int64_t v) { return std::to_string(v); }
 /// an output state (`check_output_state`: valid strides whose span fits, pairwise-disjoint
 /// `(token, head)` rows) of shape `(batch·q_len, heads_q, head_dim)` whose memory is disjoint
 /// from `q`.
-inline void validate_decode_args(const char* fn, const ConstTensorView& q, const PagedKvCache& kv,
-                                 const StateView& out, MemorySpace space) {
+/// Returns the bytes of each KV pool (`check_kv_pool`).
+inline std::int64_t validate_decode_args(const char* fn, const ConstTensorView& q,
+                                         const PagedKvCache& kv, const StateView& out,
+                                         MemorySpace space) {
   const std::string sp = to_string(space);
   // kv: the pool (its size overflow-checked), then the tables
   const std::int64_t pool_bytes = check_kv_pool(fn, kv, space);
@@ -108,6 +110,7 @@ inline void validate_decode_args(const char* fn, const ConstTensorView& q, const
       check_disjoint(fn, "out", out, "kv.page_indices", kv.page_indices,
                      std::int64_t{kv.page_indptr[kv.batch]} * 4, nullptr, 0);
   }
+  return pool_bytes;
 }
 
 /// Checks a split layout.

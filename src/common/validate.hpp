@@ -396,6 +396,39 @@ inline void check_disjoint_from_pool(const char* func, const char* out_name,
   check_disjoint(func, out_name, out, "kv.v", kv.v, pool_bytes, nullptr, 0);
 }
 
+/// Throws naming `name` (a buffer the call writes, e.g. a workspace) unless its bytes
+/// `[p, p + bytes)` are disjoint from the input named `in_name`.
+inline void check_buffer_disjoint(const char* func, const char* name, const void* p,
+                                  std::int64_t bytes, const char* in_name, const void* in,
+                                  std::int64_t in_bytes) {
+  if (ranges_overlap(p, bytes, in, in_bytes))
+    throw_argument(func, name, std::string("memory disjoint from ") + in_name, "an overlap");
+}
+
+/// Throws naming `name` unless a buffer the call writes is disjoint from both pools of `kv`
+/// (`pool_bytes` each, from `check_kv_pool`).
+inline void check_disjoint_from_pools(const char* func, const char* name, const void* p,
+                                      std::int64_t bytes, const PagedKvCache& kv,
+                                      std::int64_t pool_bytes) {
+  check_buffer_disjoint(func, name, p, bytes, "kv.k", kv.k, pool_bytes);
+  check_buffer_disjoint(func, name, p, bytes, "kv.v", kv.v, pool_bytes);
+}
+
+/// `check_disjoint_from_pools`, and disjoint from the decode's tables too (`seq_lens`,
+/// `page_indptr`, `block_table` of `kv.batch` requests, already checked by
+/// `validate_decode_args`).
+inline void check_disjoint_from_kv(const char* func, const char* name, const void* p,
+                                   std::int64_t bytes, const PagedKvCache& kv,
+                                   std::int64_t pool_bytes) {
+  check_disjoint_from_pools(func, name, p, bytes, kv, pool_bytes);
+  if (kv.batch <= 0) return;
+  check_buffer_disjoint(func, name, p, bytes, "kv.seq_lens", kv.seq_lens, kv.batch * 4);
+  check_buffer_disjoint(func, name, p, bytes, "kv.page_indptr", kv.page_indptr, (kv.batch + 1) * 4);
+  if (kv.block_table != nullptr)
+    check_buffer_disjoint(func, name, p, bytes, "kv.block_table", kv.block_table,
+                          kv.batch * kv.block_table_stride * 4);
+}
+
 /// Elements of `o` spanned by a stack (0 when it has no tokens); -1 on overflow (elements or
 /// bytes).
 inline std::int64_t stack_o_span(const StateStackLayout& v) {

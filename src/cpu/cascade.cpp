@@ -96,7 +96,7 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   const float s2_scale = math::base2_score_scale(v::cascade_scale(kFunc, options, D));
   if (batch == 0) return;  // an empty batch: nothing to read or write (levels unused)
   v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
-  v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels);
+  v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels, true);
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;

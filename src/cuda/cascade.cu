@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -58,25 +59,15 @@ int tma_box_rows(std::int64_t page_size) {
 /// prefix level of 32k/256/128 (16-key pages) took 120 µs in boxes of one page, 117-118 in runs
 /// of 32 or 64 keys (with boxes of one page and one half of head_dim each: 156 µs).
 int tma_run_keys(std::int64_t page_size) {
-  int keys = kKvTile;
-#if defined(ATTNSTATE_CASCADE_WS_PROBE)
-  if (const char* e = std::getenv("ATTNSTATE_CASCADE_WS_RUN")) keys = std::atoi(e);
-#endif
+  const int keys = kKvTile;
   const int box = tma_box_rows(page_size);
   return box > 0 && box < keys && keys % box == 0 && kKvTile % keys == 0 ? keys : 0;
 }
 
-/// The warp-specialised kernel variant (`kernels::CascadeWsVariant`; 0 = never use it, the
-/// levels then run on the cp.async kernels). The environment variable `ATTNSTATE_CASCADE_WS`
-/// overrides the default (a tuning and debugging aid).
-int ws_variant() {
-  static const int v = [] {
-    constexpr int kDefault = static_cast<int>(kernels::CascadeWsVariant::kKv128);
-    const char* e = std::getenv("ATTNSTATE_CASCADE_WS");
-    const int x = e != nullptr ? std::atoi(e) : kDefault;
-    return x >= 0 && x <= 4 ? x : kDefault;
-  }();
-  return v;
+/// The warp-specialised kernel variant a tuning asks for (`kernels::CascadeWsVariant`; 0 =
+/// never use it, the levels then run on the cp.async kernels; -1 = the default).
+int resolve_ws_variant(int asked) {
+  return asked < 0 ? static_cast<int>(kernels::CascadeWsVariant::kKv128) : asked;
 }
 
 /// Stages of the 16-row cp.async tile for a level whose splits hold `chunk` keys: 3 when a CTA
@@ -85,9 +76,9 @@ int small_stages(int chunk) { return chunk >= 8 * kKvTile ? 3 : 2; }
 
 /// True when a `wgmma` level of this shape runs on the warp-specialised kernel (bf16,
 /// head_dim 128, tiles of 64 or 128 rows, a page size with a bulk-copy box).
-bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp) {
+bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant) {
   return lp.wgmma && (lp.tile_rows == 64 || lp.tile_rows == 128) && s.head_dim == 128 &&
-         s.dtype == DType::kBF16 && tma_box_rows(s.page_size) > 0 && ws_variant() != 0;
+         s.dtype == DType::kBF16 && tma_box_rows(s.page_size) > 0 && ws_variant != 0;
 }
 
 /// Chooses the KV split (tokens per split) of a level by wave efficiency: the fewest splits
@@ -239,11 +230,13 @@ constexpr std::int64_t kMaxCascadeGroup = 64;
 
 void check_plan(const char* func, const CascadePlan& plan) {
   if (plan.num_levels < 1 || plan.num_levels > kMaxCascadeLevels || plan.num_slots < 1 ||
-      plan.shape.batch < 1 || plan.scale == 0.f)
+      plan.shape.batch < 1 || plan.scale == 0.f || !std::isfinite(plan.scale))
     throw_argument(func, "plan", "a plan made by plan_cascade",
                    "num_levels " + cascade_str(plan.num_levels) + ", num_slots " +
                        cascade_str(plan.num_slots) + ", shape.batch " +
                        cascade_str(plan.shape.batch) + ", scale " + std::to_string(plan.scale));
+  if (plan.ws_variant < 0 || plan.ws_variant > 4)
+    throw_argument(func, "plan.ws_variant", "0..4", cascade_str(plan.ws_variant));
   // The plan is a public struct: its per-level fields must still describe slots inside the
   // workspace and launchable kernels (checked before anything is queued).
   int slots = 0;
@@ -574,9 +567,9 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
                   static_cast<unsigned>(s.heads_kv));
   const bool wgmma = lp.wgmma && lp.tile_rows >= 64 && wgmma_available();
-  if (wgmma && ws_level(s, lp)) {
+  if (wgmma && ws_level(s, lp, plan.ws_variant)) {
     p.tma_box = tma_box_rows(s.page_size);
-    const int variant = ws_variant();
+    const int variant = plan.ws_variant;
     p.ws_pingpong = variant == static_cast<int>(kernels::CascadeWsVariant::kKv128Turns) ||
                             variant == static_cast<int>(kernels::CascadeWsVariant::kKv64Turns)
                         ? 1
@@ -708,6 +701,9 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   if (tuning.decode_sms < -1 || tuning.decode_sms >= num_sms)
     throw_argument(func, "tuning.decode_sms", "-1 (automatic) or 0..num_sms - 1",
                    cascade_str(tuning.decode_sms));
+  if (tuning.ws_variant < -1 || tuning.ws_variant > 4)
+    throw_argument(func, "tuning.ws_variant", "-1 (automatic) or 0..4",
+                   cascade_str(tuning.ws_variant));
   if (tuning.decode_fold < -1 || tuning.decode_fold > 1)
     throw_argument(func, "tuning.decode_fold", "-1 (automatic), 0 or 1",
                    cascade_str(tuning.decode_fold));
@@ -723,6 +719,7 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   plan.shape = shape;
   plan.num_levels = num_levels;
   plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
+  plan.ws_variant = resolve_ws_variant(tuning.ws_variant);
   plan.causal = options.causal;
   plan.num_sms = num_sms;
   const std::int64_t group = shape.heads_q / shape.heads_kv;
@@ -778,10 +775,10 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
                shape.head_dim == 128 && shape.dtype == DType::kBF16;
     // the warp-specialised kernel holds one CTA per SM, the cp.async kernels one of 128 rows
     // or two of fewer
-    const bool ws = ws_level(shape, lp);
+    const bool ws = ws_level(shape, lp, plan.ws_variant);
     const int ctas_per_sm = ws || lp.tile_rows >= 128 ? 1 : 2;
     // splits of whole KV tiles of the kernel (128 keys for the warp-specialised 128-key tiles)
-    const int v = ws_variant();
+    const int v = plan.ws_variant;
     const std::int64_t granule =
         ws && v != static_cast<int>(kernels::CascadeWsVariant::kKv64) &&
                 v != static_cast<int>(kernels::CascadeWsVariant::kKv64Turns)
@@ -812,9 +809,15 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
   check_plan(func, plan);
   if (level < 0 || level >= plan.num_levels)
     throw_argument(func, "level", "0.." + cascade_str(plan.num_levels - 1), cascade_str(level));
-  check_inputs(func, plan, q, kv);
+  const std::int64_t pool_bytes = check_inputs(func, plan, q, kv);
   check_device_level(func, plan, level, device_level);
-  check_workspace(func, plan, workspace, workspace_bytes);
+  check_workspace(func, plan, workspace, workspace_bytes, nullptr, &q);
+  // the level writes its partial states into the workspace while it reads the cache and tables
+  const auto ws_bytes = static_cast<std::int64_t>(plan.workspace_bytes());
+  ::attnstate::detail::check_disjoint_from_pools(func, "workspace", workspace, ws_bytes, kv,
+                                                 pool_bytes);
+  ::attnstate::detail::check_disjoint_from_level(func, "workspace", workspace, ws_bytes, level,
+                                                 device_level, false);
   launch_level(plan, level, q, kv, device_level, workspace, false, stream);
 }
 
@@ -841,7 +844,14 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   for (int l = 0; l < num_levels; ++l) check_device_level(func, plan, l, device_levels[l]);
   check_out(func, plan, out, &q);
   ::attnstate::detail::check_disjoint_from_pool(func, "out", out, kv, pool_bytes);
+  ::attnstate::detail::check_out_disjoint_from_levels(func, out, device_levels, num_levels, false);
   check_workspace(func, plan, workspace, workspace_bytes, &out, &q);
+  const auto ws_bytes = static_cast<std::int64_t>(plan.workspace_bytes());
+  ::attnstate::detail::check_disjoint_from_pools(func, "workspace", workspace, ws_bytes, kv,
+                                                 pool_bytes);
+  for (int l = 0; l < num_levels; ++l)
+    ::attnstate::detail::check_disjoint_from_level(func, "workspace", workspace, ws_bytes, l,
+                                                   device_levels[l], false);
   // A last level on the decode starts beside the last shared level: either it merges the other
   // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the
   // merge follows as a programmatic launch. Its tickets are zeroed before the first level so

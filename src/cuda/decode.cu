@@ -418,7 +418,8 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   validate_problem(fn, pr);
   attnstate::detail::validate_split_layout(fn, plan.splits);
   const float scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
-  attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
+  const std::int64_t pool_bytes =
+      attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
     throw_argument(fn, "kv.batch", "<= plan.problem.batch = " + decode_str(pr.batch),
                    decode_str(kv.batch));
@@ -484,6 +485,9 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
     if (attnstate::detail::ranges_overlap(q.data, attnstate::detail::tensor_bytes(q), workspace,
                                           w.total))
       throw_argument(fn, "workspace", "memory disjoint from q", "an overlap");
+    // and from the cache and the tables it reads
+    attnstate::detail::check_disjoint_from_kv(fn, "workspace", workspace,
+                                              static_cast<std::int64_t>(w.total), kv, pool_bytes);
   }
   // the launch grid of this batch (plan_decode checked it for the plan's batch)
   const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;

@@ -3,8 +3,8 @@
 ///        output's bytes compared with the table recorded on the same GPU (bits_table.hpp).
 ///
 /// Each case runs twice: both runs must give the same bits (no dependence on scheduling), and
-/// their hash must match the recorded one. The cascade cases take the warp-specialised variant
-/// from `ATTNSTATE_CASCADE_WS` like the library; when it is set, only they run, named with it.
+/// their hash must match the recorded one. The cascade cases run with the default plan and with
+/// every warp-specialised variant (`CascadeTuning::ws_variant` 0..4, named `@ws<n>`).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -36,12 +36,6 @@ namespace acuda = attnstate::cuda;
 
 constexpr MemorySpace kDev = MemorySpace::kDevice;
 
-/// The cascade variant set by the environment ("" when unset).
-std::string ws_env() {
-  const char* e = std::getenv("ATTNSTATE_CASCADE_WS");
-  return e != nullptr ? e : "";
-}
-
 /// Skips unless a GPU is present and the recorded table applies to it; returns the device line.
 std::string device_or_skip(bool* skip) {
   *skip = true;
@@ -58,12 +52,11 @@ std::string device_or_skip(bool* skip) {
   return line;
 }
 
-#define ATTNSTATE_BITS_SETUP(device, cascade)                                         \
-  bool skip_ = false;                                                                 \
-  const std::string device = device_or_skip(&skip_);                                  \
-  if (skip_) GTEST_SKIP() << device;                                                  \
-  if (!(cascade) && !ws_env().empty()) GTEST_SKIP() << "ATTNSTATE_CASCADE_WS is set"; \
-  do {                                                                                \
+#define ATTNSTATE_BITS_SETUP(device)                 \
+  bool skip_ = false;                                \
+  const std::string device = device_or_skip(&skip_); \
+  if (skip_) GTEST_SKIP() << device;                 \
+  do {                                               \
   } while (0)
 
 /// Runs `launch` twice into poisoned outputs (`outs`, raw device bytes), checks that both runs
@@ -136,7 +129,7 @@ struct PairCase {
 };
 
 TEST(CudaOutputBits, MergeState) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   const PairCase cases[] = {
       {DType::kBF16, DType::kBF16, DType::kBF16, 128, 0},
       {DType::kF16, DType::kF32, DType::kF16, 128, 0},
@@ -169,7 +162,7 @@ TEST(CudaOutputBits, MergeState) {
 }
 
 TEST(CudaOutputBits, MergeStateInplace) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   const std::int64_t tokens = 257, heads = 4;
   std::uint64_t seed = 200;
   for (const PairCase& c : {PairCase{DType::kBF16, DType::kF32, DType::kBF16, 128, 0},
@@ -211,7 +204,7 @@ struct StackCase {
 };
 
 TEST(CudaOutputBits, MergeStates) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   const StackCase cases[] = {
       {300, 1, 8, 128, DType::kBF16, DType::kBF16, 0, "few"},
       {300, 2, 8, 128, DType::kF16, DType::kF32, 0, "few"},
@@ -250,7 +243,7 @@ TEST(CudaOutputBits, MergeStates) {
 }
 
 TEST(CudaOutputBits, MergeStatesRagged) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   std::uint64_t seed = 400;
   for (const auto& c : {StackCase{100, 0, 8, 128, DType::kBF16, DType::kBF16, 0, "ragged"},
                         StackCase{64, 0, 4, 64, DType::kF32, DType::kF16, 0, "ragged"},
@@ -277,7 +270,7 @@ TEST(CudaOutputBits, MergeStatesRagged) {
 }
 
 TEST(CudaOutputBits, RebaseAndMarkEmpty) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   const std::int64_t tokens = 333, heads = 8;
   std::uint64_t seed = 500;
   for (const PairCase& c : {PairCase{DType::kBF16, DType::kBF16, DType::kF32, 128, 0},
@@ -459,7 +452,7 @@ void run_decode_case(const std::string& device, DecodeCase c, std::uint64_t seed
 }
 
 TEST(CudaOutputBits, DecodeSplitKv) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   using P = attnstate::SplitPolicy;
   BitsRng lr(600);
   const DecodeCase cases[] = {
@@ -504,7 +497,7 @@ TEST(CudaOutputBits, DecodeSplitKv) {
 }
 
 TEST(CudaOutputBits, DecodeStreamed) {
-  ATTNSTATE_BITS_SETUP(device, false);
+  ATTNSTATE_BITS_SETUP(device);
   using P = attnstate::SplitPolicy;
   BitsRng lr(800);
   const DecodeCase cases[] = {
@@ -630,7 +623,7 @@ void run_cascade_case(const std::string& device, const CascadeCase& c, std::uint
                      dt_name(c.dtype) + "." + dt_name(c.out) +
                      (c.layout == KvLayout::kHND ? "/HND" : "/NHD") +
                      (c.causal ? "/causal" : "/full") + (c.staged ? "/staged" : "");
-  if (!ws_env().empty()) name += "@ws" + ws_env();
+  if (c.tuning.ws_variant >= 0) name += "@ws" + std::to_string(c.tuning.ws_variant);
   DeviceOut out(c.out, tokens * c.heads_q, c.dim);
   const auto ov = out.view(c.out, tokens, c.heads_q, c.dim, LseBase::kBase2);
   check_bits(device, name, {&out.o, &out.lse}, [&] {
@@ -647,7 +640,7 @@ void run_cascade_case(const std::string& device, const CascadeCase& c, std::uint
 }
 
 TEST(CudaOutputBits, Cascade) {
-  ATTNSTATE_BITS_SETUP(device, true);
+  ATTNSTATE_BITS_SETUP(device);
   using K = acuda::CascadeKernel;
   const DType bf = DType::kBF16, f16 = DType::kF16;
   const KvLayout nhd = KvLayout::kNHD, hnd = KvLayout::kHND;
@@ -682,21 +675,29 @@ TEST(CudaOutputBits, Cascade) {
       {"ws_t64_page8_chunk", 3, 8, 2, 128, 8, bf, bf, nhd, false, true, two_levels(10, 1200, 70),
        tune(64, K::kAuto, false, 256), false},
   };
-  std::uint64_t seed = 1000;
-  for (const CascadeCase& c : cases) run_cascade_case(device, c, ++seed);
   // three levels: a shared prefix, shared middles of two requests each, unique suffixes
   std::vector<std::vector<std::pair<int, int>>> three(3);
   three[0].push_back({16, 1500});
   for (int i = 0; i < 8; ++i) three[1].push_back({2, 100 + 23 * i});
   for (int i = 0; i < 16; ++i) three[2].push_back({1, 20 + 5 * i});
-  run_cascade_case(device,
-                   {"three_levels", 2, 32, 4, 128, 16, bf, bf, nhd, true, false, three,
-                    tune(0, K::kAuto, true), false},
-                   ++seed);
-  run_cascade_case(device,
-                   {"three_levels_mma", 1, 16, 2, 64, 16, f16, DType::kF32, nhd, true, false, three,
-                    tune(0, K::kMma, false), false},
-                   ++seed);
+  const CascadeCase three_cases[] = {
+      {"three_levels", 2, 32, 4, 128, 16, bf, bf, nhd, true, false, three, tune(0, K::kAuto, true),
+       false},
+      {"three_levels_mma", 1, 16, 2, 64, 16, f16, DType::kF32, nhd, true, false, three,
+       tune(0, K::kMma, false), false},
+  };
+  // the default plan (-1) and every warp-specialised variant, each case on its own seed
+  for (int ws = -1; ws <= 4; ++ws) {
+    std::uint64_t seed = 1000;
+    for (const CascadeCase* group : {static_cast<const CascadeCase*>(cases), three_cases}) {
+      const std::size_t n = group == three_cases ? 2 : sizeof(cases) / sizeof(cases[0]);
+      for (std::size_t i = 0; i < n; ++i) {
+        CascadeCase c = group[i];
+        c.tuning.ws_variant = ws;
+        run_cascade_case(device, c, ++seed);
+      }
+    }
+  }
 }
 
 }  // namespace

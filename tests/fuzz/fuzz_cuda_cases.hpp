@@ -22,19 +22,15 @@
 
 namespace attnstate_fuzz {
 
-// TODO(issue 16, /tmp/fuzz-findings.md): findings of the CUDA fuzzer. Their mutations run as
-// "uncertain" (the call may return or throw; memory must stay inside the arena) and the calls
-// the library accepted are counted (printed as "PENDING <tag>: accepted N"). Set each to false
-// once its fix is in main: the mutation then must be rejected.
-/// F4: run_decode / run_cascade do not check the workspace against the KV pool and the tables
-/// (only against out and q): a workspace over kv.k is accepted and overwrites the cache.
-constexpr bool kPendingCudaWorkspaceOverInputs = true;
-/// F5: run_cascade does not check `out` against the device level arrays whose extent it knows
-/// (request_indptr, page_indptr: num_segments + 1; seg_lens: num_segments), as the CPU does.
-constexpr bool kPendingCudaCascadeOutOverLevels = true;
-/// F6: run_cascade / run_cascade_merge accept a plan whose scale is NaN or infinite (check_plan
-/// rejects only 0); run_decode rejects it naming 'plan.scale'.
-constexpr bool kPendingCudaCascadePlanScale = true;
+// Findings of the CUDA fuzzer, each behind a flag: while a flag is true its mutations run as
+// "uncertain" (the call may return or throw; memory must stay inside the arena) and the calls the
+// library accepted are counted ("PENDING <tag>: accepted N"); false (fixed) makes them hard.
+/// F4 (fixed): the run entry points check the workspace against the KV pool and the tables.
+constexpr bool kPendingCudaWorkspaceOverInputs = false;
+/// F5 (fixed): run_cascade checks `out` against the device level arrays whose extent it knows.
+constexpr bool kPendingCudaCascadeOutOverLevels = false;
+/// F6 (fixed): the cascade run entry points reject a plan whose scale is NaN or infinite.
+constexpr bool kPendingCudaCascadePlanScale = false;
 
 /// A hard mutation, or (pending a library fix) an uncertain one tagged for counting.
 inline void reject_unless_pending(Ctx& c, bool pending, const char* tag, const std::string& what,
@@ -858,8 +854,9 @@ inline Built build_cuda_cascade(Ctx& c, int nmut, int num_sms, CascadeCall call,
   if (uses_q) {
     inputs = {{"kv.k", {kv.k, pool->pool_bytes}}, {"kv.v", {kv.v, pool->pool_bytes}}};
     const Level& L0 = (*lv)[0];
-    inputs.push_back(
-        {"levels[0].seg_lens", {c.ptr(L0.lens_off), static_cast<i64>(L0.lens.size()) * 4}});
+    if (reads(0))  // run_cascade_level knows only the arrays of the level it runs
+      inputs.push_back(
+          {"levels[0].seg_lens", {c.ptr(L0.lens_off), static_cast<i64>(L0.lens.size()) * 4}});
   }
   {
     auto wm = workspace_mutations(c, *ws, need, true, call == CascadeCall::kRun, out.get(), q.get(),

@@ -108,6 +108,12 @@ struct CascadeTuning {
   /// two waves of CTAs, else the merge launch). With the unique level alone the decode always
   /// writes the output itself.
   int decode_fold = -1;
+  /// The warp-specialised (bulk-copy, `wgmma`) kernel of bf16 levels at head_dim 128 with tiles
+  /// of 64 or 128 rows: -1 = automatic (KV tiles of 128 keys), 0 = never (those levels run on
+  /// the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the warpgroups issuing
+  /// in turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons; each is exact to
+  /// rounding, and repeatable for a given plan).
+  int ws_variant = -1;
 };
 
 /// What the plan chose for one level.
@@ -138,6 +144,9 @@ struct CascadePlan {
   bool overlap_levels = true;
   /// Fetch each KV tile's page ids one tile ahead of its copies (hides the page-table latency).
   bool prefetch_pages = true;
+  /// The warp-specialised kernel variant of the levels that take it (`CascadeTuning::ws_variant`
+  /// resolved: 0 none, 1..4).
+  int ws_variant = 1;
 
   /// The decode plan of the last level when it runs on the split-KV decode (see
   /// `CascadeTuning::decode_last_level`); its workspace follows the partial states.
