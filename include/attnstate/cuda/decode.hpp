@@ -126,7 +126,8 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
 ///                   dim contiguous, dtype `plan.problem.q_dtype`.
 /// @param kv         device paged cache (`kv.space == kDevice`): `k`, `v` 16-byte aligned,
 ///                   `page_elems()` a multiple of 8, CSR table or block table, device `seq_lens`.
-///                   Lengths are clamped to the pages each request owns; page ids to the pool.
+///                   Lengths are clamped to the pages each request owns; page ids to the pool;
+///                   a request whose CSR offsets are negative or decreasing has no keys.
 /// @param out        device state `(batch·q_len, heads_q, head_dim)`, token `b·q_len + i`; any
 ///                   dtype, any base (written in `out.base`).
 /// @param workspace  device memory of at least `plan.workspace_bytes()`, 16-byte aligned

@@ -358,7 +358,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   } else {
     csr_base = p.page_indptr[b];
     pages = static_cast<std::int64_t>(p.page_indptr[b + 1]) - csr_base;
-    if (pages < 0) pages = 0;
+    if (pages < 0 || csr_base < 0) pages = 0;  // an invalid range of page ids: no keys
+    if (csr_base < 0) csr_base = 0;
   }
   std::int64_t len64 = p.seq_lens[b];
 

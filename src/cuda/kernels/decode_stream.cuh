@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     } else {
       it.pt = p.page_indptr[it.b];
       pages = static_cast<std::int64_t>(p.page_indptr[it.b + 1]) - it.pt;
-      if (pages < 0) pages = 0;
+      if (pages < 0 || it.pt < 0) pages = 0;  // an invalid range of page ids: no keys
+      if (it.pt < 0) it.pt = 0;
     }
     std::int64_t len = p.seq_lens[it.b];
     if (len < 0) len = 0;
