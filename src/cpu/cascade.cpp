@@ -13,6 +13,7 @@
 #include "common/cascade_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
+#include "cpu/scratch.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -100,8 +101,8 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;
-  std::vector<float> lvl_o(static_cast<std::size_t>(num_levels * rows * D));
-  std::vector<float> lvl_lse(static_cast<std::size_t>(num_levels * rows));
+  std::vector<float> lvl_o = detail::scratch_floats(kFunc, {num_levels, rows, D});
+  std::vector<float> lvl_lse = detail::scratch_floats(kFunc, {num_levels, rows});
   std::vector<WorkItem> items;
   for (int l = 0; l < num_levels; ++l)
     for (std::int64_t s = 0; s < levels[l].num_segments; ++s) {

@@ -14,6 +14,7 @@
 #include "common/decode_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
+#include "cpu/scratch.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -140,8 +141,8 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
   const float s2_scale = math::base2_score_scale(scale);
 
   // Partial states: [batch][hkv][split][rows] (o: × D), fp32, base-2 LSE.
-  std::vector<float> po(static_cast<std::size_t>(batch * hkv_n * S * rows * D));
-  std::vector<float> plse(static_cast<std::size_t>(batch * hkv_n * S * rows));
+  std::vector<float> po = detail::scratch_floats(fn, {batch, hkv_n, S, rows, D});
+  std::vector<float> plse = detail::scratch_floats(fn, {batch, hkv_n, S, rows});
   const std::int64_t tasks = batch * hkv_n * S;
   detail::parallel_for(0, tasks, 1, [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {

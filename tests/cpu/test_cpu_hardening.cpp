@@ -14,6 +14,7 @@
 #include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cpu/merge.hpp"
+#include "cpu/scratch.hpp"
 #include "cpu_test_utils.hpp"
 
 namespace attnstate {
@@ -308,6 +309,22 @@ TEST(HardeningMessages, FormerlyBareMessagesSayWhatTheyGot) {
   bad.scale = INFINITY;
   expect_arg_error([&] { cpu::cascade_attention(p.qv(), p.kv(), lv.data(), 2, bad, p.out()); },
                    "options.scale");
+}
+
+// ---- scratch sizes computed from arguments ------------------------------------------------------
+
+TEST(HardeningScratch, AScratchSizePast2To62BytesIsAnErrorNotAWrappedSize) {
+  for (std::initializer_list<std::int64_t> x :
+       {std::initializer_list<std::int64_t>{std::int64_t{1} << 40, std::int64_t{1} << 30},
+        std::initializer_list<std::int64_t>{std::int64_t{1} << 61}}) {
+    try {
+      (void)cpu::detail::scratch_floats("attnstate::cpu::decode", x);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kResourceExhausted);
+    }
+  }
+  EXPECT_EQ(cpu::detail::scratch_floats("f", {3, 5}).size(), 15u);
 }
 
 }  // namespace
