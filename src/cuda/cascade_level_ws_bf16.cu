@@ -19,15 +19,15 @@ void launch_ws_tile(const CascadeLevelParams& p, const CascadeTmaMaps& maps, dim
 }
 
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
-// Probe builds only (-DATTNSTATE_CASCADE_WS_PROBE, off by default): the 128-key tiles of 64 and
+// Probe builds only (-DATTNSTATE_BUILD_PROBES=ON, off by default): the 128-key tiles of 64 and
 // 128 rows with the option set picked at run time by the environment variable
-// ATTNSTATE_CASCADE_WS_OPT (an id below; unset or another id: the default), for A/B runs.
+// ATTNSTATE_PROBE_CASCADE_WS_OPT (an id below; unset or another id: the default), for A/B runs.
 constexpr int kF = kWsFastExp, kP = kWsDescPre, kL = kWsFlatStats;
 constexpr int kR = kWsRescaleLate, kN = kWsDiagNoCopy;
 
 int probe_opt() {
   static const int v = [] {
-    const char* e = std::getenv("ATTNSTATE_CASCADE_WS_OPT");
+    const char* e = std::getenv("ATTNSTATE_PROBE_CASCADE_WS_OPT");
     return e != nullptr ? std::atoi(e) : -1;
   }();
   return v;
