@@ -17,59 +17,26 @@ namespace detail {
 constexpr int kDecodeTileRows = 16;
 /// Warps per CTA (each streams its own 16-token tiles of the split).
 constexpr int kDecodeWarps = 4;
-/// cp.async pipeline depth per warp (build-time knob for tuning experiments).
-#ifndef ATTNSTATE_DECODE_STAGES
-#define ATTNSTATE_DECODE_STAGES 3
-#endif
-constexpr int kDecodeStages = ATTNSTATE_DECODE_STAGES;
+/// cp.async pipeline depth per warp.
+constexpr int kDecodeStages = 3;
 /// Pipeline depth of the short-split configuration (head dim 128): less shared memory, so one
 /// more CTA per SM overlaps the fixed costs of CTAs that stream only a few tiles (used when the
 /// grid exceeds one wave, or when only it keeps every cluster resident). The warps take the same
 /// tiles in both configurations, so results are bitwise the same.
-#ifndef ATTNSTATE_DECODE_SHORT_STAGES
-#define ATTNSTATE_DECODE_SHORT_STAGES 2
-#endif
-constexpr int kDecodeShortStages = ATTNSTATE_DECODE_SHORT_STAGES;
-/// Splits of at most this many tokens run in the short-split configuration (build-time knob;
-/// 0 disables it).
-#ifndef ATTNSTATE_DECODE_SHORT_TOKENS
-#define ATTNSTATE_DECODE_SHORT_TOKENS 256
-#endif
-constexpr std::int32_t kDecodeShortTokens = ATTNSTATE_DECODE_SHORT_TOKENS;
-/// Tiles that lie in one page use per-lane precomputed source offsets (build-time knob, 1).
-#ifndef ATTNSTATE_DECODE_FAST_ADDR
-#define ATTNSTATE_DECODE_FAST_ADDR 1
-#endif
+constexpr int kDecodeShortStages = 2;
+/// Splits of at most this many tokens run in the short-split configuration (0 disables it).
+constexpr std::int32_t kDecodeShortTokens = 256;
 /// Page ids of a warp's first tiles loaded speculatively with the length (block table, fixed
-/// split size): at most the pipeline depth. Build-time knob; 1 speculates the first tile only.
-#ifndef ATTNSTATE_DECODE_SPEC_TILES
-#define ATTNSTATE_DECODE_SPEC_TILES 3
-#endif
-constexpr int kDecodeSpecTiles = ATTNSTATE_DECODE_SPEC_TILES;
+/// split size): at most the pipeline depth; 1 speculates the first tile only.
+constexpr int kDecodeSpecTiles = 3;
 static_assert(kDecodeSpecTiles >= 1, "at least the first tile");
-/// L2 prefetch size of the K/V copies in bytes: 0 (none), 128 or 256. Build-time knob; none
-/// measured fastest on the H200 (the 256-byte hint cost 2–4% at large sizes).
-#ifndef ATTNSTATE_DECODE_PREFETCH
-#define ATTNSTATE_DECODE_PREFETCH 0
-#endif
-/// K/V copies marked evict-first in the L2 (streamed once; measured 0.3–1.4% faster at large
-/// sizes on the H200). Build-time knob, 1.
-#ifndef ATTNSTATE_DECODE_EVICT_FIRST
-#define ATTNSTATE_DECODE_EVICT_FIRST 1
-#endif
 /// Largest split count merged inside a thread-block cluster through distributed shared memory
 /// (no workspace round trip, no ticket); more splits merge through the workspace. 1 disables the
-/// cluster merge. Build-time knob; at most 8 (the portable cluster size).
-#ifndef ATTNSTATE_DECODE_MAX_CLUSTER
-#define ATTNSTATE_DECODE_MAX_CLUSTER 8
-#endif
-constexpr int kDecodeMaxCluster = ATTNSTATE_DECODE_MAX_CLUSTER;
+/// cluster merge; at most 8 (the portable cluster size).
+constexpr int kDecodeMaxCluster = 8;
 /// Split columns the cluster merge loads per round trip (all the splits' LSEs come with the
-/// first batch). Build-time knob; a divisor of `kDecodeMaxCluster`.
-#ifndef ATTNSTATE_DECODE_CLUSTER_BATCH
-#define ATTNSTATE_DECODE_CLUSTER_BATCH 8
-#endif
-constexpr int kDecodeClusterBatch = ATTNSTATE_DECODE_CLUSTER_BATCH;
+/// first batch); a divisor of `kDecodeMaxCluster`.
+constexpr int kDecodeClusterBatch = 8;
 static_assert(kDecodeMaxCluster >= 1 && kDecodeMaxCluster <= 8, "portable cluster sizes only");
 /// Largest cluster group size the kernel supports (the portable cluster size).
 constexpr int kDecodeMaxWsGroup = 8;
@@ -77,26 +44,17 @@ constexpr int kDecodeMaxWsGroup = 8;
 /// than a cluster merges whole): every CTA takes a ticket, the CTAs of a group share which ones
 /// they got, and every CTA of the group holding the last ticket merges a share of the output
 /// columns (the merge spread over several SMs; the same arithmetic per element). 1 disables the
-/// groups. Build-time knob; at most `kDecodeMaxWsGroup`.
-#ifndef ATTNSTATE_DECODE_WS_GROUP
-#define ATTNSTATE_DECODE_WS_GROUP 8
-#endif
-constexpr int kDecodeWsGroup = ATTNSTATE_DECODE_WS_GROUP;
+/// groups; at most `kDecodeMaxWsGroup`.
+constexpr int kDecodeWsGroup = 8;
 static_assert(kDecodeWsGroup >= 1 && kDecodeWsGroup <= kDecodeMaxWsGroup, "portable sizes");
 /// Splits whose `o` columns one thread of the workspace merge loads at once (straight into
 /// registers; head dims above 64, and `kDecodeDirectBatch64` at 64, within its register budget).
-/// Build-time knobs.
-#ifndef ATTNSTATE_DECODE_DIRECT_BATCH
-#define ATTNSTATE_DECODE_DIRECT_BATCH 16
-#endif
-constexpr int kDecodeDirectBatch = ATTNSTATE_DECODE_DIRECT_BATCH;
-#ifndef ATTNSTATE_DECODE_DIRECT_BATCH64
-#define ATTNSTATE_DECODE_DIRECT_BATCH64 4
-#endif
-constexpr int kDecodeDirectBatch64 = ATTNSTATE_DECODE_DIRECT_BATCH64;
-/// Probe builds only (never in a shipped build): per-CTA globaltimer stamps in a device array.
-#ifndef ATTNSTATE_DECODE_TIMELINE
-#define ATTNSTATE_DECODE_TIMELINE 0
+constexpr int kDecodeDirectBatch = 16;
+constexpr int kDecodeDirectBatch64 = 4;
+/// Probe builds only (-DATTNSTATE_BUILD_PROBES=ON, never shipped): per-CTA globaltimer stamps in
+/// a device array.
+#ifndef ATTNSTATE_PROBES
+#define ATTNSTATE_PROBES 0
 #endif
 /// CTAs whose stamps the probe timeline keeps (8 per CTA).
 constexpr int kDecodeTimelineCtas = 16384;

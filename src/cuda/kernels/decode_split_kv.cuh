@@ -32,7 +32,7 @@
 ///   instruction fetch from a cold cache.
 /// - The page ids of a warp's first tiles are loaded speculatively together with the length
 ///   (block table, fixed split size), so that the first tiles' copies start when it arrives.
-/// - Probe builds (`ATTNSTATE_DECODE_TIMELINE=1`, never shipped) stamp per-CTA globaltimer
+/// - Probe builds (`ATTNSTATE_PROBES=1`, never shipped) stamp per-CTA globaltimer
 ///   values at the phases of the kernel (read with `bench_decode --timeline`).
 #pragma once
 
@@ -88,15 +88,10 @@ __host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages) {
   return n < 1 ? 1 : static_cast<int>(n);
 }
 
-/// 16-byte copy global → shared with the configured L2 prefetch / eviction hint.
+/// 16-byte copy global → shared, marked evict-first in the L2 (the cache is streamed once).
 __device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, int bytes,
                                            std::uint64_t policy) {
-#if ATTNSTATE_DECODE_EVICT_FIRST
   arch::cp_async_16_zfill_policy(dst, src, bytes, policy);
-#else
-  (void)policy;
-  arch::cp_async_16_zfill<ATTNSTATE_DECODE_PREFETCH>(dst, src, bytes);
-#endif
 }
 
 /// The decode kernels' start in a programmatic dependent launch: beside the previous kernel
@@ -148,7 +143,7 @@ __device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint
   }
 }
 
-#if ATTNSTATE_DECODE_TIMELINE
+#if ATTNSTATE_PROBES
 /// Probe timeline: per CTA, globaltimer at start (0), partial state done (1), merge decision
 /// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6);
 /// a CTA that runs the workspace merge overwrites 4..7 with SM clock values (cycles) at the
@@ -454,10 +449,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     const Elem* kpool = static_cast<const Elem*>(p.k);
     const Elem* vpool = static_cast<const Elem*>(p.v);
     const bool tile_in_page = (p.page_size % kRows) == 0;
-    std::uint64_t policy = 0;
-#if ATTNSTATE_DECODE_EVICT_FIRST
-    policy = arch::l2_evict_first_policy();
-#endif
+    const std::uint64_t policy = arch::l2_evict_first_policy();
 
     auto page_id = [&](std::int64_t pidx) -> std::int64_t {
       return tile::clamp_page(p.block_table != nullptr
@@ -506,14 +498,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
       const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
       const std::uint32_t vd = kd + kTileBytes;
-#if ATTNSTATE_DECODE_FAST_ADDR
-      if (tile_in_page) {
+      if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
         const std::int64_t base =
             pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
         copy_kv_tile_in_page<D>(kd, vd, kpool, vpool, base, row_stride, t0, range.end, policy);
         return;
       }
-#endif
       // Any page size: each chunk looks its page up (rolled: off the hot path).
 #pragma unroll 1
       for (int i = 0; i < kChunksPerLane; ++i) {
@@ -553,7 +543,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       arch::cp_async_commit();
       arch::cp_async_wait<kStages - 1>();
       __syncwarp();
-#if ATTNSTATE_DECODE_TIMELINE
+#if ATTNSTATE_PROBES
       if (it == 0) ATTNSTATE_DECODE_MARK(5);
 #endif
 

@@ -34,25 +34,16 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Warps per CTA (one CTA per SM) of the streamed kernel (build-time knob). Measured on the H200
-/// (head dim 128, 32/8 heads, batch 128 × 256 keys, L2 flushed): 8 warps with 3 stages 38.7 µs;
-/// 4 warps with 4 stages 52.9; 7 with 4 stages 64.6.
-#ifndef ATTNSTATE_DECODE_STREAM_WARPS
-#define ATTNSTATE_DECODE_STREAM_WARPS 8
-#endif
-/// Ring depth (16-token K/V tiles per warp) of the streamed kernel (build-time knob).
-#ifndef ATTNSTATE_DECODE_STREAM_STAGES
-#define ATTNSTATE_DECODE_STREAM_STAGES 3
-#endif
+/// Warps per CTA (one CTA per SM) of the streamed kernel (chosen on the H200: bench/RESULTS.md).
+constexpr int kDecodeStreamWarps = 8;
+/// Ring depth (16-token K/V tiles per warp) of the streamed kernel.
+constexpr int kDecodeStreamStages = 3;
 
 /// Warps per CTA of the streamed kernel for head dim `D` (64 or 128).
-__host__ __device__ constexpr int stream_warps(int D) {
-  return D > 0 ? ATTNSTATE_DECODE_STREAM_WARPS : 0;
-}
+__host__ __device__ constexpr int stream_warps(int D) { return D > 0 ? kDecodeStreamWarps : 0; }
 /// Shared-memory bytes of one CTA of the streamed kernel: each warp's ring of K/V tiles.
 __host__ __device__ constexpr std::int64_t stream_smem_bytes(int D) {
-  return std::int64_t{stream_warps(D)} * ATTNSTATE_DECODE_STREAM_STAGES * 2 * kDecodeTileRows * D *
-         2;
+  return std::int64_t{stream_warps(D)} * kDecodeStreamStages * 2 * kDecodeTileRows * D * 2;
 }
 static_assert(stream_smem_bytes(64) <= 227 * 1024 && stream_smem_bytes(128) <= 227 * 1024,
               "one CTA fits an SM");
@@ -109,7 +100,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
   using Elem = std::uint16_t;
   constexpr int kWarps = stream_warps(D);
-  constexpr int kStages = ATTNSTATE_DECODE_STREAM_STAGES;
+  constexpr int kStages = kDecodeStreamStages;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kCpr = D / 8;  // 16-byte chunks per row
   constexpr int kNT = D / 8;   // n-tiles of the output
@@ -128,10 +119,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const Elem* kpool = static_cast<const Elem*>(p.k);
   const Elem* vpool = static_cast<const Elem*>(p.v);
-  std::uint64_t policy = 0;
-#if ATTNSTATE_DECODE_EVICT_FIRST
-  policy = arch::l2_evict_first_policy();
-#endif
+  const std::uint64_t policy = arch::l2_evict_first_policy();  // the cache is streamed once
 
   // Item `x`'s coordinates (`tiles` 0 until `fetch` sets the length; -1 past the last item).
   auto coords = [&](std::int64_t x) {

@@ -58,11 +58,8 @@ struct RingShape {
 
 /// The shape `merge_states` uses: threads per block, stages, states per stage (16-bit `o`),
 /// chunks per thread, blocks per SM, and the grid field (`RingShape::kWaves`; -1: each thread
-/// merges one row and the grid covers every row) (build-time knob).
-#ifndef ATTNSTATE_MERGE_RING_SHAPE
-#define ATTNSTATE_MERGE_RING_SHAPE 128, 1, 8, 2, 6, -1
-#endif
-using DefaultRingShape = RingShape<ATTNSTATE_MERGE_RING_SHAPE>;
+/// merges one row and the grid covers every row).
+using DefaultRingShape = RingShape<128, 1, 8, 2, 6, -1>;
 
 /// How the ring kernel of `Shape` lays a row of `kHeadDim` elements of `TIn` over threads.
 template <class TIn, int kHeadDim, class Shape>
