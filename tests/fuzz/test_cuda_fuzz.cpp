@@ -101,17 +101,6 @@ struct CudaBackend {
   static void mark_empty_rows(StateView s) { gpu::mark_empty_rows(s); }
 };
 
-struct Draw {
-  std::uint64_t seed;
-  int nmut;
-};
-Draw draw() {
-  Draw d;
-  d.seed = *rc::gen::arbitrary<std::uint64_t>();
-  d.nmut = *rc::gen::weightedElement<int>({{30, 0}, {45, 1}, {15, 2}, {10, 3}});
-  return d;
-}
-
 /// Per property: cases, valid ones, failures (all collected: one device run should show every
 /// kind of failure, not stop at the first), and how often each pending finding was accepted.
 struct Counts {

@@ -74,18 +74,6 @@ struct CpuBackend {
   static void mark_empty_rows(StateView s) { cpu::mark_empty_rows(s); }
 };
 
-/// The case's seed and mutation count (0 in about 30% of cases: valid calls).
-struct Draw {
-  std::uint64_t seed;
-  int nmut;
-};
-Draw draw() {
-  Draw d;
-  d.seed = *rc::gen::arbitrary<std::uint64_t>();
-  d.nmut = *rc::gen::weightedElement<int>({{30, 0}, {45, 1}, {15, 2}, {10, 3}});
-  return d;
-}
-
 /// Counts of the last property run (valid calls and calls that returned), for the coverage check.
 struct Counts {
   long cases = 0, valid = 0, returned = 0;
