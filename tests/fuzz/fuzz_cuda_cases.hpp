@@ -292,38 +292,10 @@ inline Built build_cuda_decode(Ctx& c, int nmut, int num_sms) {
   const bool checked = batch > 0;  // run_decode returns before the pool/workspace checks
   // every pool check comes before run_decode's return for batch 0: all hard
   std::vector<std::function<bool()>> muts = pool_mutations(c, pool, true);
-  const std::vector<std::string> b0{"kv.batch", "q.shape[0]", "out.tokens"};
-  const std::vector<std::string> h{"q.shape[2]", "out.heads", "problem"},
-      dm{"q.shape[3]", "out.head_dim"};
+  for (auto& m :
+       decode_arg_mutations(c, r, q, out, kv, batch, {"q.shape[2]", "out.heads", "problem"}, true))
+    muts.push_back(m);
   const std::vector<std::function<bool()>> more{
-      [&] {
-        return mutate_tensor(c, *q, {b0, {"q.shape[1]", "out.tokens"}, h, dm});
-      },
-      [&] { return mutate_state(c, *out, {}); },
-      [&] {
-        const int f = static_cast<int>(r.range(0, 2));
-        return mutate_mismatch(c, *out,
-                               {f == 0   ? "q"
-                                : f == 1 ? "q.shape[2]"
-                                         : "q.shape[3]",
-                                "kv.head_dim"},
-                               f);
-      },
-      [&] {
-        if (!c.touch("kv#batch")) return false;
-        kv.batch = r.pick<i64>({-1, kI64Min, batch + 1, k2p62 + 1});
-        std::vector<std::string> b{"kv.batch",       "q.shape[0]",     "kv.seq_lens",
-                                   "kv.block_table", "kv.page_indptr", "kv.page_indices"};
-        if (kPendingHugeBatchName) b.push_back("kv.block_table_stride");
-        c.reject("kv.batch = " + str(kv.batch), b);
-        return true;
-      },
-      [&] {
-        if (batch < 1) return false;
-        kv.seq_lens = nullptr;
-        c.reject("kv.seq_lens null", {"kv.seq_lens"}, false);
-        return true;
-      },
       [&] {  // both tables, or neither
         if (batch < 1 || !c.touch("kv#tables")) return false;
         if (tb->csr && r.coin(50)) {

@@ -66,6 +66,11 @@ inline bool overlap_state(Ctx& c, StateArg& out, const StateArg& in, bool alias_
     c.log.resize(mark);
     c.note(std::string("soft: ") + out.name + (moved_o ? ".o" : ".lse") + " over " + in.name +
            (exact ? " (exact alias)" : " (no overlap)"));
+    // placed at an input that was itself misaligned, the moved pointer is misaligned too
+    const i64 align = moved_o ? es(out.v.dtype) : 4;
+    if (reinterpret_cast<std::uintptr_t>(mine.p) % static_cast<std::uintptr_t>(align) != 0)
+      c.reject(out.name + (moved_o ? ".o" : ".lse") + " misaligned (moved)",
+               {out.name + (moved_o ? ".o" : ".lse")}, false);
   }
   return true;
 }

@@ -14,9 +14,45 @@
 
 namespace attnstate_fuzz {
 
-/// TODO(fuzz finding F3, /tmp/fuzz-findings.md): set to false once cpu::decode names kv.batch
-/// (not kv.block_table_stride) for a batch past 2^62.
-constexpr bool kPendingHugeBatchName = false;
+/// Mutations of a decode call's arguments shared by the CPU and CUDA fuzzers: q's and out's shapes
+/// and strides, their mismatch with the pool, `kv.batch`, a null `seq_lens`. `heads` names what a
+/// wrong head count may be reported as; `once` guards the batch edit (two would cancel).
+inline std::vector<std::function<bool()>> decode_arg_mutations(
+    Ctx& c, Rng& r, std::shared_ptr<TensorArg> q, std::shared_ptr<StateArg> out,
+    attnstate::PagedKvCache& kv, i64 batch, std::vector<std::string> heads, bool once) {
+  const std::vector<std::string> b0{"kv.batch", "q.shape[0]", "out.tokens"};
+  const std::vector<std::string> dm{"q.shape[3]", "out.head_dim"};
+  return {
+      [&c, q, b0, heads, dm] {
+        return mutate_tensor(c, *q, {b0, {"q.shape[1]", "out.tokens"}, heads, dm});
+      },
+      [&c, out] { return mutate_state(c, *out, {}); },
+      [&c, &r, out] {
+        const int f = static_cast<int>(r.range(0, 2));
+        return mutate_mismatch(c, *out,
+                               {f == 0   ? "q"
+                                : f == 1 ? "q.shape[2]"
+                                         : "q.shape[3]",
+                                "kv.head_dim"},
+                               f);
+      },
+      [&c, &r, &kv, batch, once] {
+        if (once && !c.touch("kv#batch")) return false;
+        kv.batch = r.pick<i64>({-1, kI64Min, batch + 1, k2p62 + 1});
+        // (tables left null for batch 0 may then be named)
+        c.reject("kv.batch = " + str(kv.batch),
+                 {"kv.batch", "q.shape[0]", "kv.seq_lens", "kv.block_table", "kv.page_indptr",
+                  "kv.page_indices"});
+        return true;
+      },
+      [&c, &kv, batch] {
+        if (batch < 1) return false;
+        kv.seq_lens = nullptr;
+        c.reject("kv.seq_lens null", {"kv.seq_lens"}, false);
+        return true;
+      },
+  };
+}
 
 inline float draw_scale(Ctx& c, bool* bad) {
   *bad = false;
@@ -286,41 +322,11 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
     options->split_size = static_cast<int>(16 * r.range(1, 3));
   }
   std::vector<std::function<bool()>> muts = pool_mutations(c, pool, true);
-  const std::vector<std::string> b0{"kv.batch", "q.shape[0]", "out.tokens"};
-  const std::vector<std::string> h{"q.shape[2]", "out.heads"}, dm{"q.shape[3]", "out.head_dim"};
-  auto tables = std::vector<std::function<bool()>>{
-      [&] {
-        return mutate_tensor(c, *q, {b0, {"q.shape[1]", "out.tokens"}, h, dm});
-      },
-      [&] { return mutate_state(c, *out, {}); },
-      [&] {
-        const int f = static_cast<int>(r.range(0, 2));
-        return mutate_mismatch(c, *out,
-                               {f == 0   ? "q"
-                                : f == 1 ? "q.shape[2]"
-                                         : "q.shape[3]",
-                                "kv.head_dim"},
-                               f);
-      },
+  auto tables = decode_arg_mutations(c, r, q, out, kv, batch, {"q.shape[2]", "out.heads"}, false);
+  std::vector<std::function<bool()>> own{
       [&] {
         q->t.shape[1] = r.pick<i64>({0, 9, -1});
         c.reject("q_len out of 1..8", {"q.shape[1]", "out.tokens"});
-        return true;
-      },
-      [&] {
-        kv.batch = r.pick<i64>({-1, kI64Min, batch + 1, k2p62 + 1});
-        // (tables left null for batch 0 may then be named)
-        std::vector<std::string> b{"kv.batch",       "q.shape[0]",     "kv.seq_lens",
-                                   "kv.block_table", "kv.page_indptr", "kv.page_indices"};
-        // TODO(fuzz finding F3): a huge kv.batch is reported as kv.block_table_stride
-        if (kPendingHugeBatchName) b.push_back("kv.block_table_stride");
-        c.reject("kv.batch = " + str(kv.batch), b);
-        return true;
-      },
-      [&] {
-        if (batch < 1) return false;
-        kv.seq_lens = nullptr;
-        c.reject("kv.seq_lens null", {"kv.seq_lens"}, false);
         return true;
       },
       [&] {
@@ -404,6 +410,7 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
                               static_cast<i64>(table.size()) * 4);
       },
   };
+  tables.insert(tables.end(), own.begin(), own.end());
   if (explicit_layout) {
     tables.push_back([&] {
       const int f = static_cast<int>(r.range(0, 3));
