@@ -17,8 +17,8 @@
 #include "attnstate/cuda/check.hpp"
 #include "common/cascade_validate.hpp"
 #include "cuda/decode_prior.hpp"
-#include "cuda/kernels/cascade_launch.cuh"
-#include "cuda/kernels/cascade_merge.cuh"
+#include "cuda/kernels/cascade/launch.cuh"
+#include "cuda/kernels/cascade/merge.cuh"
 
 namespace attnstate {
 namespace cuda {

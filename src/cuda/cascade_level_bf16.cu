@@ -1,7 +1,7 @@
 /// @file cascade_level_bf16.cu
 /// @brief The bf16 instantiations of the cascade level kernel (one file per dtype so they compile
 ///        in parallel).
-#include "cuda/kernels/cascade_launch.cuh"
+#include "cuda/kernels/cascade/launch.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -3,7 +3,7 @@
 ///        (own file: it compiles in parallel with the other level kernels).
 #include <cstdlib>
 
-#include "cuda/kernels/cascade_launch.cuh"
+#include "cuda/kernels/cascade/launch.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -14,8 +14,8 @@
 #include "attnstate/cuda/decode.hpp"
 #include "common/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
-#include "cuda/kernels/decode_split_kv.cuh"
-#include "cuda/kernels/decode_stream.cuh"
+#include "cuda/kernels/decode/split_kv.cuh"
+#include "cuda/kernels/decode/stream.cuh"
 #include "cuda/tuning_sm90.hpp"
 
 namespace attnstate {

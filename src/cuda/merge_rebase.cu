@@ -5,9 +5,9 @@
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
 #include "common/validate.hpp"
-#include "cuda/kernels/merge_dispatch.cuh"
-#include "cuda/kernels/merge_launch.cuh"
-#include "cuda/kernels/merge_rebase.cuh"
+#include "cuda/kernels/merge/dispatch.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/rebase.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -8,12 +8,12 @@
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
 #include "common/validate.hpp"
-#include "cuda/kernels/merge_dispatch.cuh"
-#include "cuda/kernels/merge_few.cuh"
-#include "cuda/kernels/merge_launch.cuh"
-#include "cuda/kernels/merge_ragged.cuh"
-#include "cuda/kernels/merge_ring.cuh"
-#include "cuda/kernels/merge_stack.cuh"
+#include "cuda/kernels/merge/dispatch.cuh"
+#include "cuda/kernels/merge/few.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/ragged.cuh"
+#include "cuda/kernels/merge/ring.cuh"
+#include "cuda/kernels/merge/stack.cuh"
 #include "cuda/tuning_sm90.hpp"
 
 namespace attnstate {

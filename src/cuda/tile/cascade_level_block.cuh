@@ -1,4 +1,4 @@
-/// @file cascade_level_block.cuh
+/// @file tile/cascade_level_block.cuh
 /// @brief Device parts of the cascade level kernels: the CTA's work (segment, row tile, split),
 ///        its grid-dependency scope, token → page addressing, the swizzled tile layouts, the
 ///        partial-state store, and the query/KV copies of the cp.async kernels.
@@ -11,7 +11,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/grid_dependency.cuh"
 #include "cuda/arch/memory.cuh"
-#include "cuda/kernels/cascade_params.cuh"
+#include "cuda/kernels/cascade/params.cuh"
 #include "cuda/tile/paged_kv.cuh"
 
 namespace attnstate {

@@ -1,4 +1,4 @@
-/// @file paged_kv.cuh
+/// @file tile/paged_kv.cuh
 /// @brief Device parts of paged K/V addressing shared by the decode and cascade kernels.
 #pragma once
 

@@ -1,6 +1,6 @@
-/// @file cascade_level_wgmma.cuh
+/// @file kernels/cascade/level_wgmma.cuh
 /// @brief The cascade level kernel on Hopper's warpgroup MMA (sm_90a `wgmma`): the same work and
-///        numerics as cascade_level.cuh (one CTA = a tile of stacked query rows × one KV split of a
+///        numerics as level.cuh (one CTA = a tile of stacked query rows × one KV split of a
 ///        segment, online softmax in fp32, partial state to the workspace), with `QKᵀ` and `PV` as
 ///        `wgmma.mma_async` (A = queries / probabilities from registers, B = K / V tiles read by
 ///        the tensor cores straight from 128-byte-swizzled shared memory). 64 query rows per
@@ -15,7 +15,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/wgmma.cuh"
-#include "cuda/kernels/cascade_level.cuh"
+#include "cuda/kernels/cascade/level.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -1,4 +1,4 @@
-/// @file merge_dispatch.cuh
+/// @file kernels/merge/dispatch.cuh
 /// @brief The one place where the merge kernels' runtime choices (dtypes of `o`, head_dim)
 ///        become compile-time ones, and the device-side argument checks they share.
 ///

@@ -1,4 +1,4 @@
-/// @file merge_stack.cuh
+/// @file kernels/merge/stack.cuh
 /// @brief Kernel of `merge_states`: `out[t, h] = ⊕_s states[t, s, h]` over a dense or strided
 ///        stack of `S` states.
 #pragma once
@@ -6,9 +6,9 @@
 #include <cstdint>
 
 #include "attnstate/core/state_view.hpp"
-#include "merge_launch.cuh"
-#include "merge_row.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/merge_row.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

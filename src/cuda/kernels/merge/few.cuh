@@ -1,4 +1,4 @@
-/// @file merge_few.cuh
+/// @file kernels/merge/few.cuh
 /// @brief Kernel of `merge_states` for stacks of a few states (S ≤ `kFewMaxStates`) whose rows
 ///        of `o` allow 16-byte access: one thread per one or two 16-byte chunks of a row, all its
 ///        chunks and LSEs loaded at once, the row's max and weight sum computed by every thread on
@@ -9,8 +9,8 @@
 /// of the ring kernel): this kernel spends a few instructions per byte and holds few registers,
 /// so an SM keeps many rows in flight.
 ///
-/// The numerics are those of `merge_row` (merge_row.cuh) operation for operation, so the result
-/// is bitwise the one of `merge_stack_kernel`: there, for S ≤ 4 inputs, lane `v` of a row's
+/// The numerics are those of `merge_row` (tile/merge_row.cuh) operation for operation, so the
+/// result is bitwise the one of `merge_stack_kernel`: there, for S ≤ 4 inputs, lane `v` of a row's
 /// `group ≥ 8` lanes holds input `v`, and the butterflies over the group leave every lane with
 /// `max = nan_max(nan_max(l0, l2), nan_max(l1, l3))` and `sum = (w0 + w2) + (w1 + w3)` (absent or
 /// empty inputs contribute `-inf` to the max and `+0` to the sum, which change nothing); `o` is
@@ -25,9 +25,9 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/cuda/check.hpp"
-#include "merge_launch.cuh"
-#include "merge_stack.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/stack.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

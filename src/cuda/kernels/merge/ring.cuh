@@ -1,4 +1,4 @@
-/// @file merge_ring.cuh
+/// @file kernels/merge/ring.cuh
 /// @brief Fast kernel of `merge_states` for stacks whose rows of `o` allow 16-byte access: each
 ///        thread copies the chunks of `o` and the LSEs of its next rows into its own ring of
 ///        shared-memory stages (`cp.async`), stages ahead of the row it merges from shared
@@ -7,7 +7,7 @@
 ///
 /// A row `(token, head)` is merged by `head_dim / (8 * chunks)` threads, each holding `chunks`
 /// 16-byte chunks of `o` per state, grid-stride over rows (token and head advanced without
-/// divisions). The numerics are those of `merge_row` (merge_row.cuh) operation for operation:
+/// divisions). The numerics are those of `merge_row` (tile/merge_row.cuh) operation for operation:
 /// the LSE work is split over `group = min(head_dim / 8, 32)` *virtual lanes* exactly as
 /// merge_row splits it over real lanes (lane `v` takes inputs `v, v + group, ...`, its max by
 /// math::nan_max and weight sum by math::merge_weight, then the same butterfly), a thread
@@ -27,11 +27,11 @@
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "cuda/arch/memory.cuh"
-#include "merge_launch.cuh"
-#include "merge_row.cuh"
-#include "merge_smem.cuh"
-#include "merge_stack.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/stack.cuh"
+#include "cuda/tile/merge_row.cuh"
+#include "cuda/tile/merge_smem.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -1,4 +1,4 @@
-/// @file decode_stream.cuh
+/// @file kernels/decode/stream.cuh
 /// @brief The streamed decode kernel (internal): single-split plans with many short requests.
 ///
 /// - Each warp takes whole items — (request, KV head, row tile) — in turn: item `w`, `w + W`,
@@ -28,7 +28,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
-#include "cuda/kernels/decode_split_kv.cuh"
+#include "cuda/kernels/decode/split_kv.cuh"
 
 namespace attnstate {
 namespace cuda {

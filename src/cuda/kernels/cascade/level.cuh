@@ -1,4 +1,4 @@
-/// @file cascade_level.cuh
+/// @file kernels/cascade/level.cuh
 /// @brief The cascade level kernel: the partial attention state of a tile of stacked query rows
 ///        (every request sharing a segment × new tokens × the GQA group) over one KV split of the
 ///        segment, on tensor cores (mma.sync m16n8k16, fp32 accumulation), KV streamed through a
@@ -14,7 +14,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
-#include "cuda/kernels/cascade_params.cuh"
+#include "cuda/kernels/cascade/params.cuh"
 #include "cuda/tile/cascade_level_block.cuh"
 
 namespace attnstate {

@@ -1,4 +1,4 @@
-/// @file decode_split_kv.cuh
+/// @file kernels/decode/split_kv.cuh
 /// @brief The split-KV decode kernel (internal): one CTA per (request, KV head, row tile, split).
 ///
 /// - The CTA's query rows (`q_len × group` rows of one KV head, up to 16) form the M of
@@ -48,8 +48,8 @@
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/arch/special.cuh"
-#include "cuda/kernels/decode_merge.cuh"
-#include "cuda/kernels/decode_params.cuh"
+#include "cuda/kernels/decode/params.cuh"
+#include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/tile/paged_kv.cuh"
 
 namespace attnstate {

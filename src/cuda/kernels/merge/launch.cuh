@@ -1,4 +1,4 @@
-/// @file merge_launch.cuh
+/// @file kernels/merge/launch.cuh
 /// @brief Launch geometry shared by the merge kernels: rows `(token, head)` of `o` are tiled
 ///        across a grid-stride 1-D grid, a few threads per row, each thread one or two chunks.
 #pragma once
@@ -11,7 +11,7 @@
 #include <initializer_list>
 
 #include "attnstate/cuda/check.hpp"
-#include "merge_vec.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

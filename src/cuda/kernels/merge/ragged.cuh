@@ -1,4 +1,4 @@
-/// @file merge_ragged.cuh
+/// @file kernels/merge/ragged.cuh
 /// @brief Kernel of `merge_states_ragged`:
 ///        `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`, `indptr` read (and clamped)
 ///        on the device.
@@ -6,10 +6,10 @@
 
 #include <cstdint>
 
-#include "merge_launch.cuh"
-#include "merge_row.cuh"
-#include "merge_stack.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/stack.cuh"
+#include "cuda/tile/merge_row.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -1,6 +1,6 @@
-/// @file cascade_level_ws.cuh
+/// @file kernels/cascade/level_ws.cuh
 /// @brief The warp-specialised cascade level kernel (sm_90a, bf16, head_dim 128): the work and
-///        the results of cascade_level_wgmma.cuh (one CTA = a tile of stacked query rows × one KV
+///        the results of level_wgmma.cuh (one CTA = a tile of stacked query rows × one KV
 ///        split of a segment, online softmax in fp32, the partial state to the workspace), laid
 ///        out as a FlashAttention-3 style pipeline. One producer warp fills a ring of K/V stages
 ///        with bulk tensor copies (TMA, completing on the stage's "full" mbarrier: one box per
@@ -39,7 +39,7 @@
 #include "cuda/arch/special.cuh"
 #include "cuda/arch/tma.cuh"
 #include "cuda/arch/wgmma.cuh"
-#include "cuda/kernels/cascade_level_wgmma.cuh"
+#include "cuda/kernels/cascade/level_wgmma.cuh"
 
 namespace attnstate {
 namespace cuda {

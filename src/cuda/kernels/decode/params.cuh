@@ -1,4 +1,4 @@
-/// @file decode_params.cuh
+/// @file kernels/decode/params.cuh
 /// @brief Parameters of the split-KV decode kernel (internal, shared by the launcher and the
 ///        kernel): tile shape, pipeline depths, CTA size, cluster limit and the argument block.
 #pragma once

@@ -1,4 +1,4 @@
-/// @file decode_merge.cuh
+/// @file kernels/decode/split_merge.cuh
 /// @brief The split merge of the decode kernel (internal): four output columns of one query row
 ///        merged over the row's split states in split order with the core max-subtracted merge
 ///        (`split_merge` over states read from cluster peers' shared memory; `split_finalize`),

@@ -1,4 +1,4 @@
-/// @file cascade_merge.cuh
+/// @file kernels/cascade/merge.cuh
 /// @brief The cascade merge kernel: folds the partial states of every level and split of a query
 ///        row (fp32 workspace, base-2 LSEs) with the max-subtracted merge and writes the output
 ///        state in its dtype and base. One warp per (request, new token, query head). It may be

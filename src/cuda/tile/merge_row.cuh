@@ -1,4 +1,4 @@
-/// @file merge_row.cuh
+/// @file tile/merge_row.cuh
 /// @brief The n-ary merge of one row `(token, head)` on the GPU, shared by the stack and the
 ///        ragged kernels: all LSEs first (max and weights once per row, spread over the row's
 ///        lanes), then `o` streamed in batches of 16-byte loads, the first batch issued together
@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "attnstate/core/merge_math.hpp"
-#include "merge_launch.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

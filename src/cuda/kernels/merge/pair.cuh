@@ -1,4 +1,4 @@
-/// @file merge_pair.cuh
+/// @file kernels/merge/pair.cuh
 /// @brief Kernel of the pairwise merge `out = a ⊕ b` (and the masked in-place merge).
 #pragma once
 
@@ -6,8 +6,8 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/state_view.hpp"
-#include "merge_launch.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -1,4 +1,4 @@
-/// @file merge_rebase.cuh
+/// @file kernels/merge/rebase.cuh
 /// @brief Kernel of `rebase`: copies a state converting the LSE base and the dtype of `o`.
 #pragma once
 
@@ -6,8 +6,8 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/state_view.hpp"
-#include "merge_launch.cuh"
-#include "merge_vec.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/vec.cuh"
 
 namespace attnstate {
 namespace cuda {

@@ -1,4 +1,4 @@
-/// @file merge_smem.cuh
+/// @file tile/merge_smem.cuh
 /// @brief Host side of the merge kernels that stage their inputs in large dynamic shared memory:
 ///        the device's shared-memory limits, a once-per-device preparation of each such kernel,
 ///        and the number of its blocks resident per SM.

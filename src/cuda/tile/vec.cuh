@@ -1,4 +1,4 @@
-/// @file merge_vec.cuh
+/// @file tile/vec.cuh
 /// @brief Eight-element chunks of `o`: 16-byte vector loads and stores (scalar when a view is
 ///        not 16-byte aligned), converted to and from fp32.
 #pragma once

@@ -1,4 +1,4 @@
-/// @file cascade_params.cuh
+/// @file kernels/cascade/params.cuh
 /// @brief The arguments of one cascade level launch (shared by the host launchers, the tile
 ///        parts and the three level kernels).
 #pragma once

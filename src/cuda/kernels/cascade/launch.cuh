@@ -1,4 +1,4 @@
-/// @file cascade_launch.cuh
+/// @file kernels/cascade/launch.cuh
 /// @brief Host launchers of the cascade kernels: the one place where the runtime head_dim,
 ///        dtype and row tile become template parameters (the compiled variants are listed here).
 #pragma once
@@ -12,9 +12,9 @@
 
 #include "attnstate/core/error.hpp"
 #include "attnstate/cuda/check.hpp"
-#include "cuda/kernels/cascade_level.cuh"
-#include "cuda/kernels/cascade_level_wgmma.cuh"
-#include "cuda/kernels/cascade_level_ws.cuh"
+#include "cuda/kernels/cascade/level.cuh"
+#include "cuda/kernels/cascade/level_wgmma.cuh"
+#include "cuda/kernels/cascade/level_ws.cuh"
 
 namespace attnstate {
 namespace cuda {
