@@ -105,6 +105,71 @@ struct RowCursor {
   }
 };
 
+/// A row's LSE work on one thread: its inputs' weights per virtual lane (`w[r][k]`, -1 for an
+/// empty or absent input) and the merged LSE and weight sum per virtual lane, by merge_row's
+/// butterfly over the group (its top level pairs a thread's two virtual lanes, the rest are
+/// shuffles). `lse_at(r, k)` reads slot `k` of virtual lane `r` from the thread's stage.
+template <class G, class LseAt>
+__device__ __forceinline__ void ring_row_weights(const LseAt& lse_at, int gl, int count,
+                                                 LseBase in_base, LseBase base,
+                                                 float (&w)[G::kVirtual][kRingLsePerLane],
+                                                 math::MergeResult (&res)[G::kVirtual]) {
+  constexpr int kR = G::kVirtual;
+  constexpr int kL = kRingLsePerLane;
+  constexpr int kP = G::kThreadsPerRow;
+  constexpr int kV = G::kGroup;
+  float l[kR][kL];
+  float m[kR];
+  float sum[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    m[r] = math::neg_inf();
+#pragma unroll
+    for (int k = 0; k < kL; ++k) {
+      l[r][k] = math::neg_inf();
+      if (gl + r * kP + k * kV < count) {
+        l[r][k] = math::convert_lse(lse_at(r, k), in_base, base);
+        m[r] = math::nan_max(m[r], l[r][k]);
+      }
+    }
+  }
+  if (kR == 2) {
+    const float m0 = math::nan_max(m[0], m[kR - 1]);
+    m[kR - 1] = math::nan_max(m[kR - 1], m[0]);
+    m[0] = m0;
+  }
+#pragma unroll
+  for (int off = (kR == 2 ? kP : kV) / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+      m[r] = math::nan_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    sum[r] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kL; ++k) {
+      w[r][k] = -1.f;
+      if (gl + r * kP + k * kV < count && !math::is_empty_lse(l[r][k])) {
+        w[r][k] = math::merge_weight(base, l[r][k], m[r]);
+        sum[r] += w[r][k];
+      }
+    }
+  }
+  if (kR == 2) {
+    const float s0 = sum[0] + sum[kR - 1];
+    sum[kR - 1] = sum[kR - 1] + sum[0];
+    sum[0] = s0;
+  }
+#pragma unroll
+  for (int off = (kR == 2 ? kP : kV) / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], off);
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) res[r] = math::merge_finalize(base, m[r], sum[r]);
+}
+
 /// `out[t, h] = ⊕_s in[t, s, h]` (see the file comment). Each row is `ceil(S / batch)` items; a
 /// thread's items go round its ring of `kStages` stages, one item per stage (its chunks of up
 /// to `batch` states and, for a row's first item, the thread's LSE slots of the row). Shared
@@ -228,58 +293,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     const std::int64_t row = first_row + cur.index * step;
     const int count = row < total_rows ? num_states : 0;
     if (b == 0) {
-      // Max LSE and weight sum per virtual lane, then merge_row's butterfly over the group:
-      // its top level pairs a thread's two virtual lanes, the rest are shuffles.
-      float l[kR][kL];
-      float m[kR];
-      float sum[kR];
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        m[r] = math::neg_inf();
-#pragma unroll
-        for (int k = 0; k < kL; ++k) {
-          l[r][k] = math::neg_inf();
-          if (gl + r * kP + k * kV < count) {
-            l[r][k] = math::convert_lse(l_ring[l_float(p, r, k)], args.in.base, base);
-            m[r] = math::nan_max(m[r], l[r][k]);
-          }
-        }
-      }
-      if (kR == 2) {
-        const float m0 = math::nan_max(m[0], m[kR - 1]);
-        m[kR - 1] = math::nan_max(m[kR - 1], m[0]);
-        m[0] = m0;
-      }
-#pragma unroll
-      for (int off = (kR == 2 ? kP : kV) / 2; off > 0; off >>= 1) {
-#pragma unroll
-        for (int r = 0; r < kR; ++r)
-          m[r] = math::nan_max(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
-      }
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        sum[r] = 0.f;
-#pragma unroll
-        for (int k = 0; k < kL; ++k) {
-          w[r][k] = -1.f;
-          if (gl + r * kP + k * kV < count && !math::is_empty_lse(l[r][k])) {
-            w[r][k] = math::merge_weight(base, l[r][k], m[r]);
-            sum[r] += w[r][k];
-          }
-        }
-      }
-      if (kR == 2) {
-        const float s0 = sum[0] + sum[kR - 1];
-        sum[kR - 1] = sum[kR - 1] + sum[0];
-        sum[0] = s0;
-      }
-#pragma unroll
-      for (int off = (kR == 2 ? kP : kV) / 2; off > 0; off >>= 1) {
-#pragma unroll
-        for (int r = 0; r < kR; ++r) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], off);
-      }
-#pragma unroll
-      for (int r = 0; r < kR; ++r) res[r] = math::merge_finalize(base, m[r], sum[r]);
+      ring_row_weights<G>([&](int r, int k) { return l_ring[l_float(p, r, k)]; }, gl, count,
+                          args.in.base, base, w, res);
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
 #pragma unroll
