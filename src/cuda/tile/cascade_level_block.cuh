@@ -1,7 +1,9 @@
 /// @file tile/cascade_level_block.cuh
 /// @brief Device parts of the cascade level kernels: the CTA's work (segment, row tile, split),
 ///        its grid-dependency scope, token → page addressing, the swizzled tile layouts, the
-///        partial-state store, and the query/KV copies of the cp.async kernels.
+///        partial-state store, the query/KV copies of the cp.async kernels, and the fragment-level
+///        steps of a warp's 16 rows (query fragments, the online-softmax step of a score tile, the
+///        probabilities as 16-bit operands, the row sums).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/grid_dependency.cuh"
 #include "cuda/arch/memory.cuh"
+#include "cuda/arch/mma.cuh"
 #include "cuda/kernels/cascade/params.cuh"
 #include "cuda/tile/paged_kv.cuh"
 
@@ -153,6 +156,97 @@ struct Swizzle128 {
   __device__ static __forceinline__ int at(int r, int c) { return swz128<Rows>(r, c); }
 };
 
+/// Zeroes an accumulator fragment.
+template <int N>
+__device__ __forceinline__ void zero_frags(float (&f)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) f[n][0] = f[n][1] = f[n][2] = f[n][3] = 0.f;
+}
+
+/// The A fragments (`ldmatrix`) of the queries of a warp's 16 rows `rbase..` from the
+/// row-swizzled query tile `s_q`, one per 16 of head_dim.
+template <int D, class T>
+__device__ __forceinline__ void load_q_frags(std::uint32_t (&qf)[D / 16][4], const T* s_q,
+                                             int rbase, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int r = rbase + (lane & 15);
+    const int c = ks * 2 + (lane >> 4);
+    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + swz<D>(r, c)));
+  }
+}
+
+/// One online-softmax step of a warp's scores `s` over `NK` keys (this thread's rows g = lane/4
+/// and g + 8: `s[n][0..1]` and `s[n][2..3]`, keys `jb + 8n` and the next): the scores scaled by
+/// `scale` (keys from `limit[rr]` on masked to -inf), the row max over the quad, the running
+/// state `os` and the accumulator `acc` rescaled (`math::OnlineSoftmax`), and the scores turned
+/// into unnormalised probabilities.
+template <int NK, int D>
+__device__ __forceinline__ void softmax_step(float (&s)[NK / 8][4], float (&acc)[D / 8][4],
+                                             math::OnlineSoftmax (&os)[2], const int (&limit)[2],
+                                             int jb, float scale) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float bmax = math::neg_inf();
+#pragma unroll
+    for (int n = 0; n < NK / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = jb + n * 8 + e;
+        float& sv = s[n][2 * rr + e];
+        sv = j < limit[rr] ? sv * scale : math::neg_inf();
+        bmax = math::nan_max(bmax, sv);
+      }
+    bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+    bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+    const float alpha = os[rr].rescale(bmax);
+    // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+    // (the common case after the first tiles), bitwise the same result.
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][2 * rr] *= alpha;
+        acc[n][2 * rr + 1] *= alpha;
+      }
+    }
+    float psum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NK / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& sv = s[n][2 * rr + e];
+        sv = os[rr].prob(sv);
+        psum += sv;
+      }
+    os[rr].add(psum);
+  }
+}
+
+/// The probabilities of a warp's `NK` keys (`s`, as `softmax_step` leaves them) as 16-bit A
+/// fragments of `P V`, one per 16 keys.
+template <class T, int NK>
+__device__ __forceinline__ void pack_p(const float (&s)[NK / 8][4],
+                                       std::uint32_t (&pf)[NK / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < NK / 16; ++kk) {
+    pf[kk][0] = arch::Mma16816<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+    pf[kk][1] = arch::Mma16816<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+    pf[kk][2] = arch::Mma16816<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[kk][3] = arch::Mma16816<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+/// The full row sums of this thread's two rows: the quad's partial sums added.
+__device__ __forceinline__ void quad_row_sums(math::OnlineSoftmax (&os)[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = os[rr].l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    os[rr].l = l;
+  }
+}
+
 /// The copies of a cp.async level kernel (`mma.sync` and `wgmma`): the query tile, the KV tiles
 /// of `BN` keys through a `kStages`-deep pipeline into `KvLayout`-swizzled stages, with their page
 /// ids fetched one tile ahead of the copies (so the dependent page-table loads overlap the math
@@ -262,6 +356,13 @@ struct LevelLoader {
     if (p.prefetch_pages && kStages - 1 < lb.n_tiles) fetch_pages(kStages - 1, pg);
   }
 
+  /// The kernel's first copies: the query tile of `BM` rows (`load_q`), then `start`.
+  template <int BM>
+  __device__ __forceinline__ void start_with_q(T* s_q, int tid, int (&pg)[kLoadIters]) const {
+    load_q<BM>(s_q, tid);
+    start(pg);
+  }
+
   /// At KV tile `kt` of the main loop (its stage landed, the previous stage free): issues tile
   /// `kt + kStages - 1` (one commit group, empty past the split) and fetches the page ids after.
   __device__ __forceinline__ void advance(int kt, int (&pg)[kLoadIters]) const {
@@ -286,6 +387,14 @@ struct LevelLoader {
         limit[rr] = min(lb.kv_end, lb.len - (p.q_len - 1 - t));
       }
     }
+  }
+  /// Once the query tile landed (the first commit group; the block waits for it), the query
+  /// fragments of a warp's 16 rows `rbase..` (`load_q_frags`).
+  __device__ __forceinline__ void q_frags(std::uint32_t (&qf)[D / 16][4], const T* s_q, int rbase,
+                                          int lane) const {
+    arch::cp_async_wait<kStages - 1>();
+    __syncthreads();
+    load_q_frags<D>(qf, s_q, rbase, lane);
   }
 };
 

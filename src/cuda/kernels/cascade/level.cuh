@@ -41,13 +41,113 @@ struct CascadeTile {
   static_assert(D % 16 == 0 && D >= 64, "head_dim must be a multiple of 16, at least 64");
 };
 
+namespace detail {
+
+/// S = Q Kᵀ of a warp's 16 rows (A fragments `qf`) over its `BNW` keys `key0..` of the
+/// row-swizzled K tile `ks_tile` (`mma.sync`, fp32).
+template <class T, int D, int BNW>
+__device__ __forceinline__ void level_qk(float (&s)[BNW / 8][4],
+                                         const std::uint32_t (&qf)[D / 16][4], const T* ks_tile,
+                                         int key0, int lane) {
+  using Mma = arch::Mma16816<T>;
+  tile::zero_frags(s);
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < BNW / 16; ++np) {
+      const int mi = lane >> 3;
+      const int key = key0 + np * 16 + (mi >> 1) * 8 + (lane & 7);
+      const int c = ks * 2 + (mi & 1);
+      std::uint32_t b[4];
+      arch::ldmatrix_x4(b, arch::smem_addr(ks_tile + tile::swz<D>(key, c)));
+      Mma::mma(s[2 * np], qf[ks], b[0], b[1]);
+      Mma::mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+    }
+  }
+}
+
+/// O += P V of a warp's 16 rows: the probabilities `s` of its `BNW` keys `key0..` times the
+/// row-swizzled V tile `vs_tile` (`mma.sync`, the B fragments transposed by `ldmatrix`).
+template <class T, int D, int BNW>
+__device__ __forceinline__ void level_pv(float (&acc)[D / 8][4], const float (&s)[BNW / 8][4],
+                                         const T* vs_tile, int key0, int lane) {
+  using Mma = arch::Mma16816<T>;
+#pragma unroll
+  for (int kk = 0; kk < BNW / 16; ++kk) {
+    std::uint32_t a[4];
+    a[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      const int mi = lane >> 3;
+      const int key = key0 + kk * 16 + (mi & 1) * 8 + (lane & 7);
+      const int c = dp * 2 + (mi >> 1);
+      std::uint32_t b[4];
+      arch::ldmatrix_x4_trans(b, arch::smem_addr(vs_tile + tile::swz<D>(key, c)));
+      Mma::mma(acc[2 * dp], a, b[0], b[1]);
+      Mma::mma(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// The warps that split the keys of a tile (`wn` of `WN`, for warp row `wm` of `WM`) merge their
+/// states into the `wn == 0` warp through the shared memory at `red` (the KV stages, free once
+/// every warp is done with them). Returns false for the other warps (they are done).
+template <int D, int WM, int WN>
+__device__ __forceinline__ bool level_merge_key_split(float (&acc)[D / 8][4],
+                                                      math::OnlineSoftmax (&os)[2], void* red,
+                                                      int wm, int wn, int lane) {
+  __syncthreads();  // every warp is done with the KV stages: reuse them
+  float* red_o = reinterpret_cast<float*>(red);  // [WN][WM][16][D]
+  float* red_ml = red_o + WN * WM * 16 * D;      // [WN][WM][16][2]
+  if (wn > 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = (lane >> 2) + rr * 8;
+      float* dst = red_o + ((wn * WM + wm) * 16 + r) * D + 2 * (lane & 3);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        dst[n * 8] = acc[n][2 * rr];
+        dst[n * 8 + 1] = acc[n][2 * rr + 1];
+      }
+      if ((lane & 3) == 0) {
+        red_ml[((wn * WM + wm) * 16 + r) * 2] = os[rr].m;
+        red_ml[((wn * WM + wm) * 16 + r) * 2 + 1] = os[rr].l;
+      }
+    }
+  }
+  __syncthreads();
+  if (wn > 0) return false;
+#pragma unroll
+  for (int w = 1; w < WN; ++w)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = (lane >> 2) + rr * 8;
+      math::OnlineSoftmax other;
+      other.m = red_ml[((w * WM + wm) * 16 + r) * 2];
+      other.l = red_ml[((w * WM + wm) * 16 + r) * 2 + 1];
+      const math::OnlineSoftmax::Factors f = os[rr].merge(other);
+      const float* src = red_o + ((w * WM + wm) * 16 + r) * D + 2 * (lane & 3);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][2 * rr] = acc[n][2 * rr] * f.self + (f.other != 0.f ? src[n * 8] * f.other : 0.f);
+        acc[n][2 * rr + 1] =
+            acc[n][2 * rr + 1] * f.self + (f.other != 0.f ? src[n * 8 + 1] * f.other : 0.f);
+      }
+    }
+  return true;
+}
+
+}  // namespace detail
+
 /// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`.
 template <class T, class Tile>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     cascade_level_kernel(const CascadeLevelParams p) {
   constexpr int D = Tile::D, WM = Tile::WM, WN = Tile::WN, BM = Tile::BM, BN = Tile::BN;
   constexpr int BNW = Tile::BNW, kStages = Tile::kStages, kThreads = Tile::kThreads;
-  using Mma = arch::Mma16816<T>;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* s_q = reinterpret_cast<T*>(smem_raw);
@@ -62,27 +162,17 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   if (!lb.locate(p, BM, BN)) return;
   using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::RowSwizzle<D>>;
   const Loader ld(p, lb, s_k, s_v, h_kv, tid);
-  ld.template load_q<BM>(s_q, tid);
   int pg[Loader::kLoadIters];
-  ld.start(pg);
+  ld.template start_with_q<BM>(s_q, tid, pg);
   // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
   int limit[2];
   ld.causal_limits(wm * 16, lane, limit);
   const int kv_begin = lb.kv_begin, n_tiles = lb.n_tiles;
-
-  arch::cp_async_wait<kStages - 1>();
-  __syncthreads();
   std::uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int r = wm * 16 + (lane & 15);
-    const int c = ks * 2 + (lane >> 4);
-    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + tile::swz<D>(r, c)));
-  }
+  ld.q_frags(qf, s_q, wm * 16, lane);
 
   float acc[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  tile::zero_frags(acc);
   math::OnlineSoftmax os[2];
 
   for (int kt = 0; kt < n_tiles; ++kt) {
@@ -92,133 +182,19 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     const T* ks_tile = s_k + (kt % kStages) * BN * D;
     const T* vs_tile = s_v + (kt % kStages) * BN * D;
 
-    // S = Q Kᵀ over this warp's BNW keys
-    float s[BNW / 8][4];
-#pragma unroll
-    for (int n = 0; n < BNW / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-#pragma unroll
-      for (int np = 0; np < BNW / 16; ++np) {
-        const int mi = lane >> 3;
-        const int key = wn * BNW + np * 16 + (mi >> 1) * 8 + (lane & 7);
-        const int c = ks * 2 + (mi & 1);
-        std::uint32_t b[4];
-        arch::ldmatrix_x4(b, arch::smem_addr(ks_tile + tile::swz<D>(key, c)));
-        Mma::mma(s[2 * np], qf[ks], b[0], b[1]);
-        Mma::mma(s[2 * np + 1], qf[ks], b[2], b[3]);
-      }
-    }
-
+    float s[BNW / 8][4];  // S = Q Kᵀ over this warp's BNW keys
+    detail::level_qk<T, D, BNW>(s, qf, ks_tile, wn * BNW, lane);
     // scale, mask, online softmax (rows g and g + 8)
     const int jb = kv_begin + kt * BN + wn * BNW + 2 * (lane & 3);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float bmax = math::neg_inf();
-#pragma unroll
-      for (int n = 0; n < BNW / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = jb + n * 8 + e;
-          float& sv = s[n][2 * rr + e];
-          sv = j < limit[rr] ? sv * p.s2_scale : math::neg_inf();
-          bmax = math::nan_max(bmax, sv);
-        }
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-      const float alpha = os[rr].rescale(bmax);
-      // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-      // (the common case after the first tiles), bitwise the same result.
-      if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          acc[n][2 * rr] *= alpha;
-          acc[n][2 * rr + 1] *= alpha;
-        }
-      }
-      float psum = 0.f;
-#pragma unroll
-      for (int n = 0; n < BNW / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& sv = s[n][2 * rr + e];
-          sv = os[rr].prob(sv);
-          psum += sv;
-        }
-      os[rr].add(psum);
-    }
-
-    // O += P V
-#pragma unroll
-    for (int kk = 0; kk < BNW / 16; ++kk) {
-      std::uint32_t a[4];
-      a[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        const int mi = lane >> 3;
-        const int key = wn * BNW + kk * 16 + (mi & 1) * 8 + (lane & 7);
-        const int c = dp * 2 + (mi >> 1);
-        std::uint32_t b[4];
-        arch::ldmatrix_x4_trans(b, arch::smem_addr(vs_tile + tile::swz<D>(key, c)));
-        Mma::mma(acc[2 * dp], a, b[0], b[1]);
-        Mma::mma(acc[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
+    tile::softmax_step<BNW, D>(s, acc, os, limit, jb, p.s2_scale);
+    detail::level_pv<T, D, BNW>(acc, s, vs_tile, wn * BNW, lane);  // O += P V
   }
   arch::cp_async_wait<0>();
-
-  // full row sums across the quad
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l = os[rr].l;
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    os[rr].l = l;
-  }
+  tile::quad_row_sums(os);
 
   // warps that split the keys of a tile: merge their states into the wn == 0 warp
   if constexpr (WN > 1) {
-    __syncthreads();  // every warp is done with the KV stages: reuse them
-    float* red_o = reinterpret_cast<float*>(s_k);  // [WN][WM][16][D]
-    float* red_ml = red_o + WN * WM * 16 * D;      // [WN][WM][16][2]
-    if (wn > 0) {
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int r = (lane >> 2) + rr * 8;
-        float* dst = red_o + ((wn * WM + wm) * 16 + r) * D + 2 * (lane & 3);
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          dst[n * 8] = acc[n][2 * rr];
-          dst[n * 8 + 1] = acc[n][2 * rr + 1];
-        }
-        if ((lane & 3) == 0) {
-          red_ml[((wn * WM + wm) * 16 + r) * 2] = os[rr].m;
-          red_ml[((wn * WM + wm) * 16 + r) * 2 + 1] = os[rr].l;
-        }
-      }
-    }
-    __syncthreads();
-    if (wn > 0) return;
-#pragma unroll
-    for (int w = 1; w < WN; ++w)
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int r = (lane >> 2) + rr * 8;
-        math::OnlineSoftmax other;
-        other.m = red_ml[((w * WM + wm) * 16 + r) * 2];
-        other.l = red_ml[((w * WM + wm) * 16 + r) * 2 + 1];
-        const math::OnlineSoftmax::Factors f = os[rr].merge(other);
-        const float* src = red_o + ((w * WM + wm) * 16 + r) * D + 2 * (lane & 3);
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          acc[n][2 * rr] = acc[n][2 * rr] * f.self + (f.other != 0.f ? src[n * 8] * f.other : 0.f);
-          acc[n][2 * rr + 1] =
-              acc[n][2 * rr + 1] * f.self + (f.other != 0.f ? src[n * 8 + 1] * f.other : 0.f);
-        }
-      }
+    if (!detail::level_merge_key_split<D, WM, WN>(acc, os, s_k, wm, wn, lane)) return;
   }
 
   // partial state → workspace slot (slot_offset + split); later slots of this segment are empty

@@ -84,27 +84,17 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   if (!lb.locate(p, BM, BN)) return;
   using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::Swizzle128<BN>>;
   const Loader ld(p, lb, s_k, s_v, h_kv, tid);
-  ld.template load_q<BM>(s_q, tid);
   int pg[Loader::kLoadIters];
-  ld.start(pg);
+  ld.template start_with_q<BM>(s_q, tid, pg);
   // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
   int limit[2];
   ld.causal_limits(warp * 16, lane, limit);
   const int kv_begin = lb.kv_begin, n_tiles = lb.n_tiles;
-
-  arch::cp_async_wait<kStages - 1>();
-  __syncthreads();
   std::uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int r = warp * 16 + (lane & 15);
-    const int c = ks * 2 + (lane >> 4);
-    arch::ldmatrix_x4(qf[ks], arch::smem_addr(s_q + tile::swz<D>(r, c)));
-  }
+  ld.q_frags(qf, s_q, warp * 16, lane);
 
   float acc[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  tile::zero_frags(acc);
   math::OnlineSoftmax os[2];
 
   for (int kt = 0; kt < n_tiles; ++kt) {
@@ -117,8 +107,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
 
     // S = Q Kᵀ (64 rows of this warpgroup × 64 keys)
     float s[BN / 8][4];
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    tile::zero_frags(s);
     arch::fence_regs(s);
     arch::wgmma_fence();
 #pragma unroll
@@ -131,51 +120,11 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::fence_regs(s);
 
     const int jb = kv_begin + kt * BN + 2 * (lane & 3);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float bmax = math::neg_inf();
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = jb + n * 8 + e;
-          float& sv = s[n][2 * rr + e];
-          sv = j < limit[rr] ? sv * p.s2_scale : math::neg_inf();
-          bmax = math::nan_max(bmax, sv);
-        }
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-      const float alpha = os[rr].rescale(bmax);
-      // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-      // (the common case after the first tiles), bitwise the same result.
-      if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          acc[n][2 * rr] *= alpha;
-          acc[n][2 * rr + 1] *= alpha;
-        }
-      }
-      float psum = 0.f;
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& sv = s[n][2 * rr + e];
-          sv = os[rr].prob(sv);
-          psum += sv;
-        }
-      os[rr].add(psum);
-    }
+    tile::softmax_step<BN, D>(s, acc, os, limit, jb, p.s2_scale);
 
     // O += P V (P from registers, V MN-major in shared memory)
     std::uint32_t pf[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pf[kk][0] = arch::Mma16816<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pf[kk][1] = arch::Mma16816<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pf[kk][2] = arch::Mma16816<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[kk][3] = arch::Mma16816<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    tile::pack_p<T, BN>(s, pf);
     arch::fence_regs(acc);
     arch::wgmma_fence();
 #pragma unroll
@@ -191,14 +140,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::fence_regs(acc);
   }
   arch::cp_async_wait<0>();
-
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l = os[rr].l;
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    os[rr].l = l;
-  }
+  tile::quad_row_sums(os);
 
   lb.store_partial<D>(p, h_kv, warp * 16, acc, os);
 #elif defined(__CUDA_ARCH__)
