@@ -33,11 +33,8 @@ void launch_pair(const ConstStateView& a, const ConstStateView& b, const StateVi
       kernels::vec_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
       kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   kernels::dispatch_pair(a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
-    const auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
-    static const int resident = kernels::blocks_per_sm(kernel);
-    const kernels::LaunchShape shape = kernels::launch_shape(rows * args.split.group, resident);
-    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
-    ATTNSTATE_CHECK_LAUNCH(stream, "merge_pair_kernel");
+    constexpr auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
+    kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
   });
 }
 

@@ -31,11 +31,8 @@ void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
       kernels::vec_aligned(in.o, size_of(in.dtype), {in.o_stride_token, in.o_stride_head}) &&
       kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   kernels::dispatch_in_out(in.dtype, out.dtype, [&](auto ti, auto to) {
-    const auto kernel = kernels::rebase_kernel<decltype(ti), decltype(to)>;
-    static const int resident = kernels::blocks_per_sm(kernel);
-    const kernels::LaunchShape shape = kernels::launch_shape(rows << args.split.shift, resident);
-    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
-    ATTNSTATE_CHECK_LAUNCH(stream, "rebase_kernel");
+    constexpr auto kernel = kernels::rebase_kernel<decltype(ti), decltype(to)>;
+    kernels::launch_grid_stride<kernel>(rows << args.split.shift, stream, "rebase_kernel", args);
   });
 }
 
@@ -44,10 +41,8 @@ void mark_empty_rows(StateView state, cudaStream_t stream) {
   attnstate::detail::check_output_lse(kFunc, "state", state, MemorySpace::kDevice);
   const std::int64_t rows = state.tokens * state.heads;
   if (rows == 0) return;
-  static const int resident = kernels::blocks_per_sm(kernels::mark_empty_rows_kernel);
-  const kernels::LaunchShape shape = kernels::launch_shape(rows, resident);
-  kernels::mark_empty_rows_kernel<<<shape.blocks, shape.threads, 0, stream>>>(state);
-  ATTNSTATE_CHECK_LAUNCH(stream, "mark_empty_rows_kernel");
+  kernels::launch_grid_stride<kernels::mark_empty_rows_kernel>(rows, stream,
+                                                               "mark_empty_rows_kernel", state);
 }
 
 }  // namespace cuda

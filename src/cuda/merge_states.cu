@@ -99,11 +99,8 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
       case StackKernel::kGeneral:
         break;
     }
-    const auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
-    static const int resident = kernels::blocks_per_sm(kernel);
-    const kernels::LaunchShape shape = kernels::launch_shape(rows << args.row_shift, resident);
-    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
-    ATTNSTATE_CHECK_LAUNCH(stream, "merge_stack_kernel");
+    constexpr auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
+    kernels::launch_grid_stride<kernel>(rows << args.row_shift, stream, "merge_stack_kernel", args);
   });
 }
 
@@ -139,11 +136,8 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
   kernels::RowsArgs args = rows_args(in, out);
   args.indptr = indptr;
   kernels::dispatch_in_out(rows.dtype, out.dtype, [&](auto ti, auto to) {
-    const auto kernel = kernels::merge_ragged_kernel<decltype(ti), decltype(to)>;
-    static const int resident = kernels::blocks_per_sm(kernel);
-    const kernels::LaunchShape shape = kernels::launch_shape(n << args.row_shift, resident);
-    kernel<<<shape.blocks, shape.threads, 0, stream>>>(args);
-    ATTNSTATE_CHECK_LAUNCH(stream, "merge_ragged_kernel");
+    constexpr auto kernel = kernels::merge_ragged_kernel<decltype(ti), decltype(to)>;
+    kernels::launch_grid_stride<kernel>(n << args.row_shift, stream, "merge_ragged_kernel", args);
   });
 }
 

@@ -6,11 +6,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
 #include "attnstate/cuda/check.hpp"
+#include "cuda/device_cache.hpp"
+#include "cuda/launch.hpp"
 #include "cuda/tile/vec.cuh"
 
 namespace attnstate {
@@ -22,29 +23,19 @@ constexpr int kMergeBlock = 256;
 /// Smallest block used for small problems (spreads a few rows over more SMs).
 constexpr int kMinBlock = 64;
 
-/// Number of SMs of the current device (cached per device; no synchronisation, capture-safe).
-inline int sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};
-  int dev = 0;
-  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < kMaxDevices) {
-    const int cached = cache[dev].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
-  }
-  int n = 0;
-  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  if (n < 1) n = 1;
-  if (dev >= 0 && dev < kMaxDevices) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
+/// Number of SMs of the current device (`detail::device_facts`: cached per device, capture-safe).
+inline int sm_count() { return detail::device_facts().sm_count; }
 
-/// Resident blocks of `kMergeBlock` threads per SM for `kernel` (query once per kernel and keep).
-template <class Kernel>
-int blocks_per_sm(Kernel kernel) {
-  int n = 0;
-  ATTNSTATE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kMergeBlock, 0));
-  return n < 1 ? 1 : n;
+/// Resident blocks of `kMergeBlock` threads per SM for `kKernel` (queried once per device).
+template <auto kKernel>
+int blocks_per_sm() {
+  static detail::PerDevice<int> cache;
+  return cache.current([](int) {
+    int n = 0;
+    ATTNSTATE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kMergeBlock, 0));
+    return n < 1 ? 1 : n;
+  });
 }
 
 /// Grid and block size of a grid-stride merge kernel.
@@ -64,6 +55,19 @@ inline LaunchShape launch_shape(std::int64_t total_threads, int resident_blocks_
   const std::int64_t cap = sms * resident_blocks_per_sm * (kMergeBlock / threads);
   return LaunchShape{static_cast<unsigned>(std::max<std::int64_t>(1, std::min(needed, cap))),
                      threads};
+}
+
+/// Launches the grid-stride merge kernel `kKernel(args...)` over `total_threads` threads
+/// (`launch_shape`) on `stream`; `name` names it in launch errors.
+template <auto kKernel, class... Args>
+void launch_grid_stride(std::int64_t total_threads, cudaStream_t stream, const char* name,
+                        const Args&... args) {
+  const LaunchShape shape = launch_shape(total_threads, blocks_per_sm<kKernel>());
+  detail::LaunchConfig c;
+  c.grid = dim3(shape.blocks);
+  c.block = dim3(static_cast<unsigned>(shape.threads));
+  c.stream = stream;
+  detail::launch_kernel(c, kKernel, name, args...);
 }
 
 /// How the threads of a warp split one row of `head_dim` elements: `group` threads (a power of

@@ -1,0 +1,186 @@
+/// @file decode_plan.cpp
+/// @brief The host-only decode planner: split layout, kernel, pipeline depth and cluster.
+#include "plan/decode_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "attnstate/core/error.hpp"
+
+namespace attnstate {
+namespace plan {
+namespace {
+
+using attnstate::detail::throw_argument;
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+std::int64_t max_length(const DecodeProblem& problem, const std::int32_t* seq_lens) {
+  std::int64_t max_len = 0;
+  for (std::int64_t i = 0; i < problem.batch; ++i)
+    max_len = std::max<std::int64_t>(max_len, seq_lens[i]);
+  return max_len;
+}
+
+/// Clusters of `cluster` CTAs resident at once at depth `stages` (0 for sizes never used).
+int resident(const DecodeFacts& f, int stages, int cluster) {
+  if (cluster < 2 || cluster > kMaxCluster) return 0;
+  return f.resident_clusters[stages == f.stages ? 0 : 1][cluster];
+}
+
+std::string head_dim_list() {
+  std::string s;
+  const int n = static_cast<int>(sizeof(kDecodeHeadDims) / sizeof(kDecodeHeadDims[0]));
+  for (int i = 0; i < n; ++i)
+    s += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + str(kDecodeHeadDims[i]);
+  return s;
+}
+
+}  // namespace
+
+bool decode_head_dim_supported(std::int64_t head_dim) {
+  return std::find(std::begin(kDecodeHeadDims), std::end(kDecodeHeadDims), head_dim) !=
+         std::end(kDecodeHeadDims);
+}
+
+void check_decode_problem(const char* fn, const DecodeProblem& pr) {
+  if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", str(pr.batch));
+  if (pr.q_len < 1 || pr.q_len > 8) throw_argument(fn, "problem.q_len", "1..8", str(pr.q_len));
+  if (pr.heads_kv < 1) throw_argument(fn, "problem.heads_kv", ">= 1", str(pr.heads_kv));
+  if (pr.heads_q < 1 || pr.heads_q % pr.heads_kv != 0)
+    throw_argument(fn, "problem.heads_q", "a positive multiple of heads_kv", str(pr.heads_q));
+  if (!decode_head_dim_supported(pr.head_dim))
+    throw_argument(fn, "problem.head_dim", head_dim_list(), str(pr.head_dim),
+                   Status::kNotSupported);
+  if (pr.kv_dtype != DType::kF16 && pr.kv_dtype != DType::kBF16)
+    throw_argument(fn, "problem.kv_dtype", "f16 or bf16", to_string(pr.kv_dtype),
+                   Status::kNotSupported);
+  if (pr.q_dtype != pr.kv_dtype)
+    throw_argument(fn, "problem.q_dtype", std::string("the KV dtype ") + to_string(pr.kv_dtype),
+                   to_string(pr.q_dtype), Status::kNotSupported);
+}
+
+int decode_row_tiles(const DecodeProblem& problem, int tile_rows) {
+  const std::int64_t rows = problem.q_len * problem.group();
+  return static_cast<int>((rows + tile_rows - 1) / tile_rows);
+}
+
+bool short_candidate(const DecodeFacts& f, std::int64_t head_dim, const SplitLayout& splits) {
+  return head_dim == kDecodeShortHeadDim && f.short_tokens > 0 && f.short_stages != f.stages &&
+         splits.policy == SplitPolicy::kFixedSize && splits.split_size <= f.short_tokens;
+}
+
+SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
+                        const DecodeOptions& options, std::int64_t slots, int row_tiles,
+                        const DecodeFacts& f) {
+  SplitLayout l = plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles,
+                                    fn, "seq_lens_host", "options");
+  const std::int64_t max_len = max_length(problem, seq_lens);
+  // short requests: at most a cluster's worth of splits, merged in distributed shared memory,
+  // rather than many tiny splits merged through the workspace
+  if (f.max_cluster > 1 && l.max_splits > f.max_cluster) {
+    const std::int64_t chunk =
+        round_up((max_len + f.max_cluster - 1) / f.max_cluster, kSplitGranularity);
+    if (chunk > 0 && chunk <= f.cluster_tokens) {
+      l.split_size = static_cast<std::int32_t>(chunk);
+      l.max_splits = static_cast<std::int32_t>((max_len + chunk - 1) / chunk);
+    }
+  }
+  // long ones: a split count that groups of splits can share a cluster with, within one wave
+  const int mult = f.split_multiple;
+  if (mult > 1 && l.policy == SplitPolicy::kFixedSize && l.max_splits > f.max_cluster &&
+      l.max_splits % mult != 0) {
+    const std::int64_t target = round_up(l.max_splits, mult);
+    const std::int64_t grid = problem.batch * problem.heads_kv * row_tiles * target;
+    const std::int64_t chunk = round_up((max_len + target - 1) / target, kSplitGranularity);
+    if (target <= kMaxSplits && grid <= slots && chunk > 0 &&
+        (max_len + chunk - 1) / chunk == target) {
+      l.split_size = static_cast<std::int32_t>(chunk);
+      l.max_splits = static_cast<std::int32_t>(target);
+    }
+  }
+  return l;
+}
+
+SplitLaunch resolve_split_launch(const DecodeFacts& f, std::int64_t head_dim,
+                                 const SplitLayout& splits, int num_sms, std::int64_t grid) {
+  const int S = splits.max_splits;
+  int cluster = S > 1 && S <= f.max_cluster ? S : 1;
+  SplitLaunch l;
+  l.stages = f.stages;
+  if (short_candidate(f, head_dim, splits)) {
+    // one more CTA per SM: when the grid exceeds one wave of the default depth, or when only it
+    // keeps every cluster resident
+    bool use_short = grid > static_cast<std::int64_t>(num_sms) * f.ctas_per_sm;
+    if (!use_short && cluster > 1) {
+      const std::int64_t clusters = grid / cluster;
+      use_short = clusters > resident(f, f.stages, cluster) &&
+                  clusters <= resident(f, f.short_stages, cluster);
+    }
+    if (use_short) l.stages = f.short_stages;
+  }
+  // the cluster merge pays off only when every cluster is resident at once (one wave)
+  if (cluster > 1 && grid / cluster > resident(f, l.stages, cluster)) cluster = 1;
+  // workspace merge: groups of consecutive splits in clusters (the largest size that divides the
+  // split count and keeps every cluster resident), so that the last group's CTAs share the merge
+  if (cluster == 1 && S > 1) {
+    for (int c = std::min(f.ws_group, S - 1); c >= 2; --c) {
+      if (S % c == 0 && grid / c <= resident(f, l.stages, c)) {
+        cluster = c;
+        break;
+      }
+    }
+  }
+  l.cluster = cluster;
+  return l;
+}
+
+bool split_launch_valid(const DecodeFacts& f, std::int64_t head_dim, const SplitLayout& splits,
+                        const SplitLaunch& launch, const char** why) {
+  const bool short_compiled = head_dim == kDecodeShortHeadDim && f.short_tokens > 0;
+  if (launch.stages != f.stages && !(short_compiled && launch.stages == f.short_stages)) {
+    *why = "a compiled pipeline depth";
+    return false;
+  }
+  const int S = splits.max_splits;
+  const int c = launch.cluster;
+  const bool ok = c == 1 || (c == S && S <= f.max_cluster) ||
+                  (c >= 2 && c <= std::min(f.ws_group, S - 1) && S % c == 0);
+  if (!ok) {
+    *why = "1, splits.max_splits (at most 8) or a divisor of it";
+    return false;
+  }
+  return true;
+}
+
+DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
+                            const std::int32_t* seq_lens_host, const DecodeOptions& options,
+                            int num_sms, const DecodeFacts& f) {
+  check_decode_problem(fn, problem);
+  if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", str(num_sms));
+  DecodeChoice c;
+  c.row_tiles = decode_row_tiles(problem, f.tile_rows);
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * f.ctas_per_sm;
+  c.splits =
+      options.policy == SplitPolicy::kAuto
+          ? auto_layout(fn, problem, seq_lens_host, options, slots, c.row_tiles, f)
+          : plan_split_layout(problem, seq_lens_host, options, slots,
+                              problem.heads_kv * c.row_tiles, fn, "seq_lens_host", "options");
+  const std::int64_t grid = problem.batch * problem.heads_kv * c.row_tiles * c.splits.max_splits;
+  if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", str(grid));
+  // Automatic policy, one split each, requests up to the cap and enough items to keep at least
+  // 3/4 of the streamed kernel's warps busy on every SM: the streamed kernel (its warps' copies
+  // run on from one item into the next). With fewer items its SMs hold too few warps to hide
+  // the latency of their arithmetic (bench/RESULTS.md, the streamed kernel's section).
+  c.streamed = options.policy == SplitPolicy::kAuto && c.splits.max_splits == 1 &&
+               problem.head_dim <= kDecodeStreamMaxHeadDim &&
+               4 * grid >= 3 * static_cast<std::int64_t>(num_sms) * f.stream_warps &&
+               max_length(problem, seq_lens_host) <= f.stream_max_tokens;
+  c.split = resolve_split_launch(f, problem.head_dim, c.splits, num_sms, grid);
+  return c;
+}
+
+}  // namespace plan
+}  // namespace attnstate

@@ -1,0 +1,118 @@
+/// @file decode_plan.hpp
+/// @brief Host-only planner of the CUDA split-KV decode (plain C++, no CUDA header): from the
+///        problem, the planned lengths, the options and the facts of the kernels and the device
+///        to the recorded choice (split layout, streamed kernel, pipeline depth, cluster).
+///
+/// `src/cuda/decode.cu` gathers the facts (the kernels' compile-time shape, the device's
+/// occupancy) and records the result in the public `DecodePlan`; the unit tests in `tests/plan`
+/// give their own facts. Every rule here changes speed only, never results: the configurations
+/// it chooses between give the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "attnstate/core/decode_split.hpp"
+
+namespace attnstate {
+namespace plan {
+
+/// Largest thread-block cluster the decode uses (the portable size); `DecodeFacts` records the
+/// occupancy of cluster sizes 2..`kMaxCluster`.
+inline constexpr int kMaxCluster = 8;
+
+/// The head dims with compiled decode kernels: the one list read by the checks
+/// (`check_decode_problem`) and by the dispatch of `src/cuda/decode.cu` (which instantiates one
+/// kernel per entry and asserts it covers this list).
+inline constexpr std::int64_t kDecodeHeadDims[] = {64, 128, 256};
+/// The largest head dim the streamed kernel is compiled for (the head dims of `kDecodeHeadDims`
+/// up to this one).
+inline constexpr std::int64_t kDecodeStreamMaxHeadDim = 128;
+/// The short-split configuration exists at this head dim only.
+inline constexpr std::int64_t kDecodeShortHeadDim = 128;
+
+/// True when `head_dim` is one of `kDecodeHeadDims`.
+bool decode_head_dim_supported(std::int64_t head_dim);
+
+/// The facts the decode planner needs: the kernels' compile-time shape for the problem's head
+/// dim and what the device keeps resident. Plain values, so the planner is tested without CUDA.
+struct DecodeFacts {
+  int tile_rows = 16;               ///< Query rows of a CTA tile (`kDecodeTileRows`).
+  int stages = 3;                   ///< Default pipeline depth (`kDecodeStages`).
+  int short_stages = 2;             ///< Short-split depth (`kDecodeShortStages`), head dim 128.
+  std::int32_t short_tokens = 256;  ///< Longest split of the short-split configuration (0: none).
+  int max_cluster = 8;              ///< Most splits merged in one cluster (`kDecodeMaxCluster`).
+  int ws_group = 8;                 ///< Largest workspace-merge group (`kDecodeWsGroup`).
+  int ctas_per_sm = 1;              ///< Resident CTAs per SM, default depth, this head dim.
+  int stream_warps = 0;             ///< Warps per CTA of the streamed kernel, this head dim.
+  int cluster_tokens = 256;         ///< `tuning::kDecodeClusterTokens`.
+  int split_multiple = 2;           ///< `tuning::kDecodeSplitMultiple`.
+  std::int64_t stream_max_tokens = 2048;  ///< `tuning::kDecodeStreamMaxTokens`.
+  /// Clusters of `c` CTAs (index `c`, 2..`kMaxCluster`) of the split kernel the device keeps
+  /// resident at once: `[0]` at the default depth, `[1]` in the short-split configuration;
+  /// 0 for sizes never used.
+  int resident_clusters[2][kMaxCluster + 1] = {};
+};
+
+/// How the split-KV kernel launches on a grid.
+struct SplitLaunch {
+  int stages = 3;   ///< Pipeline depth (`DecodeFacts::stages` or `short_stages`).
+  int cluster = 1;  ///< CTAs per cluster: the split count (cluster merge), a divisor (groups), 1.
+};
+
+/// The resolved decode: what `plan_decode` records.
+struct DecodeChoice {
+  SplitLayout splits;     ///< The split layout.
+  int row_tiles = 1;      ///< Tiles of `tile_rows` query rows per KV head.
+  bool streamed = false;  ///< The streamed kernel runs (else the split kernel).
+  SplitLaunch split;      ///< The split kernel's launch (the streamed kernel's fallback).
+};
+
+/// Checks a decode problem's shape (`batch`, `q_len`, heads, the head dim against
+/// `kDecodeHeadDims`, f16/bf16 with the same query and KV dtype); throws naming `fn`.
+void check_decode_problem(const char* fn, const DecodeProblem& problem);
+
+/// `ceil(q_len · group / tile_rows)`.
+int decode_row_tiles(const DecodeProblem& problem, int tile_rows);
+
+/// Whether a layout may run in the short-split configuration: head dim 128, the configuration
+/// compiled (`short_tokens > 0`, a different depth) and fixed-size splits of at most
+/// `short_tokens` tokens.
+bool short_candidate(const DecodeFacts& facts, std::int64_t head_dim, const SplitLayout& splits);
+
+/// The automatic split layout for `slots` concurrent CTAs: the wave-efficiency heuristic
+/// (`plan_split_layout`), then, for short requests, at most as many splits as a cluster merges
+/// (`max_cluster`, when the splits stay within `cluster_tokens`); for long ones, a split count
+/// rounded up to `split_multiple` when the grid stays within the slots. Errors name `fn` and
+/// `seq_lens_host`.
+SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
+                        const DecodeOptions& options, std::int64_t slots, int row_tiles,
+                        const DecodeFacts& facts);
+
+/// The split kernel's launch on a grid of `grid` CTAs for `num_sms` SMs:
+/// - depth: the short-split configuration when `short_candidate` and either the grid exceeds one
+///   wave of the default depth (`num_sms · ctas_per_sm`) or, for a cluster merge, its clusters
+///   are not all resident at the default depth but are in the short-split configuration;
+/// - cluster: the split count when it is at most `max_cluster` and every cluster is resident at
+///   once at that depth (the cluster merge); else, with several splits, the largest group size
+///   up to `min(ws_group, splits − 1)` that divides the split count and keeps every cluster
+///   resident (the workspace merge in groups); else 1.
+SplitLaunch resolve_split_launch(const DecodeFacts& facts, std::int64_t head_dim,
+                                 const SplitLayout& splits, int num_sms, std::int64_t grid);
+
+/// Whether a recorded split launch is one the kernels support for `splits` at `head_dim`: a
+/// compiled depth, and a cluster of 1, of the split count (at most `max_cluster`) or of a
+/// divisor of it up to `ws_group`. Says what is wrong in `why` when not.
+bool split_launch_valid(const DecodeFacts& facts, std::int64_t head_dim, const SplitLayout& splits,
+                        const SplitLaunch& launch, const char** why);
+
+/// Resolves a decode plan (checks first, naming `fn`): the split layout (`kAuto`: `auto_layout`
+/// on `num_sms · ctas_per_sm` slots), the streamed kernel (automatic policy, one split per
+/// request, head dim at most 128, requests up to `stream_max_tokens` keys, at least 3/4 of the
+/// streamed kernel's warps busy on every SM) and the split kernel's launch for the planned
+/// batch. Throws when the grid exceeds 2^31 − 1 CTAs.
+DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
+                            const std::int32_t* seq_lens_host, const DecodeOptions& options,
+                            int num_sms, const DecodeFacts& facts);
+
+}  // namespace plan
+}  // namespace attnstate

@@ -1,0 +1,287 @@
+/// @file test_plan_decode.cpp
+/// @brief The host-only decode planner (src/plan/decode_plan.hpp) against its documented rules:
+///        head dims, the automatic layout, the streamed kernel, the short-split depth, the
+///        cluster from given occupancy and the recorded fallback. No CUDA, no GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/error.hpp"
+#include "plan/decode_plan.hpp"
+
+namespace {
+
+using attnstate::DecodeOptions;
+using attnstate::DecodeProblem;
+using attnstate::DType;
+using attnstate::Error;
+using attnstate::SplitLayout;
+using attnstate::SplitPolicy;
+using attnstate::Status;
+namespace plan = attnstate::plan;
+
+constexpr const char* kFn = "test";
+
+/// Facts of an sm_90-like device: 2 CTAs per SM at the default depth, 8 streamed warps, every
+/// cluster size resident `resident` times at both depths.
+plan::DecodeFacts facts(int resident = 1000) {
+  plan::DecodeFacts f;
+  f.tile_rows = 16;
+  f.stages = 3;
+  f.short_stages = 2;
+  f.short_tokens = 256;
+  f.max_cluster = 8;
+  f.ws_group = 8;
+  f.ctas_per_sm = 2;
+  f.stream_warps = 8;
+  f.cluster_tokens = 256;
+  f.split_multiple = 2;
+  f.stream_max_tokens = 2048;
+  for (auto& row : f.resident_clusters)
+    for (int c = 2; c <= plan::kMaxCluster; ++c) row[c] = resident;
+  return f;
+}
+
+DecodeProblem problem(std::int64_t batch, std::int64_t heads_kv, std::int64_t head_dim,
+                      std::int64_t group = 4, std::int64_t q_len = 1) {
+  DecodeProblem p;
+  p.batch = batch;
+  p.q_len = q_len;
+  p.heads_kv = heads_kv;
+  p.heads_q = heads_kv * group;
+  p.head_dim = head_dim;
+  p.q_dtype = DType::kBF16;
+  p.kv_dtype = DType::kBF16;
+  return p;
+}
+
+SplitLayout fixed_size(std::int32_t size, std::int32_t max_splits) {
+  SplitLayout l;
+  l.policy = SplitPolicy::kFixedSize;
+  l.split_size = size;
+  l.max_splits = max_splits;
+  return l;
+}
+
+Status status_of(const DecodeProblem& p) {
+  try {
+    plan::check_decode_problem(kFn, p);
+  } catch (const Error& e) {
+    return e.status();
+  }
+  return Status::kSuccess;
+}
+
+TEST(PlanDecode, HeadDimsAreTheOneList) {
+  for (std::int64_t d : plan::kDecodeHeadDims) {
+    EXPECT_TRUE(plan::decode_head_dim_supported(d));
+    EXPECT_EQ(status_of(problem(1, 1, d)), Status::kSuccess) << d;
+  }
+  for (std::int64_t d : {0, 32, 96, 192, 512}) {
+    EXPECT_FALSE(plan::decode_head_dim_supported(d));
+    EXPECT_EQ(status_of(problem(1, 1, d)), Status::kNotSupported) << d;
+  }
+  DecodeProblem mixed = problem(1, 1, 128);
+  mixed.q_dtype = DType::kF16;
+  EXPECT_EQ(status_of(mixed), Status::kNotSupported);
+  EXPECT_EQ(status_of(problem(1, 1, 128, 4, 9)), Status::kInvalidArgument);  // q_len > 8
+}
+
+TEST(PlanDecode, RowTilesAreSixteenRows) {
+  EXPECT_EQ(plan::decode_row_tiles(problem(1, 8, 128, 4, 1), 16), 1);
+  EXPECT_EQ(plan::decode_row_tiles(problem(1, 8, 128, 4, 4), 16), 1);
+  EXPECT_EQ(plan::decode_row_tiles(problem(1, 8, 128, 4, 5), 16), 2);
+  EXPECT_EQ(plan::decode_row_tiles(problem(1, 1, 128, 16, 8), 16), 8);
+}
+
+TEST(PlanDecode, ShortCandidateIsHeadDim128FixedSizeUpTo256) {
+  const plan::DecodeFacts f = facts();
+  EXPECT_TRUE(plan::short_candidate(f, 128, fixed_size(256, 4)));
+  EXPECT_TRUE(plan::short_candidate(f, 128, fixed_size(16, 1)));
+  EXPECT_FALSE(plan::short_candidate(f, 128, fixed_size(272, 4)));
+  EXPECT_FALSE(plan::short_candidate(f, 64, fixed_size(128, 4)));
+  EXPECT_FALSE(plan::short_candidate(f, 256, fixed_size(128, 4)));
+  SplitLayout count;
+  count.policy = SplitPolicy::kFixedCount;
+  count.num_splits = 4;
+  count.max_splits = 4;
+  EXPECT_FALSE(plan::short_candidate(f, 128, count));
+  plan::DecodeFacts off = f;
+  off.short_tokens = 0;  // the configuration not compiled
+  EXPECT_FALSE(plan::short_candidate(off, 128, fixed_size(256, 4)));
+}
+
+TEST(PlanDecode, AutoLayoutOfAShortRequestFitsOneCluster) {
+  // batch 1 × 8 KV heads × 1000 keys on 132 SMs × 2: the heuristic takes 16 splits of 64;
+  // a cluster merges at most 8, so 8 splits of 128 (within the 256 cluster tokens)
+  const std::vector<std::int32_t> lens = {1000};
+  const SplitLayout l =
+      plan::auto_layout(kFn, problem(1, 8, 128), lens.data(), DecodeOptions{}, 264, 1, facts());
+  EXPECT_EQ(l.policy, SplitPolicy::kFixedSize);
+  EXPECT_EQ(l.split_size, 128);
+  EXPECT_EQ(l.max_splits, 8);
+  // 3000 keys: 8 splits would be 384 tokens each, above the cluster tokens: unchanged
+  const std::vector<std::int32_t> longer = {3000};
+  const SplitLayout m =
+      plan::auto_layout(kFn, problem(1, 8, 128), longer.data(), DecodeOptions{}, 264, 1, facts());
+  EXPECT_GT(m.max_splits, 8);
+}
+
+TEST(PlanDecode, AutoLayoutRoundsALongSplitCountToTheMultipleWithinOneWave) {
+  // 1 KV head, 20 slots, 20480 keys: the heuristic takes 19 splits of 1088; rounded up to 20
+  // splits of 1024 (the grid of 20 CTAs stays within the slots)
+  const std::vector<std::int32_t> lens = {20480};
+  const SplitLayout l =
+      plan::auto_layout(kFn, problem(1, 1, 128), lens.data(), DecodeOptions{}, 20, 1, facts());
+  EXPECT_EQ(l.max_splits, 20);
+  EXPECT_EQ(l.split_size, 1024);
+  // 19 slots: 20 CTAs would exceed one wave: 19 splits kept
+  const SplitLayout m =
+      plan::auto_layout(kFn, problem(1, 1, 128), lens.data(), DecodeOptions{}, 19, 1, facts());
+  EXPECT_EQ(m.max_splits, 19);
+  EXPECT_EQ(m.split_size, 1088);
+}
+
+TEST(PlanDecode, ClusterMergeWhenEveryClusterIsResident) {
+  plan::DecodeFacts f = facts(0);
+  f.resident_clusters[0][4] = 16;
+  // 4 splits of 512 (not a short candidate), grid 64: 16 clusters of 4, all resident
+  const plan::SplitLaunch a = plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 64);
+  EXPECT_EQ(a.stages, 3);
+  EXPECT_EQ(a.cluster, 4);
+  // grid 80: 20 clusters, more than resident: the workspace merge; groups of 2 (3 does not
+  // divide 4) need 40 resident clusters of 2
+  f.resident_clusters[0][2] = 40;
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 80).cluster, 2);
+  f.resident_clusters[0][2] = 39;
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 80).cluster, 1);
+  // one split: never a cluster
+  EXPECT_EQ(plan::resolve_split_launch(facts(), 128, fixed_size(512, 1), 132, 64).cluster, 1);
+}
+
+TEST(PlanDecode, WorkspaceMergeGroupsOfManySplits) {
+  plan::DecodeFacts f = facts(0);
+  // 24 splits (more than a cluster merges): the largest group up to 8 dividing 24 with every
+  // cluster resident: 8 when 24 clusters of 8 fit, else 6 ...
+  f.resident_clusters[0][8] = 24;
+  f.resident_clusters[0][6] = 32;
+  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 24), 132, 192).cluster, 8);
+  f.resident_clusters[0][8] = 23;
+  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 24), 132, 192).cluster, 6);
+  f.resident_clusters[0][6] = 31;
+  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 24), 132, 192).cluster, 1);
+  // 9 splits: 3 (the only divisor up to 8 besides 1)
+  f.resident_clusters[0][3] = 100;
+  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 9), 132, 72).cluster, 3);
+}
+
+TEST(PlanDecode, ShortSplitDepthWhenTheGridExceedsOneWave) {
+  const plan::DecodeFacts f = facts();
+  // 132 SMs × 2 CTAs = 264: a grid of 265 short splits takes the short-split depth
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(256, 1), 132, 264).stages, 3);
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(256, 1), 132, 265).stages, 2);
+  // not a candidate: longer splits, or another head dim
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(272, 1), 132, 265).stages, 3);
+  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(256, 1), 132, 265).stages, 3);
+}
+
+TEST(PlanDecode, ShortSplitDepthWhenOnlyItKeepsEveryClusterResident) {
+  plan::DecodeFacts f = facts(0);
+  f.resident_clusters[0][8] = 4;
+  f.resident_clusters[1][8] = 10;
+  // 8 clusters of 8 (grid 64, one wave): resident only at the short-split depth
+  plan::SplitLaunch l = plan::resolve_split_launch(f, 128, fixed_size(128, 8), 132, 64);
+  EXPECT_EQ(l.stages, 2);
+  EXPECT_EQ(l.cluster, 8);
+  // resident at neither depth: the default depth and the workspace merge (groups of 4 if
+  // 16 clusters of 4 fit)
+  f.resident_clusters[1][8] = 6;
+  f.resident_clusters[0][4] = 16;
+  l = plan::resolve_split_launch(f, 128, fixed_size(128, 8), 132, 64);
+  EXPECT_EQ(l.stages, 3);
+  EXPECT_EQ(l.cluster, 4);
+}
+
+TEST(PlanDecode, StreamedKernelForManyShortUnsplitRequests) {
+  const DecodeOptions automatic;
+  // 200 requests × 8 KV heads × 200 keys: one split each, 1600 items ≥ 3/4 · 132 · 8
+  const std::vector<std::int32_t> lens(200, 200);
+  const plan::DecodeChoice c =
+      plan::resolve_decode(kFn, problem(200, 8, 128), lens.data(), automatic, 132, facts());
+  EXPECT_EQ(c.splits.max_splits, 1);
+  EXPECT_TRUE(c.streamed);
+  // the recorded fallback (q misaligned, prior states, page size): the split kernel, short
+  // splits of 208 on a grid of 1600 > 264: the short-split depth, no cluster
+  EXPECT_EQ(c.split.stages, 2);
+  EXPECT_EQ(c.split.cluster, 1);
+  // head dim 256: no streamed kernel
+  EXPECT_FALSE(plan::resolve_decode(kFn, problem(200, 8, 256), lens.data(), automatic, 132, facts())
+                   .streamed);
+  // a request longer than 2048 keys
+  std::vector<std::int32_t> one_long = lens;
+  one_long[7] = 2049;
+  EXPECT_FALSE(
+      plan::resolve_decode(kFn, problem(200, 8, 128), one_long.data(), automatic, 132, facts())
+          .streamed);
+  // 30 requests: one split each but 240 items < 3/4 · 132 · 8
+  const plan::DecodeChoice few =
+      plan::resolve_decode(kFn, problem(30, 8, 128), lens.data(), automatic, 132, facts());
+  EXPECT_EQ(few.splits.max_splits, 1);
+  EXPECT_FALSE(few.streamed);
+  // a fixed policy never streams
+  DecodeOptions count;
+  count.policy = SplitPolicy::kFixedCount;
+  count.num_splits = 1;
+  EXPECT_FALSE(
+      plan::resolve_decode(kFn, problem(200, 8, 128), lens.data(), count, 132, facts()).streamed);
+}
+
+TEST(PlanDecode, ResolvedLaunchIsTheRuleAtThePlannedGrid) {
+  plan::DecodeFacts f = facts(0);
+  f.resident_clusters[0][8] = 100;
+  const std::vector<std::int32_t> lens = {1000, 600};
+  const plan::DecodeChoice c =
+      plan::resolve_decode(kFn, problem(2, 8, 128), lens.data(), DecodeOptions{}, 132, f);
+  EXPECT_EQ(c.row_tiles, 1);
+  const std::int64_t grid = 2 * 8 * c.splits.max_splits;
+  const plan::SplitLaunch l = plan::resolve_split_launch(f, 128, c.splits, 132, grid);
+  EXPECT_EQ(c.split.stages, l.stages);
+  EXPECT_EQ(c.split.cluster, l.cluster);
+  const char* why = nullptr;
+  EXPECT_TRUE(plan::split_launch_valid(f, 128, c.splits, c.split, &why));
+}
+
+TEST(PlanDecode, RecordedLaunchIsChecked) {
+  const plan::DecodeFacts f = facts();
+  const char* why = nullptr;
+  EXPECT_TRUE(plan::split_launch_valid(f, 128, fixed_size(64, 8), {2, 8}, &why));
+  EXPECT_TRUE(plan::split_launch_valid(f, 64, fixed_size(64, 24), {3, 6}, &why));
+  EXPECT_TRUE(plan::split_launch_valid(f, 64, fixed_size(64, 1), {3, 1}, &why));
+  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 8), {2, 8}, &why));  // no depth 2
+  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 6), {3, 4}, &why));  // 4 ∤ 6
+  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 16), {3, 16}, &why));
+  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 1), {3, 2}, &why));
+  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 4), {3, 0}, &why));
+}
+
+TEST(PlanDecode, ErrorsNameTheArgument) {
+  const std::vector<std::int32_t> lens = {16};
+  try {
+    plan::resolve_decode(kFn, problem(1, 1, 128), lens.data(), DecodeOptions{}, 0, facts());
+    FAIL() << "num_sms 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_sms"), std::string::npos) << e.what();
+  }
+  // 2^22 requests × 512 splits: more than 2^31 - 1 CTAs
+  const std::vector<std::int32_t> many(std::size_t{1} << 22, 16);
+  DecodeOptions count;
+  count.policy = SplitPolicy::kFixedCount;
+  count.num_splits = 512;
+  EXPECT_THROW(plan::resolve_decode(kFn, problem(std::int64_t{1} << 22, 1, 128, 1), many.data(),
+                                    count, 132, facts()),
+               Error);
+}
+
+}  // namespace
