@@ -1,4 +1,4 @@
-/// @file test_cuda_decode_props.cpp
+/// @file prop_cuda_decode.cpp
 /// @brief RapidCheck properties of the CUDA split-KV decode (100 cases each, skipped without a
 ///        GPU): on random paged problems it agrees with the CPU decode of the same split layout,
 ///        splitting anywhere equals not splitting, to the tensor-core rounding, and a plan made
@@ -101,7 +101,7 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
 
 /// Fails the case unless the GPU result matches the double-precision reference decode of `p` (the
 /// output starts poisoned: an unwritten element is NaN, an infinite error). Tolerances of
-/// tests/decode/test_cuda_decode.cpp for an f32 output.
+/// tests/cuda/decode/test_cuda_decode.cpp for an f32 output.
 void assert_matches_reference(const DecodeProblemHost& p, const Gpu& g) {
   const ReferenceStates ref = reference_decode(p, g.plan.scale);
   double eo = 0, el = 0;

@@ -68,7 +68,7 @@ inline std::vector<unsigned char> random_values(BitsRng& rng, attnstate::DType d
   return raw;
 }
 
-/// The recorded hashes (`tests/cuda_bits/output_bits.txt`): a `# device` line naming the GPU
+/// The recorded hashes (`tests/cuda/bits/output_bits.txt`): a `# device` line naming the GPU
 /// they were recorded on, then `name hash` lines. With the environment variable
 /// `ATTNSTATE_OUTPUT_BITS_WRITE=<file>` set, the test appends its hashes to that file (writing
 /// the device line first when the file is new) instead of comparing them;

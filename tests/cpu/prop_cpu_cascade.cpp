@@ -1,4 +1,4 @@
-/// @file prop_cascade.cpp
+/// @file prop_cpu_cascade.cpp
 /// @brief Property: for random problems, cascade attention over a random level structure equals
 ///        plain attention over each request's concatenated KV (CPU; the GPU variant lives in
 ///        prop_cuda_cascade.cu).

@@ -1,4 +1,4 @@
-/// @file property_decode_cpu.cpp
+/// @file prop_cpu_decode.cpp
 /// @brief RapidCheck properties of the CPU split-KV decode (≥ 500 cases each): on random paged
 ///        problems it equals the one-pass state `cpu::attention_state` of each row's keys, and
 ///        splitting anywhere (any count, any size) equals not splitting, to rounding.

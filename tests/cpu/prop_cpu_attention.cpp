@@ -1,4 +1,4 @@
-/// @file property_cpu_attention.cpp
+/// @file prop_cpu_attention.cpp
 /// @brief The CPU producer `cpu::attention_state` against the algebra, as RapidCheck properties
 ///        (≥ 500 cases each): exactness of any partition of the keys merged with the CPU merges,
 ///        stability with scores in the hundreds, and the testing kit's full conformance check.

@@ -1,4 +1,4 @@
-/// @file property_kit_cpu_producers.cpp
+/// @file prop_testing_cpu_producers.cpp
 /// @brief `cpu::decode` and `cpu::cascade_attention` run through the testing kit's conformance
 ///        check (`check_state_kernel`): exactness against the double reference, split/merge,
 ///        the empty key set, the declared base, large logits and determinism.

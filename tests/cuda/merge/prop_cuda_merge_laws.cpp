@@ -1,4 +1,4 @@
-/// @file test_cuda_merge_laws.cpp
+/// @file prop_cuda_merge_laws.cpp
 /// @brief The laws of ⊕ checked with RapidCheck on the GPU: associativity, commutativity, the
 ///        identity (bitwise), base invariance, empty states with NaN `o`, all-empty input and
 ///        NaN propagation; and the fast `merge_states` path giving the general kernel's bits.

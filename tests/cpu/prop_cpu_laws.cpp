@@ -1,4 +1,4 @@
-/// @file property_cpu_laws.cpp
+/// @file prop_cpu_laws.cpp
 /// @brief The laws of the ⊕ merge on the CPU backend, as RapidCheck properties (≥ 500 cases
 ///        each): commutativity, associativity, identity (bitwise), base invariance, mixed-base
 ///        exactness, stability near LSE ±1e4, empty states with NaN in o, all-empty input, NaN

@@ -1,4 +1,4 @@
-/// @file test_decode_cpu.cpp
+/// @file test_cpu_decode.cpp
 /// @brief CPU split-KV decode against a double-precision reference: shapes, dtypes, layouts,
 ///        page sizes, split policies and edges, causal q_len > 1, empty requests, argument errors;
 ///        and the split layout itself.

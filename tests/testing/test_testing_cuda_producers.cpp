@@ -1,4 +1,4 @@
-/// @file test_cuda_kit_conformance.cpp
+/// @file test_testing_cuda_producers.cpp
 /// @brief The CUDA split-KV decode run through the testing kit's conformance check
 ///        (`check_state_kernel`): exactness against the double reference, split/merge, the empty
 ///        key set, the declared base, large logits and determinism.
