@@ -1,0 +1,365 @@
+/// @file tile/cascade_ws_consumer.cuh
+/// @brief Device parts of the warp-specialised cascade level kernel (kernels/cascade/level_ws.cuh):
+///        the consumer warpgroups' query copy, and a consumer warp's tile loop (`wgmma` products
+///        on the K/V ring, the online-softmax step with its exp/max policy, the accumulator
+///        rescale) up to its rows' final state.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/special.cuh"
+#include "cuda/arch/wgmma.cuh"
+#include "cuda/kernels/cascade/params.cuh"
+#include "cuda/tile/cascade_level_block.cuh"
+#include "cuda/tile/cascade_ws_ring.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace tile {
+
+/// The queries → shared memory at `q_smem`, in the 128-byte swizzled layout of the K tiles: each
+/// consumer warpgroup (thread `tid` below `Tile::kConsumers`) copies its own 64 rows (zero past
+/// the segment's rows), one cp.async commit group.
+template <class Tile>
+__device__ __forceinline__ void ws_load_q(const kernels::CascadeLevelParams& p,
+                                          const LevelBlock& lb, int h_kv, std::uint32_t q_smem,
+                                          int tid) {
+  using T = __nv_bfloat16;
+  constexpr int kChunks = Tile::D / 8;
+  const T* q = static_cast<const T*>(p.q);
+  const int wg = tid >> 7, t = tid & 127;
+  for (int i = t; i < 64 * kChunks; i += 128) {
+    const int r = wg * 64 + i / kChunks, c = i % kChunks;
+    const int R = lb.row0 + r;
+    const T* src = q;
+    int bytes = 0;
+    if (R < lb.nrows) {
+      const int req = lb.r0 + R / lb.rows_per_req, rem = R % lb.rows_per_req;
+      const int tt = rem / p.group, g = rem % p.group;
+      src =
+          q + req * p.q_stride_b + tt * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+      bytes = 16;
+    }
+    arch::cp_async_16_zfill(q_smem + 2 * swz128<Tile::BM>(r, c), src, bytes);
+  }
+  arch::cp_async_commit();
+}
+
+/// A consumer warp's rows (warp `wl` of warpgroup `wg`: rows lane/4 and lane/4 + 8 of its 16):
+/// once this warpgroup's queries landed (`ws_load_q`), the query fragments `qf` (negated with
+/// `negate_q`) and the rows' key limits (the split's end; causal on a last level).
+template <class Tile>
+__device__ __forceinline__ void ws_consumer_rows(const kernels::CascadeLevelParams& p,
+                                                 const LevelBlock& lb, std::uint32_t q_smem, int wg,
+                                                 int wl, int lane, bool negate_q,
+                                                 std::uint32_t (&qf)[Tile::D / 16][4],
+                                                 int (&limit)[2]) {
+  arch::cp_async_wait<0>();
+  arch::named_sync(1 + wg, 128);  // this warpgroup's query rows are in shared memory
+#pragma unroll
+  for (int ks = 0; ks < Tile::D / 16; ++ks) {
+    const int r = wg * 64 + wl * 16 + (lane & 15);
+    const int c = ks * 2 + (lane >> 4);
+    arch::ldmatrix_x4(qf[ks], q_smem + 2 * swz128<Tile::BM>(r, c));
+    if (negate_q)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qf[ks][i] ^= 0x80008000u;
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = lb.row0 + wg * 64 + wl * 16 + (lane >> 2) + rr * 8;
+    limit[rr] = lb.kv_end;
+    if (p.causal_tail && R < lb.nrows) {
+      const int t = (R % lb.rows_per_req) / p.group;
+      limit[rr] = min(lb.kv_end, lb.len - (p.q_len - 1 - t));
+    }
+  }
+}
+
+/// A consumer warp's tile loop over the K/V ring, on the warp's state (the kernel's registers:
+/// query fragments, key limits, accumulator, softmax state, scores and probabilities). Each
+/// tile: wait on the stage's "full", `QKᵀ` of tile t and `PV` of tile t-1 issued back to back,
+/// the softmax of tile t while `PV` runs, the stage of tile t-1 released on its "empty".
+template <class Tile>
+struct WsConsumer {
+  using T = __nv_bfloat16;
+  using Wg = arch::Wgmma<__nv_bfloat16>;
+  static constexpr int D = Tile::D, BN = Tile::BN, kStages = Tile::kStages;
+  static constexpr std::uint32_t kTileBytes = Tile::kTileBytes;
+  static constexpr bool kDescPre = Tile::kDescPre;
+  static constexpr bool kFlat = Tile::kFastExp;  // the fast exponent: branch-free statistics
+  static constexpr bool kLate = Tile::kRescaleLate;
+  /// Descriptors (kWsDescPre): high words constant (groups of 8 keys 2048 bytes apart, 128-byte
+  /// swizzle).
+  static constexpr std::uint32_t kDescHi = (kKvGroupBytes >> 4) | (1u << 30);
+
+  const kernels::CascadeLevelParams& p;
+  const LevelBlock& lb;
+  const WsSmem<Tile>& sm;
+  const int lane, wg;
+  const float sc;  ///< The score scale (its magnitude with the fast exponent).
+  const std::uint32_t (&qf)[D / 16][4];
+  const int (&limit)[2];
+  const int limit_min;
+  float (&acc)[D / 8][4];
+  math::OnlineSoftmax (&os)[2];
+  float (&alpha)[2];  ///< The rows' rescale factors of the last softmax step.
+  float (&s)[BN / 8][4];
+  std::uint32_t (&pf)[BN / 16][4];
+  /// Low descriptor words of stage 0 (kWsDescPre; + a stage's bytes >> 4 per stage, + the
+  /// k-step's offset >> 4).
+  const std::uint32_t kdesc0 = ((sm.k_smem & 0x3FFFFu) >> 4) | (1u << 16);
+  const std::uint32_t vdesc0 = ((sm.v_smem & 0x3FFFFu) >> 4) | ((kKvHalfBytes >> 4) << 16);
+
+  /// S = Q Kᵀ of the tile in stage `st` (64 rows × BN keys), committed as one wgmma group.
+  __device__ __forceinline__ void issue_s(int st) {
+    const std::uint32_t kb = sm.k_smem + st * kTileBytes;
+    const std::uint32_t kd = kdesc0 + st * (kTileBytes >> 4);
+    arch::fence_regs(s);
+    arch::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kKvGroupBytes apart)
+      const std::uint32_t koff = (ks >> 2) * kKvHalfBytes + (ks & 3) * 32;
+      const std::uint64_t desc = kDescPre ? arch::desc_join(kd + (koff >> 4), kDescHi)
+                                          : arch::wgmma_desc(kb + koff, 16, kKvGroupBytes);
+      if constexpr (BN == 64) {
+        if (ks == 0)
+          Wg::mma_s64<0>(s, qf[ks], desc);
+        else
+          Wg::mma_s64<1>(s, qf[ks], desc);
+      } else {
+        if (ks == 0)
+          Wg::mma_s128<0>(s, qf[ks], desc);
+        else
+          Wg::mma_s128<1>(s, qf[ks], desc);
+      }
+    }
+    arch::wgmma_commit();
+  }
+
+  /// O += P V of the tile in stage `st`, committed as one wgmma group.
+  __device__ __forceinline__ void issue_pv(int st) {
+    const std::uint32_t vb = sm.v_smem + st * kTileBytes;
+    const std::uint32_t vd = vdesc0 + st * (kTileBytes >> 4);
+    arch::fence_regs(acc);
+    arch::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wg::mma_o128<1>(
+          acc, pf[kk],
+          // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
+          kDescPre ? arch::desc_join(vd + kk * ((2 * kKvGroupBytes) >> 4), kDescHi)
+                   : arch::wgmma_desc(vb + kk * 2 * kKvGroupBytes, kKvHalfBytes, kKvGroupBytes));
+    arch::wgmma_commit();
+  }
+
+  /// The softmax step with the fast exponent (kWsFastExp, kWsFlatStats): both rows' maxima first
+  /// (independent chains), then both rows' factors, no branches; a probability is
+  /// `2^{fma(s, sc, -m)}` on `ex2.approx.ftz`. Sets `moved` when some row's max moved.
+  __device__ __forceinline__ void softmax_flat(int jb, bool masked, bool& moved) {
+    if (masked) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv = jb + n * 8 + e < limit[rr] ? sv : math::neg_inf();
+          }
+    }
+    float bmax[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
+      bmax[rr] = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
+    }
+    // (a NaN score is left out of the max but its probability is NaN: the row ends NaN;
+    // arch::max_nan is math::nan_max in one instruction, for this per-tile row max)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+      bmax[rr] = arch::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+      bmax[rr] = arch::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+    float nm[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      // OnlineSoftmax::rescale: a factor 1 while nothing was seen, 0 from an empty row
+      // (2^-inf), NaN once a max is NaN
+      const float m_old = os[rr].m;
+      const float m_new = arch::max_nan(m_old, bmax[rr] * sc);
+      const bool none = m_new == math::neg_inf();
+      alpha[rr] = none ? 1.f : arch::ex2_approx_ftz(m_old - m_new);
+      os[rr].l *= alpha[rr];
+      os[rr].m = m_new;
+      moved |= alpha[rr] != 1.f;
+      nm[rr] = none ? 0.f : -m_new;
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float ps[2] = {0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sv = s[n][2 * rr + e];
+          sv = arch::ex2_approx_ftz(fmaf(sv, sc, nm[rr]));
+          ps[e] += sv;
+        }
+      os[rr].add(ps[0] + ps[1]);
+    }
+  }
+
+  /// The softmax step on the core's accumulator (`math::OnlineSoftmax::rescale`) and `exp2f`.
+  /// Sets `moved` when some row's max moved.
+  __device__ __forceinline__ void softmax_exact(int jb, bool masked, bool& moved) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float bmax = math::neg_inf();
+      if (masked) {
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv = jb + n * 8 + e < limit[rr] ? sv * sc : math::neg_inf();
+            bmax = fmaxf(bmax, sv);
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& sv = s[n][2 * rr + e];
+            sv *= sc;
+            bmax = fmaxf(bmax, sv);
+          }
+      }
+      // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
+      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+      alpha[rr] = os[rr].rescale(bmax);
+      moved |= alpha[rr] != 1.f;
+      // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf
+      const float m = os[rr].m == math::neg_inf() ? 0.f : os[rr].m;
+      float psum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sv = s[n][2 * rr + e];
+          sv = exp2f(sv - m);
+          psum += sv;
+        }
+      os[rr].add(psum);
+    }
+  }
+
+  /// Scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities);
+  /// returns whether some row of the warp moved its max (the accumulator then needs `alpha`).
+  __device__ __forceinline__ bool softmax(int kt) {
+    const int t0 = lb.kv_begin + kt * BN;
+    const int jb = t0 + 2 * (lane & 3);
+    const bool masked = t0 + BN > limit_min;
+    bool moved = false;
+    if constexpr (kFlat)
+      softmax_flat(jb, masked, moved);
+    else
+      softmax_exact(jb, masked, moved);
+    return __any_sync(0xffffffffu, moved) != 0;
+  }
+
+  /// O *= alpha (both rows).
+  __device__ __forceinline__ void rescale_acc() {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+  }
+
+  /// The tile loop over the split's `lb.n_tiles` (> 0) tiles; with `pp` the two warpgroups
+  /// issue their products in strict turns (named barriers 3 and 4).
+  __device__ __forceinline__ void run(bool pp) {
+    const int n_tiles = lb.n_tiles;
+    if (pp && wg == 1) arch::named_arrive(3, 2 * 128);  // warpgroup 0 goes first
+    // tile 0: S, softmax (the accumulator is still 0: no rescale)
+    arch::mbar_wait(sm.full0, 0);
+    issue_s(0);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(s);
+    softmax(0);
+    pack_p<T, BN>(s, pf);
+    bool resc = false;
+    int st = 0, ph = 0;  // stage and phase of tile kt
+    for (int kt = 1; kt < n_tiles; ++kt) {
+      int stp;
+      if constexpr (kDescPre) {
+        stp = st;
+        if (++st == kStages) {
+          st = 0;
+          ph ^= 1;
+        }
+      } else {
+        st = kt % kStages;
+        stp = (kt - 1) % kStages;
+        ph = (kt / kStages) & 1;
+      }
+      arch::mbar_wait(sm.full0 + 8 * st, ph);
+      if (pp) arch::named_sync(3 + wg, 2 * 128);
+      issue_s(st);                        // S_t = Q K_tᵀ
+      if (!kLate && resc) rescale_acc();  // O *= alpha_{t-1}
+      issue_pv(stp);                      // O += P_{t-1} V_{t-1}
+      // the other warpgroup's turn (warpgroup 1 gives no turn after its last products, so
+      // every arrival is matched by a wait)
+      if (pp && !(wg == 1 && kt == n_tiles - 1)) arch::named_arrive(3 + (wg ^ 1), 2 * 128);
+      arch::wgmma_wait<1>();  // S_t is done (PV still runs)
+      arch::fence_regs(s);
+      resc = softmax(kt);
+      arch::fence_regs(s);    // (ptxas still hoists the wait to where P packing may start)
+      arch::wgmma_wait<0>();  // PV_{t-1} is done: stage t-1 is free, P may be overwritten
+      arch::fence_regs(acc);
+      if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * stp);
+      if (kLate && resc) rescale_acc();  // O *= alpha_t
+      pack_p<T, BN>(s, pf);
+    }
+    const int stl = (n_tiles - 1) % kStages;
+    if (!kLate && resc) rescale_acc();
+    issue_pv(stl);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(acc);
+    if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * stl);
+  }
+
+  /// The rows' full sums across the quad; a NaN score whose row saw no other score makes the
+  /// state NaN, not empty.
+  __device__ __forceinline__ void finish() {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float l = os[rr].l;
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      os[rr].l = l;
+      if (os[rr].m == math::neg_inf() && l != l) os[rr].m = l;
+    }
+  }
+};
+
+}  // namespace tile
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,237 @@
+/// @file tile/cascade_ws_ring.cuh
+/// @brief Device parts of the warp-specialised cascade level kernel (kernels/cascade/level_ws.cuh):
+///        the layout of a KV tile in shared memory, the CTA's shared memory (queries, the K/V ring
+///        and its "full"/"empty" mbarriers), and the producer warp that fills the ring with bulk
+///        tensor copies.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/tma.cuh"
+#include "cuda/kernels/cascade/params.cuh"
+#include "cuda/tile/cascade_level_block.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace tile {
+
+/// KV tile layout in shared memory (head_dim 128, 16-bit): groups of 8 keys, each the first then
+/// the second 64-wide half of head_dim for its 8 keys (rows of 128 bytes, 128-byte swizzled).
+constexpr std::uint32_t kKvHalfBytes = 8 * 128;            ///< One half of a group.
+constexpr std::uint32_t kKvGroupBytes = 2 * kKvHalfBytes;  ///< One group of 8 keys.
+/// Byte offset of 16-byte chunk `c` (0..15) of key `r` in a KV tile.
+__device__ __forceinline__ std::uint32_t kv_tile_offset(int r, int c) {
+  return static_cast<std::uint32_t>((r >> 3) * kKvGroupBytes + (c >> 3) * kKvHalfBytes +
+                                    (r & 7) * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/// The shared memory of a warp-specialised level CTA (`Tile`: a `kernels::CascadeWsTile`),
+/// 1024-byte aligned: the query tile, the K and V rings of `kStages` tiles, then per stage an
+/// mbarrier "full" (its K and V landed) and one "empty" (its K and V were read).
+template <class Tile>
+struct WsSmem {
+  std::uint32_t q_smem;  ///< Shared address of the query tile.
+  std::uint32_t k_smem;  ///< Shared address of the K ring.
+  std::uint32_t v_smem;  ///< Shared address of the V ring.
+  std::uint32_t full0;   ///< The "full" mbarriers, 8 bytes a stage.
+  std::uint32_t empty0;  ///< The "empty" mbarriers.
+
+  __device__ __forceinline__ explicit WsSmem(unsigned char* smem_raw) {
+    unsigned char* smem_al = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
+    using T = __nv_bfloat16;
+    T* s_q = reinterpret_cast<T*>(smem_al);
+    T* s_k = s_q + Tile::BM * Tile::D;
+    T* s_v = s_k + Tile::kStages * Tile::BN * Tile::D;
+    q_smem = arch::smem_addr(s_q);
+    k_smem = arch::smem_addr(s_k);
+    v_smem = arch::smem_addr(s_v);
+    full0 = arch::smem_addr(s_v + Tile::kStages * Tile::BN * Tile::D);
+    empty0 = full0 + Tile::kStages * 8;
+  }
+
+  /// Initialises the mbarriers ("full": the producer's one arrival and the copies' bytes;
+  /// "empty": one arrival per consumer warp); by one thread, before a block barrier.
+  __device__ __forceinline__ void init_barriers() const {
+#pragma unroll
+    for (int s = 0; s < Tile::kStages; ++s) {
+      arch::mbar_init(full0 + 8 * s, 1);
+      arch::mbar_init(empty0 + 8 * s, 4 * Tile::NWG);
+    }
+    arch::fence_mbar_init();
+  }
+};
+
+/// The producer warp: fills the K/V ring tile by tile (waiting on a stage's "empty" before it
+/// refills it), each whole tile with bulk tensor copies completing on the stage's "full", the
+/// split's last, partial tile with `cp.async`.
+template <class Tile>
+struct WsProducer {
+  using T = __nv_bfloat16;
+  static constexpr int D = Tile::D, BN = Tile::BN, kStages = Tile::kStages;
+  static constexpr int kChunks = D / 8;
+  static constexpr std::uint32_t kTileBytes = Tile::kTileBytes;
+
+  const kernels::CascadeLevelParams& p;
+  const LevelBlock& lb;
+  int h_kv;
+  int lane;
+  const T* kpool;
+  const T* vpool;
+  int G;                        ///< Keys per box (8-64): divides BN and the page size (or is 64).
+  int nb;                       ///< Boxes per tile and tensor (a power of two ≤ 16).
+  int b;                        ///< The box this lane copies (lanes below nb).
+  int per_win;                  ///< Tiles per window of 32 boxes.
+  int per_run;                  ///< Boxes per run granule (1 without runs).
+  const CUtensorMap* tm_k;      ///< Boxes of `tma_box` keys of K (`kernels::CascadeTmaMaps`).
+  const CUtensorMap* tm_v;      ///< Of V.
+  const CUtensorMap* tm_k_run;  ///< Boxes of `tma_run` keys of K.
+  const CUtensorMap* tm_v_run;  ///< Of V.
+
+  /// Also prefetches the tensor maps (`tm_*_run` only with runs).
+  __device__ __forceinline__ WsProducer(const kernels::CascadeLevelParams& p_,
+                                        const LevelBlock& lb_, int h_kv_, int lane_,
+                                        const CUtensorMap* tm_k_, const CUtensorMap* tm_v_,
+                                        const CUtensorMap* tm_k_run_, const CUtensorMap* tm_v_run_)
+      : p(p_),
+        lb(lb_),
+        h_kv(h_kv_),
+        lane(lane_),
+        kpool(static_cast<const T*>(p_.k)),
+        vpool(static_cast<const T*>(p_.v)),
+        G(p_.tma_box),
+        nb(BN / G),
+        b(lane_ & (nb - 1)),
+        per_win(32 / nb),
+        tm_k(tm_k_),
+        tm_v(tm_v_),
+        tm_k_run(tm_k_run_),
+        tm_v_run(tm_v_run_) {
+    if (lane == 0) {
+      arch::tma_prefetch_map(tm_k);
+      arch::tma_prefetch_map(tm_v);
+      if (p.tma_run) {
+        arch::tma_prefetch_map(tm_k_run);
+        arch::tma_prefetch_map(tm_v_run);
+      }
+    }
+    per_run = p.tma_run > G ? p.tma_run / G : 1;
+  }
+
+  /// Page ids by windows of 32 boxes, one per lane (window `w`), loaded a window ahead of their
+  /// copies.
+  __device__ __forceinline__ int load_window(int w) const {
+    const int j = lb.kv_begin + (w * 32 + lane) * G;
+    std::int64_t pg = 0;
+    if (j < lb.kv_end) pg = p.page_indices[lb.pbeg + page_of(p, j)];
+    // clamp_page written out (here and in copy_partial): through the helper ptxas emits other
+    // code for this kernel, and it is kept as measured (bench/RESULTS.md, 2026-12-01)
+    pg = pg < 0 ? 0 : (pg >= p.num_pages ? p.num_pages - 1 : pg);
+    return static_cast<int>(pg);
+  }
+
+  /// Runs: granules of R = p.tma_run keys (several whole pages, R / G boxes) whose pages are
+  /// consecutive in the pool; one bit per box of the window `win`, set for the boxes of such
+  /// granules.
+  __device__ __forceinline__ unsigned runs_of(int win) const {
+    const int first = __shfl_sync(0xffffffffu, win, lane & ~(per_run - 1));
+    return __ballot_sync(0xffffffffu, win == first + (lane & (per_run - 1)));
+  }
+
+  /// The boxes of one whole tile of K or V (`tm`) into the stage at `dst`, completing on `full`:
+  /// lane b < nb copies box b (G keys, both halves of head_dim); a granule that is a run (`run`,
+  /// the same for its lanes): one box of R keys from `tm_run` by its first lane, the same bytes
+  /// in the same places.
+  __device__ __forceinline__ void copy_boxes(std::uint32_t dst, const CUtensorMap* tm,
+                                             const CUtensorMap* tm_run, bool run,
+                                             std::uint32_t full, int j0, int page) const {
+    if (lane >= nb || (run && (b & (per_run - 1)) != 0)) return;
+    const int slot = slot_of(p, j0 + b * G);
+    int c1 = 0, c2 = 2 * h_kv, c3 = slot >> 3, c4 = page;  // NHD
+    if (p.tma_coords == 1) {                               // unpadded HND
+      c2 = 0;
+      c4 = page * p.heads_kv + h_kv;
+    } else if (p.tma_coords == 2) {  // padded HND (boxes of 8 slots)
+      c1 = slot;
+      c2 = 0;
+      c3 = h_kv;
+    }
+    arch::tma_load_5d(dst + b * G * 256, run ? tm_run : tm, full, 0, c1, c2, c3, c4);
+  }
+
+  /// The split's last, partial tile (keys `j0..`) into the stages at `dk`, `dv`: cp.async, keys
+  /// past the end zero-filled; then the stage's "full" arrival.
+  __device__ __forceinline__ void copy_partial(std::uint32_t dk, std::uint32_t dv, int j0,
+                                               std::uint32_t full) const {
+    for (int r = lane; r < BN; r += 32) {
+      const int j = j0 + r;
+      std::int64_t off = 0;
+      int bytes = 0;
+      if (j < lb.kv_end) {
+        std::int64_t page = p.page_indices[lb.pbeg + page_of(p, j)];
+        page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+        const int sl = slot_of(p, j);
+        off = page * p.page_elems + (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
+                                           : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
+                                        D;
+        bytes = 16;
+      }
+#pragma unroll 4
+      for (int c = 0; c < kChunks; ++c) {
+        const std::uint32_t o = kv_tile_offset(r, c);
+        arch::cp_async_16_zfill(dk + o, kpool + off + c * 8, bytes);
+        arch::cp_async_16_zfill(dv + o, vpool + off + c * 8, bytes);
+      }
+    }
+    arch::cp_async_commit();
+    arch::cp_async_wait<0>();
+    arch::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
+    __syncwarp();
+    if (lane == 0) arch::mbar_arrive(full);
+  }
+
+  /// Fills the ring of `sm` with the split's `lb.n_tiles` (> 0) tiles.
+  __device__ __forceinline__ void run(const WsSmem<Tile>& sm) const {
+    const int n_tiles = lb.n_tiles;
+    int win_cur = load_window(0);
+    int win_next = load_window(1);
+    unsigned runs = p.tma_run ? runs_of(win_cur) : 0u;
+    // this lane's granule: its boxes' bits within a tile
+    const unsigned granule_bits = ((1u << per_run) - 1u) << (b & ~(per_run - 1));
+    for (int kt = 0; kt < n_tiles; ++kt) {
+      if (kt > 0 && kt % per_win == 0) {
+        win_cur = win_next;
+        win_next = load_window(kt / per_win + 1);
+        if (p.tma_run) runs = runs_of(win_cur);
+      }
+      const int page = __shfl_sync(0xffffffffu, win_cur, (kt % per_win) * nb + b);
+      const int st = kt % kStages;
+      if (kt >= kStages) arch::mbar_wait(sm.empty0 + 8 * st, ((kt / kStages) - 1) & 1);
+      const std::uint32_t full = sm.full0 + 8 * st;
+      const std::uint32_t dk = sm.k_smem + st * kTileBytes, dv = sm.v_smem + st * kTileBytes;
+      const int j0 = lb.kv_begin + kt * BN;
+      if (Tile::kDiagNoCopy && kt >= kStages) {
+        if (lane == 0) arch::mbar_arrive(full);  // (diagnostic: the stale tile is re-read)
+      } else if (j0 + BN <= lb.kv_end) {
+        // a whole tile: the boxes of K, then of V; one mbarrier transaction of K + V bytes
+        const unsigned bits = granule_bits << ((kt % per_win) * nb);
+        const bool run = per_run > 1 && (runs & bits) == bits;
+        if (lane == 0) arch::mbar_arrive_expect_tx(full, 2 * kTileBytes);
+        __syncwarp();
+        copy_boxes(dk, tm_k, tm_k_run, run, full, j0, page);
+        copy_boxes(dv, tm_v, tm_v_run, run, full, j0, page);
+      } else {
+        copy_partial(dk, dv, j0, full);
+      }
+    }
+  }
+};
+
+}  // namespace tile
+}  // namespace cuda
+}  // namespace attnstate
