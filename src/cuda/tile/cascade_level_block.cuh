@@ -91,6 +91,16 @@ struct LevelBlock {
     return true;
   }
 
+  /// The source of 16-byte chunk `c` of query row `R` (< `nrows`, counted from the segment's
+  /// first row) of KV head `h_kv`'s group in the queries `q`.
+  template <class T>
+  __device__ __forceinline__ const T* q_src(const kernels::CascadeLevelParams& p, const T* q,
+                                            int h_kv, int R, int c) const {
+    const int req = r0 + R / rows_per_req, rem = R % rows_per_req;
+    const int t = rem / p.group, g = rem % p.group;
+    return q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+  }
+
   /// Writes this thread's two rows of a warp's 16-row accumulator (`acc[n][0..1]`: row
   /// `rbase + lane/4`, `acc[n][2..3]`: 8 rows below, columns `8n + 2·(lane % 4)` and the next;
   /// `rbase` counts from this CTA's first row) with their softmax sums `os` (full row sums) as the
@@ -289,10 +299,7 @@ struct LevelLoader {
       const T* src = q;
       int bytes = 0;
       if (R < lb.nrows) {
-        const int req = lb.r0 + R / lb.rows_per_req, rem = R % lb.rows_per_req;
-        const int t = rem / p.group, g = rem % p.group;
-        src =
-            q + req * p.q_stride_b + t * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+        src = lb.q_src(p, q, h_kv, R, c);
         bytes = 16;
       }
       arch::cp_async_16_zfill(arch::smem_addr(s_q + swz<D>(r, c)), src, bytes);

@@ -40,10 +40,7 @@ __device__ __forceinline__ void ws_load_q(const kernels::CascadeLevelParams& p,
     const T* src = q;
     int bytes = 0;
     if (R < lb.nrows) {
-      const int req = lb.r0 + R / lb.rows_per_req, rem = R % lb.rows_per_req;
-      const int tt = rem / p.group, g = rem % p.group;
-      src =
-          q + req * p.q_stride_b + tt * p.q_stride_t + (h_kv * p.group + g) * p.q_stride_h + c * 8;
+      src = lb.q_src(p, q, h_kv, R, c);
       bytes = 16;
     }
     arch::cp_async_16_zfill(q_smem + 2 * swz128<Tile::BM>(r, c), src, bytes);
