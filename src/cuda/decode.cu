@@ -1,22 +1,25 @@
 /// @file decode.cu
-/// @brief CUDA split-KV decode: planning, argument checks, workspace layout and the one
-///        runtime → compile-time dispatch (head dim × dtype × pipeline depth) of the decode
-///        kernel, with the choice of the split merge (cluster or workspace).
+/// @brief CUDA split-KV decode: `plan_decode` (the device facts, then the host planner of
+///        `src/plan/decode_plan.hpp`), the argument checks of a run, the workspace layout and the
+///        one runtime → compile-time dispatch (head dim × dtype × pipeline depth) of the kernels.
 #include <algorithm>
-#include <cmath>
+#include <array>
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <mutex>
 #include <string>
-#include <vector>
+#include <type_traits>
+#include <utility>
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "common/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
+#include "cuda/device_cache.hpp"
 #include "cuda/kernels/decode/split_kv.cuh"
 #include "cuda/kernels/decode/stream.cuh"
+#include "cuda/launch.hpp"
 #include "cuda/tuning_sm90.hpp"
+#include "plan/decode_plan.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -28,57 +31,120 @@ using attnstate::detail::throw_argument;
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-/// Whether a plan may run in the short-split configuration (head dim 128, splits of at most
-/// `kDecodeShortTokens` tokens). Both configurations give bitwise the same results; `launch_d128`
-/// picks one per launch.
-bool short_candidate(std::int64_t head_dim, const SplitLayout& splits) {
-  return head_dim == 128 && detail::kDecodeShortTokens > 0 &&
-         detail::kDecodeShortStages != detail::kDecodeStages &&
-         splits.policy == SplitPolicy::kFixedSize &&
-         splits.split_size <= detail::kDecodeShortTokens;
+static_assert(plan::kMaxCluster == detail::kDecodeMaxWsGroup &&
+                  detail::kDecodeMaxCluster <= plan::kMaxCluster,
+              "the plan records the occupancy of every cluster size the kernel uses");
+static_assert(plan::kDecodeShortHeadDim == 128 && plan::kDecodeStreamMaxHeadDim == 128,
+              "the instances below");
+
+/// The one dispatch from runtime values to kernel instances: calls
+/// `f(std::integral_constant<int, D>{})` for the head dim `head_dim` of `plan::kDecodeHeadDims`
+/// (the list the checks read), so every listed head dim has its kernels and no other.
+template <class F, std::size_t... I>
+void with_head_dim(std::int64_t head_dim, F&& f, std::index_sequence<I...>) {
+  const bool found =
+      ((head_dim == plan::kDecodeHeadDims[I]
+            ? (f(std::integral_constant<int, static_cast<int>(plan::kDecodeHeadDims[I])>{}), true)
+            : false) ||
+       ...);
+  if (!found)
+    throw_argument("attnstate::cuda::run_decode", "plan.problem.head_dim", "a compiled head dim",
+                   decode_str(head_dim), Status::kNotSupported);
 }
 
-/// Concurrent CTAs per SM of the kernel (default configuration) for a head dim.
-int ctas_per_sm(std::int64_t head_dim) {
-  return head_dim <= 64    ? detail::decode_ctas_per_sm(64, detail::kDecodeStages)
-         : head_dim <= 128 ? detail::decode_ctas_per_sm(128, detail::kDecodeStages)
-                           : detail::decode_ctas_per_sm(256, detail::kDecodeStages);
+/// Calls `f(D, kBF16, kStages)` (integral constants) for a split-kernel instance: every head dim
+/// × f16/bf16 at the default depth, and the short-split depth at head dim 128.
+template <class F>
+void with_split_instance(std::int64_t head_dim, DType dt, int stages, F&& f) {
+  constexpr std::size_t kN = sizeof(plan::kDecodeHeadDims) / sizeof(plan::kDecodeHeadDims[0]);
+  with_head_dim(
+      head_dim,
+      [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        const auto pick = [&](auto bf16) {
+          if constexpr (D == plan::kDecodeShortHeadDim) {
+            if (stages == detail::kDecodeShortStages)
+              return f(d, bf16, std::integral_constant<int, detail::kDecodeShortStages>{});
+          }
+          f(d, bf16, std::integral_constant<int, detail::kDecodeStages>{});
+        };
+        if (dt == DType::kBF16)
+          pick(std::true_type{});
+        else
+          pick(std::false_type{});
+      },
+      std::make_index_sequence<kN>{});
 }
 
-/// The automatic split layout for `slots` concurrent CTAs: the wave-efficiency heuristic, then,
-/// for short requests, at most as many splits as a cluster merges in distributed shared memory
-/// (rather than many tiny splits merged through the workspace); for long ones, a split count
-/// rounded up to `tuning::kDecodeSplitMultiple` when the grid stays within the slots.
-/// Errors name `fn` and `seq_lens_host` (the argument of `plan_decode`).
-SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
-                        const DecodeOptions& options, std::int64_t slots, int row_tiles) {
-  SplitLayout l = plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles,
-                                    fn, "seq_lens_host", "options");
-  std::int64_t max_len = 0;
-  for (std::int64_t i = 0; i < problem.batch; ++i)
-    max_len = std::max<std::int64_t>(max_len, seq_lens[i]);
-  if (detail::kDecodeMaxCluster > 1 && l.max_splits > detail::kDecodeMaxCluster) {
-    std::int64_t chunk = (max_len + detail::kDecodeMaxCluster - 1) / detail::kDecodeMaxCluster;
-    chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
-    if (chunk > 0 && chunk <= tuning::kDecodeClusterTokens) {
-      l.split_size = static_cast<std::int32_t>(chunk);
-      l.max_splits = static_cast<std::int32_t>((max_len + chunk - 1) / chunk);
+/// The kernels' compile-time shape for `head_dim` and the tuning constants: the planner's facts
+/// without the device's occupancy.
+plan::DecodeFacts kernel_facts(std::int64_t head_dim) {
+  plan::DecodeFacts f;
+  f.tile_rows = detail::kDecodeTileRows;
+  f.stages = detail::kDecodeStages;
+  f.short_stages = detail::kDecodeShortStages;
+  f.short_tokens = detail::kDecodeShortTokens;
+  f.max_cluster = detail::kDecodeMaxCluster;
+  f.ws_group = detail::kDecodeWsGroup;
+  f.ctas_per_sm = head_dim <= 64    ? detail::decode_ctas_per_sm(64, detail::kDecodeStages)
+                  : head_dim <= 128 ? detail::decode_ctas_per_sm(128, detail::kDecodeStages)
+                                    : detail::decode_ctas_per_sm(256, detail::kDecodeStages);
+  f.stream_warps = detail::stream_warps(static_cast<int>(head_dim));
+  f.cluster_tokens = tuning::kDecodeClusterTokens;
+  f.split_multiple = tuning::kDecodeSplitMultiple;
+  f.stream_max_tokens = tuning::kDecodeStreamMaxTokens;
+  return f;
+}
+
+/// Clusters of each size (index 2..8) of one split-kernel instance resident at once on the
+/// current device: its dynamic shared-memory limit raised, then one occupancy query per size,
+/// once per device.
+template <int D, bool kBF16, int kStages>
+const std::array<int, plan::kMaxCluster + 1>& resident_clusters() {
+  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
+  static detail::PerDevice<std::array<int, plan::kMaxCluster + 1>> cache;
+  return cache.current([](int) {
+    const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
+    detail::raise_smem_limit<kernel>(smem);  // the largest carveout, so the planned CTAs fit
+    std::array<int, plan::kMaxCluster + 1> n{};
+    detail::RelaxedCaptureMode relaxed;  // occupancy queries, not stream operations
+    for (int c = 2; c <= plan::kMaxCluster; ++c) {
+      detail::LaunchConfig lc;
+      lc.grid = dim3(static_cast<unsigned>(c));
+      lc.block = dim3(detail::kDecodeWarps * 32);
+      lc.smem = static_cast<std::size_t>(smem);
+      lc.cluster = static_cast<unsigned>(c);
+      cudaLaunchAttribute attrs[2];
+      const cudaLaunchConfig_t cfg = detail::to_cuda(lc, attrs);
+      ATTNSTATE_CUDA_CHECK(
+          cudaOccupancyMaxActiveClusters(&n[static_cast<std::size_t>(c)], kernel, &cfg));
     }
-  }
-  const int mult = tuning::kDecodeSplitMultiple;
-  if (mult > 1 && l.policy == SplitPolicy::kFixedSize && l.max_splits > detail::kDecodeMaxCluster &&
-      l.max_splits % mult != 0) {
-    const std::int64_t target = (l.max_splits + mult - 1) / mult * mult;
-    const std::int64_t grid = problem.batch * problem.heads_kv * row_tiles * target;
-    std::int64_t chunk = (max_len + target - 1) / target;
-    chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
-    if (target <= kMaxSplits && grid <= slots && chunk > 0 &&
-        (max_len + chunk - 1) / chunk == target) {
-      l.split_size = static_cast<std::int32_t>(chunk);
-      l.max_splits = static_cast<std::int32_t>(target);
-    }
-  }
-  return l;
+    return n;
+  });
+}
+
+/// Fills `f.resident_clusters` for the split kernel of (`head_dim`, `dt`) on the current device
+/// (`[1]`, the short-split depth, where it exists).
+void query_occupancy(std::int64_t head_dim, DType dt, plan::DecodeFacts& f) {
+  const auto copy = [&](int row, const std::array<int, plan::kMaxCluster + 1>& n) {
+    for (int c = 0; c <= plan::kMaxCluster; ++c) f.resident_clusters[row][c] = n[c];
+  };
+  with_split_instance(head_dim, dt, detail::kDecodeStages, [&](auto d, auto bf16, auto) {
+    constexpr int D = decltype(d)::value;
+    constexpr bool kBF16 = decltype(bf16)::value;
+    copy(0, resident_clusters<D, kBF16, detail::kDecodeStages>());
+    if constexpr (D == plan::kDecodeShortHeadDim)
+      copy(1, resident_clusters<D, kBF16, detail::kDecodeShortStages>());
+  });
+}
+
+/// The planner's facts as a plan recorded them.
+plan::DecodeFacts recorded_facts(const DecodePlan& plan) {
+  plan::DecodeFacts f = kernel_facts(plan.problem.head_dim);
+  for (int s = 0; s < 2; ++s)
+    for (int c = 0; c <= plan::kMaxCluster; ++c)
+      f.resident_clusters[s][c] = plan.resident_clusters[s][c];
+  return f;
 }
 
 #if ATTNSTATE_PROBES
@@ -107,317 +173,81 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   return w;
 }
 
-/// Lets this thread make non-stream CUDA calls while a stream is being captured (restores the
-/// previous capture mode on scope exit).
-struct RelaxedCaptureMode {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  RelaxedCaptureMode() { ATTNSTATE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode)); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode); }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+/// What a run resolved: the launch of the kernel the plan records.
+struct DecodeLaunch {
+  bool streamed = false;  ///< The streamed kernel (else the split kernel).
+  int stages = detail::kDecodeStages;
+  std::int64_t grid = 0;  ///< CTAs of the split kernel (items of the streamed kernel).
+  int num_sms = 1;        ///< The plan's SMs (the streamed kernel's CTAs, at most).
+  bool pdl = false;       ///< A programmatic dependent launch.
 };
 
-/// Raises `kKernel`'s dynamic shared-memory limit to `smem` bytes and prefers the largest
-/// shared-memory carveout, once per device (function attributes belong to the device context,
-/// so a process driving several GPUs sets them on each). The first call may come while the
-/// caller captures a graph: these are not stream operations.
-template <auto kKernel>
-void raise_smem_limit(int smem) {
-  int device = 0;
-  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::vector<bool> done;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device < static_cast<int>(done.size()) && done[static_cast<std::size_t>(device)]) return;
-  RelaxedCaptureMode relaxed;
-  ATTNSTATE_CUDA_CHECK(
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  ATTNSTATE_CUDA_CHECK(
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-  if (device >= static_cast<int>(done.size())) done.resize(static_cast<std::size_t>(device) + 1);
-  done[static_cast<std::size_t>(device)] = true;
-}
-
-/// True when a decode launch is a programmatic dependent launch: prior states to fold (from the
-/// previous kernel of the stream), a launch beside the previous kernel, or the plan's choice.
-bool programmatic_launch(const detail::DecodeParams& p) {
-  return p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0;
-}
-
-/// Per-device state of one kernel instantiation: how many clusters of each size the device
-/// keeps resident at once.
-struct KernelDeviceState {
-  int max_clusters[detail::kDecodeMaxWsGroup + 1] = {};  // -1 unknown
-  KernelDeviceState() {
-    for (int& c : max_clusters) c = -1;
-  }
-};
-
-/// Raises the kernel's dynamic shared-memory limit once per device and returns how many
-/// clusters of `cluster` CTAs can be resident at once (queried once per device and size; 0 for
-/// sizes the merge does not use).
+/// The split kernel on `grid` CTAs (clusters of `p.cluster`).
 template <int D, bool kBF16, int kStages>
-int prepare_kernel(int cluster) {
+void launch_split(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
   constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
   const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
-  raise_smem_limit<kernel>(smem);  // the largest carveout, so that the planned CTAs per SM fit
-  if (cluster < 2 || cluster > detail::kDecodeMaxWsGroup) return 0;
-  int device = 0;
-  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::vector<KernelDeviceState> states;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (device >= static_cast<int>(states.size()))
-    states.resize(static_cast<std::size_t>(device) + 1);
-  KernelDeviceState& st = states[static_cast<std::size_t>(device)];
-  if (st.max_clusters[cluster] >= 0) return st.max_clusters[cluster];
-  RelaxedCaptureMode relaxed;  // an occupancy query, not a stream operation
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(detail::kDecodeWarps * 32);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  ATTNSTATE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-  st.max_clusters[cluster] = n;
-  return n;
+  detail::raise_smem_limit<kernel>(smem);  // on the device of this run (cached per device)
+  detail::LaunchConfig c;
+  c.grid = dim3(static_cast<unsigned>(l.grid));
+  c.block = dim3(detail::kDecodeWarps * 32);
+  c.smem = static_cast<std::size_t>(smem);
+  c.cluster = p.cluster > 1 ? static_cast<unsigned>(p.cluster) : 1u;
+  // Prior states come from the previous kernel of the stream: this one may start while that
+  // one finishes (programmatic dependent launch); it waits before reading them. Beside the
+  // previous kernel: it reads nothing that kernel writes; its last CTA holds the grid.
+  // Programmatic (the plan's choice): every CTA waits for that kernel before its first read.
+  c.pdl = l.pdl;
+  c.stream = stream;
+  detail::launch_kernel(c, kernel, "decode_split_kv_kernel", p);
 }
 
-/// The group size of the workspace merge of `S` splits on a grid of `grid` CTAs: the largest
-/// size that divides the split count and keeps every cluster resident at once, 1 for none.
-template <int D, bool kBF16, int kStages>
-int ws_group(int S, std::int64_t grid) {
-  for (int c = std::min(detail::kDecodeWsGroup, S - 1); c >= 2; --c)
-    if (S % c == 0 && grid / c <= prepare_kernel<D, kBF16, kStages>(c)) return c;
-  return 1;
-}
-
-template <int D, bool kBF16, int kStages>
-void launch(detail::DecodeParams p, std::int64_t grid, cudaStream_t stream) {
-  const int resident = prepare_kernel<D, kBF16, kStages>(p.cluster);
-  // The cluster merge pays off only when every cluster is resident at once (one wave); otherwise
-  // the splits merge through the workspace (the same arithmetic, the same bits).
-  if (p.cluster > 1 && grid / p.cluster > resident) p.cluster = 1;
-  // Workspace merge of a one-wave grid: groups of consecutive splits in clusters (the largest
-  // size that divides the split count and keeps every cluster resident), so that the last
-  // group's CTAs share the merge.
-  const int S = p.splits.max_splits;
-  if (p.cluster == 1 && S > 1) p.cluster = ws_group<D, kBF16, kStages>(S, grid);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(detail::kDecodeWarps * 32);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(detail::decode_smem_bytes(D, kStages));
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (p.cluster > 1) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = static_cast<unsigned>(p.cluster);
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = 1;
-    ++n_attr;
-  }
-  if (programmatic_launch(p)) {
-    // The prior states come from the previous kernel of the stream: this one may start while
-    // that one finishes (programmatic dependent launch); it waits before reading them. Beside
-    // the previous kernel: it reads nothing that kernel writes; its last CTA holds the grid.
-    // Programmatic (the plan's choice): every CTA waits for that kernel before its first read.
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attr;
-  }
-  cfg.attrs = n_attr > 0 ? attr : nullptr;
-  cfg.numAttrs = n_attr;
-  ATTNSTATE_CUDA_CHECK(
-      cudaLaunchKernelEx(&cfg, detail::decode_split_kv_kernel<D, kBF16, kStages>, p));
-  ATTNSTATE_CHECK_LAUNCH(stream, "decode_split_kv_kernel");
-}
-
-/// Head dim 128: the short-split configuration (one more CTA per SM) when the plan allows it and
-/// the launch needs it: more CTAs than one wave of the default configuration, or clusters that
-/// are all resident at once only with it. Otherwise the default (deeper pipeline per warp).
-template <bool kBF16>
-void launch_d128(const detail::DecodeParams& p, std::int64_t grid, bool short_ok, int num_sms,
-                 cudaStream_t stream) {
-  constexpr int kLong = detail::kDecodeStages;
-  constexpr int kShort = detail::kDecodeShortStages;
-  bool use_short = false;
-  if (short_ok) {
-    use_short = grid > static_cast<std::int64_t>(num_sms) * detail::decode_ctas_per_sm(128, kLong);
-    if (!use_short && p.cluster > 1) {
-      const std::int64_t clusters = grid / p.cluster;
-      use_short = clusters > prepare_kernel<128, kBF16, kLong>(p.cluster) &&
-                  clusters <= prepare_kernel<128, kBF16, kShort>(p.cluster);
-    }
-  }
-  if (use_short)
-    launch<128, kBF16, kShort>(p, grid, stream);
-  else
-    launch<128, kBF16, kLong>(p, grid, stream);
-}
-
-/// The one place where (head_dim, dtype, pipeline depth) become template arguments; only head
-/// dim 128 has the short-split configuration.
-void dispatch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, bool short_ok,
-              int num_sms, std::int64_t grid, cudaStream_t stream) {
-  const bool bf16 = dt == DType::kBF16;
-  switch (head_dim) {
-    case 64:
-      if (bf16)
-        launch<64, true, detail::kDecodeStages>(p, grid, stream);
-      else
-        launch<64, false, detail::kDecodeStages>(p, grid, stream);
-      break;
-    case 128:
-      if (bf16)
-        launch_d128<true>(p, grid, short_ok, num_sms, stream);
-      else
-        launch_d128<false>(p, grid, short_ok, num_sms, stream);
-      break;
-    default:
-      if (bf16)
-        launch<256, true, detail::kDecodeStages>(p, grid, stream);
-      else
-        launch<256, false, detail::kDecodeStages>(p, grid, stream);
-      break;
-  }
-}
-
-/// Launches the streamed kernel: one CTA per SM (fewer when there are fewer items).
+/// The streamed kernel: one CTA per SM (fewer when there are fewer items).
 template <int D, bool kBF16>
-void launch_stream(const detail::DecodeParams& p, std::int64_t items, int num_sms,
-                   cudaStream_t stream) {
-  raise_smem_limit<detail::decode_stream_kernel<D, kBF16>>(
-      static_cast<int>(detail::stream_smem_bytes(D)));
-  constexpr int kWarps = detail::stream_warps(D);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<std::int64_t>(items, num_sms)));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(detail::stream_smem_bytes(D));
-  cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  if (programmatic_launch(p)) {
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as in `launch`
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, detail::decode_stream_kernel<D, kBF16>, p));
-  ATTNSTATE_CHECK_LAUNCH(stream, "decode_stream_kernel");
+void launch_stream(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
+  constexpr auto kernel = detail::decode_stream_kernel<D, kBF16>;
+  const int smem = static_cast<int>(detail::stream_smem_bytes(D));
+  detail::raise_smem_limit<kernel>(smem);
+  detail::LaunchConfig c;
+  c.grid = dim3(static_cast<unsigned>(std::min<std::int64_t>(l.grid, l.num_sms)));
+  c.block = dim3(detail::stream_warps(D) * 32);
+  c.smem = static_cast<std::size_t>(smem);
+  c.pdl = l.pdl;  // as in launch_split
+  c.stream = stream;
+  detail::launch_kernel(c, kernel, "decode_stream_kernel", p);
 }
 
-/// (head_dim, dtype) → template arguments of the streamed kernel (head dims 64 and 128).
-void dispatch_stream(const detail::DecodeParams& p, std::int64_t head_dim, DType dt,
-                     std::int64_t items, int num_sms, cudaStream_t stream) {
-  const bool bf16 = dt == DType::kBF16;
-  if (head_dim == 64) {
-    if (bf16)
-      launch_stream<64, true>(p, items, num_sms, stream);
-    else
-      launch_stream<64, false>(p, items, num_sms, stream);
-  } else {
-    if (bf16)
-      launch_stream<128, true>(p, items, num_sms, stream);
-    else
-      launch_stream<128, false>(p, items, num_sms, stream);
-  }
+/// Launches what `l` says: the one place where (head dim, dtype, kernel, pipeline depth) become
+/// template arguments.
+void launch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, const DecodeLaunch& l,
+            cudaStream_t stream) {
+  with_split_instance(head_dim, dt, l.stages, [&](auto d, auto bf16, auto stages) {
+    constexpr int D = decltype(d)::value;
+    constexpr bool kBF16 = decltype(bf16)::value;
+    if constexpr (D <= plan::kDecodeStreamMaxHeadDim) {
+      if (l.streamed) return launch_stream<D, kBF16>(p, l, stream);
+    }
+    launch_split<D, kBF16, decltype(stages)::value>(p, l, stream);
+  });
 }
 
-void validate_problem(const char* fn, const DecodeProblem& pr) {
-  if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", decode_str(pr.batch));
-  if (pr.q_len < 1 || pr.q_len > 8)
-    throw_argument(fn, "problem.q_len", "1..8", decode_str(pr.q_len));
-  if (pr.heads_kv < 1) throw_argument(fn, "problem.heads_kv", ">= 1", decode_str(pr.heads_kv));
-  if (pr.heads_q < 1 || pr.heads_q % pr.heads_kv != 0)
-    throw_argument(fn, "problem.heads_q", "a positive multiple of heads_kv",
-                   decode_str(pr.heads_q));
-  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
-    throw_argument(fn, "problem.head_dim", "64, 128 or 256", decode_str(pr.head_dim),
-                   Status::kNotSupported);
-  if (pr.kv_dtype != DType::kF16 && pr.kv_dtype != DType::kBF16)
-    throw_argument(fn, "problem.kv_dtype", "f16 or bf16", to_string(pr.kv_dtype),
-                   Status::kNotSupported);
-  if (pr.q_dtype != pr.kv_dtype)
-    throw_argument(fn, "problem.q_dtype", std::string("the KV dtype ") + to_string(pr.kv_dtype),
-                   to_string(pr.q_dtype), Status::kNotSupported);
-}
+/// The checks of a run (every one, in order) and what it launches; `launch.grid == 0` when the
+/// run has no request (nothing to launch).
+struct CheckedRun {
+  WorkspaceLayout w;
+  float scale = 0.f;
+  plan::SplitLaunch split;
+  std::int64_t grid = 0;
+};
 
-}  // namespace
-
-std::size_t DecodePlan::workspace_bytes() const { return workspace_layout(*this).total; }
-
-DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_lens_host,
-                       const DecodeOptions& options, int num_sms) {
-  const char* fn = "attnstate::cuda::plan_decode";
-  validate_problem(fn, problem);
-  if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
-  const float scale =
-      attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
-  DecodePlan plan;
-  plan.problem = problem;
-  plan.scale = scale;
-  plan.num_sms = num_sms;
-  const std::int64_t rows = problem.q_len * problem.group();
-  plan.row_tiles = static_cast<int>((rows + detail::kDecodeTileRows - 1) / detail::kDecodeTileRows);
-  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm(problem.head_dim);
-  plan.splits =
-      options.policy == SplitPolicy::kAuto
-          ? auto_layout(fn, problem, seq_lens_host, options, slots, plan.row_tiles)
-          : plan_split_layout(problem, seq_lens_host, options, slots,
-                              problem.heads_kv * plan.row_tiles, fn, "seq_lens_host", "options");
-  const std::int64_t grid =
-      problem.batch * problem.heads_kv * plan.row_tiles * plan.splits.max_splits;
-  if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", decode_str(grid));
-  // Automatic policy, one split each, requests up to the cap and enough items to keep at least
-  // 3/4 of the streamed kernel's warps busy on every SM: the streamed kernel (its warps' copies
-  // run on from one item into the next). With fewer items its SMs hold too few warps to hide
-  // the latency of their arithmetic (bench/RESULTS.md, the streamed kernel's section).
-  std::int64_t max_len = 0;
-  for (std::int64_t i = 0; i < problem.batch; ++i)
-    max_len = std::max<std::int64_t>(max_len, seq_lens_host[i]);
-  plan.streamed = options.policy == SplitPolicy::kAuto && plan.splits.max_splits == 1 &&
-                  problem.head_dim <= 128 &&
-                  4 * grid >= 3 * static_cast<std::int64_t>(num_sms) *
-                                  detail::stream_warps(static_cast<int>(problem.head_dim)) &&
-                  max_len <= tuning::kDecodeStreamMaxTokens;
-  return plan;
-}
-
-void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t workspace_bytes,
-                           cudaStream_t stream) {
-  const char* fn = "attnstate::cuda::init_decode_workspace";
-  const WorkspaceLayout w = workspace_layout(plan);
-  if (w.total == 0) return;
-  if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
-  if (workspace_bytes < w.total)
-    throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),
-                   decode_str(static_cast<std::int64_t>(workspace_bytes)),
-                   Status::kWorkspaceTooSmall);
-  ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + w.ticket_off, 0,
-                                       w.total - w.ticket_off, stream));
-}
-
-void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
-                StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  detail::run_decode_with_prior(plan, q, kv, out, workspace, workspace_bytes, detail::PriorStates{},
-                                stream);
-}
-
-void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
-                                   const PagedKvCache& kv, StateView out, void* workspace,
-                                   std::size_t workspace_bytes, const PriorStates& prior,
-                                   cudaStream_t stream) {
-  const char* fn = "attnstate::cuda::run_decode";
+CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorView& q,
+                     const PagedKvCache& kv, const StateView& out, void* workspace,
+                     std::size_t workspace_bytes, const detail::PriorStates& prior) {
+  CheckedRun r;
   const DecodeProblem& pr = plan.problem;
-  validate_problem(fn, pr);
+  plan::check_decode_problem(fn, pr);
   attnstate::detail::validate_split_layout(fn, plan.splits);
-  const float scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
+  r.scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
   const std::int64_t pool_bytes =
       attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
@@ -445,11 +275,19 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
     throw_argument(fn, "plan.streamed", "false when requests may be split (max_splits > 1)",
                    "true with max_splits = " + decode_str(plan.splits.max_splits));
   // The plan is a public struct: its derived fields must still agree with its problem.
-  const std::int64_t tiles =
-      (pr.q_len * pr.group() + detail::kDecodeTileRows - 1) / detail::kDecodeTileRows;
+  const int tiles = plan::decode_row_tiles(pr, detail::kDecodeTileRows);
   if (plan.row_tiles != tiles)
     throw_argument(fn, "plan.row_tiles", "ceil(q_len * group / 16) = " + decode_str(tiles),
                    decode_str(plan.row_tiles));
+  const plan::DecodeFacts facts = recorded_facts(plan);
+  r.split.stages = plan.split.stages;
+  r.split.cluster = plan.split.cluster;
+  const char* why = nullptr;
+  if (!plan::split_launch_valid(facts, pr.head_dim, plan.splits, r.split, &why))
+    throw_argument(fn, "plan.split", std::string(why) + " (as plan_decode records)",
+                   "stages " + decode_str(plan.split.stages) + ", cluster " +
+                       decode_str(plan.split.cluster) + " for max_splits " +
+                       decode_str(plan.splits.max_splits));
   if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
   if (prior.beside_previous && prior.count > 0)
     throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)",
@@ -464,7 +302,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
       throw_argument(fn, "prior.rows", ">= batch * q_len * heads_q = " + decode_str(rows),
                      decode_str(prior.rows));
   }
-  if (kv.batch == 0) return;
+  if (kv.batch == 0) return r;
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
   attnstate::detail::check_aligned(fn, "kv.k", kv.k, 16);  // the kernels' 16-byte copies
   attnstate::detail::check_aligned(fn, "kv.v", kv.v, 16);
@@ -472,7 +310,8 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
     throw_argument(fn, "kv.page_stride", "a multiple of 8 elements", decode_str(kv.page_elems()));
   if (kv.page_size > 0x7FFFFFFF / 2)
     throw_argument(fn, "kv.page_size", "< 2^30", decode_str(kv.page_size));
-  const WorkspaceLayout w = workspace_layout(plan);
+  r.w = workspace_layout(plan);
+  const WorkspaceLayout& w = r.w;
   if (w.total > 0) {
     if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
     if (workspace_bytes < w.total)
@@ -490,11 +329,86 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
                                               static_cast<std::int64_t>(w.total), kv, pool_bytes);
   }
   // the launch grid of this batch (plan_decode checked it for the plan's batch)
-  const std::int64_t grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
-  if (grid > 0x7FFFFFFF)
+  r.grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
+  if (r.grid > 0x7FFFFFFF)
     throw_argument(fn, "plan.splits.max_splits", "a grid of at most 2^31-1 CTAs",
-                   decode_str(grid) + " CTAs");
-  if (prior.check_only) return;
+                   decode_str(r.grid) + " CTAs");
+  // a batch smaller than planned: the plan's rule again for the smaller grid, from the
+  // occupancy the plan recorded
+  if (kv.batch != pr.batch)
+    r.split = plan::resolve_split_launch(facts, pr.head_dim, plan.splits,
+                                         plan.num_sms > 0 ? plan.num_sms : 1, r.grid);
+  return r;
+}
+
+}  // namespace
+
+std::size_t DecodePlan::workspace_bytes() const { return workspace_layout(*this).total; }
+
+DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_lens_host,
+                       const DecodeOptions& options, int num_sms) {
+  const char* fn = "attnstate::cuda::plan_decode";
+  plan::check_decode_problem(fn, problem);
+  if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
+  const float scale =
+      attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
+  plan::DecodeFacts facts = kernel_facts(problem.head_dim);
+  // every argument checked first; then the device's occupancy (once per device) for the launch
+  plan::DecodeChoice c = plan::resolve_decode(fn, problem, seq_lens_host, options, num_sms, facts);
+  if (c.grid > 0) {
+    query_occupancy(problem.head_dim, problem.kv_dtype, facts);
+    c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid);
+  }
+  DecodePlan plan;
+  plan.problem = problem;
+  plan.scale = scale;
+  plan.num_sms = num_sms;
+  plan.row_tiles = c.row_tiles;
+  plan.splits = c.splits;
+  plan.streamed = c.streamed;
+  plan.split.stages = c.split.stages;
+  plan.split.cluster = c.split.cluster;
+  for (int s = 0; s < 2; ++s)
+    for (int k = 0; k <= plan::kMaxCluster; ++k)
+      plan.resident_clusters[s][k] = facts.resident_clusters[s][k];
+  return plan;
+}
+
+void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t workspace_bytes,
+                           cudaStream_t stream) {
+  const char* fn = "attnstate::cuda::init_decode_workspace";
+  const WorkspaceLayout w = workspace_layout(plan);
+  if (w.total == 0) return;
+  if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
+  if (workspace_bytes < w.total)
+    throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),
+                   decode_str(static_cast<std::int64_t>(workspace_bytes)),
+                   Status::kWorkspaceTooSmall);
+  ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + w.ticket_off, 0,
+                                       w.total - w.ticket_off, stream));
+}
+
+void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  detail::run_decode_with_prior(plan, q, kv, out, workspace, workspace_bytes, detail::PriorStates{},
+                                stream);
+}
+
+void detail::check_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
+                                     const PagedKvCache& kv, StateView out, void* workspace,
+                                     std::size_t workspace_bytes, const PriorStates& prior) {
+  check_run("attnstate::cuda::run_decode", plan, q, kv, out, workspace, workspace_bytes, prior);
+}
+
+void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
+                                   const PagedKvCache& kv, StateView out, void* workspace,
+                                   std::size_t workspace_bytes, const PriorStates& prior,
+                                   cudaStream_t stream) {
+  const CheckedRun r =
+      check_run("attnstate::cuda::run_decode", plan, q, kv, out, workspace, workspace_bytes, prior);
+  if (r.grid == 0 || prior.check_only) return;
+  const DecodeProblem& pr = plan.problem;
+  const WorkspaceLayout& w = r.w;
 
   detail::DecodeParams p{};
   p.q = q.data;
@@ -520,7 +434,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.rows = p.q_len * p.group;
   p.row_tiles = plan.row_tiles;
   p.splits = plan.splits;
-  p.s2_scale = math::base2_score_scale(scale);
+  p.s2_scale = math::base2_score_scale(r.scale);
   p.out_o = out.o;
   p.out_lse = out.lse;
   p.o_stride_token = out.o_stride_token;
@@ -533,8 +447,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.out_vec4 =
       reinterpret_cast<std::uintptr_t>(out.o) % static_cast<std::uintptr_t>(4 * out_esize) == 0 &&
       out.o_stride_token % 4 == 0 && out.o_stride_head % 4 == 0;
-  const int S = plan.splits.max_splits;
-  p.cluster = S > 1 && S <= detail::kDecodeMaxCluster ? S : 1;
+  p.cluster = r.split.cluster;
   p.q_vec = reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
             q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
   char* ws = static_cast<char*>(workspace);
@@ -548,13 +461,15 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
   p.prior_rows = prior.rows;
   p.beside_previous = prior.beside_previous ? 1 : 0;
   p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
-  if (plan.streamed && pr.head_dim <= 128 && prior.count == 0 && p.q_vec &&
-      kv.page_size % detail::kDecodeTileRows == 0) {
-    dispatch_stream(p, pr.head_dim, pr.kv_dtype, grid, plan.num_sms > 0 ? plan.num_sms : 1, stream);
-    return;
-  }
-  dispatch(p, pr.head_dim, pr.kv_dtype, short_candidate(pr.head_dim, plan.splits),
-           plan.num_sms > 0 ? plan.num_sms : 1, grid, stream);
+
+  DecodeLaunch l;
+  l.streamed = plan::streamed_runs(plan.streamed, pr.head_dim, prior.count, p.q_vec, kv.page_size,
+                                   detail::kDecodeTileRows);
+  l.stages = r.split.stages;
+  l.grid = r.grid;
+  l.num_sms = plan.num_sms > 0 ? plan.num_sms : 1;
+  l.pdl = p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0;
+  launch(p, pr.head_dim, pr.kv_dtype, l, stream);
 }
 
 }  // namespace cuda

@@ -32,6 +32,13 @@ struct PriorStates {
   bool check_only = false;
 };
 
+/// Every check of `run_decode_with_prior` with the same arguments, in the same order, and no
+/// launch: lets the cascade find a bad decode level before it queues its shared levels.
+/// @throws Error as `run_decode_with_prior` would.
+void check_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
+                             const PagedKvCache& kv, StateView out, void* workspace,
+                             std::size_t workspace_bytes, const PriorStates& prior);
+
 /// `run_decode` with `prior` folded into the output state: the output is the merge of the
 /// decode's state over the request's keys with the row's prior states. Same checks as
 /// `run_decode`, plus `prior` (non-null aligned pointers and enough rows when `count > 0`).

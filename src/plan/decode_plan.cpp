@@ -155,6 +155,12 @@ bool split_launch_valid(const DecodeFacts& f, std::int64_t head_dim, const Split
   return true;
 }
 
+bool streamed_runs(bool streamed, std::int64_t head_dim, int prior_count, bool q_aligned,
+                   std::int64_t page_size, int tile_rows) {
+  return streamed && head_dim <= kDecodeStreamMaxHeadDim && prior_count == 0 && q_aligned &&
+         page_size % tile_rows == 0;
+}
+
 DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             const std::int32_t* seq_lens_host, const DecodeOptions& options,
                             int num_sms, const DecodeFacts& f) {
@@ -178,6 +184,7 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                problem.head_dim <= kDecodeStreamMaxHeadDim &&
                4 * grid >= 3 * static_cast<std::int64_t>(num_sms) * f.stream_warps &&
                max_length(problem, seq_lens_host) <= f.stream_max_tokens;
+  c.grid = grid;
   c.split = resolve_split_launch(f, problem.head_dim, c.splits, num_sms, grid);
   return c;
 }

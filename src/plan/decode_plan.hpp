@@ -65,6 +65,7 @@ struct DecodeChoice {
   int row_tiles = 1;      ///< Tiles of `tile_rows` query rows per KV head.
   bool streamed = false;  ///< The streamed kernel runs (else the split kernel).
   SplitLaunch split;      ///< The split kernel's launch (the streamed kernel's fallback).
+  std::int64_t grid = 0;  ///< CTAs of the split kernel for the planned batch.
 };
 
 /// Checks a decode problem's shape (`batch`, `q_len`, heads, the head dim against
@@ -105,11 +106,20 @@ SplitLaunch resolve_split_launch(const DecodeFacts& facts, std::int64_t head_dim
 bool split_launch_valid(const DecodeFacts& facts, std::int64_t head_dim, const SplitLayout& splits,
                         const SplitLaunch& launch, const char** why);
 
+/// Whether a plan that chose the streamed kernel (`streamed`) runs on it, given what only the
+/// run knows; otherwise it falls back to its recorded split launch: head dims above
+/// `kDecodeStreamMaxHeadDim` (a plan edited by hand), prior states folded in (`prior_count`),
+/// query rows not 16-byte aligned (`q_aligned`) or a page size not a multiple of `tile_rows`.
+bool streamed_runs(bool streamed, std::int64_t head_dim, int prior_count, bool q_aligned,
+                   std::int64_t page_size, int tile_rows);
+
 /// Resolves a decode plan (checks first, naming `fn`): the split layout (`kAuto`: `auto_layout`
 /// on `num_sms · ctas_per_sm` slots), the streamed kernel (automatic policy, one split per
 /// request, head dim at most 128, requests up to `stream_max_tokens` keys, at least 3/4 of the
 /// streamed kernel's warps busy on every SM) and the split kernel's launch for the planned
-/// batch. Throws when the grid exceeds 2^31 − 1 CTAs.
+/// batch (from `facts.resident_clusters`: a caller that queries the device only after the
+/// argument checks resolves `split` again with `resolve_split_launch` on `grid`). Throws when the
+/// grid exceeds 2^31 − 1 CTAs.
 DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             const std::int32_t* seq_lens_host, const DecodeOptions& options,
                             int num_sms, const DecodeFacts& facts);

@@ -238,6 +238,16 @@ TEST(PlanDecode, StreamedKernelForManyShortUnsplitRequests) {
       plan::resolve_decode(kFn, problem(200, 8, 128), lens.data(), count, 132, facts()).streamed);
 }
 
+TEST(PlanDecode, StreamedPlanFallsBackOnRunTimeConditions) {
+  EXPECT_TRUE(plan::streamed_runs(true, 128, 0, true, 16, 16));
+  EXPECT_TRUE(plan::streamed_runs(true, 64, 0, true, 32, 16));
+  EXPECT_FALSE(plan::streamed_runs(false, 128, 0, true, 16, 16));  // not chosen
+  EXPECT_FALSE(plan::streamed_runs(true, 256, 0, true, 16, 16));   // no streamed kernel
+  EXPECT_FALSE(plan::streamed_runs(true, 128, 2, true, 16, 16));   // prior states folded
+  EXPECT_FALSE(plan::streamed_runs(true, 128, 0, false, 16, 16));  // q rows misaligned
+  EXPECT_FALSE(plan::streamed_runs(true, 128, 0, true, 24, 16));   // pages of 24 tokens
+}
+
 TEST(PlanDecode, ResolvedLaunchIsTheRuleAtThePlannedGrid) {
   plan::DecodeFacts f = facts(0);
   f.resident_clusters[0][8] = 100;

@@ -47,7 +47,21 @@
 namespace attnstate {
 namespace cuda {
 
-/// A decode plan: everything `run_decode` needs besides the tensors (a small host value).
+/// How the split-KV kernel launches, as `plan_decode` resolved it (`DecodePlan::split`). Every
+/// configuration gives the same bits; they differ in speed only.
+struct DecodeSplitLaunch {
+  /// `cp.async` pipeline depth per warp: 3, or 2 at head dim 128 (the short-split configuration:
+  /// less shared memory, so one more CTA per SM overlaps the fixed costs of short splits).
+  int stages = 3;
+  /// CTAs per thread-block cluster: `splits.max_splits` (at most 8: the splits merge in
+  /// distributed shared memory), a smaller divisor of it (the workspace merge, each group of
+  /// consecutive splits sharing the last merge) or 1 (the workspace merge, or one split).
+  int cluster = 1;
+};
+
+/// A decode plan: everything `run_decode` needs besides the tensors (a small host value). It
+/// records every choice: the split layout, the kernel (`streamed`), the split kernel's launch
+/// (`split`) and the device facts a run of a smaller batch resolves its launch from.
 struct DecodePlan {
   DecodeProblem problem;  ///< The (maximum) shape planned for.
   SplitLayout splits;     ///< How requests are cut into splits.
@@ -70,11 +84,26 @@ struct DecodePlan {
   /// longer than 2048 keys and there are at least 6 items per SM; it may be set or
   /// cleared by hand for a plan with `splits.max_splits == 1` (else `run_decode` throws). Results
   /// differ from the split kernel's only by rounding (one warp sums a request's tiles in key
-  /// order); repeatable for a given plan. Runs it does not apply to use the split kernel: head dim
-  /// 256, query rows not 16-byte aligned, page sizes that are not multiples of 16, or prior
-  /// states folded in (a cascade's fold; measured slower with the streamed kernel, whose warps
-  /// would wait for the shared levels holding a whole SM each).
+  /// order); repeatable for a given plan. Runs it does not apply to fall back to the split kernel
+  /// as `split` records: head dim 256, query rows not 16-byte aligned, page sizes that are not
+  /// multiples of 16, or prior states folded in (a cascade's fold; measured slower with the
+  /// streamed kernel, whose warps would wait for the shared levels holding a whole SM each).
+  /// The streamed kernel runs one CTA per SM (`num_sms`, fewer when there are fewer items).
   bool streamed = false;
+  /// The split kernel's launch (the kernel when `streamed` is false, the fallback above when it
+  /// is true), resolved by `plan_decode` for the planned batch: the short-split depth when the
+  /// splits are short (head dim 128, at most 256 tokens) and the grid exceeds one wave of the
+  /// default depth, or when only it keeps every cluster of the cluster merge resident; the
+  /// cluster merge when every cluster is resident at once; else the workspace merge in the
+  /// largest groups that divide the split count and stay resident. `run_decode` checks it is a
+  /// supported launch for `splits` (`kInvalidArgument` otherwise).
+  DecodeSplitLaunch split;
+  /// Thread-block clusters of `c` CTAs (index `c`, 2..8) of the split kernel that the device
+  /// `plan_decode` ran on keeps resident at once, `[0]` at the default depth and `[1]` in the
+  /// short-split configuration (0 for sizes the plan never uses; all 0 for an empty batch). A run
+  /// of fewer requests than planned resolves `split` again by the rule above for its smaller
+  /// grid from these numbers (no device query).
+  int resident_clusters[2][9] = {};
 
   /// Bytes of device workspace `run_decode` needs (0 when `splits.max_splits == 1`): fp32 partial
   /// states `o (batch, heads_kv, row_tiles, max_splits, 16, head_dim)` and their base-2 LSEs,
@@ -87,7 +116,11 @@ struct DecodePlan {
   std::size_t workspace_bytes() const;
 };
 
-/// Plans a decode (host only; no CUDA call).
+/// Plans a decode on the host and records every choice in the plan (see `DecodePlan`). The first
+/// plan for a head dim and dtype on a device queries that device (the current one) for its
+/// occupancy, once: the facts are cached per device, so later plans make no CUDA call, and the
+/// queries are not stream operations (planning while a stream is captured is fine). Plan on the
+/// device the plan runs on.
 ///
 /// @param problem        shape: `batch ≥ 0`, `1 ≤ q_len ≤ 8`, `heads_q % heads_kv == 0` (any
 ///                       group; `q_len · group ≤ 16` rows share one pass over the KV, more rows
@@ -96,7 +129,8 @@ struct DecodePlan {
 /// @param seq_lens_host  host array `(batch)`: the (maximum) lengths the plan must serve.
 /// @param options        scale (0 → `1/sqrt(head_dim)`) and split policy (see `SplitLayout`).
 /// @param num_sms        SMs of the device (`cudaDevAttrMultiProcessorCount`), ≥ 1.
-/// @throws Error naming the argument on a violation.
+/// @throws Error naming the argument on a violation (checked before any device query);
+///         `kCudaError` when the occupancy query fails.
 DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_lens_host,
                        const DecodeOptions& options, int num_sms);
 
@@ -115,7 +149,9 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
 void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t workspace_bytes,
                            cudaStream_t stream = nullptr);
 
-/// Runs a planned decode on `stream`.
+/// Runs a planned decode on `stream`: checks the arguments against the plan, then launches the
+/// kernel the plan records, once (the streamed kernel, or the split kernel as `plan.split` says;
+/// see `DecodePlan::streamed` for the streamed kernel's run-time fallback).
 ///
 /// Row `i` of request `b` (the `i`-th of its `q_len` new tokens, which are the last `q_len` of
 /// its `seq_lens[b]` keys) attends to keys `[0, seq_lens[b] − q_len + i]`; when
