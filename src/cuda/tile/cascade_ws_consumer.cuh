@@ -79,10 +79,11 @@ __device__ __forceinline__ void ws_consumer_rows(const kernels::CascadeLevelPara
   }
 }
 
-/// A consumer warp's tile loop over the K/V ring, on the warp's state (the kernel's registers:
-/// query fragments, key limits, accumulator, softmax state, scores and probabilities). Each
-/// tile: wait on the stage's "full", `QKᵀ` of tile t and `PV` of tile t-1 issued back to back,
-/// the softmax of tile t while `PV` runs, the stage of tile t-1 released on its "empty".
+/// A consumer warp's tile loop over the K/V ring, on the warp's state (query fragments, key
+/// limits, accumulator, softmax state, scores and probabilities: the kernel's locals, held by
+/// reference as the loop's lambdas held them, which keeps the kernel's machine code). Each tile:
+/// wait on the stage's "full", `QKᵀ` of tile t and `PV` of tile t-1 issued back to back, the
+/// softmax of tile t while `PV` runs, the stage of tile t-1 released on its "empty".
 template <class Tile>
 struct WsConsumer {
   using T = __nv_bfloat16;
