@@ -495,26 +495,24 @@ void launch_decode_level(const CascadePlan& plan, int l, const ConstTensorView& 
   void* dws = dbytes > 0 ? ws + partials_bytes(plan) : nullptr;
   if (dbytes > 0 && zero_tickets && !check_only)
     init_decode_workspace(plan.last_decode, dws, dbytes, stream);
-  if (mode == DecodeLevelMode::kSlot) {
-    detail::PriorStates none;
-    none.check_only = check_only;
-    detail::run_decode_with_prior(plan.last_decode, q, table, slot, dws, dbytes, none, stream);
-    return;
-  }
+  const auto run = [&](const StateView& o, const detail::PriorStates& p) {
+    if (check_only)
+      detail::check_decode_with_prior(plan.last_decode, q, table, o, dws, dbytes, p);
+    else
+      detail::run_decode_with_prior(plan.last_decode, q, table, o, dws, dbytes, p, stream);
+  };
+  if (mode == DecodeLevelMode::kSlot) return run(slot, detail::PriorStates{});
   if (mode == DecodeLevelMode::kSlotBeside) {
     detail::PriorStates none;
     none.beside_previous = true;
-    none.check_only = check_only;
-    detail::run_decode_with_prior(plan.last_decode, q, table, slot, dws, dbytes, none, stream);
-    return;
+    return run(slot, none);
   }
   detail::PriorStates prior;
   prior.o = reinterpret_cast<const float*>(ws);
   prior.lse = slot_lse - static_cast<std::int64_t>(plan.levels[l].slot_offset) * rows;
   prior.count = plan.levels[l].slot_offset;
   prior.rows = rows;
-  prior.check_only = check_only;
-  detail::run_decode_with_prior(plan.last_decode, q, table, *out, dws, dbytes, prior, stream);
+  run(*out, prior);
 }
 
 void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, const PagedKvCache& kv,

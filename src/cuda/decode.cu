@@ -406,7 +406,7 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
                                    cudaStream_t stream) {
   const CheckedRun r =
       check_run("attnstate::cuda::run_decode", plan, q, kv, out, workspace, workspace_bytes, prior);
-  if (r.grid == 0 || prior.check_only) return;
+  if (r.grid == 0) return;
   const DecodeProblem& pr = plan.problem;
   const WorkspaceLayout& w = r.w;
 

@@ -27,9 +27,6 @@ struct PriorStates {
   /// waits for it: the decode must read nothing that kernel writes; `count` must be 0). The grid
   /// still completes only after that kernel, so a later launch sees the results of both.
   bool beside_previous = false;
-  /// Only check the arguments (every check of a run), launch nothing: lets the cascade find a
-  /// bad decode level before it queues its shared levels.
-  bool check_only = false;
 };
 
 /// Every check of `run_decode_with_prior` with the same arguments, in the same order, and no
