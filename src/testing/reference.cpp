@@ -87,59 +87,107 @@ ReferenceState rebased(const ReferenceState& state, LseBase base) {
   return r;
 }
 
+namespace {
+
+/// The problem's values as floats (exact), read once per reference.
+struct ProblemValues {
+  std::vector<float> q, k, v;
+  std::int64_t hq, hkv, dim, group;
+  float scale;
+  explicit ProblemValues(const AttentionProblem& p)
+      : q(p.q.to_floats()),
+        k(p.k.to_floats()),
+        v(p.v.to_floats()),
+        hq(p.heads_q()),
+        hkv(p.heads_kv()),
+        dim(p.head_dim()),
+        group(p.group_size()),
+        scale(p.scale) {}
+};
+
+/// Row `(t, h)` of `r` over `keys` (not empty): scores, max-subtracted weights, `o`, its
+/// magnitude and the LSE in `r.base`; a NaN score makes the whole row NaN. `s` is scratch.
+void attend_row(const ProblemValues& pv, const std::vector<std::int64_t>& keys, std::int64_t t,
+                std::int64_t h, std::vector<double>& s, ReferenceState& r) {
+  const std::int64_t dim = pv.dim, g = h / pv.group;
+  s.resize(keys.size());
+  const float* qr = &pv.q[static_cast<std::size_t>((t * pv.hq + h) * dim)];
+  double m = kNegInf;
+  bool nan = false;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const float* kr = &pv.k[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
+    double dot = 0;
+    for (std::int64_t d = 0; d < dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+    s[i] = static_cast<double>(pv.scale) * dot;
+    if (std::isnan(s[i])) nan = true;
+    m = std::max(m, s[i]);
+  }
+  double* o = &r.o[static_cast<std::size_t>((t * pv.hq + h) * dim)];
+  double* mag = &r.o_magnitude[static_cast<std::size_t>((t * pv.hq + h) * dim)];
+  double& lse = r.lse[static_cast<std::size_t>(t * pv.hq + h)];
+  if (nan) {
+    std::fill(o, o + dim, std::numeric_limits<double>::quiet_NaN());
+    std::fill(mag, mag + dim, std::numeric_limits<double>::quiet_NaN());
+    lse = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  double sum = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const double w = std::exp(s[i] - m);
+    sum += w;
+    const float* vr = &pv.v[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
+    for (std::int64_t d = 0; d < dim; ++d) {
+      o[d] += w * vr[d];
+      mag[d] += w * std::fabs(static_cast<double>(vr[d]));
+    }
+  }
+  for (std::int64_t d = 0; d < dim; ++d) {
+    o[d] /= sum;
+    mag[d] /= sum;
+  }
+  lse = convert(m + std::log(sum), LseBase::kNatural, r.base);
+}
+
+}  // namespace
+
 ReferenceState reference_state(const AttentionProblem& p, const std::vector<std::int64_t>& keys,
                                LseBase base) {
   const char* fn = "attnstate::testing::reference_state";
   kit::check_problem(p, fn, "problem");
   kit::check_keys(keys, p.num_keys(), fn, "keys");
   kit::check_base(base, fn, "base");
-  const std::int64_t tokens = p.tokens(), hq = p.heads_q(), hkv = p.heads_kv(), dim = p.head_dim();
-  const std::int64_t group = p.group_size();
-  ReferenceState r = make_empty(tokens, hq, dim, base);
+  ReferenceState r = make_empty(p.tokens(), p.heads_q(), p.head_dim(), base);
   if (keys.empty()) return r;
-  const std::vector<float> q = p.q.to_floats();
-  const std::vector<float> k = p.k.to_floats();
-  const std::vector<float> v = p.v.to_floats();
-  std::vector<double> s(keys.size());
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const std::int64_t g = h / group;
-      const float* qr = &q[static_cast<std::size_t>((t * hq + h) * dim)];
-      double m = kNegInf;
-      bool nan = false;
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        const float* kr = &k[static_cast<std::size_t>((keys[i] * hkv + g) * dim)];
-        double dot = 0;
-        for (std::int64_t d = 0; d < dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
-        s[i] = static_cast<double>(p.scale) * dot;
-        if (std::isnan(s[i])) nan = true;
-        m = std::max(m, s[i]);
-      }
-      double* o = &r.o[static_cast<std::size_t>((t * hq + h) * dim)];
-      double* mag = &r.o_magnitude[static_cast<std::size_t>((t * hq + h) * dim)];
-      double& lse = r.lse[static_cast<std::size_t>(t * hq + h)];
-      if (nan) {
-        std::fill(o, o + dim, std::numeric_limits<double>::quiet_NaN());
-        std::fill(mag, mag + dim, std::numeric_limits<double>::quiet_NaN());
-        lse = std::numeric_limits<double>::quiet_NaN();
-        continue;
-      }
-      double sum = 0;
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        const double w = std::exp(s[i] - m);
-        sum += w;
-        const float* vr = &v[static_cast<std::size_t>((keys[i] * hkv + g) * dim)];
-        for (std::int64_t d = 0; d < dim; ++d) {
-          o[d] += w * vr[d];
-          mag[d] += w * std::fabs(static_cast<double>(vr[d]));
-        }
-      }
-      for (std::int64_t d = 0; d < dim; ++d) {
-        o[d] /= sum;
-        mag[d] /= sum;
-      }
-      lse = convert(m + std::log(sum), LseBase::kNatural, base);
-    }
+  const ProblemValues pv(p);
+  std::vector<double> s;
+  for (std::int64_t t = 0; t < p.tokens(); ++t) {
+    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, keys, t, h, s, r);
+  }
+  return r;
+}
+
+ReferenceState reference_state_per_token(const AttentionProblem& p,
+                                         const std::vector<std::vector<std::int64_t>>& keys,
+                                         LseBase base) {
+  const char* fn = "attnstate::testing::reference_state_per_token";
+  kit::check_problem(p, fn, "problem");
+  if (static_cast<std::int64_t>(keys.size()) != p.tokens()) {
+    detail::throw_argument(fn, "keys_per_token",
+                           "one key list per query token (" + std::to_string(p.tokens()) + ")",
+                           std::to_string(keys.size()) + " lists");
+  }
+  for (std::size_t t = 0; t < keys.size(); ++t) {
+    const std::string name = "keys_per_token[" + std::to_string(t) + "]";
+    kit::check_keys(keys[t], p.num_keys(), fn, name.c_str());
+  }
+  kit::check_base(base, fn, "base");
+  ReferenceState r = make_empty(p.tokens(), p.heads_q(), p.head_dim(), base);
+  const ProblemValues pv(p);
+  std::vector<double> s;
+  for (std::int64_t t = 0; t < p.tokens(); ++t) {
+    const std::vector<std::int64_t>& row_keys = keys[static_cast<std::size_t>(t)];
+    if (row_keys.empty()) continue;  // (0, -inf)
+    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, row_keys, t, h, s, r);
   }
   return r;
 }

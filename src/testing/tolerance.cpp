@@ -176,7 +176,11 @@ std::string compare_states(const HostState& a, const ReferenceState& e, const To
   for (std::int64_t t = 0; t < e.tokens; ++t) {
     for (std::int64_t h = 0; h < e.heads; ++h) {
       const double want_lse = e.lse_at(t, h);
-      const std::string lse_msg = check_value(got.lse_at(t, h), want_lse, tol.lse_abs, tol.lse_rel);
+      // Below the floor the relative tolerance applies to the floor: an absolute term.
+      const bool floored = std::fabs(want_lse) < tol.lse_rel_floor;
+      const double lse_abs = floored ? tol.lse_abs + tol.lse_rel * tol.lse_rel_floor : tol.lse_abs;
+      const std::string lse_msg =
+          check_value(got.lse_at(t, h), want_lse, lse_abs, floored ? 0.0 : tol.lse_rel);
       if (!lse_msg.empty()) mm.add() << "lse[" << t << "," << h << "]: " << lse_msg;
       const bool empty = want_lse == -INFINITY;
       for (std::int64_t d = 0; d < e.head_dim; ++d) {

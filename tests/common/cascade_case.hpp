@@ -1,7 +1,8 @@
 /// @file cascade_case.hpp
 /// @brief Test support for cascade attention: random cascade problems in a shuffled paged pool,
 ///        their host level arrays, and plain attention over each request's concatenated KV in
-///        double precision (the reference every cascade result is compared with).
+///        double precision (the testing kit's reference, which every cascade result is compared
+///        with by the kit's comparison).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,6 +21,11 @@
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/cascade.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/host_tensor.hpp"
+#include "attnstate/testing/problem.hpp"
+#include "attnstate/testing/reference.hpp"
+#include "attnstate/testing/tolerance.hpp"
 
 namespace attnstate_test {
 
@@ -124,8 +130,8 @@ struct CascadeCase {
   std::vector<float> q, k, v;                     ///< Values (already rounded to the dtype).
   std::vector<std::uint8_t> q_raw, k_raw, v_raw;  ///< Stored bytes.
   std::vector<HostLevel> levels;
-  std::vector<double> ref_o;    ///< `(batch·q_len, heads_q, head_dim)`.
-  std::vector<double> ref_lse;  ///< `(batch·q_len, heads_q)`, natural log.
+  /// The reference (the testing kit's): `(batch·q_len, heads_q, head_dim)`, natural log.
+  attnstate::testing::ReferenceState reference;
 
   explicit CascadeCase(const CaseSpec& s) : spec(s) {
     std::mt19937_64 rng(s.seed);
@@ -243,101 +249,85 @@ struct CascadeCase {
     return o;
   }
 
- private:
-  /// Plain attention over each request's concatenated keys, in double.
-  void compute_reference() {
+  /// The pool as a problem for the testing kit: `k`/`v` hold every pool slot (`page ·
+  /// page_size + slot`, padding dropped), `q` the queries.
+  attnstate::testing::AttentionProblem pool_problem() const {
+    const std::int64_t slots = num_pages * spec.page_size, D = spec.head_dim;
+    std::vector<float> ks(static_cast<std::size_t>(slots * spec.heads_kv * D));
+    std::vector<float> vs(ks.size());
+    for (std::int64_t page = 0; page < num_pages; ++page)
+      for (std::int64_t slot = 0; slot < spec.page_size; ++slot)
+        for (int hk = 0; hk < spec.heads_kv; ++hk) {
+          const std::int64_t src = page * page_elems + in_page(slot, hk);
+          const std::int64_t dst = ((page * spec.page_size + slot) * spec.heads_kv + hk) * D;
+          std::copy(k.begin() + src, k.begin() + src + D, ks.begin() + dst);
+          std::copy(v.begin() + src, v.begin() + src + D, vs.begin() + dst);
+        }
+    attnstate::testing::AttentionProblem p;
+    p.q = attnstate::testing::HostTensor::from_floats(spec.dtype, {tokens(), spec.heads_q, D}, q);
+    p.k = attnstate::testing::HostTensor::from_floats(spec.dtype, {slots, spec.heads_kv, D}, ks);
+    p.v = attnstate::testing::HostTensor::from_floats(spec.dtype, {slots, spec.heads_kv, D}, vs);
+    p.scale = scale();
+    return p;
+  }
+
+  /// The pool slots each query token sees: its request's segments level after level, the last
+  /// level causally masked when `spec.causal` (token `t` of `q_len` sees all but the last
+  /// `q_len - 1 - t` keys of it).
+  std::vector<std::vector<std::int64_t>> keys_per_token() const {
     const int L = static_cast<int>(levels.size());
-    const int D = spec.head_dim, group = spec.heads_q / spec.heads_kv;
-    ref_o.assign(static_cast<std::size_t>(out_elems()), 0.0);
-    ref_lse.assign(static_cast<std::size_t>(lse_elems()), -std::numeric_limits<double>::infinity());
-    const double sc = scale();
+    std::vector<std::vector<std::int64_t>> keys;
     for (std::int64_t b = 0; b < batch; ++b) {
-      // the request's keys: (page, slot) in concatenation order, with the level index
-      std::vector<std::int64_t> offs;
-      std::vector<int> lvl;
-      std::vector<std::int64_t> idx_in_level;
-      std::vector<std::int64_t> last_len(1, 0);
+      std::vector<std::int64_t> slots;  // the request's keys in concatenation order
+      std::int64_t shared = 0, last_len = 0;
       for (int l = 0; l < L; ++l) {
         const HostLevel& h = levels[l];
         std::int64_t s = 0;
         while (!(h.request_indptr[s] <= b && b < h.request_indptr[s + 1])) ++s;
         for (std::int64_t j = 0; j < h.seg_lens[s]; ++j) {
           const std::int64_t page = h.page_indices[h.page_indptr[s] + j / spec.page_size];
-          offs.push_back(page * page_elems + in_page(j % spec.page_size, 0));
-          lvl.push_back(l);
-          idx_in_level.push_back(j);
+          slots.push_back(page * spec.page_size + j % spec.page_size);
         }
-        if (l == L - 1) last_len[0] = h.seg_lens[s];
+        if (l == L - 1) {
+          last_len = h.seg_lens[s];
+        } else {
+          shared += h.seg_lens[s];
+        }
       }
-      for (int t = 0; t < spec.q_len; ++t)
-        for (int hq = 0; hq < spec.heads_q; ++hq) {
-          const int hk = hq / group;
-          const std::int64_t hoff = in_page(0, hk);
-          const float* qr = &q[((b * spec.q_len + t) * spec.heads_q + hq) * D];
-          std::vector<double> sc_vals;
-          std::vector<std::int64_t> used;
-          for (std::size_t i = 0; i < offs.size(); ++i) {
-            if (spec.causal && lvl[i] == L - 1 &&
-                idx_in_level[i] >= last_len[0] - (spec.q_len - 1 - t))
-              continue;
-            double dot = 0;
-            for (int d = 0; d < D; ++d) dot += double(qr[d]) * double(k[offs[i] + hoff + d]);
-            sc_vals.push_back(dot * sc);
-            used.push_back(offs[i] + hoff);
-          }
-          const std::int64_t row = (b * spec.q_len + t) * spec.heads_q + hq;
-          if (used.empty()) continue;
-          double m = -std::numeric_limits<double>::infinity();
-          for (double x : sc_vals) m = std::max(m, x);
-          double sum = 0;
-          std::vector<double> acc(D, 0.0);
-          for (std::size_t i = 0; i < used.size(); ++i) {
-            const double w = std::exp(sc_vals[i] - m);
-            sum += w;
-            for (int d = 0; d < D; ++d) acc[d] += w * double(v[used[i] + d]);
-          }
-          for (int d = 0; d < D; ++d) ref_o[row * D + d] = acc[d] / sum;
-          ref_lse[row] = m + std::log(sum);
-        }
+      for (int t = 0; t < spec.q_len; ++t) {
+        std::int64_t n = static_cast<std::int64_t>(slots.size());
+        if (spec.causal) n = shared + std::max<std::int64_t>(0, last_len - (spec.q_len - 1 - t));
+        keys.emplace_back(slots.begin(), slots.begin() + n);
+      }
     }
+    return keys;
+  }
+
+ private:
+  /// Plain attention over each request's concatenated keys: the testing kit's double reference.
+  void compute_reference() {
+    reference = attnstate::testing::reference_state_per_token(pool_problem(), keys_per_token(),
+                                                              attnstate::LseBase::kNatural);
   }
 };
 
-/// Compares a computed state (o decoded to float, lse in `base`) with the reference: every
-/// element finite where the reference is, |o - ref| ≤ tol_o, |lse - ref| ≤ tol_lse (natural log);
-/// a row whose reference LSE is NaN must be NaN in its LSE and in every element of o.
+/// Compares a computed state (o decoded to float, lse in `base`) with the case's reference by
+/// the kit's `compare_states` within `|o - ref| ≤ tol_o` and `|lse - ref| ≤ tol_lse` (natural
+/// log): every element finite where the reference is, empty rows exactly `(0, -inf)`, a row
+/// whose reference is NaN (a NaN input) NaN in its LSE and in every element of o.
 inline ::testing::AssertionResult matches_reference(const CascadeCase& c,
                                                     const std::vector<float>& o,
                                                     const std::vector<float>& lse,
                                                     attnstate::LseBase base, double tol_o,
                                                     double tol_lse) {
-  const int D = c.spec.head_dim;
-  for (std::int64_t r = 0; r < c.lse_elems(); ++r) {
-    const double ref = c.ref_lse[r];
-    double got = lse[r];
-    if (base == attnstate::LseBase::kBase2) got *= std::log(2.0);
-    if (std::isnan(ref)) {  // a NaN input: the whole row NaN
-      bool all_nan = std::isnan(got);
-      for (int d = 0; d < D; ++d) all_nan = all_nan && std::isnan(o[r * D + d]);
-      if (!all_nan)
-        return ::testing::AssertionFailure()
-               << "row " << r << ": lse " << got << ", o[0] " << o[r * D] << ", want NaN";
-      continue;
-    }
-    const bool ok_lse = std::isinf(ref) ? (std::isinf(got) && got < 0)
-                                        : (std::isfinite(got) && std::abs(got - ref) <= tol_lse);
-    if (!ok_lse)
-      return ::testing::AssertionFailure()
-             << "row " << r << ": lse " << got << " (natural), want " << ref;
-    for (int d = 0; d < D; ++d) {
-      const double want = c.ref_o[r * D + d];
-      const double g = o[r * D + d];
-      if (!(std::abs(g - want) <= tol_o))
-        return ::testing::AssertionFailure()
-               << "row " << r << " d " << d << ": o " << g << ", want " << want;
-    }
-  }
-  return ::testing::AssertionSuccess();
+  const attnstate::ConstStateView view =
+      attnstate::make_const_state_view(o.data(), attnstate::DType::kF32, lse.data(), c.tokens(),
+                                       c.spec.heads_q, c.spec.head_dim, base);
+  const std::string mismatch = attnstate::testing::compare_states(
+      attnstate::testing::HostState::from_view(view), c.reference,
+      attnstate::testing::Tolerance::absolute(tol_o, tol_lse));
+  if (mismatch.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << mismatch;
 }
 
 /// Tolerance on `o` for KV/query dtype `kv` and output dtype `out` (values in [-1, 1]).

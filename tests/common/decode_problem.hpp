@@ -1,6 +1,7 @@
 /// @file decode_problem.hpp
-/// @brief Random paged decode problems in host memory and a double-precision reference decode,
-///        shared by the CPU and GPU decode tests.
+/// @brief Random paged decode problems in host memory, their double-precision reference (the
+///        testing kit's, each query row over the keys it sees) and comparison, shared by the
+///        CPU and GPU decode tests.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,11 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/host_tensor.hpp"
+#include "attnstate/testing/problem.hpp"
+#include "attnstate/testing/reference.hpp"
+#include "attnstate/testing/tolerance.hpp"
 
 namespace attnstate_test {
 
@@ -203,51 +209,78 @@ inline DecodeProblemHost make_decode_problem(const DecodeConfig& cfg, std::uint6
   return p;
 }
 
-/// Reference states in double: `o (tokens, heads_q, head_dim)`, natural-log `lse (tokens,
-/// heads_q)`; rows without keys give `(0, -inf)`.
-struct ReferenceStates {
-  std::vector<double> o, lse;
-};
-
-/// Double-precision decode of `p` (row i of request b sees keys [0, len - q_len + i]).
-inline ReferenceStates reference_decode(const DecodeProblemHost& p, double scale) {
+/// `p` as one problem for the testing kit: the queries `(tokens, heads_q, head_dim)` and every
+/// request's keys gathered from the pool into `k`/`v` (request after request, in key order).
+inline attnstate::testing::AttentionProblem decode_as_problem(const DecodeProblemHost& p,
+                                                              float scale) {
   const auto& c = p.cfg;
-  const std::int64_t group = c.heads_q / c.heads_kv;
-  const std::int64_t D = c.head_dim;
-  ReferenceStates r;
-  r.o.assign(p.tokens() * c.heads_q * D, 0.0);
-  r.lse.assign(p.tokens() * c.heads_q, -std::numeric_limits<double>::infinity());
-  std::vector<double> s;
+  std::int64_t keys = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) keys += p.seq_lens[b];
+  std::vector<float> q(static_cast<std::size_t>(p.tokens() * c.heads_q * c.head_dim));
+  for (std::size_t i = 0; i < q.size(); ++i)
+    q[i] = static_cast<float>(get(p.q.data(), c.q_dtype, i));
+  std::vector<float> k, v;
+  k.reserve(static_cast<std::size_t>(keys * c.heads_kv * c.head_dim));
+  v.reserve(k.capacity());
   for (std::int64_t b = 0; b < p.batch; ++b)
-    for (std::int64_t qi = 0; qi < c.q_len; ++qi)
-      for (std::int64_t hq = 0; hq < c.heads_q; ++hq) {
-        const std::int64_t hkv = hq / group;
-        const std::int64_t n = std::max<std::int64_t>(0, p.seq_lens[b] - c.q_len + qi + 1);
-        const std::int64_t token = b * c.q_len + qi;
-        const std::int64_t qoff = (token * c.heads_q + hq) * D;
-        if (n == 0) continue;
-        s.assign(n, 0.0);
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t t = 0; t < n; ++t) {
-          const std::int64_t off = p.kv_offset(b, t, hkv);
-          double dot = 0;
-          for (std::int64_t d = 0; d < D; ++d)
-            dot += get(p.q.data(), c.q_dtype, qoff + d) * get(p.k.data(), c.kv_dtype, off + d);
-          s[t] = dot * scale;
-          m = std::max(m, s[t]);
+    for (std::int64_t t = 0; t < p.seq_lens[b]; ++t)
+      for (std::int64_t h = 0; h < c.heads_kv; ++h)
+        for (std::int64_t d = 0; d < c.head_dim; ++d) {
+          const std::int64_t off = p.kv_offset(b, t, h) + d;
+          k.push_back(static_cast<float>(get(p.k.data(), c.kv_dtype, off)));
+          v.push_back(static_cast<float>(get(p.v.data(), c.kv_dtype, off)));
         }
-        double sum = 0;
-        std::vector<double> acc(D, 0.0);
-        for (std::int64_t t = 0; t < n; ++t) {
-          const double w = std::exp(s[t] - m);
-          sum += w;
-          const std::int64_t off = p.kv_offset(b, t, hkv);
-          for (std::int64_t d = 0; d < D; ++d) acc[d] += w * get(p.v.data(), c.kv_dtype, off + d);
-        }
-        for (std::int64_t d = 0; d < D; ++d) r.o[qoff + d] = acc[d] / sum;
-        r.lse[token * c.heads_q + hq] = m + std::log(sum);
-      }
-  return r;
+  attnstate::testing::AttentionProblem problem;
+  problem.q = attnstate::testing::HostTensor::from_floats(c.q_dtype,
+                                                          {p.tokens(), c.heads_q, c.head_dim}, q);
+  problem.k =
+      attnstate::testing::HostTensor::from_floats(c.kv_dtype, {keys, c.heads_kv, c.head_dim}, k);
+  problem.v =
+      attnstate::testing::HostTensor::from_floats(c.kv_dtype, {keys, c.heads_kv, c.head_dim}, v);
+  problem.scale = scale;
+  return problem;
+}
+
+/// The keys of `decode_as_problem(p)` each query row sees: row `i` of request `b` sees the
+/// request's keys `[0, len - q_len + i]` (none when that is empty).
+inline std::vector<std::vector<std::int64_t>> decode_keys(const DecodeProblemHost& p) {
+  std::vector<std::vector<std::int64_t>> keys;
+  std::int64_t first = 0;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t qi = 0; qi < p.cfg.q_len; ++qi) {
+      const std::int64_t n = std::max<std::int64_t>(0, p.seq_lens[b] - p.cfg.q_len + qi + 1);
+      keys.emplace_back();
+      for (std::int64_t i = 0; i < n; ++i) keys.back().push_back(first + i);
+    }
+    first += p.seq_lens[b];
+  }
+  return keys;
+}
+
+/// The testing kit's double reference of `p`'s decode (natural-log LSEs; rows without keys are
+/// `(0, -inf)`).
+inline attnstate::testing::ReferenceState reference_decode(const DecodeProblemHost& p,
+                                                           float scale) {
+  return attnstate::testing::reference_state_per_token(decode_as_problem(p, scale), decode_keys(p),
+                                                       attnstate::LseBase::kNatural);
+}
+
+/// The decode tests' bounds in the kit's tolerance model: `o_abs` absolute on `o`, the LSE
+/// within `lse_rel · max(1, |lse|)` (natural log).
+inline attnstate::testing::Tolerance decode_tolerance(double o_abs, double lse_rel) {
+  return attnstate::testing::Tolerance::absolute(o_abs, 0, lse_rel, 1);
+}
+
+/// Compares a decode's raw output (`o` in `o_dtype`, LSEs in `base`, `(tokens, heads, dim)`
+/// contiguous, as `ref`) with the reference by the kit's `compare_states`: "" when they match,
+/// else the first mismatches. Empty rows must be exactly `(0, -inf)`; a NaN fails.
+inline std::string compare_decode(const attnstate::testing::ReferenceState& ref, const void* o,
+                                  DType o_dtype, const float* lse, attnstate::LseBase base,
+                                  const attnstate::testing::Tolerance& tol) {
+  const attnstate::ConstStateView view =
+      attnstate::make_const_state_view(o, o_dtype, lse, ref.tokens, ref.heads, ref.head_dim, base);
+  return attnstate::testing::compare_states(attnstate::testing::HostState::from_view(view), ref,
+                                            tol);
 }
 
 /// Host output buffers of a state `(tokens, heads, head_dim)` in `dtype` and `base`.
@@ -262,34 +295,6 @@ struct HostState {
     view = attnstate::make_state_view(o.data(), dtype, lse.data(), tokens, heads, dim, base);
   }
 };
-
-/// Max abs error of a state against the reference (lse compared in natural log; `-inf` must match
-/// exactly). Returns +inf on a NaN or a mismatched empty row. `o_err`/`lse_err` receive both.
-inline void compare_states(const ReferenceStates& ref, const void* o, DType o_dtype,
-                           const float* lse, attnstate::LseBase base, std::int64_t rows,
-                           std::int64_t dim, double* o_err, double* lse_err) {
-  double eo = 0, el = 0;
-  const double inf = std::numeric_limits<double>::infinity();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    double l = lse[r];
-    if (base == attnstate::LseBase::kBase2) l *= std::log(2.0);
-    const double rl = ref.lse[r];
-    if (std::isinf(rl) || std::isinf(l)) {
-      if (!(std::isinf(rl) && std::isinf(l) && rl < 0 && l < 0)) el = inf;
-    } else if (std::isnan(l)) {
-      el = inf;
-    } else {
-      el = std::max(el, std::fabs(l - rl) / std::max(1.0, std::fabs(rl)));
-    }
-    for (std::int64_t d = 0; d < dim; ++d) {
-      const double x = get(o, o_dtype, r * dim + d);
-      const double e = std::fabs(x - ref.o[r * dim + d]);
-      eo = std::isnan(x) ? inf : std::max(eo, e);
-    }
-  }
-  *o_err = eo;
-  *lse_err = el;
-}
 
 /// Max abs difference of elements `[0, n)` of two raw buffers of dtype `dt`; +inf as soon as
 /// either side holds a NaN (std::max would skip it, so a NaN could never fail a bound).

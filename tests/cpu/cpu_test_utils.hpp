@@ -1,6 +1,7 @@
 /// @file cpu_test_utils.hpp
 /// @brief Helpers of the CPU backend tests: owning strided host states, random fills, NaN
-///        poisoning, and double-precision references of the merge and of attention.
+///        poisoning, and the testing kit's double references of the merge and of attention
+///        over these states, compared by the kit's comparison.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,6 +19,11 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/host_tensor.hpp"
+#include "attnstate/testing/problem.hpp"
+#include "attnstate/testing/reference.hpp"
+#include "attnstate/testing/tolerance.hpp"
 
 namespace attnstate {
 namespace test {
@@ -180,55 +186,72 @@ inline void fill_random(OwnedState& s, std::mt19937& rng, double lse_lo = -5, do
     }
 }
 
-/// A reference state in double: o `(tokens, heads, head_dim)`, natural lse `(tokens, heads)`.
-struct RefState {
-  std::int64_t tokens = 0, heads = 0, head_dim = 0;
-  std::vector<double> o, lse;
-  RefState(std::int64_t t, std::int64_t h, std::int64_t d)
-      : tokens(t), heads(h), head_dim(d), o(t * h * d, 0.0), lse(t * h, -kInf) {}
-  double& o_at(std::int64_t t, std::int64_t h, std::int64_t d) {
-    return o[(t * heads + h) * head_dim + d];
-  }
-  double& lse_at(std::int64_t t, std::int64_t h) { return lse[t * heads + h]; }
-};
+/// A reference state in double: the testing kit's (`o (tokens, heads, head_dim)`, LSEs in
+/// natural log here). Every reference of these tests is computed by the kit
+/// (`testing::reference_merge`, `testing::reference_state`).
+using RefState = testing::ReferenceState;
 
-/// Double-precision merge of the given inputs for one (token, head): returns natural lse and
-/// writes o. Empty inputs (lse = -inf) are skipped; all-empty gives (0, -inf).
-inline double ref_merge_row(const std::vector<double>& lses,
-                            const std::vector<const std::vector<double>*>& os, double* o_out,
-                            std::int64_t dim) {
-  double m = -kInf;
-  for (double l : lses) m = std::max(m, l);
-  std::fill(o_out, o_out + dim, 0.0);
-  if (m == -kInf) return -kInf;
-  double sum = 0;
-  for (std::size_t i = 0; i < lses.size(); ++i) {
-    if (lses[i] == -kInf) continue;
-    const double w = std::exp(lses[i] - m);
-    sum += w;
-    for (std::int64_t d = 0; d < dim; ++d) o_out[d] += w * (*os[i])[d];
-  }
-  for (std::int64_t d = 0; d < dim; ++d) o_out[d] /= sum;
-  return m + std::log(sum);
+/// An identity `(0, -inf)` reference of the given shape, natural log, to be filled by hand.
+inline RefState make_ref(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim) {
+  RefState r;
+  r.tokens = tokens;
+  r.heads = heads;
+  r.head_dim = head_dim;
+  r.base = LseBase::kNatural;
+  r.o.assign(static_cast<std::size_t>(tokens * heads * head_dim), 0.0);
+  r.lse.assign(static_cast<std::size_t>(tokens * heads), -kInf);
+  return r;
+}
+/// Writable `o[t, h, d]` of a reference built by hand.
+inline double& ref_o(RefState& r, std::int64_t t, std::int64_t h, std::int64_t d) {
+  return r.o[static_cast<std::size_t>((t * r.heads + h) * r.head_dim + d)];
+}
+/// Writable `lse[t, h]` of a reference built by hand.
+inline double& ref_lse(RefState& r, std::int64_t t, std::int64_t h) {
+  return r.lse[static_cast<std::size_t>(t * r.heads + h)];
 }
 
-/// Reference merge of several owned states over every (token, head).
+/// The values of a (strided) state as the kit's contiguous host state.
+inline testing::HostState to_host(const OwnedState& s) {
+  return testing::HostState::from_view(s.cview());
+}
+/// A stored state widened exactly to double, LSEs in natural log (e.g. one result compared with
+/// another through the same comparison).
+inline RefState widened(const OwnedState& s) {
+  return testing::rebased(testing::to_reference(to_host(s)), LseBase::kNatural);
+}
+
+/// The kit's reference merge of several owned states over every (token, head).
 inline RefState ref_merge(const std::vector<const OwnedState*>& in) {
-  const StateLayout& l0 = in[0]->layout;
-  RefState r(l0.tokens, l0.heads, l0.head_dim);
-  std::vector<std::vector<double>> os(in.size(), std::vector<double>(l0.head_dim));
-  std::vector<const std::vector<double>*> ptrs;
-  for (auto& o : os) ptrs.push_back(&o);
-  std::vector<double> lses(in.size());
-  for (std::int64_t t = 0; t < l0.tokens; ++t)
-    for (std::int64_t h = 0; h < l0.heads; ++h) {
-      for (std::size_t i = 0; i < in.size(); ++i) {
-        lses[i] = in[i]->lse_nat(t, h);
-        if (lses[i] != -kInf)
-          for (std::int64_t d = 0; d < l0.head_dim; ++d) os[i][d] = in[i]->o_at(t, h, d);
+  std::vector<testing::HostState> states;
+  for (const OwnedState* s : in) states.push_back(to_host(*s));
+  return testing::reference_merge(states, LseBase::kNatural);
+}
+
+/// The kit's reference of a ragged merge: token `t` is the merge of rows
+/// `[indptr[t], indptr[t + 1])` of `rows` (no rows: `(0, -inf)`).
+inline RefState ref_merge_ragged(const OwnedState& rows, const std::vector<std::int32_t>& indptr) {
+  const StateLayout& l = rows.layout;
+  const std::int64_t tokens = static_cast<std::int64_t>(indptr.size()) - 1;
+  RefState r = make_ref(tokens, l.heads, l.head_dim);
+  const testing::HostState all = to_host(rows);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::vector<testing::HostState> parts;
+    for (std::int32_t row = indptr[t]; row < indptr[t + 1]; ++row) {
+      testing::HostState part(1, l.heads, l.head_dim, l.dtype, l.base);
+      for (std::int64_t h = 0; h < l.heads; ++h) {
+        part.set_lse(0, h, all.lse(row, h));
+        for (std::int64_t d = 0; d < l.head_dim; ++d) part.set_o(0, h, d, all.o(row, h, d));
       }
-      r.lse_at(t, h) = ref_merge_row(lses, ptrs, &r.o_at(t, h, 0), l0.head_dim);
+      parts.push_back(std::move(part));
     }
+    if (parts.empty()) continue;
+    const RefState m = testing::reference_merge(parts, LseBase::kNatural);
+    for (std::int64_t h = 0; h < l.heads; ++h) {
+      ref_lse(r, t, h) = m.lse_at(0, h);
+      for (std::int64_t d = 0; d < l.head_dim; ++d) ref_o(r, t, h, d) = m.o_at(0, h, d);
+    }
+  }
   return r;
 }
 
@@ -244,34 +267,20 @@ inline double o_tolerance(DType out) {
   }
 }
 
-/// Expects `got` to match `ref` within `tol_o` on o and a relative 2e-6 (+1e-5) on the natural
-/// LSE; empty reference rows must be exactly (0, -inf). Also checks padding is untouched.
-inline void expect_matches(const OwnedState& got, RefState& ref, double tol_o,
+/// The tolerance of these tests in the kit's model: `tol_o` absolute on o, `1e-5 + 2e-6 |e|` on
+/// the natural LSE.
+inline testing::Tolerance cpu_tolerance(double tol_o) {
+  return testing::Tolerance::absolute(tol_o, 1e-5, 2e-6);
+}
+
+/// Expects `got` to match `ref` (natural LSEs) by the kit's comparison within
+/// `cpu_tolerance(tol_o)`; empty reference rows must be exactly (0, -inf). Also checks padding
+/// is untouched.
+inline void expect_matches(const OwnedState& got, const RefState& ref, double tol_o,
                            const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_EQ(got.layout.tokens, ref.tokens);
-  int failures = 0;
-  for (std::int64_t t = 0; t < ref.tokens && failures < 5; ++t)
-    for (std::int64_t h = 0; h < ref.heads && failures < 5; ++h) {
-      const double rl = ref.lse_at(t, h), gl = got.lse_nat(t, h);
-      if (rl == -kInf) {
-        if (gl != -kInf) {
-          ADD_FAILURE() << "lse at " << t << "," << h << " = " << gl;
-          ++failures;
-        }
-      } else if (!(std::fabs(gl - rl) <= 2e-6 * std::fabs(rl) + 1e-5)) {
-        ADD_FAILURE() << "lse at " << t << "," << h << ": got " << gl << " want " << rl;
-        ++failures;
-      }
-      for (std::int64_t d = 0; d < ref.head_dim; ++d) {
-        const double r = ref.o_at(t, h, d), g = got.o_at(t, h, d);
-        const bool ok = rl == -kInf ? g == 0.0 : std::fabs(g - r) <= tol_o;
-        if (!ok) {
-          ADD_FAILURE() << "o at " << t << "," << h << "," << d << ": got " << g << " want " << r;
-          if (++failures >= 5) break;
-        }
-      }
-    }
+  EXPECT_EQ(testing::compare_states(to_host(got), ref, cpu_tolerance(tol_o)), "");
   EXPECT_TRUE(got.padding_untouched()) << "a write landed outside the output view";
 }
 
@@ -333,36 +342,30 @@ inline ConstTensorView slice_rows(const ConstTensorView& t, std::int64_t begin, 
   return s;
 }
 
-/// Double reference of attention over keys `[k0, k1)`: o and natural lse for every
+/// A `(n0, n1, n2)` tensor's values as the kit's contiguous host tensor (same dtype, exact).
+inline testing::HostTensor to_host(const OwnedTensor& t) {
+  const std::int64_t n0 = t.view.shape[0], n1 = t.view.shape[1], n2 = t.view.shape[2];
+  std::vector<float> values;
+  values.reserve(static_cast<std::size_t>(n0 * n1 * n2));
+  for (std::int64_t i = 0; i < n0; ++i)
+    for (std::int64_t j = 0; j < n1; ++j)
+      for (std::int64_t k = 0; k < n2; ++k) values.push_back(static_cast<float>(t.at(i, j, k)));
+  return testing::HostTensor::from_floats(t.view.dtype, {n0, n1, n2}, values);
+}
+
+/// The kit's reference of attention over keys `[k0, k1)` (natural LSEs) for every
 /// (token, query head), GQA by `H_q / H_kv`.
 inline RefState ref_attention(const OwnedTensor& q, const OwnedTensor& k, const OwnedTensor& v,
-                              double scale, std::int64_t k0 = 0, std::int64_t k1 = -1) {
+                              float scale, std::int64_t k0 = 0, std::int64_t k1 = -1) {
   if (k1 < 0) k1 = k.view.shape[0];
-  const std::int64_t tokens = q.view.shape[0], hq = q.view.shape[1], dim = q.view.shape[2];
-  const std::int64_t group = hq / k.view.shape[1];
-  RefState r(tokens, hq, dim);
-  std::vector<double> s(std::max<std::int64_t>(0, k1 - k0));
-  for (std::int64_t t = 0; t < tokens; ++t)
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const std::int64_t g = h / group;
-      double m = -kInf;
-      for (std::int64_t i = k0; i < k1; ++i) {
-        double dot = 0;
-        for (std::int64_t d = 0; d < dim; ++d) dot += q.at(t, h, d) * k.at(i, g, d);
-        s[i - k0] = dot * scale;
-        m = std::max(m, s[i - k0]);
-      }
-      if (k1 <= k0) continue;  // (0, -inf)
-      double sum = 0;
-      for (std::int64_t i = k0; i < k1; ++i) {
-        const double p = std::exp(s[i - k0] - m);
-        sum += p;
-        for (std::int64_t d = 0; d < dim; ++d) r.o_at(t, h, d) += p * v.at(i, g, d);
-      }
-      for (std::int64_t d = 0; d < dim; ++d) r.o_at(t, h, d) /= sum;
-      r.lse_at(t, h) = m + std::log(sum);
-    }
-  return r;
+  testing::AttentionProblem p;
+  p.q = to_host(q);
+  p.k = to_host(k);
+  p.v = to_host(v);
+  p.scale = scale;
+  std::vector<std::int64_t> keys;
+  for (std::int64_t i = k0; i < k1; ++i) keys.push_back(i);
+  return testing::reference_state(p, keys, LseBase::kNatural);
 }
 
 /// Runs `f`, expecting `attnstate::Error` with `status` and a message containing `arg`.

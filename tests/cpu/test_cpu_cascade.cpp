@@ -58,7 +58,7 @@ TEST(CpuCascade, NanQueryRowGivesANanRowOnly) {
   for (int levels : {2, 1}) {  // 1: only the shared level
     s.levels.resize(static_cast<std::size_t>(levels));
     const CascadeCase c(s);
-    ASSERT_TRUE(std::isnan(c.ref_lse[s.nan_query_row]));
+    ASSERT_TRUE(std::isnan(c.reference.lse[s.nan_query_row]));
     EXPECT_TRUE(run_and_check(c)) << levels << " levels";
   }
 }
@@ -69,8 +69,8 @@ TEST(CpuCascade, NanKeyGivesNanRowsOnly) {
   CaseSpec s = attnstate_test::two_level_spec(6, 100, 37, 13);
   s.nan_key = 57;
   const CascadeCase c(s);
-  ASSERT_TRUE(std::isnan(c.ref_lse[0]));
-  ASSERT_FALSE(std::isnan(c.ref_lse[s.heads_q / s.heads_kv]));
+  ASSERT_TRUE(std::isnan(c.reference.lse[0]));
+  ASSERT_FALSE(std::isnan(c.reference.lse[s.heads_q / s.heads_kv]));
   EXPECT_TRUE(run_and_check(c));
 }
 
@@ -118,7 +118,7 @@ TEST(CpuCascade, AllLevelsEmptyGiveTheEmptyState) {
   s.levels = {{{2, 0}}, {{1, 0}, {1, 0}}};
   CascadeCase c(s);
   ASSERT_TRUE(run_and_check(c));
-  EXPECT_TRUE(std::isinf(c.ref_lse[0]));  // the reference agrees: nothing to attend to
+  EXPECT_TRUE(std::isinf(c.reference.lse[0]));  // the reference agrees: nothing to attend to
 }
 
 TEST(CpuCascade, LengthsAtPageEdges) {

@@ -19,21 +19,16 @@ namespace {
 using namespace attnstate;
 using namespace attnstate_test;
 
-struct RunResult {
-  double o_err, lse_err;
-};
-
-RunResult run_cpu(const DecodeProblemHost& p, const SplitLayout& layout, DType out_dtype,
-                  LseBase base, HostState* keep = nullptr) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(p.cfg.head_dim));
+/// Runs the CPU decode of `p` and compares it with the kit's reference within `o_abs` on `o`
+/// and `1e-5 · max(1, |lse|)` on the LSE: "" when it matches, else the first mismatches.
+std::string run_cpu(const DecodeProblemHost& p, const SplitLayout& layout, DType out_dtype,
+                    LseBase base, double o_abs, HostState* keep = nullptr) {
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.cfg.head_dim)));
   HostState out(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, out_dtype, base);
-  cpu::decode(p.q_view(), p.kv_view(), layout, static_cast<float>(scale), out.view);
-  const ReferenceStates ref = reference_decode(p, scale);
-  RunResult r;
-  compare_states(ref, out.o.data(), out_dtype, out.lse.data(), base, p.tokens() * p.cfg.heads_q,
-                 p.cfg.head_dim, &r.o_err, &r.lse_err);
+  cpu::decode(p.q_view(), p.kv_view(), layout, scale, out.view);
   if (keep) *keep = out;
-  return r;
+  return compare_decode(reference_decode(p, scale), out.o.data(), out_dtype, out.lse.data(), base,
+                        decode_tolerance(o_abs, 1e-5));
 }
 
 SplitLayout fixed_count(int n) {
@@ -132,9 +127,8 @@ TEST(DecodeCpu, MatchesReferenceAcrossShapesAndDtypes) {
     cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 77, 3};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
     for (int n : {1, 3}) {
-      const RunResult r = run_cpu(p, fixed_count(n), c.od, LseBase::kNatural);
-      EXPECT_LE(r.o_err, o_tol(c.od, 1.f)) << cfg.name() << " splits " << n;
-      EXPECT_LE(r.lse_err, 1e-5) << cfg.name() << " splits " << n;
+      EXPECT_EQ(run_cpu(p, fixed_count(n), c.od, LseBase::kNatural, o_tol(c.od, 1.f)), "")
+          << cfg.name() << " splits " << n;
     }
   }
 }
@@ -149,15 +143,14 @@ TEST(DecodeCpu, SplitCountsAndLengthEdges) {
   cfg.seq_lens = {0, 1, 15, 16, 17, 95, 96, 97, 191, 192, 193, 287, 288, 289};
   const DecodeProblemHost p = make_decode_problem(cfg, 7);
   for (int n : {1, 2, 3, kMaxSplits}) {
-    const RunResult r = run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural);
-    EXPECT_LE(r.o_err, 2e-4) << "num_splits " << n;
-    EXPECT_LE(r.lse_err, 1e-5) << "num_splits " << n;
+    EXPECT_EQ(run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, 2e-4), "")
+        << "num_splits " << n;
   }
   for (int size : {16, 32, 96}) {
-    const RunResult r =
-        run_cpu(p, fixed_size(size, (289 + size - 1) / size), DType::kF32, LseBase::kBase2);
-    EXPECT_LE(r.o_err, 2e-4) << "split_size " << size;
-    EXPECT_LE(r.lse_err, 1e-5) << "split_size " << size;
+    EXPECT_EQ(
+        run_cpu(p, fixed_size(size, (289 + size - 1) / size), DType::kF32, LseBase::kBase2, 2e-4),
+        "")
+        << "split_size " << size;
   }
 }
 
@@ -172,9 +165,9 @@ TEST(DecodeCpu, LargeLogitsStayFinite) {
   cfg.seq_lens = {500, 33};
   const DecodeProblemHost p = make_decode_problem(cfg, 11);
   for (int n : {1, 4, 31}) {
-    const RunResult r = run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural);
-    EXPECT_LE(r.o_err, o_tol(DType::kF32, 40.f)) << n;
-    EXPECT_LE(r.lse_err, 1e-5) << n;
+    EXPECT_EQ(run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, o_tol(DType::kF32, 40.f)),
+              "")
+        << n;
   }
 }
 
@@ -188,9 +181,7 @@ TEST(DecodeCpu, CausalRowsAndShortRequests) {
   cfg.seq_lens = {0, 1, 3, 5, 6, 40};  // shorter than q_len: the first rows see no key
   const DecodeProblemHost p = make_decode_problem(cfg, 3);
   HostState out(1, 1, 1, DType::kF32, LseBase::kNatural);
-  const RunResult r = run_cpu(p, fixed_count(2), DType::kF32, LseBase::kNatural, &out);
-  EXPECT_LE(r.o_err, 2e-4);
-  EXPECT_LE(r.lse_err, 1e-5);
+  EXPECT_EQ(run_cpu(p, fixed_count(2), DType::kF32, LseBase::kNatural, 2e-4, &out), "");
   // Request 2 (len 3): rows 0 and 1 are empty, rows 2.. see 1, 2, 3 keys.
   const std::int64_t t0 = 2 * cfg.q_len;
   EXPECT_EQ(out.lse[(t0 + 0) * cfg.heads_q], -INFINITY);
@@ -213,14 +204,11 @@ TEST(DecodeCpu, SplittingChangesOnlyRounding) {
   HostState a(1, 1, 1, DType::kF32, LseBase::kNatural), b = a;
   // Each run also against the reference: two runs that both leave a row unwritten (NaN) would
   // otherwise agree.
-  const RunResult ra = run_cpu(p, fixed_count(1), DType::kF32, LseBase::kNatural, &a);
-  EXPECT_LE(ra.o_err, 2e-4) << "one split";
-  EXPECT_LE(ra.lse_err, 1e-5) << "one split";
+  EXPECT_EQ(run_cpu(p, fixed_count(1), DType::kF32, LseBase::kNatural, 2e-4, &a), "")
+      << "one split";
   ASSERT_EQ(a.o.size(), static_cast<std::size_t>(4 * p.tokens() * cfg.heads_q * cfg.head_dim));
   for (int n : {2, 5, 63}) {
-    const RunResult rb = run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, &b);
-    EXPECT_LE(rb.o_err, 2e-4) << n;
-    EXPECT_LE(rb.lse_err, 1e-5) << n;
+    EXPECT_EQ(run_cpu(p, fixed_count(n), DType::kF32, LseBase::kNatural, 2e-4, &b), "") << n;
     ASSERT_EQ(b.o.size(), a.o.size());
     // NaN-propagating: a NaN on either side makes `worst` infinite.
     const double worst = max_abs_diff(a.o.data(), b.o.data(), DType::kF32,
@@ -253,12 +241,10 @@ TEST(DecodeCpu, FixedSizeRowsIndependentOfBatch) {
   HostState a(1, 1, 1, DType::kF32, LseBase::kNatural), b = a;
   // Both runs against the reference (of `others` as modified): the bitwise check alone would
   // pass a row both runs leave unwritten (NaN).
-  const RunResult ra = run_cpu(alone, fixed_size(64, 5), DType::kF32, LseBase::kNatural, &a);
-  EXPECT_LE(ra.o_err, 2e-4) << "alone";
-  EXPECT_LE(ra.lse_err, 1e-5) << "alone";
-  const RunResult rb = run_cpu(others, fixed_size(64, 19), DType::kF32, LseBase::kNatural, &b);
-  EXPECT_LE(rb.o_err, 2e-4) << "in a batch";
-  EXPECT_LE(rb.lse_err, 1e-5) << "in a batch";
+  EXPECT_EQ(run_cpu(alone, fixed_size(64, 5), DType::kF32, LseBase::kNatural, 2e-4, &a), "")
+      << "alone";
+  EXPECT_EQ(run_cpu(others, fixed_size(64, 19), DType::kF32, LseBase::kNatural, 2e-4, &b), "")
+      << "in a batch";
   ASSERT_EQ(a.o.size(), static_cast<std::size_t>(4 * 4 * 64));
   ASSERT_EQ(b.o.size(), static_cast<std::size_t>(3 * 4 * 4 * 64));
   EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data() + 4 * 4 * 64, 4 * 4 * 64));
@@ -276,12 +262,9 @@ TEST(DecodeCpu, PolicyOverloadPlansLikeTheLayout) {
     o.split_size = 32;
     HostState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
     cpu::decode(p.q_view(), p.kv_view(), o, out.view);
-    const ReferenceStates ref = reference_decode(p, 1.0 / std::sqrt(64.0));
-    double eo, el;
-    compare_states(ref, out.o.data(), DType::kF32, out.lse.data(), LseBase::kNatural,
-                   p.tokens() * cfg.heads_q, cfg.head_dim, &eo, &el);
-    EXPECT_LE(eo, 2e-4);
-    EXPECT_LE(el, 1e-5);
+    EXPECT_EQ(compare_decode(reference_decode(p, 1.f / std::sqrt(64.f)), out.o.data(), DType::kF32,
+                             out.lse.data(), LseBase::kNatural, decode_tolerance(2e-4, 1e-5)),
+              "");
   }
 }
 

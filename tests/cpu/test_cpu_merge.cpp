@@ -203,10 +203,10 @@ TEST(MergeStateInplace, MaskedTokensUntouchedOthersMatchReference) {
                     std::memcmp(&acc.lse[l.lse_offset(t, h)], &before.lse[l.lse_offset(t, h)], 4));
           EXPECT_EQ(0, std::memcmp(&acc.o[l.o_offset(t, h) * es], &before.o[l.o_offset(t, h) * es],
                                    48 * es));
-          ref.lse_at(t, h) = 0;
+          test::ref_lse(ref, t, h) = 0;
           checked.set_lse(t, h, 0.f);
           for (std::int64_t d = 0; d < 48; ++d) {
-            ref.o_at(t, h, d) = 0;
+            test::ref_o(ref, t, h, d) = 0;
             checked.set_o(t, h, d, 0.f);
           }
         }
@@ -393,12 +393,7 @@ TEST(MergeStates, AgreesWithPairwiseMergeState) {
   OwnedState acc = st.parts[0];
   for (std::size_t s = 1; s < st.parts.size(); ++s)
     cpu::merge_state_inplace(acc.view(), st.parts[s].cview());
-  RefState as_ref(5, 3, 24);
-  for (std::int64_t t = 0; t < 5; ++t)
-    for (std::int64_t h = 0; h < 3; ++h) {
-      as_ref.lse_at(t, h) = acc.lse_nat(t, h);
-      for (std::int64_t d = 0; d < 24; ++d) as_ref.o_at(t, h, d) = acc.o_at(t, h, d);
-    }
+  const RefState as_ref = test::widened(acc);
   test::expect_matches(stacked, as_ref, 1e-5, "pairwise vs stacked");
   // And against the double reference (pairwise and stacked alone could agree on a bad row).
   RefState ref = ref_of_stack(st);
@@ -422,21 +417,7 @@ TEST(MergeStatesRagged, EmptySegmentsAndOffsetsMatchReference) {
     OwnedState out = test::make_state(tokens, heads, dim, dout, test::random_base(rng),
                                       test::random_padding(rng));
     cpu::merge_states_ragged(rows.cview(), indptr.data(), out.view());
-    RefState ref(tokens, heads, dim);
-    for (std::int64_t t = 0; t < tokens; ++t)
-      for (std::int64_t h = 0; h < heads; ++h) {
-        std::vector<double> lses;
-        std::vector<std::vector<double>> os;
-        for (std::int32_t r = indptr[t]; r < indptr[t + 1]; ++r) {
-          lses.push_back(rows.lse_nat(r, h));
-          os.emplace_back(dim);
-          if (lses.back() != -test::kInf)
-            for (std::int64_t d = 0; d < dim; ++d) os.back()[d] = rows.o_at(r, h, d);
-        }
-        std::vector<const std::vector<double>*> ptrs;
-        for (auto& o : os) ptrs.push_back(&o);
-        ref.lse_at(t, h) = test::ref_merge_row(lses, ptrs, &ref.o_at(t, h, 0), dim);
-      }
+    const RefState ref = test::ref_merge_ragged(rows, indptr);
     test::expect_matches(out, ref, test::o_tolerance(dout),
                          std::string("ragged ") + to_string(din));
   }
@@ -460,13 +441,8 @@ TEST(Rebase, EveryDtypeAndBasePairMatchesReference) {
           test::fill_random(in, rng, -30, 30, 0.0);
           in.set_lse(1, 1, -INFINITY);
           cpu::rebase(in.cview(), out.view());
-          RefState ref(6, 5, 20);
-          for (std::int64_t t = 0; t < 6; ++t)
-            for (std::int64_t h = 0; h < 5; ++h) {
-              ref.lse_at(t, h) = in.lse_nat(t, h);
-              for (std::int64_t d = 0; d < 20; ++d) ref.o_at(t, h, d) = in.o_at(t, h, d);
-            }
-          ref.lse_at(1, 1) = 1;  // compared below
+          RefState ref = test::widened(in);
+          test::ref_lse(ref, 1, 1) = 1;  // compared below
           OwnedState checked = out;
           checked.set_lse(1, 1, test::from_natural(1, bout));
           test::expect_matches(checked, ref, test::o_tolerance(dout),
@@ -507,12 +483,7 @@ TEST(Rebase, Base2MergeThenRebaseEqualsNaturalMerge) {
   cpu::merge_states(st.view, in2.view());
   cpu::rebase(in2.cview(), nat.view());
   cpu::merge_states(st.view, direct.view());
-  RefState ref(8, 4, 32);
-  for (std::int64_t t = 0; t < 8; ++t)
-    for (std::int64_t h = 0; h < 4; ++h) {
-      ref.lse_at(t, h) = direct.lse_nat(t, h);
-      for (std::int64_t d = 0; d < 32; ++d) ref.o_at(t, h, d) = direct.o_at(t, h, d);
-    }
+  const RefState ref = test::widened(direct);
   test::expect_matches(nat, ref, 1e-5, "base2 + rebase vs natural");
   // And the natural merge against the double reference (both outputs start poisoned: two merges
   // compared only with each other could agree on a row neither wrote).

@@ -95,12 +95,7 @@ void check_splits(std::int64_t keys, std::int64_t splits, std::mt19937& rng, flo
   test::expect_matches(merged, ref, tol, what + " vs double reference");
   OwnedState one = test::make_state(kTokens, kHq, kDim, DType::kF32, LseBase::kNatural);
   cpu::attention_state(p.q.view, p.k.view, p.v.view, p.scale, one.view());
-  RefState one_ref(kTokens, kHq, kDim);
-  for (std::int64_t t = 0; t < kTokens; ++t)
-    for (std::int64_t h = 0; h < kHq; ++h) {
-      one_ref.lse_at(t, h) = one.lse_nat(t, h);
-      for (std::int64_t d = 0; d < kDim; ++d) one_ref.o_at(t, h, d) = one.o_at(t, h, d);
-    }
+  RefState one_ref = test::widened(one);
   if (keys == 0) one_ref = test::ref_attention(p.q, p.k, p.v, p.scale);
   test::expect_matches(merged, one_ref, tol, what + " vs one pass");
 }
@@ -179,14 +174,15 @@ TEST(SplitMatrix, RaggedBatchWithEmptySplits) {
   ASSERT_EQ(row, total);
   OwnedState out = test::make_state(segments, kHq, kDim, DType::kF32, LseBase::kNatural);
   cpu::merge_states_ragged(rows.cview(), indptr.data(), out.view());
-  RefState ref(segments, kHq, kDim);
+  RefState ref = test::make_ref(segments, kHq, kDim);
   for (std::size_t r = 0; r < lengths.size(); ++r) {
-    RefState one =
+    const RefState one =
         test::ref_attention(problems[r].q, problems[r].k, problems[r].v, problems[r].scale);
+    const std::int64_t rt = static_cast<std::int64_t>(r) * kTokens;
     for (std::int64_t t = 0; t < kTokens; ++t)
       for (std::int64_t h = 0; h < kHq; ++h) {
-        ref.lse_at(r * kTokens + t, h) = one.lse_at(t, h);
-        for (std::int64_t d = 0; d < kDim; ++d) ref.o_at(r * kTokens + t, h, d) = one.o_at(t, h, d);
+        test::ref_lse(ref, rt + t, h) = one.lse_at(t, h);
+        for (std::int64_t d = 0; d < kDim; ++d) test::ref_o(ref, rt + t, h, d) = one.o_at(t, h, d);
       }
   }
   test::expect_matches(out, ref, 2e-5, "ragged batch");
@@ -205,12 +201,7 @@ TEST(SplitMatrix, Base2MergeThenRebaseEqualsNaturalMerge) {
     SplitStates stn = split_states(p.q, p.k, p.v, p.scale, bounds, LseBase::kNatural);
     OwnedState merged_n = test::make_state(kTokens, kHq, kDim, DType::kF32, LseBase::kNatural);
     cpu::merge_states(stn.view, merged_n.view());
-    RefState as_ref(kTokens, kHq, kDim);
-    for (std::int64_t t = 0; t < kTokens; ++t)
-      for (std::int64_t h = 0; h < kHq; ++h) {
-        as_ref.lse_at(t, h) = merged_n.lse_nat(t, h);
-        for (std::int64_t d = 0; d < kDim; ++d) as_ref.o_at(t, h, d) = merged_n.o_at(t, h, d);
-      }
+    const RefState as_ref = test::widened(merged_n);
     test::expect_matches(rebased, as_ref, 1e-5, "S=" + std::to_string(splits));
     // And both agree with the double reference.
     RefState ref = test::ref_attention(p.q, p.k, p.v, p.scale);

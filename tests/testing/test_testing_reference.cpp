@@ -97,6 +97,62 @@ TEST(KitReference, MergeSkipsEmptyNaNAndPropagatesRealNaN) {
   EXPECT_FALSE(std::isnan(n.o_at(0, 0, 0)));
 }
 
+RC_GTEST_PROP(KitReference, PerTokenRowsAreTheStatesOfTheirOwnKeys, ()) {
+  const AttentionProblem p = *gen_attention_problem();
+  std::vector<std::vector<std::int64_t>> keys;
+  for (std::int64_t t = 0; t < p.tokens(); ++t) keys.push_back(*gen_key_subset(p.num_keys()));
+  const LseBase base = *rc::gen::arbitrary<LseBase>();
+  const ReferenceState r = reference_state_per_token(p, keys, base);
+  RC_ASSERT(r.tokens == p.tokens());
+  for (std::int64_t t = 0; t < p.tokens(); ++t) {
+    // Bit for bit the row of the one-key-set reference: the same computation.
+    const ReferenceState one = reference_state(p, keys[static_cast<std::size_t>(t)], base);
+    for (std::int64_t h = 0; h < p.heads_q(); ++h) {
+      const double a = r.lse_at(t, h), b = one.lse_at(t, h);
+      RC_ASSERT((a == b || (std::isnan(a) && std::isnan(b))));
+      for (std::int64_t d = 0; d < p.head_dim(); ++d) {
+        const std::size_t i = static_cast<std::size_t>((t * p.heads_q() + h) * p.head_dim() + d);
+        RC_ASSERT((r.o[i] == one.o[i] || (std::isnan(r.o[i]) && std::isnan(one.o[i]))));
+        RC_ASSERT((r.o_magnitude[i] == one.o_magnitude[i] ||
+                   (std::isnan(r.o_magnitude[i]) && std::isnan(one.o_magnitude[i]))));
+      }
+    }
+  }
+}
+
+TEST(KitReference, PerTokenCausalRowsAndArgumentErrors) {
+  // Two query tokens over three keys, causally: token 0 sees key 0, token 1 keys 0 and 1; key
+  // 2 is never read (NaN).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const AttentionProblem p = make_problem(2, 1, 1, 1, 3, DType::kF32, {1.f, 2.f}, {1.f, 0.f, nan},
+                                          {3.f, 5.f, nan}, 1.f, DType::kF32, LseBase::kNatural);
+  const ReferenceState r = reference_state_per_token(p, {{0}, {0, 1}}, LseBase::kNatural);
+  EXPECT_DOUBLE_EQ(r.o_at(0, 0, 0), 3.0);
+  EXPECT_DOUBLE_EQ(r.lse_at(0, 0), 1.0);
+  const double w0 = std::exp(2.0), w1 = 1.0;  // scores 2 and 0
+  EXPECT_NEAR(r.o_at(1, 0, 0), (3.0 * w0 + 5.0 * w1) / (w0 + w1), 1e-15);
+  EXPECT_NEAR(r.lse_at(1, 0), std::log(w0 + w1), 1e-15);
+  // An empty list: that token's row is the identity.
+  const ReferenceState e = reference_state_per_token(p, {{}, {1}}, LseBase::kBase2);
+  EXPECT_EQ(e.lse_at(0, 0), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(e.o_at(0, 0, 0), 0.0);
+  EXPECT_DOUBLE_EQ(e.o_at(1, 0, 0), 5.0);
+  const auto message = [&](const std::vector<std::vector<std::int64_t>>& keys) {
+    try {
+      reference_state_per_token(p, keys, LseBase::kNatural);
+    } catch (const attnstate::Error& err) {
+      return std::string(err.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{0}}).find("argument 'keys_per_token': expected one key list per query "
+                                "token (2), got 1 lists"),
+            std::string::npos)
+      << message({{0}});
+  EXPECT_NE(message({{0}, {0, 3}}).find("argument 'keys_per_token[1][1]'"), std::string::npos)
+      << message({{0}, {0, 3}});
+}
+
 TEST(KitHostState, FreshStateIsIdentityAndViewRoundTrips) {
   HostState s(2, 3, 4, DType::kBF16, LseBase::kBase2);
   for (float lse : s.lse_values()) EXPECT_EQ(lse, -INFINITY);
@@ -279,6 +335,36 @@ TEST(KitTolerance, MergeToleranceIsUnchanged) {
   EXPECT_EQ(tolerance_for(DType::kBF16).o_abs, 1.6e-2);
   EXPECT_EQ(tolerance_for(DType::kF16).o_abs, 2e-3);
   EXPECT_EQ(tolerance_for(DType::kF32).o_abs, 1e-5);
+}
+
+TEST(KitTolerance, AbsoluteBoundsAndTheLseRelativeFloor) {
+  HostState want(1, 1, 1, DType::kF32, LseBase::kNatural);
+  want.set_o(0, 0, 0, 0.5f);
+  const auto with_lse = [](const HostState& s, float lse, float o) {
+    HostState c = s;
+    c.set_lse(0, 0, lse);
+    c.set_o(0, 0, 0, o);
+    return c;
+  };
+  // o: absolute only, whatever |e|.
+  const Tolerance tol = Tolerance::absolute(1e-2, 0, 1e-3, 1);
+  EXPECT_EQ(tol.o_rel, 0);
+  EXPECT_EQ(tol.o_magnitude_rel, 0);
+  EXPECT_EQ(compare_states(with_lse(want, 0.f, 0.509f), with_lse(want, 0.f, 0.5f), tol), "");
+  EXPECT_NE(compare_states(with_lse(want, 0.f, 0.512f), with_lse(want, 0.f, 0.5f), tol), "");
+  // LSE near 0: 1e-3 · max(|e|, 1) = 1e-3 allowed.
+  EXPECT_EQ(compare_states(with_lse(want, 0.2009f, 0.5f), with_lse(want, 0.2f, 0.5f), tol), "");
+  EXPECT_NE(compare_states(with_lse(want, 0.2012f, 0.5f), with_lse(want, 0.2f, 0.5f), tol), "");
+  // LSE of 10: 1e-2 allowed.
+  EXPECT_EQ(compare_states(with_lse(want, 10.009f, 0.5f), with_lse(want, 10.f, 0.5f), tol), "");
+  EXPECT_NE(compare_states(with_lse(want, 10.012f, 0.5f), with_lse(want, 10.f, 0.5f), tol), "");
+  // Without the floor the relative term is plain: 1e-3 · 0.2 near 0.
+  Tolerance plain = tol;
+  plain.lse_rel_floor = 0;
+  EXPECT_NE(compare_states(with_lse(want, 0.2009f, 0.5f), with_lse(want, 0.2f, 0.5f), plain), "");
+  // scaled() keeps the floor (a magnitude).
+  EXPECT_EQ(tol.scaled(2).lse_rel_floor, 1);
+  EXPECT_EQ(tol.scaled(2).lse_rel, 2e-3);
 }
 
 TEST(KitTolerance, DtypeTolerancesAreOrdered) {

@@ -122,6 +122,26 @@ ReferenceState reference_state(const AttentionProblem& problem,
 ReferenceState reference_state(const AttentionProblem& problem,
                                const std::vector<std::int64_t>& keys);
 
+/// The attention state of each query token over keys of its own, in double: row `t` is the row
+/// `t` of `reference_state(problem, keys_per_token[t], base)` (same values, NaN propagation and
+/// `o_magnitude`). This is the reference of kernels whose rows see different keys: a causal mask
+/// (query `i` of a request sees its first `len - q_len + i + 1` keys), a paged decode (each
+/// request's tokens over that request's keys, `k`/`v` holding every request's keys or a whole
+/// pool's slots), the concatenated levels of a cascade request. Cost
+/// `O(Σ_t H_q · |keys_per_token[t]| · head_dim)`.
+///
+/// @param problem         the queries, keys, values and scale (`k`/`v` may hold keys no token
+///                        sees, e.g. unused pool slots; they are never read).
+/// @param keys_per_token  `problem.tokens()` lists of indices into `[0, problem.num_keys())`
+///                        (any order; an empty list gives that token's rows `(0, -inf)`).
+/// @param base            the base of the returned LSEs.
+/// @return the `(tokens, H_q, head_dim)` state in double.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `keys_per_token` when it does not have
+///         one list per token, `keys_per_token[t][i]` for a key index out of range.
+ReferenceState reference_state_per_token(
+    const AttentionProblem& problem, const std::vector<std::vector<std::int64_t>>& keys_per_token,
+    LseBase base);
+
 /// `⊕_i states[i]` in double, written in `base`, with the library's contract: max-subtracted
 /// weights, an empty input row contributes nothing (its `o` is never read, even if NaN),
 /// all-empty rows give `(0, -inf)`, NaN in a non-empty input propagates. Inputs may have

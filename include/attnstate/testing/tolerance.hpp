@@ -26,7 +26,8 @@ namespace testing {
 /// An element `o[t,h,d]` with expected value `e` may differ by
 /// `o_abs + o_rel · |e| + o_magnitude_rel · M`, where `M` is the expected state's
 /// `o_magnitude` for that element when it has one (`reference_state`, `reference_merge`), else
-/// `max(|e|, o_magnitude_default)`.
+/// `max(|e|, o_magnitude_default)`. An LSE with expected value `e` may differ by
+/// `lse_abs + lse_rel · max(|e|, lse_rel_floor)`.
 struct Tolerance {
   double o_abs = 0;                ///< Absolute tolerance on `o` (for values of magnitude about 1).
   double o_rel = 0;                ///< Relative tolerance on `o`.
@@ -36,14 +37,36 @@ struct Tolerance {
                                    ///< (the unit roundoffs of the roundings a kernel may make).
   double o_magnitude_default = 0;  ///< `M` where the expected state has no `o_magnitude` (e.g.
                                    ///< a stored state): a bound such as the largest `|v|`.
+  double lse_rel_floor = 0;        ///< The LSE's relative tolerance applies to
+                                   ///< `max(|e|, lse_rel_floor)`: with 1, an error relative to
+                                   ///< the LSE that never drops below `lse_rel` near 0.
 
   /// Every tolerance multiplied by `factor` (e.g. 2 when both sides of a comparison carry
-  /// error); `o_magnitude_default`, a magnitude and not a tolerance, is kept.
+  /// error); `o_magnitude_default` and `lse_rel_floor`, magnitudes and not tolerances, are kept.
   /// @param factor  the multiplier.
   /// @return the scaled tolerance.
   Tolerance scaled(double factor) const {
     return Tolerance{o_abs * factor,   o_rel * factor,           lse_abs * factor,
-                     lse_rel * factor, o_magnitude_rel * factor, o_magnitude_default};
+                     lse_rel * factor, o_magnitude_rel * factor, o_magnitude_default,
+                     lse_rel_floor};
+  }
+
+  /// A tolerance of absolute bounds only: `|a - e| ≤ o_abs` on `o`, and on the LSE
+  /// `lse_abs + lse_rel · max(|e|, lse_rel_floor)` (the bounds a test states in its own terms,
+  /// e.g. from an error analysis of one kernel, compared by the same `compare_states`).
+  /// @param o_abs          absolute tolerance on `o`.
+  /// @param lse_abs        absolute tolerance on the LSE.
+  /// @param lse_rel        relative tolerance on the LSE.
+  /// @param lse_rel_floor  the least `|e|` the relative tolerance applies to.
+  /// @return the tolerance.
+  static Tolerance absolute(double o_abs, double lse_abs, double lse_rel = 0,
+                            double lse_rel_floor = 0) {
+    Tolerance t;
+    t.o_abs = o_abs;
+    t.lse_abs = lse_abs;
+    t.lse_rel = lse_rel;
+    t.lse_rel_floor = lse_rel_floor;
+    return t;
   }
 };
 

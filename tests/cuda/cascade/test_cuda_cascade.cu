@@ -364,7 +364,7 @@ TEST(CudaCascade, NanQueryRowGivesANanRowOnly) {
           if (shape == 1) s.levels.pop_back();
           if (shape == 2) s.levels.erase(s.levels.begin());
           CascadeCase c(s);
-          ASSERT_TRUE(std::isnan(c.ref_lse[s.nan_query_row]));
+          ASSERT_TRUE(std::isnan(c.reference.lse[s.nan_query_row]));
           CascadeTuning t;
           t.tile_rows = tile;
           t.kernel = tile == 16 ? attnstate::cuda::CascadeKernel::kMma
@@ -387,8 +387,8 @@ TEST(CudaCascade, NanKeyGivesNanRowsOnly) {
       s.dtype = dt;
       s.nan_key = 517;
       CascadeCase c(s);
-      ASSERT_TRUE(std::isnan(c.ref_lse[0]));
-      ASSERT_FALSE(std::isnan(c.ref_lse[s.heads_q / s.heads_kv]));
+      ASSERT_TRUE(std::isnan(c.reference.lse[0]));
+      ASSERT_FALSE(std::isnan(c.reference.lse[s.heads_q / s.heads_kv]));
       CascadeTuning t;
       t.tile_rows = tile;
       t.kernel = tile == 16 ? attnstate::cuda::CascadeKernel::kMma
