@@ -8,6 +8,8 @@
 /// choose goes through the options structs (`DecodeOptions`, `CascadeTuning`).
 #pragma once
 
+#include <cstdint>
+
 namespace attnstate {
 namespace cuda {
 namespace tuning {
@@ -27,6 +29,20 @@ inline constexpr int kDecodeSplitMultiple = 2;
 /// Decode, automatic policy: the longest request that runs on the streamed kernel (one split per
 /// request, enough items to fill every SM).
 inline constexpr int kDecodeStreamMaxTokens = 2048;
+
+/// Cascade: splits per segment the level heuristic (`plan::choose_chunk`) may choose, at most.
+inline constexpr int kCascadeMaxLevelSplits = 64;
+/// Cascade: a 16-row level tile runs 3 `cp.async` stages when its splits hold at least this many
+/// 64-key tiles (a long unique suffix), else 2 (more CTAs per SM).
+inline constexpr int kCascadeDeepStagesTiles = 8;
+/// Cascade: shared levels this long or shorter (keys) are latency-bound: they leave SMs to a
+/// decode last level (`CascadeTuning::decode_sms` automatic).
+inline constexpr std::int64_t kCascadeReserveMaxSharedKeys = 8192;
+/// Cascade: resident decode CTAs per SM assumed when reserving SMs for a decode last level.
+inline constexpr std::int64_t kCascadeReserveDecodeCtasPerSm = 2;
+/// Cascade: a decode last level of at most this many waves (of `kCascadeReserveDecodeCtasPerSm`
+/// CTAs on every SM) folds the shared levels' states (`CascadeTuning::decode_fold` automatic).
+inline constexpr std::int64_t kCascadeFoldMaxDecodeWaves = 2;
 
 }  // namespace tuning
 }  // namespace cuda

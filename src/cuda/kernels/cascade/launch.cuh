@@ -15,25 +15,17 @@
 #include "cuda/kernels/cascade/level.cuh"
 #include "cuda/kernels/cascade/level_wgmma.cuh"
 #include "cuda/kernels/cascade/level_ws.cuh"
+#include "cuda/launch.hpp"
+#include "plan/cascade_plan.hpp"
 
 namespace attnstate {
 namespace cuda {
 namespace kernels {
 
-/// Head dims with compiled cascade kernels.
-inline bool cascade_head_dim_supported(long long d) { return d == 64 || d == 128; }
-/// Row tiles with compiled cascade kernels.
-inline bool cascade_tile_supported(int rows) { return rows == 16 || rows == 64 || rows == 128; }
-
 /// Launches the level kernel of storage type `T` (one instantiation file per dtype).
 template <class T>
 void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                           dim3 grid, bool pdl, cudaStream_t stream);
-
-/// True when the code the runtime loaded for the current device was built for sm_90a, so the
-/// `wgmma` level kernels have their bodies (a build for plain `90`, or for an older architecture
-/// run on Hopper, has only the `mma.sync` kernels). Defined in cascade_level_bf16.cu.
-bool sm90a_code_loaded();
 
 /// Launches the bf16 level kernel (defined in cascade_level_bf16.cu).
 void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
@@ -42,13 +34,8 @@ void launch_cascade_level_bf16(const CascadeLevelParams& p, int tile_rows, int h
 void launch_cascade_level_f16(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                               dim3 grid, bool pdl, cudaStream_t stream);
 
-/// Warp-specialised level kernel variants (bf16, head_dim 128; tiles of 64 or 128 rows).
-enum class CascadeWsVariant : int {
-  kKv128 = 1,       ///< KV tiles of 128 keys, 3 stages; warpgroups issue freely (the default).
-  kKv128Turns = 2,  ///< kKv128 with the two warpgroups issuing in turns (ping-pong).
-  kKv64 = 3,        ///< KV tiles of 64 keys, 4 stages; warpgroups issue freely.
-  kKv64Turns = 4,   ///< kKv64 with the two warpgroups issuing in turns.
-};
+/// Warp-specialised level kernel variants (`CascadeLevelPlan::ws_variant`).
+using CascadeWsVariant = plan::CascadeWsVariant;
 
 /// Launches the warp-specialised bf16 level kernel (defined in cascade_level_ws_bf16.cu):
 /// `maps` the pool's tensor maps (boxes of `p.tma_box` keys), `tile_rows` 64 or 128.
@@ -65,18 +52,13 @@ void launch_level_kernel(void (*kernel)(CascadeLevelParams, Extra...), const Cas
                          const char* name, const Extra&... extra) {
   ATTNSTATE_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cuda::detail::LaunchConfig cfg;
+  cfg.grid = grid;
+  cfg.block = dim3(static_cast<unsigned>(threads));
+  cfg.smem = static_cast<std::size_t>(smem);
+  cfg.pdl = pdl;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  ATTNSTATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, extra...));
-  ATTNSTATE_CHECK_LAUNCH(stream, name);
+  cuda::detail::launch_kernel(cfg, kernel, name, p, extra...);
 }
 
 /// Launches one mma.sync tile variant.

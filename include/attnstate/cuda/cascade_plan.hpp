@@ -1,0 +1,150 @@
+/// @file cascade_plan.hpp
+/// @brief CUDA backend: the cascade's shape, tuning and per-level choices (host values, no
+///        CUDA headers); `CascadePlan`, `plan_cascade` and `run_cascade` are in cascade.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attnstate/core/cascade.hpp"
+#include "attnstate/core/decode_split.hpp"
+#include "attnstate/core/dtype.hpp"
+
+namespace attnstate {
+namespace cuda {
+
+/// The shape of a cascade problem (everything but the tensors and the level arrays).
+struct CascadeShape {
+  std::int64_t batch = 0;      ///< Requests (≥ 1).
+  std::int64_t q_len = 1;      ///< New tokens per request, 1..kMaxCascadeQueryLen.
+  std::int64_t heads_q = 0;    ///< Query heads, a multiple of `heads_kv`, group ≤ 64.
+  std::int64_t heads_kv = 0;   ///< KV heads.
+  std::int64_t head_dim = 0;   ///< 64 or 128 (others: `Status::kNotSupported`).
+  std::int64_t page_size = 0;  ///< Tokens per page (any ≥ 1).
+  std::int64_t num_pages = 0;  ///< Pages in the pool.
+  DType dtype = DType::kBF16;  ///< Query and KV dtype: f16 or bf16 (others: `kNotSupported`).
+};
+
+/// Which tensor-core instructions a level kernel uses.
+enum class CascadeKernel : std::uint8_t {
+  kAuto = 0,   ///< `wgmma` for bf16 tiles of 64 or 128 rows at head_dim 128 on sm_90, else
+               ///< `mma.sync`.
+  kMma = 1,    ///< `mma.sync` m16n8k16 (any tile; every architecture the library builds for).
+  kWgmma = 2,  ///< Hopper `wgmma` where it applies (bf16, tiles of 64 or 128 rows, head_dim
+               ///< 128); other levels use `mma.sync`.
+};
+
+/// Overrides of the plan's choices (0 = automatic); for tests and tuning. `tile_rows`, `chunk`
+/// and `kernel` apply to the levels that run on cascade level kernels, not to a last level that
+/// runs on the split-KV decode (which plans its own splits).
+struct CascadeTuning {
+  int tile_rows = 0;                            ///< Query rows per CTA tile: 16, 64 or 128.
+  int chunk = 0;                                ///< KV tokens per split, a positive multiple of 64.
+  CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
+  /// Run a last level whose segments each belong to one request (segment `b` to request `b`)
+  /// with the library's split-KV decode (`run_decode`) instead of a cascade level kernel; it
+  /// applies when the new tokens are causal or `q_len == 1` (see `decode_fold` for how its
+  /// state meets the other levels').
+  bool decode_last_level = true;
+  /// Splits of such a decode level: 0 = the decode's automatic policy, else a fixed count
+  /// (`1..attnstate::kMaxSplits`, i.e. 1..512, the range `plan_decode` takes).
+  int decode_splits = 0;
+  /// SMs the shared levels leave to such a decode level, which then runs beside them (it is a
+  /// programmatic dependent launch that waits for them only before folding their states, if it
+  /// folds them):
+  /// -1 = automatic (enough for all the decode's CTAs when the shared segments are short and
+  /// the decode needs at most half of the SMs, else 0), else `0..num_sms - 1`.
+  int decode_sms = -1;
+  /// How such a decode level's state meets the shared levels' states in `run_cascade`:
+  /// 1 = the decode folds them into its own split merge (no merge launch; its CTAs wait for the
+  /// shared levels before folding, holding their SM slots meanwhile); 0 = the decode never waits:
+  /// it writes its state to its workspace slot while the shared levels still run, on whatever
+  /// SMs they leave, and one merge launch follows (which waits for both); -1 = automatic (fold
+  /// when `decode_sms` leaves SMs for every decode CTA at once or the decode is at most about
+  /// two waves of CTAs, else the merge launch). With the unique level alone the decode always
+  /// writes the output itself.
+  int decode_fold = -1;
+  /// The warp-specialised (bulk-copy, `wgmma`) kernel of bf16 levels at head_dim 128 with tiles
+  /// of 64 or 128 rows: -1 = automatic (KV tiles of 128 keys), 0 = never (those levels run on
+  /// the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the warpgroups issuing
+  /// in turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons; each is exact to
+  /// rounding, and repeatable for a given plan).
+  int ws_variant = -1;
+};
+
+/// The kernel that runs a level, resolved by `plan_cascade` (see docs/internals.md, "Cascade").
+enum class CascadeLevelKernel : std::uint8_t {
+  kMma = 0,              ///< `cp.async` + `mma.sync` m16n8k16 (any tile, any architecture).
+  kWgmma = 1,            ///< `cp.async` + Hopper `wgmma` (bf16, head_dim 128, 64 or 128 rows).
+  kWarpSpecialized = 2,  ///< Bulk tensor copies (TMA) + `wgmma`, warp-specialised (as kWgmma,
+                         ///< and a page size with a bulk-copy box).
+  kDecode = 3,           ///< The split-KV decode (`CascadePlan::last_decode`; the last level).
+};
+
+/// What the plan chose for one level.
+struct CascadeLevelPlan {
+  std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
+  int tile_rows = 0;              ///< Query rows per CTA tile (16, 64 or 128).
+  int max_tiles = 0;              ///< Most row tiles of any segment.
+  int chunk = 0;                  ///< KV tokens per split (a multiple of 64; a decode level:
+                                  ///< the decode's split size, a multiple of 16).
+  int max_splits = 0;             ///< Most splits of any segment (planned lengths).
+  int slot_offset = 0;            ///< First workspace slot of this level's partial states.
+  bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
+  /// The shape and tuning take the `wgmma` kernels (bf16, head_dim 128, 64 or 128 rows, not
+  /// `CascadeKernel::kMma`); `kernel` says whether the planned device runs them.
+  bool wgmma = false;
+  bool decode = false;  ///< Runs on the split-KV decode (`CascadePlan::last_decode`).
+  /// The kernel `run_cascade` launches for this level.
+  CascadeLevelKernel kernel = CascadeLevelKernel::kMma;
+  /// The kernel launched instead when the run's KV pool cannot be described as a tensor map
+  /// (`kWgmma` for `kWarpSpecialized`, else `kernel`); see `CascadePlan::tensor_maps`.
+  CascadeLevelKernel fallback = CascadeLevelKernel::kMma;
+  /// `cp.async` stages of the 16-row tile (2, or 3 for splits of at least 512 keys); the 64-
+  /// and 128-row tiles and the warp-specialised kernel have fixed pipelines. 0 on a decode level.
+  int stages = 0;
+  /// `kWarpSpecialized`: its variant (`CascadeTuning::ws_variant` resolved, 1..4), else 0.
+  int ws_variant = 0;
+  /// `kWarpSpecialized`: keys per bulk-copy box in an NHD pool (the page size when it divides
+  /// 64, else 64; an HND pool whose pages are padded uses boxes of 8 keys), else 0.
+  int tma_box = 0;
+  /// `kWarpSpecialized`: keys per run box (consecutive whole pages of an NHD pool copied as one
+  /// box; 64 for pages shorter than 64 keys), else 0.
+  int tma_run = 0;
+};
+
+/// What `plan_cascade` chose for every level and the run: all of `CascadePlan` (cascade.hpp)
+/// but the decode plan of a decode last level.
+struct CascadeChoice {
+  CascadeShape shape;                               ///< The planned shape.
+  int num_levels = 0;                               ///< Levels (1..kMaxCascadeLevels).
+  CascadeLevelPlan levels[kMaxCascadeLevels] = {};  ///< Per-level choices.
+  int num_slots = 0;                                ///< Partial states per query row.
+  float scale = 0.f;                                ///< Softmax scale (resolved, never 0).
+  bool causal = true;                               ///< Causal mask on the last level.
+  int num_sms = 0;                                  ///< SMs planned for.
+  /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
+  /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix).
+  bool overlap_levels = true;
+  /// Fetch each KV tile's page ids one tile ahead of its copies (hides the page-table latency).
+  bool prefetch_pages = true;
+  /// The warp-specialised kernel variant of the levels that take it (`CascadeTuning::ws_variant`
+  /// resolved: 0 none, 1..4).
+  int ws_variant = 1;
+  /// The device facts the plan was made with (those of the device current at planning; run the
+  /// plan there): the `wgmma` kernels run on it (an sm_90 part running code built for sm_90a).
+  bool wgmma_available = false;
+  /// The driver encodes tensor maps (`cuTensorMapEncodeTiled`; see `wgmma_available`).
+  bool tensor_maps = false;
+  /// SMs the shared levels' splits leave free for a decode last level
+  /// (`CascadeTuning::decode_sms`).
+  int decode_sms = 0;
+  /// That decode folds the shared levels' states into its output (`CascadeTuning::decode_fold`);
+  /// false: it writes its workspace slot beside the shared levels and a merge launch follows.
+  bool decode_fold = true;
+  /// Query rows `batch · q_len · heads_q`.
+  std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
+};
+
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,471 @@
+/// @file cascade_plan.cpp
+/// @brief The cascade's host planner: tiles, splits, kernels and fallbacks per level, the decode
+///        last level's SMs and fold, the plan's checks and the pools' tensor-map layouts.
+#include "plan/cascade_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/error.hpp"
+#include "common/cascade_validate.hpp"
+#include "cuda/tuning_sm90.hpp"
+
+namespace attnstate {
+namespace plan {
+namespace {
+
+using ::attnstate::detail::cascade_str;
+using ::attnstate::detail::throw_argument;
+using cuda::CascadeKernel;
+using Kernel = CascadeLevelKernel;
+
+constexpr std::size_t kAlign = 256;
+std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+/// The pool scalars of a shape, for the shared level checks.
+PagedKvCache pool_of(const CascadeShape& s) {
+  PagedKvCache kv;
+  kv.page_size = s.page_size;
+  kv.num_pages = s.num_pages;
+  kv.heads_kv = s.heads_kv;
+  kv.head_dim = s.head_dim;
+  kv.dtype = s.dtype;
+  return kv;
+}
+
+/// True when a `wgmma` level of this shape takes the warp-specialised kernel (bf16, head_dim
+/// 128, tiles of 64 or 128 rows, a page size with a bulk-copy box, the variant not 0).
+bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant) {
+  return lp.wgmma && (lp.tile_rows == 64 || lp.tile_rows == 128) && s.head_dim == 128 &&
+         s.dtype == DType::kBF16 && tma_box_rows(s.page_size) > 0 && ws_variant != 0;
+}
+
+/// Checks `plan_cascade`'s scalar arguments (the shape, the SM count, the tuning).
+void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num_sms,
+                            const CascadeTuning& tuning) {
+  if (shape.batch < 1 || shape.batch > (std::int64_t{1} << 24))
+    throw_argument(func, "shape.batch", "1..2^24", cascade_str(shape.batch));
+  if (shape.q_len < 1 || shape.q_len > kMaxCascadeQueryLen)
+    throw_argument(func, "shape.q_len", "1.." + cascade_str(kMaxCascadeQueryLen),
+                   cascade_str(shape.q_len));
+  if (shape.heads_kv < 1 || shape.heads_kv > 65535)
+    throw_argument(func, "shape.heads_kv", "1..65535", cascade_str(shape.heads_kv));
+  if (shape.heads_q < 1 || shape.heads_q % shape.heads_kv != 0 ||
+      shape.heads_q / shape.heads_kv > kMaxCascadeGroup)
+    throw_argument(func, "shape.heads_q",
+                   "a positive multiple of heads_kv, at most " + cascade_str(kMaxCascadeGroup) +
+                       " times it (the GQA group)",
+                   cascade_str(shape.heads_q));
+  // the kernels index query rows with 32-bit integers
+  if (shape.batch * shape.q_len * shape.heads_q > 0x7FFFFFFF)
+    throw_argument(func, "shape.batch", "batch * q_len * heads_q < 2^31",
+                   cascade_str(shape.batch * shape.q_len * shape.heads_q));
+  if (shape.page_size < 1 || shape.page_size > (1 << 20))
+    throw_argument(func, "shape.page_size", "1..2^20", cascade_str(shape.page_size));
+  if (shape.num_pages < 0)
+    throw_argument(func, "shape.num_pages", ">= 0", cascade_str(shape.num_pages));
+  if (shape.dtype != DType::kF16 && shape.dtype != DType::kBF16)
+    throw_argument(func, "shape.dtype", "f16 or bf16", to_string(shape.dtype),
+                   Status::kNotSupported);
+  if (!cascade_head_dim_supported(shape.head_dim))
+    throw_argument(func, "shape.head_dim", "64 or 128", cascade_str(shape.head_dim),
+                   Status::kNotSupported);
+  if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
+  if (tuning.tile_rows != 0 && !cascade_tile_supported(tuning.tile_rows))
+    throw_argument(func, "tuning.tile_rows", "0, 16, 64 or 128", cascade_str(tuning.tile_rows));
+  if (tuning.kernel != CascadeKernel::kAuto && tuning.kernel != CascadeKernel::kMma &&
+      tuning.kernel != CascadeKernel::kWgmma)
+    throw_argument(func, "tuning.kernel", "kAuto, kMma or kWgmma",
+                   "value " + cascade_str(static_cast<int>(tuning.kernel)));
+  if (tuning.chunk < 0 || tuning.chunk % kKvTile != 0)
+    throw_argument(func, "tuning.chunk", "0 or a positive multiple of 64",
+                   cascade_str(tuning.chunk));
+  if (tuning.decode_sms < -1 || tuning.decode_sms >= num_sms)
+    throw_argument(func, "tuning.decode_sms", "-1 (automatic) or 0..num_sms - 1",
+                   cascade_str(tuning.decode_sms));
+  if (tuning.ws_variant < -1 || tuning.ws_variant > 4)
+    throw_argument(func, "tuning.ws_variant", "-1 (automatic) or 0..4",
+                   cascade_str(tuning.ws_variant));
+  if (tuning.decode_fold < -1 || tuning.decode_fold > 1)
+    throw_argument(func, "tuning.decode_fold", "-1 (automatic), 0 or 1",
+                   cascade_str(tuning.decode_fold));
+  // a fixed split count of the decode level goes to plan_decode, which takes 1..kMaxSplits
+  if (tuning.decode_splits < 0 || tuning.decode_splits > ::attnstate::kMaxSplits)
+    throw_argument(func, "tuning.decode_splits",
+                   "0 (automatic) or 1.." + cascade_str(::attnstate::kMaxSplits),
+                   cascade_str(tuning.decode_splits));
+}
+
+/// Plans a unique last level on the split-KV decode (the level's plan).
+void plan_decode_level(CascadeChoice& plan, const CascadeLevel& lv, const CascadeTuning& tuning,
+                       int num_sms, const PlanDecodeLevelFn& plan_decode) {
+  DecodeOptions dopt;
+  dopt.scale = plan.scale;
+  if (tuning.decode_splits > 0) {
+    dopt.policy = SplitPolicy::kFixedCount;
+    dopt.num_splits = tuning.decode_splits;
+  }
+  const CascadeDecodeLevel d =
+      plan_decode(cascade_decode_problem(plan.shape), lv.seg_lens, dopt, num_sms);
+  CascadeLevelPlan& lp = plan.levels[plan.num_levels - 1];
+  lp.decode = true;
+  lp.kernel = Kernel::kDecode;
+  lp.fallback = Kernel::kDecode;
+  lp.tile_rows = 16;
+  lp.max_tiles = d.row_tiles;
+  lp.chunk = d.splits.policy == SplitPolicy::kFixedSize ? d.splits.split_size : 0;
+  lp.max_splits = d.splits.max_splits;
+}
+
+/// CTAs of the last level's decode (its row tiles and splits recorded in its level plan).
+std::int64_t decode_ctas(const CascadeChoice& plan) {
+  const CascadeLevelPlan& d = plan.levels[plan.num_levels - 1];
+  return plan.shape.batch * plan.shape.heads_kv * d.max_tiles *
+         std::max<std::int64_t>(1, d.max_splits);
+}
+
+/// SMs the shared levels leave to the decode of the last level (`CascadeTuning::decode_sms`):
+/// automatically, enough for every decode CTA at once when they take at most half of the SMs
+/// and every shared segment is short (a latency-bound level loses little to fewer SMs, and the
+/// decode then runs entirely beside it instead of after it); else none.
+int reserved_sms(const CascadeChoice& plan, const CascadeLevel* host_levels,
+                 const CascadeTuning& tuning, int num_sms) {
+  if (plan.num_levels < 2) return 0;  // no shared level to run beside
+  if (tuning.decode_sms >= 0) return std::min(tuning.decode_sms, num_sms - 1);
+  const std::int64_t need =
+      ceil_div(decode_ctas(plan), cuda::tuning::kCascadeReserveDecodeCtasPerSm);
+  if (need > num_sms / 2) return 0;
+  for (int l = 0; l + 1 < plan.num_levels; ++l) {
+    const CascadeLevel& lv = host_levels[l];
+    for (std::int64_t s = 0; s < lv.num_segments; ++s)
+      if (lv.seg_lens[s] > cuda::tuning::kCascadeReserveMaxSharedKeys) return 0;
+  }
+  return static_cast<int>(need);
+}
+
+/// Plans level `l` on a cascade level kernel: its tile, split, kernel and fallback.
+void plan_kernel_level(CascadeChoice& plan, int l, const CascadeLevel& lv,
+                       const CascadeTuning& tuning, const CascadeDeviceFacts& facts) {
+  const CascadeShape& shape = plan.shape;
+  CascadeLevelPlan& lp = plan.levels[l];
+  const std::int64_t rows_per_req = shape.q_len * (shape.heads_q / shape.heads_kv);
+  std::int64_t max_rows = 0, max_len = 0;
+  for (std::int64_t s = 0; s < lv.num_segments; ++s) {
+    const std::int64_t rows = (lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req;
+    max_rows = std::max(max_rows, rows);
+    if (rows > 0) max_len = std::max<std::int64_t>(max_len, lv.seg_lens[s]);
+  }
+  lp.tile_rows = tuning.tile_rows != 0 ? tuning.tile_rows
+                 : max_rows <= 16      ? 16
+                 : max_rows <= 64      ? 64
+                                       : 128;
+  std::vector<std::int64_t> tiles(static_cast<std::size_t>(lv.num_segments));
+  std::int64_t max_tiles = 1;
+  for (std::int64_t s = 0; s < lv.num_segments; ++s) {
+    tiles[s] =
+        ceil_div((lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req, lp.tile_rows);
+    max_tiles = std::max(max_tiles, tiles[s]);
+  }
+  lp.max_tiles = static_cast<int>(max_tiles);
+  // wgmma for bf16 at head_dim 128 (the configurations validated on the H200); f16 and
+  // head_dim 64 run on mma.sync
+  lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 && shape.head_dim == 128 &&
+             shape.dtype == DType::kBF16;
+  // The split is chosen for the kernel the shape takes on an sm_90a device, whatever the device
+  // (so the splits, and the bits, of a plan do not depend on it): the warp-specialised kernel
+  // holds one CTA per SM, the cp.async kernels one of 128 rows or two of fewer.
+  const bool ws = ws_level(shape, lp, plan.ws_variant);
+  const int ctas_per_sm = ws || lp.tile_rows >= 128 ? 1 : 2;
+  // splits of whole KV tiles of the kernel (128 keys for the warp-specialised 128-key tiles)
+  const int v = plan.ws_variant;
+  const std::int64_t granule = ws && v != static_cast<int>(CascadeWsVariant::kKv64) &&
+                                       v != static_cast<int>(CascadeWsVariant::kKv64Turns)
+                                   ? 2 * kKvTile
+                                   : kKvTile;
+  lp.chunk = tuning.chunk != 0
+                 ? tuning.chunk
+                 : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments, max_len, shape.heads_kv,
+                                ctas_per_sm, plan.num_sms - plan.decode_sms, plan.rows(),
+                                shape.head_dim, granule);
+  lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
+  lp.stages = small_stages(lp.chunk);
+  // The kernel: wgmma where the device runs it; the warp-specialised one also needs the driver's
+  // tensor maps. The tensor map of a run's pool may still not exist (its layout and page stride
+  // are known only then): that run takes the recorded fallback.
+  lp.kernel = Kernel::kMma;
+  if (lp.wgmma && facts.wgmma)
+    lp.kernel = ws && facts.tensor_maps ? Kernel::kWarpSpecialized : Kernel::kWgmma;
+  lp.fallback = lp.kernel == Kernel::kWarpSpecialized ? Kernel::kWgmma : lp.kernel;
+  if (lp.kernel == Kernel::kWarpSpecialized) {
+    lp.ws_variant = plan.ws_variant;
+    lp.tma_box = tma_box_rows(shape.page_size);
+    lp.tma_run = tma_run_keys(shape.page_size);
+  }
+}
+
+}  // namespace
+
+int tma_box_rows(std::int64_t page_size) {
+  if (page_size >= kKvTile) return page_size % kKvTile == 0 ? kKvTile : 0;
+  return page_size >= 8 && kKvTile % page_size == 0 ? static_cast<int>(page_size) : 0;
+}
+
+int tma_run_keys(std::int64_t page_size) {
+  // 64-key runs (see bench/RESULTS.md for runs of 32 and 64 keys against boxes of one page)
+  const int keys = kKvTile;
+  const int box = tma_box_rows(page_size);
+  return box > 0 && box < keys && keys % box == 0 && kKvTile % keys == 0 ? keys : 0;
+}
+
+int resolve_ws_variant(int asked) {
+  return asked < 0 ? static_cast<int>(CascadeWsVariant::kKv128) : asked;
+}
+
+int small_stages(int chunk) {
+  return chunk >= cuda::tuning::kCascadeDeepStagesTiles * kKvTile ? 3 : 2;
+}
+
+int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64_t nseg,
+                 std::int64_t max_len, std::int64_t heads_kv, int ctas_per_sm, int num_sms,
+                 std::int64_t rows_total, std::int64_t head_dim, std::int64_t granule) {
+  if (max_len <= 0) return kKvTile;
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm;
+  std::int64_t best_chunk = ceil_div(max_len, granule) * granule;
+  double best_cost = std::numeric_limits<double>::infinity();
+  std::int64_t prev = -1;
+  for (int n = 1; n <= cuda::tuning::kCascadeMaxLevelSplits; ++n) {
+    const std::int64_t chunk = ceil_div(ceil_div(max_len, n), granule) * granule;
+    if (chunk == prev) continue;
+    prev = chunk;
+    const std::int64_t splits = ceil_div(max_len, chunk);
+    // partial states beyond 1 GiB of workspace are not worth it
+    if (splits > 1 && rows_total * splits * head_dim * 4 > (std::int64_t{1} << 30)) break;
+    std::int64_t ctas = 0;
+    for (std::int64_t s = 0; s < nseg; ++s)
+      ctas += tiles[s] * std::max<std::int64_t>(1, ceil_div(lens[s], chunk));
+    ctas *= heads_kv;
+    const std::int64_t waves = ceil_div(ctas, slots);
+    // a CTA costs its keys plus a fixed start-up; each split adds partial-state traffic
+    const double cost = static_cast<double>(waves) * static_cast<double>(chunk + 2 * kKvTile) +
+                        4.0 * static_cast<double>(splits);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_chunk = chunk;
+    }
+    if (chunk == granule) break;
+  }
+  return static_cast<int>(best_chunk);
+}
+
+bool decode_eligible(const CascadeShape& shape, const CascadeLevel& lv, int l, int num_levels,
+                     const CascadeOptions& options, const CascadeTuning& tuning) {
+  if (!tuning.decode_last_level || l != num_levels - 1 || lv.num_segments != shape.batch)
+    return false;
+  if (shape.q_len > 1 && !options.causal) return false;
+  if (lv.page_indptr[lv.num_segments] <= 0) return false;
+  for (std::int64_t s = 0; s <= lv.num_segments; ++s)
+    if (lv.request_indptr[s] != s) return false;
+  return true;
+}
+
+DecodeProblem cascade_decode_problem(const CascadeShape& shape) {
+  DecodeProblem dp;
+  dp.batch = shape.batch;
+  dp.q_len = shape.q_len;
+  dp.heads_q = shape.heads_q;
+  dp.heads_kv = shape.heads_kv;
+  dp.head_dim = shape.head_dim;
+  dp.q_dtype = shape.dtype;
+  dp.kv_dtype = shape.dtype;
+  return dp;
+}
+
+CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
+                           const CascadeLevel* host_levels, int num_levels,
+                           const CascadeOptions& options, int num_sms, const CascadeTuning& tuning,
+                           const CascadeDeviceFacts& facts, const PlanDecodeLevelFn& plan_decode) {
+  check_shape_and_tuning(func, shape, num_sms, tuning);
+  ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
+                                            options.causal, pool_of(shape), true);
+  CascadeChoice plan;
+  plan.shape = shape;
+  plan.num_levels = num_levels;
+  plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
+  plan.ws_variant = resolve_ws_variant(tuning.ws_variant);
+  plan.causal = options.causal;
+  plan.num_sms = num_sms;
+  plan.wgmma_available = facts.wgmma;
+  plan.tensor_maps = facts.tensor_maps;
+  // A last level on the decode is planned first: the shared levels may leave it some SMs.
+  const int last = num_levels - 1;
+  const bool decode_last =
+      static_cast<bool>(plan_decode) &&
+      decode_eligible(shape, host_levels[last], last, num_levels, options, tuning);
+  if (decode_last) plan_decode_level(plan, host_levels[last], tuning, num_sms, plan_decode);
+  plan.decode_sms = decode_last ? reserved_sms(plan, host_levels, tuning, num_sms) : 0;
+  // The decode folds the shared levels' states (no merge launch) when its CTAs wait beside them
+  // on SMs of their own, or when it is a wave or two: then few CTAs hold their slots while they
+  // wait. A larger decode runs ahead on whatever SMs the shared levels leave and a merge launch
+  // follows (bench/RESULTS.md: the merge launch won at batch 128 and 256, the fold at 16 and 64).
+  plan.decode_fold =
+      !decode_last || num_levels == 1 || tuning.decode_fold == 1 ||
+      (tuning.decode_fold == -1 &&
+       (plan.decode_sms > 0 ||
+        decode_ctas(plan) <= cuda::tuning::kCascadeFoldMaxDecodeWaves *
+                                 cuda::tuning::kCascadeReserveDecodeCtasPerSm * num_sms));
+  std::int64_t slots = 0;
+  for (int l = 0; l < num_levels; ++l) {
+    const CascadeLevel& lv = host_levels[l];
+    CascadeLevelPlan& lp = plan.levels[l];
+    lp.num_segments = lv.num_segments;
+    lp.has_pages = lv.page_indptr[lv.num_segments] > 0;
+    lp.slot_offset = static_cast<int>(slots);
+    if (l == last && decode_last) {
+      slots += 1;  // the decode merges its own splits: one state per row
+      continue;
+    }
+    plan_kernel_level(plan, l, lv, tuning, facts);
+    slots += lp.max_splits;
+    const std::int64_t grid = lv.num_segments * lp.max_tiles * lp.max_splits;
+    if (grid >= (std::int64_t{1} << 31) || slots > (1 << 20))
+      throw_argument(func, ::attnstate::detail::cascade_level_arg(l, "num_segments").c_str(),
+                     "a level of fewer than 2^31 (segment, tile, split) blocks", cascade_str(grid),
+                     Status::kNotSupported);
+  }
+  plan.num_slots = static_cast<int>(slots);
+  return plan;
+}
+
+std::size_t partials_o_bytes(const CascadeChoice& plan) {
+  return align_up(static_cast<std::size_t>(plan.num_slots) * static_cast<std::size_t>(plan.rows()) *
+                  static_cast<std::size_t>(plan.shape.head_dim) * sizeof(float));
+}
+
+std::size_t partials_bytes(const CascadeChoice& plan) {
+  const std::size_t slots_rows =
+      static_cast<std::size_t>(plan.num_slots) * static_cast<std::size_t>(plan.rows());
+  return partials_o_bytes(plan) + align_up(slots_rows * sizeof(float));
+}
+
+void check_cascade_plan(const char* func, const CascadeChoice& plan,
+                        const DecodeProblem& decode_problem) {
+  if (plan.num_levels < 1 || plan.num_levels > kMaxCascadeLevels || plan.num_slots < 1 ||
+      plan.shape.batch < 1 || plan.scale == 0.f || !std::isfinite(plan.scale))
+    throw_argument(func, "plan", "a plan made by plan_cascade",
+                   "num_levels " + cascade_str(plan.num_levels) + ", num_slots " +
+                       cascade_str(plan.num_slots) + ", shape.batch " +
+                       cascade_str(plan.shape.batch) + ", scale " + std::to_string(plan.scale));
+  if (plan.ws_variant < 0 || plan.ws_variant > 4)
+    throw_argument(func, "plan.ws_variant", "0..4", cascade_str(plan.ws_variant));
+  const CascadeShape& s = plan.shape;
+  // The plan is a public struct: its per-level fields must still describe slots inside the
+  // workspace and launchable kernels (checked before anything is queued).
+  int slots = 0;
+  for (int l = 0; l < plan.num_levels; ++l) {
+    const CascadeLevelPlan& lp = plan.levels[l];
+    const std::string prefix = "plan.levels[" + std::to_string(l) + "].";
+    const auto bad = [&](const char* field, const std::string& want, std::int64_t got) {
+      throw_argument(func, (prefix + field).c_str(), want, cascade_str(got));
+    };
+    if (lp.num_segments < 1) bad("num_segments", ">= 1", lp.num_segments);
+    if (lp.slot_offset != slots)
+      bad("slot_offset", "the slots of the levels before it = " + cascade_str(slots),
+          lp.slot_offset);
+    if (lp.decode != (lp.kernel == Kernel::kDecode))
+      bad("kernel", std::string("kDecode exactly when decode is ") + (lp.decode ? "true" : "false"),
+          static_cast<int>(lp.kernel));
+    if (lp.decode) {
+      if (l != plan.num_levels - 1) bad("decode", "false except on the last level", 1);
+      if (decode_problem.batch != s.batch || decode_problem.heads_q != s.heads_q ||
+          decode_problem.heads_kv != s.heads_kv || decode_problem.head_dim != s.head_dim ||
+          decode_problem.q_len != s.q_len)
+        throw_argument(func, "plan.last_decode.problem", "the shape of plan.shape",
+                       "a different batch, heads, head_dim or q_len");
+      slots += 1;
+      continue;
+    }
+    if (!cascade_tile_supported(lp.tile_rows)) bad("tile_rows", "16, 64 or 128", lp.tile_rows);
+    if (lp.chunk < 1) bad("chunk", ">= 1", lp.chunk);
+    if (lp.max_tiles < 1) bad("max_tiles", ">= 1", lp.max_tiles);
+    if (lp.max_splits < 1 || lp.max_splits > plan.num_slots - slots)
+      bad("max_splits", "1.." + cascade_str(plan.num_slots - slots) + " (slots left)",
+          lp.max_splits);
+    if (lp.num_segments * lp.max_tiles * lp.max_splits >= (std::int64_t{1} << 31))
+      bad("max_splits", "a grid of fewer than 2^31 blocks",
+          lp.num_segments * lp.max_tiles * lp.max_splits);
+    if (lp.stages != 2 && lp.stages != 3) bad("stages", "2 or 3", lp.stages);
+    // the wgmma kernels: the configurations the plan takes them for, on a device that has them
+    if (lp.kernel != Kernel::kMma) {
+      if (lp.kernel != Kernel::kWgmma && lp.kernel != Kernel::kWarpSpecialized)
+        bad("kernel", "kMma, kWgmma or kWarpSpecialized", static_cast<int>(lp.kernel));
+      if (!lp.wgmma || !plan.wgmma_available || (lp.tile_rows != 64 && lp.tile_rows != 128) ||
+          s.head_dim != 128 || s.dtype != DType::kBF16)
+        bad("kernel",
+            "kMma unless wgmma, plan.wgmma_available, bf16, head_dim 128 and tiles of 64 or 128 "
+            "rows",
+            static_cast<int>(lp.kernel));
+    }
+    const bool ws = lp.kernel == Kernel::kWarpSpecialized;
+    if (lp.fallback != (ws ? Kernel::kWgmma : lp.kernel))
+      bad("fallback", ws ? "kWgmma" : "the level's kernel", static_cast<int>(lp.fallback));
+    if (ws) {
+      if (!plan.tensor_maps) bad("kernel", "not kWarpSpecialized without plan.tensor_maps", 2);
+      if (lp.ws_variant < 1 || lp.ws_variant > 4) bad("ws_variant", "1..4", lp.ws_variant);
+      if (lp.tma_box < 1 || lp.tma_box != tma_box_rows(s.page_size))
+        bad("tma_box", "the page size's box = " + cascade_str(tma_box_rows(s.page_size)),
+            lp.tma_box);
+      if (lp.tma_run != 0 && lp.tma_run != tma_run_keys(s.page_size))
+        bad("tma_run", "0 or the page size's run = " + cascade_str(tma_run_keys(s.page_size)),
+            lp.tma_run);
+    }
+    slots += lp.max_splits;
+  }
+  if (slots != plan.num_slots)
+    throw_argument(func, "plan.num_slots", "the slots of its levels = " + cascade_str(slots),
+                   cascade_str(plan.num_slots));
+}
+
+CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int run) {
+  CascadeTmaLayout t;
+  if (kv.head_dim != 128 || kv.page_size % 8 != 0 ||
+      kv.num_pages > std::numeric_limits<std::int32_t>::max())
+    return t;
+  const std::int64_t e = 2;  // bytes per element (bf16)
+  const std::int64_t S = kv.page_size, H = kv.heads_kv, D = kv.head_dim, P = kv.num_pages;
+  const std::int64_t page_bytes = kv.page_elems() * e;
+  t.box = box;
+  t.run = run;
+  const auto set = [&t](const std::int64_t(&d)[5], const std::int64_t(&st)[4]) {
+    std::copy(d, d + 5, t.dims);
+    std::copy(st, st + 4, t.strides);
+  };
+  if (kv.layout == KvLayout::kNHD) {
+    t.coords = 0;  // (64 of head_dim, 8 slots, KV head · 2 + half, slot / 8, page)
+    set({64, 8, 2 * H, S / 8, P}, {H * D * e, 64 * e, 8 * H * D * e, page_bytes});
+  } else if (page_bytes == H * S * D * e && P * H <= std::numeric_limits<std::int32_t>::max()) {
+    t.coords = 1;  // (64, 8 slots, half, slot / 8, page · heads_kv + KV head)
+    t.run = 0;
+    set({64, 8, 2, S / 8, P * H}, {D * e, 64 * e, 8 * D * e, S * D * e});
+  } else {
+    t.coords = 2;  // (64, slot, half, KV head, page): boxes of 8 slots
+    t.box = 8;
+    t.run = 0;
+    set({64, S, 2, H, P}, {D * e, 64 * e, S * D * e, page_bytes});
+  }
+  for (const std::int64_t st : t.strides)
+    if (st % 16 != 0 || st >= (std::int64_t{1} << 40)) return t;
+  const std::int64_t G = t.box;
+  const std::int64_t page_box[5] = {64, 8, 2, t.coords == 2 ? 1 : G / 8, 1};
+  const std::int64_t run_box[5] = {64, 8, 2, G / 8, t.run / G};
+  std::copy(page_box, page_box + 5, t.page_box);
+  std::copy(run_box, run_box + 5, t.run_box);
+  t.describable = true;
+  return t;
+}
+
+}  // namespace plan
+}  // namespace attnstate

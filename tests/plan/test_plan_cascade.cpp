@@ -1,0 +1,456 @@
+/// @file test_plan_cascade.cpp
+/// @brief The host-only cascade planner (src/plan/cascade_plan.hpp) against its documented
+///        rules: tile rows per level, the split choice, wgmma eligibility, the warp-specialised
+///        kernel by page size, the decode last level (eligibility, SMs, fold), the kernel and the
+///        fallback recorded from the device facts, the pools' tensor-map layouts and the plan's
+///        checks. No CUDA, no GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/error.hpp"
+#include "plan/cascade_plan.hpp"
+
+namespace {
+
+using attnstate::CascadeLevel;
+using attnstate::CascadeOptions;
+using attnstate::DecodeOptions;
+using attnstate::DecodeProblem;
+using attnstate::DType;
+using attnstate::Error;
+using attnstate::KvLayout;
+using attnstate::PagedKvCache;
+using attnstate::SplitLayout;
+using attnstate::SplitPolicy;
+using attnstate::Status;
+using attnstate::cuda::CascadeChoice;
+using attnstate::cuda::CascadeKernel;
+using attnstate::cuda::CascadeShape;
+using attnstate::cuda::CascadeTuning;
+using Kernel = attnstate::cuda::CascadeLevelKernel;
+namespace plan = attnstate::plan;
+
+constexpr const char* kFn = "test";
+
+/// Host arrays of one level: `reqs[s]` requests and `lens[s]` keys in segment `s`, pages of
+/// `page_size` keys numbered in order.
+struct Level {
+  std::vector<std::int32_t> req{0}, pip{0}, pix, lens;
+  Level(const std::vector<std::int32_t>& reqs, const std::vector<std::int32_t>& seg_lens,
+        std::int64_t page_size) {
+    for (std::size_t s = 0; s < reqs.size(); ++s) {
+      req.push_back(req.back() + reqs[s]);
+      const auto pages = static_cast<std::int32_t>((seg_lens[s] + page_size - 1) / page_size);
+      for (std::int32_t p = 0; p < pages; ++p) pix.push_back(static_cast<std::int32_t>(pix.size()));
+      pip.push_back(pip.back() + pages);
+      lens.push_back(seg_lens[s]);
+    }
+  }
+  CascadeLevel view() const {
+    CascadeLevel lv;
+    lv.num_segments = static_cast<std::int64_t>(lens.size());
+    lv.request_indptr = req.data();
+    lv.page_indptr = pip.data();
+    lv.page_indices = nullptr;  // a CUDA plan need not see the page ids
+    lv.seg_lens = lens.data();
+    return lv;
+  }
+};
+
+CascadeShape shape(std::int64_t batch, std::int64_t heads_kv, std::int64_t group,
+                   std::int64_t page_size, DType dt = DType::kBF16, std::int64_t head_dim = 128,
+                   std::int64_t q_len = 1) {
+  CascadeShape s;
+  s.batch = batch;
+  s.q_len = q_len;
+  s.heads_kv = heads_kv;
+  s.heads_q = heads_kv * group;
+  s.head_dim = head_dim;
+  s.page_size = page_size;
+  s.num_pages = 1 << 20;
+  s.dtype = dt;
+  return s;
+}
+
+plan::CascadeDeviceFacts sm90a() { return {true, true}; }
+
+/// A stand-in decode planner: one fixed-size split layout of `max_splits` splits of `split`
+/// tokens and `row_tiles` row tiles; counts its calls.
+struct FakeDecode {
+  int calls = 0;
+  std::int32_t max_splits = 1, split = 256;
+  int row_tiles = 1;
+  plan::PlanDecodeLevelFn fn() {
+    return [this](const DecodeProblem&, const std::int32_t*, const DecodeOptions& o, int) {
+      ++calls;
+      plan::CascadeDecodeLevel d;
+      d.splits.policy =
+          o.policy == SplitPolicy::kFixedCount ? SplitPolicy::kFixedCount : SplitPolicy::kFixedSize;
+      d.splits.split_size = split;
+      d.splits.max_splits = o.policy == SplitPolicy::kFixedCount ? o.num_splits : max_splits;
+      d.row_tiles = row_tiles;
+      return d;
+    };
+  }
+};
+
+CascadeChoice plan_levels(const CascadeShape& s, const std::vector<Level>& levels,
+                          const CascadeTuning& tuning = {},
+                          plan::CascadeDeviceFacts facts = sm90a(), int num_sms = 132,
+                          plan::PlanDecodeLevelFn decode = nullptr, bool causal = true) {
+  std::vector<CascadeLevel> views;
+  for (const Level& l : levels) views.push_back(l.view());
+  CascadeOptions o;
+  o.causal = causal;
+  return plan::plan_cascade(kFn, s, views.data(), static_cast<int>(views.size()), o, num_sms,
+                            tuning, facts, decode);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PlanCascade, TileRowsFollowTheRowsOfTheLargestSegment) {
+  // group 4: a request is 4 query rows; one segment shared by the whole batch
+  for (const auto& [batch, rows] : std::vector<std::pair<int, int>>{
+           {1, 16}, {4, 16}, {5, 64}, {16, 64}, {17, 128}, {64, 128}}) {
+    const CascadeChoice p = plan_levels(shape(batch, 2, 4, 16), {Level({batch}, {4096}, 16)});
+    EXPECT_EQ(p.levels[0].tile_rows, rows) << "batch " << batch;
+    EXPECT_EQ(p.levels[0].max_tiles, (batch * 4 + rows - 1) / rows) << "batch " << batch;
+  }
+  CascadeTuning t;
+  t.tile_rows = 16;
+  EXPECT_EQ(plan_levels(shape(64, 2, 4, 16), {Level({64}, {4096}, 16)}, t).levels[0].tile_rows, 16);
+}
+
+TEST(PlanCascade, ChooseChunkPinsTheWaveHeuristic) {
+  const std::int64_t one[] = {1}, two[] = {2, 2, 2, 2};
+  const std::int32_t long_len[] = {32768}, short_len[] = {1024}, four[] = {1000, 1000, 1000, 1000};
+  // 8 KV heads on 132 SMs, one CTA per SM, 128-key granules: 16 splits fill one wave
+  EXPECT_EQ(plan::choose_chunk(one, long_len, 1, 32768, 8, 1, 132, 256, 128, 128), 2048);
+  // two CTAs per SM, 64-key granules: 32 splits
+  EXPECT_EQ(plan::choose_chunk(one, long_len, 1, 32768, 8, 2, 132, 256, 128, 64), 1024);
+  // one CTA alone: the smallest split wins (start-up of 2 tiles vs 4 per split)
+  EXPECT_EQ(plan::choose_chunk(one, short_len, 1, 1024, 1, 2, 132, 16, 128, 64), 64);
+  // a full machine: unsplit (a second wave costs more than it saves)
+  EXPECT_EQ(plan::choose_chunk(two, four, 4, 1000, 2, 2, 10, 64, 128, 64), 1024);
+  // partial states past 1 GiB are not worth it: unsplit
+  EXPECT_EQ(plan::choose_chunk(one, short_len, 1, 4096, 1, 2, 132, std::int64_t{1} << 22, 128, 64),
+            4096);
+  EXPECT_EQ(plan::choose_chunk(one, short_len, 1, 0, 1, 2, 132, 16, 128, 64), 64);
+}
+
+TEST(PlanCascade, PlannedSplitsUseTheKernelsGranule) {
+  // bf16, head_dim 128, 256 rows (2 tiles of 128), 16-key pages: the warp-specialised kernel,
+  // one CTA per SM: 8 splits × 2 tiles × 8 KV heads fill one wave of 132 SMs
+  const CascadeChoice ws = plan_levels(shape(64, 8, 4, 16), {Level({64}, {32768}, 16)});
+  EXPECT_EQ(ws.levels[0].kernel, Kernel::kWarpSpecialized);
+  EXPECT_EQ(ws.levels[0].tile_rows, 128);
+  EXPECT_EQ(ws.levels[0].max_tiles, 2);
+  EXPECT_EQ(ws.levels[0].chunk, 4096);
+  EXPECT_EQ(ws.levels[0].max_splits, 8);
+  EXPECT_EQ(ws.num_slots, 8);
+  // 1000 keys, one tile, one KV head: splits of whole 128-key tiles for the warp-specialised
+  // kernel's 128-key variants, of 64 keys for its 64-key variants and the cp.async kernels
+  const auto chunk = [](CascadeTuning t) {
+    return plan_levels(shape(32, 1, 4, 16), {Level({32}, {1000}, 16)}, t).levels[0].chunk;
+  };
+  EXPECT_EQ(chunk({}), 128);
+  CascadeTuning t;
+  t.ws_variant = 2;
+  EXPECT_EQ(chunk(t), 128);
+  t.ws_variant = 3;
+  EXPECT_EQ(chunk(t), 64);
+  t.ws_variant = 4;
+  EXPECT_EQ(chunk(t), 64);
+  t = {};
+  t.kernel = CascadeKernel::kMma;
+  EXPECT_EQ(chunk(t), 64);
+  t = {};
+  t.ws_variant = 3;
+  EXPECT_EQ(plan_levels(shape(32, 1, 4, 16), {Level({32}, {1000}, 16)}, t).levels[0].ws_variant, 3);
+  // a fixed chunk
+  t = {};
+  t.chunk = 4096;
+  const CascadeChoice fixed = plan_levels(shape(64, 8, 4, 16), {Level({64}, {32768}, 16)}, t);
+  EXPECT_EQ(fixed.levels[0].chunk, 4096);
+  EXPECT_EQ(fixed.levels[0].max_splits, 8);
+  // the split does not depend on the device facts (so neither do the bits of a plan)
+  for (const plan::CascadeDeviceFacts f :
+       {plan::CascadeDeviceFacts{false, false}, plan::CascadeDeviceFacts{true, false}})
+    EXPECT_EQ(plan_levels(shape(32, 1, 4, 16), {Level({32}, {1000}, 16)}, {}, f).levels[0].chunk,
+              128);
+}
+
+TEST(PlanCascade, StagesOfTheSmallTile) {
+  EXPECT_EQ(plan::small_stages(448), 2);
+  EXPECT_EQ(plan::small_stages(512), 3);
+  CascadeTuning t;
+  t.chunk = 512;
+  EXPECT_EQ(plan_levels(shape(2, 2, 4, 16), {Level({2}, {4096}, 16)}, t).levels[0].stages, 3);
+  t.chunk = 256;
+  EXPECT_EQ(plan_levels(shape(2, 2, 4, 16), {Level({2}, {4096}, 16)}, t).levels[0].stages, 2);
+}
+
+TEST(PlanCascade, WgmmaEligibility) {
+  const auto level0 = [](const CascadeShape& s, CascadeTuning t = {}) {
+    return plan_levels(s, {Level({static_cast<std::int32_t>(s.batch)}, {4096}, s.page_size)}, t)
+        .levels[0];
+  };
+  EXPECT_TRUE(level0(shape(64, 2, 4, 16)).wgmma);
+  EXPECT_TRUE(level0(shape(16, 2, 4, 16)).wgmma);                     // 64 rows
+  EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);                     // 16 rows
+  EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);       // f16
+  EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);  // head_dim 64
+  CascadeTuning mma;
+  mma.kernel = CascadeKernel::kMma;
+  EXPECT_FALSE(level0(shape(64, 2, 4, 16), mma).wgmma);
+  EXPECT_EQ(level0(shape(64, 2, 4, 16), mma).kernel, Kernel::kMma);
+  EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16)).kernel, Kernel::kMma);
+}
+
+TEST(PlanCascade, BulkCopyBoxesByPageSize) {
+  const std::vector<std::pair<int, int>> box = {{1, 0},   {4, 0},    {8, 8},   {12, 0},
+                                                {16, 16}, {32, 32},  {48, 0},  {64, 64},
+                                                {96, 0},  {128, 64}, {256, 64}};
+  for (const auto& [page, rows] : box) EXPECT_EQ(plan::tma_box_rows(page), rows) << page;
+  const std::vector<std::pair<int, int>> run = {{8, 64}, {16, 64}, {32, 64},
+                                                {64, 0}, {128, 0}, {12, 0}};
+  for (const auto& [page, keys] : run) EXPECT_EQ(plan::tma_run_keys(page), keys) << page;
+}
+
+TEST(PlanCascade, KernelAndFallbackFromTheDeviceFacts) {
+  const auto level0 = [](std::int64_t page, plan::CascadeDeviceFacts f, CascadeTuning t = {}) {
+    return plan_levels(shape(64, 2, 4, page), {Level({64}, {4096}, page)}, t, f).levels[0];
+  };
+  // sm_90a with tensor maps, a page size with a box: warp-specialised, wgmma as the fallback
+  auto lp = level0(16, sm90a());
+  EXPECT_EQ(lp.kernel, Kernel::kWarpSpecialized);
+  EXPECT_EQ(lp.fallback, Kernel::kWgmma);
+  EXPECT_EQ(lp.ws_variant, 1);
+  EXPECT_EQ(lp.tma_box, 16);
+  EXPECT_EQ(lp.tma_run, 64);
+  lp = level0(128, sm90a());
+  EXPECT_EQ(lp.kernel, Kernel::kWarpSpecialized);
+  EXPECT_EQ(lp.tma_box, 64);
+  EXPECT_EQ(lp.tma_run, 0);
+  // no bulk-copy box for 12-key pages: the cp.async wgmma kernel
+  lp = level0(12, sm90a());
+  EXPECT_EQ(lp.kernel, Kernel::kWgmma);
+  EXPECT_EQ(lp.fallback, Kernel::kWgmma);
+  EXPECT_EQ(lp.tma_box, 0);
+  // the warp-specialised kernel turned off
+  CascadeTuning off;
+  off.ws_variant = 0;
+  EXPECT_EQ(level0(16, sm90a(), off).kernel, Kernel::kWgmma);
+  // no tensor maps from the driver: the fallback is chosen at planning
+  lp = level0(16, {true, false});
+  EXPECT_EQ(lp.kernel, Kernel::kWgmma);
+  EXPECT_EQ(lp.ws_variant, 0);
+  // no sm_90a code: mma.sync (the split still as for the warp-specialised kernel)
+  lp = level0(16, {false, true});
+  EXPECT_EQ(lp.kernel, Kernel::kMma);
+  EXPECT_EQ(lp.fallback, Kernel::kMma);
+  EXPECT_TRUE(lp.wgmma);
+  EXPECT_EQ(lp.chunk, level0(16, sm90a()).chunk);
+}
+
+TEST(PlanCascade, DecodeLastLevelEligibility) {
+  const CascadeShape s = shape(4, 2, 4, 16);
+  const Level shared({4}, {1024}, 16), unique({1, 1, 1, 1}, {100, 200, 300, 400}, 16);
+  std::vector<CascadeLevel> v = {shared.view(), unique.view()};
+  CascadeOptions causal;
+  CascadeTuning t;
+  EXPECT_TRUE(plan::decode_eligible(s, v[1], 1, 2, causal, t));
+  EXPECT_FALSE(plan::decode_eligible(s, v[0], 0, 2, causal, t));  // not the last level
+  t.decode_last_level = false;
+  EXPECT_FALSE(plan::decode_eligible(s, v[1], 1, 2, causal, t));
+  t = {};
+  CascadeOptions non_causal;
+  non_causal.causal = false;
+  EXPECT_TRUE(plan::decode_eligible(s, v[1], 1, 2, non_causal, t));  // q_len 1
+  const CascadeShape s2 = shape(4, 2, 4, 16, DType::kBF16, 128, 2);
+  EXPECT_FALSE(plan::decode_eligible(s2, v[1], 1, 2, non_causal, t));
+  EXPECT_TRUE(plan::decode_eligible(s2, v[1], 1, 2, causal, t));
+  // two requests on one segment
+  const Level grouped({2, 1, 1}, {100, 200, 300}, 16);
+  EXPECT_FALSE(plan::decode_eligible(s, grouped.view(), 1, 2, causal, t));
+  // no keys at all
+  const Level empty({1, 1, 1, 1}, {0, 0, 0, 0}, 16);
+  EXPECT_FALSE(plan::decode_eligible(s, empty.view(), 1, 2, causal, t));
+}
+
+TEST(PlanCascade, DecodeLastLevelPlan) {
+  FakeDecode d;
+  d.max_splits = 2;
+  d.split = 128;
+  const CascadeChoice p = plan_levels(
+      shape(4, 2, 4, 16), {Level({4}, {1024}, 16), Level({1, 1, 1, 1}, {100, 200, 300, 256}, 16)},
+      {}, sm90a(), 132, d.fn());
+  EXPECT_EQ(d.calls, 1);
+  const auto& lp = p.levels[1];
+  EXPECT_TRUE(lp.decode);
+  EXPECT_EQ(lp.kernel, Kernel::kDecode);
+  EXPECT_EQ(lp.fallback, Kernel::kDecode);
+  EXPECT_EQ(lp.tile_rows, 16);
+  EXPECT_EQ(lp.chunk, 128);
+  EXPECT_EQ(lp.max_splits, 2);
+  EXPECT_EQ(lp.slot_offset, p.levels[0].max_splits);
+  EXPECT_EQ(p.num_slots, p.levels[0].max_splits + 1);  // one state per row: the decode merges
+  // 4 · 2 · 1 · 2 = 16 CTAs, short shared segments: 8 SMs of their own, and the fold
+  EXPECT_EQ(p.decode_sms, 8);
+  EXPECT_TRUE(p.decode_fold);
+  // without a decode planner (or with decode_last_level off) a cascade level kernel runs it
+  const CascadeChoice k = plan_levels(
+      shape(4, 2, 4, 16), {Level({4}, {1024}, 16), Level({1, 1, 1, 1}, {100, 200, 300, 256}, 16)});
+  EXPECT_FALSE(k.levels[1].decode);
+  EXPECT_EQ(k.decode_sms, 0);
+}
+
+TEST(PlanCascade, DecodeSmsAndFold) {
+  const auto plan_with = [](std::int64_t batch, std::int32_t shared_len, std::int32_t splits,
+                            CascadeTuning t = {}) {
+    FakeDecode d;
+    d.max_splits = splits;
+    std::vector<std::int32_t> ones(static_cast<std::size_t>(batch), 1),
+        lens(static_cast<std::size_t>(batch), 512);
+    return plan_levels(
+        shape(batch, 8, 4, 16),
+        {Level({static_cast<std::int32_t>(batch)}, {shared_len}, 16), Level(ones, lens, 16)}, t,
+        sm90a(), 132, d.fn());
+  };
+  // a long shared segment: no SMs reserved; 4 · 8 = 32 CTAs are within two waves: fold
+  CascadeChoice p = plan_with(4, 10000, 1);
+  EXPECT_EQ(p.decode_sms, 0);
+  EXPECT_TRUE(p.decode_fold);
+  // 256 · 8 · 4 = 8192 CTAs: more than half the SMs and more than two waves: a merge launch
+  p = plan_with(256, 1024, 4);
+  EXPECT_EQ(p.decode_sms, 0);
+  EXPECT_FALSE(p.decode_fold);
+  // tuning overrides
+  CascadeTuning t;
+  t.decode_sms = 10;
+  t.decode_fold = 1;
+  p = plan_with(256, 1024, 4, t);
+  EXPECT_EQ(p.decode_sms, 10);
+  EXPECT_TRUE(p.decode_fold);
+  // decode_splits: a fixed split count for the decode
+  t = {};
+  t.decode_splits = 3;
+  EXPECT_EQ(plan_with(4, 1024, 1, t).levels[1].max_splits, 3);
+}
+
+TEST(PlanCascade, TensorMapLayouts) {
+  PagedKvCache kv;
+  kv.dtype = DType::kBF16;
+  kv.page_size = 16;
+  kv.heads_kv = 8;
+  kv.head_dim = 128;
+  kv.num_pages = 1000;
+  kv.layout = KvLayout::kNHD;
+  auto t = plan::describe_cascade_kv_maps(kv, 16, 64);
+  EXPECT_TRUE(t.describable);
+  EXPECT_EQ(t.coords, 0);
+  EXPECT_EQ(t.box, 16);
+  EXPECT_EQ(t.run, 64);
+  EXPECT_EQ(t.dims[2], 16);                   // KV head · 2 + half
+  EXPECT_EQ(t.strides[3], 16 * 8 * 128 * 2);  // page bytes
+  EXPECT_EQ(t.page_box[3], 2);                // 16 keys in boxes of 8 slots
+  EXPECT_EQ(t.run_box[4], 4);                 // 4 pages per 64-key run
+  kv.layout = KvLayout::kHND;                 // unpadded: page and KV head one dim, no runs
+  t = plan::describe_cascade_kv_maps(kv, 16, 64);
+  EXPECT_TRUE(t.describable);
+  EXPECT_EQ(t.coords, 1);
+  EXPECT_EQ(t.run, 0);
+  EXPECT_EQ(t.dims[4], 8000);
+  kv.page_stride = 16 * 8 * 128 + 8;  // padded HND: boxes of 8 keys
+  t = plan::describe_cascade_kv_maps(kv, 16, 64);
+  EXPECT_TRUE(t.describable);
+  EXPECT_EQ(t.coords, 2);
+  EXPECT_EQ(t.box, 8);
+  EXPECT_EQ(t.page_box[3], 1);
+  // not describable: the recorded fallback runs
+  PagedKvCache big = kv;
+  big.num_pages = std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
+  EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+  big = kv;
+  big.layout = KvLayout::kNHD;
+  big.page_stride = std::int64_t{1} << 40;  // a page stride of 2^41 bytes
+  EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+  big = kv;
+  big.head_dim = 64;
+  EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+}
+
+TEST(PlanCascade, ChecksOfAPlan) {
+  FakeDecode d;
+  const CascadeChoice good =
+      plan_levels(shape(64, 2, 4, 16),
+                  {Level({64}, {4096}, 16),
+                   Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)},
+                  {}, sm90a(), 132, d.fn());
+  DecodeProblem dp = plan::cascade_decode_problem(good.shape);
+  EXPECT_EQ(error_of([&] { plan::check_cascade_plan(kFn, good, dp); }), "");
+  ASSERT_EQ(good.levels[0].kernel, Kernel::kWarpSpecialized);
+  const auto fails = [&](CascadeChoice p, const char* arg) {
+    const std::string e = error_of([&] { plan::check_cascade_plan(kFn, p, dp); });
+    EXPECT_NE(e.find(arg), std::string::npos) << "'" << e << "' does not name " << arg;
+  };
+  CascadeChoice p = good;
+  p.levels[0].fallback = Kernel::kMma;
+  fails(p, "plan.levels[0].fallback");
+  p = good;
+  p.tensor_maps = false;
+  fails(p, "plan.levels[0].kernel");
+  p = good;
+  p.wgmma_available = false;
+  fails(p, "plan.levels[0].kernel");
+  p = good;
+  p.levels[0].tile_rows = 16;
+  fails(p, "plan.levels[0].kernel");
+  p = good;
+  p.levels[0].tma_box = 8;
+  fails(p, "plan.levels[0].tma_box");
+  p = good;
+  p.levels[0].ws_variant = 0;
+  fails(p, "plan.levels[0].ws_variant");
+  p = good;
+  p.levels[0].stages = 4;
+  fails(p, "plan.levels[0].stages");
+  p = good;
+  p.levels[1].kernel = Kernel::kMma;
+  fails(p, "plan.levels[1].kernel");
+  p = good;
+  p.levels[0].max_splits = p.num_slots + 1;
+  fails(p, "plan.levels[0].max_splits");
+  dp.batch += 1;
+  fails(good, "plan.last_decode.problem");
+}
+
+TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
+  const auto err = [](const CascadeShape& s, int num_sms, CascadeTuning t = {}) {
+    return error_of([&] {
+      plan_levels(s, {Level({static_cast<std::int32_t>(s.batch)}, {64}, 16)}, t, sm90a(), num_sms);
+    });
+  };
+  EXPECT_NE(err(shape(4, 2, 4, 16), 0).find("num_sms"), std::string::npos);
+  EXPECT_NE(err(shape(4, 2, 4, 16, DType::kBF16, 96), 132).find("shape.head_dim"),
+            std::string::npos);
+  CascadeTuning t;
+  t.chunk = 100;
+  EXPECT_NE(err(shape(4, 2, 4, 16), 132, t).find("tuning.chunk"), std::string::npos);
+  t = {};
+  t.ws_variant = 5;
+  EXPECT_NE(err(shape(4, 2, 4, 16), 132, t).find("tuning.ws_variant"), std::string::npos);
+}
+
+}  // namespace
