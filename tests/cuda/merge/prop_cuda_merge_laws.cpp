@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "attnstate/cuda/merge.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/reference.hpp"
 #include "merge_test_support.hpp"
 
 namespace attnstate_test {
@@ -66,114 +68,90 @@ TestState merged(TestState& a, TestState& b, DType dtype, LseBase base) {
   return out;
 }
 
+/// The values of a test state as the testing kit's host state (exact: same dtype and base).
+attnstate::testing::HostState host_of(const TestState& s) {
+  attnstate::testing::HostState h(s.tokens(), s.heads(), s.head_dim(), s.dtype(), s.base());
+  for (std::int64_t t = 0; t < s.tokens(); ++t)
+    for (std::int64_t hd = 0; hd < s.heads(); ++hd) {
+      h.set_lse(t, hd, s.lse(t, hd));
+      for (std::int64_t d = 0; d < s.head_dim(); ++d) h.set_o(t, hd, d, s.o(t, hd, d));
+    }
+  return h;
+}
+
 /// Absolute tolerance on `o` of a chain of merges of `inputs` (fp32 throughout): 2e-5, widened as
 /// `attnstate::testing::merge_tolerance` does for large LSEs. An fp32 LSE of magnitude `L` is
 /// only known to about `L · 2^-24`, and so is every weight derived from it, so the bound grows
 /// by `4 · 2^-24 · L · log2(e) · O` (`L` the largest finite |LSE| in natural-log units, `O` the
-/// largest finite |o|, at least 1): about 3.4e-3 · O at L = 1e4.
-float chain_o_atol(const std::vector<const TestState*>& inputs) {
+/// largest finite |o| of the rows with a finite LSE, at least 1): about 3.4e-3 · O at L = 1e4.
+float chain_o_atol(const std::vector<attnstate::testing::HostState>& inputs) {
   double lse_max = 0, o_max = 1;
-  for (const TestState* s : inputs)
-    for (std::int64_t t = 0; t < s->tokens(); ++t)
-      for (std::int64_t h = 0; h < s->heads(); ++h) {
-        const double l = s->lse(t, h);
+  for (const attnstate::testing::HostState& s : inputs)
+    for (std::int64_t t = 0; t < s.tokens(); ++t)
+      for (std::int64_t h = 0; h < s.heads(); ++h) {
+        const double l = s.lse(t, h);
         if (!std::isfinite(l)) continue;
-        lse_max =
-            std::max(lse_max, std::fabs(s->base() == LseBase::kBase2 ? l * std::log(2.0) : l));
-        for (std::int64_t d = 0; d < s->head_dim(); ++d)
-          if (std::isfinite(s->o(t, h, d)))
-            o_max = std::max(o_max, std::fabs(double(s->o(t, h, d))));
+        lse_max = std::max(lse_max, std::fabs(s.base() == LseBase::kBase2 ? l * std::log(2.0) : l));
+        for (std::int64_t d = 0; d < s.head_dim(); ++d)
+          if (std::isfinite(s.o(t, h, d))) o_max = std::max(o_max, std::fabs(double(s.o(t, h, d))));
       }
   const double lse_err = 4 * std::ldexp(1.0, -24) * lse_max * 1.4426950408889634;
   return static_cast<float>(2e-5 * o_max + lse_err * o_max);
 }
+/// `chain_o_atol` of test states.
+float chain_o_atol(const std::vector<const TestState*>& inputs) {
+  std::vector<attnstate::testing::HostState> hosts;
+  for (const TestState* s : inputs) hosts.push_back(host_of(*s));
+  return chain_o_atol(hosts);
+}
 
-/// A double-precision reference of `⊕` of some states, stored in fp32, and the `o` tolerance of
-/// comparing an fp32 GPU merge (or a chain of them) of the same states with it.
+/// The double-precision reference of `⊕` of some states (the testing kit's `reference_merge`:
+/// empty rows skipped whatever their `o`, a NaN LSE makes its output row NaN, a NaN `o` element
+/// its own element), stored in fp32 and `base` so that comparisons see only the GPU's error,
+/// and the `o` tolerance of comparing an fp32 GPU merge (or a chain of them) of the same states
+/// with it: `chain_o_atol` of the inputs (2e-5 widened for large LSEs).
 struct Expected {
   TestState state;
   float o_atol;
 };
 
-/// `⊕` of `S` states of shape `(tokens, heads, dim)` read through `lse(s, t, h)` (natural log)
-/// and `o(s, t, h, d)`, row by row in double: empty rows (-inf) skipped, whatever their `o`; a
-/// NaN LSE in a row makes the whole output row NaN, a NaN `o` element its own element. Written in
-/// fp32 and `base`, so that comparisons see only the GPU's error. `o_atol` is `chain_o_atol` of
-/// the inputs (2e-5 widened for large LSEs).
-template <class LseFn, class OFn>
-Expected reference_merge(std::int64_t S, std::int64_t tokens, std::int64_t heads, std::int64_t dim,
-                         LseBase base, LseFn lse, OFn o) {
-  const double ln2 = std::log(2.0);
-  Expected e{TestState(tokens, heads, dim, DType::kF32, base), 0.f};
-  double lse_max = 0, o_max = 1;
-  std::vector<double> acc(static_cast<std::size_t>(dim));
-  for (std::int64_t t = 0; t < tokens; ++t)
-    for (std::int64_t h = 0; h < heads; ++h) {
-      double m = -INFINITY;
-      bool nan = false;
-      for (std::int64_t s = 0; s < S; ++s) {
-        const double l = lse(s, t, h);
-        if (std::isnan(l)) {
-          nan = true;
-        } else {
-          m = std::max(m, l);
-        }
-        if (!std::isfinite(l)) continue;
-        lse_max = std::max(lse_max, std::fabs(l));
-        for (std::int64_t d = 0; d < dim; ++d)
-          if (std::isfinite(o(s, t, h, d))) o_max = std::max(o_max, std::fabs(o(s, t, h, d)));
-      }
-      if (nan || m == -INFINITY) {  // NaN row, or every input empty: (0, -inf)
-        e.state.set_lse(t, h, nan ? NAN : -INFINITY);
-        for (std::int64_t d = 0; d < dim; ++d) e.state.set_o(t, h, d, nan ? NAN : 0.f);
-        continue;
-      }
-      double sum = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (std::int64_t s = 0; s < S; ++s) {
-        const double l = lse(s, t, h);
-        if (l == -INFINITY) continue;
-        const double w = std::exp(l - m);
-        sum += w;
-        for (std::int64_t d = 0; d < dim; ++d)
-          acc[static_cast<std::size_t>(d)] += w * o(s, t, h, d);
-      }
-      const double out_lse = m + std::log(sum);
-      e.state.set_lse(t, h, static_cast<float>(base == LseBase::kBase2 ? out_lse / ln2 : out_lse));
-      for (std::int64_t d = 0; d < dim; ++d)
-        e.state.set_o(t, h, d, static_cast<float>(acc[static_cast<std::size_t>(d)] / sum));
+/// The reference `⊕` of `states` (each read in its own base), written in `base`.
+Expected expected_merge_hosts(const std::vector<attnstate::testing::HostState>& states,
+                              LseBase base) {
+  const attnstate::testing::ReferenceState r = attnstate::testing::reference_merge(states, base);
+  Expected e{TestState(r.tokens, r.heads, r.head_dim, DType::kF32, base), chain_o_atol(states)};
+  for (std::int64_t t = 0; t < r.tokens; ++t)
+    for (std::int64_t h = 0; h < r.heads; ++h) {
+      e.state.set_lse(t, h, static_cast<float>(r.lse_at(t, h)));
+      for (std::int64_t d = 0; d < r.head_dim; ++d)
+        e.state.set_o(t, h, d, static_cast<float>(r.o_at(t, h, d)));
     }
-  const double lse_err = 4 * std::ldexp(1.0, -24) * lse_max * 1.4426950408889634;
-  e.o_atol = static_cast<float>(2e-5 * o_max + lse_err * o_max);
   return e;
 }
 
-/// The reference `⊕` of states (each read in its own base).
-Expected reference_merge(const std::vector<const TestState*>& in, LseBase base) {
-  const TestState& s0 = *in.front();
-  return reference_merge(
-      static_cast<std::int64_t>(in.size()), s0.tokens(), s0.heads(), s0.head_dim(), base,
-      [&](std::int64_t s, std::int64_t t, std::int64_t h) {
-        const double l = in[s]->lse(t, h);
-        return in[s]->base() == LseBase::kBase2 ? l * std::log(2.0) : l;
-      },
-      [&](std::int64_t s, std::int64_t t, std::int64_t h, std::int64_t d) {
-        return static_cast<double>(in[s]->o(t, h, d));
-      });
+/// The reference `⊕` of test states.
+Expected expected_merge(const std::vector<const TestState*>& in, LseBase base) {
+  std::vector<attnstate::testing::HostState> hosts;
+  for (const TestState* s : in) hosts.push_back(host_of(*s));
+  return expected_merge_hosts(hosts, base);
 }
 
 /// The reference `⊕` of the states of a stack, read through its host view.
-Expected reference_merge(const ConstStateStackView& v, LseBase base) {
-  return reference_merge(
-      v.num_states, v.tokens, v.heads, v.head_dim, base,
-      [&](std::int64_t s, std::int64_t t, std::int64_t h) {
-        const double l = v.lse[s * v.lse_stride_state + v.lse_offset(t, h)];
-        return v.base == LseBase::kBase2 ? l * std::log(2.0) : l;
-      },
-      [&](std::int64_t s, std::int64_t t, std::int64_t h, std::int64_t d) {
-        return static_cast<double>(
-            load_elem(v.o, v.dtype, s * v.o_stride_state + v.o_offset(t, h) + d));
-      });
+Expected expected_merge(const ConstStateStackView& v, LseBase base) {
+  std::vector<attnstate::testing::HostState> hosts;
+  for (std::int64_t s = 0; s < v.num_states; ++s) {
+    attnstate::testing::HostState h(v.tokens, v.heads, v.head_dim, v.dtype, v.base);
+    for (std::int64_t t = 0; t < v.tokens; ++t)
+      for (std::int64_t hd = 0; hd < v.heads; ++hd) {
+        h.set_lse(t, hd, v.lse[s * v.lse_stride_state + v.lse_offset(t, hd)]);
+        for (std::int64_t d = 0; d < v.head_dim; ++d)
+          h.set_o(t, hd, d,
+                  static_cast<float>(
+                      load_elem(v.o, v.dtype, s * v.o_stride_state + v.o_offset(t, hd) + d)));
+      }
+    hosts.push_back(std::move(h));
+  }
+  return expected_merge_hosts(hosts, base);
 }
 
 /// Fails the RapidCheck case unless `got` matches the reference (every element written: the
@@ -209,7 +187,7 @@ TEST(CudaMergeLaws, IsAssociative) {
     rc_expect(states_close(left, right, chain_o_atol({&a, &b, &c})), "associativity");
     // Against the reference too: two merges that leave the same row unwritten (NaN) would
     // otherwise agree.
-    rc_expect_reference(left, reference_merge({&a, &b, &c}, LseBase::kNatural), "(a ⊕ b) ⊕ c");
+    rc_expect_reference(left, expected_merge({&a, &b, &c}, LseBase::kNatural), "(a ⊕ b) ⊕ c");
   });
 }
 
@@ -223,7 +201,7 @@ TEST(CudaMergeLaws, IsCommutative) {
     TestState ab = merged(a, b, DType::kF32, base);
     TestState ba = merged(b, a, DType::kF32, base);
     rc_expect(states_close(ab, ba), "commutativity");
-    rc_expect_reference(ab, reference_merge({&a, &b}, base), "a ⊕ b");
+    rc_expect_reference(ab, expected_merge({&a, &b}, base), "a ⊕ b");
   });
 }
 
@@ -263,7 +241,7 @@ TEST(CudaMergeLaws, IsBaseInvariant) {
     gpu::rebase(b.dev_view(), bn.dev_view());
     TestState rebased = merged(an, bn, DType::kF32, out_base);
     rc_expect(states_close(direct, rebased), "base invariance");
-    rc_expect_reference(direct, reference_merge({&a, &b}, out_base), "a ⊕ b");
+    rc_expect_reference(direct, expected_merge({&a, &b}, out_base), "a ⊕ b");
   });
 }
 
@@ -301,7 +279,7 @@ TEST(CudaMergeLaws, EmptyStatesWithNanOContributeNothing) {
     TestState with = merge_stack(p, {&x1, &e, &x2, &e}, base);
     TestState without = merge_stack(p, {&x1, &x2}, base);
     rc_expect(states_close(with, without), "empty inputs");
-    rc_expect_reference(without, reference_merge({&x1, &x2}, base), "x1 ⊕ x2");
+    rc_expect_reference(without, expected_merge({&x1, &x2}, base), "x1 ⊕ x2");
   });
 }
 
@@ -362,8 +340,8 @@ TEST(CudaMergeLaws, NanInANonEmptyInputPropagates) {
     }
     // An output left unwritten is NaN too: every element against the reference (NaN exactly
     // where the reference has it, the other rows and elements finite and close).
-    rc_expect_reference(out, reference_merge({&a, &b}, LseBase::kNatural), "a ⊕ b");
-    rc_expect_reference(stacked, reference_merge({&a, &b, &a}, LseBase::kNatural), "stack");
+    rc_expect_reference(out, expected_merge({&a, &b}, LseBase::kNatural), "a ⊕ b");
+    rc_expect_reference(stacked, expected_merge({&a, &b, &a}, LseBase::kNatural), "stack");
   });
 }
 
@@ -418,7 +396,7 @@ TEST(CudaMergeLaws, FastMergeStatesGivesTheGeneralKernelsBits) {
     RC_ASSERT(rows_bitwise_equal(a, b));
     // Against the reference too: two kernels that leave the same row unwritten (NaN) would
     // otherwise be bitwise equal.
-    rc_expect_reference(a, reference_merge(aligned.host_view(), out_base), "fast path");
+    rc_expect_reference(a, expected_merge(aligned.host_view(), out_base), "fast path");
   });
 }
 
