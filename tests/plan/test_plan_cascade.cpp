@@ -332,6 +332,14 @@ TEST(PlanCascade, DecodeSmsAndFold) {
   CascadeChoice p = plan_with(4, 10000, 1);
   EXPECT_EQ(p.decode_sms, 0);
   EXPECT_TRUE(p.decode_fold);
+  // short shared segments: SMs for every decode CTA (2 per SM) while they are at most half of
+  // the SMs: 8 · 8 · 2 = 128 CTAs take 64 SMs of 132, 16 · 8 · 2 = 256 would take 128
+  p = plan_with(8, 1024, 2);
+  EXPECT_EQ(p.decode_sms, 64);
+  EXPECT_TRUE(p.decode_fold);
+  p = plan_with(16, 1024, 2);
+  EXPECT_EQ(p.decode_sms, 0);
+  EXPECT_TRUE(p.decode_fold);  // 256 CTAs: within two waves
   // 256 · 8 · 4 = 8192 CTAs: more than half the SMs and more than two waves: a merge launch
   p = plan_with(256, 1024, 4);
   EXPECT_EQ(p.decode_sms, 0);
