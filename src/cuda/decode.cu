@@ -279,15 +279,6 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   if (plan.row_tiles != tiles)
     throw_argument(fn, "plan.row_tiles", "ceil(q_len * group / 16) = " + decode_str(tiles),
                    decode_str(plan.row_tiles));
-  const plan::DecodeFacts facts = recorded_facts(plan);
-  r.split.stages = plan.split.stages;
-  r.split.cluster = plan.split.cluster;
-  const char* why = nullptr;
-  if (!plan::split_launch_valid(facts, pr.head_dim, plan.splits, r.split, &why))
-    throw_argument(fn, "plan.split", std::string(why) + " (as plan_decode records)",
-                   "stages " + decode_str(plan.split.stages) + ", cluster " +
-                       decode_str(plan.split.cluster) + " for max_splits " +
-                       decode_str(plan.splits.max_splits));
   if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
   if (prior.beside_previous && prior.count > 0)
     throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)",
@@ -333,6 +324,16 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   if (r.grid > 0x7FFFFFFF)
     throw_argument(fn, "plan.splits.max_splits", "a grid of at most 2^31-1 CTAs",
                    decode_str(r.grid) + " CTAs");
+  // the recorded launch (a public field: a plan edited by hand must keep it consistent)
+  const plan::DecodeFacts facts = recorded_facts(plan);
+  r.split.stages = plan.split.stages;
+  r.split.cluster = plan.split.cluster;
+  const char* why = nullptr;
+  if (!plan::split_launch_valid(facts, pr.head_dim, plan.splits, r.split, &why))
+    throw_argument(fn, "plan.split", std::string(why) + " (as plan_decode records)",
+                   "stages " + decode_str(plan.split.stages) + ", cluster " +
+                       decode_str(plan.split.cluster) + " for max_splits " +
+                       decode_str(plan.splits.max_splits));
   // a batch smaller than planned: the plan's rule again for the smaller grid, from the
   // occupancy the plan recorded
   if (kv.batch != pr.batch)
