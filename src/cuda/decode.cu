@@ -52,11 +52,27 @@ void with_head_dim(std::int64_t head_dim, F&& f, std::index_sequence<I...>) {
                    decode_str(head_dim), Status::kNotSupported);
 }
 
+/// Calls `f(std::bool_constant<kBF16>{})` for the dtype `dt` of `plan::kDecodeDTypes`.
+template <class F, std::size_t... I>
+void with_dtype(DType dt, F&& f, std::index_sequence<I...>) {
+  static_assert(
+      ((plan::kDecodeDTypes[I] == DType::kF16 || plan::kDecodeDTypes[I] == DType::kBF16) && ...),
+      "the kernels take f16 or bf16");
+  const bool found = ((dt == plan::kDecodeDTypes[I]
+                           ? (f(std::bool_constant<plan::kDecodeDTypes[I] == DType::kBF16>{}), true)
+                           : false) ||
+                      ...);
+  if (!found)
+    throw_argument("attnstate::cuda::run_decode", "plan.problem.kv_dtype", "a compiled dtype",
+                   to_string(dt), Status::kNotSupported);
+}
+
 /// Calls `f(D, kBF16, kStages)` (integral constants) for a split-kernel instance: every head dim
-/// × f16/bf16 at the default depth, and the short-split depth at head dim 128.
+/// × dtype of the lists at the default depth, and the short-split depth at head dim 128.
 template <class F>
 void with_split_instance(std::int64_t head_dim, DType dt, int stages, F&& f) {
   constexpr std::size_t kN = sizeof(plan::kDecodeHeadDims) / sizeof(plan::kDecodeHeadDims[0]);
+  constexpr std::size_t kT = sizeof(plan::kDecodeDTypes) / sizeof(plan::kDecodeDTypes[0]);
   with_head_dim(
       head_dim,
       [&](auto d) {
@@ -68,10 +84,7 @@ void with_split_instance(std::int64_t head_dim, DType dt, int stages, F&& f) {
           }
           f(d, bf16, std::integral_constant<int, detail::kDecodeStages>{});
         };
-        if (dt == DType::kBF16)
-          pick(std::true_type{});
-        else
-          pick(std::false_type{});
+        with_dtype(dt, pick, std::make_index_sequence<kT>{});
       },
       std::make_index_sequence<kN>{});
 }

@@ -3,6 +3,8 @@
 #include "plan/decode_plan.hpp"
 
 #include <algorithm>
+#include <cstddef>
+#include <iterator>
 #include <string>
 
 #include "attnstate/core/error.hpp"
@@ -30,11 +32,12 @@ int resident(const DecodeFacts& f, int stages, int cluster) {
   return f.resident_clusters[stages == f.stages ? 0 : 1][cluster];
 }
 
-std::string head_dim_list() {
+/// "a, b or c" of a list's entries.
+template <class T, std::size_t N, class Str>
+std::string list_of(const T (&list)[N], Str&& to_str) {
   std::string s;
-  const int n = static_cast<int>(sizeof(kDecodeHeadDims) / sizeof(kDecodeHeadDims[0]));
-  for (int i = 0; i < n; ++i)
-    s += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + str(kDecodeHeadDims[i]);
+  for (std::size_t i = 0; i < N; ++i)
+    s += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + to_str(list[i]);
   return s;
 }
 
@@ -45,6 +48,11 @@ bool decode_head_dim_supported(std::int64_t head_dim) {
          std::end(kDecodeHeadDims);
 }
 
+bool decode_dtype_supported(DType dt) {
+  return std::find(std::begin(kDecodeDTypes), std::end(kDecodeDTypes), dt) !=
+         std::end(kDecodeDTypes);
+}
+
 void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", str(pr.batch));
   if (pr.q_len < 1 || pr.q_len > 8) throw_argument(fn, "problem.q_len", "1..8", str(pr.q_len));
@@ -52,11 +60,12 @@ void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.heads_q < 1 || pr.heads_q % pr.heads_kv != 0)
     throw_argument(fn, "problem.heads_q", "a positive multiple of heads_kv", str(pr.heads_q));
   if (!decode_head_dim_supported(pr.head_dim))
-    throw_argument(fn, "problem.head_dim", head_dim_list(), str(pr.head_dim),
+    throw_argument(fn, "problem.head_dim", list_of(kDecodeHeadDims, str), str(pr.head_dim),
                    Status::kNotSupported);
-  if (pr.kv_dtype != DType::kF16 && pr.kv_dtype != DType::kBF16)
-    throw_argument(fn, "problem.kv_dtype", "f16 or bf16", to_string(pr.kv_dtype),
-                   Status::kNotSupported);
+  if (!decode_dtype_supported(pr.kv_dtype))
+    throw_argument(fn, "problem.kv_dtype",
+                   list_of(kDecodeDTypes, [](DType d) { return std::string(to_string(d)); }),
+                   to_string(pr.kv_dtype), Status::kNotSupported);
   if (pr.q_dtype != pr.kv_dtype)
     throw_argument(fn, "problem.q_dtype", std::string("the KV dtype ") + to_string(pr.kv_dtype),
                    to_string(pr.q_dtype), Status::kNotSupported);

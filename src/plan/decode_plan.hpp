@@ -24,6 +24,9 @@ inline constexpr int kMaxCluster = 8;
 /// (`check_decode_problem`) and by the dispatch of `src/cuda/decode.cu` (which instantiates one
 /// kernel per entry and asserts it covers this list).
 inline constexpr std::int64_t kDecodeHeadDims[] = {64, 128, 256};
+/// The dtypes with compiled decode kernels (queries and KV the same dtype): the one list read by
+/// the checks and by the dispatch, like `kDecodeHeadDims`.
+inline constexpr DType kDecodeDTypes[] = {DType::kF16, DType::kBF16};
 /// The largest head dim the streamed kernel is compiled for (the head dims of `kDecodeHeadDims`
 /// up to this one).
 inline constexpr std::int64_t kDecodeStreamMaxHeadDim = 128;
@@ -32,6 +35,8 @@ inline constexpr std::int64_t kDecodeShortHeadDim = 128;
 
 /// True when `head_dim` is one of `kDecodeHeadDims`.
 bool decode_head_dim_supported(std::int64_t head_dim);
+/// True when `dt` is one of `kDecodeDTypes`.
+bool decode_dtype_supported(DType dt);
 
 /// The facts the decode planner needs: the kernels' compile-time shape for the problem's head
 /// dim and what the device keeps resident. Plain values, so the planner is tested without CUDA.
@@ -69,7 +74,7 @@ struct DecodeChoice {
 };
 
 /// Checks a decode problem's shape (`batch`, `q_len`, heads, the head dim against
-/// `kDecodeHeadDims`, f16/bf16 with the same query and KV dtype); throws naming `fn`.
+/// `kDecodeHeadDims`, a dtype of `kDecodeDTypes` for both queries and KV); throws naming `fn`.
 void check_decode_problem(const char* fn, const DecodeProblem& problem);
 
 /// `ceil(q_len · group / tile_rows)`.

@@ -83,6 +83,26 @@ TEST(PlanDecode, HeadDimsAreTheOneList) {
     EXPECT_FALSE(plan::decode_head_dim_supported(d));
     EXPECT_EQ(status_of(problem(1, 1, d)), Status::kNotSupported) << d;
   }
+  for (DType dt : plan::kDecodeDTypes) {
+    DecodeProblem p = problem(1, 1, 128);
+    p.q_dtype = p.kv_dtype = dt;
+    EXPECT_TRUE(plan::decode_dtype_supported(dt));
+    EXPECT_EQ(status_of(p), Status::kSuccess);
+  }
+  DecodeProblem f32 = problem(1, 1, 128);
+  f32.q_dtype = f32.kv_dtype = DType::kF32;
+  EXPECT_EQ(status_of(f32), Status::kNotSupported);
+  // the messages list what is compiled
+  try {
+    plan::check_decode_problem(kFn, problem(1, 1, 96));
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("64, 128 or 256"), std::string::npos) << e.what();
+  }
+  try {
+    plan::check_decode_problem(kFn, f32);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f16 or bf16"), std::string::npos) << e.what();
+  }
   DecodeProblem mixed = problem(1, 1, 128);
   mixed.q_dtype = DType::kF16;
   EXPECT_EQ(status_of(mixed), Status::kNotSupported);
