@@ -367,9 +367,10 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const float scale =
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
   plan::DecodeFacts facts = kernel_facts(problem.head_dim);
-  // every argument checked first; then the device's occupancy (once per device) for the launch
+  // every argument checked first; then, for split requests, the device's occupancy (queried
+  // once per device) for the merge's clusters
   plan::DecodeChoice c = plan::resolve_decode(fn, problem, seq_lens_host, options, num_sms, facts);
-  if (c.grid > 0) {
+  if (c.grid > 0 && c.splits.max_splits > 1) {
     query_occupancy(problem.head_dim, problem.kv_dtype, facts);
     c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid);
   }

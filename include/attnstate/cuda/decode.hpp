@@ -100,7 +100,8 @@ struct DecodePlan {
   DecodeSplitLaunch split;
   /// Thread-block clusters of `c` CTAs (index `c`, 2..8) of the split kernel that the device
   /// `plan_decode` ran on keeps resident at once, `[0]` at the default depth and `[1]` in the
-  /// short-split configuration (0 for sizes the plan never uses; all 0 for an empty batch). A run
+  /// short-split configuration (0 for sizes the plan never uses; all 0 without split requests:
+  /// an empty batch or `splits.max_splits == 1`). A run
   /// of fewer requests than planned resolves `split` again by the rule above for its smaller
   /// grid from these numbers (no device query).
   int resident_clusters[2][9] = {};
@@ -117,10 +118,11 @@ struct DecodePlan {
 };
 
 /// Plans a decode on the host and records every choice in the plan (see `DecodePlan`). The first
-/// plan for a head dim and dtype on a device queries that device (the current one) for its
-/// occupancy, once: the facts are cached per device, so later plans make no CUDA call, and the
-/// queries are not stream operations (planning while a stream is captured is fine). Plan on the
-/// device the plan runs on.
+/// plan with split requests for a head dim and dtype on a device queries that device (the current
+/// one) for its occupancy, once: the facts are cached per device, so later plans make no CUDA
+/// call (nor does a plan with one split per request or an empty batch), and the queries are not
+/// stream operations (planning while a stream is captured is fine). Plan on the device the plan
+/// runs on.
 ///
 /// @param problem        shape: `batch ≥ 0`, `1 ≤ q_len ≤ 8`, `heads_q % heads_kv == 0` (any
 ///                       group; `q_len · group ≤ 16` rows share one pass over the KV, more rows
