@@ -375,8 +375,8 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
         c.reject("page_indptr[" + str(i) + "] bad", {"kv.page_indptr", "kv.seq_lens"});
         return true;
       },
-      [&] {  // both tables, or neither
-        if (batch < 1) return false;
+      [&] {  // both tables, or neither (once: a second draw would undo the first)
+        if (batch < 1 || !c.touch("kv#tables")) return false;
         if (csr && r.coin(50)) {
           kv.block_table = kv.page_indices;
           kv.block_table_stride = 1;
