@@ -66,8 +66,10 @@ struct DecodePlan {
   DecodeProblem problem;  ///< The (maximum) shape planned for.
   SplitLayout splits;     ///< How requests are cut into splits.
   float scale = 0.f;      ///< Softmax scale (resolved: never 0).
-  int num_sms = 0;        ///< SMs the plan was made for.
-  int row_tiles = 1;      ///< Tiles of 16 query rows per KV head: `ceil(q_len·group / 16)`.
+  /// SMs the plan was made for: the most CTAs of the streamed kernel, and the SMs `split` was
+  /// resolved for.
+  int num_sms = 0;
+  int row_tiles = 1;  ///< Tiles of 16 query rows per KV head: `ceil(q_len·group / 16)`.
   /// Launch `run_decode` as a programmatic dependent launch (sm_90 and later; ignored before):
   /// its CTAs may be placed while the previous kernel of the stream finishes and each waits for
   /// that kernel to complete (its writes visible) before its first read; they let the next
