@@ -50,7 +50,10 @@
 #include "cuda/arch/special.cuh"
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
+#include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/paged_kv.cuh"
+#include "cuda/tile/partial_state.cuh"
+#include "cuda/tile/softmax_step.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -197,86 +200,6 @@ __device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, 
   if (d4 == 0)
     p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
         math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
-}
-
-/// One 16-key tile of a warp's decode: `S = Q Kᵀ` (16 query rows × 16 keys; the A fragments of
-/// k-step `kk` from `q_frag(kk, a)`, K from the swizzled tile at `k_lane`), the online softmax
-/// (base 2) of rows lane/4 and lane/4 + 8 with keys at or past `lim[h]` masked, and `O += P V`
-/// (P from the score registers, V via transposed ldmatrix from `v_lane`). `t0`: the tile's
-/// first key. Shared by the split and the streamed kernels.
-template <int D, bool kBF16, class QFrag>
-__device__ __forceinline__ void decode_tile(QFrag&& q_frag, std::uint32_t k_lane,
-                                            std::uint32_t v_lane, std::uint32_t a_x,
-                                            std::uint32_t b_x, int t0, const int (&lim)[2],
-                                            float s2_scale, math::OnlineSoftmax (&os)[2],
-                                            float (&o_acc)[D / 8][4]) {
-  constexpr int kNT = D / 8;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  // S = Q Kᵀ : 16 rows × 16 tokens (two n-tiles of 8 tokens).
-  float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    std::uint32_t a[4], bk[4];
-    q_frag(kk, a);
-    arch::ldmatrix_x4(bk, k_lane + ((32u * kk) ^ b_x));
-    arch::Mma16816<arch::B16<kBF16>>::mma(sc[0], a, bk[0], bk[1]);
-    arch::Mma16816<arch::B16<kBF16>>::mma(sc[1], a, bk[2], bk[3]);
-  }
-
-  // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
-  float pr[2][4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float bm = math::neg_inf();
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = t0 + j * 8 + 2 * (lane & 3) + e;
-        float v = sc[j][2 * h + e] * s2_scale;
-        if (t >= lim[h]) v = math::neg_inf();
-        sc[j][2 * h + e] = v;
-        bm = math::nan_max(bm, v);
-      }
-    }
-    bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-    bm = math::nan_max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-    const float alpha = os[h].rescale(bm);
-    // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-    // (the common case after the first tiles), bitwise the same result.
-    if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        o_acc[j][2 * h] *= alpha;
-        o_acc[j][2 * h + 1] *= alpha;
-      }
-    }
-    float psum = 0.f;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pv = os[h].prob(sc[j][2 * h + e]);
-        pr[j][2 * h + e] = pv;
-        psum += pv;
-      }
-    }
-    os[h].add(psum);
-  }
-
-  // O += P V : P (16 × 16 tokens) from the score registers, V via transposed ldmatrix.
-  std::uint32_t pa[4];
-  pa[0] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[0][0], pr[0][1]);
-  pa[1] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[0][2], pr[0][3]);
-  pa[2] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[1][0], pr[1][1]);
-  pa[3] = arch::Mma16816<arch::B16<kBF16>>::pack(pr[1][2], pr[1][3]);
-#pragma unroll
-  for (int jj = 0; jj < D / 16; ++jj) {
-    std::uint32_t bv[4];
-    arch::ldmatrix_x4_trans(bv, v_lane + ((32u * jj) ^ a_x));
-    arch::Mma16816<arch::B16<kBF16>>::mma(o_acc[2 * jj], pa, bv[0], bv[1]);
-    arch::Mma16816<arch::B16<kBF16>>::mma(o_acc[2 * jj + 1], pa, bv[2], bv[3]);
-  }
 }
 
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
@@ -428,19 +351,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       *reinterpret_cast<uint4*>(q_s + r * D + ((col ^ (r & 7)) << 3)) = qreg[i];
     }
 
-    // ---- per-thread row limits (exclusive token end) for rows lane/4 and lane/4 + 8 ----
-    int lim[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = (lane >> 2) + 8 * h;
-      if (r < rows_here) {
-        const int qi = (row0 + r) / p.group;
-        const int e = len - p.q_len + qi + 1;
-        lim[h] = min(range.end, e);
-      } else {
-        lim[h] = 0;
-      }
-    }
+    int lim[2];  // exclusive key ends of rows lane/4 and lane/4 + 8
+    tile::causal_row_limits(p, lane, rows_here, row0, len, range.end, lim);
 
     // ---- this warp's tiles of the split ----
     const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
@@ -552,7 +464,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
 
-      decode_tile<D, kBF16>(
+      tile::attention_tile<D, kBF16>(
           [&](int kk, std::uint32_t(&a)[4]) { arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
           k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
       __syncwarp();
@@ -569,24 +481,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       os[h].l = l;
     }
     __syncthreads();  // every warp is done with the pipeline buffers
-    {
-      float* mine = ow + warp * kRows * kOw;
-      const int r = lane >> 2;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        const int d = j * 8 + 2 * (lane & 3);
-        *reinterpret_cast<float2*>(mine + r * kOw + d) = make_float2(o_acc[j][0], o_acc[j][1]);
-        *reinterpret_cast<float2*>(mine + (r + 8) * kOw + d) =
-            make_float2(o_acc[j][2], o_acc[j][3]);
-      }
-      if ((lane & 3) == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mw[warp * kRows + r + 8 * h] = os[h].m;
-          lw[warp * kRows + r + 8 * h] = os[h].l;
-        }
-      }
-    }
+    tile::store_warp_state<D, kOw>(ow, mw, lw, warp, lane, o_acc, os);
     __syncthreads();
 
     // Each thread: four columns of one row, the warps' factors recomputed per row (same order).

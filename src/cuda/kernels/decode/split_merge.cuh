@@ -1,14 +1,7 @@
 /// @file kernels/decode/split_merge.cuh
-/// @brief The split merge of the decode kernel (internal): four output columns of one query row
-///        merged over the row's split states in split order with the core max-subtracted merge
-///        (`split_merge` over states read from cluster peers' shared memory; `split_finalize`),
-///        the fold of prior states, and the vector store of the result in the output dtype.
-///
-/// The merge takes the max over all the splits' LSEs, then adds `w = 2^(lse − m)` to the weight
-/// sum and `w · o` to the columns in split order, then `split_finalize`. The workspace merge of
-/// the kernel runs the same operations with each row's weights computed once; the sequence of
-/// floating-point operations per output element is the same, so every path gives bitwise the
-/// same result.
+/// @brief The output side of the decode's split merge (internal): the fold of prior states into
+///        merged columns (`fold_prior`, `fold_prior_group`) and the stores of the result in the
+///        output dtype. The merge of the splits is `tile/split_merge.cuh`.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,67 +11,16 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
 #include "cuda/arch/grid_dependency.cuh"
+#include "cuda/tile/split_merge.cuh"
 
 namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Merged columns of one row: `o` normalised, `lse` in base 2.
-struct MergedColumns {
-  float4 o;
-  float lse;
-};
-
-/// The merged state from the max and the weighted sums.
-__device__ __forceinline__ MergedColumns split_finalize(float m, float sum, float4 acc) {
-  const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
-  MergedColumns out;
-  out.o = make_float4(acc.x * r.inv_sum, acc.y * r.inv_sum, acc.z * r.inv_sum, acc.w * r.inv_sum);
-  out.lse = r.lse;
-  return out;
-}
-
-/// Merges splits `[0, n)`, `1 ≤ n ≤ N`, whose base-2 LSEs are `lse_at(i)` and four normalised
-/// columns `o_at(i)`: every split's LSE and the columns of the first `B` splits are requested at
-/// once (one round trip when `n ≤ B`, further batches of `B` columns after), then the max, then in
-/// split order `w = 2^(lse − m)`, `sum += w`, `acc += w · o` over the non-empty splits (an empty
-/// split's columns are loaded but never used).
-template <int N, int B, class LseAt, class OAt>
-__device__ __forceinline__ MergedColumns split_merge(int n, LseAt&& lse_at, OAt&& o_at) {
-  static_assert(N % B == 0, "whole batches");
-  float l[N];
-  float4 v[B];
-#pragma unroll
-  for (int u = 0; u < N; ++u) l[u] = lse_at(u < n ? u : n - 1);
-#pragma unroll
-  for (int u = 0; u < B; ++u) v[u] = o_at(u < n ? u : n - 1);
-  float m = math::neg_inf();
-#pragma unroll
-  for (int u = 0; u < N; ++u)
-    if (u < n) m = math::nan_max(m, l[u]);
-  float sum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int u0 = 0; u0 < N; u0 += B) {
-    if (u0 >= n) break;
-    if (u0 > 0) {
-#pragma unroll
-      for (int u = 0; u < B; ++u) v[u] = o_at(u0 + u < n ? u0 + u : n - 1);
-    }
-#pragma unroll
-    for (int u = 0; u < B; ++u) {
-      if (u0 + u < n && !math::is_empty_lse(l[u0 + u])) {
-        const float w = math::merge_weight(LseBase::kBase2, l[u0 + u], m);
-        sum += w;
-        acc.x += w * v[u].x;
-        acc.y += w * v[u].y;
-        acc.z += w * v[u].z;
-        acc.w += w * v[u].w;
-      }
-    }
-  }
-  return split_finalize(m, sum, acc);
-}
+// The split merge itself is the tile part (also the workspace and cluster merges' core).
+using tile::MergedColumns;
+using tile::split_finalize;
+using tile::split_merge;
 
 /// Prior states whose loads `fold_prior` keeps in flight together.
 constexpr int kPriorBatch = 16;

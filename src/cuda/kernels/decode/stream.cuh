@@ -29,6 +29,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/kernels/decode/split_kv.cuh"
+#include "cuda/tile/attention_tile.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -92,6 +93,108 @@ struct StreamItem {
   std::int64_t pt = 0;  // first page-table entry of the request (block-table row or CSR start)
 };
 
+/// Item `x`'s coordinates (`tiles` 0 until `stream_fetch` sets the length; -1 past the last of
+/// the `items`). (`items`, like `lane` below, is taken by reference as the kernel's lambdas
+/// captured it: so the machine code stays the same.)
+__device__ __forceinline__ StreamItem stream_coords(const DecodeParams& p,
+                                                    const std::int64_t& items, std::int64_t x) {
+  constexpr int kRows = kDecodeTileRows;
+  StreamItem it;
+  if (x >= items) return it;
+  const int mt = static_cast<int>(x % p.row_tiles);
+  const int bh = static_cast<int>(x / p.row_tiles);
+  it.hkv = bh % p.heads_kv;
+  it.b = bh / p.heads_kv;
+  it.row0 = mt * kRows;
+  it.rows = min(kRows, p.rows - it.row0);
+  it.tiles = 0;
+  return it;
+}
+
+/// The item's length (clamped to its pages), tiles and page-table start.
+__device__ __forceinline__ void stream_fetch(const DecodeParams& p, StreamItem& it) {
+  constexpr int kRows = kDecodeTileRows;
+  if (it.tiles < 0) return;
+  std::int64_t pages;
+  if (p.block_table != nullptr) {
+    it.pt = static_cast<std::int64_t>(it.b) * p.block_table_stride;
+    pages = p.block_table_stride;
+  } else {
+    it.pt = p.page_indptr[it.b];
+    pages = static_cast<std::int64_t>(p.page_indptr[it.b + 1]) - it.pt;
+    if (pages < 0 || it.pt < 0) pages = 0;  // an invalid range of page ids: no keys
+    if (it.pt < 0) it.pt = 0;
+  }
+  std::int64_t len = p.seq_lens[it.b];
+  if (len < 0) len = 0;
+  if (len > pages * p.page_size) len = pages * p.page_size;
+  it.len = static_cast<int>(len);
+  it.tiles = (it.len + kRows - 1) / kRows;
+}
+
+/// The A fragments of the item's query rows (rows lane/4 and lane/4 + 8, two columns per
+/// register, as ldmatrix would give them), straight from global memory; rows past the item's
+/// are zero. Only the item's coordinates are needed: no load stands before these.
+template <int D>
+__device__ __forceinline__ void stream_load_q(const DecodeParams& p, const int& lane,
+                                              const StreamItem& it,
+                                              std::uint32_t (&qf)[D / 16][4]) {
+  constexpr int kKS = D / 16;
+  if (it.tiles < 0) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (lane >> 2) + 8 * h;
+    const int rg = it.row0 + r;
+    const std::uint32_t* src = static_cast<const std::uint32_t*>(p.q);
+    if (r < it.rows) {
+      const std::int64_t e = it.b * p.q_stride_b + (rg / p.group) * p.q_stride_t +
+                             (it.hkv * p.group + rg % p.group) * p.q_stride_h + 2 * (lane & 3);
+      src += e / 2;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKS; ++kk) {
+      qf[kk][h] = r < it.rows ? __ldg(src + 8 * kk) : 0u;
+      qf[kk][h + 2] = r < it.rows ? __ldg(src + 8 * kk + 4) : 0u;
+    }
+  }
+}
+
+/// Stores the item's state: each thread its two rows' normalised columns from its accumulator
+/// fragments and their LSEs (the split kernel's warp merge with one warp).
+template <int D>
+__device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const int& lane,
+                                                  const StreamItem& cur,
+                                                  const float (&o_acc)[D / 8][4],
+                                                  const math::OnlineSoftmax (&os)[2]) {
+  constexpr int kNT = D / 8;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = os[h].l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = (lane >> 2) + 8 * h;
+    if (r >= cur.rows) continue;
+    const float m = os[h].m;
+    const bool empty = math::is_empty_lse(m);
+    const float f = empty ? 0.f : math::merge_weight(LseBase::kBase2, m, m);
+    const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, f * l);
+    const int rg = cur.row0 + r;
+    const std::int64_t token = static_cast<std::int64_t>(cur.b) * p.q_len + rg / p.group;
+    const std::int64_t hq = static_cast<std::int64_t>(cur.hkv) * p.group + rg % p.group;
+    const std::int64_t o_row = token * p.o_stride_token + hq * p.o_stride_head;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const float x = empty ? 0.f : f * o_acc[j][2 * h];
+      const float y = empty ? 0.f : f * o_acc[j][2 * h + 1];
+      store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x * res.inv_sum,
+                y * res.inv_sum, p.out_vec4);
+    }
+    if ((lane & 3) == 0)
+      p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
+          math::convert_lse(res.lse, LseBase::kBase2, p.out_base);
+  }
+}
+
 /// Streamed decode kernel for head dim `D` (64 or 128); `kBF16` selects bf16 (else f16) queries
 /// and KV.
 template <int D, bool kBF16>
@@ -121,60 +224,6 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const Elem* vpool = static_cast<const Elem*>(p.v);
   const std::uint64_t policy = arch::l2_evict_first_policy();  // the cache is streamed once
 
-  // Item `x`'s coordinates (`tiles` 0 until `fetch` sets the length; -1 past the last item).
-  auto coords = [&](std::int64_t x) {
-    StreamItem it;
-    if (x >= items) return it;
-    const int mt = static_cast<int>(x % p.row_tiles);
-    const int bh = static_cast<int>(x / p.row_tiles);
-    it.hkv = bh % p.heads_kv;
-    it.b = bh / p.heads_kv;
-    it.row0 = mt * kRows;
-    it.rows = min(kRows, p.rows - it.row0);
-    it.tiles = 0;
-    return it;
-  };
-  // The item's length (clamped to its pages), tiles and page-table start.
-  auto fetch = [&](StreamItem& it) {
-    if (it.tiles < 0) return;
-    std::int64_t pages;
-    if (p.block_table != nullptr) {
-      it.pt = static_cast<std::int64_t>(it.b) * p.block_table_stride;
-      pages = p.block_table_stride;
-    } else {
-      it.pt = p.page_indptr[it.b];
-      pages = static_cast<std::int64_t>(p.page_indptr[it.b + 1]) - it.pt;
-      if (pages < 0 || it.pt < 0) pages = 0;  // an invalid range of page ids: no keys
-      if (it.pt < 0) it.pt = 0;
-    }
-    std::int64_t len = p.seq_lens[it.b];
-    if (len < 0) len = 0;
-    if (len > pages * p.page_size) len = pages * p.page_size;
-    it.len = static_cast<int>(len);
-    it.tiles = (it.len + kRows - 1) / kRows;
-  };
-  // The A fragments of the item's query rows (rows lane/4 and lane/4 + 8, two columns per
-  // register, as ldmatrix would give them), straight from global memory; rows past the item's
-  // are zero. Only the item's coordinates are needed: no load stands before these.
-  auto load_q = [&](const StreamItem& it, std::uint32_t(&qf)[kKS][4]) {
-    if (it.tiles < 0) return;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = (lane >> 2) + 8 * h;
-      const int rg = it.row0 + r;
-      const std::uint32_t* src = static_cast<const std::uint32_t*>(p.q);
-      if (r < it.rows) {
-        const std::int64_t e = it.b * p.q_stride_b + (rg / p.group) * p.q_stride_t +
-                               (it.hkv * p.group + rg % p.group) * p.q_stride_h + 2 * (lane & 3);
-        src += e / 2;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kKS; ++kk) {
-        qf[kk][h] = r < it.rows ? __ldg(src + 8 * kk) : 0u;
-        qf[kk][h + 2] = r < it.rows ? __ldg(src + 8 * kk + 4) : 0u;
-      }
-    }
-  };
   // Page ids of pages [32·w, 32·w + 32) of an item, one per lane (0 past the item's pages).
   const std::int32_t* table = p.block_table != nullptr ? p.block_table : p.page_indices;
   auto pid_window = [&](const StreamItem& it, int w) -> int {
@@ -201,12 +250,12 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   //      of the current item (ld_sel 0) or of the next one (1); 2: none until the next item ----
   std::int64_t x_cur = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
   std::uint32_t qa[kKS][4], qn[kKS][4];  // query fragments of the current and the next item
-  StreamItem cur = coords(x_cur);
-  StreamItem nxt = coords(x_cur + stride);
-  load_q(cur, qa);
-  load_q(nxt, qn);
-  fetch(cur);
-  fetch(nxt);
+  StreamItem cur = stream_coords(p, items, x_cur);
+  StreamItem nxt = stream_coords(p, items, x_cur + stride);
+  stream_load_q<D>(p, lane, cur, qa);
+  stream_load_q<D>(p, lane, nxt, qn);
+  stream_fetch(p, cur);
+  stream_fetch(p, nxt);
   int ld_sel = 0, ld_t = 0;
   // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; window 0 of the next item in
   // `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when its length and
@@ -258,10 +307,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   for (int st = 0; st < kStages - 1; ++st) issue();
 
   // ldmatrix lane addressing of K (B) and V (transposed B), as in the split kernel.
-  const int a_row = lane & 15;
-  const std::uint32_t a_x = static_cast<std::uint32_t>(((lane >> 4) ^ (lane & 7)) << 4);
-  const int b_row = ((lane >> 4) << 3) + (lane & 7);
-  const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const tile::LdmatrixLanes ldm(lane);
+  const int a_row = ldm.a_row, b_row = ldm.b_row;
   int stage = 0;
 
 #pragma unroll 1
@@ -292,44 +339,17 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = t * kRows;
 
-      decode_tile<D, kBF16>(
+      tile::attention_tile<D, kBF16>(
           [&](int kk, std::uint32_t(&a)[4]) {
 #pragma unroll
             for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
           },
-          k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
+          k_lane, v_lane, ldm.a_x, ldm.b_x, t0, lim, p.s2_scale, os, o_acc);
       __syncwarp();
       ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
     }
 
-    // ---- the item's state: each thread stores its two rows' columns from its fragments
-    //      (the same finalisation as the split kernel's warp merge with one warp) ----
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = os[h].l;
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int r = (lane >> 2) + 8 * h;
-      if (r >= cur.rows) continue;
-      const float m = os[h].m;
-      const bool empty = math::is_empty_lse(m);
-      const float f = empty ? 0.f : math::merge_weight(LseBase::kBase2, m, m);
-      const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, f * l);
-      const int rg = cur.row0 + r;
-      const std::int64_t token = static_cast<std::int64_t>(cur.b) * p.q_len + rg / p.group;
-      const std::int64_t hq = static_cast<std::int64_t>(cur.hkv) * p.group + rg % p.group;
-      const std::int64_t o_row = token * p.o_stride_token + hq * p.o_stride_head;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        const float x = empty ? 0.f : f * o_acc[j][2 * h];
-        const float y = empty ? 0.f : f * o_acc[j][2 * h + 1];
-        store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x * res.inv_sum,
-                  y * res.inv_sum, p.out_vec4);
-      }
-      if ((lane & 3) == 0)
-        p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-            math::convert_lse(res.lse, LseBase::kBase2, p.out_base);
-    }
+    stream_store_rows<D>(p, lane, cur, o_acc, os);
 
     // ---- the next item becomes current; the one after it is fetched ----
     cur = nxt;
@@ -338,9 +358,9 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     for (int kk = 0; kk < kKS; ++kk)
 #pragma unroll
       for (int u = 0; u < 4; ++u) qa[kk][u] = qn[kk][u];
-    nxt = coords(x_cur + stride);
-    load_q(nxt, qn);
-    fetch(nxt);
+    nxt = stream_coords(p, items, x_cur + stride);
+    stream_load_q<D>(p, lane, nxt, qn);
+    stream_fetch(p, nxt);
     nxt_ready = false;
     if (ld_sel == 1) {
       ld_sel = 0;

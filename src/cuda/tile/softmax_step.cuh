@@ -1,0 +1,98 @@
+/// @file tile/softmax_step.cuh
+/// @brief The fragment-level online-softmax step of a warp's 16 query rows (m16n8k16 C
+///        fragments: rows lane/4 and lane/4 + 8), built on the core accumulator
+///        (`math::OnlineSoftmax`) with an exp/max policy, and the rows' causal key limits.
+#pragma once
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace tile {
+
+/// The exp/max policy of the online softmax: the core's base-2 accumulator (`State`: rescale,
+/// prob and add exponentiate in base 2) and its NaN-propagating max for the block maxima.
+struct Base2NanMax {
+  using State = math::OnlineSoftmax;
+  __device__ static __forceinline__ float max(float a, float b) { return math::nan_max(a, b); }
+};
+
+/// Exclusive key limits of this thread's rows lane/4 and lane/4 + 8 of a tile whose first row
+/// is query row `row0` (`rows` valid rows): a query token (`p.group` rows each, `p.q_len`
+/// tokens) sees the keys up to its own position at the end of the `len` keys, and none at or
+/// past `end`. `p` is read where the values are used (as the kernels' own code did).
+template <class P>
+__device__ __forceinline__ void causal_row_limits(const P& p, int lane, int rows, int row0, int len,
+                                                  int end, int (&lim)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (lane >> 2) + 8 * h;
+    if (r < rows) {
+      const int qi = (row0 + r) / p.group;
+      const int e = len - p.q_len + qi + 1;
+      lim[h] = min(end, e);
+    } else {
+      lim[h] = 0;
+    }
+  }
+}
+
+/// One online-softmax step over a score tile of `NK` keys (`s`: the raw scores `q·k`, two
+/// columns per n-tile of 8 keys, key `t0 + 8n + 2(lane % 4) + e`): scales them by `scale` (base
+/// 2), masks keys at or past `lim[h]`, raises each row's running max (the block max reduced over
+/// the quad), rescales the rows' accumulator `acc` (D / 8 n-tiles) when any row of the warp's
+/// max moved, and leaves the unnormalised probabilities in `pr`, their sum added to the state.
+/// `lane`: this thread's lane (the caller's, so that it is computed once). The block maxima go
+/// through `Policy::max`; the exponentials are the state's (`rescale`, `prob`).
+template <int NK, int D, class Policy = Base2NanMax>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float (&pr)[NK / 8][4],
+                                                    float (&acc)[D / 8][4],
+                                                    typename Policy::State (&os)[2],
+                                                    const int (&lim)[2], int t0, float scale,
+                                                    int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float bm = math::neg_inf();
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = t0 + j * 8 + 2 * (lane & 3) + e;
+        float v = s[j][2 * h + e] * scale;
+        if (t >= lim[h]) v = math::neg_inf();
+        s[j][2 * h + e] = v;
+        bm = Policy::max(bm, v);
+      }
+    }
+    bm = Policy::max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+    bm = Policy::max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+    const float alpha = os[h].rescale(bm);
+    // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+    // (the common case after the first tiles), bitwise the same result.
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        acc[j][2 * h] *= alpha;
+        acc[j][2 * h + 1] *= alpha;
+      }
+    }
+    float psum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = os[h].prob(s[j][2 * h + e]);
+        pr[j][2 * h + e] = pv;
+        psum += pv;
+      }
+    }
+    os[h].add(psum);
+  }
+}
+
+}  // namespace tile
+}  // namespace cuda
+}  // namespace attnstate
