@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/arch/memory.cuh"
+
 namespace attnstate {
 namespace cuda {
 namespace tile {
@@ -14,6 +16,73 @@ __device__ __forceinline__ std::int64_t clamp_page(std::int64_t id, std::int64_t
   if (id < 0) id = 0;
   if (id >= num_pages) id = num_pages - 1;
   return id;
+}
+
+/// Element offset, inside a page, of key slot `slot` of KV head `hkv` (NHD or HND): `p` holds
+/// the pool's `layout_hnd` (1 HND, 0 NHD), `page_size` and `heads_kv`.
+template <int D, class P>
+__device__ __forceinline__ std::int64_t kv_in_page(const P& p, int hkv, std::int64_t slot) {
+  return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
+                      : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
+}
+
+/// 16-byte copy global → shared, marked evict-first in the L2 (the cache is streamed once).
+__device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, int bytes,
+                                           std::uint64_t policy) {
+  arch::cp_async_16_zfill_policy(dst, src, bytes, policy);
+}
+
+/// Copies one `kRows`-key K/V tile that lies in one page into the XOR-swizzled stage at `kd` (K)
+/// and `vd` (V) (16-byte chunk `c` of row `r` at `c ^ (r & 7)`): lane `l` copies column
+/// `l % (D / 8)` of rows `l / (D / 8) + i · (32 / (D / 8))`, whose source offsets are `base` plus
+/// multiples of `row_stride`; keys at or past `end` (`t0` is the tile's first) are zero-filled.
+template <int D, int kRows>
+__device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint32_t vd,
+                                                     const std::uint16_t* kpool,
+                                                     const std::uint16_t* vpool, std::int64_t base,
+                                                     std::int64_t row_stride, int t0, int end,
+                                                     std::uint64_t policy) {
+  constexpr int kCpr = D / 8;
+  constexpr int kRowStep = 32 / kCpr;
+  constexpr int kChunksPerLane = kRows * kCpr / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int lane_r0 = lane / kCpr;
+  const int lane_col = lane % kCpr;
+#pragma unroll
+  for (int i = 0; i < kChunksPerLane; ++i) {
+    const int r = lane_r0 + i * kRowStep;
+    const bool valid = t0 + r < end;
+    const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
+    const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
+    kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
+    kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
+  }
+}
+
+/// As `copy_kv_tile_in_page` for a tile at key `t0` in any pages: each chunk looks its page up
+/// with `page_id(page index)` and its offset in the page with `in_page(slot)` (rolled: off the
+/// hot path). `p` holds `page_size` and `page_elems`. (The loaded values come by reference, as
+/// the loader's lambda captured them: so the machine code stays the same.)
+template <int D, int kRows, class P, class PageId, class InPage>
+__device__ __forceinline__ void copy_kv_tile_any_page(
+    const P& p, std::uint32_t kd, std::uint32_t vd, const std::uint16_t* const& kpool,
+    const std::uint16_t* const& vpool, const std::uint64_t& policy, PageId& page_id,
+    InPage& in_page, const int& lane, int t0, const int& end) {
+  constexpr int kCpr = D / 8;
+  constexpr int kChunksPerLane = kRows * kCpr / 32;
+#pragma unroll 1
+  for (int i = 0; i < kChunksPerLane; ++i) {
+    const int c = lane + 32 * i;
+    const int r = c / kCpr;
+    const int col = c % kCpr;
+    const int t = t0 + r;
+    const bool valid = t < end;
+    std::int64_t off = 0;
+    if (valid) off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size) + col * 8;
+    const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
+    kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
+    kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
+  }
 }
 
 }  // namespace tile

@@ -91,12 +91,6 @@ __host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages) {
   return n < 1 ? 1 : static_cast<int>(n);
 }
 
-/// 16-byte copy global → shared, marked evict-first in the L2 (the cache is streamed once).
-__device__ __forceinline__ void kv_copy_16(std::uint32_t dst, const void* src, int bytes,
-                                           std::uint64_t policy) {
-  arch::cp_async_16_zfill_policy(dst, src, bytes, policy);
-}
-
 /// The decode kernels' start in a programmatic dependent launch: beside the previous kernel
 /// (`p.beside_previous`) every CTA lets the next kernel launch and the grid's last CTA waits for
 /// the previous one; chained (`p.programmatic`) every CTA does both. A no-op otherwise.
@@ -109,41 +103,6 @@ __device__ __forceinline__ void decode_grid_dependency(const DecodeParams& p) {
 #else
   (void)p;
 #endif
-}
-
-/// Element offset, inside a page, of key slot `slot` of KV head `hkv` (NHD or HND).
-template <int D>
-__device__ __forceinline__ std::int64_t kv_in_page(const DecodeParams& p, int hkv,
-                                                   std::int64_t slot) {
-  return p.layout_hnd ? (static_cast<std::int64_t>(hkv) * p.page_size + slot) * D
-                      : (slot * p.heads_kv + hkv) * static_cast<std::int64_t>(D);
-}
-
-/// Copies one 16-key K/V tile that lies in one page into the XOR-swizzled stage at `kd` (K) and
-/// `vd` (V): lane `l` copies column `l % (D / 8)` of rows `l / (D / 8) + i · (32 / (D / 8))`,
-/// whose source offsets are `base` plus multiples of `row_stride`; keys at or past `end`
-/// (`t0` is the tile's first) are zero-filled.
-template <int D>
-__device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint32_t vd,
-                                                     const std::uint16_t* kpool,
-                                                     const std::uint16_t* vpool, std::int64_t base,
-                                                     std::int64_t row_stride, int t0, int end,
-                                                     std::uint64_t policy) {
-  constexpr int kCpr = D / 8;
-  constexpr int kRowStep = 32 / kCpr;
-  constexpr int kChunksPerLane = kDecodeTileRows * kCpr / 32;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int lane_r0 = lane / kCpr;
-  const int lane_col = lane % kCpr;
-#pragma unroll
-  for (int i = 0; i < kChunksPerLane; ++i) {
-    const int r = lane_r0 + i * kRowStep;
-    const bool valid = t0 + r < end;
-    const std::int64_t off = valid ? base + i * kRowStep * row_stride : 0;
-    const int sw = (r * kCpr + (lane_col ^ (r & 7))) * 8;
-    kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
-    kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
-  }
 }
 
 #if ATTNSTATE_PROBES
@@ -211,8 +170,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   constexpr int kWarps = kDecodeWarps;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kWarps * 32;
-  constexpr int kCpr = D / 8;  // 16-byte chunks per row
-  constexpr int kChunksPerLane = kRows * kCpr / 32;
+  constexpr int kCpr = D / 8;            // 16-byte chunks per row
   constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
   constexpr int kNT = D / 8;             // n-tiles of the output
   constexpr int kD4 = D / 4;             // float4 columns of a row
@@ -369,7 +327,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
                                   : p.page_indices[csr_base + pidx],
                               p.num_pages);
     };
-    auto in_page = [&](std::int64_t slot) { return kv_in_page<D>(p, hkv, slot); };
+    auto in_page = [&](std::int64_t slot) { return tile::kv_in_page<D>(p, hkv, slot); };
     // Page id of this warp's tile `it` when a tile lies in one page (else unused).
     auto tile_pid = [&](int it) -> std::int64_t {
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
@@ -413,24 +371,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
         const std::int64_t base =
             pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
-        copy_kv_tile_in_page<D>(kd, vd, kpool, vpool, base, row_stride, t0, range.end, policy);
+        tile::copy_kv_tile_in_page<D, kRows>(kd, vd, kpool, vpool, base, row_stride, t0, range.end,
+                                             policy);
         return;
       }
-      // Any page size: each chunk looks its page up (rolled: off the hot path).
-#pragma unroll 1
-      for (int i = 0; i < kChunksPerLane; ++i) {
-        const int c = lane + 32 * i;
-        const int r = c / kCpr;
-        const int col = c % kCpr;
-        const int t = t0 + r;
-        const bool valid = t < range.end;
-        std::int64_t off = 0;
-        if (valid)
-          off = page_id(t / p.page_size) * p.page_elems + in_page(t % p.page_size) + col * 8;
-        const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
-        kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
-        kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);
-      }
+      // Any page size: each chunk looks its page up.
+      tile::copy_kv_tile_any_page<D, kRows>(p, kd, vd, kpool, vpool, policy, page_id, in_page, lane,
+                                            t0, range.end);
     };
 
     float o_acc[kNT][4];

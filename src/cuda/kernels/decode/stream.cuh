@@ -240,10 +240,11 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   auto load_tile = [&](const StreamItem& it, int t, int stage, std::int64_t pid) {
     const int t0 = t * kRows;
     const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
-    const std::int64_t base =
-        pid * p.page_elems + kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) + lane_col * 8;
-    copy_kv_tile_in_page<D>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0, it.len,
-                            policy);
+    const std::int64_t base = pid * p.page_elems +
+                              tile::kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) +
+                              lane_col * 8;
+    tile::copy_kv_tile_in_page<D, kRows>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0,
+                                         it.len, policy);
   };
 
   // ---- the warp's first two items, and the load cursor: the next tile to copy is tile `ld_t`
