@@ -578,9 +578,11 @@ struct PlanOnlyLevels {
 };
 
 TEST(CudaCascadePlan, LeavesSmsToASmallDecodeLevelBesideShortSharedLevels) {
-  // Host-only planning (no GPU needed): a small decode level after a short shared prefix gets
-  // SMs of its own and the prefix's splits fit the rest; a long prefix, a large decode, an
-  // explicit count, a single level and a last level off the decode follow their rules.
+  ATTNSTATE_REQUIRE_GPU();  // plan_cascade queries the device
+  // plan_cascade reads the device's facts (its host-only rules: tests/plan). A small decode level
+  // after a short shared prefix gets SMs of its own and the prefix's splits fit the rest; a long
+  // prefix, a large decode, an explicit count, a single level and a last level off the decode
+  // follow their rules.
   const PlanOnlyLevels small(4096, 64, 16);
   const auto p = small.plan();
   ASSERT_TRUE(p.levels[1].decode);
@@ -602,10 +604,11 @@ TEST(CudaCascadePlan, LeavesSmsToASmallDecodeLevelBesideShortSharedLevels) {
 }
 
 TEST(CudaCascadePlan, DecodeLevelFoldsOnlyWhenFewOfItsCtasWaitForTheSharedLevels) {
-  // Host-only: automatically the decode folds the shared levels' states when SMs are left for
-  // all its CTAs or it is at most two waves of CTAs (two per SM), else it runs ahead into its
-  // workspace slot and a merge launch follows; an explicit choice holds; the unique level alone
-  // writes the output itself.
+  ATTNSTATE_REQUIRE_GPU();  // plan_cascade queries the device
+  // (plan_cascade reads the device's facts.) Automatically the decode folds the shared levels'
+  // states when SMs are left for all its CTAs or it is at most two waves of CTAs (two per SM), else
+  // it runs ahead into its workspace slot and a merge launch follows; an explicit choice holds; the
+  // unique level alone writes the output itself.
   const PlanOnlyLevels small(4096, 64, 16), long_prefix(32768, 256, 128);
   EXPECT_GT(small.plan().decode_sms, 0);
   EXPECT_TRUE(small.plan().decode_fold);
@@ -638,6 +641,7 @@ attnstate::cuda::CascadeShape bf16_shape(const CascadeCase& c) {
 }
 
 TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
+  ATTNSTATE_REQUIRE_GPU();  // plan_cascade queries the device
   CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));
   const auto host = c.host_levels();
   const attnstate::cuda::CascadeShape sh = bf16_shape(c);
@@ -692,6 +696,7 @@ TEST(CudaCascadeArgs, PlanRejectsUnsupportedAndInvalidShapes) {
 }
 
 TEST(CudaCascadeArgs, PlanTakesEveryDecodeSplitCountThatPlanDecodeTakes) {
+  ATTNSTATE_REQUIRE_GPU();  // plan_cascade queries the device
   // `decode_splits` is documented as 1..kMaxSplits (the range of plan_decode), not the 64 splits
   // the level kernels' heuristic may choose.
   CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 70));

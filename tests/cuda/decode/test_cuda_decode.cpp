@@ -255,10 +255,11 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
 }
 
 TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
-  // Host-only planning (no GPU needed), 132 SMs: the automatic policy runs many short requests
-  // (one split each, at least 6 items per SM) on the streamed kernel, and keeps the split kernel
-  // for split requests, head dim 256, requests longer than 2048 keys, fewer items, and the
-  // fixed policies.
+  ATTNSTATE_REQUIRE_GPU();  // plan_decode queries the device's occupancy for split requests
+  // 132 SMs (the rules alone: tests/plan/test_plan_decode.cpp): the automatic policy runs many
+  // short requests (one split each, at least 6 items per SM) on the streamed kernel, and keeps the
+  // split kernel for split requests, head dim 256, requests longer than 2048 keys, fewer items, and
+  // the fixed policies.
   auto plan = [](std::int64_t batch, std::int32_t len, std::int64_t D, const DecodeOptions& o) {
     DecodeProblem pr;
     pr.batch = batch;
