@@ -2,8 +2,8 @@
 /// @brief Device parts of the cascade level kernels: the CTA's work (segment, row tile, split),
 ///        its grid-dependency scope, token → page addressing, the swizzled tile layouts, the
 ///        partial-state store, the query/KV copies of the cp.async kernels, and the fragment-level
-///        steps of a warp's 16 rows (query fragments, the online-softmax step of a score tile, the
-///        probabilities as 16-bit operands, the row sums).
+///        steps of a warp's 16 rows (query fragments, the probabilities as 16-bit operands, the
+///        row sums; the online-softmax step is tile/softmax_step.cuh's).
 #pragma once
 
 #include <cstdint>
@@ -186,53 +186,7 @@ __device__ __forceinline__ void load_q_frags(std::uint32_t (&qf)[D / 16][4], con
   }
 }
 
-/// One online-softmax step of a warp's scores `s` over `NK` keys (this thread's rows g = lane/4
-/// and g + 8: `s[n][0..1]` and `s[n][2..3]`, keys `jb + 8n` and the next): the scores scaled by
-/// `scale` (keys from `limit[rr]` on masked to -inf), the row max over the quad, the running
-/// state `os` and the accumulator `acc` rescaled (`math::OnlineSoftmax`), and the scores turned
-/// into unnormalised probabilities.
-template <int NK, int D>
-__device__ __forceinline__ void softmax_step(float (&s)[NK / 8][4], float (&acc)[D / 8][4],
-                                             math::OnlineSoftmax (&os)[2], const int (&limit)[2],
-                                             int jb, float scale) {
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float bmax = math::neg_inf();
-#pragma unroll
-    for (int n = 0; n < NK / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = jb + n * 8 + e;
-        float& sv = s[n][2 * rr + e];
-        sv = j < limit[rr] ? sv * scale : math::neg_inf();
-        bmax = math::nan_max(bmax, sv);
-      }
-    bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-    bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
-    const float alpha = os[rr].rescale(bmax);
-    // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-    // (the common case after the first tiles), bitwise the same result.
-    if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc[n][2 * rr] *= alpha;
-        acc[n][2 * rr + 1] *= alpha;
-      }
-    }
-    float psum = 0.f;
-#pragma unroll
-    for (int n = 0; n < NK / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& sv = s[n][2 * rr + e];
-        sv = os[rr].prob(sv);
-        psum += sv;
-      }
-    os[rr].add(psum);
-  }
-}
-
-/// The probabilities of a warp's `NK` keys (`s`, as `softmax_step` leaves them) as 16-bit A
+/// The probabilities of a warp's `NK` keys (`s`, as `online_softmax_step` leaves them) as 16-bit A
 /// fragments of `P V`, one per 16 keys.
 template <class T, int NK>
 __device__ __forceinline__ void pack_p(const float (&s)[NK / 8][4],

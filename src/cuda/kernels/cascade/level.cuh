@@ -16,6 +16,7 @@
 #include "cuda/arch/mma.cuh"
 #include "cuda/kernels/cascade/params.cuh"
 #include "cuda/tile/cascade_level_block.cuh"
+#include "cuda/tile/softmax_step.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -185,8 +186,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     float s[BNW / 8][4];  // S = Q Kᵀ over this warp's BNW keys
     detail::level_qk<T, D, BNW>(s, qf, ks_tile, wn * BNW, lane);
     // scale, mask, online softmax (rows g and g + 8)
-    const int jb = kv_begin + kt * BN + wn * BNW + 2 * (lane & 3);
-    tile::softmax_step<BNW, D>(s, acc, os, limit, jb, p.s2_scale);
+    const int t0 = kv_begin + kt * BN + wn * BNW;
+    tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane);
     detail::level_pv<T, D, BNW>(acc, s, vs_tile, wn * BNW, lane);  // O += P V
   }
   arch::cp_async_wait<0>();

@@ -119,8 +119,8 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::wgmma_wait<0>();
     arch::fence_regs(s);
 
-    const int jb = kv_begin + kt * BN + 2 * (lane & 3);
-    tile::softmax_step<BN, D>(s, acc, os, limit, jb, p.s2_scale);
+    // scale, mask, online softmax (rows g and g + 8)
+    tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane);
 
     // O += P V (P from registers, V MN-major in shared memory)
     std::uint32_t pf[BN / 16][4];
