@@ -95,7 +95,7 @@ san_one() {  # tool exe name shard shards [cap] -> one summary line on stdout
   fi
 }
 if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
-  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 3 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
+  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" -maxdepth 4 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
   shards=${GPU_SAN_SHARDS:-1}
   jobs=${GPU_SAN_JOBS:-1}
   san_start=$(date +%s)
