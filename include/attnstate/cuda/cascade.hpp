@@ -3,41 +3,15 @@
 ///
 /// Call shape: `plan_cascade` (host, from the shapes, the host copies of the level arrays, the
 /// SM count and the current device's facts: picks a row tile, a KV split and the kernel per
-/// level, sizes the fp32 workspace) →
-/// allocate `plan.workspace_bytes()` of device memory (no initialisation: its only integer
-/// tickets, those of a last level on the split-KV decode, are zeroed by `run_cascade` itself at
-/// the start of every call, one `cudaMemsetAsync`) → `run_cascade` (any number of times, on the
-/// caller's stream; never allocates, never synchronises, capturable in a CUDA graph). One
-/// workspace serves one run at a time: give each stream or graph that may run concurrently its
-/// own. Calls run on the current device, which must be the device of the stream and of every
-/// pointer; a null stream is the legacy default stream.
+/// level, sizes the fp32 workspace) → allocate `plan.workspace_bytes()` of device memory (no
+/// initialisation: the tickets of a last level on the split-KV decode are zeroed by `run_cascade`
+/// itself, one `cudaMemsetAsync` per call) → `run_cascade` (any number of times, on the caller's
+/// stream; never allocates, never synchronises, capturable in a CUDA graph). One workspace serves
+/// one run at a time: give each stream or graph that may run concurrently its own. Calls run on
+/// the current device, which must be the device of the stream and of every pointer; a null
+/// stream is the legacy default stream.
 ///
-/// How it runs. For every level one kernel launch: a CTA takes one segment, one KV head, one tile
-/// of query rows and one KV split of the segment. The rows of a tile are the queries of ALL the
-/// requests sharing the segment (requests × new tokens × the GQA group's query heads), so each
-/// page of a shared segment is read from memory once per tile, not once per request. `QKᵀ` and
-/// `PV` run on tensor cores, bf16/f16 operands, fp32 accumulation, the probabilities rounded to
-/// the KV dtype as the `PV` operand:
-/// - bf16, head_dim 128, tiles of 64/128 rows on sm_90, page sizes with a bulk-copy box (8, 16,
-///   32, 64 or a multiple of 64): a warp-specialised Hopper kernel. A producer warp streams
-///   128-key K/V tiles with bulk tensor copies (TMA) into a 3-stage ring guarded by mbarriers;
-///   two consumer warpgroups of 64 rows each issue `wgmma` QKᵀ for one tile and PV for the
-///   previous one back to back, so the softmax of a tile overlaps the tensor cores; P stays in
-///   registers. A split's last, partial tile is copied with `cp.async`, zero-filled past the
-///   segment's end, so no key beyond a segment is read.
-/// - otherwise `wgmma` or `mma.sync` m16n8k16 kernels fed by a 2- or 3-stage `cp.async` pipeline
-///   of 64-key tiles whose page ids are fetched a tile ahead.
-/// - a last level whose segments each belong to one request (the unique suffixes) runs on the
-///   library's split-KV decode (`run_decode`, see decode.hpp; `CascadeTuning::decode_last_level`).
-///
-/// Levels after the first are programmatic dependent launches where the level kernel allows it.
-/// Each level writes partial states (o, base-2 lse) in fp32 to the workspace. The states of a
-/// row are then folded with the library's max-subtracted merge (`math::merge_weight` /
-/// `merge_finalize`, the numerics of `cuda::merge_states`) and written in the output's dtype and
-/// base: by the decode of the last level, which merges the other levels' states into its own
-/// split merge (`CascadePlan::decode_fold`), or else by one merge launch over every level's and
-/// split's state (a large decode level then runs beside the shared levels without waiting). No
-/// floating-point atomics: results are bitwise repeatable for a given plan.
+/// How it runs (kernels per level, the fold of the states, numerics): docs/cascade.md.
 ///
 /// Device lengths may differ from the planned ones (e.g. a graph replayed as suffixes grow):
 /// the split of a segment is derived on the device from its device length (the last split takes

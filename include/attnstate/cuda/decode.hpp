@@ -18,21 +18,8 @@
 /// lengths and batch replays correctly for shorter requests, fewer requests or empty ones
 /// (`seq_len = 0` gives the empty state `(0, -inf)`).
 ///
-/// Numerics: scores and softmax in fp32 (base 2 internally), `QKᵀ` and `PV` on tensor cores
-/// (bf16/f16 operands, fp32 accumulation; the probabilities are rounded to the KV dtype as the
-/// `PV` operand). Each split's partial state `(o, lse)` is merged in split order with the
-/// library's max-subtracted merge, inside the same kernel and without floating-point atomics:
-/// when a request has at most 8 splits and its CTAs fit in one wave they run as a thread-block
-/// cluster and merge through distributed shared memory; otherwise the partials go to an fp32
-/// workspace and the last CTA of a (request, KV head, row tile) merges them (integer tickets).
-/// Both paths give bitwise the same results, repeatable for a given plan. A request with one
-/// split skips the merge.
-///
-/// Loads: each warp streams 16-token K/V tiles with 16-byte `cp.async` copies (evict-first)
-/// through a shared-memory pipeline (3 stages, or 2 with more CTAs per SM for short splits); any
-/// page size works (16-token tiles within a page look the page up once). Requirements: `k`, `v`
-/// 16-byte aligned and `page_elems()` a multiple of 8 elements. Many short unsplit requests run on
-/// the streamed kernel instead (see `DecodePlan::streamed`).
+/// Numerics, loads and kernels: docs/decode.md ("How it runs"). Requirements: `k`, `v` 16-byte
+/// aligned and `page_elems()` a multiple of 8 elements.
 #pragma once
 
 #include <cuda_runtime_api.h>
