@@ -100,8 +100,7 @@ struct SplitLayout {
 /// `num_splits_heuristic`) over `work_items` CTAs of `n_blocks` key blocks on `slots`
 /// concurrent CTA slots: the smallest split count whose last wave is at least `threshold` times
 /// as full as the best achievable. FlashAttention-2 uses 0.85; the decode planner uses 0.95
-/// (measured on the H200: filling the slots exactly, e.g. 33 splits × 8 heads on 264 slots,
-/// beats the 29 splits that 0.85 picks by 9% at batch 1 × 128k). Returns a count in `[1, 128]`.
+/// (filling the slots exactly measured faster: bench/RESULTS.md). Returns a count in `[1, 128]`.
 inline int wave_efficiency_splits(std::int64_t work_items, std::int64_t slots,
                                   std::int64_t n_blocks, double threshold = 0.85) {
   if (work_items <= 0 || n_blocks <= 1) return 1;

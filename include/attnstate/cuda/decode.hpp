@@ -62,9 +62,8 @@ struct DecodePlan {
   /// that kernel to complete (its writes visible) before its first read; they let the next
   /// programmatic launch of the stream (e.g. the next layer's kernels) be placed early in turn.
   /// The results are the same bits; only launch latency between chained kernels can be hidden
-  /// (decode calls chained in a CUDA graph measured no faster with it on the H200: batch 1 × 1k,
-  /// 8.4 µs per call without, 8.7 with). Graph capture keeps the programmatic edges. Off by
-  /// default.
+  /// (chained decode calls in a CUDA graph were measured no faster with it: bench/RESULTS.md).
+  /// Graph capture keeps the programmatic edges. Off by default.
   bool programmatic_launch = false;
   /// Run with the streamed kernel: each warp takes whole (request, KV head, row tile) items in
   /// turn, copying the next item's first tiles while it computes the current one's last (the

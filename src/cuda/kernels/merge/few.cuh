@@ -40,9 +40,8 @@ constexpr int kFewMaxStates = 4;
 constexpr int kFewBlock = 256;
 
 /// Chunks of a row each thread of the few-states kernel merges for `S` states: two for S ≤ 2
-/// (half the per-row work — index arithmetic, LSEs, max and weights — per byte; measured on the
-/// H200 at 4096 tokens × 32 heads × 128, bf16: S = 1 23.5 → 21.4 µs, S = 2 30.8 → 29.6), one
-/// above (S = 4: 46.1 with one, 48.3 with two).
+/// (half the per-row work — index arithmetic, LSEs, max and weights — per byte), one above, as
+/// measured (bench/RESULTS.md).
 constexpr int few_chunks(int states) { return states <= 2 ? 2 : 1; }
 
 /// `out[t, h] = ⊕_s in[t, s, h]` for `S = args.in.num_states ≤ kS`: thread `g` of a row's
