@@ -10,6 +10,7 @@
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "common/cascade_validate.hpp"
+#include "common/compiled.hpp"
 #include "common/cuda_cascade_validate.hpp"
 #include "cuda/cascade_tma.hpp"
 #include "cuda/decode_prior.hpp"
@@ -30,6 +31,9 @@ using ::attnstate::detail::check_cascade_plan_out;
 using ::attnstate::detail::check_cascade_workspace;
 using ::attnstate::detail::throw_argument;
 using Kernel = CascadeLevelKernel;
+
+/// The caller named by the dispatch's errors (values the checks already accepted).
+constexpr const char* kCascadeFn = "attnstate::cuda::run_cascade";
 
 /// The partial states' outputs and LSEs in the workspace (fp32, `(num_slots, rows, ...)`).
 float* slots_o(void* workspace) { return static_cast<float*>(workspace); }
@@ -106,9 +110,9 @@ struct DecodeLevelCall {
     if (workspace_bytes > 0)
       init_decode_workspace(plan.last_decode, workspace, workspace_bytes, stream);
   }
+  /// Launches the decode run (after `check`: its checks are not repeated).
   void launch(const CascadePlan& plan, const ConstTensorView& q, cudaStream_t stream) const {
-    detail::run_decode_with_prior(plan.last_decode, q, table, out, workspace, workspace_bytes,
-                                  prior, stream);
+    detail::launch_decode_with_prior(plan.last_decode, q, table, out, workspace, prior, stream);
   }
 };
 
@@ -179,12 +183,14 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
     kernel = lp.fallback;
   }
   const bool wgmma = kernel == Kernel::kWgmma;
-  if (s.dtype == DType::kBF16)
-    kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
-                                       overlap, stream);
-  else
-    kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
-                                      overlap, stream);
+  compiled::dispatch(kCascadeFn, "shape.dtype", s.dtype, compiled::CascadeDTypes{}, [&](auto t) {
+    if constexpr (decltype(t)::value == DType::kBF16)
+      kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
+                                         overlap, stream);
+    else
+      kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
+                                        overlap, stream);
+  });
 }
 
 /// Launches the merge of every level's and split's state into `out`; `programmatic`: as a
@@ -212,21 +218,15 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
   cfg.block = dim3(32 * kernels::kCascadeMergeWarps);
   cfg.pdl = programmatic;
   cfg.stream = stream;
-  const auto launch = [&](auto kernel) {
-    detail::launch_kernel(cfg, kernel, "cascade_merge_kernel", p);
-  };
-  const bool d64 = plan.shape.head_dim == 64;
-  switch (out.dtype) {
-    case DType::kF16:
-      return d64 ? launch(kernels::cascade_merge_kernel<64, half_t>)
-                 : launch(kernels::cascade_merge_kernel<128, half_t>);
-    case DType::kBF16:
-      return d64 ? launch(kernels::cascade_merge_kernel<64, bfloat16_t>)
-                 : launch(kernels::cascade_merge_kernel<128, bfloat16_t>);
-    default:
-      return d64 ? launch(kernels::cascade_merge_kernel<64, float>)
-                 : launch(kernels::cascade_merge_kernel<128, float>);
-  }
+  compiled::dispatch(
+      kCascadeFn, "shape.head_dim", plan.shape.head_dim, compiled::CascadeHeadDims{}, [&](auto d) {
+        compiled::dispatch_storage(
+            kCascadeFn, "out.dtype", out.dtype, compiled::MergeDTypes{}, [&](auto to) {
+              constexpr auto kernel =
+                  kernels::cascade_merge_kernel<decltype(d)::value, decltype(to)>;
+              detail::launch_kernel(cfg, kernel, "cascade_merge_kernel", p);
+            });
+      });
 }
 
 }  // namespace
@@ -274,6 +274,7 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
   if (plan.levels[level].decode) {
     const DecodeLevelCall decode(plan, level, kv, device_level, workspace, DecodeLevelMode::kSlot,
                                  nullptr);
+    decode.check(plan, q);
     decode.zero_tickets(plan, stream);
     decode.launch(plan, q, stream);
     return;

@@ -1,7 +1,8 @@
 /// @file decode.cu
 /// @brief CUDA split-KV decode: `plan_decode` (the device facts, then the host planner of
 ///        `src/plan/decode_plan.hpp`), the argument checks of a run, the workspace layout and the
-///        one runtime → compile-time dispatch (head dim × dtype × pipeline depth) of the kernels.
+///        launches (head dim × dtype × pipeline depth through the one dispatch,
+///        `common/dispatch.hpp`).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -12,6 +13,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "common/compiled.hpp"
 #include "common/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
 #include "cuda/device_cache.hpp"
@@ -37,56 +39,23 @@ static_assert(plan::kMaxCluster == detail::kDecodeMaxWsGroup &&
 static_assert(plan::kDecodeShortHeadDim == 128 && plan::kDecodeStreamMaxHeadDim == 128,
               "the instances below");
 
-/// The one dispatch from runtime values to kernel instances: calls
-/// `f(std::integral_constant<int, D>{})` for the head dim `head_dim` of `plan::kDecodeHeadDims`
-/// (the list the checks read), so every listed head dim has its kernels and no other.
-template <class F, std::size_t... I>
-void with_head_dim(std::int64_t head_dim, F&& f, std::index_sequence<I...>) {
-  const bool found =
-      ((head_dim == plan::kDecodeHeadDims[I]
-            ? (f(std::integral_constant<int, static_cast<int>(plan::kDecodeHeadDims[I])>{}), true)
-            : false) ||
-       ...);
-  if (!found)
-    throw_argument("attnstate::cuda::run_decode", "plan.problem.head_dim", "a compiled head dim",
-                   decode_str(head_dim), Status::kNotSupported);
-}
-
-/// Calls `f(std::bool_constant<kBF16>{})` for the dtype `dt` of `plan::kDecodeDTypes`.
-template <class F, std::size_t... I>
-void with_dtype(DType dt, F&& f, std::index_sequence<I...>) {
-  static_assert(
-      ((plan::kDecodeDTypes[I] == DType::kF16 || plan::kDecodeDTypes[I] == DType::kBF16) && ...),
-      "the kernels take f16 or bf16");
-  const bool found = ((dt == plan::kDecodeDTypes[I]
-                           ? (f(std::bool_constant<plan::kDecodeDTypes[I] == DType::kBF16>{}), true)
-                           : false) ||
-                      ...);
-  if (!found)
-    throw_argument("attnstate::cuda::run_decode", "plan.problem.kv_dtype", "a compiled dtype",
-                   to_string(dt), Status::kNotSupported);
-}
-
 /// Calls `f(D, kBF16, kStages)` (integral constants) for a split-kernel instance: every head dim
 /// × dtype of the lists at the default depth, and the short-split depth at head dim 128.
 template <class F>
 void with_split_instance(std::int64_t head_dim, DType dt, int stages, F&& f) {
-  constexpr std::size_t kN = sizeof(plan::kDecodeHeadDims) / sizeof(plan::kDecodeHeadDims[0]);
-  constexpr std::size_t kT = sizeof(plan::kDecodeDTypes) / sizeof(plan::kDecodeDTypes[0]);
-  with_head_dim(
-      head_dim,
-      [&](auto d) {
+  constexpr const char* kFn = "attnstate::cuda::run_decode";
+  compiled::dispatch(
+      kFn, "plan.problem.head_dim", head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
         constexpr int D = decltype(d)::value;
-        const auto pick = [&](auto bf16) {
+        compiled::dispatch(kFn, "plan.problem.kv_dtype", dt, compiled::DecodeDTypes{}, [&](auto t) {
+          const auto bf16 = std::bool_constant<decltype(t)::value == DType::kBF16>{};
           if constexpr (D == plan::kDecodeShortHeadDim) {
             if (stages == detail::kDecodeShortStages)
               return f(d, bf16, std::integral_constant<int, detail::kDecodeShortStages>{});
           }
           f(d, bf16, std::integral_constant<int, detail::kDecodeStages>{});
-        };
-        with_dtype(dt, pick, std::make_index_sequence<kT>{});
-      },
-      std::make_index_sequence<kN>{});
+        });
+      });
 }
 
 /// The kernels' compile-time shape for `head_dim` and the tuning constants: the planner's facts
@@ -230,8 +199,8 @@ void launch_stream(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStr
   detail::launch_kernel(c, kernel, "decode_stream_kernel", p);
 }
 
-/// Launches what `l` says: the one place where (head dim, dtype, kernel, pipeline depth) become
-/// template arguments.
+/// Launches what `l` says: (head dim, dtype, pipeline depth) through `with_split_instance` (the one
+/// dispatch, `common/dispatch.hpp`, on the lists of `common/compiled.hpp`), then the kernel.
 void launch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, const DecodeLaunch& l,
             cudaStream_t stream) {
   with_split_instance(head_dim, dt, l.stages, [&](auto d, auto bf16, auto stages) {
@@ -355,6 +324,23 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   return r;
 }
 
+/// What a run launches, derived from the plan and the run's batch as `check_run` derives it,
+/// without the checks (the run passed `check_run`).
+CheckedRun derive_run(const DecodePlan& plan, std::int64_t batch) {
+  CheckedRun r;
+  const DecodeProblem& pr = plan.problem;
+  r.scale = attnstate::detail::resolve_scale("attnstate::cuda::run_decode", "plan.scale",
+                                             plan.scale, pr.head_dim);
+  r.w = workspace_layout(plan);
+  r.grid = batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
+  r.split.stages = plan.split.stages;
+  r.split.cluster = plan.split.cluster;
+  if (batch != pr.batch)
+    r.split = plan::resolve_split_launch(recorded_facts(plan), pr.head_dim, plan.splits,
+                                         plan.num_sms > 0 ? plan.num_sms : 1, r.grid);
+  return r;
+}
+
 }  // namespace
 
 std::size_t DecodePlan::workspace_bytes() const { return workspace_layout(*this).total; }
@@ -419,8 +405,14 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
                                    const PagedKvCache& kv, StateView out, void* workspace,
                                    std::size_t workspace_bytes, const PriorStates& prior,
                                    cudaStream_t stream) {
-  const CheckedRun r =
-      check_run("attnstate::cuda::run_decode", plan, q, kv, out, workspace, workspace_bytes, prior);
+  check_decode_with_prior(plan, q, kv, out, workspace, workspace_bytes, prior);
+  launch_decode_with_prior(plan, q, kv, out, workspace, prior, stream);
+}
+
+void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
+                                      const PagedKvCache& kv, StateView out, void* workspace,
+                                      const PriorStates& prior, cudaStream_t stream) {
+  const CheckedRun r = derive_run(plan, kv.batch);
   if (r.grid == 0) return;
   const DecodeProblem& pr = plan.problem;
   const WorkspaceLayout& w = r.w;

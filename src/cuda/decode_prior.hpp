@@ -36,9 +36,17 @@ void check_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
                              const PagedKvCache& kv, StateView out, void* workspace,
                              std::size_t workspace_bytes, const PriorStates& prior);
 
+/// The launch of `run_decode_with_prior` without its checks: only for arguments that passed
+/// `check_decode_with_prior` (the cascade checks its decode level once, before its shared
+/// levels, then launches it after them). `workspace_bytes` was checked there.
+void launch_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
+                              const PagedKvCache& kv, StateView out, void* workspace,
+                              const PriorStates& prior, cudaStream_t stream);
+
 /// `run_decode` with `prior` folded into the output state: the output is the merge of the
 /// decode's state over the request's keys with the row's prior states. Same checks as
-/// `run_decode`, plus `prior` (non-null aligned pointers and enough rows when `count > 0`).
+/// `run_decode`, plus `prior` (non-null aligned pointers and enough rows when `count > 0`):
+/// `check_decode_with_prior`, then `launch_decode_with_prior`.
 void run_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
                            StateView out, void* workspace, std::size_t workspace_bytes,
                            const PriorStates& prior, cudaStream_t stream);

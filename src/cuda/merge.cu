@@ -18,8 +18,8 @@ namespace v = attnstate::detail;
 
 constexpr MemorySpace kDevice = MemorySpace::kDevice;
 
-void launch_pair(const ConstStateView& a, const ConstStateView& b, const StateView& out,
-                 const std::uint8_t* mask, cudaStream_t stream) {
+void launch_pair(const char* func, const ConstStateView& a, const ConstStateView& b,
+                 const StateView& out, const std::uint8_t* mask, cudaStream_t stream) {
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   kernels::PairArgs args;
@@ -32,7 +32,7 @@ void launch_pair(const ConstStateView& a, const ConstStateView& b, const StateVi
       kernels::vec_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
       kernels::vec_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
       kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
-  kernels::dispatch_pair(a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
+  kernels::dispatch_pair(func, a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
     constexpr auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
     kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
   });
@@ -50,7 +50,7 @@ void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t
   v::check_alias(kFunc, "out", out, "a", a);
   v::check_alias(kFunc, "out", out, "b", b);
   kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
-  launch_pair(a, b, out, nullptr, stream);
+  launch_pair(kFunc, a, b, out, nullptr, stream);
 }
 
 void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask,
@@ -62,7 +62,7 @@ void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t
   v::check_alias(kFunc, "acc", acc, "other", other);
   v::check_mask(kFunc, "mask", mask, "acc", acc);
   kernels::check_head_dim(kFunc, "acc.head_dim", acc.head_dim);
-  launch_pair(acc, other, acc, mask, stream);
+  launch_pair(kFunc, acc, other, acc, mask, stream);
 }
 
 }  // namespace cuda

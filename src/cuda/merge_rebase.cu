@@ -30,7 +30,7 @@ void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
   args.aligned =
       kernels::vec_aligned(in.o, size_of(in.dtype), {in.o_stride_token, in.o_stride_head}) &&
       kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
-  kernels::dispatch_in_out(in.dtype, out.dtype, [&](auto ti, auto to) {
+  kernels::dispatch_in_out(kFunc, in.dtype, out.dtype, [&](auto ti, auto to) {
     constexpr auto kernel = kernels::rebase_kernel<decltype(ti), decltype(to)>;
     kernels::launch_grid_stride<kernel>(rows << args.split.shift, stream, "rebase_kernel", args);
   });

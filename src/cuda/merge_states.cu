@@ -46,9 +46,10 @@ static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels
 /// The kernels of `merge_states`, all giving the same bits.
 enum class StackKernel { kGeneral, kFew, kRing };
 
-/// The one place that picks the kernel of `merge_states`: stacks with 16-byte access to `o` go to
-/// the few-states kernel (at most `tuning::kMergeFewStates` states) or, with at least one
-/// block of work per SM, to the ring kernel; everything else to the general kernel.
+/// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
+/// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
+/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states) or, with at
+/// least one block of work per SM, to the ring kernel; everything else to the general kernel.
 template <class TIn, class TO>
 StackKernel pick_kernel(const kernels::RowsArgs& args) {
   if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= tuning::kMergeFewStates) {
@@ -67,9 +68,11 @@ namespace detail {
 /// out)` runs a fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
   bool fast = false;
-  kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
-    fast = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out)) != StackKernel::kGeneral;
-  });
+  kernels::dispatch_in_out(
+      "attnstate::cuda::merge_states", states.dtype, out.dtype, [&](auto ti, auto to) {
+        fast = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out)) !=
+               StackKernel::kGeneral;
+      });
   return fast;
 }
 
@@ -89,7 +92,7 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   const kernels::RowsArgs args = rows_args(states, out);
-  kernels::dispatch_in_out(states.dtype, out.dtype, [&](auto ti, auto to) {
+  kernels::dispatch_in_out(kFunc, states.dtype, out.dtype, [&](auto ti, auto to) {
     switch (pick_kernel<decltype(ti), decltype(to)>(args)) {
       case StackKernel::kFew:
         return kernels::launch_few<decltype(ti), decltype(to)>(args, stream);
@@ -135,7 +138,7 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
   in.lse_stride_state = rows.lse_stride_token;
   kernels::RowsArgs args = rows_args(in, out);
   args.indptr = indptr;
-  kernels::dispatch_in_out(rows.dtype, out.dtype, [&](auto ti, auto to) {
+  kernels::dispatch_in_out(kFunc, rows.dtype, out.dtype, [&](auto ti, auto to) {
     constexpr auto kernel = kernels::merge_ragged_kernel<decltype(ti), decltype(to)>;
     kernels::launch_grid_stride<kernel>(n << args.row_shift, stream, "merge_ragged_kernel", args);
   });

@@ -68,12 +68,12 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
     throw_argument(func, "shape.page_size", "1..2^20", cascade_str(shape.page_size));
   if (shape.num_pages < 0)
     throw_argument(func, "shape.num_pages", ">= 0", cascade_str(shape.num_pages));
-  if (shape.dtype != DType::kF16 && shape.dtype != DType::kBF16)
-    throw_argument(func, "shape.dtype", "f16 or bf16", to_string(shape.dtype),
-                   Status::kNotSupported);
+  if (!compiled::contains(compiled::CascadeDTypes{}, shape.dtype))
+    throw_argument(func, "shape.dtype", compiled::list_string(compiled::CascadeDTypes{}),
+                   to_string(shape.dtype), Status::kNotSupported);
   if (!cascade_head_dim_supported(shape.head_dim))
-    throw_argument(func, "shape.head_dim", "64 or 128", cascade_str(shape.head_dim),
-                   Status::kNotSupported);
+    throw_argument(func, "shape.head_dim", compiled::list_string(compiled::CascadeHeadDims{}),
+                   cascade_str(shape.head_dim), Status::kNotSupported);
   if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
   if (tuning.tile_rows != 0 && !cascade_tile_supported(tuning.tile_rows))
     throw_argument(func, "tuning.tile_rows", "0, 16, 64 or 128", cascade_str(tuning.tile_rows));

@@ -13,6 +13,7 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/cuda/cascade_plan.hpp"
+#include "common/compiled.hpp"
 
 namespace attnstate {
 namespace plan {
@@ -27,10 +28,14 @@ constexpr int kKvTile = 64;  ///< Keys per KV tile of the level kernels (`Cascad
 /// Largest GQA group (`heads_q / heads_kv`) of a cascade (`CascadeShape::heads_q`).
 constexpr std::int64_t kMaxCascadeGroup = 64;
 
-/// Head dims with compiled cascade level kernels.
-inline bool cascade_head_dim_supported(std::int64_t d) { return d == 64 || d == 128; }
-/// Row tiles with compiled cascade level kernels.
-inline bool cascade_tile_supported(int rows) { return rows == 16 || rows == 64 || rows == 128; }
+/// Head dims with compiled cascade kernels (`compiled::CascadeHeadDims`).
+inline bool cascade_head_dim_supported(std::int64_t d) {
+  return compiled::contains(compiled::CascadeHeadDims{}, d);
+}
+/// Row tiles with compiled cascade level kernels (`compiled::CascadeTileRows`).
+inline bool cascade_tile_supported(int rows) {
+  return compiled::contains(compiled::CascadeTileRows{}, rows);
+}
 
 /// Warp-specialised level kernel variants (bf16, head_dim 128; tiles of 64 or 128 rows), the
 /// values of `CascadeTuning::ws_variant` and `CascadeLevelPlan::ws_variant`.

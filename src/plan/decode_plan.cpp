@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <iterator>
 #include <string>
 
 #include "attnstate/core/error.hpp"
@@ -32,26 +31,13 @@ int resident(const DecodeFacts& f, int stages, int cluster) {
   return f.resident_clusters[stages == f.stages ? 0 : 1][cluster];
 }
 
-/// "a, b or c" of a list's entries.
-template <class T, std::size_t N, class Str>
-std::string list_of(const T (&list)[N], Str&& to_str) {
-  std::string s;
-  for (std::size_t i = 0; i < N; ++i)
-    s += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + to_str(list[i]);
-  return s;
-}
-
 }  // namespace
 
 bool decode_head_dim_supported(std::int64_t head_dim) {
-  return std::find(std::begin(kDecodeHeadDims), std::end(kDecodeHeadDims), head_dim) !=
-         std::end(kDecodeHeadDims);
+  return compiled::contains(compiled::DecodeHeadDims{}, head_dim);
 }
 
-bool decode_dtype_supported(DType dt) {
-  return std::find(std::begin(kDecodeDTypes), std::end(kDecodeDTypes), dt) !=
-         std::end(kDecodeDTypes);
-}
+bool decode_dtype_supported(DType dt) { return compiled::contains(compiled::DecodeDTypes{}, dt); }
 
 void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", str(pr.batch));
@@ -60,11 +46,10 @@ void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.heads_q < 1 || pr.heads_q % pr.heads_kv != 0)
     throw_argument(fn, "problem.heads_q", "a positive multiple of heads_kv", str(pr.heads_q));
   if (!decode_head_dim_supported(pr.head_dim))
-    throw_argument(fn, "problem.head_dim", list_of(kDecodeHeadDims, str), str(pr.head_dim),
-                   Status::kNotSupported);
+    throw_argument(fn, "problem.head_dim", compiled::list_string(compiled::DecodeHeadDims{}),
+                   str(pr.head_dim), Status::kNotSupported);
   if (!decode_dtype_supported(pr.kv_dtype))
-    throw_argument(fn, "problem.kv_dtype",
-                   list_of(kDecodeDTypes, [](DType d) { return std::string(to_string(d)); }),
+    throw_argument(fn, "problem.kv_dtype", compiled::list_string(compiled::DecodeDTypes{}),
                    to_string(pr.kv_dtype), Status::kNotSupported);
   if (pr.q_dtype != pr.kv_dtype)
     throw_argument(fn, "problem.q_dtype", std::string("the KV dtype ") + to_string(pr.kv_dtype),

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "attnstate/core/decode_split.hpp"
+#include "common/compiled.hpp"
 
 namespace attnstate {
 namespace plan {
@@ -20,13 +21,12 @@ namespace plan {
 /// occupancy of cluster sizes 2..`kMaxCluster`.
 inline constexpr int kMaxCluster = 8;
 
-/// The head dims with compiled decode kernels: the one list read by the checks
-/// (`check_decode_problem`) and by the dispatch of `src/cuda/decode.cu` (which instantiates one
-/// kernel per entry and asserts it covers this list).
-inline constexpr std::int64_t kDecodeHeadDims[] = {64, 128, 256};
-/// The dtypes with compiled decode kernels (queries and KV the same dtype): the one list read by
-/// the checks and by the dispatch, like `kDecodeHeadDims`.
-inline constexpr DType kDecodeDTypes[] = {DType::kF16, DType::kBF16};
+/// The head dims with compiled decode kernels (`compiled::DecodeHeadDims`, the one list read by
+/// the checks, `check_decode_problem`, and by the dispatch of `src/cuda/decode.cu`).
+inline constexpr const auto& kDecodeHeadDims = compiled::Values<compiled::DecodeHeadDims>::value;
+/// The dtypes with compiled decode kernels (queries and KV the same dtype;
+/// `compiled::DecodeDTypes`).
+inline constexpr const auto& kDecodeDTypes = compiled::Values<compiled::DecodeDTypes>::value;
 /// The largest head dim the streamed kernel is compiled for (the head dims of `kDecodeHeadDims`
 /// up to this one).
 inline constexpr std::int64_t kDecodeStreamMaxHeadDim = 128;

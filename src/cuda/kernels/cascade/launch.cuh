@@ -1,6 +1,7 @@
 /// @file kernels/cascade/launch.cuh
-/// @brief Host launchers of the cascade kernels: the one place where the runtime head_dim,
-///        dtype and row tile become template parameters (the compiled variants are listed here).
+/// @brief Host launchers of the cascade level kernels: the runtime head_dim and row tile become
+///        template parameters through the one dispatch (`common/dispatch.hpp`) on the lists of
+///        `common/compiled.hpp`; the dtype picks the instantiation file (`cascade.cu`).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,6 +13,7 @@
 
 #include "attnstate/core/error.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "common/compiled.hpp"
 #include "cuda/kernels/cascade/level.cuh"
 #include "cuda/kernels/cascade/level_wgmma.cuh"
 #include "cuda/kernels/cascade/level_ws.cuh"
@@ -86,33 +88,26 @@ void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wg
     if (wgmma && tile_rows == 128)
       return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 2>>(p, grid, pdl, stream);
   }
-  switch (tile_rows) {
-    case 16:
-      if (p.small_stages == 3)
-        return launch_cascade_tile<T, CascadeTile<D, 1, 4, 3, 2>>(p, grid, pdl, stream);
-      return launch_cascade_tile<T, CascadeTile<D, 1, 4, 2, 4>>(p, grid, pdl, stream);
-    case 64:
-      return launch_cascade_tile<T, CascadeTile<D, 4, 1>>(p, grid, pdl, stream);
-    case 128:
-      return launch_cascade_tile<T, CascadeTile<D, 8, 1>>(p, grid, pdl, stream);
-    default:
-      ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "tile_rows", "16, 64 or 128",
-                                          std::to_string(tile_rows), Status::kNotSupported);
-  }
+  compiled::dispatch(
+      "attnstate::cuda::cascade", "tile_rows", tile_rows, compiled::CascadeTileRows{}, [&](auto r) {
+        constexpr int kRows = decltype(r)::value;
+        if constexpr (kRows == 16) {
+          if (p.small_stages == 3)
+            return launch_cascade_tile<T, CascadeTile<D, 1, 4, 3, 2>>(p, grid, pdl, stream);
+          return launch_cascade_tile<T, CascadeTile<D, 1, 4, 2, 4>>(p, grid, pdl, stream);
+        } else {
+          launch_cascade_tile<T, CascadeTile<D, kRows / 16, 1>>(p, grid, pdl, stream);
+        }
+      });
 }
 
 template <class T>
 void launch_cascade_level(const CascadeLevelParams& p, int tile_rows, int head_dim, bool wgmma,
                           dim3 grid, bool pdl, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return launch_cascade_head_dim<T, 64>(p, tile_rows, wgmma, grid, pdl, stream);
-    case 128:
-      return launch_cascade_head_dim<T, 128>(p, tile_rows, wgmma, grid, pdl, stream);
-    default:
-      ::attnstate::detail::throw_argument("attnstate::cuda::cascade", "head_dim", "64 or 128",
-                                          std::to_string(head_dim), Status::kNotSupported);
-  }
+  compiled::dispatch(
+      "attnstate::cuda::cascade", "head_dim", head_dim, compiled::CascadeHeadDims{}, [&](auto d) {
+        launch_cascade_head_dim<T, decltype(d)::value>(p, tile_rows, wgmma, grid, pdl, stream);
+      });
 }
 
 }  // namespace kernels

@@ -25,6 +25,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "common/compiled.hpp"
 #include "cuda/kernels/merge/launch.cuh"
 #include "cuda/kernels/merge/stack.cuh"
 #include "cuda/tile/vec.cuh"
@@ -138,16 +139,11 @@ void launch_few(const RowsArgs& args, cudaStream_t stream) {
     kernel<<<static_cast<unsigned>(blocks), block, 0, stream>>>(args);
     ATTNSTATE_CHECK_LAUNCH(stream, "merge_few_kernel");
   };
-  switch (states) {
-    case 1:
-      return launch(merge_few_kernel<TIn, TO, 1>);
-    case 2:
-      return launch(merge_few_kernel<TIn, TO, 2>);
-    case 3:
-      return launch(merge_few_kernel<TIn, TO, 3>);
-    default:
-      return launch(merge_few_kernel<TIn, TO, 4>);
-  }
+  // one instance per state count, 1..kFewMaxStates (pick_kernel sends no other)
+  static_assert(kFewMaxStates == 4, "the state counts below");
+  compiled::dispatch("attnstate::cuda::merge_states", "states.num_states", states,
+                     compiled::IntList<1, 2, 3, 4>{},
+                     [&](auto n) { launch(merge_few_kernel<TIn, TO, decltype(n)::value>); });
 }
 
 }  // namespace kernels

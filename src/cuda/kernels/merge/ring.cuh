@@ -26,6 +26,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "common/compiled.hpp"
 #include "cuda/arch/memory.cuh"
 #include "cuda/kernels/merge/launch.cuh"
 #include "cuda/kernels/merge/stack.cuh"
@@ -354,19 +355,12 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   arch::cp_async_wait<0>();
 }
 
-/// Calls `f(std::integral_constant<int, D>{})` for a supported head_dim `D` (64, 128, 256, 512).
+/// Calls `f(std::integral_constant<int, D>{})` for the head dim `D == head_dim` of
+/// `compiled::MergeHeadDims` (through the one dispatch, `common/dispatch.hpp`).
 template <class F>
 void dispatch_head_dim(std::int64_t head_dim, F&& f) {
-  switch (head_dim) {
-    case 64:
-      return f(std::integral_constant<int, 64>{});
-    case 128:
-      return f(std::integral_constant<int, 128>{});
-    case 256:
-      return f(std::integral_constant<int, 256>{});
-    default:
-      return f(std::integral_constant<int, 512>{});
-  }
+  compiled::dispatch("attnstate::cuda::merge_states", "out.head_dim", head_dim,
+                     compiled::MergeHeadDims{}, f);
 }
 
 /// True when the ring kernel of `Shape` runs the merge of `args` (built by `rows_args` of the
@@ -378,7 +372,7 @@ bool use_ring(const RowsArgs& args, std::int64_t min_blocks) {
   const std::int64_t S = args.in.num_states;
   const std::int64_t D = args.out.head_dim;
   if (!args.aligned || S < 1 || S > kRingMaxStates) return false;
-  if (D != 64 && D != 128 && D != 256 && D != 512) return false;
+  if (!compiled::contains(compiled::MergeHeadDims{}, D)) return false;
   bool ok = false;
   dispatch_head_dim(D, [&](auto d) {
     using G = RingGeometry<TIn, decltype(d)::value, Shape>;

@@ -1,0 +1,72 @@
+/// @file compiled.hpp
+/// @brief The one list of what the CUDA backend compiles per operation (head dims, dtypes), read
+///        by the argument checks (their messages list it) and by the dispatch
+///        (`common/dispatch.hpp`), which instantiates the kernels of each entry and no other.
+///
+/// Each operation compiles the head dims it supports that the build's `ATTNSTATE_CUDA_HEAD_DIMS`
+/// (CMake, `docs/install.md`) lists: the generated `attnstate_compiled_config.hpp`, or the
+/// default list when a translation unit is compiled without the build's include path.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "common/dispatch.hpp"
+
+#if __has_include("attnstate_compiled_config.hpp")
+#include "attnstate_compiled_config.hpp"
+#else
+#include "common/compiled_default.hpp"
+#endif
+
+namespace attnstate {
+namespace compiled {
+
+/// The entries of `In` also in `Keep`, in the order of `In` (`::type`).
+template <class Keep, class In, class Out = IntList<>>
+struct Intersect {
+  using type = Out;
+};
+/// @cond INTERNAL
+template <class Keep, int S0, int... S, int... O>
+struct Intersect<Keep, IntList<S0, S...>, IntList<O...>>
+    : Intersect<Keep, IntList<S...>,
+                std::conditional_t<contains(Keep{}, S0), IntList<O..., S0>, IntList<O...>>> {};
+/// @endcond
+
+/// The list's entries as an array (a list is never empty here).
+template <class List>
+struct Values;
+/// @cond INTERNAL
+template <int... V>
+struct Values<IntList<V...>> {
+  static constexpr std::int64_t value[] = {V...};
+};
+template <DType... T>
+struct Values<DTypeList<T...>> {
+  static constexpr DType value[] = {T...};
+};
+/// @endcond
+
+/// Head dims of the merge kernels (`merge_state*`, `merge_states*`, `rebase`).
+using MergeHeadDims = Intersect<BuildHeadDims, IntList<64, 128, 256, 512>>::type;
+/// Head dims of the split-KV decode kernels.
+using DecodeHeadDims = Intersect<BuildHeadDims, IntList<64, 128, 256>>::type;
+/// Head dims of the cascade kernels (its levels, its merge; its last level runs the decode).
+using CascadeHeadDims = Intersect<BuildHeadDims, IntList<64, 128>>::type;
+
+/// Dtypes of each `o` of the merges (inputs and output independently).
+using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;
+/// Dtypes of the decode's queries and KV (the same dtype).
+using DecodeDTypes = DTypeList<DType::kF16, DType::kBF16>;
+/// Dtypes of the cascade's queries and KV (the same dtype).
+using CascadeDTypes = DTypeList<DType::kF16, DType::kBF16>;
+/// Row tiles of the cascade level kernels.
+using CascadeTileRows = IntList<16, 64, 128>;
+
+static_assert(CascadeHeadDims::size() > 0 && MergeHeadDims::size() >= CascadeHeadDims::size() &&
+                  DecodeHeadDims::size() >= CascadeHeadDims::size(),
+              "every operation compiles a head dim (CMake checks ATTNSTATE_CUDA_HEAD_DIMS)");
+
+}  // namespace compiled
+}  // namespace attnstate
