@@ -10,6 +10,10 @@ namespace cuda {
 namespace kernels {
 namespace {
 
+/// The head dims of the warp-specialised kernel this build compiles: 128 (its only one) when the
+/// cascade's list has it.
+using WsHeadDims = compiled::Intersect<compiled::CascadeHeadDims, compiled::IntList<128>>::type;
+
 template <class Tile>
 void launch_ws_tile(const CascadeLevelParams& p, const CascadeTmaMaps& maps, dim3 grid, bool pdl,
                     cudaStream_t stream) {
@@ -54,11 +58,11 @@ bool launch_probe(const CascadeLevelParams& p, const CascadeTmaMaps& maps, int t
 }
 #endif
 
-}  // namespace
-
-void launch_cascade_level_ws_bf16(const CascadeLevelParams& p, const CascadeTmaMaps& maps,
-                                  int tile_rows, CascadeWsVariant variant, dim3 grid, bool pdl,
-                                  cudaStream_t stream) {
+/// The launch at head dim `D` (128): instantiated only when the build compiles it.
+template <int D>
+void launch_ws(const CascadeLevelParams& p, const CascadeTmaMaps& maps, int tile_rows,
+               CascadeWsVariant variant, dim3 grid, bool pdl, cudaStream_t stream) {
+  static_assert(D == 128, "the warp-specialised kernel's head dim");
   const bool kv64 = variant == CascadeWsVariant::kKv64 || variant == CascadeWsVariant::kKv64Turns;
   // 128-key tiles (the default): the fast exponent, precomputed descriptors, branch-free row
   // statistics, the accumulator rescaled after the previous PV; 64-key tiles: the plain options
@@ -72,6 +76,17 @@ void launch_cascade_level_ws_bf16(const CascadeLevelParams& p, const CascadeTmaM
   }
   if (kv64) return launch_ws_tile<CascadeWsTile<2, 64, 4>>(p, maps, grid, pdl, stream);
   return launch_ws_tile<CascadeWsTile<2, 128, 3, kDefault>>(p, maps, grid, pdl, stream);
+}
+
+}  // namespace
+
+void launch_cascade_level_ws_bf16(const CascadeLevelParams& p, const CascadeTmaMaps& maps,
+                                  int tile_rows, CascadeWsVariant variant, dim3 grid, bool pdl,
+                                  cudaStream_t stream) {
+  compiled::dispatch(
+      "attnstate::cuda::run_cascade", "shape.head_dim", 128, WsHeadDims{}, [&](auto d) {
+        launch_ws<decltype(d)::value>(p, maps, tile_rows, variant, grid, pdl, stream);
+      });
 }
 
 }  // namespace kernels
