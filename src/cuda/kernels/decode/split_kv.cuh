@@ -161,217 +161,6 @@ __device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, 
         math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
 }
 
-/// The CTA's work: (request `b`, KV head `hkv`, row tile `mt`, split `s`); the splits of a tile
-/// are consecutive blocks (a cluster when the merge runs in one).
-struct SplitCta {
-  std::int64_t S;  ///< Splits per tile (`p.splits.max_splits`).
-  int s, hkv, mt, b;
-  int row0;       ///< The tile's first query row.
-  int rows_here;  ///< Its query rows (up to 16).
-  __device__ __forceinline__ explicit SplitCta(const DecodeParams& p) : S(p.splits.max_splits) {
-    unsigned bid = blockIdx.x;  // the grid has at most 2^31 - 1 CTAs
-    s = static_cast<int>(bid % static_cast<unsigned>(S));
-    bid /= static_cast<unsigned>(S);
-    hkv = static_cast<int>(bid % static_cast<unsigned>(p.heads_kv));
-    bid /= static_cast<unsigned>(p.heads_kv);
-    mt = static_cast<int>(bid % static_cast<unsigned>(p.row_tiles));
-    b = static_cast<int>(bid / static_cast<unsigned>(p.row_tiles));
-    row0 = mt * kDecodeTileRows;
-    rows_here = min(kDecodeTileRows, p.rows - row0);
-  }
-};
-
-/// The pages request `b` owns (the block table's row, or its CSR range of page ids from
-/// `csr_base`, empty when invalid).
-__device__ __forceinline__ std::int64_t request_pages(const DecodeParams& p, int b,
-                                                      std::int64_t& csr_base) {
-  csr_base = 0;
-  if (p.block_table != nullptr) return p.block_table_stride;
-  csr_base = p.page_indptr[b];
-  std::int64_t pages = static_cast<std::int64_t>(p.page_indptr[b + 1]) - csr_base;
-  if (pages < 0 || csr_base < 0) pages = 0;  // an invalid range of page ids: no keys
-  if (csr_base < 0) csr_base = 0;
-  return pages;
-}
-
-/// The tile's query rows as 16-byte chunks in registers (chunk `tid + i · threads`; rows past
-/// `rows_here` zero): they do not depend on the length.
-template <int D, int kQChunks>
-__device__ __forceinline__ void load_q_chunks(const DecodeParams& p, const SplitCta& c, int tid,
-                                              uint4 (&qreg)[kQChunks]) {
-  using Elem = std::uint16_t;
-  constexpr int kCpr = D / 8;
-  constexpr int kThreads = kDecodeWarps * 32;
-#pragma unroll
-  for (int i = 0; i < kQChunks; ++i) {
-    const int ch = tid + i * kThreads;
-    const int r = ch / kCpr;
-    const int col = ch % kCpr;
-    qreg[i] = make_uint4(0, 0, 0, 0);
-    if (r < c.rows_here) {
-      const int rg = c.row0 + r;
-      const int qi = rg / p.group;
-      const int hq = c.hkv * p.group + rg % p.group;
-      const Elem* src = static_cast<const Elem*>(p.q) + c.b * p.q_stride_b + qi * p.q_stride_t +
-                        hq * p.q_stride_h + col * 8;
-      if (p.q_vec) {
-        qreg[i] = __ldg(reinterpret_cast<const uint4*>(src));
-      } else {
-        Elem e[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) e[j] = src[j];
-        qreg[i] = make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16),
-                             e[6] | (e[7] << 16));
-      }
-    }
-  }
-}
-
-/// The query chunks of `load_q_chunks` → shared memory `q_s` [16 rows][D], XOR-swizzled 16-byte
-/// chunks (rows beyond the tile are zero).
-template <int D, int kQChunks>
-__device__ __forceinline__ void store_q_chunks(std::uint16_t* q_s, int tid,
-                                               const uint4 (&qreg)[kQChunks]) {
-  constexpr int kCpr = D / 8;
-  constexpr int kThreads = kDecodeWarps * 32;
-#pragma unroll
-  for (int i = 0; i < kQChunks; ++i) {
-    const int c = tid + i * kThreads;
-    const int r = c / kCpr;
-    const int col = c % kCpr;
-    *reinterpret_cast<uint4*>(q_s + r * D + ((col ^ (r & 7)) << 3)) = qreg[i];
-  }
-}
-
-/// This warp's share of split `range` of the CTA's tile (its tiles w, w + 4, ...), streamed
-/// through its cp.async ring in `pipe` (`kStages` deep, XOR-swizzled 16-byte chunks) against the
-/// queries `q_s` (swizzled, in shared memory after the CTA's barrier here) of the tile of
-/// request `b`, KV head `hkv` (query rows from `row0`, `rows_here` of them): `o_acc` (zeroed here)
-/// and `os` hold the warp's unnormalised output and online softmax of its rows lane/4 and
-/// lane/4 + 8. `spec_pid`: the speculative page ids of its first tiles (-1: none), assuming the
-/// split starts at key `spec_t0`; `csr_base`: the request's first page id entry (see
-/// `request_pages`); `len`: its length.
-template <int D, bool kBF16, int kStages, int kSpec>
-__device__ __forceinline__ void attend_split_tiles(
-    const DecodeParams& p, const int& b, const int& hkv, const int& row0, const int& rows_here,
-    std::uint16_t* q_s, std::uint16_t* pipe, const std::int64_t& csr_base, const std::int32_t& len,
-    const TokenRange& range, const std::int32_t (&spec_pid)[kSpec], const std::uint32_t& spec_t0,
-    const int& warp, const int& lane, float (&o_acc)[D / 8][4], math::OnlineSoftmax (&os)[2]) {
-  using Elem = std::uint16_t;
-  constexpr int kWarps = kDecodeWarps;
-  constexpr int kRows = kDecodeTileRows;
-  constexpr int kCpr = D / 8;            // 16-byte chunks per row
-  constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
-  constexpr int kNT = D / 8;             // n-tiles of the output
-  int lim[2];                            // exclusive key ends of rows lane/4 and lane/4 + 8
-  tile::causal_row_limits(p, lane, rows_here, row0, len, range.end, lim);
-
-  // ---- this warp's tiles of the split ----
-  const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
-  const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
-  Elem* kbuf = pipe + static_cast<std::int64_t>(warp) * kStages * 2 * kTileElems;
-  const Elem* kpool = static_cast<const Elem*>(p.k);
-  const Elem* vpool = static_cast<const Elem*>(p.v);
-  const bool tile_in_page = (p.page_size % kRows) == 0;
-  const std::uint64_t policy = arch::l2_evict_first_policy();
-
-  auto page_id = [&](std::int64_t pidx) -> std::int64_t {
-    return tile::clamp_page(p.block_table != nullptr
-                                ? p.block_table[b * p.block_table_stride + pidx]
-                                : p.page_indices[csr_base + pidx],
-                            p.num_pages);
-  };
-  auto in_page = [&](std::int64_t slot) { return tile::kv_in_page<D>(p, hkv, slot); };
-  // Page id of this warp's tile `it` when a tile lies in one page (else unused).
-  auto tile_pid = [&](int it) -> std::int64_t {
-    const int t0 = range.begin + (warp + kWarps * it) * kRows;
-    if (!tile_in_page || it >= my_tiles) return 0;
-    return page_id(t0 / p.page_size);
-  };
-  // As `tile_pid` for one of the first tiles, from the speculative load when it applies (the
-  // split starts where the speculation assumed; the id clamped like `page_id`).
-  auto first_pid = [&](int it) -> std::int64_t {
-#pragma unroll
-    for (int k = 0; k < kSpec; ++k) {
-      if (k == it && tile_in_page && it < my_tiles && spec_pid[k] >= 0 &&
-          static_cast<std::uint32_t>(range.begin + warp * kRows) == spec_t0) {
-        const std::int64_t id = spec_pid[k];  // >= 0: only the upper clamp can apply
-        return id < p.num_pages ? id : p.num_pages - 1;
-      }
-    }
-    return tile_pid(it);
-  };
-  // Per-lane constants of the chunk addressing (see `copy_kv_tile_in_page`): inside one page a
-  // lane's source offsets are one base plus compile-time multiples of the row stride.
-  const int lane_r0 = lane / kCpr;
-  const int lane_col = lane % kCpr;
-  const std::int64_t row_stride =
-      p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
-  // Shared-memory byte addresses: the warp's ring of K/V tiles, and the per-lane parts of the
-  // ldmatrix addresses (row, and the XOR of the 16-byte chunk index with the row, so that the
-  // chunk of k-step kk is `(32 · kk) ^ x`).
-  constexpr std::uint32_t kTileBytes = kTileElems * 2;
-  constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
-  const std::uint32_t ring = arch::smem_addr(kbuf);
-  const int a_row = lane & 15;  // Q fragments (A) and V (transposed B)
-  const std::uint32_t a_x = static_cast<std::uint32_t>(((lane >> 4) ^ (lane & 7)) << 4);
-  const int b_row = ((lane >> 4) << 3) + (lane & 7);  // K (B)
-  const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
-  const std::uint32_t q_lane = arch::smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
-  auto load_tile = [&](int it, int stage, std::int64_t pid) {
-    const int t0 = range.begin + (warp + kWarps * it) * kRows;
-    const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
-    const std::uint32_t vd = kd + kTileBytes;
-    if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
-      const std::int64_t base =
-          pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
-      tile::copy_kv_tile_in_page<D, kRows>(kd, vd, kpool, vpool, base, row_stride, t0, range.end,
-                                           policy);
-      return;
-    }
-    // Any page size: each chunk looks its page up.
-    tile::copy_kv_tile_any_page<D, kRows>(p, kd, vd, kpool, vpool, policy, page_id, in_page, lane,
-                                          t0, range.end);
-  };
-
-#pragma unroll
-  for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
-
-    // The first tiles' copies (one code path with the main loop's: rolled).
-#pragma unroll 1
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < my_tiles) load_tile(st, st, first_pid(st));
-    arch::cp_async_commit();
-  }
-  // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
-  std::int64_t pid_next = first_pid(kStages - 1);
-  __syncthreads();  // queries in shared memory
-
-  for (int it = 0; it < my_tiles; ++it) {
-    const int nxt = it + kStages - 1;
-    if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
-    pid_next = tile_pid(nxt + 1);
-    arch::cp_async_commit();
-    arch::cp_async_wait<kStages - 1>();
-    __syncwarp();
-#if ATTNSTATE_PROBES
-    if (it == 0) ATTNSTATE_DECODE_MARK(5);
-#endif
-
-    const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
-    const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
-    const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
-    const int t0 = range.begin + (warp + kWarps * it) * kRows;
-
-    tile::attention_tile<D, kBF16>(
-        [&](int kk, std::uint32_t(&a)[4]) { arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
-        k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
-    __syncwarp();
-  }
-  arch::cp_async_wait<0>();
-  ATTNSTATE_DECODE_MARK(6);
-}
-
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
 /// (else f16) queries and KV.
 template <int D, bool kBF16, int kStages>
@@ -381,9 +170,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   constexpr int kWarps = kDecodeWarps;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kWarps * 32;
-  constexpr int kCpr = D / 8;  // 16-byte chunks per row
-  constexpr int kNT = D / 8;   // n-tiles of the output
-  constexpr int kD4 = D / 4;   // float4 columns of a row
+  constexpr int kCpr = D / 8;            // 16-byte chunks per row
+  constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
+  constexpr int kNT = D / 8;             // n-tiles of the output
+  constexpr int kD4 = D / 4;             // float4 columns of a row
   constexpr int kOw = decode_ow_stride(D);
   constexpr std::int64_t kBodyBytes = decode_body_bytes(D, kStages);
 
@@ -404,16 +194,27 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const SplitCta c(p);
+
+  // ---- which (request, KV head, row tile, split); the splits of a tile are consecutive blocks
+  //      (a cluster when the merge runs in one) ----
+  const std::int64_t S = p.splits.max_splits;
+  unsigned bid = blockIdx.x;  // the grid has at most 2^31 - 1 CTAs
+  const int s = static_cast<int>(bid % static_cast<unsigned>(S));
+  bid /= static_cast<unsigned>(S);
+  const int hkv = static_cast<int>(bid % static_cast<unsigned>(p.heads_kv));
+  bid /= static_cast<unsigned>(p.heads_kv);
+  const int mt = static_cast<int>(bid % static_cast<unsigned>(p.row_tiles));
+  const int b = static_cast<int>(bid / static_cast<unsigned>(p.row_tiles));
+  const int row0 = mt * kRows;
+  const int rows_here = min(kRows, p.rows - row0);
 
   // ---- the loads that start the critical chain first: the length and the speculative page ids
   //      of this warp's first tiles (block table, fixed split size: the split start does not
-  //      depend on the length; entries inside the table's row, whatever the length), then the
-  //      queries (they do not depend on the length) ----
+  //      depend on the length; entries inside the table's row, whatever the length) ----
   constexpr int kSpec = kDecodeSpecTiles < kStages ? kDecodeSpecTiles : kStages;
   std::int32_t spec_pid[kSpec];
   const std::uint32_t spec_t0 =
-      static_cast<std::uint32_t>(c.s) * static_cast<std::uint32_t>(p.splits.split_size) +
+      static_cast<std::uint32_t>(s) * static_cast<std::uint32_t>(p.splits.split_size) +
       static_cast<std::uint32_t>(warp * kRows);
   const bool spec = p.block_table != nullptr && p.splits.policy == SplitPolicy::kFixedSize &&
                     p.page_size % kRows == 0;
@@ -424,14 +225,46 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
                                static_cast<std::uint32_t>(p.page_size);
     spec_pid[k] = -1;
     if (spec && off < p.splits.split_size && page < p.block_table_stride)
-      spec_pid[k] = p.block_table[c.b * p.block_table_stride + page];
+      spec_pid[k] = p.block_table[b * p.block_table_stride + page];
   }
-  std::int64_t csr_base;
-  const std::int64_t pages = request_pages(p, c.b, csr_base);
-  std::int64_t len64 = p.seq_lens[c.b];
+  std::int64_t pages;
+  std::int64_t csr_base = 0;
+  if (p.block_table != nullptr) {
+    pages = p.block_table_stride;
+  } else {
+    csr_base = p.page_indptr[b];
+    pages = static_cast<std::int64_t>(p.page_indptr[b + 1]) - csr_base;
+    if (pages < 0 || csr_base < 0) pages = 0;  // an invalid range of page ids: no keys
+    if (csr_base < 0) csr_base = 0;
+  }
+  std::int64_t len64 = p.seq_lens[b];
+
+  // ---- queries → registers, 16-byte chunks (they do not depend on the length) ----
   constexpr int kQChunks = kRows * kCpr / kThreads;  // chunks per thread
   uint4 qreg[kQChunks];
-  load_q_chunks<D>(p, c, tid, qreg);
+#pragma unroll
+  for (int i = 0; i < kQChunks; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kCpr;
+    const int col = c % kCpr;
+    qreg[i] = make_uint4(0, 0, 0, 0);
+    if (r < rows_here) {
+      const int rg = row0 + r;
+      const int qi = rg / p.group;
+      const int hq = hkv * p.group + rg % p.group;
+      const Elem* src = static_cast<const Elem*>(p.q) + b * p.q_stride_b + qi * p.q_stride_t +
+                        hq * p.q_stride_h + col * 8;
+      if (p.q_vec) {
+        qreg[i] = __ldg(reinterpret_cast<const uint4*>(src));
+      } else {
+        Elem e[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = src[j];
+        qreg[i] = make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16),
+                             e[6] | (e[7] << 16));
+      }
+    }
+  }
 
   // ---- length, clamped to the pages the request owns ----
   if (len64 < 0) len64 = 0;
@@ -444,57 +277,203 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   // workspace merge) every CTA takes part in the cluster barriers, those past the request's
   // splits with an empty range.
   const bool in_cluster = p.cluster > 1 && !single;
-  const bool clustered = in_cluster && p.cluster == c.S;  // distributed shared-memory merge
+  const bool clustered = in_cluster && p.cluster == S;  // distributed shared-memory merge
   // A cluster group of the workspace merge: every CTA signals that it runs (its shared memory
   // exists) before any peer writes its ticket flag there (`cluster_wait` in the ticket step).
   const bool grouped = in_cluster && !clustered;
   if (grouped) arch::cluster_arrive_relaxed();
-  if (c.s >= n_splits && !in_cluster) return;
-  const bool active = c.s < n_splits;
-  const TokenRange range = p.splits.range(len, c.s);  // empty when s ≥ n_splits
+  if (s >= n_splits && !in_cluster) return;
+  const bool active = s < n_splits;
+  const TokenRange range = p.splits.range(len, s);  // empty when s ≥ n_splits
 
   float* ow = reinterpret_cast<float*>(body);  // [warp][row][kOw]   (after the main loop)
   float* mw = ow + kWarps * kRows * kOw;       // [warp][row]
   float* lw = mw + kWarps * kRows;             // [warp][row]
   float* pub_o = lw + kWarps * kRows;          // [row][D]  published split state (cluster)
   float* pub_lse = pub_o + kRows * D;          // [row] base 2
-  const std::int64_t tile_id =
-      (static_cast<std::int64_t>(c.b) * p.heads_kv + c.hkv) * p.row_tiles + c.mt;
+  const std::int64_t tile_id = (static_cast<std::int64_t>(b) * p.heads_kv + hkv) * p.row_tiles + mt;
 
   // Stores the merged columns (r, d4) of this tile's row r as the output state (see
   // `store_row_columns`).
   auto store_merged = [&](int r, int d4, MergedColumns mc, bool grouped = false) {
-    store_row_columns<D>(p, c.b, c.hkv, c.row0 + r, d4, mc, grouped);
+    store_row_columns<D>(p, b, hkv, row0 + r, d4, mc, grouped);
   };
 
   if (active) {
-    store_q_chunks<D>(q_s, tid, qreg);
+    // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero) ----
+#pragma unroll
+    for (int i = 0; i < kQChunks; ++i) {
+      const int c = tid + i * kThreads;
+      const int r = c / kCpr;
+      const int col = c % kCpr;
+      *reinterpret_cast<uint4*>(q_s + r * D + ((col ^ (r & 7)) << 3)) = qreg[i];
+    }
+
+    int lim[2];  // exclusive key ends of rows lane/4 and lane/4 + 8
+    tile::causal_row_limits(p, lane, rows_here, row0, len, range.end, lim);
+
+    // ---- this warp's tiles of the split ----
+    const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+    Elem* kbuf = pipe + static_cast<std::int64_t>(warp) * kStages * 2 * kTileElems;
+    const Elem* kpool = static_cast<const Elem*>(p.k);
+    const Elem* vpool = static_cast<const Elem*>(p.v);
+    const bool tile_in_page = (p.page_size % kRows) == 0;
+    const std::uint64_t policy = arch::l2_evict_first_policy();
+
+    auto page_id = [&](std::int64_t pidx) -> std::int64_t {
+      return tile::clamp_page(p.block_table != nullptr
+                                  ? p.block_table[b * p.block_table_stride + pidx]
+                                  : p.page_indices[csr_base + pidx],
+                              p.num_pages);
+    };
+    auto in_page = [&](std::int64_t slot) { return tile::kv_in_page<D>(p, hkv, slot); };
+    // Page id of this warp's tile `it` when a tile lies in one page (else unused).
+    auto tile_pid = [&](int it) -> std::int64_t {
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+      if (!tile_in_page || it >= my_tiles) return 0;
+      return page_id(t0 / p.page_size);
+    };
+    // As `tile_pid` for one of the first tiles, from the speculative load when it applies (the
+    // split starts where the speculation assumed; the id clamped like `page_id`).
+    auto first_pid = [&](int it) -> std::int64_t {
+#pragma unroll
+      for (int k = 0; k < kSpec; ++k) {
+        if (k == it && tile_in_page && it < my_tiles && spec_pid[k] >= 0 &&
+            static_cast<std::uint32_t>(range.begin + warp * kRows) == spec_t0) {
+          const std::int64_t id = spec_pid[k];  // >= 0: only the upper clamp can apply
+          return id < p.num_pages ? id : p.num_pages - 1;
+        }
+      }
+      return tile_pid(it);
+    };
+    // Per-lane constants of the chunk addressing (see `copy_kv_tile_in_page`): inside one page a
+    // lane's source offsets are one base plus compile-time multiples of the row stride.
+    const int lane_r0 = lane / kCpr;
+    const int lane_col = lane % kCpr;
+    const std::int64_t row_stride =
+        p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
+    // Shared-memory byte addresses: the warp's ring of K/V tiles, and the per-lane parts of the
+    // ldmatrix addresses (row, and the XOR of the 16-byte chunk index with the row, so that the
+    // chunk of k-step kk is `(32 · kk) ^ x`).
+    constexpr std::uint32_t kTileBytes = kTileElems * 2;
+    constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
+    const std::uint32_t ring = arch::smem_addr(kbuf);
+    const int a_row = lane & 15;  // Q fragments (A) and V (transposed B)
+    const std::uint32_t a_x = static_cast<std::uint32_t>(((lane >> 4) ^ (lane & 7)) << 4);
+    const int b_row = ((lane >> 4) << 3) + (lane & 7);  // K (B)
+    const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    const std::uint32_t q_lane = arch::smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
+    auto load_tile = [&](int it, int stage, std::int64_t pid) {
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+      const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
+      const std::uint32_t vd = kd + kTileBytes;
+      if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
+        const std::int64_t base =
+            pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
+        tile::copy_kv_tile_in_page<D, kRows>(kd, vd, kpool, vpool, base, row_stride, t0, range.end,
+                                             policy);
+        return;
+      }
+      // Any page size: each chunk looks its page up.
+      tile::copy_kv_tile_any_page<D, kRows>(p, kd, vd, kpool, vpool, policy, page_id, in_page, lane,
+                                            t0, range.end);
+    };
+
     float o_acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
     math::OnlineSoftmax os[2];
-    attend_split_tiles<D, kBF16, kStages>(p, c.b, c.hkv, c.row0, c.rows_here, q_s, pipe, csr_base,
-                                          len, range, spec_pid, spec_t0, warp, lane, o_acc, os);
+
+    // The first tiles' copies (one code path with the main loop's: rolled).
+#pragma unroll 1
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < my_tiles) load_tile(st, st, first_pid(st));
+      arch::cp_async_commit();
+    }
+    // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
+    std::int64_t pid_next = first_pid(kStages - 1);
+    __syncthreads();  // queries in shared memory
+
+    for (int it = 0; it < my_tiles; ++it) {
+      const int nxt = it + kStages - 1;
+      if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
+      pid_next = tile_pid(nxt + 1);
+      arch::cp_async_commit();
+      arch::cp_async_wait<kStages - 1>();
+      __syncwarp();
+#if ATTNSTATE_PROBES
+      if (it == 0) ATTNSTATE_DECODE_MARK(5);
+#endif
+
+      const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
+      const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
+      const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+
+      tile::attention_tile<D, kBF16>(
+          [&](int kk, std::uint32_t(&a)[4]) { arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
+          k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
+      __syncwarp();
+    }
+    arch::cp_async_wait<0>();
+    ATTNSTATE_DECODE_MARK(6);
 
     // ---- merge the warps' states (fixed warp order) ----
-    tile::quad_reduce_row_sums(os);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = os[h].l;
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      os[h].l = l;
+    }
     __syncthreads();  // every warp is done with the pipeline buffers
     tile::store_warp_state<D, kOw>(ow, mw, lw, warp, lane, o_acc, os);
     __syncthreads();
 
     // Each thread: four columns of one row, the warps' factors recomputed per row (same order).
-    const std::int64_t part0 = (tile_id * c.S + c.s) * kRows;
+    const std::int64_t part0 = (tile_id * S + s) * kRows;
 #pragma unroll 1
-    for (int e = tid; e < c.rows_here * kD4; e += kThreads) {
+    for (int e = tid; e < rows_here * kD4; e += kThreads) {
       const int r = e / kD4;
       const int d4 = e % kD4;
-      const MergedColumns mc = tile::merge_warp_columns<kWarps, kOw>(ow, mw, lw, r, d4);
+      float m = math::neg_inf();
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m = math::nan_max(m, mw[w * kRows + r]);
+      float f[kWarps];
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mwv = mw[w * kRows + r];
+        f[w] = math::is_empty_lse(mwv) ? 0.f : math::merge_weight(LseBase::kBase2, mwv, m);
+        sum += f[w] * lw[w * kRows + r];
+      }
+      const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if (!math::is_empty_lse(mw[w * kRows + r])) {
+          const float4 x = *reinterpret_cast<const float4*>(ow + (w * kRows + r) * kOw + 4 * d4);
+          acc.x += f[w] * x.x;
+          acc.y += f[w] * x.y;
+          acc.z += f[w] * x.z;
+          acc.w += f[w] * x.w;
+        }
+      }
+      const float4 o = make_float4(acc.x * res.inv_sum, acc.y * res.inv_sum, acc.z * res.inv_sum,
+                                   acc.w * res.inv_sum);
       if (single) {
-        store_merged(r, d4, mc, true);  // (each row's kD4 items are consecutive threads)
+        // (each row's kD4 items are consecutive threads, rows in whole groups: grouped)
+        MergedColumns mc;
+        mc.o = o;
+        mc.lse = res.lse;
+        store_merged(r, d4, mc, true);
       } else if (clustered) {
-        *reinterpret_cast<float4*>(pub_o + r * D + 4 * d4) = mc.o;
-        if (d4 == 0) pub_lse[r] = mc.lse;
+        *reinterpret_cast<float4*>(pub_o + r * D + 4 * d4) = o;
+        if (d4 == 0) pub_lse[r] = res.lse;
       } else {
-        *reinterpret_cast<float4*>(p.ws_o + (part0 + r) * D + 4 * d4) = mc.o;
-        if (d4 == 0) p.ws_lse[part0 + r] = mc.lse;
+        *reinterpret_cast<float4*>(p.ws_o + (part0 + r) * D + 4 * d4) = o;
+        if (d4 == 0) p.ws_lse[part0 + r] = res.lse;
       }
     }
   }
@@ -505,26 +484,193 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     return;
   }
 
-  const int items = c.rows_here * kD4;
-  if (clustered) {  // CTA s merges a share of the columns from its peers' published states
-    tile::cluster_split_merge<D, kRows, kThreads, kDecodeMaxCluster, kDecodeClusterBatch>(
-        pub_o, pub_lse, c.s, p.cluster, n_splits, items, tid, store_merged);
+  const int items = rows_here * kD4;
+
+  if (clustered) {
+    // ---- cluster merge: CTA s merges a contiguous share of the tile's columns, reading the
+    //      published states of the request's splits from their CTAs' shared memory ----
+    arch::cluster_sync();
+    const int share = (items + p.cluster - 1) / p.cluster;
+    const int e_end = min(items, (s + 1) * share);
+    const std::uint32_t o_addr = arch::smem_addr(pub_o);
+    const std::uint32_t l_addr = arch::smem_addr(pub_lse);
+    // (a fixed trip count, unrolled: no loop state lives across the output calls; a cluster has
+    // at least two CTAs)
+    constexpr int kIters = (kRows * kD4 / 2 + kThreads - 1) / kThreads;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int e = s * share + tid + k * kThreads;
+      if (e >= e_end) break;
+      const int r = e / kD4;
+      const int d4 = e % kD4;
+      auto lse_at = [&](int i) { return arch::ld_cluster(arch::cluster_map(l_addr + 4 * r, i)); };
+      auto o_at = [&](int i) {
+        return arch::ld_cluster4(arch::cluster_map(o_addr + 4 * (r * D + 4 * d4), i));
+      };
+      store_merged(r, d4,
+                   split_merge<kDecodeMaxCluster, kDecodeClusterBatch>(n_splits, lse_at, o_at));
+    }
+    arch::cluster_sync();  // peers may still read this CTA's state until here
     ATTNSTATE_DECODE_MARK(3);
     return;
   }
 
-  // The workspace merge, by the CTA with the last ticket (or every CTA of its cluster group).
+  // ---- tickets: every CTA of the request's splits takes one (acquire-release: its partial
+  //      state is released with it, the others' are acquired); the CTA with the last one, or
+  //      every CTA of the cluster group holding it, merges the splits (a group's CTAs share the
+  //      columns) ----
   int e_begin = 0, e_end = items;
-  if (!tile::split_ticket(p.tickets, tile_id, n_splits, c.s, p.cluster, active, is_last, items, tid,
-                          e_begin, e_end, [&](int slot) { ATTNSTATE_DECODE_MARK(slot); }))
-    return;
+  {
+    const int C = p.cluster;  // 1, or groups of C consecutive splits in a cluster
+    const int g = s / C;
+    if (g * C >= n_splits) {  // the whole group (cluster): no split of the request in it
+      if (C > 1) arch::cluster_wait();
+      return;
+    }
+    const int rank = s - g * C;
+    __syncthreads();  // every thread's partial-state stores precede the release below
+    if (C > 1) arch::cluster_wait();  // every CTA of the group runs: its flags may be written
+    if (tid == 0) {
+      const int ticket = active ? arch::atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) : -1;
+      const int last = ticket == n_splits - 1;
+      if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
+      if (C > 1) {
+        // this CTA's slot in every CTA of the group
+        const std::uint32_t slot = arch::smem_addr(is_last + rank);
+#pragma unroll 1
+        for (int c = 0; c < C; ++c)
+          arch::st_cluster(arch::cluster_map(slot, static_cast<std::uint32_t>(c)), last);
+      } else {
+        *is_last = last;
+      }
+    }
+    if (C > 1)
+      arch::cluster_sync();  // every slot is written; no remote access after this
+    else
+      __syncthreads();
+    ATTNSTATE_DECODE_MARK(2);
+    int last = 0;
+#pragma unroll 1
+    for (int c = 0; c < C; ++c) last |= is_last[c];
+    if (!last) return;
+    const int share = (items + C - 1) / C;
+    e_begin = min(items, rank * share);
+    e_end = min(items, e_begin + share);
+  }
+
+  // Shared memory: every split's LSE, then its weight (-1: empty) [split][16 rows]; at the
+  // body's end the merged columns of the items and each row's max. The splits' `o` columns are
+  // loaded straight into registers (measured faster than staging them in shared memory by
+  // 16-byte cp.async or by bulk copies, which issue slowly).
+  constexpr int kB = D <= 64 ? kDecodeDirectBatch64 : kDecodeDirectBatch;
+  const int n = n_splits;
   const int ne = e_end - e_begin;
   if (ne <= 0) return;
-  constexpr int kB = D <= 64 ? kDecodeDirectBatch64 : kDecodeDirectBatch;
-  tile::workspace_split_merge<D, kRows, kThreads, kB>(
-      p, tile_id * c.S * kRows, n_splits, e_begin, ne, c.rows_here, reinterpret_cast<float*>(body),
-      merge_state, tid, [&](int slot) { ATTNSTATE_DECODE_MARK_CLOCK(slot); },
-      [&](int e, MergedColumns mc) { store_merged(e / kD4, e % kD4, mc); });
+  const std::int64_t split0 = tile_id * S * kRows;  // partial (split 0, row 0)
+  float* st_w = reinterpret_cast<float*>(body);
+  float4* acc_s = reinterpret_cast<float4*>(merge_state);  // [item]
+  float* sum_s = merge_state + 4 * kRows * kD4;            // [item]
+  float* row_m = sum_s + kRows * kD4;                      // [row]
+  const int cap = n;                                       // (one chunk of splits)
+  // The batch of columns in flight (item `it`, splits [i0, i0 + kB) clamped to the last split;
+  // the first batch of this thread's first item is requested before the weights).
+  float4 v[kB];
+  auto load_batch = [&](int it, int i0) {
+    const float* src = p.ws_o + split0 * D + 4 * (e_begin + it);
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int i = i0 + u < n ? i0 + u : n - 1;
+      v[u] =
+          __ldcg(reinterpret_cast<const float4*>(src + static_cast<std::int64_t>(i) * kRows * D));
+    }
+  };
+  ATTNSTATE_DECODE_MARK_CLOCK(4);
+  // The LSEs, and the first batch of this thread's first item, in flight together.
+#pragma unroll 1
+  for (int c = tid; c < n * (kRows / 4); c += kThreads)
+    arch::cp_async_16_zfill<0>(arch::smem_addr(st_w + 4 * c), p.ws_lse + split0 + 4 * c, 16);
+  arch::cp_async_commit();
+  if (tid < ne) load_batch(tid, 0);
+  ATTNSTATE_DECODE_MARK_CLOCK(5);
+  arch::cp_async_wait<0>();
+  __syncthreads();
+  ATTNSTATE_DECODE_MARK_CLOCK(6);
+  // Each row's max over the splits' LSEs and every split's weight in place of its LSE (-1 marks
+  // an empty split; merge weights are never negative): 8 threads per row, each a stride of the
+  // splits, the max by shuffles.
+  static_assert(kThreads == 8 * kRows, "8 threads per row");
+  {
+    const int r = tid >> 3;
+    const int j = tid & 7;
+    float m = math::neg_inf();
+#pragma unroll 1
+    for (int i = j; i < n; i += 8) m = math::nan_max(m, st_w[i * kRows + r]);
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1)
+      m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (r < rows_here) {
+#pragma unroll 1
+      for (int i = j; i < n; i += 8) {
+        const float l = st_w[i * kRows + r];
+        st_w[i * kRows + r] =
+            math::is_empty_lse(l) ? -1.f : math::merge_weight(LseBase::kBase2, l, m);
+      }
+      if (j == 0) row_m[r] = m;
+    }
+  }
+  ATTNSTATE_DECODE_MARK_CLOCK(7);
+#pragma unroll 1
+  for (int c0 = 0; c0 < n; c0 += cap) {
+    const int c1 = min(n, c0 + cap);
+    __syncthreads();  // the weights of every split are in place
+#pragma unroll 1
+    for (int it = tid; it < ne; it += kThreads) {  // this thread's own items
+      const int r = (e_begin + it) / kD4;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float sum = 0.f;
+      if (c0 > 0) {
+        acc = acc_s[it];
+        sum = sum_s[it];
+      }
+      // batches of splits: every load of a batch in flight before the adds (in split order)
+#pragma unroll 1
+      for (int i0 = c0; i0 < c1; i0 += kB) {
+        float w[kB];
+        if (i0 > 0 || it != tid) load_batch(it, i0);
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+          const int i = i0 + u < c1 ? i0 + u : c1 - 1;
+          w[u] = i0 + u < c1 ? st_w[i * kRows + r] : -1.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+          if (w[u] != -1.f) {
+            sum += w[u];
+            acc.x += w[u] * v[u].x;
+            acc.y += w[u] * v[u].y;
+            acc.z += w[u] * v[u].z;
+            acc.w += w[u] * v[u].w;
+          }
+        }
+      }
+      if (c1 == n) {
+        const MergedColumns mc = split_finalize(row_m[r], sum, acc);
+        acc = mc.o;
+        sum = mc.lse;
+      }
+      acc_s[it] = acc;
+      sum_s[it] = sum;
+    }
+  }
+  // The outputs (after the loops: little state lives across the output calls).
+#pragma unroll 1
+  for (int it = tid; it < ne; it += kThreads) {
+    const int e = e_begin + it;
+    MergedColumns mc;
+    mc.o = acc_s[it];
+    mc.lse = sum_s[it];
+    store_merged(e / kD4, e % kD4, mc);
+  }
   ATTNSTATE_DECODE_MARK(3);
 }
 
