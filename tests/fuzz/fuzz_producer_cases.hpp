@@ -656,10 +656,12 @@ inline Built build_cascade(Ctx& c, int nmut) {
         const int l = static_cast<int>(r.range(0, nl - 1));
         LevelOffs& o = (*offs)[static_cast<std::size_t>(l)];
         const int f = static_cast<int>(r.range(0, 3));
+        // a level without pages has no page_indices (the arena's placeholder word is no input)
+        if (f == 2 && o.pix_v.empty()) return false;
         const i64 off = f == 0 ? o.req : f == 1 ? o.pip : f == 2 ? o.pix : o.lens;
         const i64 n = f == 0   ? static_cast<i64>(o.req_v.size())
                       : f == 1 ? static_cast<i64>(o.pip_v.size())
-                      : f == 2 ? std::max<i64>(1, static_cast<i64>(o.pix_v.size()))
+                      : f == 2 ? static_cast<i64>(o.pix_v.size())
                                : static_cast<i64>(o.lens_v.size());
         const bool ok =
             mutate_overlap(c, *out, "levels[" + std::to_string(l) + "]", c.ptr(off), n * 4);
