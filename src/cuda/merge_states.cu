@@ -64,7 +64,7 @@ StackKernel pick_kernel(const kernels::RowsArgs& args) {
 
 namespace detail {
 
-/// Test hook (declared in tests/cuda_merge/merge_test_support.hpp): true when `merge_states(states,
+/// Test hook (declared in tests/cuda/merge/merge_test_support.hpp): true when `merge_states(states,
 /// out)` runs a fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
   bool fast = false;

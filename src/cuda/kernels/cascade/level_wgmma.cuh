@@ -144,7 +144,7 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
 
   lb.store_partial<D>(p, h_kv, warp * 16, acc, os);
 #elif defined(__CUDA_ARCH__)
-  __trap();  // not built for sm_90a: the host never launches it (kernels::sm90a_code_loaded)
+  __trap();  // not built for sm_90a: the plan never picks it (DeviceFacts::wgmma())
 #endif
 }
 

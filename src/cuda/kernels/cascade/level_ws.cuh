@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // partial state → workspace slot (slot_offset + split); later slots of this segment are empty
   lb.store_partial<D>(p, h_kv, wg * 64 + wl * 16, acc, os);
 #elif defined(__CUDA_ARCH__)
-  __trap();  // not built for sm_90a: the host never launches it (kernels::sm90a_code_loaded)
+  __trap();  // not built for sm_90a: the plan never picks it (DeviceFacts::wgmma())
 #endif
 }
 
