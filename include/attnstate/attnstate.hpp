@@ -13,6 +13,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/cpu/cascade.hpp"

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attnstate/core/sink.hpp"
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cuda/merge.hpp"
 #include "merge_test_support.hpp"
@@ -120,6 +121,39 @@ TEST(CudaMerge, MergeStateInplaceMatchesCpuWithAndWithoutMask) {
         acc.download();
         EXPECT_TRUE(states_close(acc, want));
       }
+}
+
+TEST(CudaMerge, SinkStateMergedInPlaceMatchesCpu) {
+  // core/sink.hpp: the sink state (o = 0 read through strides 0, lse per head broadcast over
+  // tokens) merged into a state on the GPU, against the same merge on the CPU; empty rows too.
+  ATTNSTATE_REQUIRE_GPU();
+  Rng rng;
+  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  const std::int64_t tokens = 19, heads = 5;
+  for (DType dacc : all_dtypes())
+    for (DType dzero : all_dtypes()) {
+      const std::int64_t dim = kHeadDims[rng.integer(0, 3)];
+      const attnstate::LseBase sink_base = rng.base();
+      SCOPED_TRACE(describe({dacc, dzero}) + " head_dim " + std::to_string(dim));
+      TestState acc(tokens, heads, dim, dacc, rng.base());
+      acc.fill_random(rng, -5.f, 5.f, 0.2);
+      std::vector<float> sinks(static_cast<std::size_t>(heads));
+      for (float& s : sinks) s = static_cast<float>(rng.integer(-40, 40)) / 8.f;
+      const std::vector<std::uint32_t> zeros(static_cast<std::size_t>(dim), 0u);
+      DeviceBuffer<float> dsinks(sinks);
+      DeviceBuffer<std::uint32_t> dzeros(zeros);
+      TestState want = acc.clone();
+      cpu::merge_state_inplace(want.host_view(),
+                               attnstate::make_sink_state(sinks.data(), zeros.data(), dzero, tokens,
+                                                          heads, dim, sink_base));
+      gpu::merge_state_inplace(
+          acc.dev_view(),
+          attnstate::make_sink_state(dsinks.get(), dzeros.get(), dzero, tokens, heads, dim,
+                                     sink_base, attnstate::MemorySpace::kDevice));
+      sync();
+      acc.download();
+      EXPECT_TRUE(states_close(acc, want));
+    }
 }
 
 /// Runs `merge_states` on a stack in `order` and compares with the CPU.
