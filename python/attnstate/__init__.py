@@ -10,7 +10,7 @@ Errors raise `attnstate.Error` (`.status`, a message naming the argument).
 
 from ._attnstate import Base, DType, Error, State, Status, has_cuda, num_threads, set_num_threads
 from ._merge import (mark_empty_rows, merge_state, merge_state_, merge_states, merge_states_ragged,
-                     rebase)
+                     rebase, sink_state)
 from ._plans import Cascade, Decode, default_scale
 
 __version__ = "0.1.0"
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Base", "Cascade", "DType", "Decode", "Error", "State", "Status", "default_scale", "has_cuda",
     "mark_empty_rows", "merge_state", "merge_state_", "merge_states", "merge_states_ragged",
-    "num_threads", "rebase", "set_num_threads",
+    "num_threads", "rebase", "set_num_threads", "sink_state",
 ]
 
 try:  # torch custom ops (torch.ops.attnstate.*) when torch is importable

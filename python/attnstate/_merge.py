@@ -9,7 +9,7 @@ given, else allocated with the inputs' own library on their device.
 """
 
 from . import _attnstate as _C
-from ._arrays import array_dtype, dtype_name, empty, error
+from ._arrays import array_dtype, dtype_name, empty, error, library
 
 State = _C.State
 
@@ -143,3 +143,45 @@ def mark_empty_rows(state, *, stream=None):
     states before merging them. Returns `state`."""
     _C.mark_empty_rows(state, stream)
     return state
+
+
+def sink_state(sinks, tokens, head_dim, *, base="natural", dtype="float32"):
+    """The state of attention sinks: row (t, h) is `(o = 0, lse = sinks[h])`.
+
+    A sink logit adds `exp(s_h)` to the softmax denominator and nothing to the numerator, which
+    is the merge with this state: apply it once, at the end of the expression (after every
+    split, level and producer has been merged), `merge_state_(out, sink_state(...))`. Merging it
+    into each partial instead counts it once per partial.
+
+    sinks: (heads,) float32 array of sink logits in `base` (a model's: "natural"), host or CUDA.
+    tokens, head_dim: the rows and head dim of the state it is merged into.
+    dtype: dtype of the zero `o`. Returns a State whose o (tokens, heads, head_dim) and lse
+    (tokens, heads) are broadcast views (strides 0) from the library and device of `sinks`:
+    no per-row memory.
+    """
+    fn = "attnstate.sink_state"
+    b = _parse_base(base, fn, "base")
+    if len(getattr(sinks, "shape", ())) != 1:
+        raise error(fn, "sinks", "a (heads,) array", tuple(getattr(sinks, "shape", ())))
+    if dtype_name(sinks.dtype, "sinks", fn) != "float32":
+        raise error(fn, "sinks", "dtype float32", dtype_name(sinks.dtype))
+    if int(tokens) < 0:
+        raise error(fn, "tokens", ">= 0", int(tokens))
+    if int(head_dim) < 1:
+        raise error(fn, "head_dim", ">= 1", int(head_dim))
+    heads = sinks.shape[0]
+    o_dtype = dtype_name(dtype, "dtype", fn)
+    o_shape, lse_shape = (int(tokens), heads, int(head_dim)), (int(tokens), heads)
+    lib = library(sinks)
+    if lib == "jax":  # immutable arrays, no strided views: materialised
+        import jax.numpy as jnp
+        return State(jnp.zeros(o_shape, o_dtype), jnp.broadcast_to(sinks, lse_shape), b)
+    zeros = empty(sinks, (int(head_dim),), o_dtype)
+    zeros[...] = 0
+    if lib == "torch":
+        return State(zeros.expand(o_shape), sinks.expand(lse_shape), b)
+    if lib == "cupy":
+        import cupy
+        return State(cupy.broadcast_to(zeros, o_shape), cupy.broadcast_to(sinks, lse_shape), b)
+    import numpy as np
+    return State(np.broadcast_to(zeros, o_shape), np.broadcast_to(sinks, lse_shape), b)

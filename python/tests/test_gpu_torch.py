@@ -25,6 +25,18 @@ def host_merge(a, b, base="natural"):
     return attnstate.merge_state(h(a), h(b), base=base)
 
 
+def test_sink_state_on_the_gpu_matches_the_cpu():
+    # expanded views (strides 0) of the sink logits and of head_dim zeros, merged once in place
+    acc = rand_state(64, 8, 128, torch.bfloat16, "natural", seed=5)
+    sinks = torch.randn(8, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6))
+    want = attnstate.State(acc.o.float().cpu().numpy(), acc.lse.cpu().numpy(), acc.base)
+    attnstate.merge_state_(want, attnstate.sink_state(sinks.cpu().numpy(), 64, 128))
+    attnstate.merge_state_(acc, attnstate.sink_state(sinks, 64, 128, dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(acc.o.float().cpu().numpy(), want.o, atol=1e-2, rtol=1e-2)
+    np.testing.assert_allclose(acc.lse.cpu().numpy(), want.lse, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_merge_state_matches_the_cpu_on_a_side_stream(dtype):
     dt = getattr(torch, dtype)

@@ -142,3 +142,32 @@ def test_state_value_and_cpu_threads():
     finally:
         attnstate.set_num_threads(0)
     assert attnstate.num_threads() == before
+
+
+@pytest.mark.parametrize("sink_base", ["natural", "base2"])
+def test_sink_state_merged_once_is_the_softmax_with_the_sink_term(sink_base):
+    q, k, v, scale = problem()
+    heads, d = q.shape[1], q.shape[2]
+    sinks = rng.standard_normal(heads).astype(np.float32)
+    # two partials over disjoint keys, merged, then the sink once
+    out = attnstate.merge_state(state(q, k[:13], v[:13], scale), state(q, k[13:], v[13:], scale))
+    s = sinks if sink_base == "natural" else (sinks / np.log(2.0)).astype(np.float32)
+    sink = attnstate.sink_state(s, q.shape[0], d, base=sink_base)
+    assert sink.o.strides[0] == 0 and sink.lse.strides[0] == 0  # no per-row memory
+    attnstate.merge_state_(out, sink)
+    o, lse = reference_state(q, k, v, scale, "natural")
+    # with the sink: the denominator gains exp(s_h), lse' = log(e^lse + e^s)
+    lse_sink = np.logaddexp(lse.astype(np.float64), sinks[None, :].astype(np.float64))
+    np.testing.assert_allclose(out.lse, lse_sink, atol=2e-6)
+    np.testing.assert_allclose(out.o, o * np.exp(lse - lse_sink)[..., None], atol=2e-6)
+
+
+def test_sink_state_checks_its_arguments():
+    with pytest.raises(attnstate.Error, match="'sinks'"):
+        attnstate.sink_state(np.zeros((2, 2), np.float32), 1, 8)
+    with pytest.raises(attnstate.Error, match="'sinks'"):
+        attnstate.sink_state(np.zeros(2, np.float64), 1, 8)
+    with pytest.raises(attnstate.Error, match="'head_dim'"):
+        attnstate.sink_state(np.zeros(2, np.float32), 1, 0)
+    with pytest.raises(attnstate.Error, match="'base'"):
+        attnstate.sink_state(np.zeros(2, np.float32), 1, 8, base="ten")
