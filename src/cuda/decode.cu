@@ -20,8 +20,8 @@
 #include "cuda/kernels/decode/split_kv.cuh"
 #include "cuda/kernels/decode/stream.cuh"
 #include "cuda/launch.hpp"
-#include "cuda/tuning_sm90.hpp"
 #include "plan/decode_plan.hpp"
+#include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {

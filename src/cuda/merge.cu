@@ -8,7 +8,7 @@
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/launch.cuh"
 #include "cuda/kernels/merge/pair.cuh"
-#include "cuda/tuning_sm90.hpp"
+#include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {

@@ -14,7 +14,7 @@
 #include "cuda/kernels/merge/ragged.cuh"
 #include "cuda/kernels/merge/ring.cuh"
 #include "cuda/kernels/merge/stack.cuh"
-#include "cuda/tuning_sm90.hpp"
+#include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {

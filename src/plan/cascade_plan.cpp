@@ -11,7 +11,7 @@
 
 #include "attnstate/core/error.hpp"
 #include "common/cascade_validate.hpp"
-#include "cuda/tuning_sm90.hpp"
+#include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace plan {

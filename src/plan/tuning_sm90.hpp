@@ -1,10 +1,10 @@
-/// @file tuning_sm90.hpp
+/// @file plan/tuning_sm90.hpp
 /// @brief The host-side tuning constants of the CUDA backend, chosen on the H200 (sm_90): how
 ///        the plans and dispatchers pick kernels, splits and launch shapes. The measurements that
 ///        chose each value are in bench/RESULTS.md; changing one changes speed, never results.
 ///
 /// The kernels' own compile-time shapes (tile sizes, pipeline depths) live beside the kernels in
-/// `kernels/*_params.cuh`. Nothing here is a build-time or environment knob: a value a user may
+/// `kernels/*/params.cuh`. Nothing here is a build-time or environment knob: a value a user may
 /// choose goes through the options structs (`DecodeOptions`, `CascadeTuning`).
 #pragma once
 
