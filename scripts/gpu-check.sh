@@ -11,6 +11,7 @@
 #                      GPU_TESTS     ctest -R regex (default: every test)
 #                      GPU_SANITIZE  0 to skip compute-sanitizer (default 1)
 #                      GPU_SAN_EXES  names of executables to sanitize (default: every test_cuda_*)
+#                      GPU_SAN_TOOLS compute-sanitizer tools to run (default: memcheck racecheck)
 #                      GPU_BENCH     names of bench executables to run (default: every bench_*
 #                                    built with CUDA); "none" to skip
 #                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick)
@@ -106,7 +107,7 @@ if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; the
     # no more shards than tests (an empty shard makes compute-sanitizer fail: no CUDA call)
     ntests=$("$exe" --gtest_list_tests --gtest_filter='-*Large*' 2>/dev/null | grep -c '^  ')
     exe_shards=$(( ntests < shards ? (ntests > 0 ? ntests : 1) : shards ))
-    for tool in memcheck racecheck; do
+    for tool in ${GPU_SAN_TOOLS:-memcheck racecheck}; do
       for ((shard = 0; shard < exe_shards; ++shard)); do
         idx=$n
         n=$((n + 1))
