@@ -15,6 +15,7 @@
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/core/variant.hpp"
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cpu/decode.hpp"

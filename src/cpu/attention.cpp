@@ -1,5 +1,5 @@
 /// @file attention.cpp
-/// @brief CPU backend: the one-pass producer `attention_state(q, k, v, scale, out)`,
+/// @brief CPU backend: the one-pass producer `attention_state(q, k, v, scale[, variant], out)`,
 ///        multi-threaded over (token, KV head) items that serve the KV head's group of query
 ///        heads (GQA), fp32 online softmax (math::OnlineSoftmax).
 #include "attnstate/cpu/attention.hpp"
@@ -11,6 +11,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/variant.hpp"
 #include "common/validate.hpp"
 #include "cpu/loader.hpp"
 #include "cpu/parallel.hpp"
@@ -62,11 +63,10 @@ struct Scratch {
 /// loaded (and converted to fp32) once for the whole group.
 template <class Tq, class Tkv, class To>
 void attend_items(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& val,
-                  float scale, const StateView& out, std::int64_t i0, std::int64_t i1,
-                  Scratch& sc) {
+                  const math::ScoreMap& score, const StateView& out, std::int64_t i0,
+                  std::int64_t i1, Scratch& sc) {
   const std::int64_t heads_kv = k.shape[1], dim = q.shape[2], keys = k.shape[0];
   const std::int64_t group = q.shape[1] / heads_kv;
-  const float s2_scale = math::base2_score_scale(scale);
   const detail::Loader<Tq> load_q;
   const detail::Loader<Tkv> load_kv;
   sc.q.resize(group * dim);
@@ -99,7 +99,7 @@ void attend_items(const ConstTensorView& q, const ConstTensorView& k, const Cons
         const Tkv* kr = kbase + key * k.stride[0] + g * k.stride[1];
         for (std::int64_t d = 0; d < dim; ++d) sc.kf[d] = load_kv(kr[d]);
         for (std::int64_t j = 0; j < group; ++j)
-          sc.s2[j * kKeyBlock + i] = dot(sc.q.data() + j * dim, sc.kf.data(), dim) * s2_scale;
+          sc.s2[j * kKeyBlock + i] = score(dot(sc.q.data() + j * dim, sc.kf.data(), dim));
       }
       for (std::int64_t j = 0; j < group; ++j) {
         float block_max = math::neg_inf();
@@ -142,6 +142,11 @@ void attend_items(const ConstTensorView& q, const ConstTensorView& k, const Cons
 
 void attention_state(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& val,
                      float scale, StateView out) {
+  attention_state(q, k, val, scale, AttentionVariant{}, out);
+}
+
+void attention_state(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& val,
+                     float scale, const AttentionVariant& variant, StateView out) {
   static const char* const kFunc = "attnstate::cpu::attention_state";
   v::check_tensor(kFunc, "q", q, 3, kHost);
   v::check_tensor(kFunc, "k", k, 3, kHost);
@@ -170,6 +175,15 @@ void attention_state(const ConstTensorView& q, const ConstTensorView& k, const C
                       to_string(val.dtype));
   }
   scale = v::resolve_scale(kFunc, "scale", scale, q.shape[2]);
+  v::check_variant(kFunc, "variant", variant);
+  if (variant.window_left != kNoWindow) {
+    // One segment without positions: a window has nothing to be measured from.
+    v::throw_argument(kFunc, "variant.window_left",
+                      "kNoWindow (-1): attention_state has no key positions (decode and "
+                      "cascade_attention take a window)",
+                      std::to_string(variant.window_left));
+  }
+  const math::ScoreMap score = math::make_score_map(scale, variant.logits_soft_cap);
   v::check_output_state(kFunc, "out", out, kHost);
   const auto same = [&](const char* field, std::int64_t want, std::int64_t got, const char* what) {
     if (want != got)
@@ -198,7 +212,7 @@ void attention_state(const ConstTensorView& q, const ConstTensorView& k, const C
         using To = decltype(to);
         detail::parallel_for(0, items, grain, [&](std::int64_t i0, std::int64_t i1) {
           thread_local Scratch sc;
-          attend_items<Tq, Tkv, To>(q, k, val, scale, out, i0, i1, sc);
+          attend_items<Tq, Tkv, To>(q, k, val, score, out, i0, i1, sc);
         });
       });
     });

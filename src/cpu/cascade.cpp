@@ -10,6 +10,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/variant.hpp"
 #include "common/cascade_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
@@ -35,31 +36,76 @@ struct WorkItem {
 
 constexpr std::int64_t kRowsPerItem = 16;  // query rows sharing one pass over a key block
 
+/// Where each request's keys lie in the concatenation of its segments (level order), and the
+/// position and first visible key of its rows: what the causal rule and the window need.
+struct Positions {
+  std::vector<std::int64_t> base;   ///< `(num_levels, batch)`: keys of the earlier levels.
+  std::vector<std::int64_t> total;  ///< `(batch)`: keys over all the levels.
+};
+
+Positions request_positions(const CascadeLevel* levels, int num_levels, std::int64_t batch) {
+  Positions p;
+  // at most kMaxCascadeLevels entries per request, fewer than the rows of out already checked
+  p.base.assign(static_cast<std::size_t>(num_levels * batch), 0);
+  p.total.assign(static_cast<std::size_t>(batch), 0);
+  for (int l = 0; l < num_levels; ++l)
+    for (std::int64_t s = 0; s < levels[l].num_segments; ++s)
+      for (std::int64_t b = levels[l].request_indptr[s]; b < levels[l].request_indptr[s + 1]; ++b) {
+        p.base[l * batch + b] = p.total[b];
+        p.total[b] += levels[l].seg_lens[s];
+      }
+  return p;
+}
+
 /// The states (o normalised, lse in base 2) of the rows of `w` over their segment: every block
 /// of keys is converted to fp32 once and used by all the rows of the item (the shared segment is
-/// read once per item, not once per request).
+/// read once per item, not once per request). Row `(b, t)` is at position `p` of its request's
+/// keys (`total - q_len + t`, or `total - 1` without `causal`) and sees the segment's keys at
+/// positions `[window_begin(p), p]`; an item none of whose rows sees a key reads nothing.
 void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache& kv,
-                 const CascadeLevel& lv, bool causal_tail, float s2_scale, std::int64_t q_len,
+                 const CascadeLevel& lv, const Positions& pos, std::int64_t batch, bool causal,
+                 const math::ScoreMap& score, std::int64_t window_left, std::int64_t q_len,
                  std::int64_t group, std::int64_t heads_q, float* lvl_o, float* lvl_lse) {
   const std::int64_t D = kv.head_dim;
   const std::int64_t len = lv.seg_lens[w.seg], pbeg = lv.page_indptr[w.seg];
   const std::int64_t r0 = lv.request_indptr[w.seg];
   const std::int64_t nr = w.row_end - w.row_begin;
-  std::vector<float> qf(nr * D), kf(kBlock * D), vf(kBlock * D), s(kBlock);
-  std::vector<float> acc(nr * D, 0.f);
-  std::vector<math::OnlineSoftmax> os(nr);
-  std::vector<std::int64_t> limit(nr), out_row(nr);
+  std::vector<std::int64_t> begin(nr), limit(nr), out_row(nr);
+  std::int64_t min_begin = len, max_end = 0;
   for (std::int64_t i = 0; i < nr; ++i) {
     const std::int64_t r = w.row_begin + i;
     const std::int64_t b = r0 + r / (q_len * group), t = (r / group) % q_len, g = r % group;
-    const std::int64_t h = w.h_kv * group + g;
+    const std::int64_t total = pos.total[b], base = pos.base[w.level * batch + b];
+    const std::int64_t p = causal ? total - q_len + t : total - 1;
+    // keys [window_begin(p), p] of the request, as indices into this segment
+    begin[i] = std::min(len, std::max<std::int64_t>(0, window_begin(p, window_left) - base));
+    limit[i] = std::min(len, std::max<std::int64_t>(0, p + 1 - base));
+    out_row[i] = (b * q_len + t) * heads_q + w.h_kv * group + g;
+    if (begin[i] < limit[i]) {
+      min_begin = std::min(min_begin, begin[i]);
+      max_end = std::max(max_end, limit[i]);
+    }
+  }
+  if (min_begin >= max_end) {  // no row sees a key of this segment: the empty state
+    for (std::int64_t i = 0; i < nr; ++i) {
+      std::fill(lvl_o + out_row[i] * D, lvl_o + (out_row[i] + 1) * D, 0.f);
+      lvl_lse[out_row[i]] = math::neg_inf();
+    }
+    return;
+  }
+  std::vector<float> qf(nr * D), kf(kBlock * D), vf(kBlock * D), s(kBlock);
+  std::vector<float> acc(nr * D, 0.f);
+  std::vector<math::OnlineSoftmax> os(nr);
+  for (std::int64_t i = 0; i < nr; ++i) {
+    const std::int64_t r = w.row_begin + i;
+    const std::int64_t b = r0 + r / (q_len * group), t = (r / group) % q_len;
+    const std::int64_t h = w.h_kv * group + r % group;
     const std::int64_t qoff = b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
     load_row(q.data, q.dtype, qoff, D, &qf[i * D]);
-    limit[i] = causal_tail ? std::max<std::int64_t>(0, len - (q_len - 1 - t)) : len;
-    out_row[i] = (b * q_len + t) * heads_q + h;
   }
-  for (std::int64_t j0 = 0; j0 < len; j0 += kBlock) {
-    const std::int64_t n = std::min<std::int64_t>(kBlock, len - j0);
+  // blocks on the segment's grid of kBlock keys, from the block of the earliest visible key
+  for (std::int64_t j0 = min_begin / kBlock * kBlock; j0 < max_end; j0 += kBlock) {
+    const std::int64_t n = std::min<std::int64_t>(kBlock, max_end - j0);
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t tok = j0 + j;
       const std::int64_t page = lv.page_indices[pbeg + tok / kv.page_size];
@@ -69,9 +115,10 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
       load_row(kv.v, kv.dtype, off, D, &vf[j * D]);
     }
     for (std::int64_t i = 0; i < nr; ++i) {
-      const std::int64_t m = std::min<std::int64_t>(n, limit[i] - j0);  // visible keys
-      if (m <= 0) continue;
-      fold_key_block(os[i], &acc[i * D], &qf[i * D], kf.data(), vf.data(), m, D, s2_scale,
+      const std::int64_t a = std::max<std::int64_t>(0, begin[i] - j0);  // visible keys [a, e)
+      const std::int64_t e = std::min<std::int64_t>(n, limit[i] - j0);
+      if (e <= a) continue;
+      fold_key_block(os[i], &acc[i * D], &qf[i * D], &kf[a * D], &vf[a * D], e - a, D, score,
                      s.data());
     }
   }
@@ -94,10 +141,13 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   const std::int64_t D = kv.head_dim, group = heads_q / kv.heads_kv;
   v::check_cascade_out(kFunc, out, batch * q_len, heads_q, D, MemorySpace::kHost, &q);
   v::check_disjoint_from_pool(kFunc, "out", out, kv, pool_bytes);
-  const float s2_scale = math::base2_score_scale(v::cascade_scale(kFunc, options, D));
+  const float scale = v::cascade_scale(kFunc, options, D);
+  v::check_variant(kFunc, "options.variant", options.variant);
+  const math::ScoreMap score = math::make_score_map(scale, options.variant.logits_soft_cap);
   if (batch == 0) return;  // an empty batch: nothing to read or write (levels unused)
   v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
   v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels, true);
+  const Positions pos = request_positions(levels, num_levels, batch);
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;
@@ -112,15 +162,15 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
         for (std::int64_t r = 0; r < nrows; r += kRowsPerItem)
           items.push_back(WorkItem{l, s, h, r, std::min(nrows, r + kRowsPerItem)});
     }
-  detail::parallel_for(
-      0, static_cast<std::int64_t>(items.size()), 1, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) {
-          const WorkItem& w = items[i];
-          const bool causal_tail = options.causal && w.level == num_levels - 1;
-          item_states(w, q, kv, levels[w.level], causal_tail, s2_scale, q_len, group, heads_q,
-                      &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
-        }
-      });
+  detail::parallel_for(0, static_cast<std::int64_t>(items.size()), 1,
+                       [&](std::int64_t b, std::int64_t e) {
+                         for (std::int64_t i = b; i < e; ++i) {
+                           const WorkItem& w = items[i];
+                           item_states(w, q, kv, levels[w.level], pos, batch, options.causal, score,
+                                       options.variant.window_left, q_len, group, heads_q,
+                                       &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
+                         }
+                       });
 
   // ⊕ over the levels, written in the output's dtype and base
   detail::parallel_for(0, rows, 64, [&](std::int64_t b, std::int64_t e) {

@@ -11,6 +11,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/variant.hpp"
 #include "common/decode_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
@@ -69,9 +70,11 @@ void validate_tables(const char* fn, const PagedKvCache& kv) {
 
 /// One split of one (request, KV head): the states of all `q_len × group` rows, written
 /// normalised (fp32 `o`, base-2 `lse`) into `po` / `plse` at row `r` → offset `r·D` / `r`.
+/// Query row `qi` is at position `p = len - q_len + qi` and sees the keys of the split inside
+/// `[window_begin(p, window_left), p]`.
 void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t b,
-                  std::int64_t hkv, TokenRange range, std::int32_t len, float s2_scale, float* po,
-                  float* plse) {
+                  std::int64_t hkv, TokenRange range, std::int32_t len, const math::ScoreMap& score,
+                  std::int64_t window_left, float* po, float* plse) {
   const std::int64_t q_len = q.shape[1];
   const std::int64_t hq_n = q.shape[2];
   const std::int64_t group = hq_n / kv.heads_kv;
@@ -83,21 +86,33 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t
   std::vector<float> krows(static_cast<std::size_t>(kSplitGranularity * D));
   std::vector<float> vrows(static_cast<std::size_t>(kSplitGranularity * D));
   std::vector<math::OnlineSoftmax> os(static_cast<std::size_t>(rows));
+  std::vector<std::int64_t> row_begin(static_cast<std::size_t>(rows));
   std::vector<std::int64_t> row_end(static_cast<std::size_t>(rows));
-  std::int64_t max_end = range.begin;
+  std::int64_t max_end = range.begin, min_begin = range.end;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t qi = r / group;
     const std::int64_t hq = hkv * group + r % group;
     load_row(q.data, q.dtype, b * q.stride[0] + qi * q.stride[1] + hq * q.stride[2], D,
              &qrows[r * D]);
-    // Causal among the new tokens: row qi sees keys [0, len - q_len + qi].
-    row_end[r] = std::min<std::int64_t>(range.end, static_cast<std::int64_t>(len) - q_len + qi + 1);
-    max_end = std::max(max_end, row_end[r]);
+    // Causal among the new tokens: row qi is at position p = len - q_len + qi and sees keys
+    // [window_begin(p), p].
+    const std::int64_t p = static_cast<std::int64_t>(len) - q_len + qi;
+    row_end[r] = std::min<std::int64_t>(range.end, p + 1);
+    row_begin[r] = std::max<std::int64_t>(range.begin, window_begin(p, window_left));
+    if (row_begin[r] < row_end[r]) {
+      max_end = std::max(max_end, row_end[r]);
+      min_begin = std::min(min_begin, row_begin[r]);
+    }
   }
-  // Blocks of 16 keys from the split start, each converted once and used by every row; a row
-  // stops at its own causal end.
+  // Blocks of 16 keys on the split's grid (from the split start; with a window, from the block
+  // of the earliest key any row sees), each converted once and used by every row; a row folds
+  // only the keys of a block inside its own [begin, end).
   float s2[kSplitGranularity];
-  for (std::int64_t t0 = range.begin; t0 < max_end; t0 += kSplitGranularity) {
+  const std::int64_t first =
+      min_begin >= max_end
+          ? max_end
+          : range.begin + (min_begin - range.begin) / kSplitGranularity * kSplitGranularity;
+  for (std::int64_t t0 = first; t0 < max_end; t0 += kSplitGranularity) {
     const std::int64_t nb = std::min<std::int64_t>(kSplitGranularity, max_end - t0);
     for (std::int64_t j = 0; j < nb; ++j) {
       const std::int64_t t = t0 + j;
@@ -107,10 +122,11 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t
       load_row(kv.v, kv.dtype, off, D, &vrows[j * D]);
     }
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t n = std::min<std::int64_t>(nb, row_end[r] - t0);
-      if (n <= 0) continue;
-      fold_key_block(os[r], &acc[r * D], &qrows[r * D], krows.data(), vrows.data(), n, D, s2_scale,
-                     s2);
+      const std::int64_t j0 = std::max<std::int64_t>(0, row_begin[r] - t0);
+      const std::int64_t j1 = std::min<std::int64_t>(nb, row_end[r] - t0);
+      if (j1 <= j0) continue;
+      fold_key_block(os[r], &acc[r * D], &qrows[r * D], &krows[j0 * D], &vrows[j0 * D], j1 - j0, D,
+                     score, s2);
     }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -120,14 +136,36 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t
   }
 }
 
+/// True when some row of a request of length `len` sees a key of `range`: the rows' windows
+/// `[window_begin(p), p]` for `p = len - q_len .. len - 1` cover `[window_begin(len - q_len),
+/// len)` without gaps (consecutive positions, windows of at least one key).
+bool split_in_window(TokenRange range, std::int32_t len, std::int64_t q_len,
+                     std::int64_t window_left) {
+  if (range.begin >= range.end) return false;
+  const std::int64_t lo = window_begin(static_cast<std::int64_t>(len) - q_len, window_left);
+  return range.end > lo && range.begin < len;
+}
+
+/// Writes the empty state `(0, -inf)` of `rows` rows (a split no row's window reaches).
+void empty_states(std::int64_t rows, std::int64_t D, float* po, float* plse) {
+  std::fill(po, po + rows * D, 0.f);
+  std::fill(plse, plse + rows, math::neg_inf());
+}
+
 }  // namespace
 
 void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
             float scale, StateView out) {
+  decode(q, kv, splits, scale, AttentionVariant{}, out);
+}
+
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+            float scale, const AttentionVariant& variant, StateView out) {
   const char* fn = "attnstate::cpu::decode";
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
   attnstate::detail::validate_split_layout(fn, splits);
   scale = attnstate::detail::resolve_scale(fn, "scale", scale, kv.head_dim);
+  attnstate::detail::check_variant(fn, "variant", variant);
   if (kv.batch > 0) validate_tables(fn, kv);
 
   const std::int64_t batch = kv.batch;
@@ -138,7 +176,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
   const std::int64_t D = kv.head_dim;
   const std::int64_t rows = q_len * group;
   const std::int64_t S = splits.max_splits;
-  const float s2_scale = math::base2_score_scale(scale);
+  const math::ScoreMap score = math::make_score_map(scale, variant.logits_soft_cap);
 
   // Partial states: [batch][hkv][split][rows] (o: × D), fp32, base-2 LSE.
   std::vector<float> po = detail::scratch_floats(fn, {batch, hkv_n, S, rows, D});
@@ -152,7 +190,12 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
       const std::int32_t len = kv.seq_lens[b];
       if (s >= splits.splits_for(len)) continue;
       const TokenRange range = splits.range(len, static_cast<std::int32_t>(s));
-      split_states(q, kv, b, hkv, range, len, s2_scale, &po[t * rows * D], &plse[t * rows]);
+      if (!split_in_window(range, len, q_len, variant.window_left)) {
+        empty_states(rows, D, &po[t * rows * D], &plse[t * rows]);  // outside every window
+        continue;
+      }
+      split_states(q, kv, b, hkv, range, len, score, variant.window_left, &po[t * rows * D],
+                   &plse[t * rows]);
     }
   });
 
@@ -201,6 +244,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOption
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
   const float scale =
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, kv.head_dim);
+  attnstate::detail::check_variant(fn, "options.variant", options.variant);
   if (kv.batch > 0) validate_tables(fn, kv);
   DecodeProblem p;
   p.batch = kv.batch;
@@ -212,7 +256,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOption
   p.kv_dtype = kv.dtype;
   const SplitLayout layout = plan_split_layout(p, kv.seq_lens, options, detail::pool_threads(),
                                                kv.heads_kv, fn, "kv.seq_lens", "options");
-  decode(q, kv, layout, scale, out);
+  decode(q, kv, layout, scale, options.variant, out);
 }
 
 }  // namespace cpu

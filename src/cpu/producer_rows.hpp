@@ -8,6 +8,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/variant.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -32,17 +33,18 @@ inline void store_row(void* p, DType dt, std::int64_t off, std::int64_t n, const
 }
 
 /// Folds keys `k (n, dim)` and values `v (n, dim)` (fp32 rows) into the running state of one
-/// query row `q (dim)`: base-2 scores `q·k · s2_scale`, then `math::OnlineSoftmax` rescaling of
-/// `acc (dim)` (skipped when the running max did not move: multiplying by 1 is the identity)
-/// and `acc += p · v`. `scores` is scratch of at least `n` floats.
+/// query row `q (dim)`: base-2 scores `score(q·k)` (the scale and, when set, the soft cap),
+/// then `math::OnlineSoftmax` rescaling of `acc (dim)` (skipped when the running max did not
+/// move: multiplying by 1 is the identity) and `acc += p · v`. `scores` is scratch of at least
+/// `n` floats.
 inline void fold_key_block(math::OnlineSoftmax& os, float* acc, const float* q, const float* k,
-                           const float* v, std::int64_t n, std::int64_t dim, float s2_scale,
-                           float* scores) {
+                           const float* v, std::int64_t n, std::int64_t dim,
+                           const math::ScoreMap& score, float* scores) {
   float block_max = math::neg_inf();
   for (std::int64_t j = 0; j < n; ++j) {
     float dot = 0.f;
     for (std::int64_t d = 0; d < dim; ++d) dot += q[d] * k[j * dim + d];
-    scores[j] = dot * s2_scale;
+    scores[j] = score(dot);
     block_max = math::nan_max(block_max, scores[j]);
   }
   const float alpha = os.rescale(block_max);

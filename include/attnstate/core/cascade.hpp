@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "attnstate/core/variant.hpp"
+
 namespace attnstate {
 
 /// Most levels a cascade may have.
@@ -47,6 +49,12 @@ struct CascadeOptions {
   /// keys `j < len - (q_len - 1 - t)` and every key of the earlier levels. Requires every
   /// last-level segment to hold at least `q_len - 1` tokens.
   bool causal = true;
+  /// Sliding window and logits soft cap (default: plain attention). Positions count the keys of
+  /// a request's concatenated segments in level order (`total` of them): with `causal`, row `t`
+  /// is at `p = total - q_len + t`; without it, every row is at `p = total - 1` (the last key).
+  /// Row `t` sees the keys at positions `[max(0, p - window_left), p]` across all the levels, so
+  /// a shared segment entirely before a row's window contributes the empty state to it.
+  AttentionVariant variant;
 };
 
 }  // namespace attnstate

@@ -7,6 +7,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/core/variant.hpp"
 
 namespace attnstate {
 
@@ -72,6 +73,9 @@ struct DecodeOptions {
   int split_size = 0;  ///< For `kFixedSize`, in tokens: a positive multiple of 16
                        ///< (`kSplitGranularity`, core/decode_split.hpp) giving at most
                        ///< `kMaxSplits` splits for the longest request; any `page_size`.
+  /// Sliding window and logits soft cap (default: plain attention). Row `i` of request `b` is at
+  /// position `p = seq_lens[b] - q_len + i` and sees the keys `[max(0, p - window_left), p]`.
+  AttentionVariant variant;
 };
 
 }  // namespace attnstate

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/core/variant.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -22,6 +23,21 @@ namespace cpu {
 /// @throws Error (`kInvalidArgument`) naming the argument on any violation.
 void attention_state(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                      float scale, StateView out);
+
+/// The same with a score variant: a logits soft cap (`variant.logits_soft_cap > 0`) turns each
+/// scaled score into `cap · tanh(s / cap)` (fp32) before the softmax. A sliding window needs
+/// key positions, which one segment does not have: `variant.window_left` must be `kNoWindow`
+/// (restrict the keys passed instead, or use `decode` / `cascade_attention`).
+/// @param q        queries (as above).
+/// @param k        keys (as above).
+/// @param v        values (as above).
+/// @param scale    softmax scale (as above).
+/// @param variant  `window_left == kNoWindow`; `logits_soft_cap` 0 (none) or finite and > 0.
+/// @param out      state (as above).
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation, among them
+///         `variant.window_left` (a window) and `variant.logits_soft_cap` (negative, NaN, inf).
+void attention_state(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                     float scale, const AttentionVariant& variant, StateView out);
 
 }  // namespace cpu
 }  // namespace attnstate

@@ -23,14 +23,18 @@ namespace cpu {
 ///                    fields (`page_indptr`, `block_table`, `seq_lens`, `batch`) are ignored.
 /// @param levels      `num_levels` level descriptions (host arrays), see `CascadeLevel`.
 /// @param num_levels  `1 ≤ num_levels ≤ kMaxCascadeLevels`.
-/// @param options     scale and causal masking.
+/// @param options     scale, causal masking and variant: a sliding window measured over the
+///                    request's concatenated keys (`CascadeOptions::variant`; a segment no row
+///                    of an item sees is not read) and a soft cap on the scaled scores.
 /// @param out         state `(batch · q_len, H_q, head_dim)`, token `b · q_len + t`; written in
 ///                    its own dtype and base. A request with no keys gets `(0, -inf)`. Its
 ///                    memory must be disjoint from `q`, both KV pools and every level array.
 ///                    A batch of 0 requests is a no-op (the levels are not read).
 /// @throws Error `kInvalidArgument` naming the argument on a null pointer, a shape or stride
 ///         mismatch, a non-monotone or out-of-range indptr, a page index outside the pool, a
-///         segment longer than its pages, or a non-host view.
+///         segment longer than its pages, a non-host view, or a bad variant
+///         (`options.variant.window_left < -1`, a negative or non-finite
+///         `options.variant.logits_soft_cap`).
 void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
                        int num_levels, const CascadeOptions& options, StateView out);
 

@@ -11,6 +11,7 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/core/variant.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -33,13 +34,33 @@ namespace cpu {
 void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
             float scale, StateView out);
 
+/// Split-KV decode with an explicit split layout and a score variant.
+///
+/// Row `i` of request `b` is at position `p = seq_lens[b] − q_len + i` and sees the keys
+/// `[max(0, p − variant.window_left), p]` (all of `[0, p]` with `kNoWindow`); a row whose
+/// window holds no key gets `(0, -inf)`. A split no row of its request sees is the empty state
+/// and is not computed. A soft cap turns each scaled score `s` into `cap · tanh(s / cap)` (fp32)
+/// before the softmax.
+/// @param q        host queries (as above).
+/// @param kv       host paged cache (as above).
+/// @param splits   the split layout (as above).
+/// @param scale    softmax scale, finite; 0 means `1/sqrt(head_dim)`.
+/// @param variant  `window_left ≥ -1` (`kNoWindow`); `logits_soft_cap` 0 or finite and > 0.
+/// @param out      host state (as above).
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation, among them
+///         `variant.window_left` and `variant.logits_soft_cap`.
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+            float scale, const AttentionVariant& variant, StateView out);
+
 /// Split-KV decode with a split policy: the layout is planned with `plan_split_layout` from the
 /// host `kv.seq_lens`, with the worker threads as the slots of `kAuto`.
 /// @param q        host queries `(batch, q_len, heads_q, head_dim)` (as above).
 /// @param kv       host paged cache (as above).
-/// @param options  scale (0 → `1/sqrt(head_dim)`) and split policy.
+/// @param options  scale (0 → `1/sqrt(head_dim)`), split policy and variant (window and soft
+///                 cap, as in the overload above).
 /// @param out      host state `(batch·q_len, heads_q, head_dim)`, any dtype and base.
-/// @throws Error (`kInvalidArgument`) naming the argument on any violation.
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation, among them
+///         `options.variant.window_left` and `options.variant.logits_soft_cap`.
 void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
             StateView out);
 
