@@ -84,8 +84,13 @@ void assign_or_throw(std::vector<T>& v, std::int64_t n, const T& x, const char* 
 
 /// Throws unless `problem` is consistent (a hand-built `AttentionProblem` may not be): `q`, `k`
 /// rank 3, `v` of `k`'s shape and dtype, `H_q` a multiple of `H_kv >= 1`, one head_dim, valid
-/// output dtype and base. Names the field as `<arg>.<field>`.
+/// output dtype and base, a valid variant, `positions` empty or one per row (not empty with a
+/// window), `key_positions` empty or one per key. Names the field as `<arg>.<field>`.
 void check_problem(const AttentionProblem& problem, const char* func, const char* arg);
+
+/// Whether query row `token` of a checked `problem` sees key `key` (both in range): always
+/// without positions, else the key's position inside `[window_begin(p), p]` of the row's `p`.
+bool sees(const AttentionProblem& problem, std::int64_t token, std::int64_t key);
 
 /// Throws unless `state`'s vectors have the sizes of its shape (a hand-built `ReferenceState`
 /// may not): `o` and `lse` (and `o_magnitude` when present) against the overflow-checked counts.

@@ -235,6 +235,24 @@ void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
     detail::throw_argument(func, field(prefix, "large_logit_factor").c_str(), "a finite value > 0",
                            show_number(o.large_logit_factor));
   }
+  if (o.soft_cap_percent < 0 || o.soft_cap_percent > 100) {
+    detail::throw_argument(func, field(prefix, "soft_cap_percent").c_str(), "0 to 100",
+                           std::to_string(o.soft_cap_percent));
+  }
+  if (o.soft_cap_percent > 0 && o.soft_caps.empty()) {
+    detail::throw_argument(func, field(prefix, "soft_caps").c_str(),
+                           "a non-empty list of caps (soft_cap_percent > 0)", "an empty list");
+  }
+  for (std::size_t i = 0; i < o.soft_caps.size(); ++i) {
+    if (!(std::isfinite(o.soft_caps[i]) && o.soft_caps[i] > 0.f)) {
+      detail::throw_argument(func, element(prefix, "soft_caps", i).c_str(), "a finite cap > 0",
+                             show_number(o.soft_caps[i]));
+    }
+  }
+  if (o.window_percent < 0 || o.window_percent > 100) {
+    detail::throw_argument(func, field(prefix, "window_percent").c_str(), "0 to 100",
+                           std::to_string(o.window_percent));
+  }
 }
 
 void check_state_gen_options(const StateGenOptions& o, const char* func,
@@ -377,6 +395,56 @@ rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_key
   });
 }
 
+ProblemGenOptions variant_problem_options(ProblemGenOptions o) {
+  o.soft_cap_percent = 50;
+  o.window_percent = 50;
+  return o;
+}
+
+namespace {
+
+/// Draws the query positions and the window of a problem of `tokens` rows over `keys` keys.
+void draw_window(AttentionProblem& p, std::int64_t tokens, std::int64_t keys) {
+  // The window, shrinking towards none (a causal problem).
+  std::int64_t w = kNoWindow;
+  switch (*in_full_range<int>(0, 5)) {
+    case 1:
+      w = 0;  // only the key at the row's position
+      break;
+    case 2:
+      w = *in_full_range<std::int64_t>(1, 9);
+      break;
+    case 3:
+      w = *in_full_range<std::int64_t>(0, keys + 1);
+      break;
+    case 4:
+      w = keys + *in_full_range<std::int64_t>(1, 17);  // larger than the context
+      break;
+    default:
+      break;
+  }
+  p.variant.window_left = w;
+  p.positions.resize(static_cast<std::size_t>(tokens));
+  switch (*in_full_range<int>(0, 3)) {
+    case 1:  // anywhere around the keys
+      for (std::int64_t& x : p.positions) x = *in_full_range<std::int64_t>(-2, keys + 2);
+      break;
+    case 2:  // every key before the window (or, without a window, every row before them)
+      for (std::int64_t& x : p.positions) {
+        const std::int64_t r = *in_full_range<std::int64_t>(0, 4);
+        x = w == kNoWindow ? -1 - r : keys + w + r;
+      }
+      break;
+    default:  // decode's new tokens: the last `tokens` positions of the keys
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        p.positions[static_cast<std::size_t>(t)] = keys - tokens + t;
+      }
+      break;
+  }
+}
+
+}  // namespace
+
 ProblemGenOptions decode_problem_options() {
   ProblemGenOptions o;
   o.max_tokens = 8;
@@ -433,6 +501,13 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
     p.large_logits = large;
     p.offset_values = offset;
     p.value_seed = seed;
+    // Variants draw only when asked for: a seed's plain problems stay what they were.
+    if (opt.soft_cap_percent > 0 && *in_full_range<int>(0, 100) >= 100 - opt.soft_cap_percent) {
+      p.variant.logits_soft_cap = *pick(opt.soft_caps);
+    }
+    if (opt.window_percent > 0 && *in_full_range<int>(0, 100) >= 100 - opt.window_percent) {
+      draw_window(p, tokens, keys);
+    }
     return p;
   });
 }

@@ -23,7 +23,9 @@ inline std::string show_number(double x) {
 /// `<prefix>.<field>` (e.g. `options.problems.bases`), unless `options` can generate problems:
 /// `max_tokens`, `max_heads_kv` ≥ 1, `0 ≤ min_keys ≤ max_keys`, non-empty `group_sizes` and
 /// `head_dims` of values ≥ 1, non-empty dtype and base lists of valid values,
-/// `large_logits_percent` in [0, 100], a finite `large_logit_factor` > 0.
+/// `large_logits_percent`, `offset_values_percent`, `soft_cap_percent` and `window_percent` in
+/// [0, 100], a finite `large_logit_factor` > 0, `soft_caps` of finite values > 0 (non-empty when
+/// `soft_cap_percent > 0`).
 void check_problem_gen_options(const ProblemGenOptions& options, const char* func,
                                const std::string& prefix);
 

@@ -37,6 +37,26 @@ void check_problem(const AttentionProblem& p, const char* func, const char* arg)
   }
   check_dtype(p.out_dtype, func, (a + ".out_dtype").c_str());
   check_base(p.base, func, (a + ".base").c_str());
+  detail::check_variant(func, (a + ".variant").c_str(), p.variant);
+  if (!p.positions.empty() && static_cast<std::int64_t>(p.positions.size()) != p.q.dim(0)) {
+    fail("positions", "one position per query row (" + std::to_string(p.q.dim(0)) + ") or none",
+         std::to_string(p.positions.size()) + " positions");
+  }
+  if (p.positions.empty() && p.variant.window_left != kNoWindow) {
+    fail("positions", "one position per query row (variant.window_left is set)", "none");
+  }
+  if (!p.key_positions.empty() && static_cast<std::int64_t>(p.key_positions.size()) != p.k.dim(0)) {
+    fail("key_positions", "one position per key (" + std::to_string(p.k.dim(0)) + ") or none",
+         std::to_string(p.key_positions.size()) + " positions");
+  }
+}
+
+bool sees(const AttentionProblem& p, std::int64_t token, std::int64_t key) {
+  if (p.positions.empty()) return true;
+  const std::int64_t at = p.positions[static_cast<std::size_t>(token)];
+  const std::int64_t kp =
+      p.key_positions.empty() ? key : p.key_positions[static_cast<std::size_t>(key)];
+  return kp <= at && kp >= window_begin(at, p.variant.window_left);
 }
 
 void check_keys(const std::vector<std::int64_t>& keys, std::int64_t num_keys, const char* func,
@@ -51,6 +71,26 @@ void check_keys(const std::vector<std::int64_t>& keys, std::int64_t num_keys, co
 }
 
 }  // namespace kit
+
+std::int64_t key_position(const AttentionProblem& problem, std::int64_t key) {
+  const char* fn = "attnstate::testing::key_position";
+  kit::check_problem(problem, fn, "problem");
+  kit::check_index(key, problem.num_keys(), fn, "key");
+  return problem.key_positions.empty() ? key : problem.key_positions[static_cast<std::size_t>(key)];
+}
+
+std::vector<std::int64_t> visible_keys(const AttentionProblem& problem, std::int64_t token,
+                                       const std::vector<std::int64_t>& keys) {
+  const char* fn = "attnstate::testing::visible_keys";
+  kit::check_problem(problem, fn, "problem");
+  kit::check_index(token, problem.tokens(), fn, "token");
+  kit::check_keys(keys, problem.num_keys(), fn, "keys");
+  std::vector<std::int64_t> out;
+  for (std::int64_t key : keys) {
+    if (kit::sees(problem, token, key)) out.push_back(key);
+  }
+  return out;
+}
 
 AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::int64_t heads_kv,
                               std::int64_t head_dim, std::int64_t num_keys, DType dtype,
@@ -126,6 +166,17 @@ AttentionProblem select_keys(const AttentionProblem& problem,
   out.large_logits = problem.large_logits;
   out.offset_values = problem.offset_values;
   out.value_seed = problem.value_seed;
+  out.variant = problem.variant;
+  out.positions = problem.positions;
+  if (!problem.positions.empty()) {
+    // the selected keys keep their positions (the window is measured in the original keys)
+    out.key_positions.resize(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      out.key_positions[i] = problem.key_positions.empty()
+                                 ? keys[i]
+                                 : problem.key_positions[static_cast<std::size_t>(keys[i])];
+    }
+  }
   return out;
 }
 
@@ -149,7 +200,21 @@ std::ostream& operator<<(std::ostream& os, const AttentionProblem& p) {
      << ", H_kv=" << p.heads_kv() << ", head_dim=" << p.head_dim() << ", keys=" << p.num_keys()
      << ", qkv " << to_string(p.q.dtype()) << ", out " << to_string(p.out_dtype) << ", base "
      << to_string(p.base) << ", scale=" << p.scale << (p.large_logits ? ", large logits" : "")
-     << (p.offset_values ? ", offset values" : "") << ", value_seed=" << p.value_seed << ")";
+     << (p.offset_values ? ", offset values" : "") << ", value_seed=" << p.value_seed;
+  if (p.variant.logits_soft_cap != 0.f) os << ", soft_cap=" << p.variant.logits_soft_cap;
+  if (!p.positions.empty()) {
+    if (p.variant.window_left != kNoWindow) os << ", window_left=" << p.variant.window_left;
+    os << ", positions {";
+    for (std::size_t i = 0; i < p.positions.size(); ++i) os << (i ? ", " : "") << p.positions[i];
+    os << "}";
+    if (!p.key_positions.empty()) {
+      os << ", key_positions {";
+      for (std::size_t i = 0; i < p.key_positions.size(); ++i)
+        os << (i ? ", " : "") << p.key_positions[i];
+      os << "}";
+    }
+  }
+  os << ")";
   return os;
 }
 

@@ -94,6 +94,7 @@ struct ProblemValues {
   std::vector<float> q, k, v;
   std::int64_t hq, hkv, dim, group;
   float scale;
+  double cap;  // logits soft cap, 0: none
   explicit ProblemValues(const AttentionProblem& p)
       : q(p.q.to_floats()),
         k(p.k.to_floats()),
@@ -102,7 +103,8 @@ struct ProblemValues {
         hkv(p.heads_kv()),
         dim(p.head_dim()),
         group(p.group_size()),
-        scale(p.scale) {}
+        scale(p.scale),
+        cap(p.variant.logits_soft_cap) {}
 };
 
 /// Row `(t, h)` of `r` over `keys` (not empty): scores, max-subtracted weights, `o`, its
@@ -119,6 +121,7 @@ void attend_row(const ProblemValues& pv, const std::vector<std::int64_t>& keys, 
     double dot = 0;
     for (std::int64_t d = 0; d < dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
     s[i] = static_cast<double>(pv.scale) * dot;
+    if (pv.cap != 0) s[i] = pv.cap * std::tanh(s[i] / pv.cap);  // on the scaled score
     if (std::isnan(s[i])) nan = true;
     m = std::max(m, s[i]);
   }
@@ -160,8 +163,18 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
   if (keys.empty()) return r;
   const ProblemValues pv(p);
   std::vector<double> s;
+  std::vector<std::int64_t> row_keys;
   for (std::int64_t t = 0; t < p.tokens(); ++t) {
-    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, keys, t, h, s, r);
+    const std::vector<std::int64_t>* seen = &keys;
+    if (p.has_positions()) {  // the row's window of keys
+      row_keys.clear();
+      for (std::int64_t key : keys) {
+        if (kit::sees(p, t, key)) row_keys.push_back(key);
+      }
+      if (row_keys.empty()) continue;  // (0, -inf)
+      seen = &row_keys;
+    }
+    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, *seen, t, h, s, r);
   }
   return r;
 }
@@ -184,10 +197,18 @@ ReferenceState reference_state_per_token(const AttentionProblem& p,
   ReferenceState r = make_empty(p.tokens(), p.heads_q(), p.head_dim(), base);
   const ProblemValues pv(p);
   std::vector<double> s;
+  std::vector<std::int64_t> visible;
   for (std::int64_t t = 0; t < p.tokens(); ++t) {
-    const std::vector<std::int64_t>& row_keys = keys[static_cast<std::size_t>(t)];
-    if (row_keys.empty()) continue;  // (0, -inf)
-    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, row_keys, t, h, s, r);
+    const std::vector<std::int64_t>* row_keys = &keys[static_cast<std::size_t>(t)];
+    if (p.has_positions()) {  // the row's window of its keys
+      visible.clear();
+      for (std::int64_t key : *row_keys) {
+        if (kit::sees(p, t, key)) visible.push_back(key);
+      }
+      row_keys = &visible;
+    }
+    if (row_keys->empty()) continue;  // (0, -inf)
+    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, *row_keys, t, h, s, r);
   }
   return r;
 }

@@ -21,6 +21,13 @@ namespace testing {
 /// `select_keys(problem, keys)` to get a problem holding only those keys and
 /// `make_output_state(problem)` for an output shaped `(tokens, H_q, head_dim)` in the
 /// requested dtype and base. The returned state's base tag is its declared base.
+///
+/// Problems carry a variant when `KernelCheckOptions::problems` asks for one
+/// (`soft_cap_percent`, `window_percent`, or `variant_problem_options()`): the kernel then
+/// soft-caps every score (`problem.variant.logits_soft_cap`) and computes row `t` over
+/// `visible_keys(problem, t, keys)` (the empty state when that is empty); `select_keys` keeps
+/// the variant and the keys' positions, so a kernel taking positions reads them from the
+/// selected problem. Every law holds unchanged for these problems.
 using StateKernel = std::function<HostState(const AttentionProblem& problem,
                                             const std::vector<std::int64_t>& keys)>;
 
@@ -32,7 +39,8 @@ enum class Law {
                 ///< merge in double); n = 2 is `fn(I ∪ J) ≈ fn(I) ⊕ fn(J)`.
   kIdentity,      ///< `fn(∅)` is exactly the empty state: `lse = -inf`, `o = 0` (no NaN).
   kDeclaredBase,  ///< The state's base tag is the one requested and its LSEs are in that base.
-  kLargeLogits,   ///< Scores in the hundreds (q × 40) give finite `o` and `lse`, matching the
+  kLargeLogits,   ///< Scores in the hundreds (q × 40) give finite `o` and `lse` (rows that
+                  ///< see no key, in windowed problems, the empty state), matching the
                   ///< reference (a kernel without max subtraction overflows here).
   kDeterminism,   ///< Two calls with the same inputs give bitwise-identical states.
 };

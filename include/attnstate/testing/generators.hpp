@@ -122,6 +122,16 @@ struct ProblemGenOptions {
                                     ///< channel (0 to 100), as real V caches do: a sum of many
                                     ///< same-signed terms, where an accumulator kept in 16 bits
                                     ///< drifts (with zero-mean values its errors mostly cancel).
+  int soft_cap_percent = 0;         ///< Share of problems with a logits soft cap (0 to 100), drawn
+                                    ///< from `soft_caps`. 0 (the default) draws nothing for it, so
+                                    ///< the problems of a seed stay those drawn before variants.
+  std::vector<float> soft_caps = {5.f, 30.f, 50.f};  ///< Caps drawn (finite, > 0; non-empty
+                                                     ///< when `soft_cap_percent > 0`): 5 bends
+                                                     ///< ordinary scores, 30 and 50 are the
+                                                     ///< models' values and bend large logits.
+  int window_percent = 0;  ///< Share of problems whose query rows have positions (0 to 100),
+                           ///< hence a causal rule and, mostly, a sliding window (see
+                           ///< `gen_attention_problem`). 0 (the default) draws nothing for it.
 };
 
 /// Decode-shaped problems: 1 to 8 query rows (speculative decode), GQA groups 4 and 8,
@@ -129,18 +139,32 @@ struct ProblemGenOptions {
 /// @return those options (outputs still f32, f16 or bf16, both bases).
 ProblemGenOptions decode_problem_options();
 
+/// `options` drawing the variants too: half the problems soft-capped, half windowed (a kernel
+/// that implements both; leave the other percentage at 0 for a kernel with one of them).
+/// @param options  the options to extend (default: `ProblemGenOptions{}`).
+/// @return `options` with `soft_cap_percent = window_percent = 50`.
+ProblemGenOptions variant_problem_options(ProblemGenOptions options = {});
+
 /// Random attention problems: `q`, `k`, `v` uniform in `[-1, 1]` rounded to the input dtype
 /// (`q` multiplied by `large_logit_factor` in `large_logits_percent`% of problems; in
 /// `offset_values_percent`% of problems each (KV head, element) of `v` is instead uniform around
 /// a mean `c` drawn in `[-0.9, 0.9]`: `c + (1 - |c|) · u`, still within `[-1, 1]`), key counts
 /// uniform in `[min_keys, max_keys]` whatever RapidCheck's size, scale `1/sqrt(head_dim)` or 1,
 /// a random output dtype and base.
+///
+/// Variants, when asked for: in `soft_cap_percent`% of problems `variant.logits_soft_cap` is one
+/// of `soft_caps`; in `window_percent`% the rows get `positions` and `variant.window_left` is
+/// drawn among no window (causal only), 0 (one key), a few keys, up to the key count and more
+/// than the key count; the positions are those of decode's new tokens (the last `tokens` of the
+/// keys, some before position 0 when the keys are fewer), random in `[-2, num_keys + 2)`, or
+/// past the window (rows that see none of the keys: the empty state).
 /// @param options  what may be drawn.
 /// @return a generator of problems, shrinking towards one token, one head, head_dim and key
-///         count at their minimum, the first listed dtypes and base.
+///         count at their minimum, the first listed dtypes and base, no variant.
 /// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.bases`) when
 ///         `options` is invalid: an empty list, `min_keys > max_keys`, a limit below 1, limits
-///         whose largest `q` or `k` passes 2^62 elements.
+///         whose largest `q` or `k` passes 2^62 elements, a percentage outside [0, 100], a cap
+///         that is not finite and > 0.
 rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& options = {});
 
 /// A problem and a partition of its keys into up to `max_parts` parts.

@@ -9,6 +9,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/lse_base.hpp"
+#include "attnstate/core/variant.hpp"
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/host_tensor.hpp"
 
@@ -20,6 +21,14 @@ namespace testing {
 /// `q (tokens, H_q, head_dim)`, `k` and `v (num_keys, H_kv, head_dim)` with `H_q` a multiple
 /// of `H_kv` (query head `h` reads KV head `h / (H_q / H_kv)`), scores `s = scale · q·k`. The
 /// state a kernel should return has `o` stored in `out_dtype` and its LSE in `base`.
+///
+/// Variants (off by default, so a plain problem is as before): `variant.logits_soft_cap > 0`
+/// turns every score into `cap · tanh(s / cap)`; `positions` gives each query row a position,
+/// and then row `t` sees only the keys at positions `[window_begin(positions[t],
+/// variant.window_left), positions[t]]`: causal, and inside the sliding window when
+/// `variant.window_left != kNoWindow`. A kernel asked for a key set `K` returns, for row `t`,
+/// the state over the keys of `K` the row sees (`visible_keys`), the empty state when it sees
+/// none: a window restricts the key set, so the laws of states hold unchanged.
 struct AttentionProblem {
   HostTensor q;                      ///< Queries `(tokens, H_q, head_dim)`.
   HostTensor k;                      ///< Keys `(num_keys, H_kv, head_dim)`.
@@ -32,6 +41,14 @@ struct AttentionProblem {
   bool offset_values = false;        ///< True when `v` has a non-zero mean per channel
                                      ///< (informational).
   std::uint64_t value_seed = 0;      ///< Seed the values were drawn from (informational).
+  /// Soft cap and sliding window (default: plain attention). A window needs `positions`.
+  AttentionVariant variant;
+  /// Positions of the query rows (`tokens` values, any sign: a row before position 0 sees no
+  /// key), or empty: every row sees every key it is given.
+  std::vector<std::int64_t> positions;
+  /// Positions of the keys (`num_keys` values), or empty: key `i` is at position `i`. Read only
+  /// when `positions` is set; `select_keys` keeps each selected key's position.
+  std::vector<std::int64_t> key_positions;
 
   /// @return the number of query rows.
   std::int64_t tokens() const { return q.dim(0); }
@@ -45,7 +62,29 @@ struct AttentionProblem {
   std::int64_t num_keys() const { return k.dim(0); }
   /// @return `H_q / H_kv`.
   std::int64_t group_size() const { return heads_q() / heads_kv(); }
+  /// @return true when the query rows have positions (a causal or windowed problem).
+  bool has_positions() const { return !positions.empty(); }
 };
+
+/// The position of key `key` of `problem`: `key_positions[key]`, or `key` when there are none.
+/// @param problem  the problem.
+/// @param key      an index into `[0, problem.num_keys())`.
+/// @return the key's position.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `key` out of range, or the problem's
+///         field that is inconsistent (as every kit function taking a problem).
+std::int64_t key_position(const AttentionProblem& problem, std::int64_t key);
+
+/// The keys of `keys` that query row `token` sees: all of them without `positions`; else those
+/// at positions in `[window_begin(p, variant.window_left), p]`, `p = positions[token]`, in the
+/// order given.
+/// @param problem  the problem.
+/// @param token    a query row, in `[0, problem.tokens())`.
+/// @param keys     indices into `[0, problem.num_keys())`.
+/// @return the visible subset of `keys`.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `token` or `keys[i]` out of range, or
+///         the problem's inconsistent field.
+std::vector<std::int64_t> visible_keys(const AttentionProblem& problem, std::int64_t token,
+                                       const std::vector<std::int64_t>& keys);
 
 /// Builds a problem from float values (each rounded once to `dtype`).
 ///
@@ -74,7 +113,9 @@ AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::in
 ///
 /// @param problem  the problem to restrict.
 /// @param keys  indices into `[0, problem.num_keys())`; may be empty (a `T = 0` segment).
-/// @return a problem with the same queries, scale, output dtype and base and `keys.size()` keys.
+/// @return a problem with the same queries, scale, output dtype, base, variant and query
+///         positions and `keys.size()` keys (each keeping its position when the problem has
+///         query positions).
 /// @throws attnstate::Error (`kInvalidArgument`) for an index out of range.
 AttentionProblem select_keys(const AttentionProblem& problem,
                              const std::vector<std::int64_t>& keys);

@@ -102,10 +102,13 @@ ReferenceState rebased(const ReferenceState& state, LseBase base);
 /// The attention state of `problem`'s queries over the keys `keys`, in double.
 ///
 /// For each query token `t` and head `h` (KV head `g = h / group_size`): scores
-/// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over `i ∈ keys`, `m = max s_i`,
+/// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over the keys `i ∈ keys` the row sees
+/// (`visible_keys`: all of them unless the problem has positions), soft-capped to
+/// `cap · tanh(s_i / cap)` when `problem.variant.logits_soft_cap = cap > 0`, `m = max s_i`,
 /// `o = Σ e^{s_i - m} v[i,g] / Σ e^{s_i - m}`, `lse = m + ln Σ e^{s_i - m}` (converted to
 /// `base`), and `o_magnitude = Σ e^{s_i - m} |v[i,g]| / Σ e^{s_i - m}`. An empty `keys` gives
-/// `(0, -inf)` (magnitude 0). Cost `O(tokens · H_q · |keys| · head_dim)`.
+/// `(0, -inf)` (magnitude 0), as does a row that sees none of `keys`. Cost
+/// `O(tokens · H_q · |keys| · head_dim)`.
 ///
 /// @param problem  the queries, keys, values and scale.
 /// @param keys     indices into `[0, problem.num_keys())` (any order; may be empty).
@@ -123,8 +126,9 @@ ReferenceState reference_state(const AttentionProblem& problem,
                                const std::vector<std::int64_t>& keys);
 
 /// The attention state of each query token over keys of its own, in double: row `t` is the row
-/// `t` of `reference_state(problem, keys_per_token[t], base)` (same values, NaN propagation and
-/// `o_magnitude`). This is the reference of kernels whose rows see different keys: a causal mask
+/// `t` of `reference_state(problem, keys_per_token[t], base)` (same values, NaN propagation,
+/// variant and `o_magnitude`; with positions, the row sees only those of its keys inside its
+/// window). This is the reference of kernels whose rows see different keys: a causal mask
 /// (query `i` of a request sees its first `len - q_len + i + 1` keys), a paged decode (each
 /// request's tokens over that request's keys, `k`/`v` holding every request's keys or a whole
 /// pool's slots), the concatenated levels of a cascade request. Cost
@@ -161,8 +165,8 @@ ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBas
 ReferenceState reference_merge(const std::vector<HostState>& states, LseBase base);
 
 /// The largest `|scale| · Σ_d |q[t,h,d] k[i,g,d]|` over all (token, head, key) of the
-/// problem: it bounds the magnitude of every score and scales the fp32 rounding error a kernel
-/// can make in computing them.
+/// problem: it bounds the magnitude of every score (before a soft cap, which only shrinks a
+/// score and its error) and scales the fp32 rounding error a kernel can make in computing them.
 /// @param problem  the problem.
 /// @return that bound (0 for a problem without keys).
 double max_abs_score(const AttentionProblem& problem);
