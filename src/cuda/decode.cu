@@ -75,6 +75,10 @@ plan::DecodeFacts kernel_facts(std::int64_t head_dim) {
   f.cluster_tokens = tuning::kDecodeClusterTokens;
   f.split_multiple = tuning::kDecodeSplitMultiple;
   f.stream_max_tokens = tuning::kDecodeStreamMaxTokens;
+  f.cta_cost_tokens = tuning::kDecodeCtaCostTokens;
+  f.empty_cta_tokens = tuning::kDecodeEmptyCtaTokens;
+  f.merge_cost_tokens = tuning::kDecodeMergeCostTokens;
+  f.min_split_tokens = tuning::kDecodeMinSplitTokens;
   return f;
 }
 

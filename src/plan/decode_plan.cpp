@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "attnstate/core/error.hpp"
 
@@ -66,12 +67,107 @@ bool short_candidate(const DecodeFacts& f, std::int64_t head_dim, const SplitLay
          splits.policy == SplitPolicy::kFixedSize && splits.split_size <= f.short_tokens;
 }
 
+double layout_cost(const std::int32_t* seq_lens, std::int64_t batch, std::int64_t ctas,
+                   std::int64_t chunk, std::int64_t max_splits, std::int64_t slots,
+                   const DecodeFacts& f) {
+  if (batch <= 0 || ctas <= 0 || chunk <= 0 || max_splits <= 0) return 0.0;
+  slots = std::max<std::int64_t>(1, slots);
+  // every split of `chunk` keys but each request's last, which holds the rest
+  std::int64_t full = 0, empty = 0;
+  std::vector<std::int64_t> rest;
+  rest.reserve(static_cast<std::size_t>(batch));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t len = std::max<std::int32_t>(0, seq_lens[b]);
+    if (len == 0) {
+      empty += max_splits;
+      continue;
+    }
+    const std::int64_t k = std::min(max_splits, (len + chunk - 1) / chunk);
+    full += k - 1;
+    empty += max_splits - k;
+    rest.push_back(len - (k - 1) * chunk);
+  }
+  std::sort(rest.begin(), rest.end(), [](std::int64_t a, std::int64_t b) { return a > b; });
+  // waves of `slots` CTAs, longest first: a wave lasts as long as its first (longest) CTA
+  double t = 0.0;
+  std::int64_t placed = 0;  // CTAs placed so far
+  auto take = [&](std::int64_t count, std::int64_t keys) {
+    const double wave = static_cast<double>(keys + f.cta_cost_tokens);
+    const std::int64_t open = placed % slots == 0 ? 0 : slots - placed % slots;
+    const std::int64_t into_open = std::min(count, open);
+    placed += into_open;
+    count -= into_open;
+    const std::int64_t waves = (count + slots - 1) / slots;
+    t += static_cast<double>(waves) * wave;
+    placed += count;
+  };
+  if (full > 0) take(full * ctas, chunk);
+  for (std::int64_t r : rest) take(ctas, r);
+  t += static_cast<double>(empty) * static_cast<double>(ctas) * f.empty_cta_tokens /
+       static_cast<double>(slots);
+  if (max_splits > 1) t += f.merge_cost_tokens;
+  return t;
+}
+
+SplitLayout balanced_layout(const DecodeProblem& problem, const std::int32_t* seq_lens,
+                            std::int64_t slots, int row_tiles, const DecodeFacts& f) {
+  const std::int64_t max_len = max_length(problem, seq_lens);
+  const std::int64_t ctas = problem.heads_kv * row_tiles;
+  SplitLayout best;
+  best.policy = SplitPolicy::kFixedSize;
+  // split sizes stay int32: the largest multiple of 16 below 2^31
+  constexpr std::int64_t kMaxChunk = 0x7FFFFFFF / kSplitGranularity * kSplitGranularity;
+  const auto chunk_of = [&](std::int64_t s) {
+    return std::min(kMaxChunk, round_up((max_len + s - 1) / s, kSplitGranularity));
+  };
+  best.split_size = static_cast<std::int32_t>(chunk_of(1));
+  best.max_splits = 1;
+  if (max_len <= 0) {
+    best.split_size = kSplitGranularity;
+    return best;
+  }
+  best.max_splits = static_cast<std::int32_t>((max_len + best.split_size - 1) / best.split_size);
+  double best_cost =
+      layout_cost(seq_lens, problem.batch, ctas, best.split_size, best.max_splits, slots, f);
+  // split counts of the longest request: every count up to 16, then steps of about 1/8
+  std::int64_t last_chunk = best.split_size;
+  for (std::int64_t s = 2; s <= kMaxSplits; s = s < 16 ? s + 1 : s + s / 8) {
+    const std::int64_t chunk = chunk_of(s);
+    if (chunk < f.min_split_tokens) break;
+    if (chunk == last_chunk) continue;
+    last_chunk = chunk;
+    const std::int64_t n = (max_len + chunk - 1) / chunk;
+    if (n > kMaxSplits) break;
+    const double c = layout_cost(seq_lens, problem.batch, ctas, chunk, n, slots, f);
+    if (c < best_cost) {
+      best_cost = c;
+      best.split_size = static_cast<std::int32_t>(chunk);
+      best.max_splits = static_cast<std::int32_t>(n);
+    }
+  }
+  return best;
+}
+
 SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
                         const DecodeOptions& options, std::int64_t slots, int row_tiles,
                         const DecodeFacts& f) {
   SplitLayout l = plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles,
                                     fn, "seq_lens_host", "options");
   const std::int64_t max_len = max_length(problem, seq_lens);
+  // lengths that differ: the layout balanced over all of them, when the model says it is faster
+  // than the one sized from the longest request alone
+  const bool ragged =
+      problem.batch > 1 && std::any_of(seq_lens + 1, seq_lens + problem.batch,
+                                       [&](std::int32_t len) { return len != seq_lens[0]; });
+  if (ragged) {
+    const std::int64_t ctas = problem.heads_kv * row_tiles;
+    const SplitLayout b = balanced_layout(problem, seq_lens, slots, row_tiles, f);
+    const double cost_b =
+        layout_cost(seq_lens, problem.batch, ctas, b.split_size, b.max_splits, slots, f);
+    const double cost_l =
+        layout_cost(seq_lens, problem.batch, ctas, l.split_size, l.max_splits, slots, f);
+    if (cost_b < 0.97 * cost_l) l = b;
+  }
   // short requests: at most a cluster's worth of splits, merged in distributed shared memory,
   // rather than many tiny splits merged through the workspace
   if (f.max_cluster > 1 && l.max_splits > f.max_cluster) {

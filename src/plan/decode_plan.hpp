@@ -52,6 +52,10 @@ struct DecodeFacts {
   int cluster_tokens = 256;         ///< `tuning::kDecodeClusterTokens`.
   int split_multiple = 2;           ///< `tuning::kDecodeSplitMultiple`.
   std::int64_t stream_max_tokens = 2048;  ///< `tuning::kDecodeStreamMaxTokens`.
+  int cta_cost_tokens = 64;               ///< `tuning::kDecodeCtaCostTokens`.
+  int empty_cta_tokens = 8;               ///< `tuning::kDecodeEmptyCtaTokens`.
+  int merge_cost_tokens = 64;             ///< `tuning::kDecodeMergeCostTokens`.
+  int min_split_tokens = 64;              ///< `tuning::kDecodeMinSplitTokens`.
   /// Clusters of `c` CTAs (index `c`, 2..`kMaxCluster`) of the split kernel the device keeps
   /// resident at once: `[0]` at the default depth, `[1]` in the short-split configuration;
   /// 0 for sizes never used.
@@ -85,11 +89,31 @@ int decode_row_tiles(const DecodeProblem& problem, int tile_rows);
 /// `short_tokens` tokens.
 bool short_candidate(const DecodeFacts& facts, std::int64_t head_dim, const SplitLayout& splits);
 
-/// The automatic split layout for `slots` concurrent CTAs: the wave-efficiency heuristic
-/// (`plan_split_layout`), then, for short requests, at most as many splits as a cluster merges
-/// (`max_cluster`, when the splits stay within `cluster_tokens`); for long ones, a split count
-/// rounded up to `split_multiple` when the grid stays within the slots. Errors name `fn` and
-/// `seq_lens_host`.
+/// Estimated time of the split kernel with fixed-size splits of `chunk` keys (at most
+/// `max_splits` per request) over the lengths `seq_lens` (`batch` of them), `ctas` CTAs per
+/// split (KV heads × row tiles), on `slots` concurrent CTAs, in the keys one CTA slot streams in
+/// that time: the non-empty splits taken longest first in waves of `slots`, each wave as long as
+/// its longest split plus `cta_cost_tokens`; the CTAs of empty splits at `empty_cta_tokens`
+/// spread over the slots; one `merge_cost_tokens` when a request is split. A model, not a
+/// measurement: it ranks layouts of one problem.
+double layout_cost(const std::int32_t* seq_lens, std::int64_t batch, std::int64_t ctas,
+                   std::int64_t chunk, std::int64_t max_splits, std::int64_t slots,
+                   const DecodeFacts& facts);
+
+/// The split layout balanced over the real lengths of a batch: among split sizes
+/// `ceil(max_len / s)` (rounded up to 16, at least `min_split_tokens` unless `s == 1`, at most
+/// `kMaxSplits` splits for the longest request), the one of least `layout_cost` (the fewest
+/// splits among equals).
+SplitLayout balanced_layout(const DecodeProblem& problem, const std::int32_t* seq_lens,
+                            std::int64_t slots, int row_tiles, const DecodeFacts& facts);
+
+/// The automatic split layout for `slots` concurrent CTAs:
+/// - requests all of one length: the wave-efficiency heuristic (`plan_split_layout`);
+/// - lengths that differ: `balanced_layout`, when its `layout_cost` is below 97% of that of the
+///   heuristic's layout (which sizes the splits from the longest request only), else the latter;
+/// then, for short requests, at most as many splits as a cluster merges (`max_cluster`, when the
+/// splits stay within `cluster_tokens`); for long ones, a split count rounded up to
+/// `split_multiple` when the grid stays within the slots. Errors name `fn` and `seq_lens_host`.
 SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std::int32_t* seq_lens,
                         const DecodeOptions& options, std::int64_t slots, int row_tiles,
                         const DecodeFacts& facts);

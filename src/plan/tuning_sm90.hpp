@@ -29,6 +29,16 @@ inline constexpr int kDecodeSplitMultiple = 2;
 /// Decode, automatic policy: the longest request that runs on the streamed kernel (one split per
 /// request, enough items to fill every SM).
 inline constexpr int kDecodeStreamMaxTokens = 2048;
+/// Decode, automatic policy over requests of different lengths (`plan::balanced_layout`): the
+/// fixed cost of a split CTA (its prologue, first loads and state store), in the keys one CTA
+/// slot streams in that time.
+inline constexpr int kDecodeCtaCostTokens = 64;
+/// As `kDecodeCtaCostTokens` for a CTA of an empty split (it reads the length and exits).
+inline constexpr int kDecodeEmptyCtaTokens = 8;
+/// As `kDecodeCtaCostTokens` for the merge of a request's splits (once, at the end).
+inline constexpr int kDecodeMergeCostTokens = 64;
+/// Decode, automatic policy: splits shorter than this are never planned (fixed costs dominate).
+inline constexpr int kDecodeMinSplitTokens = 64;
 
 /// Cascade: splits per segment the level heuristic (`plan::choose_chunk`) may choose, at most.
 inline constexpr int kCascadeMaxLevelSplits = 64;

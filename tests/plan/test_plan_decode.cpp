@@ -300,6 +300,120 @@ TEST(PlanDecode, RecordedLaunchIsChecked) {
   EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 4), {3, 0}, &why));
 }
 
+TEST(PlanDecode, LayoutCostTakesWavesLongestFirst) {
+  // lengths 64 and 32 in splits of 32 (at most 2): splits of 32, 32 and 32 keys, one empty
+  plan::DecodeFacts f = facts();
+  f.cta_cost_tokens = 64;
+  f.empty_cta_tokens = 8;
+  f.merge_cost_tokens = 64;
+  const std::vector<std::int32_t> lens = {64, 32};
+  // one slot: three waves of 32 + 64, the empty CTA, the merge
+  EXPECT_DOUBLE_EQ(plan::layout_cost(lens.data(), 2, 1, 32, 2, 1, f), 3 * 96 + 8 + 64);
+  // three slots: one wave; the empty CTA spread over the slots
+  EXPECT_DOUBLE_EQ(plan::layout_cost(lens.data(), 2, 1, 32, 2, 3, f), 96 + 8.0 / 3 + 64);
+  // no split: one wave as long as the longest request, no merge
+  EXPECT_DOUBLE_EQ(plan::layout_cost(lens.data(), 2, 1, 64, 1, 3, f), 64 + 64);
+  // every CTA counts: 2 CTAs per split double the waves on one slot
+  EXPECT_DOUBLE_EQ(plan::layout_cost(lens.data(), 2, 2, 32, 2, 1, f), 6 * 96 + 16 + 64);
+}
+
+TEST(PlanDecode, RaggedBatchIsBalancedOverAllItsLengths) {
+  // 4 requests, one 10x longer, 8 KV heads on 264 slots: sized from the longest alone, the
+  // split count (from 4 x 8 work items) leaves its splits 4096 keys long while the short
+  // requests' CTAs idle; balanced, the long request takes many short splits
+  const std::vector<std::int32_t> lens = {3277, 32768, 3277, 3277};
+  const DecodeProblem p = problem(4, 8, 128);
+  const SplitLayout longest = attnstate::plan_split_layout(p, lens.data(), DecodeOptions{}, 264, 8);
+  const SplitLayout l = plan::auto_layout(kFn, p, lens.data(), DecodeOptions{}, 264, 1, facts());
+  EXPECT_EQ(l.policy, SplitPolicy::kFixedSize);
+  EXPECT_GT(l.max_splits, 2 * longest.max_splits);
+  EXPECT_LT(l.split_size, longest.split_size / 2);
+  EXPECT_LT(plan::layout_cost(lens.data(), 4, 8, l.split_size, l.max_splits, 264, facts()),
+            0.5 * plan::layout_cost(lens.data(), 4, 8, longest.split_size, longest.max_splits, 264,
+                                    facts()));
+  // every request served: its splits within the grid, its keys covered in order
+  for (std::int32_t len : lens) {
+    ASSERT_LE(l.splits_for(len), l.max_splits);
+    std::int32_t next = 0;
+    for (std::int32_t s = 0; s < l.splits_for(len); ++s) {
+      EXPECT_EQ(l.range(len, s).begin, next);
+      next = l.range(len, s).end;
+    }
+    EXPECT_EQ(next, len);
+  }
+  // the order of the requests does not matter
+  const std::vector<std::int32_t> sorted = {32768, 3277, 3277, 3277};
+  const SplitLayout m = plan::auto_layout(kFn, p, sorted.data(), DecodeOptions{}, 264, 1, facts());
+  EXPECT_EQ(m.split_size, l.split_size);
+  EXPECT_EQ(m.max_splits, l.max_splits);
+}
+
+TEST(PlanDecode, ManyRequestsUnsplitSplitTheLongOnes) {
+  // 64 requests with lengths spread up to 64k, 8 KV heads: 512 work items already exceed the 264
+  // slots (the wave heuristic does not split), but unsplit the longest CTAs run alone at the end
+  std::vector<std::int32_t> lens;
+  for (int i = 0; i < 64; ++i) lens.push_back(1024 * (i + 1));
+  const DecodeProblem p = problem(64, 8, 128);
+  const SplitLayout longest = attnstate::plan_split_layout(p, lens.data(), DecodeOptions{}, 264, 8);
+  EXPECT_EQ(longest.max_splits, 1);
+  const SplitLayout l = plan::auto_layout(kFn, p, lens.data(), DecodeOptions{}, 264, 1, facts());
+  EXPECT_GT(l.max_splits, 4);
+  EXPECT_LE(l.max_splits, attnstate::kMaxSplits);
+  EXPECT_GE(l.split_size, facts().min_split_tokens);
+}
+
+TEST(PlanDecode, UniformLengthsKeepTheWaveHeuristic) {
+  // all of one length: the wave-efficiency heuristic's split size (no rounding applies here)
+  for (std::int32_t len : {8192, 32768, 131072}) {
+    const std::vector<std::int32_t> lens(4, len);
+    const DecodeProblem p = problem(4, 8, 128);
+    const SplitLayout w = attnstate::plan_split_layout(p, lens.data(), DecodeOptions{}, 264, 8);
+    const SplitLayout l = plan::auto_layout(kFn, p, lens.data(), DecodeOptions{}, 264, 1, facts());
+    if (w.max_splits <= 8 || w.max_splits % 2 == 0) {
+      EXPECT_EQ(l.split_size, w.split_size) << len;
+      EXPECT_EQ(l.max_splits, w.max_splits) << len;
+    }
+  }
+}
+
+TEST(PlanDecode, BalancedLayoutEdges) {
+  const plan::DecodeFacts f = facts();
+  // every request empty: one (empty) split each
+  const std::vector<std::int32_t> empty = {0, 0, 0};
+  SplitLayout l =
+      plan::auto_layout(kFn, problem(3, 8, 128), empty.data(), DecodeOptions{}, 264, 1, f);
+  EXPECT_EQ(l.max_splits, 1);
+  EXPECT_EQ(l.splits_for(0), 1);
+  // one request of one token among long ones
+  const std::vector<std::int32_t> one = {1, 50000, 49999};
+  l = plan::auto_layout(kFn, problem(3, 8, 128), one.data(), DecodeOptions{}, 264, 1, f);
+  EXPECT_EQ(l.splits_for(1), 1);
+  EXPECT_EQ(l.range(1, 0).end, 1);
+  EXPECT_LE(l.splits_for(50000), l.max_splits);
+  // lengths at split edges: each request's splits cover its keys
+  const std::vector<std::int32_t> edges = {2048, 2047, 2049, 16, 17, 15, 4096};
+  l = plan::auto_layout(kFn, problem(7, 2, 128), edges.data(), DecodeOptions{}, 264, 1, f);
+  for (std::int32_t len : edges) {
+    ASSERT_LE(l.splits_for(len), l.max_splits) << len;
+    EXPECT_EQ(l.range(len, l.splits_for(len) - 1).end, len) << len;
+    EXPECT_GE(l.range(len, l.splits_for(len) - 1).end - l.range(len, l.splits_for(len) - 1).begin,
+              len > 0 ? 1 : 0)
+        << len;
+  }
+  // the 512-split cap and int32 split sizes at the largest lengths
+  const std::vector<std::int32_t> huge = {0x7FFFFFFF, 1};
+  const SplitLayout h = plan::balanced_layout(problem(2, 1, 128), huge.data(), 1 << 20, 1, f);
+  EXPECT_GE(h.split_size, 16);
+  EXPECT_EQ(h.split_size % 16, 0);
+  EXPECT_LE(h.max_splits, attnstate::kMaxSplits);
+  EXPECT_LE(h.splits_for(0x7FFFFFFF), h.max_splits);
+  EXPECT_EQ(h.range(0x7FFFFFFF, h.splits_for(0x7FFFFFFF) - 1).end, 0x7FFFFFFF);
+  const SplitLayout w =
+      attnstate::plan_split_layout(problem(2, 1, 128), huge.data(), DecodeOptions{}, 1, 1);
+  EXPECT_GT(w.split_size, 0);
+  EXPECT_LE(w.splits_for(0x7FFFFFFF), w.max_splits);
+}
+
 TEST(PlanDecode, ErrorsNameTheArgument) {
   const std::vector<std::int32_t> lens = {16};
   try {

@@ -202,6 +202,8 @@ inline SplitLayout plan_split_layout(const DecodeProblem& problem, const std::in
       std::int64_t chunk = (static_cast<std::int64_t>(max_len) + s - 1) / s;
       chunk = (chunk + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
       if (chunk <= 0) chunk = kSplitGranularity;
+      // split sizes stay int32 (the largest multiple of 16 below 2^31)
+      chunk = std::min<std::int64_t>(chunk, 0x7FFFFFFF / kSplitGranularity * kSplitGranularity);
       l.policy = SplitPolicy::kFixedSize;
       l.split_size = static_cast<std::int32_t>(chunk);
       l.max_splits = static_cast<std::int32_t>(

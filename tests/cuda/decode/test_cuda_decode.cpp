@@ -339,6 +339,58 @@ TEST(CudaDecode, RaggedPagedSplitTogether) {
   expect_matches_reference(p, g, DType::kBF16, LseBase::kNatural, "auto");
 }
 
+TEST(CudaDecode, EveryPageSizeMatchesReference) {
+  // Pages of 1..128 tokens (powers of two and others), both layouts, both page tables: tiles
+  // that span pages gather their page ids a tile ahead and shuffle them to the copies.
+  ATTNSTATE_REQUIRE_GPU();
+  std::uint64_t seed = 3000;
+  for (std::int64_t page : {1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 64, 128}) {
+    for (KvLayout layout : {KvLayout::kNHD, KvLayout::kHND}) {
+      DecodeConfig cfg = shape_config(page % 3 == 0 ? 2 : 1, 32, 8, page == 5 ? 64 : 128, page,
+                                      layout, page % 2 == 0, DType::kBF16, DType::kBF16);
+      cfg.seq_lens = {static_cast<std::int32_t>(page) + 1, 0, 1, 77, 1000, 17, 2 * 16 + 3};
+      const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+      for (int n : {1, 5}) {
+        const GpuOut g = run_gpu(p, count_opts(n), DType::kF32, LseBase::kNatural);
+        expect_matches_reference(p, g, DType::kF32, LseBase::kNatural,
+                                 cfg.name() + " splits " + std::to_string(n));
+      }
+      const GpuOut g = run_gpu(p, DecodeOptions{}, DType::kBF16, LseBase::kBase2);
+      expect_matches_reference(p, g, DType::kBF16, LseBase::kBase2, cfg.name() + " auto");
+    }
+  }
+}
+
+TEST(CudaDecode, AutomaticPlanOfARaggedBatchBalancesAndMatches) {
+  // One long request among short ones: the automatic plan splits from all the lengths (the long
+  // request into many splits, the short ones into few), matches the reference and repeats
+  // bitwise; a plan made for these maximum lengths serves shorter ones.
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.page_size = 16;
+  cfg.block_table = true;
+  cfg.seq_lens = {24000, 300, 2000, 1, 0, 700};
+  const DecodeProblemHost p = make_decode_problem(cfg, 3100);
+  const GpuOut a = run_gpu(p, DecodeOptions{}, DType::kF32, LseBase::kNatural);
+  EXPECT_EQ(a.plan.splits.policy, SplitPolicy::kFixedSize);
+  EXPECT_GT(a.plan.splits.max_splits, 8) << "the long request should be split finely";
+  expect_matches_reference(p, a, DType::kF32, LseBase::kNatural, "ragged auto");
+  const GpuOut b = run_plan(p, a.plan, DType::kF32, LseBase::kNatural);
+  expect_matches_reference(p, b, DType::kF32, LseBase::kNatural, "ragged auto again");
+  ASSERT_EQ(a.o.size(), b.o.size());
+  EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size()));
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), 4 * a.lse.size()));
+  // the same plan over shorter lengths (the pages and table stay)
+  DecodeConfig shorter = cfg;
+  shorter.seq_lens = {9000, 299, 0, 1, 0, 16};
+  const DecodeProblemHost q = make_decode_problem(shorter, 3101);
+  const GpuOut c = run_plan(q, a.plan, DType::kF32, LseBase::kNatural);
+  expect_matches_reference(q, c, DType::kF32, LseBase::kNatural, "ragged plan, shorter lengths");
+}
+
 TEST(CudaDecode, LargeLogitsQueriesTimes40) {
   ATTNSTATE_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
