@@ -1,7 +1,8 @@
 /// @file prop_testing_cpu_producers.cpp
 /// @brief `cpu::decode` and `cpu::cascade_attention` run through the testing kit's conformance
 ///        check (`check_state_kernel`): exactness against the double reference, split/merge,
-///        the empty key set, the declared base, large logits and determinism.
+///        the empty key set, the declared base, large logits and determinism; plain and
+///        soft-capped problems.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,6 +86,7 @@ HostState cpu_decode_kernel(const AttentionProblem& full, const std::vector<std:
   options.scale = p.scale;
   options.policy = SplitPolicy::kFixedSize;  // several splits even for short key sets
   options.split_size = 16;
+  options.variant.logits_soft_cap = p.variant.logits_soft_cap;  // problems drawn soft-capped
   HostState out = attnstate::testing::make_output_state(p);
   cpu::decode(queries(p), kv, options, out.view());
   return out;
@@ -127,6 +129,7 @@ HostState cpu_cascade_kernel(const AttentionProblem& full, const std::vector<std
   levels[1].seg_lens = len1.data();
   CascadeOptions options;
   options.scale = p.scale;
+  options.variant.logits_soft_cap = p.variant.logits_soft_cap;
   HostState out = attnstate::testing::make_output_state(p);
   cpu::cascade_attention(queries(p), pool.view(p), levels, 2, options, out.view());
   return out;
@@ -146,6 +149,21 @@ TEST(KitCpuProducers, CpuDecodePassesTheKit) {
 
 TEST(KitCpuProducers, CpuCascadePassesTheKit) {
   ATTNSTATE_EXPECT_KERNEL_CONFORMS(cpu_cascade_kernel, decode_options());
+}
+
+/// Decode-shaped problems, half of them soft-capped (caps 5, 30, 50).
+attnstate::testing::KernelCheckOptions soft_cap_options() {
+  attnstate::testing::KernelCheckOptions o = decode_options();
+  o.problems.soft_cap_percent = 50;
+  return o;
+}
+
+TEST(KitCpuProducers, SoftCappedCpuDecodePassesTheKit) {
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(cpu_decode_kernel, soft_cap_options());
+}
+
+TEST(KitCpuProducers, SoftCappedCpuCascadePassesTheKit) {
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(cpu_cascade_kernel, soft_cap_options());
 }
 
 }  // namespace
