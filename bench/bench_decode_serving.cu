@@ -12,8 +12,9 @@
 ///
 /// bf16, NHD pages (`--hnd`: HND), page ids in order (`--scatter`: a random permutation). Each
 /// time is the median of `--reps` (default 21) event-timed calls, each after an L2 flush.
-/// `--csv PATH` writes every row; `--sections ragged,pages,shapes` picks sections; `--quick`
-/// runs fewer points. GB/s counts the K and V bytes of the real lengths.
+/// `--csv PATH` writes every row; `--fi-spec PATH` writes the ragged points as `--points` specs of
+/// the FlashInfer harness (same lengths); `--sections ragged,pages,shapes` picks sections;
+/// `--quick` runs fewer points. GB/s counts the K and V bytes of the real lengths.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -86,6 +87,7 @@ struct Env {
   std::size_t pool_elems = 0;
   Buffer q, o, lse, ws, table, lens;
   FILE* csv = nullptr;
+  FILE* fi_spec = nullptr;  // the ragged points as the FlashInfer harness's --points specs
 
   /// Median of `reps` event-timed calls of `f`, each after an L2 flush (µs).
   template <class F>
@@ -238,6 +240,12 @@ void ragged(Env& env, bool quick) {
         const std::int32_t min_len = *std::min_element(s.lens.begin(), s.lens.end());
         const Timed a = time_decode(env, s);
         const Timed l = time_decode(env, s, std::vector<std::int32_t>(s.lens.size(), max_len));
+        if (env.fi_spec) {
+          std::fprintf(env.fi_spec, "%s%d:%d:%d:%d:", std::ftell(env.fi_spec) > 0 ? ";" : "", s.hq,
+                       s.hkv, s.d, s.page);
+          for (std::size_t b = 0; b < s.lens.size(); ++b)
+            std::fprintf(env.fi_spec, "%s%d", b ? "," : "", s.lens[b]);
+        }
         std::printf("%-9s %5d %7d %8d %8d %15s %9.1f %7.0f %6.1f %15s %9.1f %7.1f %7.2f\n", dist,
                     batch, mib, max_len, min_len, plan_str(a.plan).c_str(), a.us, gbps(s, a.us),
                     100 * gbps(s, a.us) / env.copy_gbps, plan_str(l.plan).c_str(), l.us,
@@ -306,11 +314,13 @@ void shapes(Env& env, bool quick) {
 
 int main(int argc, char** argv) {
   Env env;
-  std::string csv_path, sections = "ragged,pages,shapes";
+  std::string csv_path, fi_path, sections = "ragged,pages,shapes";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
       csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--fi-spec") && i + 1 < argc)
+      fi_path = argv[++i];
     else if (!std::strcmp(argv[i], "--sections") && i + 1 < argc)
       sections = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -323,8 +333,8 @@ int main(int argc, char** argv) {
       env.scatter = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--csv PATH] [--sections ragged,pages,shapes] [--reps N] [--quick] "
-                   "[--hnd] [--scatter]\n",
+                   "usage: %s [--csv PATH] [--fi-spec PATH] [--sections ragged,pages,shapes] "
+                   "[--reps N] [--quick] [--hnd] [--scatter]\n",
                    argv[0]);
       return 2;
     }
@@ -382,7 +392,9 @@ int main(int argc, char** argv) {
         " medians of %d calls, L2 flushed\n",
         prop.name, env.num_sms, env.copy_gbps, env.hnd ? "HND" : "NHD",
         env.scatter ? " scattered" : " in order", env.reps);
+    if (!fi_path.empty()) env.fi_spec = std::fopen(fi_path.c_str(), "w");
     if (sections.find("ragged") != std::string::npos) ragged(env, quick);
+    if (env.fi_spec) std::fclose(env.fi_spec);
     if (sections.find("pages") != std::string::npos) pages(env, quick);
     if (sections.find("shapes") != std::string::npos) shapes(env, quick);
     if (env.csv) std::fclose(env.csv);
