@@ -57,6 +57,10 @@ using CascadeHeadDims = Intersect<BuildHeadDims, IntList<64, 128>>::type;
 
 /// Dtypes of each `o` of the merges (inputs and output independently).
 using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;
+/// The fp8 dtypes of `o` of `merge_state`, `merge_state_inplace` and `merge_states`, each
+/// compiled with `MergeDTypes` in the combinations that `cuda/kernels/merge/dispatch.cuh` lists
+/// (one fp8 format per call).
+using MergeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
 /// Dtypes of the decode's queries and KV (the same dtype).
 using DecodeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 /// Dtypes of the cascade's queries and KV (the same dtype).

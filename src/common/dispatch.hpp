@@ -25,10 +25,14 @@ using IntList = std::integer_sequence<int, V...>;
 template <DType... T>
 struct DTypeList {};
 
-/// The storage type of a dtype (float, half_t or bfloat16_t).
+/// The storage type of a dtype (float, half_t, bfloat16_t, float8_e4m3_t or float8_e5m2_t).
 template <DType T>
-using StorageOf = std::conditional_t<T == DType::kF16, half_t,
-                                     std::conditional_t<T == DType::kBF16, bfloat16_t, float>>;
+using StorageOf = std::conditional_t<
+    T == DType::kF16, half_t,
+    std::conditional_t<
+        T == DType::kBF16, bfloat16_t,
+        std::conditional_t<T == DType::kE4M3, float8_e4m3_t,
+                           std::conditional_t<T == DType::kE5M2, float8_e5m2_t, float>>>>;
 
 /// True when `v` is in the list.
 template <int... V>

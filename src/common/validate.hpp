@@ -9,7 +9,8 @@
 /// - `v.tokens >= 0`, `v.heads >= 1`, `v.head_dim >= 1`; `head_dim` is contiguous (stride 1,
 ///   implied by the view type);
 /// - every stride `>= 0`, and the span of `o` and `lse` in elements fits in 62 bits;
-/// - `v.dtype` is a known dtype and `v.base` a known base; `v.space` is the backend's space;
+/// - `v.dtype` is a known dtype (fp8 only for the operations that take it) and `v.base` a known
+///   base; `v.o_scale` is 1, or finite and > 0 for an fp8 `o`; `v.space` is the backend's space;
 /// - `v.o` and `v.lse` are non-null unless `v.tokens == 0`;
 /// - output views (`check_output_state`) must not overlap themselves: the `(token, head)` rows
 ///   of `o` (each `head_dim` elements) and of `lse` (one element) are pairwise disjoint. Input
@@ -60,11 +61,36 @@ inline void check_aligned(const char* func, const char* name, const char* field,
     check_aligned(func, arg_name(name, field).c_str(), p, bytes);
 }
 
-/// Throws naming `name` unless `dt` is f32, f16 or bf16.
-inline void check_dtype(const char* func, const char* name, DType dt) {
+/// Throws naming `name` unless `dt` is f32, f16 or bf16, or, where the operation takes them
+/// (`fp8`), e4m3 or e5m2: `kInvalidArgument` for a value that is no dtype, `kNotSupported` for
+/// an fp8 dtype where the operation takes none.
+inline void check_dtype(const char* func, const char* name, DType dt, bool fp8 = false) {
   if (!is_valid(dt)) {
-    throw_argument(func, name, "a valid dtype (f32, f16 or bf16)",
+    throw_argument(func, name, "a valid dtype (f32, f16, bf16, e4m3 or e5m2)",
                    "value " + std::to_string(static_cast<int>(dt)));
+  }
+  if (is_fp8(dt) && !fp8) {
+    throw_argument(func, name,
+                   "f32, f16 or bf16 (an fp8 o is taken by merge_state, merge_state_inplace and "
+                   "merge_states)",
+                   to_string(dt), Status::kNotSupported);
+  }
+}
+
+/// Throws naming `name.o_scale` unless the scale of `v`'s `o` is finite and > 0 for an fp8
+/// dtype, and exactly 1 for any other (a scale there would be silently ignored).
+inline void check_o_scale(const char* func, const char* name, const StateLayout& v) {
+  if (is_fp8(v.dtype)) {
+    if (!(v.o_scale > 0.f) || !std::isfinite(v.o_scale))
+      throw_argument(
+          func, arg_name(name, "o_scale").c_str(),
+          std::string("a finite value > 0 (the scale of the ") + to_string(v.dtype) + " o)",
+          std::to_string(v.o_scale));
+  } else if (v.o_scale != 1.f) {
+    throw_argument(
+        func, arg_name(name, "o_scale").c_str(),
+        std::string("1 (a scale applies to an fp8 o only; this o is ") + to_string(v.dtype) + ")",
+        std::to_string(v.o_scale));
   }
 }
 
@@ -134,9 +160,10 @@ inline std::int64_t lse_span(const StateLayout& v) {
                      " = " + std::to_string(extent ? stride : n) + ")");
 }
 
-/// Shape, strides, dtype, base and space of a state layout named `name` (no pointers).
+/// Shape, strides, dtype (fp8 only where `fp8`), `o` scale, base and space of a state layout
+/// named `name` (no pointers).
 inline void check_layout(const char* func, const char* name, const StateLayout& v,
-                         MemorySpace space) {
+                         MemorySpace space, bool fp8 = false) {
   check_min(func, arg_name(name, "tokens").c_str(), v.tokens, 0);
   check_min(func, arg_name(name, "heads").c_str(), v.heads, 1);
   check_min(func, arg_name(name, "head_dim").c_str(), v.head_dim, 1);
@@ -144,7 +171,8 @@ inline void check_layout(const char* func, const char* name, const StateLayout& 
   check_min(func, arg_name(name, "o_stride_head").c_str(), v.o_stride_head, 0);
   check_min(func, arg_name(name, "lse_stride_token").c_str(), v.lse_stride_token, 0);
   check_min(func, arg_name(name, "lse_stride_head").c_str(), v.lse_stride_head, 0);
-  check_dtype(func, arg_name(name, "dtype").c_str(), v.dtype);
+  check_dtype(func, arg_name(name, "dtype").c_str(), v.dtype, fp8);
+  check_o_scale(func, name, v);
   check_base(func, arg_name(name, "base").c_str(), v.base);
   check_space(func, arg_name(name, "space").c_str(), v.space, space);
   if (if_bytes_fit(v.head_dim, size_of(v.dtype)) < 0)
@@ -162,10 +190,11 @@ inline void check_layout(const char* func, const char* name, const StateLayout& 
   }
 }
 
-/// An input state named `name`: `check_layout` plus non-null `o` and `lse` (unless empty).
+/// An input state named `name`: `check_layout` plus non-null `o` and `lse` (unless empty); an
+/// fp8 `o` only where `fp8`.
 inline void check_state(const char* func, const char* name, const StateLayout& v, const void* o,
-                        const float* lse, MemorySpace space) {
-  check_layout(func, name, v, space);
+                        const float* lse, MemorySpace space, bool fp8 = false) {
+  check_layout(func, name, v, space, fp8);
   if (v.tokens > 0) {
     check_not_null(func, arg_name(name, "o").c_str(), o);
     check_not_null(func, arg_name(name, "lse").c_str(), lse);
@@ -176,8 +205,8 @@ inline void check_state(const char* func, const char* name, const StateLayout& v
 
 /// @copydoc check_state
 inline void check_state(const char* func, const char* name, const ConstStateView& v,
-                        MemorySpace space) {
-  check_state(func, name, v, v.o, v.lse, space);
+                        MemorySpace space, bool fp8 = false) {
+  check_state(func, name, v, v.o, v.lse, space, fp8);
 }
 
 /// Throws unless `tokens` rows of stride `s_tok` and `heads` rows of stride `s_head`, each an
@@ -211,8 +240,9 @@ inline void check_rows_disjoint(const char* func, const char* name, const char* 
 
 /// An output state named `name`: `check_state` plus pairwise-disjoint `(token, head)` rows.
 inline void check_output_state(const char* func, const char* name, const StateLayout& v,
-                               const void* o, const float* lse, MemorySpace space) {
-  check_state(func, name, v, o, lse, space);
+                               const void* o, const float* lse, MemorySpace space,
+                               bool fp8 = false) {
+  check_state(func, name, v, o, lse, space, fp8);
   check_rows_disjoint(func, name, "o_stride_token", "o_stride_head", v.tokens, v.o_stride_token,
                       v.heads, v.o_stride_head, v.head_dim);
   check_rows_disjoint(func, name, "lse_stride_token", "lse_stride_head", v.tokens,
@@ -221,16 +251,16 @@ inline void check_output_state(const char* func, const char* name, const StateLa
 
 /// @copydoc check_output_state
 inline void check_output_state(const char* func, const char* name, const ConstStateView& v,
-                               MemorySpace space) {
-  check_output_state(func, name, v, v.o, v.lse, space);
+                               MemorySpace space, bool fp8 = false) {
+  check_output_state(func, name, v, v.o, v.lse, space, fp8);
 }
 
 /// A state named `name` of which only the LSEs are written (its `o` is neither read nor written,
 /// and may be null): `check_layout`, a non-null aligned `lse` (unless empty) whose `(token, head)`
-/// entries are pairwise disjoint.
+/// entries are pairwise disjoint. Any dtype of `o` (fp8 included) is accepted.
 inline void check_output_lse(const char* func, const char* name, const StateView& v,
                              MemorySpace space) {
-  check_layout(func, name, v, space);
+  check_layout(func, name, v, space, /*fp8=*/true);
   if (v.tokens > 0) check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
   check_aligned(func, name, "lse", v.lse, sizeof(float));
   check_rows_disjoint(func, name, "lse_stride_token", "lse_stride_head", v.tokens,
@@ -443,11 +473,11 @@ inline std::int64_t stack_lse_span(const StateStackLayout& v) {
   return if_bytes_fit(checked_span(v.num_states, v.lse_stride_state, per_state), 4);
 }
 
-/// A stack of input states named `name`: `check_state` rules plus `num_states >= 1` and
-/// non-negative state strides.
+/// A stack of input states named `name`: `check_state` rules (an fp8 `o` only where `fp8`) plus
+/// `num_states >= 1` and non-negative state strides.
 inline void check_stack(const char* func, const char* name, const ConstStateStackView& v,
-                        MemorySpace space) {
-  check_layout(func, name, v, space);
+                        MemorySpace space, bool fp8 = false) {
+  check_layout(func, name, v, space, fp8);
   check_min(func, arg_name(name, "num_states").c_str(), v.num_states, 1);
   check_min(func, arg_name(name, "o_stride_state").c_str(), v.o_stride_state, 0);
   check_min(func, arg_name(name, "lse_stride_state").c_str(), v.lse_stride_state, 0);

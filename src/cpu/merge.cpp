@@ -2,8 +2,10 @@
 /// @brief CPU backend: `merge_state`, `merge_state_inplace`, `merge_states` (dense and ragged)
 ///        and `rebase`, multi-threaded over (token, head) rows, numerics from merge_math.hpp.
 ///
-/// Inputs are converted on load (`math::convert_lse` into the output's base, `to_float` for o);
-/// sums are fp32 and the result is rounded once to the output dtype. Every (token, head) row is
+/// Inputs are converted on load (`math::convert_lse` into the output's base, `to_float` for o,
+/// times the view's `o_scale` for an fp8 o); sums are fp32 and the result is rounded once to the
+/// output dtype (an fp8 output: value / `o_scale`, saturating). `merge_states_ragged` and `rebase`
+/// take no fp8 o. Every (token, head) row is
 /// computed by one thread in a fixed order, so results do not depend on scheduling.
 #include "attnstate/cpu/merge.hpp"
 
@@ -95,10 +97,74 @@ void pair_rows(const ConstStateView& a, const ConstStateView& b, const StateView
   }
 }
 
+/// `dst[d]` = the real value of element `d` of the row at `o + off` (`dt`): `to_float`, times
+/// `scale` for an fp8 `o`.
+void load_o_row(const void* o, DType dt, float scale, std::int64_t off, std::int64_t n,
+                float* dst) {
+  dispatch_dtype_with_fp8(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = typed<T>(o) + off;
+    if constexpr (kIsFp8<T>) {
+      const float* table = detail::fp8_table<T>();
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = table[p[d].bits] * scale;
+    } else {
+      const Loader<T> load;
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = load(p[d]);
+    }
+  });
+}
+
+/// Writes `src[d]` to the row at `o + off` (`dt`), rounded once; an fp8 `o` stores the
+/// saturating rounding of `src[d] / scale`.
+void store_o_row(void* o, DType dt, float scale, std::int64_t off, std::int64_t n,
+                 const float* src) {
+  dispatch_dtype_with_fp8(dt, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(o) + off;
+    if constexpr (kIsFp8<T>) {
+      for (std::int64_t d = 0; d < n; ++d) p[d] = from_float<T>(src[d] / scale);
+    } else {
+      for (std::int64_t d = 0; d < n; ++d) p[d] = from_float<T>(src[d]);
+    }
+  });
+}
+
+/// `pair_rows` for calls with an fp8 `o` (any of the three): each row's inputs are loaded as
+/// real values into fp32 rows, combined as `pair_rows` does and stored once, so the fp8 forms add
+/// two conversions per dtype instead of a kernel per dtype combination.
+void pair_rows_fp8(const ConstStateView& a, const ConstStateView& b, const StateView& out,
+                   const std::uint8_t* mask, std::int64_t r0, std::int64_t r1) {
+  const LseBase base = out.base;
+  const std::int64_t heads = out.heads, dim = out.head_dim;
+  thread_local std::vector<float> fa, fb, fo;
+  fa.assign(dim, 0.f);
+  fb.assign(dim, 0.f);
+  fo.resize(dim);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t t = r / heads, h = r % heads;
+    if (mask != nullptr && mask[t] == 0) continue;
+    const float la = math::convert_lse(a.lse[a.lse_offset(t, h)], a.base, base);
+    const float lb = math::convert_lse(b.lse[b.lse_offset(t, h)], b.base, base);
+    const math::PairWeights p = math::pair_weights(base, la, lb);
+    // an empty side's o is never read (pair_combine does not use its value)
+    if (!p.a_empty) load_o_row(a.o, a.dtype, a.o_scale, a.o_offset(t, h), dim, fa.data());
+    if (!p.b_empty) load_o_row(b.o, b.dtype, b.o_scale, b.o_offset(t, h), dim, fb.data());
+    for (std::int64_t d = 0; d < dim; ++d) fo[d] = math::pair_combine(p, fa[d], fb[d]);
+    store_o_row(out.o, out.dtype, out.o_scale, out.o_offset(t, h), dim, fo.data());
+    out.lse[out.lse_offset(t, h)] = p.lse;
+  }
+}
+
 void pair_merge(const ConstStateView& a, const ConstStateView& b, const StateView& out,
                 const std::uint8_t* mask) {
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
+  if (is_fp8(a.dtype) || is_fp8(b.dtype) || is_fp8(out.dtype)) {
+    detail::parallel_for(
+        0, rows, grain_rows(out.head_dim, 2),
+        [&](std::int64_t r0, std::int64_t r1) { pair_rows_fp8(a, b, out, mask, r0, r1); });
+    return;
+  }
   dispatch_dtype(a.dtype, [&](auto ta) {
     dispatch_dtype(b.dtype, [&](auto tb) {
       dispatch_dtype(out.dtype, [&](auto to) {
@@ -123,6 +189,7 @@ struct StackSource {
   const void* o = nullptr;
   const float* lse = nullptr;
   LseBase base = LseBase::kNatural;
+  float o_scale = 1.f;  ///< Scale of an fp8 `o` (1 otherwise).
   std::int64_t o_stride_head = 0, lse_stride_head = 0;
   std::int64_t o_stride_state = 0, lse_stride_state = 0;
   std::int64_t o_stride_token = 0, lse_stride_token = 0, num_states = 0;
@@ -214,7 +281,11 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
       float* acc = sc.acc.data() + j * dim;
       const float wj = w[j];
       // The first term is assigned so a lone input passes through bitwise.
-      detail::axpy_row(wj, o, acc, dim, !sc.started[j]);
+      if constexpr (kIsFp8<Ti>) {
+        detail::axpy_row_fp8(wj, o, src.o_scale, acc, dim, !sc.started[j]);
+      } else {
+        detail::axpy_row(wj, o, acc, dim, !sc.started[j]);
+      }
       sc.started[j] = 1;
     }
   }
@@ -225,6 +296,8 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
     const float inv = sc.inv[j];
     if (!sc.started[j]) {
       for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(0.f);
+    } else if constexpr (kIsFp8<To>) {
+      detail::scale_store_row_fp8(acc, inv, out.o_scale, oo, dim);
     } else {
       detail::scale_store_row(acc, inv, oo, dim);
     }
@@ -238,8 +311,8 @@ void nary_merge(const StackSource& src, DType in_dtype, const StateView& out,
   const std::int64_t rows = out.tokens * heads;
   if (rows == 0) return;
   const std::int64_t block = std::max<std::int64_t>(1, kBlockFloats / dim);
-  dispatch_dtype(in_dtype, [&](auto ti) {
-    dispatch_dtype(out.dtype, [&](auto to) {
+  dispatch_dtype_with_fp8(in_dtype, [&](auto ti) {
+    dispatch_dtype_with_fp8(out.dtype, [&](auto to) {
       using Ti = decltype(ti);
       using To = decltype(to);
       detail::parallel_for(0, rows, grain_rows(dim, avg_states),
@@ -282,9 +355,10 @@ void rebase_rows(const ConstStateView& in, const StateView& out, bool copy_o, st
 
 void merge_state(ConstStateView a, ConstStateView b, StateView out) {
   static const char* const kFunc = "attnstate::cpu::merge_state";
-  v::check_state(kFunc, "a", a, kHost);
-  v::check_state(kFunc, "b", b, kHost);
-  v::check_output_state(kFunc, "out", out, kHost);
+  constexpr bool kFp8 = true;  // every dtype combination, fp8 included
+  v::check_state(kFunc, "a", a, kHost, kFp8);
+  v::check_state(kFunc, "b", b, kHost, kFp8);
+  v::check_output_state(kFunc, "out", out, kHost, kFp8);
   v::check_same_shape(kFunc, "a", a, "b", b);
   v::check_same_shape(kFunc, "a", a, "out", out);
   v::check_alias(kFunc, "out", out, "a", a);
@@ -294,8 +368,9 @@ void merge_state(ConstStateView a, ConstStateView b, StateView out) {
 
 void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask) {
   static const char* const kFunc = "attnstate::cpu::merge_state_inplace";
-  v::check_output_state(kFunc, "acc", acc, kHost);
-  v::check_state(kFunc, "other", other, kHost);
+  constexpr bool kFp8 = true;
+  v::check_output_state(kFunc, "acc", acc, kHost, kFp8);
+  v::check_state(kFunc, "other", other, kHost, kFp8);
   v::check_same_shape(kFunc, "acc", acc, "other", other);
   v::check_alias(kFunc, "acc", acc, "other", other);
   v::check_mask(kFunc, "mask", mask, "acc", acc);
@@ -304,14 +379,16 @@ void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t
 
 void merge_states(ConstStateStackView states, StateView out) {
   static const char* const kFunc = "attnstate::cpu::merge_states";
-  v::check_stack(kFunc, "states", states, kHost);
-  v::check_output_state(kFunc, "out", out, kHost);
+  constexpr bool kFp8 = true;
+  v::check_stack(kFunc, "states", states, kHost, kFp8);
+  v::check_output_state(kFunc, "out", out, kHost, kFp8);
   v::check_same_shape(kFunc, "states", states, "out", out);
   v::check_disjoint(kFunc, "out", out, "states", states);
   StackSource src;
   src.o = states.o;
   src.lse = states.lse;
   src.base = states.base;
+  src.o_scale = states.o_scale;
   src.o_stride_head = states.o_stride_head;
   src.lse_stride_head = states.lse_stride_head;
   src.o_stride_state = states.o_stride_state;

@@ -3,6 +3,8 @@
 ///        storage, selected once at run time (results are bitwise identical).
 #include "cpu/merge_rows.hpp"
 
+#include <vector>
+
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define ATTNSTATE_X86_SIMD 1
 #include <immintrin.h>
@@ -151,6 +153,42 @@ template <>
 void scale_store_row<bfloat16_t>(const float* acc, float inv, bfloat16_t* out, std::int64_t n) {
   store_dispatch(acc, inv, out, n);
 }
+
+template <class T>
+const float* fp8_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (std::uint32_t u = 0; u < 256; ++u) t[u] = to_float(T{static_cast<std::uint8_t>(u)});
+    return t;
+  }();
+  return table.data();
+}
+
+template <class T>
+void axpy_row_fp8(float w, const T* x, float scale, float* acc, std::int64_t n, bool first) {
+  const float* table = fp8_table<T>();
+  if (first) {
+    for (std::int64_t d = 0; d < n; ++d) acc[d] = w * (table[x[d].bits] * scale);
+  } else {
+    for (std::int64_t d = 0; d < n; ++d) acc[d] += w * (table[x[d].bits] * scale);
+  }
+}
+
+template <class T>
+void scale_store_row_fp8(const float* acc, float inv, float scale, T* out, std::int64_t n) {
+  for (std::int64_t d = 0; d < n; ++d) out[d] = from_float<T>((acc[d] * inv) / scale);
+}
+
+template const float* fp8_table<float8_e4m3_t>();
+template const float* fp8_table<float8_e5m2_t>();
+template void axpy_row_fp8<float8_e4m3_t>(float, const float8_e4m3_t*, float, float*, std::int64_t,
+                                          bool);
+template void axpy_row_fp8<float8_e5m2_t>(float, const float8_e5m2_t*, float, float*, std::int64_t,
+                                          bool);
+template void scale_store_row_fp8<float8_e4m3_t>(const float*, float, float, float8_e4m3_t*,
+                                                 std::int64_t);
+template void scale_store_row_fp8<float8_e5m2_t>(const float*, float, float, float8_e5m2_t*,
+                                                 std::int64_t);
 
 }  // namespace detail
 }  // namespace cpu

@@ -29,9 +29,9 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
   args.mask = mask;
   args.split = kernels::row_split(out.head_dim, tuning::kMergePairChunks);
   args.aligned =
-      kernels::vec_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
-      kernels::vec_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
-      kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
+      kernels::chunk_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
+      kernels::chunk_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
+      kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   kernels::dispatch_pair(func, a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
     constexpr auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
     kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
@@ -42,9 +42,10 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
 
 void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_state";
-  v::check_state(kFunc, "a", a, kDevice);
-  v::check_state(kFunc, "b", b, kDevice);
-  v::check_output_state(kFunc, "out", out, kDevice);
+  constexpr bool kFp8 = true;  // the dtypes compiled with fp8: kernels/merge/dispatch.cuh
+  v::check_state(kFunc, "a", a, kDevice, kFp8);
+  v::check_state(kFunc, "b", b, kDevice, kFp8);
+  v::check_output_state(kFunc, "out", out, kDevice, kFp8);
   v::check_same_shape(kFunc, "a", a, "b", b);
   v::check_same_shape(kFunc, "a", a, "out", out);
   v::check_alias(kFunc, "out", out, "a", a);
@@ -56,8 +57,9 @@ void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t
 void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask,
                          cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_state_inplace";
-  v::check_output_state(kFunc, "acc", acc, kDevice);
-  v::check_state(kFunc, "other", other, kDevice);
+  constexpr bool kFp8 = true;
+  v::check_output_state(kFunc, "acc", acc, kDevice, kFp8);
+  v::check_state(kFunc, "other", other, kDevice, kFp8);
   v::check_same_shape(kFunc, "acc", acc, "other", other);
   v::check_alias(kFunc, "acc", acc, "other", other);
   v::check_mask(kFunc, "mask", mask, "acc", acc);

@@ -34,9 +34,9 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   while ((1 << args.row_shift) < per_row) ++args.row_shift;
   args.group = per_row < 32 ? per_row : 32;
   args.aligned =
-      kernels::vec_aligned(in.o, size_of(in.dtype),
-                           {in.o_stride_token, in.o_stride_head, in.o_stride_state}) &&
-      kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
+      kernels::chunk_aligned(in.o, size_of(in.dtype),
+                             {in.o_stride_token, in.o_stride_head, in.o_stride_state}) &&
+      kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   return args;
 }
 
@@ -49,15 +49,20 @@ enum class StackKernel { kGeneral, kFew, kRing };
 /// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
 /// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
 /// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states) or, with at
-/// least one block of work per SM, to the ring kernel; everything else to the general kernel.
+/// least one block of work per SM, to the ring kernel; everything else, and every stack or output
+/// with an fp8 `o` (their one compiled kernel), to the general kernel.
 template <class TIn, class TO>
 StackKernel pick_kernel(const kernels::RowsArgs& args) {
-  if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= tuning::kMergeFewStates) {
-    return StackKernel::kFew;
+  if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
+    return StackKernel::kGeneral;  // the one kernel compiled with an fp8 o
+  } else {
+    if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= tuning::kMergeFewStates) {
+      return StackKernel::kFew;
+    }
+    return kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())
+               ? StackKernel::kRing
+               : StackKernel::kGeneral;
   }
-  return kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())
-             ? StackKernel::kRing
-             : StackKernel::kGeneral;
 }
 
 }  // namespace
@@ -68,7 +73,7 @@ namespace detail {
 /// out)` runs a fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
   bool fast = false;
-  kernels::dispatch_in_out(
+  kernels::dispatch_stack(
       "attnstate::cuda::merge_states", states.dtype, out.dtype, [&](auto ti, auto to) {
         fast = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out)) !=
                StackKernel::kGeneral;
@@ -80,8 +85,9 @@ bool merge_states_fast_path(const ConstStateStackView& states, const StateView& 
 
 void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_states";
-  v::check_stack(kFunc, "states", states, kDevice);
-  v::check_output_state(kFunc, "out", out, kDevice);
+  constexpr bool kFp8 = true;  // the dtypes compiled with fp8: kernels/merge/dispatch.cuh
+  v::check_stack(kFunc, "states", states, kDevice, kFp8);
+  v::check_output_state(kFunc, "out", out, kDevice, kFp8);
   v::check_same_shape(kFunc, "states", states, "out", out);
   v::check_disjoint(kFunc, "out", out, "states", states);
   kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
@@ -92,15 +98,18 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   const kernels::RowsArgs args = rows_args(states, out);
-  kernels::dispatch_in_out(kFunc, states.dtype, out.dtype, [&](auto ti, auto to) {
-    switch (pick_kernel<decltype(ti), decltype(to)>(args)) {
-      case StackKernel::kFew:
-        return kernels::launch_few<decltype(ti), decltype(to)>(args, stream);
-      case StackKernel::kRing:
-        return kernels::launch_ring<decltype(ti), decltype(to), kernels::DefaultRingShape>(args,
-                                                                                           stream);
-      case StackKernel::kGeneral:
-        break;
+  kernels::dispatch_stack(kFunc, states.dtype, out.dtype, [&](auto ti, auto to) {
+    using TI = decltype(ti);
+    using TO = decltype(to);
+    if constexpr (!kIsFp8<TI> && !kIsFp8<TO>) {
+      switch (pick_kernel<TI, TO>(args)) {
+        case StackKernel::kFew:
+          return kernels::launch_few<TI, TO>(args, stream);
+        case StackKernel::kRing:
+          return kernels::launch_ring<TI, TO, kernels::DefaultRingShape>(args, stream);
+        case StackKernel::kGeneral:
+          break;
+      }
     }
     constexpr auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
     kernels::launch_grid_stride<kernel>(rows << args.row_shift, stream, "merge_stack_kernel", args);

@@ -1,20 +1,26 @@
 /// @file dtype.hpp
-/// @brief Storage dtypes (f32, f16, bf16) with bit-exact host and device conversions.
+/// @brief Storage dtypes (f32, f16, bf16, fp8 e4m3 and e5m2) with bit-exact host and device
+///        conversions.
 ///
 /// `half_t` and `bfloat16_t` are 16-bit storage types, bit-compatible with CUDA's `__half` and
-/// `__nv_bfloat16`. On the host they convert with round-to-nearest-even in portable C++; in
-/// device code the conversions use CUDA's intrinsics. Arithmetic is always done in fp32.
+/// `__nv_bfloat16`; `float8_e4m3_t` and `float8_e5m2_t` are 8-bit storage types, bit-compatible
+/// with `__nv_fp8_e4m3` and `__nv_fp8_e5m2`. On the host they convert with round-to-nearest-even
+/// in portable C++; in device code the conversions use CUDA's intrinsics. Conversions to fp8
+/// saturate to the largest finite value (`__NV_SATFINITE`). Arithmetic is always done in fp32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "attnstate/core/config.hpp"
+#include "attnstate/core/error.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #endif
 
 namespace attnstate {
@@ -24,12 +30,17 @@ enum class DType : std::uint8_t {
   kF32 = 0,   ///< IEEE binary32.
   kF16 = 1,   ///< IEEE binary16 (`__half`).
   kBF16 = 2,  ///< bfloat16 (`__nv_bfloat16`).
+  kE4M3 = 3,  ///< OCP float8 e4m3fn (`__nv_fp8_e4m3`): no infinities, NaN 0x7F/0xFF, max 448.
+  kE5M2 = 4,  ///< OCP float8 e5m2 (`__nv_fp8_e5m2`): IEEE-like with inf and NaN, max 57344.
 };
 
-/// Size in bytes of one element of `dt`.
-inline std::size_t size_of(DType dt) { return dt == DType::kF32 ? 4u : 2u; }
+/// True for the 8-bit dtypes (e4m3, e5m2), the only ones whose views carry a scale.
+inline constexpr bool is_fp8(DType dt) { return dt == DType::kE4M3 || dt == DType::kE5M2; }
 
-/// Name of a dtype ("f32", "f16", "bf16").
+/// Size in bytes of one element of `dt`.
+inline std::size_t size_of(DType dt) { return dt == DType::kF32 ? 4u : (is_fp8(dt) ? 1u : 2u); }
+
+/// Name of a dtype ("f32", "f16", "bf16", "e4m3", "e5m2").
 inline const char* to_string(DType dt) {
   switch (dt) {
     case DType::kF32:
@@ -38,13 +49,17 @@ inline const char* to_string(DType dt) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kE4M3:
+      return "e4m3";
+    case DType::kE5M2:
+      return "e5m2";
   }
   return "unknown";
 }
 
 /// True for a dtype this library knows.
 inline bool is_valid(DType dt) {
-  return dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16;
+  return dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16 || is_fp8(dt);
 }
 
 /// IEEE binary16 storage, bit-compatible with `__half`.
@@ -55,8 +70,19 @@ struct half_t {
 struct bfloat16_t {
   std::uint16_t bits;  ///< The bfloat16 bit pattern (the high half of an fp32).
 };
+/// OCP float8 e4m3fn storage, bit-compatible with `__nv_fp8_e4m3`: sign, 4 exponent bits
+/// (bias 7), 3 mantissa bits; no infinities; NaN is `0x7F`/`0xFF`; largest finite 448.
+struct float8_e4m3_t {
+  std::uint8_t bits;  ///< The e4m3 bit pattern.
+};
+/// OCP float8 e5m2 storage, bit-compatible with `__nv_fp8_e5m2`: sign, 5 exponent bits (bias
+/// 15), 2 mantissa bits; infinities `0x7C`/`0xFC`; largest finite 57344.
+struct float8_e5m2_t {
+  std::uint8_t bits;  ///< The e5m2 bit pattern.
+};
 static_assert(sizeof(half_t) == 2 && alignof(half_t) == 2, "half_t must be 2 bytes");
 static_assert(sizeof(bfloat16_t) == 2 && alignof(bfloat16_t) == 2, "bfloat16_t must be 2 bytes");
+static_assert(sizeof(float8_e4m3_t) == 1 && sizeof(float8_e5m2_t) == 1, "fp8 types are 1 byte");
 
 namespace detail {
 
@@ -131,6 +157,57 @@ ATTNSTATE_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
 
+/// The float NaN every fp8 NaN converts to on the host (sign and payload dropped, as CUDA's
+/// host conversions do; device conversions give a NaN whose bits are the hardware's).
+constexpr std::uint32_t kFp8NanFloatBits = 0x7FFFFFFFu;
+
+/// fp8 bits -> float (exact), for the formats with `kMant` mantissa bits and exponent bias
+/// `kBias`. Normals rebias the exponent; subnormals are `m · 2^(1 - kBias - kMant)`, computed
+/// exactly as `(2^(1-kBias) · (1 + m/2^kMant)) - 2^(1-kBias)`; `kHasInf` formats (e5m2) map the
+/// all-ones exponent with mantissa 0 to infinity; every NaN becomes `kFp8NanFloatBits`.
+template <int kMant, int kBias, bool kHasInf>
+ATTNSTATE_HOST_DEVICE float fp8_bits_to_float(std::uint8_t b) {
+  const std::uint32_t v = b & 0x7Fu;
+  const std::uint32_t u = v << (23 - kMant);
+  const std::uint32_t e = v >> kMant;
+  const std::uint32_t min_normal = static_cast<std::uint32_t>(127 - kBias + 1) << 23;
+  const std::uint32_t normal = u + (static_cast<std::uint32_t>(127 - kBias) << 23);
+  const std::uint32_t subnormal =
+      float_bits(bits_float(u + min_normal) - bits_float(min_normal));  // exact
+  const std::uint32_t mag = e == 0 ? subnormal : normal;
+  const bool inf = kHasInf && v == (0x7Fu & ~((1u << kMant) - 1u));
+  const bool nan = kHasInf ? (e == (0x7Fu >> kMant) && !inf) : v == 0x7Fu;
+  const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
+  return bits_float(nan ? kFp8NanFloatBits : (inf ? sign | 0x7F800000u : sign | mag));
+}
+
+/// float -> fp8 bits (`kMant` mantissa bits, bias `kBias`, largest finite `max_bits`), round to
+/// nearest even and saturating (`__NV_SATFINITE`): magnitudes past the largest finite value,
+/// infinities included, give the largest finite value; NaN gives `0x7F`. The magnitude is first
+/// clamped to the largest finite value (rounding is monotonic, so this is the saturation);
+/// subnormal results are rounded by one fp32 addition of a magic constant (which rounds to
+/// nearest even in hardware), normal results by an integer rounding bias.
+template <int kMant, int kBias>
+ATTNSTATE_HOST_DEVICE std::uint8_t float_to_fp8_bits(float f, std::uint32_t max_bits) {
+  const std::uint32_t bits = float_bits(f);
+  const std::uint32_t sign = (bits >> 24) & 0x80u;
+  const std::uint32_t x0 = bits & 0x7FFFFFFFu;
+  constexpr int kShift = 23 - kMant;
+  const std::uint32_t max_float =
+      (max_bits << kShift) + (static_cast<std::uint32_t>(127 - kBias) << 23);
+  const std::uint32_t x = x0 > max_float ? max_float : x0;  // NaN handled below
+  // Subnormal results: one addition to 2^(kShift + 1 - kBias) (whose ulp is the fp8 subnormal
+  // step), then the integer difference is the fp8 encoding (2^kMant is the smallest normal).
+  const float magic = bits_float(static_cast<std::uint32_t>(127 + kShift + 1 - kBias) << 23);
+  const std::uint32_t subnormal = float_bits(bits_float(x) + magic) - float_bits(magic);
+  const std::uint32_t normal = (x - (static_cast<std::uint32_t>(127 - kBias) << 23) +
+                                ((1u << (kShift - 1)) - 1u) + ((x >> kShift) & 1u)) >>
+                               kShift;
+  const bool is_sub = x < (static_cast<std::uint32_t>(127 - kBias + 1) << 23);
+  const std::uint32_t r = is_sub ? subnormal : normal;
+  return static_cast<std::uint8_t>(x0 > 0x7F800000u ? 0x7Fu : (sign | r));
+}
+
 }  // namespace detail
 
 /// Converts a stored element to fp32 (the identity for fp32).
@@ -152,7 +229,25 @@ ATTNSTATE_HOST_DEVICE float to_float(bfloat16_t x) {
 #endif
 }
 
-/// Rounds an fp32 value once to the storage type `T` (round to nearest even).
+/// Converts an e4m3 value to fp32 (exact; NaN gives a NaN).
+ATTNSTATE_HOST_DEVICE float to_float(float8_e4m3_t x) {
+#if ATTNSTATE_DEVICE_PASS
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E4M3)));
+#else
+  return detail::fp8_bits_to_float<3, 7, false>(x.bits);
+#endif
+}
+/// Converts an e5m2 value to fp32 (exact; NaN gives a NaN).
+ATTNSTATE_HOST_DEVICE float to_float(float8_e5m2_t x) {
+#if ATTNSTATE_DEVICE_PASS
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E5M2)));
+#else
+  return detail::fp8_bits_to_float<2, 15, true>(x.bits);
+#endif
+}
+
+/// Rounds an fp32 value once to the storage type `T` (round to nearest even; for the fp8 types
+/// saturating to the largest finite value, NaN staying NaN).
 template <class T>
 ATTNSTATE_HOST_DEVICE T from_float(float x);
 
@@ -177,6 +272,22 @@ ATTNSTATE_HOST_DEVICE bfloat16_t from_float<bfloat16_t>(float x) {
   return bfloat16_t{detail::float_to_bf16_bits(x)};
 #endif
 }
+template <>
+ATTNSTATE_HOST_DEVICE float8_e4m3_t from_float<float8_e4m3_t>(float x) {
+#if ATTNSTATE_DEVICE_PASS
+  return float8_e4m3_t{__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)};
+#else
+  return float8_e4m3_t{detail::float_to_fp8_bits<3, 7>(x, 0x7Eu)};
+#endif
+}
+template <>
+ATTNSTATE_HOST_DEVICE float8_e5m2_t from_float<float8_e5m2_t>(float x) {
+#if ATTNSTATE_DEVICE_PASS
+  return float8_e5m2_t{__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)};
+#else
+  return float8_e5m2_t{detail::float_to_fp8_bits<2, 15>(x, 0x7Bu)};
+#endif
+}
 /// @endcond
 
 /// Maps a storage type to its `DType` tag: `DTypeOf<half_t>::value == DType::kF16`.
@@ -195,10 +306,27 @@ template <>
 struct DTypeOf<bfloat16_t> {
   static constexpr DType value = DType::kBF16;
 };
+template <>
+struct DTypeOf<float8_e4m3_t> {
+  static constexpr DType value = DType::kE4M3;
+};
+template <>
+struct DTypeOf<float8_e5m2_t> {
+  static constexpr DType value = DType::kE5M2;
+};
 /// @endcond
 
+/// True for the fp8 storage types (`float8_e4m3_t`, `float8_e5m2_t`).
+template <class T>
+constexpr bool kIsFp8 =
+    std::is_same<T, float8_e4m3_t>::value || std::is_same<T, float8_e5m2_t>::value;
+
 /// Calls `f(T{})` with `T` the storage type of `dt` (float, half_t or bfloat16_t): the one
-/// place where a runtime dtype becomes a compile-time type.
+/// place where a runtime dtype becomes a compile-time type. The fp8 dtypes are not dispatched
+/// here (their `o` carries a scale that the caller must apply): they throw `kNotSupported`, so a
+/// caller that did not reject them reads no element with the wrong size; callers that handle
+/// fp8 use dispatch_dtype_with_fp8().
+/// @throws Error (`kNotSupported`) for e4m3 and e5m2.
 template <class F>
 decltype(auto) dispatch_dtype(DType dt, F&& f) {
   switch (dt) {
@@ -206,8 +334,25 @@ decltype(auto) dispatch_dtype(DType dt, F&& f) {
       return f(half_t{});
     case DType::kBF16:
       return f(bfloat16_t{});
+    case DType::kE4M3:
+    case DType::kE5M2:
+      detail::throw_argument("attnstate::dispatch_dtype", "dt", "f32, f16 or bf16", to_string(dt),
+                             Status::kNotSupported);
     default:
       return f(float{});
+  }
+}
+
+/// dispatch_dtype() over every dtype: `T` is also `float8_e4m3_t` or `float8_e5m2_t`.
+template <class F>
+decltype(auto) dispatch_dtype_with_fp8(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kE4M3:
+      return f(float8_e4m3_t{});
+    case DType::kE5M2:
+      return f(float8_e5m2_t{});
+    default:
+      return dispatch_dtype(dt, static_cast<F&&>(f));
   }
 }
 

@@ -3,7 +3,8 @@
 ///        their LSE base, dtype and memory space.
 ///
 /// A state view describes, for `tokens × heads` rows, the normalised output
-/// `o (tokens, heads, head_dim)` in f32/f16/bf16 and `lse (tokens, heads)` in fp32. Strides are
+/// `o (tokens, heads, head_dim)` in f32/f16/bf16 (or fp8 e4m3/e5m2 with a scale, in the merges)
+/// and `lse (tokens, heads)` in fp32. Strides are
 /// in elements; `head_dim` is always contiguous (stride 1). The LSE base is part of the view, so
 /// states of different conventions cannot be mixed silently.
 #pragma once
@@ -42,6 +43,9 @@ struct StateLayout {
   DType dtype = DType::kF32;               ///< Storage type of `o`.
   LseBase base = LseBase::kNatural;        ///< Base of `lse`.
   MemorySpace space = MemorySpace::kHost;  ///< Where `o` and `lse` live.
+  /// Scale of an fp8 `o`: stored value × `o_scale` = real value (an fp8 output is written as
+  /// the saturating rounding of value / `o_scale`). Finite and > 0; 1 for every other dtype.
+  float o_scale = 1.f;
 
   /// Offset in elements of `o[token, head, 0]`.
   ATTNSTATE_HOST_DEVICE std::int64_t o_offset(std::int64_t token, std::int64_t head) const {

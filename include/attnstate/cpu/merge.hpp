@@ -5,6 +5,12 @@
 /// before touching memory and throw `attnstate::Error` naming the offending argument. Inputs and
 /// outputs may use different dtypes and different LSE bases: inputs are converted on load, the
 /// result is written in the output view's dtype and base, rounded once.
+///
+/// fp8 `o` (e4m3, e5m2; docs/fp8.md): `merge_state`, `merge_state_inplace` and `merge_states`
+/// take an fp8 `o` on any input and on the output, in any combination with the other dtypes. An
+/// fp8 input is read as `stored × o_scale`; an fp8 output is written as the saturating
+/// round-to-nearest-even of `value / o_scale`; LSEs stay fp32. The other functions take no fp8
+/// `o` (`kNotSupported`, naming the dtype).
 #pragma once
 
 #include <cstdint>
@@ -20,8 +26,9 @@ namespace cpu {
 /// @param b    state of the same shape, any dtype and base.
 /// @param out  state of the same shape; written in its own dtype and base. May alias `a` or `b`
 ///             exactly (same pointers and strides), not partially.
-/// @throws Error (`kInvalidArgument`) on a null pointer, a shape mismatch, a bad stride or a
-///         non-host view.
+/// @throws Error (`kInvalidArgument`) on a null pointer, a shape mismatch, a bad stride, a
+///         non-host view, or an `o_scale` that is not 1 for a non-fp8 `o` or not finite and
+///         positive for an fp8 one.
 void merge_state(ConstStateView a, ConstStateView b, StateView out);
 
 /// `acc = acc ⊕ other` for every (token, head) whose `mask[token]` is non-zero (all tokens if

@@ -9,6 +9,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/fp8.cuh"
 #include "cuda/tile/vec.cuh"
 
 namespace attnstate {
@@ -36,9 +37,11 @@ struct RowInputs {
   int count;              ///< Inputs of this row (0 for a lane without a row).
   int count_max;          ///< Largest `count` over the warp (warp-uniform).
   LseBase in_base;        ///< Base of the input LSEs.
+  float o_scale = 1.f;    ///< Scale of an fp8 `o` (unused for the other dtypes).
 };
 
-/// Chunks of `o` a thread loads per batch (128 bytes: 8 chunks of 16-bit data, 4 of f32).
+/// Chunks of `o` a thread loads per batch (128 bytes: 8 chunks of 16-bit data, 4 of f32, 16 of
+/// fp8).
 template <class TIn>
 constexpr int in_flight() {
   return 16 / static_cast<int>(sizeof(TIn));
@@ -138,7 +141,7 @@ __device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in,
         const float w = __shfl_sync(0xffffffffu, w_mine, src0 + k + u);
         if (w < 0.f) continue;  // empty (NaN weights go through and propagate)
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) acc[e] += w * chunk_at(c[u], e);
+        for (int e = 0; e < kChunk; ++e) acc[e] += w * o_value(c[u], e, in.o_scale);
       }
     }
   }

@@ -100,6 +100,20 @@ inline bool vec_aligned(const void* p, std::size_t elem_size,
   return true;
 }
 
+/// True when chunks of `elem_size`-byte elements at `p` with these strides allow vector access:
+/// 16-byte alignment (`vec_aligned`) for f32 and the 16-bit dtypes, 8-byte (one word per chunk)
+/// for fp8.
+inline bool chunk_aligned(const void* p, std::size_t elem_size,
+                          std::initializer_list<std::int64_t> strides) {
+  if (elem_size * kChunk >= 16) return vec_aligned(p, elem_size, strides);
+  const std::int64_t align = static_cast<std::int64_t>(elem_size) * kChunk;
+  if (reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(align) != 0) return false;
+  for (std::int64_t s : strides) {
+    if ((s * static_cast<std::int64_t>(elem_size)) % align != 0) return false;
+  }
+  return true;
+}
+
 /// Group-wide reduction over `width` lanes (a power of two ≤ 32) of `op`, in a fixed order.
 /// Every lane of the warp must call it (the enclosing loop is warp-uniform).
 template <class Op>

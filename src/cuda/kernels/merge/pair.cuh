@@ -7,6 +7,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/fp8.cuh"
 #include "cuda/tile/vec.cuh"
 
 namespace attnstate {
@@ -23,7 +24,7 @@ struct PairArgs {
   StateView out;             ///< Output; may alias `a` or `b` exactly.
   const std::uint8_t* mask;  ///< Optional per-token mask; tokens with 0 are not written.
   RowSplit split;            ///< Threads and chunks per row.
-  bool aligned;              ///< All `o` views allow 16-byte vector access.
+  bool aligned;              ///< All `o` views allow vector access of chunks (`chunk_aligned`).
 };
 
 /// `out[t, h] = a[t, h] ⊕ b[t, h]`, one row per `split.group` lanes, grid-stride over rows.
@@ -75,11 +76,11 @@ __global__ void __launch_bounds__(kMergeBlock) merge_pair_kernel(PairArgs args) 
       float v[kChunk];
 #pragma unroll
       for (int k = 0; k < kChunk; ++k) {
-        const float fa = p.a_empty ? 0.f : chunk_at(ca[c], k);
-        const float fb = p.b_empty ? 0.f : chunk_at(cb[c], k);
+        const float fa = p.a_empty ? 0.f : o_value(ca[c], k, args.a.o_scale);
+        const float fb = p.b_empty ? 0.f : o_value(cb[c], k, args.b.o_scale);
         v[k] = math::pair_combine(p, fa, fb);
       }
-      store_chunk(oo + e, v, args.aligned);
+      store_o_chunk(oo + e, v, args.aligned, args.out.o_scale);
     }
     if (g == 0) args.out.lse[args.out.lse_offset(token, head)] = p.lse;
   }

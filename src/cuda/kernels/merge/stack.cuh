@@ -7,6 +7,7 @@
 
 #include "attnstate/core/state_view.hpp"
 #include "cuda/kernels/merge/launch.cuh"
+#include "cuda/tile/fp8.cuh"
 #include "cuda/tile/merge_row.cuh"
 #include "cuda/tile/vec.cuh"
 
@@ -24,7 +25,7 @@ struct RowsArgs {
   const std::int32_t* indptr;  ///< Ragged offsets `(out.tokens + 1)` (ragged kernel only).
   int row_shift;               ///< log2 of the threads per row (`head_dim / kChunk`).
   int group;                   ///< Lanes sharing a row's LSE work: min(threads per row, 32).
-  bool aligned;                ///< All `o` views allow 16-byte vector access.
+  bool aligned;                ///< All `o` views allow vector access of chunks (`chunk_aligned`).
 };
 
 /// Writes the merged chunk (and, from the row's first thread, the LSE).
@@ -36,7 +37,8 @@ __device__ __forceinline__ void store_row(const StateView& out, std::int64_t tok
   float v[kChunk];
 #pragma unroll
   for (int k = 0; k < kChunk; ++k) v[k] = all_empty ? 0.f : acc[k] * r.inv_sum;
-  store_chunk(static_cast<TO*>(out.o) + out.o_offset(token, head) + chunk * kChunk, v, aligned);
+  store_o_chunk(static_cast<TO*>(out.o) + out.o_offset(token, head) + chunk * kChunk, v, aligned,
+                out.o_scale);
   if (chunk == 0) out.lse[out.lse_offset(token, head)] = r.lse;
 }
 
@@ -64,6 +66,7 @@ __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_stack_kerne
     r.count = active ? num_states : 0;
     r.count_max = num_states;
     r.in_base = args.in.base;
+    r.o_scale = args.in.o_scale;
     return r;
   };
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
