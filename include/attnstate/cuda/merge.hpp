@@ -7,7 +7,11 @@
 /// be captured in a CUDA graph. Calls run on the current device, which must be the device of the
 /// stream and of every pointer; a null stream is the legacy default stream. Supported head_dim:
 /// 64, 128, 256, 512 (others raise `Status::kNotSupported`); any number of tokens and heads; o in
-/// f32, f16 or bf16, input and output dtypes and LSE bases may differ.
+/// f32, f16 or bf16, input and output dtypes and LSE bases may differ. `merge_state`,
+/// `merge_state_inplace` and `merge_states` also take an fp8 `o` (e4m3, e5m2, with the view's
+/// `o_scale`) in the combinations docs/fp8.md lists (one fp8 format per call; for the pairwise
+/// merges `a` and `b` of one dtype, or `a` of the output's); others raise `kNotSupported` naming
+/// the dtype.
 #pragma once
 
 #include <cuda_runtime_api.h>
