@@ -8,6 +8,7 @@ allocates when `out=` is given, never synchronises, and can be captured in a CUD
 """
 
 import math
+import numbers
 
 from . import _attnstate as _C
 from ._arrays import array_dtype, device_of, empty, error, to_dtype
@@ -23,6 +24,28 @@ def _out_state(like, out, tokens, heads, head_dim, dtype, base, fn):
     return State(o, empty(like, (tokens, heads), "float32"), _parse_base(base, fn, "base"))
 
 
+def _variant(window_left, logits_soft_cap, fn):
+    """(window_left, cap) as the library takes them (-1 / 0.0 for none), checked."""
+    if window_left is None:
+        window = -1
+    elif isinstance(window_left, bool) or not isinstance(window_left, numbers.Integral):
+        raise error(fn, "window_left", "an int >= 0, or None for no window",
+                    type(window_left).__name__)
+    elif window_left < -1:
+        raise error(fn, "window_left", "an int >= 0, or None for no window", str(window_left))
+    else:
+        window = int(window_left)
+    if logits_soft_cap is None:
+        return window, 0.0
+    if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real):
+        raise error(fn, "logits_soft_cap", "a finite cap > 0, or None for no cap",
+                    type(logits_soft_cap).__name__)
+    cap = float(logits_soft_cap)
+    if cap != 0.0 and not (math.isfinite(cap) and cap > 0.0):
+        raise error(fn, "logits_soft_cap", "a finite cap > 0, or None for no cap", str(cap))
+    return window, cap
+
+
 class Decode:
     """Split-KV (Flash-Decoding) attention over a paged KV cache.
 
@@ -35,10 +58,13 @@ class Decode:
     Queries q (batch, q_len, heads_q, head_dim); pools k, v (pages, page_size, heads_kv,
     head_dim) for layout "NHD" or (pages, heads_kv, page_size, head_dim) for "HND"; a CSR page
     table (page_indptr (batch + 1,), page_indices) or a block table (batch, max_pages); int32
-    seq_lens (batch,) in the memory of q. Row i of request b attends to keys
-    [0, seq_lens[b] - q_len + i]. The output is a State (batch * q_len, heads_q, head_dim), token
-    b * q_len + i, in the base asked for, to merge further. CUDA: head_dim 64/128/256, q and KV
-    both float16 or both bfloat16, q_len 1..8; CPU: any head_dim, float32/16/bfloat16.
+    seq_lens (batch,) in the memory of q. Row i of request b is at position
+    p = seq_lens[b] - q_len + i and attends to keys [0, p], or with `window_left=w` (a sliding
+    window) to [max(0, p - w), p]; `logits_soft_cap=c` turns each scaled score s into
+    c * tanh(s / c) before the softmax (CPU only for now). The output is a State
+    (batch * q_len, heads_q, head_dim), token b * q_len + i, in the base asked for, to merge
+    further. CUDA: head_dim 64/128/256, q and KV both float16 or both bfloat16, q_len 1..8; CPU:
+    any head_dim, float32/16/bfloat16.
     """
 
     def __init__(self):
@@ -46,13 +72,16 @@ class Decode:
         self.workspace = None
 
     def plan(self, seq_lens, *, heads_q, heads_kv, head_dim, dtype, kv_dtype=None, q_len=1,
-             scale=None, policy="auto", num_splits=0, split_size=0, like=None, num_sms=0,
-             stream=None):
+             scale=None, policy="auto", num_splits=0, split_size=0, window_left=None,
+             logits_soft_cap=None, like=None, num_sms=0, stream=None):
         """Plans for the host int32 array `seq_lens` (batch,) of (maximum) lengths.
 
         dtype / kv_dtype: of the queries / the KV pools (kv_dtype defaults to dtype).
         scale: softmax scale (default 1/sqrt(head_dim)). policy: "auto", "fixed_count"
         (num_splits per request) or "fixed_size" (split_size tokens, a multiple of 16).
+        window_left: sliding window, keys before the row's position it also sees (0: only its
+        own; None or -1: none). logits_soft_cap: cap of the scaled scores (None: none). Both
+        run on the CPU backend only for now (a CUDA plan refuses them).
         like: an array whose library and device the run will use (e.g. the K pool): a CUDA array
         plans for its device (SM count from the device unless num_sms > 0) and allocates the
         workspace there; a host array or None plans for the CPU backend.
@@ -60,11 +89,12 @@ class Decode:
         Returns self.
         """
         fn = "attnstate.Decode.plan"
+        window, cap = _variant(window_left, logits_soft_cap, fn)
         device = device_of(like) if like is not None else None
         self._plan = _C.plan_decode(
             seq_lens, q_len, heads_q, heads_kv, head_dim, to_dtype(dtype, "dtype", fn),
             to_dtype(kv_dtype if kv_dtype is not None else dtype, "kv_dtype", fn),
-            0.0 if scale is None else float(scale), policy, num_splits, split_size,
+            0.0 if scale is None else float(scale), policy, num_splits, split_size, window, cap,
             -1 if device is None else device, num_sms)
         self._heads_q, self._head_dim, self._q_len = heads_q, head_dim, q_len
         self.workspace = None
@@ -117,6 +147,11 @@ class Cascade:
     tokens in pages page_indices[page_indptr[s]:page_indptr[s+1]]. `plan` takes the levels as
     host arrays, `run` the same levels in the memory of q. Queries (batch, q_len, heads_q,
     head_dim); pools as for Decode. CUDA: head_dim 64 or 128, float16/bfloat16, 1..8 levels.
+
+    Positions count each request's keys over its segments in level order (total of them): with
+    causal, row t is at p = total - q_len + t, else every row at total - 1. `window_left=w` lets
+    a row see the keys [max(0, p - w), p] across all the levels (a shared segment before the
+    window contributes nothing); `logits_soft_cap` as for Decode.
     """
 
     def __init__(self):
@@ -124,15 +159,18 @@ class Cascade:
         self.workspace = None
 
     def plan(self, levels, *, batch, heads_q, heads_kv, head_dim, page_size, num_pages, dtype,
-             q_len=1, scale=None, causal=True, like=None, num_sms=0):
-        """Plans from host levels; `like` as for Decode.plan. Returns self."""
+             q_len=1, scale=None, causal=True, window_left=None, logits_soft_cap=None, like=None,
+             num_sms=0):
+        """Plans from host levels; `like`, `window_left` and `logits_soft_cap` as for
+        Decode.plan. Returns self."""
         fn = "attnstate.Cascade.plan"
+        window, cap = _variant(window_left, logits_soft_cap, fn)
         device = device_of(like) if like is not None else None
         self._plan = _C.plan_cascade(
             [tuple(level) for level in levels], batch, q_len, heads_q, heads_kv, head_dim,
             page_size, num_pages, to_dtype(dtype, "dtype", fn),
-            0.0 if scale is None else float(scale), causal, -1 if device is None else device,
-            num_sms)
+            0.0 if scale is None else float(scale), causal, window, cap,
+            -1 if device is None else device, num_sms)
         self._shape = (batch * q_len, heads_q, head_dim)
         nbytes = self._plan.workspace_bytes
         self.workspace = empty(like, (nbytes,), "uint8") if nbytes else None

@@ -6,6 +6,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "arrays.hpp"
@@ -124,10 +127,40 @@ Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
   return w;
 }
 
+// The variant of a plan (window_left: -1 for none; logits_soft_cap: 0 for none), checked with
+// the Python keywords' names. A CUDA plan refuses a variant until the CUDA kernels take one:
+// silently ignoring a window or a cap would return plain attention as if it were the variant.
+AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float logits_soft_cap,
+                              bool device) {
+  const auto number = [](float x) {
+    std::ostringstream ss;
+    ss << x;
+    return ss.str();
+  };
+  AttentionVariant v;
+  v.window_left = window_left;
+  v.logits_soft_cap = logits_soft_cap;
+  if (window_left < kNoWindow)
+    detail::throw_argument(fn, "window_left", "an int >= 0, or None for no window",
+                           std::to_string(window_left));
+  if (logits_soft_cap != 0.f && !(std::isfinite(logits_soft_cap) && logits_soft_cap > 0.f))
+    detail::throw_argument(fn, "logits_soft_cap", "a finite cap > 0, or None for no cap",
+                           number(logits_soft_cap));
+  if (device && !v.is_plain())
+    detail::throw_argument(
+        fn, window_left != kNoWindow ? "window_left" : "logits_soft_cap",
+        "None on a CUDA device (the CUDA backend has no variants yet; host "
+        "arrays run them on the CPU)",
+        window_left != kNoWindow ? std::to_string(window_left) : number(logits_soft_cap),
+        Status::kNotSupported);
+  return v;
+}
+
 PyDecodePlan plan_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t heads_q,
                          std::int64_t heads_kv, std::int64_t head_dim, DType q_dtype,
                          DType kv_dtype, float scale, const std::string& policy, int num_splits,
-                         int split_size, int device, int num_sms) {
+                         int split_size, std::int64_t window_left, float logits_soft_cap,
+                         int device, int num_sms) {
   const char* fn = "attnstate.Decode.plan";
   Call c(fn);
   std::int64_t batch = 0;
@@ -141,6 +174,7 @@ PyDecodePlan plan_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t h
   p.options.num_splits = num_splits;
   p.options.split_size = split_size;
   p.device = device >= 0;
+  p.options.variant = plan_variant(fn, window_left, logits_soft_cap, p.device);
 #if defined(ATTNSTATE_HAS_CUDA)
   if (p.device) {
     if (num_sms <= 0) num_sms = device_sms(device);
@@ -219,7 +253,8 @@ std::vector<CascadeLevel> levels_of(Call& c, const std::vector<nb::tuple>& level
 PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t batch,
                            std::int64_t q_len, std::int64_t heads_q, std::int64_t heads_kv,
                            std::int64_t head_dim, std::int64_t page_size, std::int64_t num_pages,
-                           DType dtype, float scale, bool causal, int device, int num_sms) {
+                           DType dtype, float scale, bool causal, std::int64_t window_left,
+                           float logits_soft_cap, int device, int num_sms) {
   Call c("attnstate.Cascade.plan");
   const std::vector<CascadeLevel> host = levels_of(c, levels);
   if (c.space() != MemorySpace::kHost)
@@ -230,6 +265,8 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
   p.options.causal = causal;
   p.num_levels = static_cast<int>(host.size());
   p.device = device >= 0;
+  p.options.variant =
+      plan_variant("attnstate.Cascade.plan", window_left, logits_soft_cap, p.device);
 #if defined(ATTNSTATE_HAS_CUDA)
   if (p.device) {
     if (num_sms <= 0) num_sms = device_sms(device);
@@ -294,7 +331,8 @@ void bind_plans(nb::module_& m) {
       });
   m.def("plan_decode", &plan_decode, arg("seq_lens"), arg("q_len"), arg("heads_q"), arg("heads_kv"),
         arg("head_dim"), arg("q_dtype"), arg("kv_dtype"), arg("scale"), arg("policy"),
-        arg("num_splits"), arg("split_size"), arg("device"), arg("num_sms"));
+        arg("num_splits"), arg("split_size"), arg("window_left"), arg("logits_soft_cap"),
+        arg("device"), arg("num_sms"));
   m.def("init_decode_workspace", &init_decode_workspace, arg("plan"), arg("workspace"),
         arg("stream").none());
   m.def("run_decode", &run_decode, arg("plan"), arg("q"), arg("k"), arg("v"), arg("seq_lens"),
@@ -308,7 +346,8 @@ void bind_plans(nb::module_& m) {
       .def_prop_ro("batch", [](const PyCascadePlan& p) { return p.batch; });
   m.def("plan_cascade", &plan_cascade, arg("levels"), arg("batch"), arg("q_len"), arg("heads_q"),
         arg("heads_kv"), arg("head_dim"), arg("page_size"), arg("num_pages"), arg("dtype"),
-        arg("scale"), arg("causal"), arg("device"), arg("num_sms"));
+        arg("scale"), arg("causal"), arg("window_left"), arg("logits_soft_cap"), arg("device"),
+        arg("num_sms"));
   m.def("run_cascade", &run_cascade, arg("plan"), arg("q"), arg("k"), arg("v"), arg("levels"),
         arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none());
 }
