@@ -216,7 +216,7 @@ std::vector<std::int32_t> lengths(const std::string& dist, int batch, std::int64
   std::vector<std::int32_t> lens(batch);
   for (int b = 0; b < batch; ++b)
     lens[b] = static_cast<std::int32_t>(
-        std::min<double>(std::llround(w[b] / sum * static_cast<double>(tokens)), 0x7FFF0000));
+        std::clamp<double>(std::llround(w[b] / sum * static_cast<double>(tokens)), 1, 0x7FFF0000));
   return lens;
 }
 

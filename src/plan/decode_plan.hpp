@@ -53,8 +53,8 @@ struct DecodeFacts {
   int split_multiple = 2;           ///< `tuning::kDecodeSplitMultiple`.
   std::int64_t stream_max_tokens = 2048;  ///< `tuning::kDecodeStreamMaxTokens`.
   int cta_cost_tokens = 64;               ///< `tuning::kDecodeCtaCostTokens`.
-  int empty_cta_tokens = 8;               ///< `tuning::kDecodeEmptyCtaTokens`.
-  int merge_cost_tokens = 64;             ///< `tuning::kDecodeMergeCostTokens`.
+  int empty_cta_tokens = 64;              ///< `tuning::kDecodeEmptyCtaTokens`.
+  int merge_cost_tokens = 512;            ///< `tuning::kDecodeMergeCostTokens`.
   int min_split_tokens = 64;              ///< `tuning::kDecodeMinSplitTokens`.
   /// Clusters of `c` CTAs (index `c`, 2..`kMaxCluster`) of the split kernel the device keeps
   /// resident at once: `[0]` at the default depth, `[1]` in the short-split configuration;

@@ -34,9 +34,9 @@ inline constexpr int kDecodeStreamMaxTokens = 2048;
 /// slot streams in that time.
 inline constexpr int kDecodeCtaCostTokens = 64;
 /// As `kDecodeCtaCostTokens` for a CTA of an empty split (it reads the length and exits).
-inline constexpr int kDecodeEmptyCtaTokens = 8;
+inline constexpr int kDecodeEmptyCtaTokens = 64;
 /// As `kDecodeCtaCostTokens` for the merge of a request's splits (once, at the end).
-inline constexpr int kDecodeMergeCostTokens = 64;
+inline constexpr int kDecodeMergeCostTokens = 512;
 /// Decode, automatic policy: splits shorter than this are never planned (fixed costs dominate).
 inline constexpr int kDecodeMinSplitTokens = 64;
 

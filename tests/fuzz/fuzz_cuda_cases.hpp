@@ -349,7 +349,7 @@ inline Built build_cuda_decode(Ctx& c, int nmut, int num_sms) {
         if (f == 3) p.heads_kv = r.pick<i64>({0, hkv + 1});
         if (f == 4) p.head_dim = r.pick<i64>({32, 96, 512, d == 64 ? 128 : 64});
         if (f == 5) p.kv_dtype = p.q_dtype = dt == DType::kF16 ? DType::kBF16 : DType::kF16;
-        if (f == 6) p.q_dtype = r.coin(50) ? DType::kF32 : static_cast<DType>(r.range(3, 255));
+        if (f == 6) p.q_dtype = r.coin(50) ? DType::kF32 : static_cast<DType>(r.range(5, 255));
         c.reject("plan.problem field " + std::to_string(f) + " edited",
                  {"problem", "plan", "kv.batch", "q.shape", "kv.heads_kv", "kv.head_dim", "q.dtype",
                   "kv.dtype", "splits", "workspace", "workspace_bytes"});

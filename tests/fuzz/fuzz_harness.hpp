@@ -471,7 +471,7 @@ bool mutate_layout(Ctx& c, const std::string& n, L& v, OPtr& o, LPtr& lse, bool 
       return true;
     }
     case 10:
-      v.dtype = static_cast<DType>(r.range(3, 255));
+      v.dtype = static_cast<DType>(r.range(5, 255));
       hard_or_soft(true, n + ".dtype = " + str(static_cast<int>(v.dtype)), {n + ".dtype"});
       return true;
     case 11:
@@ -688,7 +688,7 @@ inline bool mutate_tensor(Ctx& c, TensorArg& a,
       c.reject(n + ".data misaligned", {n + ".data"}, false);
       return true;
     case 7:
-      t.dtype = static_cast<DType>(r.range(3, 255));
+      t.dtype = static_cast<DType>(r.range(5, 255));
       c.reject(n + ".dtype = " + str(static_cast<int>(t.dtype)), {n + ".dtype"});
       return true;
     case 8:

@@ -216,7 +216,7 @@ inline std::vector<std::function<bool()>> pool_mutations(Ctx& c, std::shared_ptr
         return true;
       },
       [&c, &r, &kv] {
-        kv.dtype = static_cast<DType>(r.range(3, 255));
+        kv.dtype = static_cast<DType>(r.range(5, 255));
         c.reject("kv.dtype invalid", {"kv.dtype"});
         return true;
       },

@@ -382,7 +382,7 @@ TEST(FuzzKit, PublicConstructors) {
     if (which == 0) {
       const int badf = d.nmut > 0 ? static_cast<int>(r.range(0, 4)) : -1;
       const i64 t = ext(badf == 0), h = ext(badf == 1), dim = ext(badf == 2);
-      const DType dt = badf == 3 ? static_cast<DType>(r.range(3, 255)) : draw_dtype(r);
+      const DType dt = badf == 3 ? static_cast<DType>(r.range(5, 255)) : draw_dtype(r);
       const LseBase base = badf == 4 ? static_cast<LseBase>(r.range(2, 255)) : draw_base(r);
       // tiny extents with one huge one can still fit (e.g. 0 * huge): only then is it valid
       const bool small = t >= 0 && h >= 0 && dim >= 0 && t <= 4 && h <= 4 && dim <= 4;
@@ -409,7 +409,7 @@ TEST(FuzzKit, PublicConstructors) {
       const int badf = d.nmut > 0 ? static_cast<int>(r.range(0, rank)) : -1;
       for (int i = 0; i < rank; ++i) shape[static_cast<std::size_t>(i)] = ext(i == badf);
       const DType dt =
-          d.nmut > 0 && r.coin(20) ? static_cast<DType>(r.range(3, 255)) : draw_dtype(r);
+          d.nmut > 0 && r.coin(20) ? static_cast<DType>(r.range(5, 255)) : draw_dtype(r);
       const i64 n = attnstate::checked_product(shape.data(), rank);
       const bool valid = rank >= 1 && rank <= 4 && n >= 0 && n <= 256 && attnstate::is_valid(dt);
       bool negative = false;

@@ -59,41 +59,42 @@ __device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint
   }
 }
 
-/// The page id a lane contributes to a tile at key `t0` that may span pages (any page size):
-/// lane `l` looks up the page of key `t0 + l % kRows` (0 at or past `end`), so the tile's ids
-/// arrive in one parallel load, which the caller issues a tile ahead of the copy
-/// (`copy_kv_tile_any_page` shuffles each chunk's id from the lane of its row).
-template <int kRows, class P, class PageId>
-__device__ __forceinline__ std::int64_t lane_page_id(const P& p, PageId& page_id, int lane, int t0,
-                                                     int end) {
+/// The element offset a lane contributes to a tile at key `t0` that may span pages (any page
+/// size): lane `l` computes the pool offset of key `t0 + l % kRows` (its page id times
+/// `page_elems` plus `in_page(slot)`; 0 at or past `end`), so the tile's page ids arrive in one
+/// parallel load, and the page arithmetic is done once per key, by the caller a tile ahead of the
+/// copy (`copy_kv_tile_any_page` shuffles each chunk's offset from the lane of its row).
+template <int kRows, class P, class PageId, class InPage>
+__device__ __forceinline__ std::int64_t lane_row_offset(const P& p, PageId& page_id,
+                                                        InPage& in_page, int lane, int t0,
+                                                        int end) {
   const int t = t0 + (lane & (kRows - 1));
-  return t < end ? page_id(t / p.page_size) : 0;
+  if (t >= end) return 0;
+  const std::int64_t page = t / p.page_size;
+  return page_id(page) * p.page_elems + in_page(t - page * p.page_size);
 }
 
-/// As `copy_kv_tile_in_page` for a tile at key `t0` in any pages: `lane_pid` is this lane's
-/// `lane_page_id` of the tile (row `r`'s page id is lane `r`'s, shuffled: no lookup on the copy's
-/// path) and `in_page(slot)` gives the offset in the page. `p` holds `page_size` and
-/// `page_elems`. Every lane of the warp takes part (the shuffles).
-template <int D, int kRows, class P, class InPage>
-__device__ __forceinline__ void copy_kv_tile_any_page(
-    const P& p, std::uint32_t kd, std::uint32_t vd, const std::uint16_t* const& kpool,
-    const std::uint16_t* const& vpool, const std::uint64_t& policy, std::int64_t lane_pid,
-    InPage& in_page, const int& lane, int t0, const int& end) {
+/// As `copy_kv_tile_in_page` for a tile at key `t0` in any pages: `lane_off` is this lane's
+/// `lane_row_offset` of the tile (row `r`'s offset is lane `r`'s, shuffled: no lookup or page
+/// arithmetic on the copy's path). Every lane of the warp takes part (the shuffles).
+template <int D, int kRows>
+__device__ __forceinline__ void copy_kv_tile_any_page(std::uint32_t kd, std::uint32_t vd,
+                                                      const std::uint16_t* const& kpool,
+                                                      const std::uint16_t* const& vpool,
+                                                      const std::uint64_t& policy,
+                                                      std::int64_t lane_off, const int& lane,
+                                                      int t0, const int& end) {
   static_assert(kRows <= 32, "one lane per row of the tile");
   constexpr int kCpr = D / 8;
   constexpr int kChunksPerLane = kRows * kCpr / 32;
-  // page ids fit 31 bits (int32 tables, clamped into the pool): one 32-bit shuffle per chunk
-  const int pid32 = static_cast<int>(lane_pid);
 #pragma unroll
   for (int i = 0; i < kChunksPerLane; ++i) {
     const int c = lane + 32 * i;
     const int r = c / kCpr;
     const int col = c % kCpr;
-    const int t = t0 + r;
-    const bool valid = t < end;
-    const std::int64_t pid = __shfl_sync(0xffffffffu, pid32, r);
-    std::int64_t off = 0;
-    if (valid) off = pid * p.page_elems + in_page(t % p.page_size) + col * 8;
+    const bool valid = t0 + r < end;
+    const std::int64_t row = __shfl_sync(0xffffffffu, lane_off, r);
+    const std::int64_t off = valid ? row + col * 8 : 0;
     const int sw = (r * kCpr + (col ^ (r & 7))) * 8;
     kv_copy_16(kd + 2 * sw, kpool + off, valid ? 16 : 0, policy);
     kv_copy_16(vd + 2 * sw, vpool + off, valid ? 16 : 0, policy);

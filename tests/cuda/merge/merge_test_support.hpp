@@ -83,6 +83,14 @@ inline void store_elem(void* p, DType dt, std::int64_t i, float x) {
     case DType::kBF16:
       static_cast<attnstate::bfloat16_t*>(p)[i] = attnstate::from_float<attnstate::bfloat16_t>(x);
       break;
+    case DType::kE4M3:
+      static_cast<attnstate::float8_e4m3_t*>(p)[i] =
+          attnstate::from_float<attnstate::float8_e4m3_t>(x);
+      break;
+    case DType::kE5M2:
+      static_cast<attnstate::float8_e5m2_t*>(p)[i] =
+          attnstate::from_float<attnstate::float8_e5m2_t>(x);
+      break;
   }
 }
 /// Element `i` of `p` (of dtype `dt`) as float.

@@ -328,12 +328,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
                               p.num_pages);
     };
     auto in_page = [&](std::int64_t slot) { return tile::kv_in_page<D>(p, hkv, slot); };
-    // Page id of this warp's tile `it`: the tile's one page when it lies in one page, else this
-    // lane's `lane_page_id` (the tile's ids in one parallel load, shuffled by the copy).
+    // Where this warp's tile `it` lies: its one page's id when it lies in one page, else this
+    // lane's `lane_row_offset` (the tile's page ids in one parallel load, shuffled by the copy).
     auto tile_pid = [&](int it) -> std::int64_t {
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
       if (it >= my_tiles) return 0;
-      if (!tile_in_page) return tile::lane_page_id<kRows>(p, page_id, lane, t0, range.end);
+      if (!tile_in_page)
+        return tile::lane_row_offset<kRows>(p, page_id, in_page, lane, t0, range.end);
       return page_id(t0 / p.page_size);
     };
     // As `tile_pid` for one of the first tiles, from the speculative load when it applies (the
@@ -377,9 +378,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
                                              policy);
         return;
       }
-      // Any page size: each chunk's page id from the lane of its row.
-      tile::copy_kv_tile_any_page<D, kRows>(p, kd, vd, kpool, vpool, policy, pid, in_page, lane, t0,
-                                            range.end);
+      // Any page size: each chunk's offset from the lane of its row.
+      tile::copy_kv_tile_any_page<D, kRows>(kd, vd, kpool, vpool, policy, pid, lane, t0, range.end);
     };
 
     float o_acc[kNT][4];
