@@ -128,10 +128,11 @@ Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
 }
 
 // The variant of a plan (window_left: -1 for none; logits_soft_cap: 0 for none), checked with
-// the Python keywords' names. A CUDA plan refuses a variant until the CUDA kernels take one:
-// silently ignoring a window or a cap would return plain attention as if it were the variant.
+// the Python keywords' names. `device_refuses`: a CUDA plan whose kernels take no variant yet
+// (the cascade) refuses one: silently ignoring a window or a cap would return plain attention as
+// if it were the variant.
 AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float logits_soft_cap,
-                              bool device) {
+                              bool device_refuses) {
   const auto number = [](float x) {
     std::ostringstream ss;
     ss << x;
@@ -146,10 +147,10 @@ AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float lo
   if (logits_soft_cap != 0.f && !(std::isfinite(logits_soft_cap) && logits_soft_cap > 0.f))
     detail::throw_argument(fn, "logits_soft_cap", "a finite cap > 0, or None for no cap",
                            number(logits_soft_cap));
-  if (device && !v.is_plain())
+  if (device_refuses && !v.is_plain())
     detail::throw_argument(
         fn, window_left != kNoWindow ? "window_left" : "logits_soft_cap",
-        "None on a CUDA device (the CUDA backend has no variants yet; host "
+        "None on a CUDA device (the CUDA cascade has no variants yet; host "
         "arrays run them on the CPU)",
         window_left != kNoWindow ? std::to_string(window_left) : number(logits_soft_cap),
         Status::kNotSupported);
@@ -174,7 +175,7 @@ PyDecodePlan plan_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t h
   p.options.num_splits = num_splits;
   p.options.split_size = split_size;
   p.device = device >= 0;
-  p.options.variant = plan_variant(fn, window_left, logits_soft_cap, p.device);
+  p.options.variant = plan_variant(fn, window_left, logits_soft_cap, false);
 #if defined(ATTNSTATE_HAS_CUDA)
   if (p.device) {
     if (num_sms <= 0) num_sms = device_sms(device);

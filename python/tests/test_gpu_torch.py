@@ -141,6 +141,28 @@ def test_decode_matches_the_cpu_decode_and_replays_in_a_graph():
     assert torch.equal(static.o, out.o) and torch.equal(static.lse, out.lse)
 
 
+@pytest.mark.parametrize("window_left,cap", [(0, None), (37, None), (None, 5.0), (300, 30.0)])
+def test_decode_with_a_window_and_a_soft_cap_matches_the_cpu(window_left, cap):
+    q, k, v, seq, indptr, indices = paged_problem()
+    q = q * 4  # large scores, so that the cap matters
+    opts = dict(heads_q=32, heads_kv=8, head_dim=128, window_left=window_left,
+                logits_soft_cap=cap)
+    dec = attnstate.Decode().plan(seq.numpy(), dtype=torch.bfloat16, like=k, **opts)
+    out = dec.run(q, k, v, seq.cuda(), page_indptr=indptr.cuda(), page_indices=indices.cuda(),
+                  dtype=torch.float32)
+    host = attnstate.Decode().plan(seq.numpy(), dtype="float32", **opts)
+    ref = host.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                   seq.numpy(), page_indptr=indptr.numpy(), page_indices=indices.numpy())
+    plain = attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=128,
+                                    dtype="float32")
+    base = plain.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                     seq.numpy(), page_indptr=indptr.numpy(), page_indices=indices.numpy())
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
+    assert np.abs(ref.lse - base.lse).max() > 1e-2  # the variant changed the result
+
+
 def test_torch_compile_fullgraph_custom_ops():
     a = rand_state(256, 8, 128, torch.bfloat16, "natural", seed=3)
     b = rand_state(256, 8, 128, torch.bfloat16, "base2", seed=4)

@@ -237,6 +237,13 @@ std::size_t CascadePlan::workspace_bytes() const {
 
 CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
                          const CascadeOptions& options, int num_sms, const CascadeTuning& tuning) {
+  // the level kernels take no variant yet: refused, never ignored (the CPU cascade runs them)
+  attnstate::detail::check_variant("attnstate::cuda::plan_cascade", "options.variant",
+                                   options.variant);
+  if (!options.variant.is_plain())
+    attnstate::detail::throw_argument("attnstate::cuda::plan_cascade", "options.variant",
+                                      "plain attention (no window or soft cap on the GPU yet)",
+                                      "a window or a soft cap", Status::kNotSupported);
   // the device facts, once per device (cached): the plan records the kernels this device runs
   plan::CascadeDeviceFacts facts;
   facts.wgmma = detail::device_facts().wgmma();

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
@@ -166,12 +167,13 @@ struct DecodeLaunch {
   std::int64_t grid = 0;  ///< CTAs of the split kernel (items of the streamed kernel).
   int num_sms = 1;        ///< The plan's SMs (the streamed kernel's CTAs, at most).
   bool pdl = false;       ///< A programmatic dependent launch.
+  bool variant = false;   ///< The variant kernel (a window or a soft cap; never streamed).
 };
 
 /// The split kernel on `grid` CTAs (clusters of `p.cluster`).
-template <int D, bool kBF16, int kStages>
+template <int D, bool kBF16, int kStages, bool kVariant = false>
 void launch_split(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
+  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages, kVariant>;
   const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
   detail::raise_smem_limit<kernel>(smem);  // on the device of this run (cached per device)
   detail::LaunchConfig c;
@@ -213,6 +215,7 @@ void launch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, cons
     if constexpr (D <= plan::kDecodeStreamMaxHeadDim) {
       if (l.streamed) return launch_stream<D, kBF16>(p, l, stream);
     }
+    if (l.variant) return launch_split<D, kBF16, decltype(stages)::value, true>(p, l, stream);
     launch_split<D, kBF16, decltype(stages)::value>(p, l, stream);
   });
 }
@@ -234,6 +237,10 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   plan::check_decode_problem(fn, pr);
   attnstate::detail::validate_split_layout(fn, plan.splits);
   r.scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
+  attnstate::detail::check_variant(fn, "plan.variant", plan.variant);
+  if (!plan.variant.is_plain() && prior.count > 0)
+    throw_argument(fn, "plan.variant", "plain attention when prior states are folded",
+                   "a window or a soft cap", Status::kNotSupported);
   const std::int64_t pool_bytes =
       attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
@@ -356,10 +363,25 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   const float scale =
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
+  attnstate::detail::check_variant(fn, "options.variant", options.variant);
   plan::DecodeFacts facts = kernel_facts(problem.head_dim);
+  // A window: the splits are planned over the keys the kernel reads (from the first row's
+  // window start, rounded down to a tile), so a long request costs its window only.
+  std::vector<std::int32_t> windowed;
+  const std::int32_t* lens = seq_lens_host;
+  if (options.variant.window_left >= 0 && problem.batch > 0 && seq_lens_host != nullptr) {
+    windowed.assign(seq_lens_host, seq_lens_host + problem.batch);
+    for (std::int32_t& len : windowed) {
+      const std::int64_t first =
+          static_cast<std::int64_t>(len) - problem.q_len - options.variant.window_left;
+      if (len > 0 && first > 0) len -= static_cast<std::int32_t>(first) & ~(kSplitGranularity - 1);
+    }
+    lens = windowed.data();
+  }
   // every argument checked first; then, for split requests, the device's occupancy (queried
   // once per device) for the merge's clusters
-  plan::DecodeChoice c = plan::resolve_decode(fn, problem, seq_lens_host, options, num_sms, facts);
+  plan::DecodeChoice c = plan::resolve_decode(fn, problem, lens, options, num_sms, facts);
+  if (!options.variant.is_plain()) c.streamed = false;  // the variant runs on the split kernel
   if (c.grid > 0 && c.splits.max_splits > 1) {
     query_occupancy(problem.head_dim, problem.kv_dtype, facts);
     c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid);
@@ -371,6 +393,7 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   plan.row_tiles = c.row_tiles;
   plan.splits = c.splits;
   plan.streamed = c.streamed;
+  plan.variant = options.variant;
   plan.split.stages = c.split.stages;
   plan.split.cluster = c.split.cluster;
   for (int s = 0; s < 2; ++s)
@@ -446,6 +469,12 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.row_tiles = plan.row_tiles;
   p.splits = plan.splits;
   p.s2_scale = math::base2_score_scale(r.scale);
+  p.scale = r.scale;
+  p.soft_cap = plan.variant.logits_soft_cap;
+  // windows past any int32 length are no window
+  p.window_left = plan.variant.window_left >= 0 && plan.variant.window_left <= 0x7FFFFFFF
+                      ? static_cast<std::int32_t>(plan.variant.window_left)
+                      : -1;
   p.out_o = out.o;
   p.out_lse = out.lse;
   p.o_stride_token = out.o_stride_token;
@@ -474,8 +503,9 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
 
   DecodeLaunch l;
-  l.streamed = plan::streamed_runs(plan.streamed, pr.head_dim, prior.count, p.q_vec, kv.page_size,
-                                   detail::kDecodeTileRows);
+  l.variant = !plan.variant.is_plain();
+  l.streamed = !l.variant && plan::streamed_runs(plan.streamed, pr.head_dim, prior.count, p.q_vec,
+                                                 kv.page_size, detail::kDecodeTileRows);
   l.stages = r.split.stages;
   l.grid = r.grid;
   l.num_sms = plan.num_sms > 0 ? plan.num_sms : 1;

@@ -67,20 +67,27 @@ HostState HostState::from_view(const ConstStateView& v) {
   const bool any_row = v.tokens > 0 && v.heads > 0;
   if (any_row) {
     const auto check_span = [&](std::int64_t inner, std::int64_t head_stride,
-                                std::int64_t token_stride, const char* head_name,
-                                const char* token_name) {
+                                std::int64_t token_stride, const char* inner_name,
+                                const char* head_name, const char* token_name) {
       const std::int64_t head_span = checked_span(v.heads, head_stride, inner);
-      const char* culprit = head_span < 0 ? head_name : token_name;
-      if (head_span < 0 || checked_span(v.tokens, token_stride, head_span) < 0) {
-        detail::throw_argument(
-            fn, culprit, "a stride whose span is at most 2^62 elements",
-            std::to_string(head_span < 0 ? head_stride : token_stride) + " (overflows)");
+      if (head_span >= 0 && checked_span(v.tokens, token_stride, head_span) >= 0) return;
+      const char* culprit = head_name;
+      std::int64_t got = head_stride;
+      if (head_span >= 0) {
+        // the tokens' span overflows: its own stride when that alone overflows, else the larger
+        // part of one token's span (a huge head stride or inner extent)
+        const bool token_alone = checked_span(v.tokens, token_stride, 1) < 0;
+        const bool inner_larger = head_span - inner < inner;
+        culprit = token_alone ? token_name : inner_larger ? inner_name : head_name;
+        got = token_alone ? token_stride : inner_larger ? inner : head_stride;
       }
+      detail::throw_argument(fn, culprit, "a stride whose span is at most 2^62 elements",
+                             std::to_string(got) + " (overflows)");
     };
-    check_span(v.head_dim, v.o_stride_head, v.o_stride_token, "view.o_stride_head",
-               "view.o_stride_token");
+    check_span(v.head_dim, v.o_stride_head, v.o_stride_token, "view.head_dim",
+               "view.o_stride_head", "view.o_stride_token");
     check_span(1, v.lse_stride_head, v.lse_stride_token, "view.lse_stride_head",
-               "view.lse_stride_token");
+               "view.lse_stride_head", "view.lse_stride_token");
   }
   HostState s(v.tokens, v.heads, v.head_dim, v.dtype, v.base);
   if (any_row && v.head_dim > 0 && v.o == nullptr) {

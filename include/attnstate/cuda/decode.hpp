@@ -30,6 +30,7 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/core/variant.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -93,6 +94,12 @@ struct DecodePlan {
   /// of fewer requests than planned resolves `split` again by the rule above for its smaller
   /// grid from these numbers (no device query).
   int resident_clusters[2][9] = {};
+  /// The attention variant (`DecodeOptions::variant`): a sliding window and a logits soft cap,
+  /// applied as the CPU backend does (docs/numerics.md). With a window the splits cut each
+  /// request's keys from its first row's window start (rounded down to 16 keys) to its end, so a
+  /// request costs its window, not its length. A plan with a variant runs the split kernel (never
+  /// the streamed one); it cannot fold prior states (a cascade's last level).
+  AttentionVariant variant;
 
   /// Bytes of device workspace `run_decode` needs (0 when `splits.max_splits == 1`): fp32 partial
   /// states `o (batch, heads_kv, row_tiles, max_splits, 16, head_dim)` and their base-2 LSEs,

@@ -54,14 +54,15 @@ __device__ __forceinline__ void pv_accumulate(const float (&pr)[2][4], std::uint
 /// `q_frag(kk, a)`, K from the swizzled tile at `k_lane`, the lane's ldmatrix row), the online
 /// softmax (base 2: `s2_scale` = softmax scale · log2 e) of rows lane/4 and lane/4 + 8 with keys
 /// at or past `lim[h]` masked, and `O += P V` (V from `v_lane`). `a_x` / `b_x`: the lane's chunk
-/// XORs (`LdmatrixLanes`). (The Q Kᵀ loop stays written out here: as a third part beside the
-/// other two ptxas gives the split kernel other code.)
-template <int D, bool kBF16, class QFrag>
+/// XORs (`LdmatrixLanes`); `scores` as in `online_softmax_step`. (The Q Kᵀ loop stays written out
+/// here: as a third part beside the other two ptxas gives the split kernel other code.)
+template <int D, bool kBF16, class QFrag, class Scores = PlainScores>
 __device__ __forceinline__ void attention_tile(QFrag&& q_frag, std::uint32_t k_lane,
                                                std::uint32_t v_lane, std::uint32_t a_x,
                                                std::uint32_t b_x, int t0, const int (&lim)[2],
                                                float s2_scale, math::OnlineSoftmax (&os)[2],
-                                               float (&o_acc)[D / 8][4]) {
+                                               float (&o_acc)[D / 8][4],
+                                               const Scores& scores = Scores()) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   // S = Q Kᵀ : 16 rows × 16 tokens (two n-tiles of 8 tokens).
   float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -76,7 +77,7 @@ __device__ __forceinline__ void attention_tile(QFrag&& q_frag, std::uint32_t k_l
 
   // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
   float pr[2][4];
-  online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane);
+  online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
   pv_accumulate<D, kBF16>(pr, v_lane, a_x, o_acc);
 }
 

@@ -8,6 +8,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/variant.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -40,19 +41,38 @@ __device__ __forceinline__ void causal_row_limits(const P& p, int lane, int rows
   }
 }
 
+/// Plain scores: the base-2 score of a dot product is the dot times `s2_scale`.
+struct PlainScores {
+  __device__ __forceinline__ float operator()(float dot, float s2_scale, int, int) const {
+    return dot * s2_scale;
+  }
+};
+
+/// Scores of an attention variant (core/variant.hpp): the soft cap on the scaled score
+/// (`math::ScoreMap`, as the CPU backend computes it) and each row's sliding-window start
+/// `lo[h]` (keys before it masked), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
+struct VariantScores {
+  math::ScoreMap map;
+  int lo[2];
+  __device__ __forceinline__ float operator()(float dot, float, int t, int h) const {
+    return t < lo[h] ? math::neg_inf() : map(dot);
+  }
+};
+
 /// One online-softmax step over a score tile of `NK` keys (`s`: the raw scores `q·k`, two
 /// columns per n-tile of 8 keys, key `t0 + 8n + 2(lane % 4) + e`): scales them by `scale` (base
 /// 2), masks keys at or past `lim[h]`, raises each row's running max (the block max reduced over
 /// the quad), rescales the rows' accumulator `acc` (D / 8 n-tiles) when any row of the warp's
 /// max moved, and leaves the unnormalised probabilities in `pr`, their sum added to the state.
 /// `lane`: this thread's lane (the caller's, so that it is computed once). The block maxima go
-/// through `Policy::max`; the exponentials are the state's (`rescale`, `prob`).
-template <int NK, int D, class Policy = Base2NanMax>
+/// through `Policy::max`; the exponentials are the state's (`rescale`, `prob`). `scores` maps a
+/// dot product to its base-2 score (`PlainScores`: times `scale`; `VariantScores`).
+template <int NK, int D, class Policy = Base2NanMax, class Scores = PlainScores>
 __device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float (&pr)[NK / 8][4],
                                                     float (&acc)[D / 8][4],
                                                     typename Policy::State (&os)[2],
                                                     const int (&lim)[2], int t0, float scale,
-                                                    int lane) {
+                                                    int lane, const Scores& scores = Scores()) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float bm = math::neg_inf();
@@ -61,7 +81,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int t = t0 + j * 8 + 2 * (lane & 3) + e;
-        float v = s[j][2 * h + e] * scale;
+        float v = scores(s[j][2 * h + e], scale, t, h);
         if (t >= lim[h]) v = math::neg_inf();
         s[j][2 * h + e] = v;
         bm = Policy::max(bm, v);

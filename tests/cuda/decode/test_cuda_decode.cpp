@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -389,6 +390,102 @@ TEST(CudaDecode, AutomaticPlanOfARaggedBatchBalancesAndMatches) {
   const DecodeProblemHost q = make_decode_problem(shorter, 3101);
   const GpuOut c = run_plan(q, a.plan, DType::kF32, LseBase::kNatural);
   expect_matches_reference(q, c, DType::kF32, LseBase::kNatural, "ragged plan, shorter lengths");
+}
+
+/// Runs the CPU decode of `p` with `layout` and `variant` into an f32 natural state.
+HostState cpu_variant(const DecodeProblemHost& p, const SplitLayout& layout, float scale,
+                      const AttentionVariant& variant) {
+  HostState c(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, DType::kF32, LseBase::kNatural);
+  cpu::decode(p.q_view(), p.kv_view(), layout, scale, variant, c.view);
+  return c;
+}
+
+/// The largest |GPU − CPU| over `o` and LSE (infinite when a NaN or a mismatched -inf shows).
+double max_diff(const GpuOut& g, const HostState& c) {
+  double worst = 0;
+  for (std::size_t i = 0; i < c.lse.size(); ++i) {
+    const float a = g.lse[i], b = c.lse[i];
+    if (std::isinf(b) || std::isinf(a)) {
+      if (a != b) return INFINITY;
+      continue;
+    }
+    const double d = std::fabs(static_cast<double>(a) - b);
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  for (std::size_t i = 0; i < c.o.size() / 4; ++i) {
+    float a, b;
+    std::memcpy(&a, g.o.data() + 4 * i, 4);
+    std::memcpy(&b, c.o.data() + 4 * i, 4);
+    const double d = std::fabs(static_cast<double>(a) - b);
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  return worst;
+}
+
+TEST(CudaDecode, SlidingWindowAndSoftCapMatchTheCpuDecode) {
+  // Windows (none, 0, 1, 37, 300, longer than any request) x soft caps (none, 5, 30) x split
+  // policies, q_len 1 and 3, pages of 16 and 5, ragged lengths with empty and one-key requests:
+  // the GPU against the CPU decode of the same layout and variant (the CPU's own tests check it
+  // against the double reference), outputs poisoned first.
+  ATTNSTATE_REQUIRE_GPU();
+  std::uint64_t seed = 3200;
+  for (std::int64_t q_len : {1, 3})
+    for (std::int64_t page : {16, 5}) {
+      DecodeConfig cfg = shape_config(q_len, 32, 8, 128, page, KvLayout::kNHD, page == 16,
+                                      DType::kBF16, DType::kBF16);
+      cfg.q_gain = 4.f;  // large scores, so that the cap matters
+      cfg.seq_lens = {3000, 0, 1, 700, 17, 1500};
+      const DecodeProblemHost p = make_decode_problem(cfg, seed++);
+      for (std::int64_t window : {kNoWindow, std::int64_t{0}, std::int64_t{1}, std::int64_t{37},
+                                  std::int64_t{300}, std::int64_t{100000}})
+        for (float cap : {0.f, 5.f, 30.f}) {
+          for (int policy = 0; policy < 3; ++policy) {
+            DecodeOptions o = policy == 0 ? DecodeOptions{} : count_opts(policy == 1 ? 7 : 1);
+            o.variant.window_left = window;
+            o.variant.logits_soft_cap = cap;
+            const GpuOut g = run_gpu(p, o, DType::kF32, LseBase::kNatural);
+            EXPECT_FALSE(g.plan.streamed);
+            const HostState c = cpu_variant(p, g.plan.splits, g.plan.scale, o.variant);
+            const double d = max_diff(g, c);
+            EXPECT_LE(d, 2e-4) << cfg.name() << " window " << window << " cap " << cap << " policy "
+                               << policy;
+          }
+        }
+    }
+}
+
+TEST(CudaDecode, WindowedPlanCostsTheWindow) {
+  // A window of 512 over a 100k-key request: the plan splits only the keys the kernel reads, so
+  // it has as many splits as a 512-key request would, and the result matches the CPU decode.
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.seq_lens = {100000, 40000};
+  const DecodeProblemHost p = make_decode_problem(cfg, 3300);
+  DecodeOptions o;
+  o.variant.window_left = 512;
+  const GpuOut g = run_gpu(p, o, DType::kF32, LseBase::kNatural);
+  DecodeConfig small = cfg;
+  small.seq_lens = {512 + 16, 512 + 16};
+  const DecodeProblemHost ps = make_decode_problem(small, 3301);
+  const GpuOut gs = run_gpu(ps, DecodeOptions{}, DType::kF32, LseBase::kNatural);
+  EXPECT_LE(g.plan.splits.max_splits, gs.plan.splits.max_splits + 1);
+  const HostState c = cpu_variant(p, g.plan.splits, g.plan.scale, o.variant);
+  EXPECT_LE(max_diff(g, c), 2e-4);
+  // a plan with a variant refuses prior states and bad variants are named
+  DecodeOptions bad;
+  bad.variant.window_left = -2;
+  EXPECT_THROW(cuda::plan_decode(problem_of(p), p.seq_lens.data(), bad, num_sms()), Error);
+  bad.variant.window_left = kNoWindow;
+  bad.variant.logits_soft_cap = -1.f;
+  try {
+    cuda::plan_decode(problem_of(p), p.seq_lens.data(), bad, num_sms());
+    FAIL() << "a negative cap was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("options.variant.logits_soft_cap"), std::string::npos);
+  }
 }
 
 TEST(CudaDecode, LargeLogitsQueriesTimes40) {

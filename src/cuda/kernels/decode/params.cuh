@@ -118,6 +118,11 @@ struct DecodeParams {
   // programmatic_launch): every CTA lets the next kernel launch and waits for the previous one
   // before its first read
   std::int32_t programmatic;
+  // attention variant (the variant kernel only; appended last so the plain kernel's parameter
+  // offsets stay): the softmax scale, the soft cap (0: none), the window (-1: none)
+  float scale;
+  float soft_cap;
+  std::int32_t window_left;
 };
 
 }  // namespace detail

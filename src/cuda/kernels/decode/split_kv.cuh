@@ -162,8 +162,9 @@ __device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, 
 }
 
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
-/// (else f16) queries and KV.
-template <int D, bool kBF16, int kStages>
+/// (else f16) queries and KV; `kVariant` applies `p`'s sliding window and soft cap (the splits
+/// then cover each request's keys from its first row's window on).
+template <int D, bool kBF16, int kStages, bool kVariant = false>
 __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStages))
     decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
@@ -271,7 +272,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   if (len64 > pages * p.page_size) len64 = pages * p.page_size;
   const std::int32_t len = static_cast<std::int32_t>(len64);
   ATTNSTATE_DECODE_MARK_DEP(4, len);
-  const int n_splits = p.splits.splits_for(len);
+  // A sliding window: keys before the first row's window are never read; the splits cut
+  // [w0, len), w0 rounded down to a tile (the rows' own starts are masked in the scores).
+  int w0 = 0;
+  if constexpr (kVariant) {
+    if (p.window_left >= 0) {
+      const std::int64_t first = static_cast<std::int64_t>(len) - p.q_len - p.window_left;
+      w0 = first > 0 ? static_cast<int>(first) & ~(kRows - 1) : 0;
+    }
+  }
+  const int n_splits = p.splits.splits_for(len - w0);
   const bool single = n_splits == 1;
   // In a cluster (the tile's splits merged in distributed shared memory, or a group of the
   // workspace merge) every CTA takes part in the cluster barriers, those past the request's
@@ -284,7 +294,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   if (grouped) arch::cluster_arrive_relaxed();
   if (s >= n_splits && !in_cluster) return;
   const bool active = s < n_splits;
-  const TokenRange range = p.splits.range(len, s);  // empty when s ≥ n_splits
+  const TokenRange range = [&] {  // empty when s ≥ n_splits
+    TokenRange r = p.splits.range(len - w0, s);
+    r.begin += w0;
+    r.end += w0;
+    return r;
+  }();
 
   float* ow = reinterpret_cast<float*>(body);  // [warp][row][kOw]   (after the main loop)
   float* mw = ow + kWarps * kRows * kOw;       // [warp][row]
@@ -311,6 +326,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
 
     int lim[2];  // exclusive key ends of rows lane/4 and lane/4 + 8
     tile::causal_row_limits(p, lane, rows_here, row0, len, range.end, lim);
+    tile::VariantScores scores;  // (the variant kernel only)
+    if constexpr (kVariant) {
+      scores.map = math::make_score_map(p.scale, p.soft_cap);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = (row0 + (lane >> 2) + 8 * h) / p.group;
+        const std::int64_t pos = static_cast<std::int64_t>(len) - p.q_len + qi;
+        scores.lo[h] = static_cast<int>(window_begin(pos, p.window_left));
+      }
+    }
 
     // ---- this warp's tiles of the split ----
     const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
@@ -413,9 +438,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
 
-      tile::attention_tile<D, kBF16>(
-          [&](int kk, std::uint32_t(&a)[4]) { arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x)); },
-          k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
+      if constexpr (kVariant) {
+        tile::attention_tile<D, kBF16>(
+            [&](int kk, std::uint32_t(&a)[4]) {
+              arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
+            },
+            k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc, scores);
+      } else {
+        tile::attention_tile<D, kBF16>(
+            [&](int kk, std::uint32_t(&a)[4]) {
+              arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
+            },
+            k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
+      }
       __syncwarp();
     }
     arch::cp_async_wait<0>();
