@@ -84,8 +84,8 @@ HostState HostState::from_view(const ConstStateView& v) {
       detail::throw_argument(fn, culprit, "a stride whose span is at most 2^62 elements",
                              std::to_string(got) + " (overflows)");
     };
-    check_span(v.head_dim, v.o_stride_head, v.o_stride_token, "view.head_dim",
-               "view.o_stride_head", "view.o_stride_token");
+    check_span(v.head_dim, v.o_stride_head, v.o_stride_token, "view.head_dim", "view.o_stride_head",
+               "view.o_stride_token");
     check_span(1, v.lse_stride_head, v.lse_stride_token, "view.lse_stride_head",
                "view.lse_stride_head", "view.lse_stride_token");
   }
