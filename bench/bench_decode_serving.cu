@@ -8,12 +8,15 @@
 ///        - `pages`: pages of {1, 2, 4, 8, 16, 32, 64, 128} tokens at batch 4 and 16 x 32k, the
 ///          time as a fraction of the page-16 time;
 ///        - `shapes`: head dims 64 and 256 (group 4) and groups 1, 2, 5, 7, 8, 16 (head dim 128)
-///          at batch {1, 16} x {8k, 128k}, 8 KV heads.
+///          at batch {1, 16} x {8k, 128k}, 8 KV heads;
+///        - `variants`: soft cap, a 4k window over 128k, gpt-oss-like (64/8 heads, head dim 64,
+///          window 128) and Gemma-2-like (head dim 256, cap 50, window 4096) shapes, each beside
+///          the plain decode of the keys its rows see.
 ///
 /// bf16, NHD pages (`--hnd`: HND), page ids in order (`--scatter`: a random permutation). Each
 /// time is the median of `--reps` (default 21) event-timed calls, each after an L2 flush.
 /// `--csv PATH` writes every row; `--fi-spec PATH` writes the ragged points as `--points` specs of
-/// the FlashInfer harness (same lengths); `--sections ragged,pages,shapes` picks sections;
+/// the FlashInfer harness (same lengths); `--sections ragged,pages,shapes,variants` picks sections;
 /// `--quick` runs fewer points. GB/s counts the K and V bytes of the real lengths.
 #include <cuda_runtime.h>
 
@@ -114,6 +117,7 @@ struct Env {
 struct Shape {
   std::vector<std::int32_t> lens;
   int hq = 32, hkv = 8, d = 128, page = 16;
+  AttentionVariant variant;  // plain unless the variants section sets one
   std::int64_t tokens() const { return std::accumulate(lens.begin(), lens.end(), std::int64_t{0}); }
   double kv_bytes() const { return 2.0 * 2.0 * static_cast<double>(tokens()) * hkv * d; }
 };
@@ -158,8 +162,14 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
   pr.head_dim = s.d;
   pr.q_dtype = pr.kv_dtype = DType::kBF16;
   Timed t;
-  t.plan = cuda::plan_decode(pr, max_lens.empty() ? s.lens.data() : max_lens.data(),
-                             DecodeOptions{}, env.num_sms);
+  t.plan = cuda::plan_decode(
+      pr, max_lens.empty() ? s.lens.data() : max_lens.data(),
+      [&] {
+        DecodeOptions o;
+        o.variant = s.variant;
+        return o;
+      }(),
+      env.num_sms);
   void* ws = env.ws.get(std::max<std::size_t>(256, t.plan.workspace_bytes()));
   cuda::init_decode_workspace(t.plan, ws, t.plan.workspace_bytes(), env.stream);
 
@@ -310,11 +320,59 @@ void shapes(Env& env, bool quick) {
       }
 }
 
+void variants(Env& env) {
+  std::printf("\n## variants (pages of 16; GB/s of the keys each row sees)\n");
+  std::printf("%-22s %5s %5s %4s %7s %6s %5s %15s %9s %7s %9s %7s\n", "case", "hq/hkv", "d",
+              "batch", "ctx", "window", "cap", "plan", "time_us", "%copy", "plain_us", "ratio");
+  struct Case {
+    const char* name;
+    int hq, hkv, d, batch, ctx;
+    std::int64_t window;
+    float cap;
+  };
+  // each beside the plain decode of the keys it sees: the same context (cap) or the window's
+  // keys (window)
+  const Case cases[] = {
+      {"soft_cap", 32, 8, 128, 1, 131072, kNoWindow, 50.f},
+      {"soft_cap", 32, 8, 128, 16, 32768, kNoWindow, 50.f},
+      {"soft_cap", 32, 8, 128, 64, 8192, kNoWindow, 30.f},
+      {"window_4k_of_128k", 32, 8, 128, 1, 131072, 4095, 0.f},
+      {"window_4k_of_128k", 32, 8, 128, 16, 131072, 4095, 0.f},
+      {"gpt-oss_window_128", 64, 8, 64, 16, 32768, 127, 0.f},
+      {"gpt-oss_full", 64, 8, 64, 16, 32768, kNoWindow, 0.f},
+      {"gemma2_cap50_w4096", 32, 16, 256, 4, 32768, 4095, 50.f},
+      {"gemma2_cap50_full", 32, 16, 256, 4, 32768, kNoWindow, 50.f},
+  };
+  for (const Case& c : cases) {
+    Shape s;
+    s.hq = c.hq;
+    s.hkv = c.hkv;
+    s.d = c.d;
+    s.lens.assign(c.batch, c.ctx);
+    s.variant.window_left = c.window;
+    s.variant.logits_soft_cap = c.cap;
+    const Timed t = time_decode(env, s);
+    Shape plain = s;
+    plain.variant = AttentionVariant{};
+    if (c.window >= 0) plain.lens.assign(c.batch, static_cast<std::int32_t>(c.window + 1));
+    const Timed pt = time_decode(env, plain);
+    const double seen = plain.kv_bytes();  // the keys the rows see
+    const double pct = 100 * seen / (t.us * 1e-6) / 1e9 / env.copy_gbps;
+    std::printf("%-22s %2d/%-2d %5d %4d %7d %6lld %5.0f %15s %9.1f %7.1f %9.1f %7.3f\n", c.name,
+                c.hq, c.hkv, c.d, c.batch, c.ctx, static_cast<long long>(c.window), c.cap,
+                plan_str(t.plan).c_str(), t.us, pct, pt.us, t.us / pt.us);
+    if (env.csv)
+      std::fprintf(env.csv, "variants,%s,%d,0,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.4f,,%.4f,%.1f\n",
+                   c.name, c.batch, c.hq, c.hkv, c.d, s.page, c.ctx, plan_str(t.plan).c_str(), t.us,
+                   seen / (t.us * 1e-6) / 1e9, pct / 100, t.us / pt.us, env.copy_gbps);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Env env;
-  std::string csv_path, fi_path, sections = "ragged,pages,shapes";
+  std::string csv_path, fi_path, sections = "ragged,pages,shapes,variants";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
@@ -332,10 +390,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--scatter"))
       env.scatter = true;
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--csv PATH] [--fi-spec PATH] [--sections ragged,pages,shapes] "
-                   "[--reps N] [--quick] [--hnd] [--scatter]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--csv PATH] [--fi-spec PATH] [--sections ragged,pages,shapes,variants] "
+          "[--reps N] [--quick] [--hnd] [--scatter]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -397,6 +456,7 @@ int main(int argc, char** argv) {
     if (env.fi_spec) std::fclose(env.fi_spec);
     if (sections.find("pages") != std::string::npos) pages(env, quick);
     if (sections.find("shapes") != std::string::npos) shapes(env, quick);
+    if (sections.find("variants") != std::string::npos) variants(env);
     if (env.csv) std::fclose(env.csv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_decode_serving: %s\n", e.what());
