@@ -429,7 +429,7 @@ int main(int argc, char** argv) {
       ATTNSTATE_CUDA_CHECK(cudaFree(b));
     }
     // pools for the largest point: 8 GiB of K + V (ragged), 16 x 128k x 8 x 256 (shapes)
-    env.pool_elems = (std::size_t{4} << 30) / 2 + (std::size_t{1} << 20);
+    env.pool_elems = (std::size_t{4} << 30) / 2 + (std::size_t{1} << 24);  // + page rounding
     if (sections.find("shapes") != std::string::npos)
       env.pool_elems = std::max(env.pool_elems, std::size_t{16} * 131072 * 8 * 256 + (1u << 20));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&env.k, env.pool_elems * 2));

@@ -160,7 +160,8 @@ def test_decode_with_a_window_and_a_soft_cap_matches_the_cpu(window_left, cap):
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
     np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
-    assert np.abs(ref.lse - base.lse).max() > 1e-2  # the variant changed the result
+    seen = np.isfinite(base.lse)  # rows with keys (an empty request stays empty)
+    assert np.abs(ref.lse[seen] - base.lse[seen]).max() > 1e-2  # the variant changed the result
 
 
 def test_torch_compile_fullgraph_custom_ops():
