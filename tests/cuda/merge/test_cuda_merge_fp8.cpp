@@ -90,8 +90,11 @@ double rel_tol(DType dt) {
 }
 
 /// Compares the GPU output with the CPU's: LSEs within 1e-5 + 2e-6 |e|; an fp8 `o` the same
-/// encoding or an adjacent one (NaN where NaN), another `o` within its ulp times the magnitude.
-::testing::AssertionResult gpu_matches_cpu(const HostState& got, const HostState& want) {
+/// encoding or an adjacent one (NaN where NaN), another `o` within its ulp times the magnitude,
+/// plus a few fp32 ulps of `amp`, the largest input magnitude: a weighted sum that cancels keeps
+/// the absolute rounding error of its terms, and the two backends round the terms differently.
+::testing::AssertionResult gpu_matches_cpu(const HostState& got, const HostState& want,
+                                           double amp) {
   const DType dt = want.layout.dtype;
   int bad = 0;
   std::ostringstream msg;
@@ -112,7 +115,8 @@ double rel_tol(DType dt) {
         const double g = got.value(r, d), w = want.value(r, d);
         ok = std::isnan(w)
                  ? std::isnan(g)
-                 : std::fabs(g - w) <= 1e-5 * (1 + std::fabs(w)) + rel_tol(dt) * std::fabs(w);
+                 : std::fabs(g - w) <= 1e-5 * (1 + std::fabs(w)) + rel_tol(dt) * std::fabs(w) +
+                                           std::ldexp(amp, -21);
       }
       if (!ok && bad++ < 5)
         msg << "o[" << r << "," << d << "]: got " << got.value(r, d) << " want " << want.value(r, d)
@@ -161,7 +165,7 @@ void check_pair(std::mt19937_64& gen, DType da, DType db, DType dout, float scal
   sync();
   got.download();
   cpu::merge_state(a.h.view(), b.h.view(), want.view());
-  EXPECT_TRUE(gpu_matches_cpu(got.h, want));
+  EXPECT_TRUE(gpu_matches_cpu(got.h, want, 100.0 * scale));
 }
 
 TEST(CudaMergeFp8, MergeStateMatchesCpuForEveryCompiledCombination) {
@@ -199,7 +203,7 @@ TEST(CudaMergeFp8, MergeStateInplaceMatchesCpuWithAndWithoutMask) {
       gpu::merge_state_inplace(acc.dev(), other.dev(), masked ? dmask.get() : nullptr);
       sync();
       acc.download();
-      EXPECT_TRUE(gpu_matches_cpu(acc.h, want));
+      EXPECT_TRUE(gpu_matches_cpu(acc.h, want, 100.0 * scale));
       if (masked) {  // masked-off tokens keep their bytes exactly
         const std::size_t row = static_cast<std::size_t>(heads * dim) * attnstate::size_of(c[0]);
         for (std::int64_t t = 0; t < tokens; ++t) {
@@ -240,7 +244,7 @@ void check_stack(std::mt19937_64& gen, StackOrder order, std::int64_t states, DT
   sync();
   got.download();
   cpu::merge_states(view(stack.o.data(), stack.lse.data(), MemorySpace::kHost), want.view());
-  EXPECT_TRUE(gpu_matches_cpu(got.h, want));
+  EXPECT_TRUE(gpu_matches_cpu(got.h, want, 100.0 * scale));
 }
 
 TEST(CudaMergeFp8, MergeStatesMatchesCpuForEveryCompiledPair) {
@@ -273,7 +277,8 @@ TEST(CudaMergeFp8, ConversionsMatchTheHostBitForBit) {
     DevState a(1, 1, 256, f, LseBase::kNatural, 1.f);
     for (int b = 0; b < 256; ++b) a.h.o[b] = static_cast<std::uint8_t>(b);
     a.h.lse[0] = 0.25f;
-    DevState empty(1, 1, 256, DType::kF32, LseBase::kNatural, 1.f);
+    // The empty side has a's dtype (a and b of one dtype, out f32: a compiled combination).
+    DevState empty(1, 1, 256, f, LseBase::kNatural, 1.f);
     empty.h.lse[0] = -INFINITY;
     a.upload();
     empty.upload();
@@ -367,13 +372,11 @@ TEST(CudaMergeFp8, EmptyIsTheIdentityBitwiseAndNanPropagates) {
       // The n-ary merge of one state: the same bits.
       DevState out2(4, 2, 128, f, LseBase::kNatural, scale);
       out2.poison();
-      gpu::merge_states(
+      ConstStateStackView one =
           attnstate::make_state_stack(a.o.get(), f, a.lse.get(), StackOrder::kTokensMajor, 4, 1, 2,
-                                      128, LseBase::kNatural, MemorySpace::kDevice),
-          [&] {
-            StateView v = out2.dev();
-            return v;
-          }());
+                                      128, LseBase::kNatural, MemorySpace::kDevice);
+      one.o_scale = scale;  // the stack's stored values are a's
+      gpu::merge_states(one, out2.dev());
       sync();
       out2.download();
       EXPECT_EQ(out2.h.o, out.h.o);
