@@ -35,6 +35,7 @@
 
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "bench_util.cuh"
 #if !defined(BENCH_CASCADE_NO_DECODE) && __has_include("attnstate/cuda/decode.hpp")
 #include "attnstate/cuda/decode.hpp"
 #define BENCH_CASCADE_HAS_DECODE 1
@@ -71,19 +72,6 @@ const Anchor* find_anchor(int p, int s, int b) {
   return nullptr;
 }
 
-__global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
-                      static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    const float f = (static_cast<float>(x & 0xFFFFu) / 32768.f) - 1.f;
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-}
-
 template <class T>
 T* dalloc(std::size_t n) {
   T* p = nullptr;
@@ -114,36 +102,18 @@ struct Timer {
   double median_us(F&& f) {
     f();  // warm-up
     ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-      ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream));
-      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, stream));
-      f();
-      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, stream));
-      ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1e3);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return bench_util::event_median_us(
+        stream, e0, e1, reps,
+        [&](int i) { ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream)); },
+        f);
   }
 };
 
 /// Device-to-device copy bandwidth (bytes read + written per second).
 double copy_bandwidth(cudaStream_t stream) {
-  const std::size_t bytes = 2ull << 30;
-  void *a = nullptr, *b = nullptr;
-  ATTNSTATE_CUDA_CHECK(cudaMalloc(&a, bytes));
-  ATTNSTATE_CUDA_CHECK(cudaMalloc(&b, bytes));
-  ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, stream));
   Timer t(stream, 10);
-  const double us = t.median_us([&] {
-    ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  ATTNSTATE_CUDA_CHECK(cudaFree(a));
-  ATTNSTATE_CUDA_CHECK(cudaFree(b));
-  return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
+  return bench_util::copy_bandwidth(stream, 2ull << 30,
+                                    [&](auto&& copy) { return t.median_us(copy); });
 }
 
 float bf16_to_float(std::uint16_t b) {
@@ -189,9 +159,9 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   std::uint16_t* v = dalloc<std::uint16_t>(pool);
   const std::size_t qn = static_cast<std::size_t>(batch) * kHeadsQ * kHeadDim;
   std::uint16_t* q = dalloc<std::uint16_t>(qn);
-  fill_bf16<<<1024, 256, 0, stream>>>(k, pool, 1);
-  fill_bf16<<<1024, 256, 0, stream>>>(v, pool, 2);
-  fill_bf16<<<256, 256, 0, stream>>>(q, qn, 3);
+  bench_util::fill_bf16<<<1024, 256, 0, stream>>>(k, pool, 1);
+  bench_util::fill_bf16<<<1024, 256, 0, stream>>>(v, pool, 2);
+  bench_util::fill_bf16<<<256, 256, 0, stream>>>(q, qn, 3);
   ATTNSTATE_CHECK_LAUNCH(stream, "fill_bf16");
 
   // page placement: prefix pages first in id order (`--scatter`: in a random order), suffix
@@ -454,11 +424,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    int dev = 0, num_sms = 0;
-    ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
-    ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaDeviceProp prop{};
-    ATTNSTATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    const bench_util::Device device = bench_util::current_device();
+    const int num_sms = device.num_sms;
+    const cudaDeviceProp& prop = device.prop;
     cudaStream_t stream;
     ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const double bw = copy_bandwidth(stream);
@@ -526,17 +494,14 @@ int main(int argc, char** argv) {
       for (const std::string& l : explore.lines) std::printf("%s\n", l.c_str());
     }
     if (!csv.empty()) {
-      FILE* f = std::fopen(csv.c_str(), "w");
-      if (!f) {
-        std::fprintf(stderr, "cannot write %s\n", csv.c_str());
-        return 1;
-      }
-      std::fprintf(f,
-                   "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
-                   "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
-                   "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
-                   "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us,staged_us,"
-                   "decode_sms,decode_fold\n");
+      FILE* f = bench_util::open_csv(
+          csv,
+          "prefix,suffix,batch,cascade_us,prefix_level_us,suffix_level_us,merge_us,"
+          "plain_decode_us,flat_cascade_us,speedup_vs_plain,floor_us,ratio_to_floor,"
+          "flashinfer_us,speedup_vs_flashinfer,max_abs_diff,prefix_tile,"
+          "prefix_splits,suffix_tile,suffix_splits,copy_bw_gbps,mma_only_us,staged_us,"
+          "decode_sms,decode_fold\n");
+      if (!f) return 1;
       for (const Row& r : rows)
         std::fprintf(f,
                      "%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.2f,%.3f,%.1f,%.3f,%.3e,%d,"

@@ -28,12 +28,14 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cpu/merge.hpp"
+#include "bench_util.hpp"
 #include "cpu/parallel.hpp"  // the backend's own pool, so memcpy uses the same threads
 
 namespace {
 
 using namespace attnstate;
 using Clock = std::chrono::steady_clock;
+using bench_util::median;
 
 constexpr std::int64_t kStates = 8, kHeads = 32, kHeadDim = 128;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -43,11 +45,6 @@ struct Row {
   std::int64_t tokens;
   double bytes, median_s, gbps, fraction;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 template <class F>
 double time_once(F&& f) {
@@ -250,14 +247,11 @@ int main(int argc, char** argv) {
   std::printf("target: merge_states >= 70%% of memcpy (every row): %s\n", ok ? "met" : "NOT met");
 
   if (csv) {
-    FILE* f = std::fopen(csv, "w");
-    if (!f) {
-      std::fprintf(stderr, "cannot write %s\n", csv);
-      return 1;
-    }
-    std::fprintf(f,
-                 "case,dtype_in,dtype_out,layout,tokens,states,heads,head_dim,threads,bytes,"
-                 "median_s,gbps,memcpy_gbps,fraction_of_memcpy,fraction_of_read\n");
+    FILE* f = bench_util::open_csv(
+        csv,
+        "case,dtype_in,dtype_out,layout,tokens,states,heads,head_dim,threads,bytes,"
+        "median_s,gbps,memcpy_gbps,fraction_of_memcpy,fraction_of_read\n");
+    if (!f) return 1;
     for (const Row& r : rows) {
       std::fprintf(f, "%s,%s,%s,%s,%lld,%lld,%lld,%lld,%d,%.0f,%.6e,%.3f,%.3f,%.4f,%.4f\n",
                    r.name.c_str(), r.din.c_str(), r.dout.c_str(), r.layout.c_str(),

@@ -39,6 +39,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "bench_util.cuh"
 #include "probe_hooks.hpp"
 
 namespace {
@@ -74,29 +75,6 @@ const Anchor* find_anchor(int hq, int batch, int ctx) {
   for (const Anchor& a : kAnchors)
     if (a.hq == hq && a.batch == batch && a.ctx_k == ctx / 1024) return &a;
   return nullptr;
-}
-
-__global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
-                      static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    const float f = (static_cast<float>(x & 0xFFFFu) / 32768.f) - 1.f;
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-}
-
-__global__ void flush_read(const int4* p, std::size_t n, int* sink) {
-  int acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x7F3A5C1D) *sink = acc;
 }
 
 __global__ void empty_kernel() {}
@@ -147,42 +125,26 @@ __global__ void __launch_bounds__(128)
   if (acc == 0x7F3A5C1D) *sink = acc;
 }
 
-struct Bench {
-  int num_sms = 0;
+/// The shared timer, plus how the L2 is treated between timed calls.
+struct Bench : bench_util::FlushTimer {
   bool flush_l2 = true;
   bool spin = true;  // without the flush: a spin kernel before each timed call
-  cudaStream_t stream = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  int4* flush_buf = nullptr;
-  std::size_t flush_n = 0;
-  int* sink = nullptr;
 
-  void flush() {
-    flush_read<<<num_sms * 4, 512, 0, stream>>>(flush_buf, flush_n, sink);
-    ATTNSTATE_CHECK_LAUNCH(stream, "flush_read");
-  }
-  /// Median of `reps` event-timed calls of `f`, each after an L2 flush (µs).
+  /// Median of `reps` event-timed calls of `f` (µs), each after an L2 flush (`flush_l2`), or
+  /// else after a spin kernel (`spin`) or nothing.
   template <class F>
   double time_us(int reps, F&& f) {
-    for (int i = 0; i < 3; ++i) f();
-    std::vector<float> ts;
-    for (int i = 0; i < reps; ++i) {
-      if (flush_l2) {
-        flush();
-      } else if (spin) {
-        spin_kernel<<<1, 32, 0, stream>>>(20000);
-        ATTNSTATE_CHECK_LAUNCH(stream, "spin_kernel");
-      }
-      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, stream));
-      f();
-      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, stream));
-      ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    return 1000.0 * ts[ts.size() / 2];
+    return FlushTimer::time_us(
+        reps,
+        [&](int) {
+          if (flush_l2) {
+            flush();
+          } else if (spin) {
+            spin_kernel<<<1, 32, 0, stream>>>(20000);
+            ATTNSTATE_CHECK_LAUNCH(stream, "spin_kernel");
+          }
+        },
+        f);
   }
 };
 
@@ -279,19 +241,9 @@ int main(int argc, char** argv) {
         for (int ctx_k : ctxs_k) points.push_back(Point{hq, batch, ctx_k * 1024});
   }
   try {
-    int dev = 0;
-    ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
-    ATTNSTATE_CUDA_CHECK(
-        cudaDeviceGetAttribute(&bench.num_sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaDeviceProp prop;
-    ATTNSTATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    ATTNSTATE_CUDA_CHECK(cudaStreamCreate(&bench.stream));
-    ATTNSTATE_CUDA_CHECK(cudaEventCreate(&bench.e0));
-    ATTNSTATE_CUDA_CHECK(cudaEventCreate(&bench.e1));
-    bench.flush_n = (std::size_t{256} << 20) / sizeof(int4);
-    ATTNSTATE_CUDA_CHECK(cudaMalloc(&bench.flush_buf, bench.flush_n * sizeof(int4)));
-    ATTNSTATE_CUDA_CHECK(cudaMemset(bench.flush_buf, 1, bench.flush_n * sizeof(int4)));
-    ATTNSTATE_CUDA_CHECK(cudaMalloc(&bench.sink, sizeof(int)));
+    const bench_util::Device device = bench_util::current_device();
+    const cudaDeviceProp& prop = device.prop;
+    bench.init(device.num_sms);
 
     int max_batch = 1;
     std::int64_t max_pages = 64;  // pages of all requests of one point
@@ -306,20 +258,10 @@ int main(int argc, char** argv) {
     }
 
     // Device-to-device copy bandwidth (bytes read + written), measured here.
-    double copy_gbps = 0;
-    {
-      const std::size_t bytes = std::size_t{1} << 30;
-      void *a = nullptr, *b = nullptr;
-      ATTNSTATE_CUDA_CHECK(cudaMalloc(&a, bytes));
-      ATTNSTATE_CUDA_CHECK(cudaMalloc(&b, bytes));
-      ATTNSTATE_CUDA_CHECK(cudaMemset(a, 1, bytes));
-      const double us = bench.time_us(10, [&] {
-        ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, bench.stream));
-      });
-      copy_gbps = 2.0 * bytes / (us * 1e-6) / 1e9;
-      ATTNSTATE_CUDA_CHECK(cudaFree(a));
-      ATTNSTATE_CUDA_CHECK(cudaFree(b));
-    }
+    const double copy_gbps =
+        bench_util::copy_bandwidth(bench.stream, std::size_t{1} << 30,
+                                   [&](auto&& copy) { return bench.time_us(10, copy); }) /
+        1e9;
 
     // One pool pair for the largest point, reused by every point.
     const std::int64_t num_pages = max_pages;
@@ -328,13 +270,13 @@ int main(int argc, char** argv) {
     std::uint16_t *k = nullptr, *v = nullptr, *q = nullptr;
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&k, pool_elems * 2));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&v, pool_elems * 2));
-    fill_bf16<<<bench.num_sms * 8, 512, 0, bench.stream>>>(k, pool_elems, 1u);
+    bench_util::fill_bf16<<<bench.num_sms * 8, 512, 0, bench.stream>>>(k, pool_elems, 1u);
     ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
-    fill_bf16<<<bench.num_sms * 8, 512, 0, bench.stream>>>(v, pool_elems, 2u);
+    bench_util::fill_bf16<<<bench.num_sms * 8, 512, 0, bench.stream>>>(v, pool_elems, 2u);
     ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
     const std::size_t q_elems = static_cast<std::size_t>(max_batch) * 64 * kHeadDim;
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
-    fill_bf16<<<64, 256, 0, bench.stream>>>(q, q_elems, 3u);
+    bench_util::fill_bf16<<<64, 256, 0, bench.stream>>>(q, q_elems, 3u);
     ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
     // Block table (identity): with stride P, request b owns pages [b·P, (b+1)·P) of the pool.
     std::vector<std::int32_t> bt(static_cast<std::size_t>(num_pages));

@@ -33,33 +33,11 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "bench_util.cuh"
 
 namespace {
 
 using namespace attnstate;
-
-__global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
-                      static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    const float f = (static_cast<float>(x & 0xFFFFu) / 32768.f) - 1.f;
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-}
-
-__global__ void flush_read(const int4* p, std::size_t n, int* sink) {
-  int acc = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x7F3A5C1D) *sink = acc;
-}
 
 /// Device buffers that grow on demand (one allocation reused by every point).
 struct Buffer {
@@ -75,15 +53,9 @@ struct Buffer {
   }
 };
 
-struct Env {
-  int num_sms = 0;
+struct Env : bench_util::FlushTimer {
   int reps = 21;
   bool hnd = false, scatter = false;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  int4* flush_buf = nullptr;
-  std::size_t flush_n = 0;
-  int* sink = nullptr;
   double copy_gbps = 0;
   // the pools hold `pool_tokens` tokens of the largest shape, filled once
   std::uint16_t *k = nullptr, *v = nullptr;
@@ -95,21 +67,7 @@ struct Env {
   /// Median of `reps` event-timed calls of `f`, each after an L2 flush (µs).
   template <class F>
   double time_us(F&& f) {
-    for (int i = 0; i < 3; ++i) f();
-    std::vector<float> ts;
-    for (int i = 0; i < reps; ++i) {
-      flush_read<<<num_sms * 4, 512, 0, stream>>>(flush_buf, flush_n, sink);
-      ATTNSTATE_CHECK_LAUNCH(stream, "flush_read");
-      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e0, stream));
-      f();
-      ATTNSTATE_CUDA_CHECK(cudaEventRecord(e1, stream));
-      ATTNSTATE_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      ATTNSTATE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    return 1000.0 * ts[ts.size() / 2];
+    return FlushTimer::time_us(reps, f);
   }
 };
 
@@ -189,7 +147,7 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
   kv.space = MemorySpace::kDevice;
   const std::size_t q_elems = static_cast<std::size_t>(batch) * s.hq * s.d;
   auto* q = static_cast<std::uint16_t*>(env.q.get(2 * q_elems));
-  fill_bf16<<<64, 256, 0, env.stream>>>(q, q_elems, 3u);
+  bench_util::fill_bf16<<<64, 256, 0, env.stream>>>(q, q_elems, 3u);
   ATTNSTATE_CHECK_LAUNCH(env.stream, "fill_bf16");
   const ConstTensorView qv =
       make_tensor_view(q, DType::kBF16, {batch, 1, s.hq, s.d}, MemorySpace::kDevice);
@@ -399,44 +357,27 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    int dev = 0, count = 0;
+    int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       std::printf("no CUDA device: nothing to time\n");
       return 0;
     }
-    ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
-    ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&env.num_sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaDeviceProp prop;
-    ATTNSTATE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    ATTNSTATE_CUDA_CHECK(cudaStreamCreate(&env.stream));
-    ATTNSTATE_CUDA_CHECK(cudaEventCreate(&env.e0));
-    ATTNSTATE_CUDA_CHECK(cudaEventCreate(&env.e1));
-    env.flush_n = (std::size_t{256} << 20) / sizeof(int4);
-    ATTNSTATE_CUDA_CHECK(cudaMalloc(&env.flush_buf, env.flush_n * sizeof(int4)));
-    ATTNSTATE_CUDA_CHECK(cudaMemset(env.flush_buf, 1, env.flush_n * sizeof(int4)));
-    ATTNSTATE_CUDA_CHECK(cudaMalloc(&env.sink, sizeof(int)));
-    {  // device-to-device copy bandwidth (bytes read + written), measured here
-      const std::size_t bytes = std::size_t{1} << 30;
-      void *a = nullptr, *b = nullptr;
-      ATTNSTATE_CUDA_CHECK(cudaMalloc(&a, bytes));
-      ATTNSTATE_CUDA_CHECK(cudaMalloc(&b, bytes));
-      ATTNSTATE_CUDA_CHECK(cudaMemset(a, 1, bytes));
-      const double us = env.time_us([&] {
-        ATTNSTATE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, env.stream));
-      });
-      env.copy_gbps = 2.0 * bytes / (us * 1e-6) / 1e9;
-      ATTNSTATE_CUDA_CHECK(cudaFree(a));
-      ATTNSTATE_CUDA_CHECK(cudaFree(b));
-    }
+    const bench_util::Device device = bench_util::current_device();
+    const cudaDeviceProp& prop = device.prop;
+    env.init(device.num_sms);
+    // device-to-device copy bandwidth (bytes read + written), measured here
+    env.copy_gbps = bench_util::copy_bandwidth(env.stream, std::size_t{1} << 30,
+                                               [&](auto&& copy) { return env.time_us(copy); }) /
+                    1e9;
     // pools for the largest point: 8 GiB of K + V (ragged), 16 x 128k x 8 x 256 (shapes)
     env.pool_elems = (std::size_t{4} << 30) / 2 + (std::size_t{1} << 24);  // + page rounding
     if (sections.find("shapes") != std::string::npos)
       env.pool_elems = std::max(env.pool_elems, std::size_t{16} * 131072 * 8 * 256 + (1u << 20));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&env.k, env.pool_elems * 2));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&env.v, env.pool_elems * 2));
-    fill_bf16<<<env.num_sms * 8, 512, 0, env.stream>>>(env.k, env.pool_elems, 1u);
+    bench_util::fill_bf16<<<env.num_sms * 8, 512, 0, env.stream>>>(env.k, env.pool_elems, 1u);
     ATTNSTATE_CHECK_LAUNCH(env.stream, "fill_bf16");
-    fill_bf16<<<env.num_sms * 8, 512, 0, env.stream>>>(env.v, env.pool_elems, 2u);
+    bench_util::fill_bf16<<<env.num_sms * 8, 512, 0, env.stream>>>(env.v, env.pool_elems, 2u);
     ATTNSTATE_CHECK_LAUNCH(env.stream, "fill_bf16");
     ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(env.stream));
     if (!csv_path.empty()) {

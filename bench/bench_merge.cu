@@ -26,6 +26,7 @@
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "bench_util.hpp"
 
 namespace {
 
@@ -36,6 +37,7 @@ using attnstate::LseBase;
 using attnstate::MemorySpace;
 using attnstate::StackOrder;
 using attnstate::StateView;
+using bench_util::median;
 
 constexpr std::int64_t kHeads = 32;
 constexpr std::int64_t kHeadDim = 128;
@@ -79,12 +81,6 @@ struct States {
                                       LseBase::kNatural, MemorySpace::kDevice);
   }
 };
-
-/// Median of `v`.
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 /// Median time in microseconds of one call of `body(i)` (i = call index), measured as graphs of
 /// `calls` back-to-back calls launched `reps` times.
@@ -288,14 +284,11 @@ int main(int argc, char** argv) {
     for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}}) pair_points(T);
 
     if (!csv.empty()) {
-      FILE* f = std::fopen(csv.c_str(), "w");
-      if (!f) {
-        std::fprintf(stderr, "cannot write %s\n", csv.c_str());
-        return 1;
-      }
-      std::fprintf(f,
-                   "op,layout,states,tokens,heads,head_dim,dtype,time_us,gb_per_s,fraction_of_copy,"
-                   "copy_gb_per_s\n");
+      FILE* f = bench_util::open_csv(
+          csv,
+          "op,layout,states,tokens,heads,head_dim,dtype,time_us,gb_per_s,fraction_of_copy,"
+          "copy_gb_per_s\n");
+      if (!f) return 1;
       for (const Row& r : rows)
         std::fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,bf16,%.3f,%.1f,%.4f,%.1f\n", r.op.c_str(),
                      r.layout.c_str(), static_cast<long long>(r.states),
