@@ -9,6 +9,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/variant.hpp"
+#include "cuda/arch/special.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -48,14 +49,37 @@ struct PlainScores {
   }
 };
 
-/// Scores of an attention variant (core/variant.hpp): the soft cap on the scaled score
-/// (`math::ScoreMap`, as the CPU backend computes it) and each row's sliding-window start
-/// `lo[h]` (keys before it masked), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
+/// `tanh(x)` as `1 - 2 / (1 + 2^(2x log2 e))` on the special-function unit (`ex2.approx`, the
+/// approximate reciprocal of `__fdividef`): absolute error within a few 2^-23, against the many
+/// instructions and the slow path of `tanhf`; ±1 for large |x| (the reciprocal of +inf is 0),
+/// NaN stays NaN.
+__device__ __forceinline__ float tanh_fast(float x) {
+  const float e = arch::ex2_approx_ftz(x * (2.f * constants::kLog2e));
+  return 1.f - __fdividef(2.f, 1.f + e);
+}
+
+/// Scores of an attention variant (core/variant.hpp): the soft cap on the scaled score,
+/// `cap · tanh(dot · scale / cap)` in base 2 as `math::ScoreMap` defines it (with `tanh_fast`
+/// and the two factors folded: `(cap · log2 e) · tanh(dot · (scale / cap))`), and each row's
+/// sliding-window start `lo[h]` (keys before it masked), rows lane/4 (h = 0) and lane/4 + 8
+/// (h = 1).
 struct VariantScores {
-  math::ScoreMap map;
+  float s2_scale = 0.f;  ///< `scale · log2 e` (no cap).
+  float cap_in = 0.f;    ///< `scale / cap`.
+  float cap_out = 0.f;   ///< `cap · log2 e`; 0: no cap.
   int lo[2];
+
+  /// The scores of softmax scale `scale` and soft cap `cap` (0: none).
+  __device__ __forceinline__ void set_map(float scale, float cap) {
+    s2_scale = math::base2_score_scale(scale);
+    if (cap != 0.f) {
+      cap_in = scale / cap;
+      cap_out = cap * constants::kLog2e;
+    }
+  }
   __device__ __forceinline__ float operator()(float dot, float, int t, int h) const {
-    return t < lo[h] ? math::neg_inf() : map(dot);
+    if (t < lo[h]) return math::neg_inf();
+    return cap_out == 0.f ? dot * s2_scale : cap_out * tanh_fast(dot * cap_in);
   }
 };
 
