@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     tile::causal_row_limits(p, lane, rows_here, row0, len, range.end, lim);
     tile::VariantScores scores;  // (the variant kernel only)
     if constexpr (kVariant) {
-      scores.map = math::make_score_map(p.scale, p.soft_cap);
+      scores.set_map(p.scale, p.soft_cap);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int qi = (row0 + (lane >> 2) + 8 * h) / p.group;
@@ -418,14 +418,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       if (st < my_tiles) load_tile(st, st, first_pid(st));
       arch::cp_async_commit();
     }
-    // The page id of the next tile to load is fetched one iteration ahead (off the critical path).
+    // The page ids (or row offsets) of the next tiles to load are fetched two iterations ahead:
+    // a page-table read that misses L2 then has two tiles of work to arrive in, not one (pages
+    // smaller than a tile need a fresh read per tile).
     std::int64_t pid_next = first_pid(kStages - 1);
+    std::int64_t pid_after = first_pid(kStages);
     __syncthreads();  // queries in shared memory
 
     for (int it = 0; it < my_tiles; ++it) {
       const int nxt = it + kStages - 1;
       if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
-      pid_next = tile_pid(nxt + 1);
+      pid_next = pid_after;
+      pid_after = tile_pid(nxt + 2);
       arch::cp_async_commit();
       arch::cp_async_wait<kStages - 1>();
       __syncwarp();
