@@ -1,9 +1,11 @@
 /// @file attnstate.hpp
-/// @brief Umbrella header: the core types and math, the CPU backend (merges, attention, decode,
-///        cascade) and, when the CUDA backend is linked (`ATTNSTATE_HAS_CUDA`), its API.
+/// @brief Umbrella header: the core types and math, cascade levels from a page table, the CPU
+///        backend (merges, attention, decode, cascade) and, when the CUDA backend is linked
+///        (`ATTNSTATE_HAS_CUDA`), its API.
 #pragma once
 
 #include "attnstate/core/cascade.hpp"
+#include "attnstate/core/cascade_levels.hpp"
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/config.hpp"
 #include "attnstate/core/decode_split.hpp"
