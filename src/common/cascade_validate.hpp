@@ -32,9 +32,7 @@ inline void check_cascade_query(const char* func, const ConstTensorView& q, cons
   if (q.data == nullptr && q.shape[0] > 0)
     throw_argument(func, "q.data", "a non-null pointer", "nullptr");
   if (q.space != space) throw_argument(func, "q.space", to_string(space), to_string(q.space));
-  if (!is_valid(q.dtype))
-    throw_argument(func, "q.dtype", "f32, f16 or bf16",
-                   "value " + cascade_str(static_cast<int>(q.dtype)));
+  check_query_dtype(func, q.dtype);
   if (q.rank != 4)
     throw_argument(func, "q.rank", "4 (batch, q_len, H_q, head_dim)", cascade_str(q.rank));
   if (q.shape[0] < 0) throw_argument(func, "q.shape[0]", "batch >= 0", cascade_str(q.shape[0]));

@@ -65,7 +65,7 @@ inline std::int64_t validate_decode_args(const char* fn, const ConstTensorView& 
   if (q.space != space) throw_argument(fn, "q.space", sp, to_string(q.space));
   if (q.rank != 4)
     throw_argument(fn, "q.rank", "4 (batch, q_len, heads_q, head_dim)", decode_str(q.rank));
-  if (!is_valid(q.dtype)) throw_argument(fn, "q.dtype", "f32, f16 or bf16", "unknown");
+  check_query_dtype(fn, q.dtype);
   if (q.shape[0] != kv.batch)
     throw_argument(fn, "q.shape[0]", "kv.batch = " + decode_str(kv.batch), decode_str(q.shape[0]));
   if (q.shape[1] < 1 || q.shape[1] > 8)

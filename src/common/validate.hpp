@@ -22,7 +22,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iomanip>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "attnstate/core/checked.hpp"
@@ -75,6 +77,18 @@ inline void check_dtype(const char* func, const char* name, DType dt, bool fp8 =
                    "merge_states)",
                    to_string(dt), Status::kNotSupported);
   }
+}
+
+/// Throws naming `q.dtype` unless the queries of a decode or cascade call are f32, f16 or bf16:
+/// `kInvalidArgument` for a value that is no dtype, `kNotSupported` for fp8 (taken for the KV
+/// cache only).
+inline void check_query_dtype(const char* func, DType dt) {
+  if (!is_valid(dt))
+    throw_argument(func, "q.dtype", "f32, f16 or bf16",
+                   "value " + std::to_string(static_cast<int>(dt)));
+  if (is_fp8(dt))
+    throw_argument(func, "q.dtype", "f32, f16 or bf16 (fp8 is taken for the KV cache only)",
+                   to_string(dt), Status::kNotSupported);
 }
 
 /// Throws naming `name.o_scale` unless the scale of `v`'s `o` is finite and > 0 for an fp8
@@ -367,15 +381,84 @@ inline const char* largest_of(const char* na, std::int64_t a, const char* nb, st
   return a >= b && a >= c ? na : (b >= c ? nb : nc);
 }
 
+/// Bytes spanned by the scales of `s` for `heads_kv` KV heads (0 without `data`); -1 when they
+/// do not fit in `kMaxSize` (or the stride is negative).
+inline std::int64_t kv_scale_bytes(const KvScale& s, std::int64_t heads_kv) {
+  if (s.data == nullptr) return 0;
+  const std::int64_t n = if_bytes_fit(checked_span(heads_kv, s.head_stride, 1), sizeof(float));
+  return n < 0 ? -1 : n * 4;
+}
+
+/// A scale as an error message shows it (`1e-30`, not `0.000000`).
+inline std::string scale_str(float x) {
+  std::ostringstream ss;
+  ss << std::setprecision(9) << x;
+  return ss.str();
+}
+
+/// Throws naming `name` (`"kv.k_scale"` or `"kv.v_scale"`) or its field unless `s` is a valid
+/// dequantisation scale (`KvScale`) of the pool `kv`, whose `dtype` and `heads_kv` are checked:
+/// the default for a pool that is not fp8; for an fp8 pool a finite `value > 0` without `data`
+/// (and `head_stride` 0), or `data` with `value` 1, `head_stride >= 0`, a span of `heads_kv`
+/// scales within `kMaxSize` bytes, 4-byte alignment. In host memory (`space` kHost: the CPU
+/// backend reads them there) every scale `data[h · head_stride]` must be finite and > 0 too;
+/// device scales are read by the kernels only. Whether `data` really lies in `space` is not
+/// known here: the CUDA backend checks the memory side of a pointer itself.
+inline void check_kv_scale(const char* func, const char* name, const KvScale& s,
+                           const PagedKvCache& kv, MemorySpace space) {
+  if (!is_fp8(kv.dtype)) {
+    if (!s.is_default())
+      throw_argument(func, name,
+                     std::string("the default (value 1, no data): a scale applies to an fp8 "
+                                 "cache only, this one is ") +
+                         to_string(kv.dtype),
+                     s.data != nullptr ? "a scale pointer" : "value " + scale_str(s.value));
+    return;
+  }
+  const std::string what = std::string("the scale of the ") + to_string(kv.dtype) + " pool";
+  if (s.data == nullptr) {
+    if (!(s.value > 0.f) || !std::isfinite(s.value))
+      throw_argument(func, arg_name(name, "value").c_str(), "a finite value > 0 (" + what + ")",
+                     scale_str(s.value));
+    if (s.head_stride != 0)
+      throw_argument(func, arg_name(name, "head_stride").c_str(),
+                     "0 without data (value is the scale of every head)",
+                     std::to_string(s.head_stride));
+    return;
+  }
+  if (s.value != 1.f)
+    throw_argument(func, arg_name(name, "value").c_str(),
+                   "1 when data is set (the scale is read from data)", scale_str(s.value));
+  check_min(func, arg_name(name, "head_stride").c_str(), s.head_stride, 0);
+  if (kv_scale_bytes(s, kv.heads_kv) < 0)
+    throw_argument(
+        func, arg_name(name, "head_stride").c_str(),
+        "heads_kv scales head_stride apart within 2^62 bytes",
+        std::to_string(s.head_stride) + " (with heads_kv = " + std::to_string(kv.heads_kv) + ")");
+  check_aligned(func, name, "data", s.data, sizeof(float));
+  if (space != MemorySpace::kHost) return;
+  const std::int64_t heads = s.head_stride == 0 ? 1 : kv.heads_kv;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const float x = s.data[h * s.head_stride];
+    if (!(x > 0.f) || !std::isfinite(x))
+      throw_argument(
+          func, (arg_name(name, "data") + "[" + std::to_string(h * s.head_stride) + "]").c_str(),
+          "a finite value > 0 (" + what +
+              (s.head_stride == 0 ? "" : ", KV head " + std::to_string(h)) + ")",
+          scale_str(x));
+  }
+}
+
 /// Checks the scalar fields, the pointers and the size of the KV pool `kv` (named "kv"): valid
-/// dtype and layout, `num_pages >= 0`, `page_size`, `heads_kv`, `head_dim >= 1`, a page stride
+/// dtype (fp8 with valid scales, `check_kv_scale`; other dtypes with the default scales) and
+/// layout, `num_pages >= 0`, `page_size`, `heads_kv`, `head_dim >= 1`, a page stride
 /// of 0 (dense) or at least a page, each of the two pools at most `kMaxSize` bytes, `k` and `v`
 /// non-null (when the pool has pages) and aligned to their element. Returns the bytes of one
 /// pool (`num_pages * page_elems * size_of(dtype)`).
 inline std::int64_t check_kv_pool(const char* func, const PagedKvCache& kv, MemorySpace space) {
   check_space(func, "kv.space", kv.space, space);
   if (!is_valid(kv.dtype))
-    throw_argument(func, "kv.dtype", "f32, f16 or bf16",
+    throw_argument(func, "kv.dtype", "f32, f16, bf16, e4m3 or e5m2",
                    "value " + std::to_string(static_cast<int>(kv.dtype)));
   if (kv.layout != KvLayout::kNHD && kv.layout != KvLayout::kHND)
     throw_argument(func, "kv.layout", "kNHD or kHND",
@@ -414,16 +497,23 @@ inline std::int64_t check_kv_pool(const char* func, const PagedKvCache& kv, Memo
   }
   check_aligned(func, "kv.k", kv.k, size_of(kv.dtype));
   check_aligned(func, "kv.v", kv.v, size_of(kv.dtype));
+  check_kv_scale(func, "kv.k_scale", kv.k_scale, kv, space);
+  check_kv_scale(func, "kv.v_scale", kv.v_scale, kv, space);
   return pool;
 }
 
 /// Throws unless the output `out` is disjoint from both pools of `kv` (`pool_bytes` each, from
-/// `check_kv_pool`): an output inside the cache would overwrite it.
+/// `check_kv_pool`) and from their scales in memory: an output inside the cache would overwrite
+/// it.
 inline void check_disjoint_from_pool(const char* func, const char* out_name,
                                      const ConstStateView& out, const PagedKvCache& kv,
                                      std::int64_t pool_bytes) {
   check_disjoint(func, out_name, out, "kv.k", kv.k, pool_bytes, nullptr, 0);
   check_disjoint(func, out_name, out, "kv.v", kv.v, pool_bytes, nullptr, 0);
+  check_disjoint(func, out_name, out, "kv.k_scale.data", kv.k_scale.data,
+                 kv_scale_bytes(kv.k_scale, kv.heads_kv), nullptr, 0);
+  check_disjoint(func, out_name, out, "kv.v_scale.data", kv.v_scale.data,
+                 kv_scale_bytes(kv.v_scale, kv.heads_kv), nullptr, 0);
 }
 
 /// Throws naming `name` (a buffer the call writes, e.g. a workspace) unless its bytes
@@ -436,12 +526,16 @@ inline void check_buffer_disjoint(const char* func, const char* name, const void
 }
 
 /// Throws naming `name` unless a buffer the call writes is disjoint from both pools of `kv`
-/// (`pool_bytes` each, from `check_kv_pool`).
+/// (`pool_bytes` each, from `check_kv_pool`) and from their scales in memory.
 inline void check_disjoint_from_pools(const char* func, const char* name, const void* p,
                                       std::int64_t bytes, const PagedKvCache& kv,
                                       std::int64_t pool_bytes) {
   check_buffer_disjoint(func, name, p, bytes, "kv.k", kv.k, pool_bytes);
   check_buffer_disjoint(func, name, p, bytes, "kv.v", kv.v, pool_bytes);
+  check_buffer_disjoint(func, name, p, bytes, "kv.k_scale.data", kv.k_scale.data,
+                        kv_scale_bytes(kv.k_scale, kv.heads_kv));
+  check_buffer_disjoint(func, name, p, bytes, "kv.v_scale.data", kv.v_scale.data,
+                        kv_scale_bytes(kv.v_scale, kv.heads_kv));
 }
 
 /// `check_disjoint_from_pools`, and disjoint from the decode's tables too (`seq_lens`,

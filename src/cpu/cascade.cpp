@@ -1,6 +1,7 @@
 /// @file cascade.cpp
 /// @brief CPU cascade attention: one state per level (online softmax, fp32), each shared segment's
-///        keys converted once per block for all the rows that share it; levels merged with ⊕.
+///        keys converted (fp8 dequantised) once per block for all the rows that share it; levels
+///        merged with ⊕.
 #include "attnstate/cpu/cascade.hpp"
 
 #include <algorithm>
@@ -21,6 +22,8 @@ namespace cpu {
 namespace {
 
 using detail::fold_key_block;
+using detail::HeadScales;
+using detail::load_kv_row;
 using detail::load_row;
 using detail::store_row;
 
@@ -61,11 +64,13 @@ Positions request_positions(const CascadeLevel* levels, int num_levels, std::int
 /// of keys is converted to fp32 once and used by all the rows of the item (the shared segment is
 /// read once per item, not once per request). Row `(b, t)` is at position `p` of its request's
 /// keys (`total - q_len + t`, or `total - 1` without `causal`) and sees the segment's keys at
-/// positions `[window_begin(p), p]`; an item none of whose rows sees a key reads nothing.
+/// positions `[window_begin(p), p]`; an item none of whose rows sees a key reads nothing. An fp8
+/// pool is read as `stored × scale` with the KV head's scales of `scales`.
 void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache& kv,
-                 const CascadeLevel& lv, const Positions& pos, std::int64_t batch, bool causal,
-                 const math::ScoreMap& score, std::int64_t window_left, std::int64_t q_len,
-                 std::int64_t group, std::int64_t heads_q, float* lvl_o, float* lvl_lse) {
+                 const HeadScales& scales, const CascadeLevel& lv, const Positions& pos,
+                 std::int64_t batch, bool causal, const math::ScoreMap& score,
+                 std::int64_t window_left, std::int64_t q_len, std::int64_t group,
+                 std::int64_t heads_q, float* lvl_o, float* lvl_lse) {
   const std::int64_t D = kv.head_dim;
   const std::int64_t len = lv.seg_lens[w.seg], pbeg = lv.page_indptr[w.seg];
   const std::int64_t r0 = lv.request_indptr[w.seg];
@@ -103,6 +108,8 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
     const std::int64_t qoff = b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
     load_row(q.data, q.dtype, qoff, D, &qf[i * D]);
   }
+  const float k_scale = scales.k[static_cast<std::size_t>(w.h_kv)];
+  const float v_scale = scales.v[static_cast<std::size_t>(w.h_kv)];
   // blocks on the segment's grid of kBlock keys, from the block of the earliest visible key
   for (std::int64_t j0 = min_begin / kBlock * kBlock; j0 < max_end; j0 += kBlock) {
     const std::int64_t n = std::min<std::int64_t>(kBlock, max_end - j0);
@@ -111,8 +118,8 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
       const std::int64_t page = lv.page_indices[pbeg + tok / kv.page_size];
       const std::int64_t off =
           page * kv.page_elems() + kv.in_page_offset(tok % kv.page_size, w.h_kv);
-      load_row(kv.k, kv.dtype, off, D, &kf[j * D]);
-      load_row(kv.v, kv.dtype, off, D, &vf[j * D]);
+      load_kv_row(kv.k, kv.dtype, k_scale, off, D, &kf[j * D]);
+      load_kv_row(kv.v, kv.dtype, v_scale, off, D, &vf[j * D]);
     }
     for (std::int64_t i = 0; i < nr; ++i) {
       const std::int64_t a = std::max<std::int64_t>(0, begin[i] - j0);  // visible keys [a, e)
@@ -148,6 +155,7 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
   v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels, true);
   const Positions pos = request_positions(levels, num_levels, batch);
+  const HeadScales kv_scales(kv);
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;
@@ -162,15 +170,15 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
         for (std::int64_t r = 0; r < nrows; r += kRowsPerItem)
           items.push_back(WorkItem{l, s, h, r, std::min(nrows, r + kRowsPerItem)});
     }
-  detail::parallel_for(0, static_cast<std::int64_t>(items.size()), 1,
-                       [&](std::int64_t b, std::int64_t e) {
-                         for (std::int64_t i = b; i < e; ++i) {
-                           const WorkItem& w = items[i];
-                           item_states(w, q, kv, levels[w.level], pos, batch, options.causal, score,
-                                       options.variant.window_left, q_len, group, heads_q,
-                                       &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
-                         }
-                       });
+  detail::parallel_for(
+      0, static_cast<std::int64_t>(items.size()), 1, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) {
+          const WorkItem& w = items[i];
+          item_states(w, q, kv, kv_scales, levels[w.level], pos, batch, options.causal, score,
+                      options.variant.window_left, q_len, group, heads_q,
+                      &lvl_o[w.level * rows * D], &lvl_lse[w.level * rows]);
+        }
+      });
 
   // ⊕ over the levels, written in the output's dtype and base
   detail::parallel_for(0, rows, 64, [&](std::int64_t b, std::int64_t e) {

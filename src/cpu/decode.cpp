@@ -1,6 +1,7 @@
 /// @file decode.cpp
 /// @brief CPU split-KV decode: per (request, KV head, split) an attention state with
-///        `math::OnlineSoftmax`, then the ordered max-subtracted merge of a request's splits.
+///        `math::OnlineSoftmax` (fp8 KV dequantised on load), then the ordered max-subtracted
+///        merge of a request's splits.
 #include "attnstate/cpu/decode.hpp"
 
 #include <algorithm>
@@ -25,6 +26,8 @@ using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
 
 using detail::fold_key_block;
+using detail::HeadScales;
+using detail::load_kv_row;
 using detail::load_row;
 using detail::store_row;
 
@@ -71,10 +74,11 @@ void validate_tables(const char* fn, const PagedKvCache& kv) {
 /// One split of one (request, KV head): the states of all `q_len × group` rows, written
 /// normalised (fp32 `o`, base-2 `lse`) into `po` / `plse` at row `r` → offset `r·D` / `r`.
 /// Query row `qi` is at position `p = len - q_len + qi` and sees the keys of the split inside
-/// `[window_begin(p, window_left), p]`.
-void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t b,
-                  std::int64_t hkv, TokenRange range, std::int32_t len, const math::ScoreMap& score,
-                  std::int64_t window_left, float* po, float* plse) {
+/// `[window_begin(p, window_left), p]`. An fp8 pool is read as `stored × scale` with the KV head's
+/// scales of `scales`.
+void split_states(const ConstTensorView& q, const PagedKvCache& kv, const HeadScales& scales,
+                  std::int64_t b, std::int64_t hkv, TokenRange range, std::int32_t len,
+                  const math::ScoreMap& score, std::int64_t window_left, float* po, float* plse) {
   const std::int64_t q_len = q.shape[1];
   const std::int64_t hq_n = q.shape[2];
   const std::int64_t group = hq_n / kv.heads_kv;
@@ -89,6 +93,8 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t
   std::vector<std::int64_t> row_begin(static_cast<std::size_t>(rows));
   std::vector<std::int64_t> row_end(static_cast<std::size_t>(rows));
   std::int64_t max_end = range.begin, min_begin = range.end;
+  const float k_scale = scales.k[static_cast<std::size_t>(hkv)];
+  const float v_scale = scales.v[static_cast<std::size_t>(hkv)];
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t qi = r / group;
     const std::int64_t hq = hkv * group + r % group;
@@ -118,8 +124,8 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, std::int64_t
       const std::int64_t t = t0 + j;
       const std::int64_t off =
           page_id(kv, b, t / kv.page_size) * page_elems + kv.in_page_offset(t % kv.page_size, hkv);
-      load_row(kv.k, kv.dtype, off, D, &krows[j * D]);
-      load_row(kv.v, kv.dtype, off, D, &vrows[j * D]);
+      load_kv_row(kv.k, kv.dtype, k_scale, off, D, &krows[j * D]);
+      load_kv_row(kv.v, kv.dtype, v_scale, off, D, &vrows[j * D]);
     }
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t j0 = std::max<std::int64_t>(0, row_begin[r] - t0);
@@ -177,6 +183,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
   const std::int64_t rows = q_len * group;
   const std::int64_t S = splits.max_splits;
   const math::ScoreMap score = math::make_score_map(scale, variant.logits_soft_cap);
+  const HeadScales kv_scales(kv);
 
   // Partial states: [batch][hkv][split][rows] (o: × D), fp32, base-2 LSE.
   std::vector<float> po = detail::scratch_floats(fn, {batch, hkv_n, S, rows, D});
@@ -194,8 +201,8 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
         empty_states(rows, D, &po[t * rows * D], &plse[t * rows]);  // outside every window
         continue;
       }
-      split_states(q, kv, b, hkv, range, len, score, variant.window_left, &po[t * rows * D],
-                   &plse[t * rows]);
+      split_states(q, kv, kv_scales, b, hkv, range, len, score, variant.window_left,
+                   &po[t * rows * D], &plse[t * rows]);
     }
   });
 

@@ -1,14 +1,17 @@
 /// @file producer_rows.hpp
 /// @brief Building blocks shared by the CPU attention producers (decode, cascade): loading and
-///        storing rows of stored elements as fp32, and folding a block of keys into one query
-///        row's online softmax (internal).
+///        storing rows of stored elements as fp32 (KV rows dequantised with their scales), and
+///        folding a block of keys into one query row's online softmax (internal).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/variant.hpp"
+#include "cpu/merge_rows.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -20,6 +23,36 @@ inline void load_row(const void* p, DType dt, std::int64_t off, std::int64_t n, 
     using T = decltype(tag);
     const T* s = static_cast<const T*>(p) + off;
     for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
+  });
+}
+
+/// The dequantisation scales of both pools of `kv`, one per KV head (`KvScale::at`, read once:
+/// the values the checks saw are the values used). All 1 for a pool that is not fp8.
+struct HeadScales {
+  std::vector<float> k, v;  ///< `(heads_kv)` each.
+  explicit HeadScales(const PagedKvCache& kv)
+      : k(static_cast<std::size_t>(kv.heads_kv)), v(static_cast<std::size_t>(kv.heads_kv)) {
+    for (std::int64_t h = 0; h < kv.heads_kv; ++h) {
+      k[static_cast<std::size_t>(h)] = kv.k_scale.at(h);
+      v[static_cast<std::size_t>(h)] = kv.v_scale.at(h);
+    }
+  }
+};
+
+/// `dst[i]` = the real value of element `off + i` of the KV pool `p` (dtype `dt`) for `i < n`:
+/// `to_float`, times `scale` (its KV head's) for an fp8 pool, rounded once to fp32 as the fp8
+/// merges load an fp8 `o`. Other dtypes ignore `scale` (it is 1: the checks require it).
+inline void load_kv_row(const void* p, DType dt, float scale, std::int64_t off, std::int64_t n,
+                        float* dst) {
+  dispatch_dtype_with_fp8(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(p) + off;
+    if constexpr (kIsFp8<T>) {
+      const float* table = fp8_table<T>();
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = table[s[i].bits] * scale;
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
+    }
   });
 }
 

@@ -17,6 +17,46 @@ enum class KvLayout : std::uint8_t {
   kHND = 1,  ///< Pool `[pages, H_kv, page_size, head_dim]`.
 };
 
+/// Dequantisation scale of one fp8 KV pool (K or V): the real value of a stored element of KV
+/// head `h` is `to_float(stored) × scale(h)`, with one formula for every kind of scale:
+///
+///     scale(h) = data != nullptr ? data[h · head_stride] : value
+///
+/// - one scale per tensor, a host value: `value` (`data` null, `head_stride` 0);
+/// - one scale per tensor in memory: `data` points to one float in the cache's `space`,
+///   `head_stride` 0. It is read when the call runs (on the GPU by the kernel), so a captured CUDA
+///   graph replays with the scale the buffer holds at replay;
+/// - one scale per KV head: `data` points to `H_kv` floats in `space`, head `h` at
+///   `data[h · head_stride]` (`head_stride` ≥ 1; 1 for a dense `[H_kv]` array).
+///
+/// Every scale must be finite and > 0; `value` must stay 1 when `data` is set. A cache of f16,
+/// bf16 or f32 takes only the default (value 1, no data): a scale there would be ignored, so it
+/// is an error. Accumulation stays fp32: the CPU backend dequantises each element once to fp32
+/// (`to_float(stored) · scale(h)`, one rounding).
+struct KvScale {
+  float value = 1.f;             ///< The scale when `data` is null.
+  const float* data = nullptr;   ///< Scale(s) in the cache's `space`, or null.
+  std::int64_t head_stride = 0;  ///< Elements between the scales of consecutive KV heads in
+                                 ///< `data` (0: one scale for every head).
+
+  /// The scale of KV head `h` (`0 ≤ h < H_kv`): the one formula above.
+  ATTNSTATE_HOST_DEVICE float at(std::int64_t h) const {
+    return data != nullptr ? data[h * head_stride] : value;
+  }
+  /// True for the default, the only scale a non-fp8 cache takes: value 1, no data.
+  ATTNSTATE_HOST_DEVICE bool is_default() const {
+    return data == nullptr && value == 1.f && head_stride == 0;
+  }
+  /// One scale per tensor, a host value.
+  static KvScale per_tensor(float scale) { return KvScale{scale, nullptr, 0}; }
+  /// One scale per tensor, read from `*scale` (in the cache's `space`) when the call runs.
+  static KvScale per_tensor_at(const float* scale) { return KvScale{1.f, scale, 0}; }
+  /// One scale per KV head: head `h` at `scales[h · stride]` (in the cache's `space`).
+  static KvScale per_head(const float* scales, std::int64_t stride = 1) {
+    return KvScale{1.f, scales, stride};
+  }
+};
+
 /// A paged KV cache: two page pools (K and V) of the same shape, a page table and per-request
 /// sequence lengths. A contiguous `[batch, T, H_kv, D]` cache is the case `page_size = T` with
 /// page `b` holding request `b`.
@@ -26,11 +66,16 @@ enum class KvLayout : std::uint8_t {
 /// pages `pages(b)[0 .. ceil(seq_lens[b] / page_size))` in order; token `i` of request `b` lives
 /// in page `pages(b)[i / page_size]` at slot `i % page_size`.
 ///
+/// The pools hold f16, bf16 (f32 on the CPU) or fp8 (e4m3, e5m2) elements; an fp8 pool is read
+/// as `stored × scale` (`k_scale`, `v_scale`; see `KvScale`), the queries staying f16/bf16/f32.
+///
 /// All pointers live in `space` (device memory for the CUDA backend). Element offsets are 64-bit.
 struct PagedKvCache {
   const void* k = nullptr;           ///< K pool, of type `dtype`.
   const void* v = nullptr;           ///< V pool, same shape and strides as `k`.
-  DType dtype = DType::kBF16;        ///< Element type of the pools (f16 or bf16 for decode).
+  DType dtype = DType::kBF16;        ///< Element type of the pools (f16, bf16; fp8 on the CPU).
+  KvScale k_scale;                   ///< Dequantisation scale of `k` (fp8 only; default 1).
+  KvScale v_scale;                   ///< Dequantisation scale of `v` (fp8 only; default 1).
   KvLayout layout = KvLayout::kNHD;  ///< Dimension order inside a page.
   std::int64_t num_pages = 0;        ///< Pages in each pool.
   std::int64_t page_size = 0;        ///< Tokens per page.

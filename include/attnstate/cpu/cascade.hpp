@@ -18,9 +18,11 @@ namespace cpu {
 ///
 /// @param q           queries `(batch, q_len, H_q, head_dim)`, f32/f16/bf16, host memory, last
 ///                    dim contiguous; `1 ≤ q_len ≤ kMaxCascadeQueryLen`, `H_q % H_kv == 0`.
-/// @param kv          the paged pool: `k`, `v`, `dtype` (f32/f16/bf16), `layout`, `num_pages`,
-///                    `page_size`, `heads_kv`, `head_dim`, `page_stride` are read; its page-table
-///                    fields (`page_indptr`, `block_table`, `seq_lens`, `batch`) are ignored.
+/// @param kv          the paged pool: `k`, `v`, `dtype` (f32/f16/bf16, or fp8 e4m3/e5m2 read as
+///                    `stored · k_scale.at(h)` / `v_scale.at(h)`, see `KvScale`), `k_scale`,
+///                    `v_scale` (the default unless fp8), `layout`, `num_pages`, `page_size`,
+///                    `heads_kv`, `head_dim`, `page_stride` are read; its page-table fields
+///                    (`page_indptr`, `block_table`, `seq_lens`, `batch`) are ignored.
 /// @param levels      `num_levels` level descriptions (host arrays), see `CascadeLevel`.
 /// @param num_levels  `1 ≤ num_levels ≤ kMaxCascadeLevels`.
 /// @param options     scale, causal masking and variant: a sliding window measured over the
@@ -34,7 +36,9 @@ namespace cpu {
 ///         mismatch, a non-monotone or out-of-range indptr, a page index outside the pool, a
 ///         segment longer than its pages, a non-host view, or a bad variant
 ///         (`options.variant.window_left < -1`, a negative or non-finite
-///         `options.variant.logits_soft_cap`).
+///         `options.variant.logits_soft_cap`), a scale of `kv` that is not finite and > 0 or
+///         set for a pool that is not fp8 (`kv.k_scale`, `kv.v_scale.value`, ...);
+///         `kNotSupported` naming `q.dtype` for fp8 queries.
 void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
                        int num_levels, const CascadeOptions& options, StateView out);
 

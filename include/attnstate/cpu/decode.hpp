@@ -4,8 +4,10 @@
 ///
 /// Same problem and split layouts as `attnstate::cuda` (see core/decode_split.hpp): every split is
 /// an attention state computed with `math::OnlineSoftmax` in fp32 over blocks of 16 keys, and the
-/// splits of a request are merged in split order with the max-subtracted merge. Queries and KV may
-/// be f32, f16 or bf16 (independently).
+/// splits of a request are merged in split order with the max-subtracted merge. Queries may be
+/// f32, f16 or bf16 and KV f32, f16, bf16 or fp8 (e4m3, e5m2), independently. An fp8 element of KV
+/// head `h` is read as `to_float(stored) · kv.k_scale.at(h)` (`kv.v_scale` for V), rounded once to
+/// fp32 (`KvScale`, docs/fp8.md); the scales are read on the host.
 #pragma once
 
 #include "attnstate/core/decode_split.hpp"
@@ -24,13 +26,17 @@ namespace cpu {
 ///
 /// @param q       host queries `(batch, q_len, heads_q, head_dim)`, last dim contiguous,
 ///                f32/f16/bf16; `q_len` 1..8, `heads_q % kv.heads_kv == 0`.
-/// @param kv      host paged cache (`kv.space == kHost`), f32/f16/bf16, CSR or block table,
-///                `seq_lens ≥ 0` within the pages of each request, page ids inside the pool.
+/// @param kv      host paged cache (`kv.space == kHost`), f32/f16/bf16/e4m3/e5m2, CSR or block
+///                table, `seq_lens ≥ 0` within the pages of each request, page ids inside the
+///                pool; `k_scale`, `v_scale` finite and > 0 for fp8 (pointed-to scales in host
+///                memory), the default for other dtypes.
 /// @param splits  the split layout (`max_splits ≥ 1`; `kFixedCount` or `kFixedSize`).
 /// @param scale   softmax scale, finite; 0 means `1/sqrt(head_dim)`.
 /// @param out     host state `(batch·q_len, heads_q, head_dim)` (token `b·q_len + i`), any dtype
 ///                and base.
-/// @throws Error (`kInvalidArgument`) naming the argument on any violation.
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation (e.g.
+///         `kv.k_scale.value`, `kv.v_scale.data[3]`); `kNotSupported` naming `q.dtype` for fp8
+///         queries.
 void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
             float scale, StateView out);
 
