@@ -63,6 +63,10 @@ using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;
 using MergeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
 /// Dtypes of the decode's queries and KV (the same dtype).
 using DecodeDTypes = DTypeList<DType::kF16, DType::kBF16>;
+/// fp8 KV dtypes of the decode (queries of a `DecodeDTypes` dtype), and its head dims for them
+/// (rows of at least 8 chunks of 16 bytes: the fp8 tile's swizzle).
+using DecodeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
+using DecodeFp8HeadDims = Intersect<BuildHeadDims, IntList<128, 256>>::type;
 /// Dtypes of the cascade's queries and KV (the same dtype).
 using CascadeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 /// Row tiles of the cascade level kernels.

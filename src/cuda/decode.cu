@@ -40,28 +40,49 @@ static_assert(plan::kMaxCluster == detail::kDecodeMaxWsGroup &&
 static_assert(plan::kDecodeShortHeadDim == 128 && plan::kDecodeStreamMaxHeadDim == 128,
               "the instances below");
 
-/// Calls `f(D, kBF16, kStages)` (integral constants) for a split-kernel instance: every head dim
-/// × dtype of the lists at the default depth, and the short-split depth at head dim 128.
+/// Calls `f(D, kBF16, kStages, kKv)` (integral constants) for a split-kernel instance: every
+/// head dim × dtype of the lists at the default depth, and the short-split depth at head dim 128;
+/// over an fp8 cache (`kv_dt`), every fp8 head dim × fp8 format × query dtype (`q_dt`; `kBF16`
+/// is then the queries' dtype, `kKv` the `tile::Fp8Kv` format).
 template <class F>
-void with_split_instance(std::int64_t head_dim, DType dt, int stages, F&& f) {
+void with_split_instance(std::int64_t head_dim, DType kv_dt, DType q_dt, int stages, F&& f) {
   constexpr const char* kFn = "attnstate::cuda::run_decode";
+  const auto at_depth = [&](auto d, auto bf16, auto kv) {
+    if constexpr (decltype(d)::value == plan::kDecodeShortHeadDim) {
+      if (stages == detail::kDecodeShortStages)
+        return f(d, bf16, std::integral_constant<int, detail::kDecodeShortStages>{}, kv);
+    }
+    f(d, bf16, std::integral_constant<int, detail::kDecodeStages>{}, kv);
+  };
+  if (is_fp8(kv_dt)) {
+    compiled::dispatch(
+        kFn, "plan.problem.head_dim", head_dim, compiled::DecodeFp8HeadDims{}, [&](auto d) {
+          compiled::dispatch(
+              kFn, "plan.problem.kv_dtype", kv_dt, compiled::DecodeFp8DTypes{}, [&](auto k) {
+                compiled::dispatch(
+                    kFn, "plan.problem.q_dtype", q_dt, compiled::DecodeDTypes{}, [&](auto t) {
+                      at_depth(
+                          d, std::bool_constant<decltype(t)::value == DType::kBF16>{},
+                          std::integral_constant < int,
+                          decltype(k)::value == DType::kE4M3 ? tile::kKvE4M3 : tile::kKvE5M2 > {});
+                    });
+              });
+        });
+    return;
+  }
   compiled::dispatch(
       kFn, "plan.problem.head_dim", head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
-        constexpr int D = decltype(d)::value;
-        compiled::dispatch(kFn, "plan.problem.kv_dtype", dt, compiled::DecodeDTypes{}, [&](auto t) {
-          const auto bf16 = std::bool_constant<decltype(t)::value == DType::kBF16>{};
-          if constexpr (D == plan::kDecodeShortHeadDim) {
-            if (stages == detail::kDecodeShortStages)
-              return f(d, bf16, std::integral_constant<int, detail::kDecodeShortStages>{});
-          }
-          f(d, bf16, std::integral_constant<int, detail::kDecodeStages>{});
-        });
+        compiled::dispatch(kFn, "plan.problem.kv_dtype", kv_dt, compiled::DecodeDTypes{},
+                           [&](auto t) {
+                             at_depth(d, std::bool_constant<decltype(t)::value == DType::kBF16>{},
+                                      std::integral_constant<int, tile::kKvSame>{});
+                           });
       });
 }
 
-/// The kernels' compile-time shape for `head_dim` and the tuning constants: the planner's facts
-/// without the device's occupancy.
-plan::DecodeFacts kernel_facts(std::int64_t head_dim) {
+/// The kernels' compile-time shape for `head_dim` (K/V elements of `kv_bytes` bytes) and the
+/// tuning constants: the planner's facts without the device's occupancy.
+plan::DecodeFacts kernel_facts(std::int64_t head_dim, int kv_bytes) {
   plan::DecodeFacts f;
   f.tile_rows = detail::kDecodeTileRows;
   f.stages = detail::kDecodeStages;
@@ -69,9 +90,10 @@ plan::DecodeFacts kernel_facts(std::int64_t head_dim) {
   f.short_tokens = detail::kDecodeShortTokens;
   f.max_cluster = detail::kDecodeMaxCluster;
   f.ws_group = detail::kDecodeWsGroup;
-  f.ctas_per_sm = head_dim <= 64    ? detail::decode_ctas_per_sm(64, detail::kDecodeStages)
-                  : head_dim <= 128 ? detail::decode_ctas_per_sm(128, detail::kDecodeStages)
-                                    : detail::decode_ctas_per_sm(256, detail::kDecodeStages);
+  const int s = detail::kDecodeStages;
+  f.ctas_per_sm = head_dim <= 64    ? detail::decode_ctas_per_sm(64, s, kv_bytes)
+                  : head_dim <= 128 ? detail::decode_ctas_per_sm(128, s, kv_bytes)
+                                    : detail::decode_ctas_per_sm(256, s, kv_bytes);
   f.stream_warps = detail::stream_warps(static_cast<int>(head_dim));
   f.cluster_tokens = tuning::kDecodeClusterTokens;
   f.split_multiple = tuning::kDecodeSplitMultiple;
@@ -83,15 +105,19 @@ plan::DecodeFacts kernel_facts(std::int64_t head_dim) {
   return f;
 }
 
+/// Bytes of a K/V element of the problem's cache (2, or 1 for fp8).
+int kv_bytes(const DecodeProblem& pr) { return is_fp8(pr.kv_dtype) ? 1 : 2; }
+
 /// Clusters of each size (index 2..8) of one split-kernel instance resident at once on the
 /// current device: its dynamic shared-memory limit raised, then one occupancy query per size,
 /// once per device.
-template <int D, bool kBF16, int kStages>
+template <int D, bool kBF16, int kStages, int kKv>
 const std::array<int, plan::kMaxCluster + 1>& resident_clusters() {
-  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages>;
+  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages, false, kKv>;
   static detail::PerDevice<std::array<int, plan::kMaxCluster + 1>> cache;
   return cache.current([](int) {
-    const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
+    const int smem =
+        static_cast<int>(detail::decode_smem_bytes(D, kStages, kKv == tile::kKvSame ? 2 : 1));
     detail::raise_smem_limit<kernel>(smem);  // the largest carveout, so the planned CTAs fit
     std::array<int, plan::kMaxCluster + 1> n{};
     detail::RelaxedCaptureMode relaxed;  // occupancy queries, not stream operations
@@ -110,24 +136,26 @@ const std::array<int, plan::kMaxCluster + 1>& resident_clusters() {
   });
 }
 
-/// Fills `f.resident_clusters` for the split kernel of (`head_dim`, `dt`) on the current device
-/// (`[1]`, the short-split depth, where it exists).
-void query_occupancy(std::int64_t head_dim, DType dt, plan::DecodeFacts& f) {
+/// Fills `f.resident_clusters` for the split kernel of (`head_dim`, KV dtype `dt`, query dtype
+/// `q_dt`) on the current device (`[1]`, the short-split depth, where it exists).
+void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, plan::DecodeFacts& f) {
   const auto copy = [&](int row, const std::array<int, plan::kMaxCluster + 1>& n) {
     for (int c = 0; c <= plan::kMaxCluster; ++c) f.resident_clusters[row][c] = n[c];
   };
-  with_split_instance(head_dim, dt, detail::kDecodeStages, [&](auto d, auto bf16, auto) {
-    constexpr int D = decltype(d)::value;
-    constexpr bool kBF16 = decltype(bf16)::value;
-    copy(0, resident_clusters<D, kBF16, detail::kDecodeStages>());
-    if constexpr (D == plan::kDecodeShortHeadDim)
-      copy(1, resident_clusters<D, kBF16, detail::kDecodeShortStages>());
-  });
+  with_split_instance(head_dim, dt, q_dt, detail::kDecodeStages,
+                      [&](auto d, auto bf16, auto, auto kv) {
+                        constexpr int D = decltype(d)::value;
+                        constexpr bool kBF16 = decltype(bf16)::value;
+                        constexpr int kKv = decltype(kv)::value;
+                        copy(0, resident_clusters<D, kBF16, detail::kDecodeStages, kKv>());
+                        if constexpr (D == plan::kDecodeShortHeadDim)
+                          copy(1, resident_clusters<D, kBF16, detail::kDecodeShortStages, kKv>());
+                      });
 }
 
 /// The planner's facts as a plan recorded them.
 plan::DecodeFacts recorded_facts(const DecodePlan& plan) {
-  plan::DecodeFacts f = kernel_facts(plan.problem.head_dim);
+  plan::DecodeFacts f = kernel_facts(plan.problem.head_dim, kv_bytes(plan.problem));
   for (int s = 0; s < 2; ++s)
     for (int c = 0; c <= plan::kMaxCluster; ++c)
       f.resident_clusters[s][c] = plan.resident_clusters[s][c];
@@ -171,10 +199,11 @@ struct DecodeLaunch {
 };
 
 /// The split kernel on `grid` CTAs (clusters of `p.cluster`).
-template <int D, bool kBF16, int kStages, bool kVariant = false>
+template <int D, bool kBF16, int kStages, bool kVariant = false, int kKv = tile::kKvSame>
 void launch_split(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages, kVariant>;
-  const int smem = static_cast<int>(detail::decode_smem_bytes(D, kStages));
+  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages, kVariant, kKv>;
+  const int smem =
+      static_cast<int>(detail::decode_smem_bytes(D, kStages, kKv == tile::kKvSame ? 2 : 1));
   detail::raise_smem_limit<kernel>(smem);  // on the device of this run (cached per device)
   detail::LaunchConfig c;
   c.grid = dim3(static_cast<unsigned>(l.grid));
@@ -207,17 +236,24 @@ void launch_stream(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStr
 
 /// Launches what `l` says: (head dim, dtype, pipeline depth) through `with_split_instance` (the one
 /// dispatch, `common/dispatch.hpp`, on the lists of `common/compiled.hpp`), then the kernel.
-void launch(const detail::DecodeParams& p, std::int64_t head_dim, DType dt, const DecodeLaunch& l,
+void launch(const detail::DecodeParams& p, const DecodeProblem& pr, const DecodeLaunch& l,
             cudaStream_t stream) {
-  with_split_instance(head_dim, dt, l.stages, [&](auto d, auto bf16, auto stages) {
-    constexpr int D = decltype(d)::value;
-    constexpr bool kBF16 = decltype(bf16)::value;
-    if constexpr (D <= plan::kDecodeStreamMaxHeadDim) {
-      if (l.streamed) return launch_stream<D, kBF16>(p, l, stream);
-    }
-    if (l.variant) return launch_split<D, kBF16, decltype(stages)::value, true>(p, l, stream);
-    launch_split<D, kBF16, decltype(stages)::value>(p, l, stream);
-  });
+  with_split_instance(
+      pr.head_dim, pr.kv_dtype, pr.q_dtype, l.stages, [&](auto d, auto bf16, auto stages, auto kv) {
+        constexpr int D = decltype(d)::value;
+        constexpr bool kBF16 = decltype(bf16)::value;
+        constexpr int kStages = decltype(stages)::value;
+        if constexpr (decltype(kv)::value != tile::kKvSame) {
+          // (no streamed kernel nor variant over fp8: plan_decode and the checks)
+          return launch_split<D, kBF16, kStages, false, decltype(kv)::value>(p, l, stream);
+        } else {
+          if constexpr (D <= plan::kDecodeStreamMaxHeadDim) {
+            if (l.streamed) return launch_stream<D, kBF16>(p, l, stream);
+          }
+          if (l.variant) return launch_split<D, kBF16, kStages, true>(p, l, stream);
+          launch_split<D, kBF16, kStages>(p, l, stream);
+        }
+      });
 }
 
 /// The checks of a run (every one, in order) and what it launches; `launch.grid == 0` when the
@@ -228,6 +264,17 @@ struct CheckedRun {
   plan::SplitLaunch split;
   std::int64_t grid = 0;
 };
+
+/// Throws naming `name` unless `scales` is null or memory the kernels can read (device or
+/// managed memory: the fp8 kernels read an fp8 cache's scales when they run).
+void check_scale_memory(const char* fn, const char* name, const float* scales) {
+  if (scales == nullptr) return;
+  cudaPointerAttributes a{};
+  ATTNSTATE_CUDA_CHECK(cudaPointerGetAttributes(&a, scales));
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    throw_argument(fn, name, "device or managed memory (the kernel reads the scales)",
+                   a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory");
+}
 
 CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorView& q,
                      const PagedKvCache& kv, const StateView& out, void* workspace,
@@ -290,8 +337,12 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
   attnstate::detail::check_aligned(fn, "kv.k", kv.k, 16);  // the kernels' 16-byte copies
   attnstate::detail::check_aligned(fn, "kv.v", kv.v, 16);
-  if (kv.page_elems() % 8 != 0)
-    throw_argument(fn, "kv.page_stride", "a multiple of 8 elements", decode_str(kv.page_elems()));
+  const std::int64_t chunk = 16 / static_cast<std::int64_t>(size_of(kv.dtype));  // elements
+  if (kv.page_elems() % chunk != 0)
+    throw_argument(fn, "kv.page_stride", "a multiple of " + decode_str(chunk) + " elements",
+                   decode_str(kv.page_elems()));
+  check_scale_memory(fn, "kv.k_scale.data", kv.k_scale.data);
+  check_scale_memory(fn, "kv.v_scale.data", kv.v_scale.data);
   if (kv.page_size > 0x7FFFFFFF / 2)
     throw_argument(fn, "kv.page_size", "< 2^30", decode_str(kv.page_size));
   r.w = workspace_layout(plan);
@@ -364,7 +415,11 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const float scale =
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
   attnstate::detail::check_variant(fn, "options.variant", options.variant);
-  plan::DecodeFacts facts = kernel_facts(problem.head_dim);
+  plan::DecodeFacts facts = kernel_facts(problem.head_dim, kv_bytes(problem));
+  if (is_fp8(problem.kv_dtype) && !options.variant.is_plain())
+    throw_argument(fn, "options.variant",
+                   std::string("plain attention over an ") + to_string(problem.kv_dtype) + " cache",
+                   "a window or a soft cap", Status::kNotSupported);
   // A window: the splits are planned over the keys the kernel reads (from the first row's
   // window start, rounded down to a tile), so a long request costs its window only.
   std::vector<std::int32_t> windowed;
@@ -381,9 +436,10 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   // every argument checked first; then, for split requests, the device's occupancy (queried
   // once per device) for the merge's clusters
   plan::DecodeChoice c = plan::resolve_decode(fn, problem, lens, options, num_sms, facts);
-  if (!options.variant.is_plain()) c.streamed = false;  // the variant runs on the split kernel
+  // the variant and the fp8 caches run on the split kernel
+  if (!options.variant.is_plain() || is_fp8(problem.kv_dtype)) c.streamed = false;
   if (c.grid > 0 && c.splits.max_splits > 1) {
-    query_occupancy(problem.head_dim, problem.kv_dtype, facts);
+    query_occupancy(problem.head_dim, problem.kv_dtype, problem.q_dtype, facts);
     c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid);
   }
   DecodePlan plan;
@@ -472,6 +528,8 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.scale = r.scale;
   p.soft_cap = plan.variant.logits_soft_cap;
   // windows past any int32 length are no window
+  p.k_scale = kv.k_scale;
+  p.v_scale = kv.v_scale;
   p.window_left = plan.variant.window_left >= 0 && plan.variant.window_left <= 0x7FFFFFFF
                       ? static_cast<std::int32_t>(plan.variant.window_left)
                       : -1;
@@ -504,13 +562,14 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
 
   DecodeLaunch l;
   l.variant = !plan.variant.is_plain();
-  l.streamed = !l.variant && plan::streamed_runs(plan.streamed, pr.head_dim, prior.count, p.q_vec,
-                                                 kv.page_size, detail::kDecodeTileRows);
+  l.streamed = !l.variant && !is_fp8(pr.kv_dtype) &&
+               plan::streamed_runs(plan.streamed, pr.head_dim, prior.count, p.q_vec, kv.page_size,
+                                   detail::kDecodeTileRows);
   l.stages = r.split.stages;
   l.grid = r.grid;
   l.num_sms = plan.num_sms > 0 ? plan.num_sms : 1;
   l.pdl = p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0;
-  launch(p, pr.head_dim, pr.kv_dtype, l, stream);
+  launch(p, pr, l, stream);
 }
 
 }  // namespace cuda

@@ -49,8 +49,27 @@ void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (!decode_head_dim_supported(pr.head_dim))
     throw_argument(fn, "problem.head_dim", compiled::list_string(compiled::DecodeHeadDims{}),
                    str(pr.head_dim), Status::kNotSupported);
+  if (is_fp8(pr.kv_dtype) && is_valid(pr.kv_dtype)) {
+    if (!compiled::contains(compiled::DecodeFp8DTypes{}, pr.kv_dtype))
+      throw_argument(fn, "problem.kv_dtype", compiled::list_string(compiled::DecodeFp8DTypes{}),
+                     to_string(pr.kv_dtype), Status::kNotSupported);
+    if (!compiled::contains(compiled::DecodeFp8HeadDims{}, pr.head_dim))
+      throw_argument(fn, "problem.head_dim",
+                     compiled::list_string(compiled::DecodeFp8HeadDims{}) + " over an " +
+                         to_string(pr.kv_dtype) + " cache",
+                     str(pr.head_dim), Status::kNotSupported);
+    if (!decode_dtype_supported(pr.q_dtype))
+      throw_argument(fn, "problem.q_dtype",
+                     compiled::list_string(compiled::DecodeDTypes{}) + " over an " +
+                         to_string(pr.kv_dtype) + " cache",
+                     to_string(pr.q_dtype), Status::kNotSupported);
+    return;
+  }
   if (!decode_dtype_supported(pr.kv_dtype))
-    throw_argument(fn, "problem.kv_dtype", compiled::list_string(compiled::DecodeDTypes{}),
+    throw_argument(fn, "problem.kv_dtype",
+                   compiled::list_string(compiled::DecodeDTypes{}) +
+                       " (queries of the same dtype), or an fp8 cache: " +
+                       compiled::list_string(compiled::DecodeFp8DTypes{}),
                    to_string(pr.kv_dtype), Status::kNotSupported);
   if (pr.q_dtype != pr.kv_dtype)
     throw_argument(fn, "problem.q_dtype", std::string("the KV dtype ") + to_string(pr.kv_dtype),

@@ -78,7 +78,9 @@ struct DecodeChoice {
 };
 
 /// Checks a decode problem's shape (`batch`, `q_len`, heads, the head dim against
-/// `kDecodeHeadDims`, a dtype of `kDecodeDTypes` for both queries and KV); throws naming `fn`.
+/// `kDecodeHeadDims`, a dtype of `kDecodeDTypes` for both queries and KV, or an fp8 KV dtype
+/// of `compiled::DecodeFp8DTypes` at a head dim of `compiled::DecodeFp8HeadDims` under queries
+/// of a `kDecodeDTypes` dtype); throws naming `fn`.
 void check_decode_problem(const char* fn, const DecodeProblem& problem);
 
 /// `ceil(q_len · group / tile_rows)`.

@@ -8,6 +8,7 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/lse_base.hpp"
+#include "attnstate/core/paged_kv.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -123,6 +124,10 @@ struct DecodeParams {
   float scale;
   float soft_cap;
   std::int32_t window_left;
+  // fp8 caches (the fp8 kernels only): the dequantisation scales of K and V (a host value, or
+  // read on the device when the kernel runs)
+  KvScale k_scale;
+  KvScale v_scale;
 };
 
 }  // namespace detail

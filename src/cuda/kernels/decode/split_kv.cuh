@@ -51,6 +51,7 @@
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/tile/attention_tile.cuh"
+#include "cuda/tile/fp8_kv.cuh"
 #include "cuda/tile/paged_kv.cuh"
 #include "cuda/tile/partial_state.cuh"
 #include "cuda/tile/softmax_step.cuh"
@@ -63,29 +64,38 @@ namespace detail {
 /// fragment stores of 8 rows hit distinct banks.
 __host__ __device__ constexpr int decode_ow_stride(int D) { return D + 8; }
 
-/// Bytes of the region after the queries: the pipeline, aliased after the main loop by the
-/// warp-merge scratch and the published split state, or by the splits' LSEs (then weights) and
-/// the merged columns (at its end) of the workspace merge.
-__host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages) {
-  const std::int64_t pipe = std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * 2;
+/// Bytes of the region after the queries: the pipeline (K/V elements of `kv_bytes` bytes: 2, or
+/// 1 for fp8), aliased after the main loop by the warp-merge scratch and the published split
+/// state, or by the splits' LSEs (then weights) and the merged columns (at its end) of the
+/// workspace merge.
+__host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages, int kv_bytes = 2) {
+  const std::int64_t pipe =
+      std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * kv_bytes;
   const std::int64_t merge =
       std::int64_t{kDecodeWarps} * kDecodeTileRows * decode_ow_stride(D) * 4 +
       2 * kDecodeWarps * kDecodeTileRows * 4 + std::int64_t{kDecodeTileRows} * (D + 1) * 4;
-  return pipe > merge ? pipe : merge;
+  // over fp8 the pipeline is smaller than the workspace merge's LSEs of every split and its
+  // merged columns, which the body must hold too (16-bit pipelines are larger)
+  const std::int64_t ws_merge = kv_bytes == 1 ? std::int64_t{kMaxSplits} * kDecodeTileRows * 4 +
+                                                    kDecodeTileRows * (D / 4) * 24
+                                              : 0;
+  const std::int64_t body = pipe > merge ? pipe : merge;
+  return body > ws_merge ? body : ws_merge;
 }
 
-/// Shared-memory bytes of the decode kernel for head dim `D` and pipeline depth `stages`:
-/// queries, body, then the merge flags (one per CTA of a cluster group).
-__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int stages) {
-  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages) +
-         4 * kDecodeMaxWsGroup;
+/// Shared-memory bytes of the decode kernel for head dim `D`, pipeline depth `stages` and K/V
+/// elements of `kv_bytes` bytes: queries, body, the merge flags (one per CTA of a cluster group),
+/// then, over an fp8 cache, the query rows' score factors.
+__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int stages, int kv_bytes = 2) {
+  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages, kv_bytes) +
+         4 * kDecodeMaxWsGroup + (kv_bytes == 1 ? 4 * kDecodeTileRows : 0);
 }
 
 /// Resident CTAs per SM of the decode kernel (shared memory bound; the kernel's launch bounds ask
 /// the compiler to fit its registers to the same count).
-__host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages) {
+__host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages, int kv_bytes = 2) {
   const std::int64_t by_smem =
-      kDecodeSmemPerSm / (decode_smem_bytes(D, stages) + kDecodeSmemReservedPerCta);
+      kDecodeSmemPerSm / (decode_smem_bytes(D, stages, kv_bytes) + kDecodeSmemReservedPerCta);
   const std::int64_t by_threads = 2048 / (kDecodeWarps * 32);
   const std::int64_t n = by_smem < by_threads ? by_smem : by_threads;
   return n < 1 ? 1 : static_cast<int>(n);
@@ -162,12 +172,19 @@ __device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, 
 }
 
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
-/// (else f16) queries and KV; `kVariant` applies `p`'s sliding window and soft cap (the splits
-/// then cover each request's keys from its first row's window on).
-template <int D, bool kBF16, int kStages, bool kVariant = false>
-__global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStages))
+/// (else f16) queries, and KV of the same dtype unless `kKv` names an fp8 format
+/// (`tile::Fp8Kv`: then the tile is `tile::attention_tile_fp8`, on f16 tensor cores, with the
+/// queries in f16 — bf16 rows scaled by a power of two into the f16 range — and the
+/// dequantisation scales of `p.k_scale` / `p.v_scale`); `kVariant` applies `p`'s sliding window
+/// and soft cap (the splits then cover each request's keys from its first row's window on).
+template <int D, bool kBF16, int kStages, bool kVariant = false, int kKv = tile::kKvSame>
+__global__ void __launch_bounds__(kDecodeWarps * 32,
+                                  decode_ctas_per_sm(D, kStages, kKv == tile::kKvSame ? 2 : 1))
     decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  static_assert(!(kFp8 && kVariant), "the fp8 kernel has no variant instance");
+  constexpr int kKvBytes = kFp8 ? 1 : 2;
   constexpr int kWarps = kDecodeWarps;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kWarps * 32;
@@ -176,7 +193,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   constexpr int kNT = D / 8;             // n-tiles of the output
   constexpr int kD4 = D / 4;             // float4 columns of a row
   constexpr int kOw = decode_ow_stride(D);
-  constexpr std::int64_t kBodyBytes = decode_body_bytes(D, kStages);
+  constexpr std::int64_t kBodyBytes = decode_body_bytes(D, kStages, kKvBytes);
 
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* q_s = reinterpret_cast<Elem*>(smem);
@@ -187,7 +204,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   float* merge_state = reinterpret_cast<float*>(body + kBodyBytes - kStateBytes);
   static_assert(kBodyBytes - kStateBytes >= std::int64_t{kMaxSplits} * kRows * 4,
                 "every split's LSEs fit before the merged columns");
-  int* is_last = reinterpret_cast<int*>(body + kBodyBytes);  // [cluster rank]
+  int* is_last = reinterpret_cast<int*>(body + kBodyBytes);               // [cluster rank]
+  float* row_s2 = reinterpret_cast<float*>(is_last + kDecodeMaxWsGroup);  // [row] (fp8 only)
   static_assert(kDecodeMaxCluster <= kDecodeMaxWsGroup, "a flag per CTA of a cluster");
   decode_grid_dependency(p);
 
@@ -315,12 +333,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
   };
 
   if (active) {
-    // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero) ----
+    // ---- queries → shared, XOR-swizzled 16-byte chunks (rows beyond the tile are zero); over
+    //      an fp8 cache as f16 in the column order of `attention_tile_fp8`, each row's score
+    //      factor beside them ----
 #pragma unroll
     for (int i = 0; i < kQChunks; ++i) {
       const int c = tid + i * kThreads;
       const int r = c / kCpr;
       const int col = c % kCpr;
+      if constexpr (kFp8) {
+        const float f = tile::queries_to_f16<kBF16, kCpr>(qreg[i]);  // 2^k: the row's scaling
+        qreg[i] = tile::permute_q_columns(qreg[i], col);
+        if (col == 0) row_s2[r] = p.s2_scale * p.k_scale.at(hkv) / f;
+      }
       *reinterpret_cast<uint4*>(q_s + r * D + ((col ^ (r & 7)) << 3)) = qreg[i];
     }
 
@@ -340,7 +365,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     // ---- this warp's tiles of the split ----
     const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
-    Elem* kbuf = pipe + static_cast<std::int64_t>(warp) * kStages * 2 * kTileElems;
+    unsigned char* kbuf = reinterpret_cast<unsigned char*>(pipe) +
+                          static_cast<std::int64_t>(warp) * kStages * 2 * kTileElems * kKvBytes;
     const Elem* kpool = static_cast<const Elem*>(p.k);
     const Elem* vpool = static_cast<const Elem*>(p.v);
     const bool tile_in_page = (p.page_size % kRows) == 0;
@@ -376,15 +402,23 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       return tile_pid(it);
     };
     // Per-lane constants of the chunk addressing (see `copy_kv_tile_in_page`): inside one page a
-    // lane's source offsets are one base plus compile-time multiples of the row stride.
-    const int lane_r0 = lane / kCpr;
-    const int lane_col = lane % kCpr;
+    // lane's source offsets are one base plus compile-time multiples of the row stride. The
+    // copies move 16-bit units: an fp8 row of D elements is D / 2 of them (`kDu`), its offsets
+    // halved (every fp8 offset is even: rows of D elements, D a multiple of 16).
+    constexpr int kDu = D * kKvBytes / 2;
+    constexpr int kCpu = kDu / 8;  // 16-byte chunks per row
+    const int lane_r0 = lane / kCpu;
+    const int lane_col = lane % kCpu;
+    auto units = [](std::int64_t elems) {  // an element offset in the copies' 16-bit units
+      if constexpr (kFp8) return elems >> 1;
+      return elems;
+    };
     const std::int64_t row_stride =
-        p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
+        units(p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D);
     // Shared-memory byte addresses: the warp's ring of K/V tiles, and the per-lane parts of the
     // ldmatrix addresses (row, and the XOR of the 16-byte chunk index with the row, so that the
     // chunk of k-step kk is `(32 · kk) ^ x`).
-    constexpr std::uint32_t kTileBytes = kTileElems * 2;
+    constexpr std::uint32_t kTileBytes = kTileElems * kKvBytes;
     constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
     const std::uint32_t ring = arch::smem_addr(kbuf);
     const int a_row = lane & 15;  // Q fragments (A) and V (transposed B)
@@ -398,13 +432,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const std::uint32_t vd = kd + kTileBytes;
       if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
         const std::int64_t base =
-            pid * p.page_elems + in_page(t0 % p.page_size + lane_r0) + lane_col * 8;
-        tile::copy_kv_tile_in_page<D, kRows>(kd, vd, kpool, vpool, base, row_stride, t0, range.end,
-                                             policy);
+            units(pid * p.page_elems + in_page(t0 % p.page_size + lane_r0)) + lane_col * 8;
+        tile::copy_kv_tile_in_page<kDu, kRows>(kd, vd, kpool, vpool, base, row_stride, t0,
+                                               range.end, policy);
         return;
       }
       // Any page size: each chunk's offset from the lane of its row.
-      tile::copy_kv_tile_any_page<D, kRows>(kd, vd, kpool, vpool, policy, pid, lane, t0, range.end);
+      tile::copy_kv_tile_any_page<kDu, kRows>(kd, vd, kpool, vpool, policy, units(pid), lane, t0,
+                                              range.end);
     };
 
     float o_acc[kNT][4];
@@ -423,7 +458,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
     // smaller than a tile need a fresh read per tile).
     std::int64_t pid_next = first_pid(kStages - 1);
     std::int64_t pid_after = first_pid(kStages);
-    __syncthreads();  // queries in shared memory
+    __syncthreads();                   // queries in shared memory
+    tile::RowScaledScores row_scores;  // (the fp8 kernel only)
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
+    }
 
     for (int it = 0; it < my_tiles; ++it) {
       const int nxt = it + kStages - 1;
@@ -442,7 +482,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
 
-      if constexpr (kVariant) {
+      if constexpr (kFp8) {
+        tile::attention_tile_fp8<D, kKv>(
+            [&](int kk, std::uint32_t(&a)[4]) {
+              arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
+            },
+            ks, ks + kTileBytes, t0, lim, p.s2_scale, os, o_acc, row_scores);
+      } else if constexpr (kVariant) {
         tile::attention_tile<D, kBF16>(
             [&](int kk, std::uint32_t(&a)[4]) {
               arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
@@ -469,7 +515,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, decode_ctas_per_sm(D, kStag
       os[h].l = l;
     }
     __syncthreads();  // every warp is done with the pipeline buffers
-    tile::store_warp_state<D, kOw>(ow, mw, lw, warp, lane, o_acc, os);
+    if constexpr (kFp8)
+      tile::store_warp_state_fp8<D, kOw>(ow, mw, lw, warp, lane, o_acc, os, p.v_scale.at(hkv));
+    else
+      tile::store_warp_state<D, kOw>(ow, mw, lw, warp, lane, o_acc, os);
     __syncthreads();
 
     // Each thread: four columns of one row, the warps' factors recomputed per row (same order).

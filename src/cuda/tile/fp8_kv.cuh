@@ -1,0 +1,202 @@
+/// @file tile/fp8_kv.cuh
+/// @brief The decode's 16-key attention tile over fp8 K/V (e4m3, e5m2) in shared memory, on
+///        f16 tensor cores, with no conversion pass through shared memory: each fp8 pair becomes
+///        an f16 pair in registers (`cvt.rn.f16x2.e4m3x2` / `e5m2x2`) on the way to the MMA.
+///
+/// The stage holds the fp8 rows as they are in the pool (16-byte chunk `c` of row `r` at
+/// `c ^ (r & 7)`), and the fragments come from 16-bit `ldmatrix` over those bytes:
+/// - K (B of `S = Q Kᵀ`): a plain `ldmatrix` gives lane `l` four consecutive fp8 of one key,
+///   head-dim elements `4 (l % 4) .. + 3` of its 16; as f16 they are the B registers of
+///   k-slots `2 (l % 4), + 1` and `2 (l % 4) + 8, + 9`. The dot product is a sum over the head
+///   dim, so the query rows hold the same permutation of their columns (`permute_q_columns`).
+/// - V (B of `O += P V`): a transposed `ldmatrix` gives lane `l` the fp8 pairs of two keys at
+///   head-dim elements `2 (l / 4), + 1`; a byte permute pairs the keys, so n-tile `2g` of the
+///   output holds the even head-dim elements of chunk `g` and n-tile `2g + 1` the odd ones: lane
+///   `l`'s accumulators of both are elements `16 g + 4 (l % 4) .. + 3`, stored as one float4
+///   (`store_warp_state_fp8`).
+/// The dequantisation scales are not applied per element: K's scale joins the score scale and
+/// V's multiplies the accumulators once. Conversions are exact (every e4m3 and e5m2 value is an
+/// f16), so the products are those of the dequantised cache up to the scales' rounding.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/mma.cuh"
+#include "cuda/tile/softmax_step.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace tile {
+
+/// fp8 formats of a KV cache as the decode kernels' template argument.
+enum Fp8Kv : int {
+  kKvSame = 0,  ///< K/V of the queries' 16-bit dtype.
+  kKvE4M3 = 1,
+  kKvE5M2 = 2,
+};
+
+/// Two fp8 values (the low and high byte of `x`) as an f16x2 register, low byte in the low half.
+template <int kKv>
+__device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t x) {
+  static_assert(kKv == kKvE4M3 || kKv == kKvE5M2, "an fp8 format");
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xFFFFu),
+                                                   kKv == kKvE4M3 ? __NV_E4M3 : __NV_E5M2);
+  return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+}
+
+/// The byte offset, in a K or V stage of fp8 rows of `D` bytes, of this lane's `ldmatrix` row
+/// for the chunk pair `2j, 2j + 1`: lanes 0-7 keys 0-7 of chunk 2j, 8-15 keys 8-15 of chunk 2j,
+/// 16-23 keys 0-7 of chunk 2j + 1, 24-31 keys 8-15 of chunk 2j + 1.
+template <int D>
+__device__ __forceinline__ std::uint32_t fp8_lane_offset(int lane, int j) {
+  const int row = (((lane >> 3) & 1) << 3) + (lane & 7);
+  const int chunk = (2 * j + (lane >> 4)) ^ (lane & 7);
+  return static_cast<std::uint32_t>(row * D + chunk * 16);
+}
+
+/// Permutes the f16 query chunk `own` (8 columns, `col` = its chunk index in the row) within its
+/// pair of chunks (16 columns), with the partner lane `lane ^ 1` holding the other chunk of the
+/// pair: slot `s` of the pair takes column `4 (s / 2) + s % 2` for `s < 8` and
+/// `4 ((s - 8) / 2) + 2 + s % 2` after, the order `attention_tile_fp8` reads K in. Every lane of
+/// the warp must call this.
+__device__ __forceinline__ uint4 permute_q_columns(uint4 own, int col) {
+  const bool odd = (col & 1) != 0;
+  // the even chunk needs the odd one's words 0 and 2, the odd chunk the even one's 1 and 3
+  const std::uint32_t send0 = odd ? own.x : own.y;
+  const std::uint32_t send1 = odd ? own.z : own.w;
+  const std::uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+  const std::uint32_t got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+  return odd ? make_uint4(got0, got1, own.y, own.w) : make_uint4(own.x, own.z, got0, got1);
+}
+
+/// The query chunk `q` (8 columns of a row whose `kCpr` chunks sit in `kCpr` consecutive lanes,
+/// aligned; every lane of the warp calls this) as f16 for the f16 MMAs over fp8 K/V. bf16 rows
+/// (`kBF16`) are multiplied by the power of two `2^k` that brings the row's largest magnitude to
+/// [2^14, 2^15), exactly (bf16 values are f16 values inside the f16 range, and the scaled row
+/// keeps every element within 2^-28 of its largest one); `2^k` is returned, for the score
+/// factor to undo. An f16 row stays as it is (1 is returned). NaN and inf stay what they are.
+template <bool kBF16, int kCpr>
+__device__ __forceinline__ float queries_to_f16(uint4& q) {
+  if constexpr (!kBF16) {
+    return 1.f;
+  } else {
+    std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    std::uint32_t mx = 0;  // largest magnitude of the row as bf16 bits (ordered like the values)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mx = max(mx, max(w[i] & 0x7FFFu, (w[i] >> 16) & 0x7FFFu));
+#pragma unroll
+    for (int o = 1; o < kCpr; o <<= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const int e = static_cast<int>(mx >> 7);  // biased exponent of the largest magnitude
+    int k = mx == 0 ? 0 : 141 - e;            // 2^(e - 127) · 2^k = 2^14
+    k = k < -110 ? -110 : (k > 110 ? 110 : k);
+    const float f = __int_as_float((127 + k) << 23);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float lo = __uint_as_float(w[i] << 16) * f;
+      const float hi = __uint_as_float(w[i] & 0xFFFF0000u) * f;
+      w[i] = arch::Mma16816<__half>::pack(lo, hi);
+    }
+    q = make_uint4(w[0], w[1], w[2], w[3]);
+    return f;
+  }
+}
+
+/// One 16-key tile of a warp over fp8 K/V (first key `t0`): as `attention_tile` (same softmax
+/// step, same key order of the score fragments), the K and V fragments converted from the fp8
+/// stages at `k_stage` / `v_stage` (shared-memory byte addresses of the stages) and f16 MMAs;
+/// `q_frag(kk, a)` gives the permuted query fragments of k-step `kk`; `o_acc` in the fp8 column
+/// order (see the file comment).
+template <int D, int kKv, class QFrag, class Scores>
+__device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t k_stage,
+                                                   std::uint32_t v_stage, int t0,
+                                                   const int (&lim)[2], float s2_scale,
+                                                   math::OnlineSoftmax (&os)[2],
+                                                   float (&o_acc)[D / 8][4], const Scores& scores) {
+  using Mma = arch::Mma16816<__half>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[4];
+    arch::ldmatrix_x4(r, k_stage + fp8_lane_offset<D>(lane, j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-step 2j + h: r[2h] keys 0-7, r[2h + 1] keys 8-15
+      std::uint32_t a[4];
+      q_frag(2 * j + h, a);
+      Mma::mma(sc[0], a, fp8x2_to_f16x2<kKv>(r[2 * h]), fp8x2_to_f16x2<kKv>(r[2 * h] >> 16));
+      Mma::mma(sc[1], a, fp8x2_to_f16x2<kKv>(r[2 * h + 1]),
+               fp8x2_to_f16x2<kKv>(r[2 * h + 1] >> 16));
+    }
+  }
+
+  float pr[2][4];
+  online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
+
+  std::uint32_t pa[4];
+  pa[0] = Mma::pack(pr[0][0], pr[0][1]);
+  pa[1] = Mma::pack(pr[0][2], pr[0][3]);
+  pa[2] = Mma::pack(pr[1][0], pr[1][1]);
+  pa[3] = Mma::pack(pr[1][2], pr[1][3]);
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[4];
+    arch::ldmatrix_x4_trans(r, v_stage + fp8_lane_offset<D>(lane, j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // chunk g = 2j + h: r[2h] keys 0-7, r[2h + 1] keys 8-15
+      const int g = 2 * j + h;
+      // bytes (key 2c, key 2c + 1) of the even and of the odd element, keys 0-7 then 8-15
+      const std::uint32_t even = __byte_perm(r[2 * h], r[2 * h + 1], 0x6420);
+      const std::uint32_t odd = __byte_perm(r[2 * h], r[2 * h + 1], 0x7531);
+      Mma::mma(o_acc[2 * g], pa, fp8x2_to_f16x2<kKv>(even), fp8x2_to_f16x2<kKv>(even >> 16));
+      Mma::mma(o_acc[2 * g + 1], pa, fp8x2_to_f16x2<kKv>(odd), fp8x2_to_f16x2<kKv>(odd >> 16));
+    }
+  }
+}
+
+/// As `store_warp_state` (tile/partial_state.cuh) for accumulators in the fp8 column order:
+/// lane `l` holds elements `16 g + 4 (l % 4) .. + 3` of chunk `g` in n-tiles `2g` (even
+/// elements) and `2g + 1` (odd ones), multiplied by `v_scale` on the way.
+template <int D, int kOw>
+__device__ __forceinline__ void store_warp_state_fp8(float* ow, float* mw, float* lw, int warp,
+                                                     int lane, const float (&o_acc)[D / 8][4],
+                                                     const math::OnlineSoftmax (&os)[2],
+                                                     float v_scale) {
+  constexpr int kRows = 16;
+  float* mine = ow + warp * kRows * kOw;
+  const int r = lane >> 2;
+#pragma unroll
+  for (int g = 0; g < D / 16; ++g) {
+    const int d = 16 * g + 4 * (lane & 3);
+    const float(&e)[4] = o_acc[2 * g];
+    const float(&o)[4] = o_acc[2 * g + 1];
+    *reinterpret_cast<float4*>(mine + r * kOw + d) =
+        make_float4(e[0] * v_scale, o[0] * v_scale, e[1] * v_scale, o[1] * v_scale);
+    *reinterpret_cast<float4*>(mine + (r + 8) * kOw + d) =
+        make_float4(e[2] * v_scale, o[2] * v_scale, e[3] * v_scale, o[3] * v_scale);
+  }
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mw[warp * kRows + r + 8 * h] = os[h].m;
+      lw[warp * kRows + r + 8 * h] = os[h].l;
+    }
+  }
+}
+
+/// Per-row scores over fp8 K: the dot times the row's factor (`scale · log2 e`, K's
+/// dequantisation scale and the inverse of the row's power-of-two query scaling), rows lane/4
+/// (h = 0) and lane/4 + 8 (h = 1).
+struct RowScaledScores {
+  float s2[2];
+  __device__ __forceinline__ float operator()(float dot, float, int, int h) const {
+    return dot * s2[h];
+  }
+};
+
+}  // namespace tile
+}  // namespace cuda
+}  // namespace attnstate
