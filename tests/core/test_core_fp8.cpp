@@ -1,9 +1,12 @@
 /// @file test_core_fp8.cpp
 /// @brief The fp8 storage types (e4m3fn, e5m2): every encoding to fp32 against a decoding from
-///        the format's definition, and fp32 to fp8 against a nearest-value search over the
-///        format's finite values (ties to even, saturation, NaN), on edge cases and many floats.
+///        the format's definition and against a written table of all 256 results, and fp32 to
+///        fp8 against a nearest-value search over the format's finite values (ties to even,
+///        saturation, NaN) on edge cases and many floats, and against a plain rounding in double
+///        over a sweep of every fp32 binade.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,12 +32,13 @@ std::uint32_t float_to_bits(float f) {
 
 /// A format's parameters, from its definition.
 struct Format {
-  int mant;      // mantissa bits
-  int bias;      // exponent bias
-  bool has_inf;  // e5m2: all-ones exponent is inf (mantissa 0) or NaN; e4m3fn: only S.1111.111
+  int mant;          // mantissa bits
+  int bias;          // exponent bias
+  bool has_inf;      // e5m2: all-ones exponent is inf (mantissa 0) or NaN; e4m3fn: only S.1111.111
+  std::uint8_t max;  // the encoding of the largest finite value
 };
-constexpr Format kE4M3{3, 7, false};
-constexpr Format kE5M2{2, 15, true};
+constexpr Format kE4M3{3, 7, false, 0x7E};
+constexpr Format kE5M2{2, 15, true, 0x7B};
 
 /// Decodes `b` from the definition (sign, exponent, mantissa): the expected value.
 double decode(const Format& f, std::uint8_t b) {
@@ -160,6 +164,151 @@ void check_rounding(const Format& f) {
 
 TEST(Fp8, FloatToE4M3RoundsToNearestEvenAndSaturates) { check_rounding<float8_e4m3_t>(kE4M3); }
 TEST(Fp8, FloatToE5M2RoundsToNearestEvenAndSaturates) { check_rounding<float8_e5m2_t>(kE5M2); }
+
+// fp32 bit patterns of every encoding, in encoding order, as the conversions gave them before
+// the two formats shared one implementation (checked against the definition in check_table: 0x01
+// of e4m3 is 2^-9, 0x7E is 448, 0x7F/0xFF are NaN; 0x7C of e5m2 is inf); every NaN reads as
+// kFp8NanFloatBits.
+constexpr std::uint32_t kE4M3Floats[256] = {
+    0x00000000, 0x3B000000, 0x3B800000, 0x3BC00000, 0x3C000000, 0x3C200000, 0x3C400000, 0x3C600000,
+    0x3C800000, 0x3C900000, 0x3CA00000, 0x3CB00000, 0x3CC00000, 0x3CD00000, 0x3CE00000, 0x3CF00000,
+    0x3D000000, 0x3D100000, 0x3D200000, 0x3D300000, 0x3D400000, 0x3D500000, 0x3D600000, 0x3D700000,
+    0x3D800000, 0x3D900000, 0x3DA00000, 0x3DB00000, 0x3DC00000, 0x3DD00000, 0x3DE00000, 0x3DF00000,
+    0x3E000000, 0x3E100000, 0x3E200000, 0x3E300000, 0x3E400000, 0x3E500000, 0x3E600000, 0x3E700000,
+    0x3E800000, 0x3E900000, 0x3EA00000, 0x3EB00000, 0x3EC00000, 0x3ED00000, 0x3EE00000, 0x3EF00000,
+    0x3F000000, 0x3F100000, 0x3F200000, 0x3F300000, 0x3F400000, 0x3F500000, 0x3F600000, 0x3F700000,
+    0x3F800000, 0x3F900000, 0x3FA00000, 0x3FB00000, 0x3FC00000, 0x3FD00000, 0x3FE00000, 0x3FF00000,
+    0x40000000, 0x40100000, 0x40200000, 0x40300000, 0x40400000, 0x40500000, 0x40600000, 0x40700000,
+    0x40800000, 0x40900000, 0x40A00000, 0x40B00000, 0x40C00000, 0x40D00000, 0x40E00000, 0x40F00000,
+    0x41000000, 0x41100000, 0x41200000, 0x41300000, 0x41400000, 0x41500000, 0x41600000, 0x41700000,
+    0x41800000, 0x41900000, 0x41A00000, 0x41B00000, 0x41C00000, 0x41D00000, 0x41E00000, 0x41F00000,
+    0x42000000, 0x42100000, 0x42200000, 0x42300000, 0x42400000, 0x42500000, 0x42600000, 0x42700000,
+    0x42800000, 0x42900000, 0x42A00000, 0x42B00000, 0x42C00000, 0x42D00000, 0x42E00000, 0x42F00000,
+    0x43000000, 0x43100000, 0x43200000, 0x43300000, 0x43400000, 0x43500000, 0x43600000, 0x43700000,
+    0x43800000, 0x43900000, 0x43A00000, 0x43B00000, 0x43C00000, 0x43D00000, 0x43E00000, 0x7FFFFFFF,
+    0x80000000, 0xBB000000, 0xBB800000, 0xBBC00000, 0xBC000000, 0xBC200000, 0xBC400000, 0xBC600000,
+    0xBC800000, 0xBC900000, 0xBCA00000, 0xBCB00000, 0xBCC00000, 0xBCD00000, 0xBCE00000, 0xBCF00000,
+    0xBD000000, 0xBD100000, 0xBD200000, 0xBD300000, 0xBD400000, 0xBD500000, 0xBD600000, 0xBD700000,
+    0xBD800000, 0xBD900000, 0xBDA00000, 0xBDB00000, 0xBDC00000, 0xBDD00000, 0xBDE00000, 0xBDF00000,
+    0xBE000000, 0xBE100000, 0xBE200000, 0xBE300000, 0xBE400000, 0xBE500000, 0xBE600000, 0xBE700000,
+    0xBE800000, 0xBE900000, 0xBEA00000, 0xBEB00000, 0xBEC00000, 0xBED00000, 0xBEE00000, 0xBEF00000,
+    0xBF000000, 0xBF100000, 0xBF200000, 0xBF300000, 0xBF400000, 0xBF500000, 0xBF600000, 0xBF700000,
+    0xBF800000, 0xBF900000, 0xBFA00000, 0xBFB00000, 0xBFC00000, 0xBFD00000, 0xBFE00000, 0xBFF00000,
+    0xC0000000, 0xC0100000, 0xC0200000, 0xC0300000, 0xC0400000, 0xC0500000, 0xC0600000, 0xC0700000,
+    0xC0800000, 0xC0900000, 0xC0A00000, 0xC0B00000, 0xC0C00000, 0xC0D00000, 0xC0E00000, 0xC0F00000,
+    0xC1000000, 0xC1100000, 0xC1200000, 0xC1300000, 0xC1400000, 0xC1500000, 0xC1600000, 0xC1700000,
+    0xC1800000, 0xC1900000, 0xC1A00000, 0xC1B00000, 0xC1C00000, 0xC1D00000, 0xC1E00000, 0xC1F00000,
+    0xC2000000, 0xC2100000, 0xC2200000, 0xC2300000, 0xC2400000, 0xC2500000, 0xC2600000, 0xC2700000,
+    0xC2800000, 0xC2900000, 0xC2A00000, 0xC2B00000, 0xC2C00000, 0xC2D00000, 0xC2E00000, 0xC2F00000,
+    0xC3000000, 0xC3100000, 0xC3200000, 0xC3300000, 0xC3400000, 0xC3500000, 0xC3600000, 0xC3700000,
+    0xC3800000, 0xC3900000, 0xC3A00000, 0xC3B00000, 0xC3C00000, 0xC3D00000, 0xC3E00000, 0x7FFFFFFF,
+};
+constexpr std::uint32_t kE5M2Floats[256] = {
+    0x00000000, 0x37800000, 0x38000000, 0x38400000, 0x38800000, 0x38A00000, 0x38C00000, 0x38E00000,
+    0x39000000, 0x39200000, 0x39400000, 0x39600000, 0x39800000, 0x39A00000, 0x39C00000, 0x39E00000,
+    0x3A000000, 0x3A200000, 0x3A400000, 0x3A600000, 0x3A800000, 0x3AA00000, 0x3AC00000, 0x3AE00000,
+    0x3B000000, 0x3B200000, 0x3B400000, 0x3B600000, 0x3B800000, 0x3BA00000, 0x3BC00000, 0x3BE00000,
+    0x3C000000, 0x3C200000, 0x3C400000, 0x3C600000, 0x3C800000, 0x3CA00000, 0x3CC00000, 0x3CE00000,
+    0x3D000000, 0x3D200000, 0x3D400000, 0x3D600000, 0x3D800000, 0x3DA00000, 0x3DC00000, 0x3DE00000,
+    0x3E000000, 0x3E200000, 0x3E400000, 0x3E600000, 0x3E800000, 0x3EA00000, 0x3EC00000, 0x3EE00000,
+    0x3F000000, 0x3F200000, 0x3F400000, 0x3F600000, 0x3F800000, 0x3FA00000, 0x3FC00000, 0x3FE00000,
+    0x40000000, 0x40200000, 0x40400000, 0x40600000, 0x40800000, 0x40A00000, 0x40C00000, 0x40E00000,
+    0x41000000, 0x41200000, 0x41400000, 0x41600000, 0x41800000, 0x41A00000, 0x41C00000, 0x41E00000,
+    0x42000000, 0x42200000, 0x42400000, 0x42600000, 0x42800000, 0x42A00000, 0x42C00000, 0x42E00000,
+    0x43000000, 0x43200000, 0x43400000, 0x43600000, 0x43800000, 0x43A00000, 0x43C00000, 0x43E00000,
+    0x44000000, 0x44200000, 0x44400000, 0x44600000, 0x44800000, 0x44A00000, 0x44C00000, 0x44E00000,
+    0x45000000, 0x45200000, 0x45400000, 0x45600000, 0x45800000, 0x45A00000, 0x45C00000, 0x45E00000,
+    0x46000000, 0x46200000, 0x46400000, 0x46600000, 0x46800000, 0x46A00000, 0x46C00000, 0x46E00000,
+    0x47000000, 0x47200000, 0x47400000, 0x47600000, 0x7F800000, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF,
+    0x80000000, 0xB7800000, 0xB8000000, 0xB8400000, 0xB8800000, 0xB8A00000, 0xB8C00000, 0xB8E00000,
+    0xB9000000, 0xB9200000, 0xB9400000, 0xB9600000, 0xB9800000, 0xB9A00000, 0xB9C00000, 0xB9E00000,
+    0xBA000000, 0xBA200000, 0xBA400000, 0xBA600000, 0xBA800000, 0xBAA00000, 0xBAC00000, 0xBAE00000,
+    0xBB000000, 0xBB200000, 0xBB400000, 0xBB600000, 0xBB800000, 0xBBA00000, 0xBBC00000, 0xBBE00000,
+    0xBC000000, 0xBC200000, 0xBC400000, 0xBC600000, 0xBC800000, 0xBCA00000, 0xBCC00000, 0xBCE00000,
+    0xBD000000, 0xBD200000, 0xBD400000, 0xBD600000, 0xBD800000, 0xBDA00000, 0xBDC00000, 0xBDE00000,
+    0xBE000000, 0xBE200000, 0xBE400000, 0xBE600000, 0xBE800000, 0xBEA00000, 0xBEC00000, 0xBEE00000,
+    0xBF000000, 0xBF200000, 0xBF400000, 0xBF600000, 0xBF800000, 0xBFA00000, 0xBFC00000, 0xBFE00000,
+    0xC0000000, 0xC0200000, 0xC0400000, 0xC0600000, 0xC0800000, 0xC0A00000, 0xC0C00000, 0xC0E00000,
+    0xC1000000, 0xC1200000, 0xC1400000, 0xC1600000, 0xC1800000, 0xC1A00000, 0xC1C00000, 0xC1E00000,
+    0xC2000000, 0xC2200000, 0xC2400000, 0xC2600000, 0xC2800000, 0xC2A00000, 0xC2C00000, 0xC2E00000,
+    0xC3000000, 0xC3200000, 0xC3400000, 0xC3600000, 0xC3800000, 0xC3A00000, 0xC3C00000, 0xC3E00000,
+    0xC4000000, 0xC4200000, 0xC4400000, 0xC4600000, 0xC4800000, 0xC4A00000, 0xC4C00000, 0xC4E00000,
+    0xC5000000, 0xC5200000, 0xC5400000, 0xC5600000, 0xC5800000, 0xC5A00000, 0xC5C00000, 0xC5E00000,
+    0xC6000000, 0xC6200000, 0xC6400000, 0xC6600000, 0xC6800000, 0xC6A00000, 0xC6C00000, 0xC6E00000,
+    0xC7000000, 0xC7200000, 0xC7400000, 0xC7600000, 0xFF800000, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF,
+};
+
+template <class T>
+void check_table(const Format& f, const std::uint32_t (&table)[256]) {
+  for (int b = 0; b < 256; ++b) {
+    EXPECT_EQ(float_to_bits(convert_to_float<T>(static_cast<std::uint8_t>(b))), table[b])
+        << "encoding " << b;
+    // The table itself against the definition.
+    const double want = decode(f, static_cast<std::uint8_t>(b));
+    const float t = bits_to_float(table[b]);
+    if (std::isnan(want)) {
+      EXPECT_EQ(table[b], detail::kFp8NanFloatBits) << "encoding " << b;
+    } else {
+      EXPECT_EQ(static_cast<double>(t), want) << "encoding " << b;
+      EXPECT_EQ(std::signbit(t), (b & 0x80) != 0) << "encoding " << b;
+    }
+  }
+}
+
+TEST(Fp8, EveryE4M3EncodingMatchesTheTable) { check_table<float8_e4m3_t>(kE4M3, kE4M3Floats); }
+TEST(Fp8, EveryE5M2EncodingMatchesTheTable) { check_table<float8_e5m2_t>(kE5M2, kE5M2Floats); }
+
+/// The encoding of `x` the plain way, in double: NaN gives 0x7F; the magnitude is clamped to the
+/// largest finite value, divided by the quantum of its binade (the subnormal step below the
+/// smallest normal), rounded half to even (`nearbyint`), and the exponent and mantissa are read
+/// off the rounded value.
+std::uint8_t plain_encode(const Format& f, float x) {
+  if (std::isnan(x)) return 0x7F;
+  const double a = std::min(std::fabs(static_cast<double>(x)), decode(f, f.max));
+  int e = 0;
+  std::frexp(a, &e);                            // a = m · 2^e, m in [0.5, 1) (e = 0 for 0)
+  const int exp = std::max(e - 1, 1 - f.bias);  // the binade, at least the smallest normal's
+  long q = std::lrint(std::nearbyint(std::ldexp(a, f.mant - exp)));  // exact scaling
+  int field = exp + f.bias;
+  if (q == (2L << f.mant)) {  // rounded up into the next binade
+    q >>= 1;
+    ++field;
+  }
+  if (q < (1L << f.mant)) field = 0;  // a subnormal (or zero)
+  const long mantissa = q & ((1L << f.mant) - 1);
+  const int sign = std::signbit(x) ? 0x80 : 0;
+  return static_cast<std::uint8_t>(sign | (field << f.mant) | static_cast<int>(mantissa));
+}
+
+template <class T>
+void check_plain_rounding(const Format& f) {
+  // The two references agree on the edge cases (ties, subnormals, saturation, specials).
+  for (float x : edge_floats(f))
+    EXPECT_EQ(plain_encode(f, x), reference_encode(f, x)) << "x = " << x;
+  // Every 4099th fp32 bit pattern (every binade, both signs, many low mantissa bits), and every
+  // third fp32 of two binades: the one just below the smallest normal (subnormal results and
+  // the rounding up into the normals) and the largest finite value's (the saturation).
+  int bad = 0;
+  const auto check = [&](std::uint32_t u) {
+    const float x = bits_to_float(u);
+    const std::uint8_t got = from_float<T>(x).bits, want = plain_encode(f, x);
+    if (got != want && bad++ < 10) {
+      ADD_FAILURE() << "x = " << x << " (bits 0x" << std::hex << u << "): got 0x" << int(got)
+                    << " want 0x" << int(want);
+    }
+  };
+  for (std::uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) check(static_cast<std::uint32_t>(u));
+  int max_exp = 0;
+  std::frexp(decode(f, f.max), &max_exp);
+  for (const int e2 : {-f.bias, max_exp - 1}) {  // the binade [2^e2, 2^(e2 + 1))
+    const std::uint32_t lo = static_cast<std::uint32_t>(127 + e2) << 23;
+    for (std::uint32_t u = lo; u < lo + (1u << 23); u += 3) check(u);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(Fp8, FloatToE4M3MatchesAPlainRounding) { check_plain_rounding<float8_e4m3_t>(kE4M3); }
+TEST(Fp8, FloatToE5M2MatchesAPlainRounding) { check_plain_rounding<float8_e5m2_t>(kE5M2); }
 
 TEST(Fp8, NamedEdgeCases) {
   using E4 = float8_e4m3_t;

@@ -161,51 +161,109 @@ ATTNSTATE_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
 /// host conversions do; device conversions give a NaN whose bits are the hardware's).
 constexpr std::uint32_t kFp8NanFloatBits = 0x7FFFFFFFu;
 
-/// fp8 bits -> float (exact), for the formats with `kMant` mantissa bits and exponent bias
-/// `kBias`. Normals rebias the exponent; subnormals are `m · 2^(1 - kBias - kMant)`, computed
-/// exactly as `(2^(1-kBias) · (1 + m/2^kMant)) - 2^(1-kBias)`; `kHasInf` formats (e5m2) map the
-/// all-ones exponent with mantissa 0 to infinity; every NaN becomes `kFp8NanFloatBits`.
-template <int kMant, int kBias, bool kHasInf>
+/// An fp8 format, described by its fields (1 sign bit, `kExpBits` exponent bits, `kMant`
+/// mantissa bits; exponent bias `2^(kExpBits - 1) - 1`) and its special values: the encoding of
+/// the largest finite magnitude, and whether the all-ones exponent holds infinities (mantissa
+/// 0) and NaNs (else), IEEE-like, or only the NaN `S.1...1` (the "fn" formats, without
+/// infinities). Conversions from fp32 give `kNanBits` for every NaN.
+template <int kExpBitsV, int kMantV, std::uint32_t kMaxFiniteV, bool kHasInfV>
+struct Fp8Format {
+  static constexpr int kExpBits = kExpBitsV;
+  static constexpr int kMant = kMantV;
+  static constexpr int kBias = (1 << (kExpBits - 1)) - 1;
+  static constexpr std::uint32_t kMaxFinite = kMaxFiniteV;
+  static constexpr bool kHasInf = kHasInfV;
+  static constexpr std::uint32_t kNanBits = 0x7Fu;
+  static_assert(kExpBits + kMant == 7, "an fp8 format has 7 bits besides the sign");
+};
+
+/// The format of an fp8 storage type, and its `cuda_fp8.h` interpretation in CUDA builds.
+template <class T>
+struct Fp8FormatOf;
+/// e4m3fn: bias 7, largest finite 0x7E (448), no infinities, NaN 0x7F/0xFF.
+template <>
+struct Fp8FormatOf<float8_e4m3_t> : Fp8Format<4, 3, 0x7Eu, false> {
+#if defined(__CUDACC__)
+  static constexpr __nv_fp8_interpretation_t kCuda = __NV_E4M3;
+#endif
+};
+/// e5m2: bias 15, largest finite 0x7B (57344), infinities 0x7C/0xFC, NaN 0x7D..0x7F (either sign).
+template <>
+struct Fp8FormatOf<float8_e5m2_t> : Fp8Format<5, 2, 0x7Bu, true> {
+#if defined(__CUDACC__)
+  static constexpr __nv_fp8_interpretation_t kCuda = __NV_E5M2;
+#endif
+};
+
+/// fp8 bits -> float (exact) in the format `F`. Normals rebias the exponent; subnormals are
+/// `m · 2^(1 - kBias - kMant)`, computed exactly as `(2^(1-kBias) · (1 + m/2^kMant)) -
+/// 2^(1-kBias)`; formats with infinities map the all-ones exponent with mantissa 0 to infinity;
+/// every NaN becomes `kFp8NanFloatBits`.
+template <class F>
 ATTNSTATE_HOST_DEVICE float fp8_bits_to_float(std::uint8_t b) {
   const std::uint32_t v = b & 0x7Fu;
-  const std::uint32_t u = v << (23 - kMant);
-  const std::uint32_t e = v >> kMant;
-  const std::uint32_t min_normal = static_cast<std::uint32_t>(127 - kBias + 1) << 23;
-  const std::uint32_t normal = u + (static_cast<std::uint32_t>(127 - kBias) << 23);
+  const std::uint32_t u = v << (23 - F::kMant);
+  const std::uint32_t e = v >> F::kMant;
+  const std::uint32_t min_normal = static_cast<std::uint32_t>(127 - F::kBias + 1) << 23;
+  const std::uint32_t normal = u + (static_cast<std::uint32_t>(127 - F::kBias) << 23);
   const std::uint32_t subnormal =
       float_bits(bits_float(u + min_normal) - bits_float(min_normal));  // exact
   const std::uint32_t mag = e == 0 ? subnormal : normal;
-  const bool inf = kHasInf && v == (0x7Fu & ~((1u << kMant) - 1u));
-  const bool nan = kHasInf ? (e == (0x7Fu >> kMant) && !inf) : v == 0x7Fu;
+  const bool inf = F::kHasInf && v == (0x7Fu & ~((1u << F::kMant) - 1u));
+  const bool nan = F::kHasInf ? (e == (0x7Fu >> F::kMant) && !inf) : v == 0x7Fu;
   const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
   return bits_float(nan ? kFp8NanFloatBits : (inf ? sign | 0x7F800000u : sign | mag));
 }
 
-/// float -> fp8 bits (`kMant` mantissa bits, bias `kBias`, largest finite `max_bits`), round to
-/// nearest even and saturating (`__NV_SATFINITE`): magnitudes past the largest finite value,
-/// infinities included, give the largest finite value; NaN gives `0x7F`. The magnitude is first
-/// clamped to the largest finite value (rounding is monotonic, so this is the saturation);
-/// subnormal results are rounded by one fp32 addition of a magic constant (which rounds to
-/// nearest even in hardware), normal results by an integer rounding bias.
-template <int kMant, int kBias>
-ATTNSTATE_HOST_DEVICE std::uint8_t float_to_fp8_bits(float f, std::uint32_t max_bits) {
+/// float -> fp8 bits in the format `F`, round to nearest even and saturating (`__NV_SATFINITE`):
+/// magnitudes past the largest finite value, infinities included, give the largest finite
+/// value; NaN gives `F::kNanBits`. The magnitude is first clamped to the largest finite value
+/// (rounding is monotonic, so this is the saturation); subnormal results are rounded by one fp32
+/// addition of a magic constant (which rounds to nearest even in hardware), normal results by an
+/// integer rounding bias.
+template <class F>
+ATTNSTATE_HOST_DEVICE std::uint8_t float_to_fp8_bits(float f) {
   const std::uint32_t bits = float_bits(f);
   const std::uint32_t sign = (bits >> 24) & 0x80u;
   const std::uint32_t x0 = bits & 0x7FFFFFFFu;
-  constexpr int kShift = 23 - kMant;
+  constexpr int kShift = 23 - F::kMant;
   const std::uint32_t max_float =
-      (max_bits << kShift) + (static_cast<std::uint32_t>(127 - kBias) << 23);
+      (F::kMaxFinite << kShift) + (static_cast<std::uint32_t>(127 - F::kBias) << 23);
   const std::uint32_t x = x0 > max_float ? max_float : x0;  // NaN handled below
   // Subnormal results: one addition to 2^(kShift + 1 - kBias) (whose ulp is the fp8 subnormal
   // step), then the integer difference is the fp8 encoding (2^kMant is the smallest normal).
-  const float magic = bits_float(static_cast<std::uint32_t>(127 + kShift + 1 - kBias) << 23);
+  const float magic = bits_float(static_cast<std::uint32_t>(127 + kShift + 1 - F::kBias) << 23);
   const std::uint32_t subnormal = float_bits(bits_float(x) + magic) - float_bits(magic);
-  const std::uint32_t normal = (x - (static_cast<std::uint32_t>(127 - kBias) << 23) +
+  const std::uint32_t normal = (x - (static_cast<std::uint32_t>(127 - F::kBias) << 23) +
                                 ((1u << (kShift - 1)) - 1u) + ((x >> kShift) & 1u)) >>
                                kShift;
-  const bool is_sub = x < (static_cast<std::uint32_t>(127 - kBias + 1) << 23);
+  const bool is_sub = x < (static_cast<std::uint32_t>(127 - F::kBias + 1) << 23);
   const std::uint32_t r = is_sub ? subnormal : normal;
-  return static_cast<std::uint8_t>(x0 > 0x7F800000u ? 0x7Fu : (sign | r));
+  return static_cast<std::uint8_t>(x0 > 0x7F800000u ? F::kNanBits : (sign | r));
+}
+
+/// An fp8 value of storage type `T` to fp32 (exact; NaN gives a NaN): CUDA's intrinsic in device
+/// code, fp8_bits_to_float() on the host.
+template <class T>
+ATTNSTATE_HOST_DEVICE float fp8_to_float(T x) {
+  using F = Fp8FormatOf<T>;
+#if ATTNSTATE_DEVICE_PASS
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, F::kCuda)));
+#else
+  return fp8_bits_to_float<F>(x.bits);
+#endif
+}
+
+/// fp32 to the fp8 storage type `T`, round to nearest even, saturating, NaN staying NaN: CUDA's
+/// intrinsic in device code, float_to_fp8_bits() on the host.
+template <class T>
+ATTNSTATE_HOST_DEVICE T fp8_from_float(float x) {
+  using F = Fp8FormatOf<T>;
+#if ATTNSTATE_DEVICE_PASS
+  return T{__nv_cvt_float_to_fp8(x, __NV_SATFINITE, F::kCuda)};
+#else
+  return T{float_to_fp8_bits<F>(x)};
+#endif
 }
 
 }  // namespace detail
@@ -230,21 +288,9 @@ ATTNSTATE_HOST_DEVICE float to_float(bfloat16_t x) {
 }
 
 /// Converts an e4m3 value to fp32 (exact; NaN gives a NaN).
-ATTNSTATE_HOST_DEVICE float to_float(float8_e4m3_t x) {
-#if ATTNSTATE_DEVICE_PASS
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E4M3)));
-#else
-  return detail::fp8_bits_to_float<3, 7, false>(x.bits);
-#endif
-}
+ATTNSTATE_HOST_DEVICE float to_float(float8_e4m3_t x) { return detail::fp8_to_float(x); }
 /// Converts an e5m2 value to fp32 (exact; NaN gives a NaN).
-ATTNSTATE_HOST_DEVICE float to_float(float8_e5m2_t x) {
-#if ATTNSTATE_DEVICE_PASS
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E5M2)));
-#else
-  return detail::fp8_bits_to_float<2, 15, true>(x.bits);
-#endif
-}
+ATTNSTATE_HOST_DEVICE float to_float(float8_e5m2_t x) { return detail::fp8_to_float(x); }
 
 /// Rounds an fp32 value once to the storage type `T` (round to nearest even; for the fp8 types
 /// saturating to the largest finite value, NaN staying NaN).
@@ -274,19 +320,11 @@ ATTNSTATE_HOST_DEVICE bfloat16_t from_float<bfloat16_t>(float x) {
 }
 template <>
 ATTNSTATE_HOST_DEVICE float8_e4m3_t from_float<float8_e4m3_t>(float x) {
-#if ATTNSTATE_DEVICE_PASS
-  return float8_e4m3_t{__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)};
-#else
-  return float8_e4m3_t{detail::float_to_fp8_bits<3, 7>(x, 0x7Eu)};
-#endif
+  return detail::fp8_from_float<float8_e4m3_t>(x);
 }
 template <>
 ATTNSTATE_HOST_DEVICE float8_e5m2_t from_float<float8_e5m2_t>(float x) {
-#if ATTNSTATE_DEVICE_PASS
-  return float8_e5m2_t{__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)};
-#else
-  return float8_e5m2_t{detail::float_to_fp8_bits<2, 15>(x, 0x7Bu)};
-#endif
+  return detail::fp8_from_float<float8_e5m2_t>(x);
 }
 /// @endcond
 
