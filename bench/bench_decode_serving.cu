@@ -11,12 +11,15 @@
 ///          at batch {1, 16} x {8k, 128k}, 8 KV heads;
 ///        - `variants`: soft cap, a 4k window over 128k, gpt-oss-like (64/8 heads, head dim 64,
 ///          window 128) and Gemma-2-like (head dim 256, cap 50, window 4096) shapes, each beside
-///          the plain decode of the keys its rows see.
+///          the plain decode of the keys its rows see;
+///        - `fp8`: e4m3 and e5m2 caches (per-tensor scales, bf16 queries) beside the bf16 cache
+///          of the same batch: uniform batches and two ragged ones, GB/s of the bytes each reads.
 ///
 /// bf16, NHD pages (`--hnd`: HND), page ids in order (`--scatter`: a random permutation). Each
 /// time is the median of `--reps` (default 21) event-timed calls, each after an L2 flush.
 /// `--csv PATH` writes every row; `--fi-spec PATH` writes the ragged points as `--points` specs of
-/// the FlashInfer harness (same lengths); `--sections ragged,pages,shapes,variants` picks sections;
+/// the FlashInfer harness (same lengths); `--sections ragged,pages,shapes,variants,fp8` picks
+/// sections;
 /// `--quick` runs fewer points. GB/s counts the K and V bytes of the real lengths.
 #include <cuda_runtime.h>
 
@@ -76,8 +79,11 @@ struct Shape {
   std::vector<std::int32_t> lens;
   int hq = 32, hkv = 8, d = 128, page = 16;
   AttentionVariant variant;  // plain unless the variants section sets one
+  DType kv = DType::kBF16;   // bf16, or an fp8 cache (the fp8 section; bf16 queries)
   std::int64_t tokens() const { return std::accumulate(lens.begin(), lens.end(), std::int64_t{0}); }
-  double kv_bytes() const { return 2.0 * 2.0 * static_cast<double>(tokens()) * hkv * d; }
+  double kv_bytes() const {
+    return 2.0 * static_cast<double>(size_of(kv)) * static_cast<double>(tokens()) * hkv * d;
+  }
 };
 
 /// A timed decode of `s`: with the automatic plan (`max_lens` empty) or a plan made for
@@ -96,7 +102,8 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
     total_pages += pages_of[b];
   }
   const std::int64_t page_elems = std::int64_t{s.page} * s.hkv * s.d;
-  if (static_cast<std::size_t>((total_pages + 1) * page_elems) > env.pool_elems) {
+  if (static_cast<std::size_t>((total_pages + 1) * page_elems) * size_of(s.kv) >
+      env.pool_elems * 2) {
     std::fprintf(stderr, "pool too small for this shape\n");
     std::exit(2);
   }
@@ -118,7 +125,8 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
   pr.heads_q = s.hq;
   pr.heads_kv = s.hkv;
   pr.head_dim = s.d;
-  pr.q_dtype = pr.kv_dtype = DType::kBF16;
+  pr.q_dtype = DType::kBF16;
+  pr.kv_dtype = s.kv;
   Timed t;
   t.plan = cuda::plan_decode(
       pr, max_lens.empty() ? s.lens.data() : max_lens.data(),
@@ -134,7 +142,11 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
   PagedKvCache kv;
   kv.k = env.k;
   kv.v = env.v;
-  kv.dtype = DType::kBF16;
+  kv.dtype = s.kv;
+  if (is_fp8(s.kv)) {  // the engines' per-tensor scales
+    kv.k_scale = KvScale::per_tensor(0.75f);
+    kv.v_scale = KvScale::per_tensor(1.25f);
+  }
   kv.layout = env.hnd ? KvLayout::kHND : KvLayout::kNHD;
   kv.num_pages = total_pages + 1;
   kv.page_size = s.page;
@@ -278,6 +290,67 @@ void shapes(Env& env, bool quick) {
       }
 }
 
+/// Random finite fp8 bytes of magnitude below 1 in both formats (sign, and exponent and mantissa
+/// bits of 0x37), `n` bytes.
+__global__ void fill_fp8(unsigned char* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    p[i] = static_cast<unsigned char>((x & 0x37u) | ((x >> 8) & 0x80u));
+  }
+}
+
+/// fp8 caches beside bf16 in the same run: uniform batches and a ragged one, e4m3 and e5m2, GB/s
+/// of the bytes each reads. Runs last: it overwrites the pools with fp8 bytes.
+void fp8(Env& env, bool quick) {
+  std::printf("\n## fp8 KV (32/8 heads, head dim 128, pages of 16; bf16 queries)\n");
+  std::printf("%-8s %5s %7s %6s %15s %9s %7s %6s %9s %8s\n", "lens", "batch", "ctx", "kv", "plan",
+              "time_us", "GB/s", "%copy", "bf16_us", "speedup");
+  const std::size_t bytes = env.pool_elems * 2;
+  struct Pt {
+    const char* dist;
+    int batch, ctx;
+  };
+  std::vector<Pt> pts = {{"uniform", 1, 131072}, {"uniform", 4, 32768},  {"uniform", 16, 32768},
+                         {"uniform", 64, 8192},  {"uniform", 64, 32768}, {"uniform", 1, 8192},
+                         {"loguni", 64, 16384},  {"one_long", 16, 16384}};
+  if (quick) pts.resize(3);
+  std::mt19937 g(2027);
+  for (const Pt& pt : pts) {
+    Shape s;
+    s.lens = std::string(pt.dist) == "uniform"
+                 ? std::vector<std::int32_t>(pt.batch, pt.ctx)
+                 : lengths(pt.dist, pt.batch, std::int64_t{pt.batch} * pt.ctx, g);
+    bench_util::fill_bf16<<<env.num_sms * 8, 512, 0, env.stream>>>(env.k, env.pool_elems, 1u);
+    bench_util::fill_bf16<<<env.num_sms * 8, 512, 0, env.stream>>>(env.v, env.pool_elems, 2u);
+    ATTNSTATE_CHECK_LAUNCH(env.stream, "fill_bf16");
+    const Timed b = time_decode(env, s);
+    fill_fp8<<<env.num_sms * 8, 512, 0, env.stream>>>(reinterpret_cast<unsigned char*>(env.k),
+                                                      bytes, 1u);
+    fill_fp8<<<env.num_sms * 8, 512, 0, env.stream>>>(reinterpret_cast<unsigned char*>(env.v),
+                                                      bytes, 2u);
+    ATTNSTATE_CHECK_LAUNCH(env.stream, "fill_fp8");
+    for (DType f : {DType::kE4M3, DType::kE5M2}) {
+      s.kv = f;
+      const Timed t = time_decode(env, s);
+      std::printf("%-8s %5d %7d %6s %15s %9.1f %7.0f %6.1f %9.1f %8.3f\n          ", pt.dist,
+                  pt.batch, pt.ctx, to_string(f), plan_str(t.plan).c_str(), t.us, gbps(s, t.us),
+                  100 * gbps(s, t.us) / env.copy_gbps, b.us, b.us / t.us);
+      if (env.csv)
+        std::fprintf(
+            env.csv,
+            "fp8,%s,%d,%.0f,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.4f,%s,%.2f,%.1f\n                     ",
+            pt.dist, pt.batch, s.kv_bytes() / (1 << 20), s.hq, s.hkv, s.d, s.page,
+            *std::max_element(s.lens.begin(), s.lens.end()), plan_str(t.plan).c_str(), t.us,
+            gbps(s, t.us), gbps(s, t.us) / env.copy_gbps, to_string(f), b.us, env.copy_gbps);
+    }
+    s.kv = DType::kBF16;
+  }
+}
+
 void variants(Env& env) {
   std::printf("\n## variants (pages of 16; GB/s of the keys each row sees)\n");
   std::printf("%-22s %5s %5s %4s %7s %6s %5s %15s %9s %7s %9s %7s\n", "case", "hq/hkv", "d",
@@ -330,7 +403,7 @@ void variants(Env& env) {
 
 int main(int argc, char** argv) {
   Env env;
-  std::string csv_path, fi_path, sections = "ragged,pages,shapes,variants";
+  std::string csv_path, fi_path, sections = "ragged,pages,shapes,variants,fp8";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc)
@@ -350,7 +423,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(
           stderr,
-          "usage: %s [--csv PATH] [--fi-spec PATH] [--sections ragged,pages,shapes,variants] "
+          "usage: %s [--csv PATH] [--fi-spec PATH] [--sections ragged,pages,shapes,variants,fp8] "
           "[--reps N] [--quick] [--hnd] [--scatter]\n",
           argv[0]);
       return 2;
@@ -398,6 +471,7 @@ int main(int argc, char** argv) {
     if (sections.find("pages") != std::string::npos) pages(env, quick);
     if (sections.find("shapes") != std::string::npos) shapes(env, quick);
     if (sections.find("variants") != std::string::npos) variants(env);
+    if (sections.find("fp8") != std::string::npos) fp8(env, quick);
     if (env.csv) std::fclose(env.csv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_decode_serving: %s\n", e.what());
