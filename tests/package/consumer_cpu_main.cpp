@@ -1,9 +1,11 @@
 // A consumer that links only attnstate::cpu: split-KV decode and cascade attention over a tiny
-// paged cache, both checked against attention computed here in double precision.
+// paged cache, both checked against attention computed here in double precision, and the cascade
+// levels of a page table (build_cascade_levels).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 
+#include "attnstate/core/cascade_levels.hpp"
 #include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cpu/decode.hpp"
 
@@ -83,7 +85,24 @@ int main() {
       make_state_view(cas_o, DType::kF32, cas_lse, 1, kHeads, kDim, LseBase::kBase2));
   const bool cascade_ok = matches(cas_o, cas_lse, 1.0 / std::log(2.0));
 
-  std::printf("consumer_cpu: decode %s, cascade %s (lse head 0: reference %.6f, decode %.6f)\n",
-              decode_ok ? "ok" : "WRONG", cascade_ok ? "ok" : "WRONG", ref_lse[0], dec_lse[0]);
-  return decode_ok && cascade_ok ? 0 : 1;
+  // build_cascade_levels (attnstate_cascade_levels, part of attnstate::cpu): two requests holding
+  // the same 6 keys share them in one segment and keep empty remainders.
+  const std::int32_t two_indptr[3] = {0, 2, 4}, two_pages[4] = {0, 1, 0, 1};
+  const std::int32_t two_lens[2] = {kKeys, kKeys};
+  PagedKvCache two = kv;
+  two.page_indptr = two_indptr;
+  two.page_indices = two_pages;
+  two.seq_lens = two_lens;
+  two.batch = 2;
+  CascadeLevelsOptions level_options;
+  level_options.min_shared_tokens = 0;
+  const CascadeLevels found = build_cascade_levels(two, level_options);
+  const bool levels_ok = found.num_levels() == 2 && found.levels()[0].num_segments == 1 &&
+                         found.levels()[0].seg_lens[0] == kKeys && found.keys_read() == kKeys;
+
+  std::printf(
+      "consumer_cpu: decode %s, cascade %s, levels %s (lse head 0: reference %.6f, decode %.6f)\n",
+      decode_ok ? "ok" : "WRONG", cascade_ok ? "ok" : "WRONG", levels_ok ? "ok" : "WRONG",
+      ref_lse[0], dec_lse[0]);
+  return decode_ok && cascade_ok && levels_ok ? 0 : 1;
 }
