@@ -58,9 +58,13 @@ class CascadeLevels {
 
   /// The levels of an empty batch: one level with one empty segment serving no request.
   CascadeLevels();
+  /// A copy whose views point into its own arrays.
   CascadeLevels(const CascadeLevels& other);
+  /// Copies `other`; the views then point into this object's arrays.
   CascadeLevels& operator=(const CascadeLevels& other);
+  /// Takes `other`'s arrays (the views stay valid: they move with them).
   CascadeLevels(CascadeLevels&& other) noexcept = default;
+  /// Takes `other`'s arrays (the views stay valid: they move with them).
   CascadeLevels& operator=(CascadeLevels&& other) noexcept = default;
 
   /// Levels, `1..kMaxCascadeLevels` (the remainders' level included).
