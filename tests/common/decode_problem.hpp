@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/state_view.hpp"
@@ -138,6 +139,18 @@ struct DecodeProblemHost {
   attnstate::ConstTensorView q_view() const {
     return attnstate::make_tensor_view(q.data(), cfg.q_dtype,
                                        {batch, cfg.q_len, cfg.heads_q, cfg.head_dim});
+  }
+  /// The shape `plan_decode` takes for this problem.
+  attnstate::DecodeProblem problem() const {
+    attnstate::DecodeProblem pr;
+    pr.batch = batch;
+    pr.q_len = cfg.q_len;
+    pr.heads_q = cfg.heads_q;
+    pr.heads_kv = cfg.heads_kv;
+    pr.head_dim = cfg.head_dim;
+    pr.q_dtype = cfg.q_dtype;
+    pr.kv_dtype = cfg.kv_dtype;
+    return pr;
   }
   /// Element offset of (request b, token t, KV head h, dim 0) in a pool.
   std::int64_t kv_offset(std::int64_t b, std::int64_t t, std::int64_t h) const {

@@ -63,18 +63,10 @@ struct Gpu {
 /// the streamed kernel, launched for 1, 3 or all SMs (few SMs: each warp takes many items).
 Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
             const std::int32_t* plan_lens = nullptr, bool may_stream = false) {
-  DecodeProblem pr;
-  pr.batch = p.batch;
-  pr.q_len = p.cfg.q_len;
-  pr.heads_q = p.cfg.heads_q;
-  pr.heads_kv = p.cfg.heads_kv;
-  pr.head_dim = p.cfg.head_dim;
-  pr.q_dtype = p.cfg.q_dtype;
-  pr.kv_dtype = p.cfg.kv_dtype;
   int sms = 0;
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Gpu g;
-  g.plan = cuda::plan_decode(pr, plan_lens ? plan_lens : p.seq_lens.data(), opt, sms);
+  g.plan = cuda::plan_decode(p.problem(), plan_lens ? plan_lens : p.seq_lens.data(), opt, sms);
   if (may_stream && g.plan.splits.max_splits == 1 && *rc::gen::arbitrary<bool>()) {
     g.plan.streamed = true;
     g.plan.num_sms = *rc::gen::element(1, 3, sms);

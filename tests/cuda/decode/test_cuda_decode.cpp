@@ -46,18 +46,6 @@ struct DeviceState {
   }
 };
 
-DecodeProblem problem_of(const DecodeProblemHost& p) {
-  DecodeProblem pr;
-  pr.batch = p.batch;
-  pr.q_len = p.cfg.q_len;
-  pr.heads_q = p.cfg.heads_q;
-  pr.heads_kv = p.cfg.heads_kv;
-  pr.head_dim = p.cfg.head_dim;
-  pr.q_dtype = p.cfg.q_dtype;
-  pr.kv_dtype = p.cfg.kv_dtype;
-  return pr;
-}
-
 struct GpuOut {
   std::vector<unsigned char> o;
   std::vector<float> lse;
@@ -81,7 +69,7 @@ GpuOut run_plan(const DecodeProblemHost& p, const cuda::DecodePlan& plan, DType 
 }
 
 GpuOut run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt, DType od, LseBase base) {
-  return run_plan(p, cuda::plan_decode(problem_of(p), p.seq_lens.data(), opt, num_sms()), od, base);
+  return run_plan(p, cuda::plan_decode(p.problem(), p.seq_lens.data(), opt, num_sms()), od, base);
 }
 
 /// Replays a captured decode graph after uploading new lengths `lens` (also set in `p`) with the
@@ -188,8 +176,7 @@ TEST(CudaDecode, StreamedKernelMatchesReference) {
     cfg.seq_lens = {pg + 1, 0, 300, 3, 700, 1, pg - 1, pg, 0, 16, 17, 2 * pg + 1, 15, 481, 33};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
     for (int sms : {1, 3, num_sms()}) {
-      cuda::DecodePlan plan =
-          cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(1), sms);
+      cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(1), sms);
       plan.streamed = true;
       const GpuOut g = run_plan(p, plan, c.od, LseBase::kNatural);
       expect_matches_reference(
@@ -214,7 +201,7 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
   DecodeProblemHost p = make_decode_problem(cfg, 850);
   DeviceProblem d(p);
   const cuda::DecodePlan plan =
-      cuda::plan_decode(problem_of(p), p.seq_lens.data(), DecodeOptions{}, sms);
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, sms);
   ASSERT_EQ(plan.splits.max_splits, 1);
   ASSERT_TRUE(plan.streamed);
   EXPECT_EQ(plan.workspace_bytes(), 0u);
@@ -251,8 +238,8 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
   cfg.seq_lens = {32000};
   const DecodeProblemHost one = make_decode_problem(cfg, 851);
   EXPECT_FALSE(
-      cuda::plan_decode(problem_of(one), one.seq_lens.data(), DecodeOptions{}, sms).streamed);
-  EXPECT_FALSE(cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(1), sms).streamed);
+      cuda::plan_decode(one.problem(), one.seq_lens.data(), DecodeOptions{}, sms).streamed);
+  EXPECT_FALSE(cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(1), sms).streamed);
 }
 
 TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
@@ -471,11 +458,11 @@ TEST(CudaDecode, WindowedPlanCostsTheWindow) {
   // a plan with a variant refuses prior states and bad variants are named
   DecodeOptions bad;
   bad.variant.window_left = -2;
-  EXPECT_THROW(cuda::plan_decode(problem_of(p), p.seq_lens.data(), bad, num_sms()), Error);
+  EXPECT_THROW(cuda::plan_decode(p.problem(), p.seq_lens.data(), bad, num_sms()), Error);
   bad.variant.window_left = kNoWindow;
   bad.variant.logits_soft_cap = -1.f;
   try {
-    cuda::plan_decode(problem_of(p), p.seq_lens.data(), bad, num_sms());
+    cuda::plan_decode(p.problem(), p.seq_lens.data(), bad, num_sms());
     FAIL() << "a negative cap was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("options.variant.logits_soft_cap"), std::string::npos);
@@ -611,8 +598,7 @@ TEST(CudaDecode, ClusterMergeEqualsWorkspaceMergeBitwise) {
         // The same problem under a plan for requests of up to 20 splits.
         std::vector<std::int32_t> longer(p.seq_lens.begin(), p.seq_lens.end());
         longer[0] = 20 * 96;
-        const cuda::DecodePlan plan_b =
-            cuda::plan_decode(problem_of(p), longer.data(), o, num_sms());
+        const cuda::DecodePlan plan_b = cuda::plan_decode(p.problem(), longer.data(), o, num_sms());
         ASSERT_EQ(plan_b.splits.max_splits, 20);
         DeviceProblem d(p);
         DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan_b.workspace_bytes()));
@@ -753,7 +739,7 @@ TEST(CudaDecode, UnalignedQueryAndOutputRows) {
     for (int n : {1, 4, 20}) {
       DeviceProblem d(p);
       const cuda::DecodePlan plan =
-          cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(n), num_sms());
+          cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(n), num_sms());
       DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
       cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
       // Rows of D + 1 elements: every other row starts off a 4-element boundary.
@@ -793,7 +779,7 @@ TEST(CudaDecode, GraphReplayOfMaxPlanServesShorterRequests) {
   DecodeProblemHost p = make_decode_problem(cfg, 800);
   DeviceProblem d(p);
   const cuda::DecodePlan plan =
-      cuda::plan_decode(problem_of(p), p.seq_lens.data(), DecodeOptions{}, num_sms());
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, num_sms());
   ASSERT_GT(plan.splits.max_splits, 1);
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
@@ -833,7 +819,7 @@ TEST(CudaDecode, ProgrammaticLaunchWaitsForThePreviousKernel) {
   const DecodeProblemHost p = make_decode_problem(cfg, 901);
   DeviceProblem d(p);
   cuda::DecodePlan plan =
-      cuda::plan_decode(problem_of(p), p.seq_lens.data(), DecodeOptions{}, num_sms());
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, num_sms());
   ASSERT_GT(plan.splits.max_splits, 1);
   plan.programmatic_launch = true;
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
@@ -898,7 +884,7 @@ TEST(CudaDecode, LengthsClampedToOwnedPages) {
   DecodeProblemHost p = make_decode_problem(cfg, 900);
   DeviceProblem d(p);
   const cuda::DecodePlan plan =
-      cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(2), num_sms());
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(2), num_sms());
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
@@ -953,7 +939,7 @@ TEST(CudaDecode, LargeCacheAbove2To31Elements) {
   q.data = dq.get();
   q.space = MemorySpace::kDevice;
   const cuda::DecodePlan plan =
-      cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(3), num_sms());
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(3), num_sms());
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
   DeviceState out(p.tokens(), cfg.heads_q, D, DType::kF32, LseBase::kNatural);
@@ -973,7 +959,7 @@ TEST(CudaDecode, RejectsBadArguments) {
   const DecodeProblemHost p = make_decode_problem(cfg, 1100);
   DeviceProblem d(p);
   const cuda::DecodePlan plan0 =
-      cuda::plan_decode(problem_of(p), p.seq_lens.data(), count_opts(2), num_sms());
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(2), num_sms());
   DeviceBuffer<unsigned char> ws(plan0.workspace_bytes() + 16);
   cuda::init_decode_workspace(plan0, ws.get(), ws.bytes());
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
@@ -991,19 +977,19 @@ TEST(CudaDecode, RejectsBadArguments) {
   auto run = [&](const cuda::DecodePlan& pl, const ConstTensorView& qq, const PagedKvCache& kk,
                  StateView o, std::size_t wsb) { cuda::run_decode(pl, qq, kk, o, ws.get(), wsb); };
   {
-    DecodeProblem pr = problem_of(p);
+    DecodeProblem pr = p.problem();
     pr.head_dim = 96;
     expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); }, Status::kNotSupported,
                "problem.head_dim");
-    pr = problem_of(p);
+    pr = p.problem();
     pr.q_dtype = DType::kF32;
     expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); }, Status::kNotSupported,
                "problem.q_dtype");
-    pr = problem_of(p);
+    pr = p.problem();
     pr.q_len = 9;
     expect_err([&] { cuda::plan_decode(pr, p.seq_lens.data(), {}, 132); }, Status::kInvalidArgument,
                "problem.q_len");
-    expect_err([&] { cuda::plan_decode(problem_of(p), p.seq_lens.data(), {}, 0); },
+    expect_err([&] { cuda::plan_decode(p.problem(), p.seq_lens.data(), {}, 0); },
                Status::kInvalidArgument, "num_sms");
   }
   expect_err([&] { run(plan0, q, kv, out.view, plan0.workspace_bytes() - 1); },
