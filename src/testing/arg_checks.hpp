@@ -48,10 +48,18 @@ inline void check_index(std::int64_t i, std::int64_t n, const char* func, const 
   }
 }
 
-inline void check_dtype(DType dtype, const char* func, const char* arg) {
+/// Throws naming `arg` unless `dtype` is f32, f16 or bf16, or, where `fp8` (the storage of a
+/// `HostTensor`, e.g. a problem's fp8 keys and values), e4m3 or e5m2: `kInvalidArgument` for a
+/// value that is no dtype, `kNotSupported` for fp8 elsewhere (a state's `o`, a problem's
+/// queries: the kit holds no scale for them).
+inline void check_dtype(DType dtype, const char* func, const char* arg, bool fp8 = false) {
   if (!is_valid(dtype)) {
-    detail::throw_argument(func, arg, "f32, f16 or bf16",
+    detail::throw_argument(func, arg, fp8 ? "f32, f16, bf16, e4m3 or e5m2" : "f32, f16 or bf16",
                            "value " + std::to_string(static_cast<int>(dtype)));
+  }
+  if (is_fp8(dtype) && !fp8) {
+    detail::throw_argument(func, arg, "f32, f16 or bf16 (fp8 is for a problem's k and v only)",
+                           to_string(dtype), Status::kNotSupported);
   }
 }
 
@@ -83,10 +91,25 @@ void assign_or_throw(std::vector<T>& v, std::int64_t n, const T& x, const char* 
 }
 
 /// Throws unless `problem` is consistent (a hand-built `AttentionProblem` may not be): `q`, `k`
-/// rank 3, `v` of `k`'s shape and dtype, `H_q` a multiple of `H_kv >= 1`, one head_dim, valid
-/// output dtype and base, a valid variant, `positions` empty or one per row (not empty with a
-/// window), `key_positions` empty or one per key. Names the field as `<arg>.<field>`.
+/// rank 3, `v` of `k`'s shape and dtype, `H_q` a multiple of `H_kv >= 1`, one head_dim, `q` not
+/// fp8, valid fp8 scales (`check_kv_scales`), valid output dtype and base, a valid variant,
+/// `positions` empty or one per row (not empty with a window), `key_positions` empty or one per
+/// key. Names the field as `<arg>.<field>`.
 void check_problem(const AttentionProblem& problem, const char* func, const char* arg);
+
+/// Throws naming `name` (or `name[i]`) unless `scales` holds 0, 1 or `heads_kv` values, each
+/// finite and > 0.
+void check_scales(const std::vector<float>& scales, std::int64_t heads_kv, const char* func,
+                  const std::string& name);
+
+/// Throws naming `<arg>.k_scale` / `<arg>.v_scale` unless the scales of `problem` are valid:
+/// empty for keys and values that are not fp8, `check_scales` for fp8 ones.
+void check_kv_scales(const AttentionProblem& problem, const char* func, const char* arg);
+
+/// The real values of a checked problem's `(num_keys, H_kv, head_dim)` tensor `t` (its `k` or
+/// `v`) with the scales `scales` (empty, one or one per KV head): `stored × scale`, in double.
+std::vector<double> dequantized(const HostTensor& t, const std::vector<float>& scales,
+                                const char* func);
 
 /// Whether query row `token` of a checked `problem` sees key `key` (both in range): always
 /// without positions, else the key's position inside `[window_begin(p), p]` of the row's `p`.

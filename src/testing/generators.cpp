@@ -2,6 +2,7 @@
 /// @brief RapidCheck generators for states, key subsets, partitions and attention problems.
 #include "attnstate/testing/generators.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <ostream>
@@ -131,18 +132,22 @@ void check_extents(const std::vector<std::int64_t>& values, const char* func,
   }
 }
 
-/// A non-empty list of valid dtypes.
+/// A list of valid dtypes, non-empty unless `may_be_empty`; fp8 ones only where `fp8`.
 void check_dtypes(const std::vector<DType>& dtypes, const char* func, const std::string& prefix,
-                  const char* name) {
-  if (dtypes.empty()) {
+                  const char* name, bool fp8 = false, bool may_be_empty = false) {
+  if (dtypes.empty() && !may_be_empty) {
     detail::throw_argument(func, field(prefix, name).c_str(),
                            "a non-empty list of dtypes (e.g. {DType::kF32})", "an empty list");
   }
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
-    if (!is_valid(dtypes[i])) {
-      detail::throw_argument(func, element(prefix, name, i).c_str(), "f32, f16 or bf16",
-                             "value " + std::to_string(static_cast<int>(dtypes[i])));
-    }
+    kit::check_dtype(dtypes[i], func, element(prefix, name, i).c_str(), fp8);
+  }
+}
+
+/// A percentage in [0, 100].
+void check_percent(int value, const char* func, const std::string& prefix, const char* name) {
+  if (value < 0 || value > 100) {
+    detail::throw_argument(func, field(prefix, name).c_str(), "0 to 100", std::to_string(value));
   }
 }
 
@@ -222,7 +227,22 @@ void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
   }
   check_dtypes(o.input_dtypes, func, prefix, "input_dtypes");
   check_dtypes(o.output_dtypes, func, prefix, "output_dtypes");
+  check_dtypes(o.kv_dtypes, func, prefix, "kv_dtypes", /*fp8=*/true, /*may_be_empty=*/true);
   check_bases(o.bases, func, prefix);
+  const bool fp8 = std::any_of(o.kv_dtypes.begin(), o.kv_dtypes.end(), is_fp8);
+  if (fp8 && o.kv_scales.empty()) {
+    detail::throw_argument(func, field(prefix, "kv_scales").c_str(),
+                           "a non-empty list of scales (kv_dtypes lists an fp8 dtype)",
+                           "an empty list");
+  }
+  for (std::size_t i = 0; i < o.kv_scales.size(); ++i) {
+    if (!(std::isfinite(o.kv_scales[i]) && o.kv_scales[i] > 0.f)) {
+      detail::throw_argument(func, element(prefix, "kv_scales", i).c_str(), "a finite scale > 0",
+                             show_number(o.kv_scales[i]));
+    }
+  }
+  check_percent(o.per_head_scale_percent, func, prefix, "per_head_scale_percent");
+  check_percent(o.fp8_extremes_percent, func, prefix, "fp8_extremes_percent");
   if (o.large_logits_percent < 0 || o.large_logits_percent > 100) {
     detail::throw_argument(func, field(prefix, "large_logits_percent").c_str(), "0 to 100",
                            std::to_string(o.large_logits_percent));
@@ -445,6 +465,60 @@ void draw_window(AttentionProblem& p, std::int64_t tokens, std::int64_t keys) {
 
 }  // namespace
 
+namespace {
+
+/// The largest finite value of the fp8 dtype `dt`.
+float fp8_max(DType dt) { return dt == DType::kE4M3 ? 448.f : 57344.f; }
+
+/// The extreme encodings of the fp8 dtype `dt`, as floats: ±largest finite, ±smallest normal,
+/// ±smallest subnormal, ±0.
+std::vector<float> fp8_extremes(DType dt) {
+  const float max = fp8_max(dt);
+  const float min_normal = dt == DType::kE4M3 ? 0x1p-6f : 0x1p-14f;
+  const float min_sub = dt == DType::kE4M3 ? 0x1p-9f : 0x1p-16f;
+  return {max, -max, min_normal, -min_normal, min_sub, -min_sub, 0.f, -0.f};
+}
+
+/// Stores `k` and `v` of `p` (drawn in `[-1, 1]`, `k_unit` and `v_unit`) in the fp8 dtype `dt`
+/// with scales, and rescales `q` by the largest real `|k|` (see `gen_attention_problem`). Draws
+/// the stored amplitude, the extremes and the scales; `rng` gives the positions of the extremes.
+void make_fp8_kv(AttentionProblem& p, DType dt, const std::vector<float>& k_unit,
+                 const std::vector<float>& v_unit, const ProblemGenOptions& opt,
+                 std::mt19937_64& rng) {
+  const float amp = *rc::gen::arbitrary<bool>() ? fp8_max(dt) / 2 : 1.f;
+  const bool extremes = *in_full_range<int>(0, 100) >= 100 - opt.fp8_extremes_percent;
+  const bool per_head = *in_full_range<int>(0, 100) >= 100 - opt.per_head_scale_percent;
+  const std::size_t n_scales = per_head ? static_cast<std::size_t>(p.heads_kv()) : 1;
+  p.k_scale = *rc::gen::container<std::vector<float>>(n_scales, pick(opt.kv_scales));
+  p.v_scale = *rc::gen::container<std::vector<float>>(n_scales, pick(opt.kv_scales));
+  const std::vector<float> extreme = fp8_extremes(dt);
+  const auto stored = [&](const std::vector<float>& unit) {
+    std::vector<float> out(unit.size());
+    for (std::size_t i = 0; i < unit.size(); ++i) {
+      out[i] = unit[i] * amp;
+      if (extremes && rng() % 8 == 0) out[i] = extreme[rng() % extreme.size()];
+    }
+    return HostTensor::from_floats(dt, p.k.shape(), out);
+  };
+  p.k = stored(k_unit);
+  p.v = stored(v_unit);
+  double k_max = 0;
+  for (const double x : real_keys(p)) k_max = std::max(k_max, std::fabs(x));
+  // scores of the plain problems' magnitude (|q_d k_d| <= 1), q finite in f16 (40 · 256)
+  const float f = k_max > 0 ? static_cast<float>(std::min(1.0 / k_max, 256.0)) : 1.f;
+  for (std::int64_t i = 0; i < p.q.numel(); ++i) p.q.set(i, p.q.get(i) * f);
+  double v_max = 0;
+  for (const double x : real_values(p)) v_max = std::max(v_max, std::fabs(x));
+  if (p.out_dtype == DType::kF16 && v_max > 65504.0) p.out_dtype = DType::kF32;
+}
+
+}  // namespace
+
+ProblemGenOptions fp8_kv_problem_options(ProblemGenOptions o) {
+  o.kv_dtypes = {DType::kE4M3, DType::kE5M2};
+  return o;
+}
+
 ProblemGenOptions decode_problem_options() {
   ProblemGenOptions o;
   o.max_tokens = 8;
@@ -507,6 +581,16 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
     }
     if (opt.window_percent > 0 && *in_full_range<int>(0, 100) >= 100 - opt.window_percent) {
       draw_window(p, tokens, keys);
+    }
+    // Keys and values in their own dtype only when asked for (nothing drawn otherwise).
+    if (!opt.kv_dtypes.empty()) {
+      const DType kv_dt = *pick(opt.kv_dtypes);
+      if (is_fp8(kv_dt)) {
+        make_fp8_kv(p, kv_dt, k, v, opt, rng);
+      } else if (kv_dt != in_dt) {
+        p.k = HostTensor::from_floats(kv_dt, p.k.shape(), k);
+        p.v = HostTensor::from_floats(kv_dt, p.v.shape(), v);
+      }
     }
     return p;
   });

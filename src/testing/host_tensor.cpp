@@ -15,14 +15,14 @@ namespace testing {
 namespace {
 
 float load(const void* data, DType dt, std::int64_t i) {
-  return dispatch_dtype(dt, [&](auto tag) {
+  return dispatch_dtype_with_fp8(dt, [&](auto tag) {
     using T = decltype(tag);
     return to_float(static_cast<const T*>(data)[i]);
   });
 }
 
 void store(void* data, DType dt, std::int64_t i, float x) {
-  dispatch_dtype(dt, [&](auto tag) {
+  dispatch_dtype_with_fp8(dt, [&](auto tag) {
     using T = decltype(tag);
     static_cast<T*>(data)[i] = from_float<T>(x);
     return 0;
@@ -33,7 +33,7 @@ void store(void* data, DType dt, std::int64_t i, float x) {
 /// >= 0, elements and bytes both at most kMaxSize (so every offset into the tensor fits in 64
 /// bits).
 std::int64_t checked_numel(DType dtype, const std::vector<std::int64_t>& shape, const char* func) {
-  kit::check_dtype(dtype, func, "dtype");
+  kit::check_dtype(dtype, func, "dtype", /*fp8=*/true);
   if (shape.empty() || shape.size() > 4) {
     detail::throw_argument(func, "shape", "1 to 4 extents", std::to_string(shape.size()));
   }

@@ -2,17 +2,67 @@
 /// @brief `AttentionProblem` helpers: construction, key selection, output allocation, printing.
 #include "attnstate/testing/problem.hpp"
 
+#include <cmath>
 #include <ostream>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "arg_checks.hpp"
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
+#include "option_checks.hpp"
 
 namespace attnstate {
 namespace testing {
 
 namespace kit {
+
+void check_scales(const std::vector<float>& scales, std::int64_t heads_kv, const char* func,
+                  const std::string& name) {
+  if (scales.size() > 1 && static_cast<std::int64_t>(scales.size()) != heads_kv) {
+    detail::throw_argument(func, name.c_str(),
+                           "0, 1 or H_kv = " + std::to_string(heads_kv) + " scales",
+                           std::to_string(scales.size()) + " scales");
+  }
+  for (std::size_t i = 0; i < scales.size(); ++i) {
+    if (!(scales[i] > 0.f) || !std::isfinite(scales[i])) {
+      detail::throw_argument(func, (name + "[" + std::to_string(i) + "]").c_str(),
+                             "a finite scale > 0", show_number(scales[i]));
+    }
+  }
+}
+
+void check_kv_scales(const AttentionProblem& p, const char* func, const char* arg) {
+  const std::string a(arg);
+  if (!p.has_fp8_kv()) {
+    for (const auto* s : {&p.k_scale, &p.v_scale}) {
+      if (!s->empty()) {
+        detail::throw_argument(
+            func, (a + (s == &p.k_scale ? ".k_scale" : ".v_scale")).c_str(),
+            std::string("no scales (k and v are ") + to_string(p.k.dtype()) + ", not fp8)",
+            std::to_string(s->size()) + " scales");
+      }
+    }
+    return;
+  }
+  check_scales(p.k_scale, p.k.dim(1), func, a + ".k_scale");
+  check_scales(p.v_scale, p.k.dim(1), func, a + ".v_scale");
+}
+
+std::vector<double> dequantized(const HostTensor& t, const std::vector<float>& scales,
+                                const char* func) {
+  std::vector<double> out;
+  assign_or_throw(out, t.numel(), 0.0, func, "problem");
+  const std::vector<float> stored = t.to_floats();
+  const std::int64_t heads = t.dim(1), dim = t.dim(2);
+  for (std::size_t i = 0; i < stored.size(); ++i) {
+    const std::size_t g = static_cast<std::size_t>((static_cast<std::int64_t>(i) / dim) % heads);
+    const double scale = scales.empty() ? 1.0 : scales[scales.size() == 1 ? 0 : g];
+    out[i] = static_cast<double>(stored[i]) * scale;
+  }
+  return out;
+}
 
 void check_problem(const AttentionProblem& p, const char* func, const char* arg) {
   const std::string a(arg);
@@ -35,6 +85,9 @@ void check_problem(const AttentionProblem& p, const char* func, const char* arg)
     fail("k", "head_dim " + std::to_string(p.q.dim(2)) + " (q's)",
          "head_dim " + std::to_string(p.k.dim(2)));
   }
+  if (is_fp8(p.q.dtype()))
+    fail("q", "f32, f16 or bf16 queries (fp8 is for k and v only)", to_string(p.q.dtype()));
+  check_kv_scales(p, func, arg);
   check_dtype(p.out_dtype, func, (a + ".out_dtype").c_str());
   check_base(p.base, func, (a + ".base").c_str());
   detail::check_variant(func, (a + ".variant").c_str(), p.variant);
@@ -71,6 +124,68 @@ void check_keys(const std::vector<std::int64_t>& keys, std::int64_t num_keys, co
 }
 
 }  // namespace kit
+
+namespace {
+
+float scale_at(const AttentionProblem& p, const std::vector<float>& scales, std::int64_t g,
+               const char* func, const char* name) {
+  kit::check_index(g, p.heads_kv(), func, "g");
+  kit::check_scales(scales, p.heads_kv(), func, name);
+  return scales.empty() ? 1.f : scales[scales.size() == 1 ? 0 : static_cast<std::size_t>(g)];
+}
+
+}  // namespace
+
+float AttentionProblem::k_scale_at(std::int64_t g) const {
+  return scale_at(*this, k_scale, g, "attnstate::testing::AttentionProblem::k_scale_at", "k_scale");
+}
+
+float AttentionProblem::v_scale_at(std::int64_t g) const {
+  return scale_at(*this, v_scale, g, "attnstate::testing::AttentionProblem::v_scale_at", "v_scale");
+}
+
+std::vector<double> real_keys(const AttentionProblem& problem) {
+  const char* fn = "attnstate::testing::real_keys";
+  kit::check_problem(problem, fn, "problem");
+  return kit::dequantized(problem.k, problem.k_scale, fn);
+}
+
+std::vector<double> real_values(const AttentionProblem& problem) {
+  const char* fn = "attnstate::testing::real_values";
+  kit::check_problem(problem, fn, "problem");
+  return kit::dequantized(problem.v, problem.v_scale, fn);
+}
+
+AttentionProblem quantize_kv(const AttentionProblem& problem, DType kv_dtype,
+                             std::vector<float> k_scale, std::vector<float> v_scale) {
+  const char* fn = "attnstate::testing::quantize_kv";
+  kit::check_problem(problem, fn, "problem");
+  if (!is_fp8(kv_dtype)) {
+    detail::throw_argument(fn, "kv_dtype", "e4m3 or e5m2",
+                           is_valid(kv_dtype)
+                               ? std::string(to_string(kv_dtype))
+                               : "value " + std::to_string(static_cast<int>(kv_dtype)));
+  }
+  kit::check_scales(k_scale, problem.heads_kv(), fn, "k_scale");
+  kit::check_scales(v_scale, problem.heads_kv(), fn, "v_scale");
+  const std::vector<double> k = kit::dequantized(problem.k, problem.k_scale, fn);
+  const std::vector<double> v = kit::dequantized(problem.v, problem.v_scale, fn);
+  AttentionProblem out = problem;
+  out.k = HostTensor(kv_dtype, problem.k.shape());
+  out.v = HostTensor(kv_dtype, problem.v.shape());
+  const std::int64_t heads = problem.heads_kv(), dim = problem.head_dim();
+  const auto scale = [heads, dim](const std::vector<float>& s, std::size_t i) {
+    const std::size_t g = static_cast<std::size_t>((static_cast<std::int64_t>(i) / dim) % heads);
+    return s.empty() ? 1.0 : static_cast<double>(s[s.size() == 1 ? 0 : g]);
+  };
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    out.k.set(static_cast<std::int64_t>(i), static_cast<float>(k[i] / scale(k_scale, i)));
+    out.v.set(static_cast<std::int64_t>(i), static_cast<float>(v[i] / scale(v_scale, i)));
+  }
+  out.k_scale = std::move(k_scale);
+  out.v_scale = std::move(v_scale);
+  return out;
+}
 
 std::int64_t key_position(const AttentionProblem& problem, std::int64_t key) {
   const char* fn = "attnstate::testing::key_position";
@@ -160,6 +275,8 @@ AttentionProblem select_keys(const AttentionProblem& problem,
     std::copy(ks, ks + row_bytes, static_cast<unsigned char*>(out.k.data()) + dst);
     std::copy(vs, vs + row_bytes, static_cast<unsigned char*>(out.v.data()) + dst);
   }
+  out.k_scale = problem.k_scale;
+  out.v_scale = problem.v_scale;
   out.scale = problem.scale;
   out.out_dtype = problem.out_dtype;
   out.base = problem.base;
@@ -197,9 +314,22 @@ std::vector<std::int64_t> all_keys(std::int64_t n) {
 
 std::ostream& operator<<(std::ostream& os, const AttentionProblem& p) {
   os << "AttentionProblem(tokens=" << p.tokens() << ", H_q=" << p.heads_q()
-     << ", H_kv=" << p.heads_kv() << ", head_dim=" << p.head_dim() << ", keys=" << p.num_keys()
-     << ", qkv " << to_string(p.q.dtype()) << ", out " << to_string(p.out_dtype) << ", base "
-     << to_string(p.base) << ", scale=" << p.scale << (p.large_logits ? ", large logits" : "")
+     << ", H_kv=" << p.heads_kv() << ", head_dim=" << p.head_dim() << ", keys=" << p.num_keys();
+  if (p.k.dtype() == p.q.dtype()) {
+    os << ", qkv " << to_string(p.q.dtype());
+  } else {
+    os << ", q " << to_string(p.q.dtype()) << ", kv " << to_string(p.k.dtype());
+  }
+  const auto scales = [&os](const char* name, const std::vector<float>& s) {
+    if (s.empty()) return;
+    os << ", " << name << " {";
+    for (std::size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+    os << "}";
+  };
+  scales("k_scale", p.k_scale);
+  scales("v_scale", p.v_scale);
+  os << ", out " << to_string(p.out_dtype) << ", base " << to_string(p.base)
+     << ", scale=" << p.scale << (p.large_logits ? ", large logits" : "")
      << (p.offset_values ? ", offset values" : "") << ", value_seed=" << p.value_seed;
   if (p.variant.logits_soft_cap != 0.f) os << ", soft_cap=" << p.variant.logits_soft_cap;
   if (!p.positions.empty()) {

@@ -89,16 +89,18 @@ ReferenceState rebased(const ReferenceState& state, LseBase base) {
 
 namespace {
 
-/// The problem's values as floats (exact), read once per reference.
+/// The problem's values, read once per reference: `q` as stored, `k` and `v` as real values
+/// (fp8 elements times their scales, exact in double).
 struct ProblemValues {
-  std::vector<float> q, k, v;
+  std::vector<float> q;
+  std::vector<double> k, v;
   std::int64_t hq, hkv, dim, group;
   float scale;
   double cap;  // logits soft cap, 0: none
   explicit ProblemValues(const AttentionProblem& p)
       : q(p.q.to_floats()),
-        k(p.k.to_floats()),
-        v(p.v.to_floats()),
+        k(kit::dequantized(p.k, p.k_scale, "attnstate::testing::reference_state")),
+        v(kit::dequantized(p.v, p.v_scale, "attnstate::testing::reference_state")),
         hq(p.heads_q()),
         hkv(p.heads_kv()),
         dim(p.head_dim()),
@@ -117,7 +119,7 @@ void attend_row(const ProblemValues& pv, const std::vector<std::int64_t>& keys, 
   double m = kNegInf;
   bool nan = false;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    const float* kr = &pv.k[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
+    const double* kr = &pv.k[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
     double dot = 0;
     for (std::int64_t d = 0; d < dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
     s[i] = static_cast<double>(pv.scale) * dot;
@@ -138,10 +140,10 @@ void attend_row(const ProblemValues& pv, const std::vector<std::int64_t>& keys, 
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const double w = std::exp(s[i] - m);
     sum += w;
-    const float* vr = &pv.v[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
+    const double* vr = &pv.v[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
     for (std::int64_t d = 0; d < dim; ++d) {
       o[d] += w * vr[d];
-      mag[d] += w * std::fabs(static_cast<double>(vr[d]));
+      mag[d] += w * std::fabs(vr[d]);
     }
   }
   for (std::int64_t d = 0; d < dim; ++d) {
@@ -296,7 +298,8 @@ ReferenceState reference_merge(const std::vector<HostState>& states, LseBase bas
 double max_abs_score(const AttentionProblem& p) {
   kit::check_problem(p, "attnstate::testing::max_abs_score", "problem");
   const std::vector<float> q = p.q.to_floats();
-  const std::vector<float> k = p.k.to_floats();
+  const std::vector<double> k =
+      kit::dequantized(p.k, p.k_scale, "attnstate::testing::max_abs_score");
   const std::int64_t hq = p.heads_q(), hkv = p.heads_kv(), dim = p.head_dim();
   const std::int64_t group = p.group_size();
   double best = 0;
@@ -304,7 +307,7 @@ double max_abs_score(const AttentionProblem& p) {
     for (std::int64_t h = 0; h < hq; ++h) {
       const float* qr = &q[static_cast<std::size_t>((t * hq + h) * dim)];
       for (std::int64_t i = 0; i < p.num_keys(); ++i) {
-        const float* kr = &k[static_cast<std::size_t>((i * hkv + h / group) * dim)];
+        const double* kr = &k[static_cast<std::size_t>((i * hkv + h / group) * dim)];
         double acc = 0;
         for (std::int64_t d = 0; d < dim; ++d) acc += std::fabs(static_cast<double>(qr[d]) * kr[d]);
         best = std::max(best, std::fabs(static_cast<double>(p.scale)) * acc);

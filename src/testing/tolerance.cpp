@@ -114,14 +114,18 @@ Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input
   // The fp32 floor of the f32 row of the table; the LSE part is the table's (fp32 whatever the
   // dtypes), widened below.
   Tolerance tol = tolerance_for(DType::kF32);
-  const DType in = problem.v.dtype();
+  // The 16-bit dtype P may be rounded to: the inputs', or the queries' for fp8 keys and values
+  // (a tensor-core kernel multiplies P in the queries' dtype with V converted to it exactly:
+  // every fp8 value is an f16 and a bf16 value; the scales are applied in fp32).
+  const DType in = problem.has_fp8_kv() ? problem.q.dtype() : problem.v.dtype();
   const double keys = static_cast<double>(problem.num_keys());
   const double dim = static_cast<double>(problem.head_dim());
   const double score_err = (dim + 8) * kUnitRoundoff * max_abs_score(problem);
   const double sum_err = (keys + dim + 8) * kUnitRoundoff;
   double v_max = 1.0;
-  for (std::int64_t i = 0; i < problem.v.numel(); ++i) {
-    v_max = std::max(v_max, static_cast<double>(std::fabs(problem.v.get(i))));
+  for (const double v :
+       kit::dequantized(problem.v, problem.v_scale, "attnstate::testing::tolerance_for")) {
+    v_max = std::max(v_max, std::fabs(v));
   }
   const double base_factor = problem.base == LseBase::kBase2 ? 1.4426950408889634 : 1.0;
   // Rounding P to the input dtype (tensor cores) and o to the output dtype, each at most one

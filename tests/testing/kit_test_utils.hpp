@@ -3,10 +3,13 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
 
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "attnstate/core/error.hpp"
 
@@ -25,6 +28,18 @@ inline std::string invalid_argument_message(const std::function<void()>& call) {
   }
   ADD_FAILURE() << "did not throw";
   return {};
+}
+
+/// Draws `n` values of `gen` at growing sizes (`i % 101`), from a fixed seed: a reproducible
+/// sample of what a generator produces.
+template <class T>
+std::vector<T> sample_values(const rc::Gen<T>& gen, int n, std::uint64_t seed) {
+  std::vector<T> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(
+        gen(rc::Random(seed * 1000003u + static_cast<std::uint64_t>(i)), i % 101).value());
+  }
+  return out;
 }
 
 }  // namespace attnstate_test

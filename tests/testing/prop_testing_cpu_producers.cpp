@@ -2,7 +2,8 @@
 /// @brief `cpu::decode` and `cpu::cascade_attention` run through the testing kit's conformance
 ///        check (`check_state_kernel`): exactness against the double reference, split/merge,
 ///        the empty key set, the declared base, large logits and determinism; plain and
-///        soft-capped problems.
+///        soft-capped problems, and problems with fp8 keys and values (e4m3, e5m2; their scales
+///        passed as a host value, a pointer or per KV head).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +23,14 @@ using attnstate::testing::AttentionProblem;
 using attnstate::testing::HostState;
 
 constexpr std::int64_t kPage = 16;
+
+/// The problem's scales of one fp8 pool as the cache takes them: per KV head, or one per tensor
+/// given as a host value or (for odd seeds) through a pointer into `scales`.
+KvScale scale_of(const std::vector<float>& scales, std::uint64_t seed) {
+  if (scales.size() > 1) return KvScale::per_head(scales.data());
+  if (scales.empty()) return KvScale{};
+  return seed % 2 == 1 ? KvScale::per_tensor_at(scales.data()) : KvScale::per_tensor(scales[0]);
+}
 
 /// A host page pool holding `runs` of keys, each run starting on a fresh page (NHD pages of 16
 /// tokens, the tail of each run's last page zero-filled).
@@ -54,6 +63,10 @@ struct Pool {
     kv.k = k.data();
     kv.v = v.data();
     kv.dtype = p.k.dtype();
+    if (p.has_fp8_kv()) {
+      kv.k_scale = scale_of(p.k_scale, p.value_seed);
+      kv.v_scale = scale_of(p.v_scale, p.value_seed);
+    }
     kv.layout = KvLayout::kNHD;
     kv.num_pages = std::max<std::int64_t>(pages, 1);
     kv.page_size = kPage;
@@ -164,6 +177,22 @@ TEST(KitCpuProducers, SoftCappedCpuDecodePassesTheKit) {
 
 TEST(KitCpuProducers, SoftCappedCpuCascadePassesTheKit) {
   ATTNSTATE_EXPECT_KERNEL_CONFORMS(cpu_cascade_kernel, soft_cap_options());
+}
+
+/// Decode-shaped problems over fp8 keys and values (`fp8_kv_problem_options`: e4m3 and e5m2,
+/// scales 1, 2^-10 and 2^8, per tensor or per KV head, values at the formats' extremes).
+attnstate::testing::KernelCheckOptions fp8_kv_options() {
+  attnstate::testing::KernelCheckOptions o = decode_options();
+  o.problems = attnstate::testing::fp8_kv_problem_options(o.problems);
+  return o;
+}
+
+TEST(KitCpuProducers, Fp8KvCpuDecodePassesTheKit) {
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(cpu_decode_kernel, fp8_kv_options());
+}
+
+TEST(KitCpuProducers, Fp8KvCpuCascadePassesTheKit) {
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(cpu_cascade_kernel, fp8_kv_options());
 }
 
 }  // namespace

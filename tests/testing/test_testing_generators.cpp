@@ -13,6 +13,7 @@
 #include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/generators.hpp"
 #include "attnstate/testing/reference.hpp"
+#include "kit_test_utils.hpp"
 
 namespace {
 
@@ -21,12 +22,7 @@ using namespace attnstate::testing;  // NOLINT(google-build-using-namespace): te
 /// Draws `n` values of `gen` at growing sizes, from a fixed seed.
 template <class T>
 std::vector<T> sample(const rc::Gen<T>& gen, int n, std::uint64_t seed = 7) {
-  std::vector<T> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(
-        gen(rc::Random(seed * 1000003u + static_cast<std::uint64_t>(i)), i % 101).value());
-  }
-  return out;
+  return attnstate_test::sample_values(gen, n, seed);
 }
 
 RC_GTEST_PROP(KitGenerators, PartitionIsDisjointAndCoversAllKeys, ()) {

@@ -31,12 +31,7 @@ using attnstate::LseBase;
 /// Draws `n` values of `gen` at growing sizes, from a fixed seed.
 template <class T>
 std::vector<T> sample(const rc::Gen<T>& gen, int n, std::uint64_t seed = 11) {
-  std::vector<T> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(
-        gen(rc::Random(seed * 1000003u + static_cast<std::uint64_t>(i)), i % 101).value());
-  }
-  return out;
+  return attnstate_test::sample_values(gen, n, seed);
 }
 
 /// One query row, one head, head_dim 1, keys `k` with values `v` (f32), scale `scale`.

@@ -132,12 +132,31 @@ struct ProblemGenOptions {
   int window_percent = 0;  ///< Share of problems whose query rows have positions (0 to 100),
                            ///< hence a causal rule and, mostly, a sliding window (see
                            ///< `gen_attention_problem`). 0 (the default) draws nothing for it.
+  /// Dtypes of `k` and `v`: empty (the default: the input dtype drawn for `q`, and nothing drawn
+  /// for it, so the problems of a seed stay those drawn before), else one drawn per problem;
+  /// e4m3 and e5m2 give fp8 keys and values with scales (see `gen_attention_problem`).
+  std::vector<DType> kv_dtypes;
+  /// Scales drawn for fp8 keys and values (finite, > 0; non-empty when `kv_dtypes` lists an
+  /// fp8 dtype): 1, a tiny one and a large one.
+  std::vector<float> kv_scales = {1.f, 0x1p-10f, 0x1p8f};
+  int per_head_scale_percent = 50;  ///< Share of fp8 problems with one scale per KV head
+                                    ///< (0 to 100); the others have one per tensor.
+  int fp8_extremes_percent = 25;    ///< Share of fp8 problems with elements of `k` and `v` at the
+                                    ///< format's extremes (0 to 100): ±largest finite, ±smallest
+                                    ///< normal, ±smallest subnormal, ±0.
 };
 
 /// Decode-shaped problems: 1 to 8 query rows (speculative decode), GQA groups 4 and 8,
 /// head_dim 64 or 128, up to 300 keys, f16/bf16 inputs.
 /// @return those options (outputs still f32, f16 or bf16, both bases).
 ProblemGenOptions decode_problem_options();
+
+/// `options` drawing fp8 keys and values: `kv_dtypes = {e4m3, e5m2}` (queries in the input dtypes
+/// of `options`, f16 and bf16 by default), with the default scales, per-head scales and
+/// extremes.
+/// @param options  the options to extend (default: `decode_problem_options()`).
+/// @return `options` with `kv_dtypes = {kE4M3, kE5M2}`.
+ProblemGenOptions fp8_kv_problem_options(ProblemGenOptions options = decode_problem_options());
 
 /// `options` drawing the variants too: half the problems soft-capped, half windowed (a kernel
 /// that implements both; leave the other percentage at 0 for a kernel with one of them).
@@ -158,13 +177,25 @@ ProblemGenOptions variant_problem_options(ProblemGenOptions options = {});
 /// than the key count; the positions are those of decode's new tokens (the last `tokens` of the
 /// keys, some before position 0 when the keys are fewer), random in `[-2, num_keys + 2)`, or
 /// past the window (rows that see none of the keys: the empty state).
+///
+/// Keys and values in a dtype of `kv_dtypes`, when listed: a dtype that is not fp8 stores the
+/// same values in it. An fp8 dtype (an fp8 cache "at a chosen scale"): the stored values are the
+/// drawn values in `[-1, 1]` times a stored amplitude (1, or half the largest finite value: 224
+/// for e4m3, 28672 for e5m2), rounded once to fp8; in `fp8_extremes_percent`% of problems about
+/// one element in eight of `k` and `v` is instead an extreme encoding (±largest finite, ±smallest
+/// normal, ±smallest subnormal, ±0); the scales of `k` and of `v` are drawn from `kv_scales`,
+/// one per KV head in `per_head_scale_percent`% of problems, else one per tensor. The real
+/// values are `stored × scale`; `q` is divided by the largest real `|k|` (at most multiplied by
+/// 256), so the scores keep the magnitude of the plain problems whatever the scale, and an f16
+/// output is replaced by f32 when a real `|v|` passes 65504 (f16 would overflow).
 /// @param options  what may be drawn.
 /// @return a generator of problems, shrinking towards one token, one head, head_dim and key
 ///         count at their minimum, the first listed dtypes and base, no variant.
 /// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.bases`) when
 ///         `options` is invalid: an empty list, `min_keys > max_keys`, a limit below 1, limits
 ///         whose largest `q` or `k` passes 2^62 elements, a percentage outside [0, 100], a cap
-///         that is not finite and > 0.
+///         or an fp8 scale that is not finite and > 0, an fp8 dtype among `input_dtypes` or
+///         `output_dtypes` (`kNotSupported`).
 rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& options = {});
 
 /// A problem and a partition of its keys into up to `max_parts` parts.

@@ -30,11 +30,12 @@ class HostState {
   /// @param tokens    number of tokens (≥ 0).
   /// @param heads     heads per token (≥ 0).
   /// @param head_dim  elements of `o` per (token, head) (≥ 0).
-  /// @param dtype     storage dtype of `o`.
+  /// @param dtype     storage dtype of `o` (f32, f16 or bf16).
   /// @param base      base of the LSEs.
   /// @throws attnstate::Error (`kInvalidArgument`) naming the argument on a negative extent, an
   ///         invalid dtype or base, or sizes past 2^62 elements or bytes (`kMaxSize`,
-  ///         core/checked.hpp); `kResourceExhausted` when the host cannot allocate them.
+  ///         core/checked.hpp); `kNotSupported` for an fp8 dtype (a host state holds no `o`
+  ///         scale); `kResourceExhausted` when the host cannot allocate them.
   HostState(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, DType dtype,
             LseBase base);
   /// A deep copy of a host state view of any strides (`o` keeps the view's dtype, the LSEs
@@ -44,7 +45,7 @@ class HostState {
   /// @return an owning, contiguous copy with the view's shape, dtype and base.
   /// @throws attnstate::Error (`kInvalidArgument`) on a device view, a negative extent or
   ///         stride, strides whose span overflows, an invalid dtype or base, or a null pointer
-  ///         where there is data to read.
+  ///         where there is data to read; `kNotSupported` for an fp8 `o`.
   static HostState from_view(const ConstStateView& view);
 
   /// @return the number of tokens (independent query rows).

@@ -12,15 +12,17 @@ namespace attnstate {
 namespace testing {
 
 /// An owning, contiguous (row-major) host tensor of rank 1 to 4 whose elements are stored in
-/// `dtype` (f32, f16 or bf16). Values are written as floats and rounded once to the dtype
-/// (round to nearest even); reads convert back exactly. `view()` exposes the storage to the
-/// library and to user kernels.
+/// `dtype` (f32, f16, bf16, or fp8 e4m3/e5m2). Values are written as floats and rounded once to
+/// the dtype (round to nearest even; to fp8 saturating to the largest finite value, NaN staying
+/// NaN); reads convert back exactly. An fp8 tensor holds the stored values: it carries no scale
+/// (an `AttentionProblem` holds the scales of its fp8 keys and values). `view()` exposes the
+/// storage to the library and to user kernels.
 class HostTensor {
  public:
   /// An empty tensor (rank 0, no elements).
   HostTensor() = default;
   /// A zero-filled tensor of `shape` (1 to 4 extents, each ≥ 0) stored as `dtype`.
-  /// @param dtype  storage dtype (f32, f16 or bf16).
+  /// @param dtype  storage dtype (f32, f16, bf16, e4m3 or e5m2).
   /// @param shape  extents, outermost first.
   /// @throws attnstate::Error (`kInvalidArgument`) for a bad rank, a negative extent (naming
   ///         `shape[i]`), an unknown dtype, or more than 2^62 bytes in all (`kMaxSize`,
@@ -28,7 +30,7 @@ class HostTensor {
   HostTensor(DType dtype, std::vector<std::int64_t> shape);
   /// A tensor of `shape` holding `values` (row-major, `values.size()` = number of elements),
   /// each rounded once to `dtype`.
-  /// @param dtype   storage dtype (f32, f16 or bf16).
+  /// @param dtype   storage dtype (f32, f16, bf16, e4m3 or e5m2).
   /// @param shape   extents, outermost first.
   /// @param values  the elements, row-major.
   /// @return the tensor.

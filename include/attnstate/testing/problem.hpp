@@ -22,6 +22,12 @@ namespace testing {
 /// of `H_kv` (query head `h` reads KV head `h / (H_q / H_kv)`), scores `s = scale · q·k`. The
 /// state a kernel should return has `o` stored in `out_dtype` and its LSE in `base`.
 ///
+/// fp8 keys and values: `k` and `v` may be stored in e4m3 or e5m2 (`q` stays f32, f16 or bf16),
+/// with dequantisation scales `k_scale`, `v_scale`: the real value of a stored element of KV head
+/// `g` is `stored × k_scale_at(g)` (`real_keys`, `real_values`), and the reference computes over
+/// these real values, in double. A kernel reads an fp8 problem as it would an fp8 KV cache: the
+/// stored bytes of `k`/`v` and one scale per tensor or per KV head (`PagedKvCache::k_scale`).
+///
 /// Variants (off by default, so a plain problem is as before): `variant.logits_soft_cap > 0`
 /// turns every score into `cap · tanh(s / cap)`; `positions` gives each query row a position,
 /// and then row `t` sees only the keys at positions `[window_begin(positions[t],
@@ -49,6 +55,11 @@ struct AttentionProblem {
   /// Positions of the keys (`num_keys` values), or empty: key `i` is at position `i`. Read only
   /// when `positions` is set; `select_keys` keeps each selected key's position.
   std::vector<std::int64_t> key_positions;
+  /// Dequantisation scales of an fp8 `k`: empty (every scale 1), one value (the tensor's) or
+  /// `H_kv` values (one per KV head), each finite and > 0. Empty unless `k` is fp8.
+  std::vector<float> k_scale;
+  /// Dequantisation scales of an fp8 `v`, as `k_scale`.
+  std::vector<float> v_scale;
 
   /// @return the number of query rows.
   std::int64_t tokens() const { return q.dim(0); }
@@ -64,7 +75,49 @@ struct AttentionProblem {
   std::int64_t group_size() const { return heads_q() / heads_kv(); }
   /// @return true when the query rows have positions (a causal or windowed problem).
   bool has_positions() const { return !positions.empty(); }
+  /// @return true when `k` and `v` are stored in fp8 (e4m3 or e5m2).
+  bool has_fp8_kv() const { return is_fp8(k.dtype()); }
+  /// The scale of KV head `g` of `k`: 1 when `k_scale` is empty, its one value, or `k_scale[g]`.
+  /// @param g  a KV head, in `[0, heads_kv())`.
+  /// @return the scale.
+  /// @throws attnstate::Error (`kInvalidArgument`) naming `g` out of range or `k_scale` of a
+  ///         size other than 0, 1 or `H_kv`.
+  float k_scale_at(std::int64_t g) const;
+  /// The scale of KV head `g` of `v`, as `k_scale_at`.
+  /// @param g  a KV head, in `[0, heads_kv())`.
+  /// @return the scale.
+  /// @throws attnstate::Error (`kInvalidArgument`) as `k_scale_at`, naming `v_scale`.
+  float v_scale_at(std::int64_t g) const;
 };
+
+/// The real values of `problem.k`, row-major `(num_keys, H_kv, head_dim)`: each stored element
+/// times the scale of its KV head (`k_scale_at`), in double (exact: an fp8 value times a float).
+/// @param problem  the problem.
+/// @return `problem.k.numel()` values (the stored values themselves for a k that is not fp8).
+/// @throws attnstate::Error (`kInvalidArgument`) naming the problem's inconsistent field.
+std::vector<double> real_keys(const AttentionProblem& problem);
+/// The real values of `problem.v`, as `real_keys` (with `v_scale`).
+/// @param problem  the problem.
+/// @return `problem.v.numel()` values.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the problem's inconsistent field.
+std::vector<double> real_values(const AttentionProblem& problem);
+
+/// `problem` with its keys and values stored in the fp8 `kv_dtype` with the given scales: the
+/// real value `x` of an element of KV head `g` (`real_keys` / `real_values` of `problem`) is
+/// stored as `from_float(x / scale(g))` (the quotient rounded to fp32, then once to fp8, to
+/// nearest even, saturating to the largest finite value, NaN staying NaN), so the new problem's
+/// real value is `stored × scale(g)`. Everything else (queries, scale, variant, positions) is
+/// kept.
+/// @param problem   the problem (any dtype of k and v, fp8 included).
+/// @param kv_dtype  e4m3 or e5m2.
+/// @param k_scale   scales of the new `k`: empty (1), one value or `H_kv` values, finite, > 0.
+/// @param v_scale   scales of the new `v`, likewise.
+/// @return the quantised problem.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `kv_dtype` when it is not fp8, `k_scale`
+///         or `v_scale` (`v_scale[i]`) of a wrong size or value, or the problem's inconsistent
+///         field.
+AttentionProblem quantize_kv(const AttentionProblem& problem, DType kv_dtype,
+                             std::vector<float> k_scale, std::vector<float> v_scale);
 
 /// The position of key `key` of `problem`: `key_positions[key]`, or `key` when there are none.
 /// @param problem  the problem.
@@ -93,7 +146,8 @@ std::vector<std::int64_t> visible_keys(const AttentionProblem& problem, std::int
 /// @param heads_kv   KV heads `H_kv` (≥ 1).
 /// @param head_dim   elements per head (≥ 1).
 /// @param num_keys   keys `T` (≥ 0).
-/// @param dtype      storage dtype of `q`, `k` and `v`.
+/// @param dtype      storage dtype of `q`, `k` and `v` (f32, f16 or bf16; for fp8 keys and
+///                   values, `quantize_kv` the result).
 /// @param q          `(tokens, H_q, head_dim)` row-major values.
 /// @param k          `(num_keys, H_kv, head_dim)` row-major values.
 /// @param v          same shape as `k`.
@@ -102,7 +156,7 @@ std::vector<std::int64_t> visible_keys(const AttentionProblem& problem, std::int
 /// @param base       LSE base requested for the output.
 /// @return the problem.
 /// @throws attnstate::Error (`kInvalidArgument`) when the sizes do not match the extents or
-///         `H_q % H_kv != 0`.
+///         `H_q % H_kv != 0`; `kNotSupported` naming `dtype` for fp8.
 AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::int64_t heads_kv,
                               std::int64_t head_dim, std::int64_t num_keys, DType dtype,
                               const std::vector<float>& q, const std::vector<float>& k,
@@ -113,9 +167,9 @@ AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::in
 ///
 /// @param problem  the problem to restrict.
 /// @param keys  indices into `[0, problem.num_keys())`; may be empty (a `T = 0` segment).
-/// @return a problem with the same queries, scale, output dtype, base, variant and query
-///         positions and `keys.size()` keys (each keeping its position when the problem has
-///         query positions).
+/// @return a problem with the same queries, scale, output dtype, base, variant, query
+///         positions and fp8 scales and `keys.size()` keys (each keeping its position when the
+///         problem has query positions).
 /// @throws attnstate::Error (`kInvalidArgument`) for an index out of range.
 AttentionProblem select_keys(const AttentionProblem& problem,
                              const std::vector<std::int64_t>& keys);
@@ -131,7 +185,7 @@ HostState make_output_state(const AttentionProblem& problem);
 /// @return `{0, 1, ..., n-1}` (empty for `n <= 0`).
 std::vector<std::int64_t> all_keys(std::int64_t n);
 
-/// Prints the problem's shape, dtypes, base, scale and value seed (not the values).
+/// Prints the problem's shape, dtypes, base, scale, fp8 scales and value seed (not the values).
 /// @param os       the stream written to.
 /// @param problem  the problem.
 /// @return `os`.

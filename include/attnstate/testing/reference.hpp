@@ -1,6 +1,7 @@
 /// @file reference.hpp
 /// @brief The double-precision reference: attention states of a key subset and the ⊕ merge,
-///        computed in double from the exact stored values.
+///        computed in double from the exact stored values (fp8 keys and values dequantised:
+///        stored × scale, exact in double).
 #pragma once
 
 #include <cstdint>
@@ -102,7 +103,8 @@ ReferenceState rebased(const ReferenceState& state, LseBase base);
 /// The attention state of `problem`'s queries over the keys `keys`, in double.
 ///
 /// For each query token `t` and head `h` (KV head `g = h / group_size`): scores
-/// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over the keys `i ∈ keys` the row sees
+/// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over the keys `i ∈ keys` the row sees, `k` and `v` the
+/// real values (`real_keys`, `real_values`: an fp8 element times its KV head's scale)
 /// (`visible_keys`: all of them unless the problem has positions), soft-capped to
 /// `cap · tanh(s_i / cap)` when `problem.variant.logits_soft_cap = cap > 0`, `m = max s_i`,
 /// `o = Σ e^{s_i - m} v[i,g] / Σ e^{s_i - m}`, `lse = m + ln Σ e^{s_i - m}` (converted to
@@ -165,8 +167,9 @@ ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBas
 ReferenceState reference_merge(const std::vector<HostState>& states, LseBase base);
 
 /// The largest `|scale| · Σ_d |q[t,h,d] k[i,g,d]|` over all (token, head, key) of the
-/// problem: it bounds the magnitude of every score (before a soft cap, which only shrinks a
-/// score and its error) and scales the fp32 rounding error a kernel can make in computing them.
+/// problem (`k` its real values, `real_keys`): it bounds the magnitude of every score (before a
+/// soft cap, which only shrinks a score and its error) and scales the fp32 rounding error a kernel
+/// can make in computing them.
 /// @param problem  the problem.
 /// @return that bound (0 for a problem without keys).
 double max_abs_score(const AttentionProblem& problem);

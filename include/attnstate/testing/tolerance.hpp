@@ -92,10 +92,10 @@ Tolerance tolerance_for(DType o_dtype);
 /// to the 16-bit input dtype for the `P·V` product.
 ///
 /// With `u_in` the unit roundoff of that rounding of `P` (`2^-8` for bf16 inputs, `2^-11` for
-/// f16; 0 for f32 inputs or when `p_rounded_to_input` is false: no rounding), `u_out` that of
-/// the output dtype (`2^-8`, `2^-11`, `2^-24`),
-/// `V` the largest `|v|` (at least 1), `D` the head_dim, `T` the key count and
-/// `S = max_abs_score(problem)`:
+/// f16; 0 for f32 inputs or when `p_rounded_to_input` is false: no rounding; for fp8 keys and
+/// values the queries' dtype is the input dtype), `u_out` that of the output dtype (`2^-8`,
+/// `2^-11`, `2^-24`), `V` the largest real `|v|` (`real_values`, at least 1), `D` the head_dim,
+/// `T` the key count and `S = max_abs_score(problem)`:
 ///
 /// - `o_magnitude_rel = 2 · (u_in + u_out)`: rounding `P` errs by at most `u_in · M` and
 ///   rounding `o` (and, in a split, each part's `o`) by at most `u_out · M`, `M = Σ_i w_i |v_i|`
@@ -110,7 +110,12 @@ Tolerance tolerance_for(DType o_dtype);
 ///   base 2, else 1), `lse_rel = 1e-6`.
 ///
 /// A kernel that accumulates `P·V` in 16 bits (rounding `u_in · |acc|` per key) or loses a
-/// rescale exceeds this over a few hundred keys. See docs/testing_kit.md.
+/// rescale exceeds this over a few hundred keys. With fp8 keys and values the model adds no term
+/// of its own: the reference is over the real values `stored × scale`, every fp8 value converts
+/// exactly to f16, bf16 and f32, and a kernel that dequantises in fp32 (each element `to_float ×
+/// scale`, one fp32 rounding, or the scales applied to the fp32 score and output) errs by fp32
+/// roundings the terms above cover; one that rounds `stored × scale` to 16 bits does not pass.
+/// See docs/testing_kit.md and docs/fp8.md.
 /// @param problem             the problem (its dtypes, base, shapes and values).
 /// @param p_rounded_to_input  whether the kernel may round `P` to the 16-bit input dtype (true:
 ///                            tensor-core kernels; false: a kernel with fp32 `P` is held to
