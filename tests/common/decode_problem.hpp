@@ -29,6 +29,13 @@ namespace attnstate_test {
 using attnstate::DType;
 using attnstate::KvLayout;
 
+/// How a test passes the scales of an fp8 cache (`attnstate::KvScale`).
+enum class KvScaleKind {
+  kValue,    ///< one host value per tensor
+  kPointer,  ///< one scale per tensor, read through a pointer
+  kPerHead,  ///< one scale per KV head, `[H_kv]`
+};
+
 /// Shape and options of a random decode problem.
 struct DecodeConfig {
   std::int64_t q_len = 1;
@@ -43,13 +50,30 @@ struct DecodeConfig {
   float q_gain = 1.f;                  ///< Queries are uniform in [-q_gain, q_gain].
   std::int64_t spare_pages = 3;        ///< Unused pages in the pool (filled with NaN).
   std::vector<std::int32_t> seq_lens;  ///< One per request.
+  /// fp8 caches only: K and V are stored uniform in [-kv_amp, kv_amp] (rounded once to fp8,
+  /// saturating) and read as stored × scale, the scales given as `scale_kind` says: `k_scales`
+  /// and `v_scales` hold one value (kValue, kPointer) or one per KV head (kPerHead).
+  float kv_amp = 1.f;
+  KvScaleKind scale_kind = KvScaleKind::kValue;
+  std::vector<float> k_scales = {1.f};
+  std::vector<float> v_scales = {1.f};
 
   std::string name() const {
     return "q_len=" + std::to_string(q_len) + " hq=" + std::to_string(heads_q) +
            " hkv=" + std::to_string(heads_kv) + " D=" + std::to_string(head_dim) +
            " page=" + std::to_string(page_size) + (layout == KvLayout::kHND ? " HND" : " NHD") +
            (block_table ? " bt" : " csr") + " q=" + attnstate::to_string(q_dtype) +
-           " kv=" + attnstate::to_string(kv_dtype) + " gain=" + std::to_string(q_gain);
+           " kv=" + attnstate::to_string(kv_dtype) + " gain=" + std::to_string(q_gain) +
+           (attnstate::is_fp8(kv_dtype) ? fp8_name() : std::string());
+  }
+  std::string fp8_name() const {
+    const char* kinds[] = {"value", "pointer", "per_head"};
+    std::string s = std::string(" amp=") + std::to_string(kv_amp) + " scales " +
+                    kinds[static_cast<int>(scale_kind)] + " k{";
+    for (float x : k_scales) s += std::to_string(x) + " ";
+    s += "} v{";
+    for (float x : v_scales) s += std::to_string(x) + " ";
+    return s + "}";
   }
 };
 
@@ -70,34 +94,23 @@ inline DecodeConfig shape_config(std::int64_t q_len, std::int64_t heads_q, std::
   return c;
 }
 
-/// Stores a float as `dt` into raw bytes at element `i`.
+/// Stores a float as `dt` (any dtype, fp8 included: the stored value, saturating) into raw bytes
+/// at element `i`.
 inline void put(std::vector<unsigned char>& buf, DType dt, std::int64_t i, float x) {
-  if (dt == DType::kF32) {
-    std::memcpy(buf.data() + 4 * i, &x, 4);
-  } else if (dt == DType::kF16) {
-    const auto h = attnstate::from_float<attnstate::half_t>(x);
-    std::memcpy(buf.data() + 2 * i, &h, 2);
-  } else {
-    const auto h = attnstate::from_float<attnstate::bfloat16_t>(x);
-    std::memcpy(buf.data() + 2 * i, &h, 2);
-  }
+  attnstate::dispatch_dtype_with_fp8(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T v = attnstate::from_float<T>(x);
+    std::memcpy(buf.data() + sizeof(T) * i, &v, sizeof(T));
+  });
 }
-/// Reads element `i` of raw bytes of dtype `dt` as a double.
+/// Reads element `i` of raw bytes of dtype `dt` as a double (an fp8 element: its stored value).
 inline double get(const void* buf, DType dt, std::int64_t i) {
-  const unsigned char* p = static_cast<const unsigned char*>(buf);
-  if (dt == DType::kF32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  }
-  if (dt == DType::kF16) {
-    attnstate::half_t h;
-    std::memcpy(&h, p + 2 * i, 2);
-    return attnstate::to_float(h);
-  }
-  attnstate::bfloat16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return attnstate::to_float(h);
+  return attnstate::dispatch_dtype_with_fp8(dt, [&](auto tag) -> double {
+    using T = decltype(tag);
+    T v;
+    std::memcpy(&v, static_cast<const unsigned char*>(buf) + sizeof(T) * i, sizeof(T));
+    return attnstate::to_float(v);
+  });
 }
 
 /// A decode problem in host memory: queries, paged K/V pools with shuffled page ids, tables.
@@ -108,6 +121,7 @@ struct DecodeProblemHost {
   std::int64_t bt_stride = 0;
   std::vector<unsigned char> q, k, v;
   std::vector<std::int32_t> seq_lens, indptr, indices, block_table;
+  std::vector<float> k_scale_mem, v_scale_mem;  ///< The scales a kPointer/kPerHead cache reads.
 
   std::int64_t page_elems() const { return cfg.page_size * cfg.heads_kv * cfg.head_dim; }
   std::int64_t tokens() const { return batch * cfg.q_len; }
@@ -133,7 +147,22 @@ struct DecodeProblemHost {
     kv.seq_lens = seq_lens.data();
     kv.batch = batch;
     kv.space = attnstate::MemorySpace::kHost;
+    if (attnstate::is_fp8(cfg.kv_dtype)) {
+      kv.k_scale = scale_view(k_scale_mem);
+      kv.v_scale = scale_view(v_scale_mem);
+    }
     return kv;
+  }
+  /// The `KvScale` of `cfg.scale_kind` over `mem` (the scales of one pool).
+  attnstate::KvScale scale_view(const std::vector<float>& mem) const {
+    switch (cfg.scale_kind) {
+      case KvScaleKind::kPointer:
+        return attnstate::KvScale::per_tensor_at(mem.data());
+      case KvScaleKind::kPerHead:
+        return attnstate::KvScale::per_head(mem.data());
+      default:
+        return attnstate::KvScale::per_tensor(mem[0]);
+    }
   }
   /// Host view of the queries `(batch, q_len, heads_q, head_dim)`.
   attnstate::ConstTensorView q_view() const {
@@ -165,8 +194,9 @@ struct DecodeProblemHost {
   }
 };
 
-/// Builds a random problem: values uniform in [-1, 1] (queries × q_gain), page ids shuffled,
-/// unused pool slots NaN (so reading outside the request's keys shows).
+/// Builds a random problem: values uniform in [-1, 1] (queries × q_gain; fp8 K and V stored ×
+/// kv_amp, with the scales of `cfg`), page ids shuffled, unused pool slots NaN (so reading
+/// outside the request's keys shows).
 inline DecodeProblemHost make_decode_problem(const DecodeConfig& cfg, std::uint64_t seed) {
   DecodeProblemHost p;
   p.cfg = cfg;
@@ -198,6 +228,9 @@ inline DecodeProblemHost make_decode_problem(const DecodeConfig& cfg, std::uint6
     }
   }
   if (p.indices.empty()) p.indices.push_back(0);
+  const float kv_amp = attnstate::is_fp8(cfg.kv_dtype) ? cfg.kv_amp : 1.f;
+  p.k_scale_mem = cfg.k_scales;
+  p.v_scale_mem = cfg.v_scales;
   const std::int64_t pool = std::max<std::int64_t>(1, p.num_pages) * p.page_elems();
   const std::size_t esz = attnstate::size_of(cfg.kv_dtype);
   p.k.assign(pool * esz, 0);
@@ -212,8 +245,8 @@ inline DecodeProblemHost make_decode_problem(const DecodeConfig& cfg, std::uint6
       for (std::int64_t h = 0; h < cfg.heads_kv; ++h) {
         const std::int64_t off = p.kv_offset(b, t, h);
         for (std::int64_t d = 0; d < cfg.head_dim; ++d) {
-          put(p.k, cfg.kv_dtype, off + d, u(rng));
-          put(p.v, cfg.kv_dtype, off + d, u(rng));
+          put(p.k, cfg.kv_dtype, off + d, u(rng) * kv_amp);
+          put(p.v, cfg.kv_dtype, off + d, u(rng) * kv_amp);
         }
       }
   const std::int64_t qn = p.batch * cfg.q_len * cfg.heads_q * cfg.head_dim;
@@ -251,6 +284,10 @@ inline attnstate::testing::AttentionProblem decode_as_problem(const DecodeProble
   problem.v =
       attnstate::testing::HostTensor::from_floats(c.kv_dtype, {keys, c.heads_kv, c.head_dim}, v);
   problem.scale = scale;
+  if (attnstate::is_fp8(c.kv_dtype)) {  // stored values: the kit reads them × the scales
+    problem.k_scale = c.k_scales;
+    problem.v_scale = c.v_scales;
+  }
   return problem;
 }
 

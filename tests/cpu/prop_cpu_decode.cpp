@@ -1,7 +1,8 @@
 /// @file prop_cpu_decode.cpp
 /// @brief RapidCheck properties of the CPU split-KV decode (≥ 500 cases each): on random paged
-///        problems it equals the one-pass state `cpu::attention_state` of each row's keys, and
-///        splitting anywhere (any count, any size) equals not splitting, to rounding.
+///        problems it equals the one-pass state `cpu::attention_state` of each row's keys,
+///        splitting anywhere (any count, any size) equals not splitting, to rounding, and over
+///        random fp8 caches it equals the reference over the dequantised cache.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -154,6 +155,42 @@ RC_GTEST_PROP(DecodeProps, SplittingAnywhereEqualsNotSplitting, ()) {
   }
   for (std::size_t i = 0; i < a.o.size() / 4; ++i)
     RC_ASSERT(std::fabs(f32_at(a, i) - f32_at(b, i)) <= tol_o);
+}
+
+/// A random small problem over an fp8 cache: e4m3 or e5m2, its scales (1, 2^-10, 2^8 or 0.37
+/// for K and for V) given as a host value, a pointer or per KV head, stored values near 1 or
+/// near the format's largest, queries scaled to the real keys.
+DecodeProblemHost random_fp8_problem() {
+  DecodeProblemHost base = random_problem();
+  DecodeConfig cfg = base.cfg;
+  cfg.kv_dtype = *rc::gen::element(DType::kE4M3, DType::kE5M2);
+  cfg.scale_kind =
+      *rc::gen::element(KvScaleKind::kValue, KvScaleKind::kPointer, KvScaleKind::kPerHead);
+  const std::size_t n = cfg.scale_kind == KvScaleKind::kPerHead ? cfg.heads_kv : 1;
+  const auto scale = rc::gen::element(1.f, 0x1p-10f, 0x1p8f, 0.37f);
+  cfg.k_scales = *rc::gen::container<std::vector<float>>(n, scale);
+  cfg.v_scales = *rc::gen::container<std::vector<float>>(n, scale);
+  cfg.kv_amp = *rc::gen::element(1.f, cfg.kv_dtype == DType::kE4M3 ? 224.f : 28672.f);
+  const float k_max = cfg.kv_amp * *std::max_element(cfg.k_scales.begin(), cfg.k_scales.end());
+  cfg.q_gain = std::min(256.f, *rc::gen::element(1.f, 8.f) / k_max);
+  cfg.q_dtype = *rc::gen::element(DType::kF32, DType::kBF16);
+  return make_decode_problem(cfg, *rc::gen::arbitrary<std::uint32_t>());
+}
+
+// Decode over a random fp8 cache equals the double-precision reference over the dequantised cache
+// (stored × scale of the KV head) within the kit's tolerance for fp32 probabilities, for any
+// split layout.
+RC_GTEST_PROP(DecodeProps, Fp8CacheMatchesTheDequantisedReference, ()) {
+  const DecodeProblemHost p = random_fp8_problem();
+  const SplitLayout l = random_layout();
+  const float scale = 1.f / std::sqrt(static_cast<float>(p.cfg.head_dim));
+  const HostState got = run(p, l, scale);
+  const attnstate::testing::AttentionProblem problem = decode_as_problem(p, scale);
+  const std::string mismatch = compare_decode(
+      attnstate::testing::reference_state_per_token(problem, decode_keys(p), LseBase::kNatural),
+      got.o.data(), DType::kF32, got.lse.data(), LseBase::kNatural,
+      attnstate::testing::tolerance_for(problem, false));
+  RC_ASSERT(mismatch.empty());
 }
 
 }  // namespace

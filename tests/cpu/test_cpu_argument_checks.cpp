@@ -894,6 +894,84 @@ TEST(DecodeArgs, OutputOverTheCacheOrItsTablesIsRejected) {
   }
 }
 
+TEST(DecodeArgs, Fp8KvScalesAreCheckedAndNamed) {
+  for (MemorySpace sp : kBothSpaces) {
+    DecodeViews d(sp);
+    const auto check = [&](const PagedKvCache& kv) {
+      detail::validate_decode_args("fn", d.qv(), kv, d.out(), sp);
+    };
+    std::vector<float> scales = {0.5f, 2.f, 4.f};
+    // a scale on a cache that is not fp8 would be ignored: refused
+    PagedKvCache kv = d.kv();
+    kv.k_scale = KvScale::per_tensor(2.f);
+    expect_arg_error([&] { check(kv); }, "kv.k_scale");
+    kv = d.kv();
+    kv.v_scale = KvScale::per_head(scales.data());
+    expect_arg_error([&] { check(kv); }, "kv.v_scale");
+    // every kind of scale of an fp8 cache passes
+    const PagedKvCache fp8 = [&] {
+      PagedKvCache c = d.kv();
+      c.dtype = DType::kE4M3;
+      return c;
+    }();
+    for (const KvScale& s :
+         {KvScale{}, KvScale::per_tensor(0x1p-10f), KvScale::per_tensor_at(scales.data()),
+          KvScale::per_head(scales.data()), KvScale::per_head(scales.data(), 2),
+          KvScale{1.f, scales.data(), 0}}) {
+      kv = fp8;
+      kv.k_scale = kv.v_scale = s;
+      EXPECT_NO_THROW(check(kv));
+    }
+    for (float bad : {0.f, -1.f, NAN, INFINITY, -0.f}) {
+      kv = fp8;
+      kv.k_scale = KvScale::per_tensor(bad);
+      expect_arg_error([&] { check(kv); }, "kv.k_scale.value");
+    }
+    kv = fp8;
+    kv.v_scale.head_stride = 1;  // a stride without data
+    expect_arg_error([&] { check(kv); }, "kv.v_scale.head_stride");
+    kv = fp8;
+    kv.v_scale = KvScale::per_tensor_at(scales.data());
+    kv.v_scale.value = 2.f;  // a value beside a pointer: which one is the scale?
+    expect_arg_error([&] { check(kv); }, "kv.v_scale.value");
+    kv = fp8;
+    kv.k_scale = KvScale::per_head(scales.data(), -1);
+    expect_arg_error([&] { check(kv); }, "kv.k_scale.head_stride");
+    kv.k_scale = KvScale::per_head(scales.data(), std::int64_t{1} << 61);  // span past 2^62 bytes
+    expect_arg_error([&] { check(kv); }, "kv.k_scale.head_stride");
+    kv.k_scale = KvScale::per_head(
+        reinterpret_cast<const float*>(reinterpret_cast<const char*>(scales.data()) + 2));
+    expect_arg_error([&] { check(kv); }, "kv.k_scale.data");
+    // the scales are inputs: out must not overlap them
+    kv = fp8;
+    kv.v_scale = KvScale::per_head(d.lse.data() + 2);
+    if (sp == MemorySpace::kHost) d.lse[2] = d.lse[3] = 1.f;
+    expect_arg_error([&] { check(kv); }, "out.lse");
+    // pointed-to scales are read on the host (the CPU backend's memory) only
+    std::vector<float> bad = {1.f, 0.f, NAN, 1.f};
+    kv = fp8;
+    kv.v_scale = KvScale::per_head(bad.data());
+    kv.k_scale = KvScale::per_tensor_at(bad.data() + 2);
+    if (sp == MemorySpace::kHost) {
+      expect_arg_error([&] { check(kv); }, "kv.k_scale.data[0]");
+      kv.k_scale = KvScale::per_head(bad.data(), 3);  // heads at [0] and [3]: both fine
+      expect_arg_error([&] { check(kv); }, "kv.v_scale.data[1]");
+    } else {
+      EXPECT_NO_THROW(check(kv));  // device scales are read by the kernels, never here
+    }
+    // fp8 queries: not supported (fp8 is for the cache)
+    ConstTensorView q = d.qv();
+    q.dtype = DType::kE5M2;
+    expect_arg_error([&] { detail::validate_decode_args("fn", q, fp8, d.out(), sp); }, "q.dtype",
+                     Status::kNotSupported);
+    expect_arg_error([&] { detail::check_cascade_query("fn", q, fp8, sp); }, "q.dtype",
+                     Status::kNotSupported);
+    kv = fp8;
+    kv.k_scale = KvScale::per_tensor(NAN);
+    expect_arg_error([&] { detail::check_cascade_pool("fn", kv, sp); }, "kv.k_scale.value");
+  }
+}
+
 TEST(DecodeOutputArgs, OutputInTheWrongSpaceIsRejected) {
   DecodeViews d(MemorySpace::kDevice);
   StateView out = d.out();
