@@ -24,6 +24,34 @@ def _out_state(like, out, tokens, heads, head_dim, dtype, base, fn):
     return State(o, empty(like, (tokens, heads), "float32"), _parse_base(base, fn, "base"))
 
 
+# fp8 KV dtypes by name (torch's dtype objects give "float8_e4m3fn" and "float8_e5m2"); the pools
+# themselves are uint8 arrays of the stored bytes (e.g. `k.view(torch.uint8)`).
+_FP8_KV = {"e4m3": _C.DType.E4M3, "e4m3fn": _C.DType.E4M3, "float8_e4m3fn": _C.DType.E4M3,
+           "e5m2": _C.DType.E5M2, "float8_e5m2": _C.DType.E5M2}
+
+
+def _kv_dtype(kv_dtype, dtype, fn):
+    """The KV dtype of a plan: `dtype` for None, an fp8 name, or any dtype `to_dtype` takes."""
+    if kv_dtype is None:
+        return to_dtype(dtype, "dtype", fn)
+    if isinstance(kv_dtype, _C.DType):
+        return kv_dtype
+    name = kv_dtype if isinstance(kv_dtype, str) else str(kv_dtype).rsplit(".", 1)[-1]
+    if name in _FP8_KV:
+        return _FP8_KV[name]
+    return to_dtype(kv_dtype, "kv_dtype", fn)
+
+
+def _kv_scale(scale, arg, fn):
+    """A pool's dequantisation scale as the library takes it (None: 1.0), checked."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise error(fn, arg, "a float scale (real value = stored value x scale), or None",
+                    type(scale).__name__)
+    return float(scale)
+
+
 def _variant(window_left, logits_soft_cap, fn):
     """(window_left, cap) as the library takes them (-1 / 0.0 for none), checked."""
     if window_left is None:
@@ -65,6 +93,10 @@ class Decode:
     (batch * q_len, heads_q, head_dim), token b * q_len + i, in the base asked for, to merge
     further. CUDA: head_dim 64/128/256, q and KV both float16 or both bfloat16, q_len 1..8; CPU:
     any head_dim, float32/16/bfloat16.
+
+    fp8 KV caches (CPU for now): plan with kv_dtype="e4m3" or "e5m2" and pass k, v as uint8
+    arrays of the stored bytes (torch: `k.view(torch.uint8)`) with `k_scale=`, `v_scale=` floats
+    to run: a stored element's real value is its fp8 value times the scale.
     """
 
     def __init__(self):
@@ -76,7 +108,8 @@ class Decode:
              logits_soft_cap=None, like=None, num_sms=0, stream=None):
         """Plans for the host int32 array `seq_lens` (batch,) of (maximum) lengths.
 
-        dtype / kv_dtype: of the queries / the KV pools (kv_dtype defaults to dtype).
+        dtype / kv_dtype: of the queries / the KV pools (kv_dtype defaults to dtype; "e4m3" or
+        "e5m2" for an fp8 cache, whose pools `run` takes as uint8 arrays with their scales).
         scale: softmax scale (default 1/sqrt(head_dim)). policy: "auto", "fixed_count"
         (num_splits per request) or "fixed_size" (split_size tokens, a multiple of 16).
         window_left: sliding window, keys before the row's position it also sees (0: only its
@@ -93,7 +126,7 @@ class Decode:
         device = device_of(like) if like is not None else None
         self._plan = _C.plan_decode(
             seq_lens, q_len, heads_q, heads_kv, head_dim, to_dtype(dtype, "dtype", fn),
-            to_dtype(kv_dtype if kv_dtype is not None else dtype, "kv_dtype", fn),
+            _kv_dtype(kv_dtype, dtype, fn),
             0.0 if scale is None else float(scale), policy, num_splits, split_size, window, cap,
             -1 if device is None else device, num_sms)
         self._heads_q, self._head_dim, self._q_len = heads_q, head_dim, q_len
@@ -121,19 +154,23 @@ class Decode:
         return self._plan
 
     def run(self, q, k, v, seq_lens, *, page_indptr=None, page_indices=None, block_table=None,
-            layout="NHD", out=None, dtype=None, base="natural", stream=None):
+            layout="NHD", out=None, dtype=None, base="natural", k_scale=None, v_scale=None,
+            stream=None):
         """Runs the planned decode; returns `out` (or a State allocated like q, in `dtype`
         (default q's) and `base` (default natural)). Exactly one of (page_indptr, page_indices)
         and block_table gives the page table; the plan's batch is the maximum, `seq_lens` may be
-        shorter or have shorter lengths (a graph captured once replays for them). stream: as for
-        the merges (torch's current stream by default, an int handle or an object with
-        `__cuda_stream__`; None for host arrays); the run enqueues and returns."""
+        shorter or have shorter lengths (a graph captured once replays for them). k_scale,
+        v_scale: the scales of an fp8 cache (None: 1; a finite float > 0), None otherwise.
+        stream: as for the merges (torch's current stream by default, an int handle or an object
+        with `__cuda_stream__`; None for host arrays); the run enqueues and returns."""
+        fn = "attnstate.Decode.run"
         plan = self._require()
         batch = q.shape[0] if len(q.shape) == 4 else 0
         out = _out_state(q, out, batch * self._q_len, self._heads_q, self._head_dim, dtype, base,
-                         "attnstate.Decode.run")
+                         fn)
         _C.run_decode(plan, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout,
-                      out, self.workspace, stream)
+                      out, self.workspace, stream, _kv_scale(k_scale, "k_scale", fn),
+                      _kv_scale(v_scale, "v_scale", fn))
         return out
 
 
@@ -151,7 +188,8 @@ class Cascade:
     Positions count each request's keys over its segments in level order (total of them): with
     causal, row t is at p = total - q_len + t, else every row at total - 1. `window_left=w` lets
     a row see the keys [max(0, p - w), p] across all the levels (a shared segment before the
-    window contributes nothing); `logits_soft_cap` as for Decode.
+    window contributes nothing); `logits_soft_cap` as for Decode. fp8 pools (CPU for now):
+    `kv_dtype=` in plan, uint8 pools and `k_scale=`, `v_scale=` in run, as for Decode.
     """
 
     def __init__(self):
@@ -159,16 +197,16 @@ class Cascade:
         self.workspace = None
 
     def plan(self, levels, *, batch, heads_q, heads_kv, head_dim, page_size, num_pages, dtype,
-             q_len=1, scale=None, causal=True, window_left=None, logits_soft_cap=None, like=None,
-             num_sms=0):
-        """Plans from host levels; `like`, `window_left` and `logits_soft_cap` as for
-        Decode.plan. Returns self."""
+             kv_dtype=None, q_len=1, scale=None, causal=True, window_left=None,
+             logits_soft_cap=None, like=None, num_sms=0):
+        """Plans from host levels; `like`, `kv_dtype`, `window_left` and `logits_soft_cap` as
+        for Decode.plan. Returns self."""
         fn = "attnstate.Cascade.plan"
         window, cap = _variant(window_left, logits_soft_cap, fn)
         device = device_of(like) if like is not None else None
         self._plan = _C.plan_cascade(
             [tuple(level) for level in levels], batch, q_len, heads_q, heads_kv, head_dim,
-            page_size, num_pages, to_dtype(dtype, "dtype", fn),
+            page_size, num_pages, to_dtype(dtype, "dtype", fn), _kv_dtype(kv_dtype, dtype, fn),
             0.0 if scale is None else float(scale), causal, window, cap,
             -1 if device is None else device, num_sms)
         self._shape = (batch * q_len, heads_q, head_dim)
@@ -184,16 +222,17 @@ class Cascade:
         return self._plan.workspace_bytes
 
     def run(self, q, k, v, levels, *, layout="NHD", out=None, dtype=None, base="natural",
-            stream=None):
+            k_scale=None, v_scale=None, stream=None):
         """Runs the planned cascade over `levels` (in q's memory); returns `out` or a State
         (batch * q_len, heads_q, head_dim), token b * q_len + t, allocated like q in `dtype`
-        (default q's) and `base`. stream: as for Decode.run."""
+        (default q's) and `base`. k_scale, v_scale, stream: as for Decode.run."""
+        fn = "attnstate.Cascade.run"
         if self._plan is None:
-            raise error("attnstate.Cascade.run", "self", "a planned Cascade (call plan() first)",
-                        "no plan")
-        out = _out_state(q, out, *self._shape, dtype, base, "attnstate.Cascade.run")
+            raise error(fn, "self", "a planned Cascade (call plan() first)", "no plan")
+        out = _out_state(q, out, *self._shape, dtype, base, fn)
         _C.run_cascade(self._plan, q, k, v, [tuple(level) for level in levels], layout, out,
-                       self.workspace, stream)
+                       self.workspace, stream, _kv_scale(k_scale, "k_scale", fn),
+                       _kv_scale(v_scale, "v_scale", fn))
         return out
 
 

@@ -45,6 +45,7 @@ struct PyDecodePlan : PyPlan<CudaDecodePlan, DecodeOptions> {
 struct PyCascadePlan : PyPlan<CudaCascadePlan, CascadeOptions> {
   std::int64_t batch = 0;
   int num_levels = 0;
+  DType kv_dtype = DType::kF32;  // an fp8 dtype: the pools are uint8 arrays of it
 };
 
 SplitPolicy parse_policy(const char* fn, const std::string& p) {
@@ -74,12 +75,52 @@ int device_sms(int device) {
 #endif
 }
 
+// A pool of the fp8 dtype `fp8`: a uint8 array of the stored bytes (array libraries without fp8
+// dtypes, and DLPack exports of torch's fp8 tensors, give them so: `k.view(torch.uint8)`).
+ConstTensorView fp8_pool(Call& c, nb::handle h, const char* name, DType fp8) {
+  const Array a = c.array(h, name, 4);
+  if (!(a.dtype() == nb::dtype<std::uint8_t>()))
+    c.fail(name, std::string("a uint8 array of the stored ") + to_string(fp8) + " bytes",
+           "dtype " + dtype_name(a.dtype()));
+  if (a.shape(3) > 1 && a.stride(3) != 1)
+    c.fail(name, "a contiguous last dimension (stride 1)", "stride " + std::to_string(a.stride(3)));
+  ConstTensorView t;
+  t.data = a.data();
+  t.dtype = fp8;
+  t.rank = 4;
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    t.stride[i] = a.stride(i);
+  }
+  t.space = c.space();
+  return t;
+}
+
+// The dequantisation scale `scale` of a pool of `dt`, named `name` (the Python keyword): a
+// finite float > 0 for an fp8 pool, 1 (the keyword's None) for any other.
+KvScale pool_scale(const Call& c, const char* name, float scale, DType dt) {
+  std::ostringstream got;
+  got << scale;
+  if (!is_fp8(dt) && scale != 1.f)
+    c.fail(name,
+           std::string("None (a scale applies to an fp8 cache; this one is ") + to_string(dt) + ")",
+           got.str());
+  if (!(scale > 0.f) || !std::isfinite(scale))
+    c.fail(name, "a finite scale > 0 (real value = stored value x scale)", got.str());
+  return KvScale::per_tensor(scale);
+}
+
 // The paged pools: k and v `[pages, page_size, H_kv, D]` (NHD) or `[pages, H_kv, page_size, D]`
-// (HND), each page dense; pages may be strided (page_stride = k's first stride).
-PagedKvCache kv_pools(Call& c, nb::handle k, nb::handle v, const std::string& layout) {
+// (HND), each page dense; pages may be strided (page_stride = k's first stride). For an fp8
+// `kv_dtype` (the plan's) they are uint8 arrays of the stored bytes, read with the scales
+// `k_scale` and `v_scale`.
+PagedKvCache kv_pools(Call& c, nb::handle k, nb::handle v, const std::string& layout,
+                      DType kv_dtype, float k_scale, float v_scale) {
   PagedKvCache kv;
   kv.layout = parse_layout(c, layout);
-  const ConstTensorView tk = c.tensor(k, "k", 4), tv = c.tensor(v, "v", 4);
+  const bool fp8 = is_fp8(kv_dtype);
+  const ConstTensorView tk = fp8 ? fp8_pool(c, k, "k", kv_dtype) : c.tensor(k, "k", 4);
+  const ConstTensorView tv = fp8 ? fp8_pool(c, v, "v", kv_dtype) : c.tensor(v, "v", 4);
   for (int i = 0; i < 4; ++i) {
     if (tv.shape[i] != tk.shape[i] || tv.stride[i] != tk.stride[i])
       c.fail("v", "the shape and strides of k", "another shape or strides");
@@ -103,6 +144,8 @@ PagedKvCache kv_pools(Call& c, nb::handle k, nb::handle v, const std::string& la
   kv.v = tv.data;
   kv.dtype = tk.dtype;
   kv.space = c.space();
+  kv.k_scale = pool_scale(c, "k_scale", k_scale, kv.dtype);
+  kv.v_scale = pool_scale(c, "v_scale", v_scale, kv.dtype);
   return kv;
 }
 
@@ -202,10 +245,10 @@ void init_decode_workspace(const PyDecodePlan& p, nb::handle workspace, nb::hand
 void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
                 nb::handle seq_lens, nb::handle page_indptr, nb::handle page_indices,
                 nb::handle block_table, const std::string& layout, nb::handle out,
-                nb::handle workspace, nb::handle stream) {
+                nb::handle workspace, nb::handle stream, float k_scale, float v_scale) {
   Call c("attnstate.Decode.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
-  PagedKvCache kv = kv_pools(c, k, v, layout);
+  PagedKvCache kv = kv_pools(c, k, v, layout, p.problem.kv_dtype, k_scale, v_scale);
   kv.seq_lens = c.int32_vector(seq_lens, "seq_lens", &kv.batch);
   std::int64_t n_indptr = 0;
   kv.page_indptr = c.int32_vector(page_indptr, "page_indptr", &n_indptr, true);
@@ -254,8 +297,9 @@ std::vector<CascadeLevel> levels_of(Call& c, const std::vector<nb::tuple>& level
 PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t batch,
                            std::int64_t q_len, std::int64_t heads_q, std::int64_t heads_kv,
                            std::int64_t head_dim, std::int64_t page_size, std::int64_t num_pages,
-                           DType dtype, float scale, bool causal, std::int64_t window_left,
-                           float logits_soft_cap, int device, int num_sms) {
+                           DType dtype, DType kv_dtype, float scale, bool causal,
+                           std::int64_t window_left, float logits_soft_cap, int device,
+                           int num_sms) {
   Call c("attnstate.Cascade.plan");
   const std::vector<CascadeLevel> host = levels_of(c, levels);
   if (c.space() != MemorySpace::kHost)
@@ -266,8 +310,14 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
   p.options.causal = causal;
   p.num_levels = static_cast<int>(host.size());
   p.device = device >= 0;
+  p.kv_dtype = kv_dtype;
   p.options.variant =
       plan_variant("attnstate.Cascade.plan", window_left, logits_soft_cap, p.device);
+  if (p.device && kv_dtype != dtype)
+    c.fail("kv_dtype",
+           std::string("the queries' dtype ") + to_string(dtype) +
+               " on a CUDA device (the CUDA cascade has no fp8 KV yet; host arrays run on the CPU)",
+           to_string(kv_dtype), Status::kNotSupported);
 #if defined(ATTNSTATE_HAS_CUDA)
   if (p.device) {
     if (num_sms <= 0) num_sms = device_sms(device);
@@ -285,10 +335,10 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
 
 void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle v,
                  const std::vector<nb::tuple>& levels, const std::string& layout, nb::handle out,
-                 nb::handle workspace, nb::handle stream) {
+                 nb::handle workspace, nb::handle stream, float k_scale, float v_scale) {
   Call c("attnstate.Cascade.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
-  const PagedKvCache kv = kv_pools(c, k, v, layout);
+  const PagedKvCache kv = kv_pools(c, k, v, layout, p.kv_dtype, k_scale, v_scale);
   const std::vector<CascadeLevel> lv = levels_of(c, levels);
   const StateView vo = c.state(out, "out");
   const Workspace ws = workspace_of(c, workspace, p.device);
@@ -308,10 +358,12 @@ void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle 
 
 void bind_plans(nb::module_& m) {
   using nb::arg;
-  nb::enum_<DType>(m, "DType", "Storage dtype of o, queries and KV.")
+  nb::enum_<DType>(m, "DType", "Storage dtype of o, queries and KV (e4m3, e5m2: KV only).")
       .value("F32", DType::kF32)
       .value("F16", DType::kF16)
-      .value("BF16", DType::kBF16);
+      .value("BF16", DType::kBF16)
+      .value("E4M3", DType::kE4M3)
+      .value("E5M2", DType::kE5M2);
 
   nb::class_<PyDecodePlan>(m, "_DecodePlan")
       .def_prop_ro("workspace_bytes", &PyDecodePlan::workspace_bytes)
@@ -338,7 +390,8 @@ void bind_plans(nb::module_& m) {
         arg("stream").none());
   m.def("run_decode", &run_decode, arg("plan"), arg("q"), arg("k"), arg("v"), arg("seq_lens"),
         arg("page_indptr").none(), arg("page_indices").none(), arg("block_table").none(),
-        arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none());
+        arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none(),
+        arg("k_scale") = 1.f, arg("v_scale") = 1.f);
 
   nb::class_<PyCascadePlan>(m, "_CascadePlan")
       .def_prop_ro("workspace_bytes", &PyCascadePlan::workspace_bytes)
@@ -347,10 +400,11 @@ void bind_plans(nb::module_& m) {
       .def_prop_ro("batch", [](const PyCascadePlan& p) { return p.batch; });
   m.def("plan_cascade", &plan_cascade, arg("levels"), arg("batch"), arg("q_len"), arg("heads_q"),
         arg("heads_kv"), arg("head_dim"), arg("page_size"), arg("num_pages"), arg("dtype"),
-        arg("scale"), arg("causal"), arg("window_left"), arg("logits_soft_cap"), arg("device"),
-        arg("num_sms"));
+        arg("kv_dtype"), arg("scale"), arg("causal"), arg("window_left"), arg("logits_soft_cap"),
+        arg("device"), arg("num_sms"));
   m.def("run_cascade", &run_cascade, arg("plan"), arg("q"), arg("k"), arg("v"), arg("levels"),
-        arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none());
+        arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none(),
+        arg("k_scale") = 1.f, arg("v_scale") = 1.f);
 }
 
 }  // namespace py
