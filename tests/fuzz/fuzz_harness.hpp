@@ -220,7 +220,10 @@ inline void fill_values(Ctx& c, i64 off, i64 bytes, DType dt) {
   const i64 n = bytes / es(dt);
   for (i64 i = 0; i < n; ++i) {
     const float x = static_cast<float>(c.rng.range(-200, 200)) / 100.f;
-    if (dt == DType::kF32) {
+    if (attnstate::is_fp8(dt)) {
+      c.put(off + i, dt == DType::kE4M3 ? attnstate::from_float<attnstate::float8_e4m3_t>(x).bits
+                                        : attnstate::from_float<attnstate::float8_e5m2_t>(x).bits);
+    } else if (dt == DType::kF32) {
       c.put(off + 4 * i, x);
     } else {
       std::uint32_t u;

@@ -134,6 +134,27 @@ struct PoolArg {
   i64 k_off = 0, v_off = 0, pool_bytes = 0;
 };
 
+/// Valid dequantisation scales of an fp8 pool (`PoolArg::kv` already fp8): for each of K and V a
+/// host value, a pointer to one scale or per-head scales (stride 1 or 2), the pointed-to ones
+/// written into the arena as inputs.
+inline void draw_kv_scales(Ctx& c, PoolArg& p) {
+  Rng& r = c.rng;
+  const char* names[2] = {"kv.k_scale", "kv.v_scale"};
+  attnstate::KvScale* scales[2] = {&p.kv.k_scale, &p.kv.v_scale};
+  for (int i = 0; i < 2; ++i) {
+    const i64 kind = r.range(0, 2), stride = kind == 2 ? r.range(1, 2) : 0;
+    const auto value = [&r] { return r.pick<float>({1.f, 0x1p-10f, 0x1p8f, 0.37f}); };
+    if (kind == 0) {
+      *scales[i] = attnstate::KvScale::per_tensor(value());
+      continue;
+    }
+    const i64 n = kind == 1 ? 1 : (p.kv.heads_kv - 1) * stride + 1;
+    const i64 off = c.alloc(names[i], 4 * n, true);
+    for (i64 j = 0; j < n; ++j) c.put(off + 4 * j, value());
+    *scales[i] = attnstate::KvScale{1.f, static_cast<const float*>(c.ptr(off)), stride};
+  }
+}
+
 inline PoolArg make_pool(Ctx& c, i64 hkv, i64 d) {
   Rng& r = c.rng;
   PoolArg p;
@@ -146,6 +167,8 @@ inline PoolArg make_pool(Ctx& c, i64 hkv, i64 d) {
   kv.head_dim = d;
   kv.page_stride = r.coin(60) ? 0 : kv.page_size * hkv * d + r.range(0, 5);
   kv.space = c.space;
+  if (r.coin(25)) kv.dtype = r.pick({DType::kE4M3, DType::kE5M2});  // an fp8 cache, scaled
+  if (attnstate::is_fp8(kv.dtype)) draw_kv_scales(c, p);
   p.pool_bytes = kv.num_pages * kv.page_elems() * es(kv.dtype);
   p.k_off = c.alloc("kv.k", p.pool_bytes, true);
   p.v_off = c.alloc("kv.v", p.pool_bytes, true);
@@ -156,17 +179,98 @@ inline PoolArg make_pool(Ctx& c, i64 hkv, i64 d) {
   return p;
 }
 
+/// Bytes of the scales a pool points to (0 for none).
+inline i64 scale_bytes(const attnstate::KvScale& s, i64 heads_kv) {
+  return s.data == nullptr ? 0 : 4 * ((heads_kv - 1) * s.head_stride + 1);
+}
+
+/// Hard mutations of a pool's dequantisation scales (CPU decode and cascade): an invalid host
+/// value, a scale on a pool that is not fp8, an invalid pointed-to scale (read on the host), a
+/// negative head stride, a value beside a pointer, out over the scales.
+inline std::vector<std::function<bool()>> scale_mutations(Ctx& c, std::shared_ptr<PoolArg> p,
+                                                          std::shared_ptr<StateArg> out) {
+  Rng& r = c.rng;
+  attnstate::PagedKvCache& kv = p->kv;
+  const auto pick = [&r, &kv](const char** name) {
+    const bool k = r.coin(50);
+    *name = k ? "kv.k_scale" : "kv.v_scale";
+    return k ? &kv.k_scale : &kv.v_scale;
+  };
+  std::vector<std::function<bool()>> muts = {
+      [&c, &r, &kv, pick] {
+        if (!attnstate::is_fp8(kv.dtype)) return false;
+        const char* name = nullptr;
+        *pick(&name) =
+            attnstate::KvScale::per_tensor(r.pick<float>({0.f, -0.f, -1.f, NAN, INFINITY}));
+        c.reject(std::string(name) + ".value invalid", {name});
+        return true;
+      },
+      [&c, &r, &kv, pick] {
+        if (attnstate::is_fp8(kv.dtype)) return false;
+        const char* name = nullptr;
+        attnstate::KvScale* s = pick(&name);
+        if (r.coin(50)) {
+          s->value = r.pick<float>({2.f, 0.5f, 0x1p-10f});
+        } else {
+          s->data = static_cast<const float*>(kv.k);  // any readable float: never read
+          s->head_stride = r.range(0, 1);
+        }
+        c.reject(std::string(name) + " on a pool that is not fp8", {name});
+        return true;
+      },
+      [&c, &r, &kv, pick] {
+        const char* name = nullptr;
+        attnstate::KvScale* s = pick(&name);
+        if (!attnstate::is_fp8(kv.dtype) || s->data == nullptr ||
+            c.space != attnstate::MemorySpace::kHost || kv.heads_kv < 1 || kv.heads_kv > 64)
+          return false;
+        const i64 h = s->head_stride == 0 ? 0 : r.range(0, kv.heads_kv - 1);
+        c.put_at(s->data + h * s->head_stride, r.pick<float>({0.f, -2.f, NAN, -INFINITY}));
+        c.reject(std::string(name) + ".data[" + str(h * s->head_stride) + "] invalid", {name},
+                 false);
+        return true;
+      },
+      [&c, &r, &kv, pick] {
+        const char* name = nullptr;
+        attnstate::KvScale* s = pick(&name);
+        if (!attnstate::is_fp8(kv.dtype)) return false;
+        if (s->data == nullptr) {  // any stride without data
+          s->head_stride = r.pick<i64>({-1, kI64Min, 1, 2});
+          c.reject(std::string(name) + ".head_stride without data", {name});
+        } else if (r.coin(50)) {  // negative, or a span past 2^62 bytes
+          s->head_stride = r.pick<i64>({-1, kI64Min, k2p62, kI64Max});
+          if (kv.heads_kv == 1 && s->head_stride > 0) return false;  // one head: never stepped
+          c.reject(std::string(name) + ".head_stride = " + str(s->head_stride),
+                   {name, "kv.heads_kv"});
+        } else {  // a value beside the pointer
+          s->value = r.pick<float>({2.f, 0.f, NAN});
+          c.reject(std::string(name) + ".value beside data", {name});
+        }
+        return true;
+      },
+      [&c, &r, &kv, out] {
+        const attnstate::KvScale& s = r.coin(50) ? kv.k_scale : kv.v_scale;
+        if (kv.heads_kv < 1 || kv.heads_kv > 64) return false;
+        return mutate_overlap(c, *out, s.data == kv.k_scale.data ? "kv.k_scale" : "kv.v_scale",
+                              s.data, scale_bytes(s, kv.heads_kv));
+      },
+  };
+  for (std::size_t i = 0; i < muts.size(); ++i)
+    muts[i] = [&c, i, m = muts[i]] { return c.touch("scale#" + std::to_string(i)) && m(); };
+  return muts;
+}
+
 /// Hard mutations of a pool's shape fields (shared by decode and cascade).
 inline std::vector<std::function<bool()>> pool_mutations(Ctx& c, std::shared_ptr<PoolArg> p,
                                                          bool q_checked_against_heads) {
   Rng& r = c.rng;
   attnstate::PagedKvCache& kv = p->kv;
   std::vector<std::function<bool()>> muts = {
-      [&c, &r, &kv] {  // a pool whose byte size passes 2^62: must be rejected, not read
+      [&c, &r, &kv] {  // a pool past 2^62 bytes even of 1-byte (fp8) elements: rejected, not read
         const int f = static_cast<int>(r.range(0, 2));
-        if (f == 0) kv.num_pages = r.pick<i64>({k2p62, kI64Max});
-        if (f == 1) kv.page_stride = r.pick<i64>({k2p62, kI64Max});
-        if (f == 2) kv.page_size = r.pick<i64>({k2p62, kI64Max});
+        if (f == 0) kv.num_pages = r.pick<i64>({k2p62 + 1, kI64Max});
+        if (f == 1) kv.page_stride = r.pick<i64>({k2p62 + 1, kI64Max});
+        if (f == 2) kv.page_size = r.pick<i64>({k2p62 + 1, kI64Max});
         c.reject(std::string("kv.") +
                      (f == 0   ? "num_pages"
                       : f == 1 ? "page_stride"
@@ -253,7 +357,11 @@ inline std::string describe(const attnstate::PagedKvCache& kv, const Ctx& c) {
      << ", batch " << kv.batch << ", k @" << c.off_of(kv.k) << ", v @" << c.off_of(kv.v)
      << ", indptr @" << c.off_of(kv.page_indptr) << ", indices @" << c.off_of(kv.page_indices)
      << ", block_table @" << c.off_of(kv.block_table) << " stride " << kv.block_table_stride
-     << ", seq_lens @" << c.off_of(kv.seq_lens) << ", space " << static_cast<int>(kv.space) << "}";
+     << ", seq_lens @" << c.off_of(kv.seq_lens) << ", space " << static_cast<int>(kv.space);
+  for (const attnstate::KvScale* s : {&kv.k_scale, &kv.v_scale})
+    os << (s == &kv.k_scale ? ", k_scale {" : ", v_scale {") << s->value << ", @"
+       << (s->data != nullptr ? c.off_of(s->data) : -1) << ", stride " << s->head_stride << "}";
+  os << "}";
   return os.str();
 }
 
@@ -322,6 +430,7 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
     options->split_size = static_cast<int>(16 * r.range(1, 3));
   }
   std::vector<std::function<bool()>> muts = pool_mutations(c, pool, true);
+  for (auto& m : scale_mutations(c, pool, out)) muts.push_back(m);
   auto tables = decode_arg_mutations(c, r, q, out, kv, batch, {"q.shape[2]", "out.heads"}, false);
   std::vector<std::function<bool()>> own{
       [&] {
@@ -547,6 +656,7 @@ inline Built build_cascade(Ctx& c, int nmut) {
   auto num_levels = std::make_shared<int>(nl);
   auto levels_ptr = std::make_shared<const attnstate::CascadeLevel*>(levels->data());
   std::vector<std::function<bool()>> muts = pool_mutations(c, pool, true);
+  for (auto& m : scale_mutations(c, pool, out)) muts.push_back(m);
   const auto lvl = [&](int l, const char* f) { return "levels[" + std::to_string(l) + "]." + f; };
   const std::vector<std::string> b0{"q.shape[0]", "out.tokens", "levels"};
   std::vector<std::function<bool()>> more{
