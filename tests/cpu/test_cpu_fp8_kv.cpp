@@ -433,7 +433,8 @@ TEST(Fp8KvArgs, BadScalesAndFp8QueriesAreNamedAndNothingIsWritten) {
   spec.dtype = DType::kBF16;
   const Fp8Cascade c(spec, DType::kE4M3, KvScaleKind::kValue, 1.f, 1.f);
   const std::vector<CascadeLevel> levels = c.base.host_levels();
-  kit::HostState cascade_out(c.base.tokens(), spec.heads_q, spec.head_dim, DType::kF32, LseBase::kNatural);
+  kit::HostState cascade_out(c.base.tokens(), spec.heads_q, spec.head_dim, DType::kF32,
+                             LseBase::kNatural);
   const auto cascade_with = [&](const PagedKvCache& pool, const ConstTensorView& q) {
     return [&, pool, q] {
       cpu::cascade_attention(q, pool, levels.data(), static_cast<int>(levels.size()),
