@@ -108,8 +108,8 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
     const std::int64_t qoff = b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
     load_row(q.data, q.dtype, qoff, D, &qf[i * D]);
   }
-  const float k_scale = scales.k[static_cast<std::size_t>(w.h_kv)];
-  const float v_scale = scales.v[static_cast<std::size_t>(w.h_kv)];
+  const float k_scale = scales.k_at(w.h_kv);
+  const float v_scale = scales.v_at(w.h_kv);
   // blocks on the segment's grid of kBlock keys, from the block of the earliest visible key
   for (std::int64_t j0 = min_begin / kBlock * kBlock; j0 < max_end; j0 += kBlock) {
     const std::int64_t n = std::min<std::int64_t>(kBlock, max_end - j0);
@@ -155,7 +155,7 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
   v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels, true);
   const Positions pos = request_positions(levels, num_levels, batch);
-  const HeadScales kv_scales(kv);
+  const HeadScales kv_scales(kv, true);  // batch > 0 here
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)
   const std::int64_t rows = batch * q_len * heads_q;

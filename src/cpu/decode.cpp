@@ -93,8 +93,8 @@ void split_states(const ConstTensorView& q, const PagedKvCache& kv, const HeadSc
   std::vector<std::int64_t> row_begin(static_cast<std::size_t>(rows));
   std::vector<std::int64_t> row_end(static_cast<std::size_t>(rows));
   std::int64_t max_end = range.begin, min_begin = range.end;
-  const float k_scale = scales.k[static_cast<std::size_t>(hkv)];
-  const float v_scale = scales.v[static_cast<std::size_t>(hkv)];
+  const float k_scale = scales.k_at(hkv);
+  const float v_scale = scales.v_at(hkv);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t qi = r / group;
     const std::int64_t hq = hkv * group + r % group;
@@ -183,7 +183,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
   const std::int64_t rows = q_len * group;
   const std::int64_t S = splits.max_splits;
   const math::ScoreMap score = math::make_score_map(scale, variant.logits_soft_cap);
-  const HeadScales kv_scales(kv);
+  const HeadScales kv_scales(kv, batch > 0);
 
   // Partial states: [batch][hkv][split][rows] (o: × D), fp32, base-2 LSE.
   std::vector<float> po = detail::scratch_floats(fn, {batch, hkv_n, S, rows, D});

@@ -27,16 +27,24 @@ inline void load_row(const void* p, DType dt, std::int64_t off, std::int64_t n, 
 }
 
 /// The dequantisation scales of both pools of `kv`, one per KV head (`KvScale::at`, read once:
-/// the values the checks saw are the values used). All 1 for a pool that is not fp8.
+/// the values the checks saw are the values used). Nothing is stored for a pool that is not
+/// fp8, nor when the call reads no key (`used` false: a huge `heads_kv` then costs nothing);
+/// the scales are then 1.
 struct HeadScales {
-  std::vector<float> k, v;  ///< `(heads_kv)` each.
-  explicit HeadScales(const PagedKvCache& kv)
-      : k(static_cast<std::size_t>(kv.heads_kv)), v(static_cast<std::size_t>(kv.heads_kv)) {
+  std::vector<float> k, v;  ///< `(heads_kv)` each, or empty.
+  HeadScales(const PagedKvCache& kv, bool used) {
+    if (!used || !is_fp8(kv.dtype)) return;
+    k.resize(static_cast<std::size_t>(kv.heads_kv));
+    v.resize(static_cast<std::size_t>(kv.heads_kv));
     for (std::int64_t h = 0; h < kv.heads_kv; ++h) {
       k[static_cast<std::size_t>(h)] = kv.k_scale.at(h);
       v[static_cast<std::size_t>(h)] = kv.v_scale.at(h);
     }
   }
+  /// The scale of K of KV head `h`.
+  float k_at(std::int64_t h) const { return k.empty() ? 1.f : k[static_cast<std::size_t>(h)]; }
+  /// The scale of V of KV head `h`.
+  float v_at(std::int64_t h) const { return v.empty() ? 1.f : v[static_cast<std::size_t>(h)]; }
 };
 
 /// `dst[i]` = the real value of element `off + i` of the KV pool `p` (dtype `dt`) for `i < n`:

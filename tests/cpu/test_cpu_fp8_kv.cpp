@@ -450,4 +450,22 @@ TEST(Fp8KvArgs, BadScalesAndFp8QueriesAreNamedAndNothingIsWritten) {
   expect_named(cascade_with(c.pool(), q_fp8), "q.dtype", Status::kNotSupported);
 }
 
+TEST(Fp8KvArgs, AnEmptyBatchReadsNoKeyAndStoresNoScale) {
+  // 2^40 KV heads, no page and no request: a valid call that reads and writes nothing (the
+  // scales of 2^40 heads are never gathered).
+  const std::int64_t heads = std::int64_t{1} << 40;
+  PagedKvCache kv;
+  kv.dtype = DType::kE4M3;
+  kv.k_scale = KvScale::per_tensor(0.5f);
+  kv.num_pages = 0;
+  kv.page_size = 1;
+  kv.heads_kv = heads;
+  kv.head_dim = 1;
+  kv.batch = 0;
+  const ConstTensorView q = make_tensor_view(nullptr, DType::kBF16, {0, 1, heads, 1});
+  float o = 0.f, lse = 0.f;
+  StateView out = make_state_view(&o, DType::kF32, &lse, 0, heads, 1, LseBase::kNatural);
+  EXPECT_NO_THROW(cpu::decode(q, kv, DecodeOptions{}, out));
+}
+
 }  // namespace
