@@ -336,16 +336,15 @@ void fp8(Env& env, bool quick) {
     for (DType f : {DType::kE4M3, DType::kE5M2}) {
       s.kv = f;
       const Timed t = time_decode(env, s);
-      std::printf("%-8s %5d %7d %6s %15s %9.1f %7.0f %6.1f %9.1f %8.3f\n          ", pt.dist,
-                  pt.batch, pt.ctx, to_string(f), plan_str(t.plan).c_str(), t.us, gbps(s, t.us),
+      std::printf("%-8s %5d %7d %6s %15s %9.1f %7.0f %6.1f %9.1f %8.3f\n", pt.dist, pt.batch,
+                  pt.ctx, to_string(f), plan_str(t.plan).c_str(), t.us, gbps(s, t.us),
                   100 * gbps(s, t.us) / env.copy_gbps, b.us, b.us / t.us);
       if (env.csv)
-        std::fprintf(
-            env.csv,
-            "fp8,%s,%d,%.0f,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.4f,%s,%.2f,%.1f\n                     ",
-            pt.dist, pt.batch, s.kv_bytes() / (1 << 20), s.hq, s.hkv, s.d, s.page,
-            *std::max_element(s.lens.begin(), s.lens.end()), plan_str(t.plan).c_str(), t.us,
-            gbps(s, t.us), gbps(s, t.us) / env.copy_gbps, to_string(f), b.us, env.copy_gbps);
+        std::fprintf(env.csv, "fp8,%s,%d,%.0f,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.4f,%s,%.2f,%.1f\n",
+                     pt.dist, pt.batch, s.kv_bytes() / (1 << 20), s.hq, s.hkv, s.d, s.page,
+                     *std::max_element(s.lens.begin(), s.lens.end()), plan_str(t.plan).c_str(),
+                     t.us, gbps(s, t.us), gbps(s, t.us) / env.copy_gbps, to_string(f), b.us,
+                     env.copy_gbps);
     }
     s.kv = DType::kBF16;
   }
