@@ -89,12 +89,13 @@ class Decode:
     seq_lens (batch,) in the memory of q. Row i of request b is at position
     p = seq_lens[b] - q_len + i and attends to keys [0, p], or with `window_left=w` (a sliding
     window) to [max(0, p - w), p]; `logits_soft_cap=c` turns each scaled score s into
-    c * tanh(s / c) before the softmax (CPU only for now). The output is a State
+    c * tanh(s / c) before the softmax. The output is a State
     (batch * q_len, heads_q, head_dim), token b * q_len + i, in the base asked for, to merge
     further. CUDA: head_dim 64/128/256, q and KV both float16 or both bfloat16, q_len 1..8; CPU:
     any head_dim, float32/16/bfloat16.
 
-    fp8 KV caches (CPU for now): plan with kv_dtype="e4m3" or "e5m2" and pass k, v as uint8
+    fp8 KV caches (CPU; CUDA at head_dim 128/256 with float16/bfloat16 q, no window or soft
+    cap): plan with kv_dtype="e4m3" or "e5m2" and pass k, v as uint8
     arrays of the stored bytes (torch: `k.view(torch.uint8)`) with `k_scale=`, `v_scale=` floats
     to run: a stored element's real value is its fp8 value times the scale.
     """
@@ -114,7 +115,7 @@ class Decode:
         (num_splits per request) or "fixed_size" (split_size tokens, a multiple of 16).
         window_left: sliding window, keys before the row's position it also sees (0: only its
         own; None or -1: none). logits_soft_cap: cap of the scaled scores (None: none). Both
-        run on the CPU backend only for now (a CUDA plan refuses them).
+        run on the CPU and the CUDA backend (not over an fp8 cache on CUDA).
         like: an array whose library and device the run will use (e.g. the K pool): a CUDA array
         plans for its device (SM count from the device unless num_sms > 0) and allocates the
         workspace there; a host array or None plans for the CPU backend.
