@@ -68,6 +68,8 @@ struct VariantScores {
   float cap_in = 0.f;    ///< `scale / cap`.
   float cap_out = 0.f;   ///< `cap · log2 e`; 0: no cap.
   int lo[2];
+  /// Rows lane/4 + 8 exist (false: the warp skips their scores, which are masked anyway).
+  bool hi_rows = true;
 
   /// The scores of softmax scale `scale` and soft cap `cap` (0: none).
   __device__ __forceinline__ void set_map(float scale, float cap) {
@@ -78,7 +80,7 @@ struct VariantScores {
     }
   }
   __device__ __forceinline__ float operator()(float dot, float, int t, int h) const {
-    if (t < lo[h]) return math::neg_inf();
+    if ((h == 1 && !hi_rows) || t < lo[h]) return math::neg_inf();
     return cap_out == 0.f ? dot * s2_scale : cap_out * tanh_fast(dot * cap_in);
   }
 };

@@ -356,6 +356,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     tile::VariantScores scores;  // (the variant kernel only)
     if constexpr (kVariant) {
       scores.set_map(p.scale, p.soft_cap);
+      scores.hi_rows = rows_here > 8;  // (uniform: the warp skips the padding rows' scores)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int qi = (row0 + (lane >> 2) + 8 * h) / p.group;
