@@ -7,11 +7,30 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "attnstate/core/error.hpp"
 #include "attnstate/cuda/check.hpp"
 
 namespace attnstate_test {
+
+/// Expects `f()` to throw attnstate::Error with `status` and a message naming `'arg'` (and,
+/// when `fn` is given, naming the function: e.g. "attnstate::cuda::").
+template <class F>
+void expect_named_error(F&& f, attnstate::Status status, const std::string& arg,
+                        const char* fn = nullptr) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown (expected one naming '" << arg << "')";
+  } catch (const attnstate::Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + arg + "'"), std::string::npos) << e.what();
+    if (fn != nullptr) {
+      EXPECT_NE(std::string(e.what()).find(fn), std::string::npos) << e.what();
+    }
+  }
+}
 
 /// True when a CUDA device is usable.
 inline bool gpu_available() {
