@@ -105,13 +105,12 @@ __device__ __forceinline__ float queries_to_f16(uint4& q) {
   }
 }
 
-/// One `NK`-key tile of a warp over fp8 K/V (first key `t0`; `NK` 16 or 32: 32 halves the
-/// softmax steps per byte, which the fp8 cache's halved bytes per key need): as `attention_tile`
-/// (same softmax step, same key order of the score fragments), the K and V fragments converted
-/// from the fp8 stages at `k_stage` / `v_stage` (shared-memory byte addresses of the stages,
-/// `NK` rows each) and f16 MMAs; `q_frag(kk, a)` gives the permuted query fragments of k-step
-/// `kk`; `o_acc` in the fp8 column order (see the file comment).
-template <int D, int kKv, int NK, class QFrag, class Scores>
+/// One 16-key tile of a warp over fp8 K/V (first key `t0`): as `attention_tile` (same softmax
+/// step, same key order of the score fragments), the K and V fragments converted from the fp8
+/// stages at `k_stage` / `v_stage` (shared-memory byte addresses of the stages) and f16 MMAs;
+/// `q_frag(kk, a)` gives the permuted query fragments of k-step `kk`; `o_acc` in the fp8 column
+/// order (see the file comment).
+template <int D, int kKv, class QFrag, class Scores>
 __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t k_stage,
                                                    std::uint32_t v_stage, int t0,
                                                    const int (&lim)[2], float s2_scale,
@@ -119,52 +118,41 @@ __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t
                                                    float (&o_acc)[D / 8][4], const Scores& scores) {
   using Mma = arch::Mma16816<__half>;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  static_assert(NK == 16 || NK == 32, "one or two 16-key sub-tiles");
-  float sc[NK / 8][4];
+  float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-  for (int n = 0; n < NK / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[4];
+    arch::ldmatrix_x4(r, k_stage + fp8_lane_offset<D>(lane, j));
 #pragma unroll
-  for (int kt = 0; kt < NK / 16; ++kt) {  // 16-key sub-tile kt: rows 16 kt ..
-    const std::uint32_t k_rows = k_stage + static_cast<std::uint32_t>(16 * kt * D);
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) {
-      std::uint32_t r[4];
-      arch::ldmatrix_x4(r, k_rows + fp8_lane_offset<D>(lane, j));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // k-step 2j + h: r[2h] keys 0-7, r[2h + 1] keys 8-15
-        std::uint32_t a[4];
-        q_frag(2 * j + h, a);
-        Mma::mma(sc[2 * kt], a, fp8x2_to_f16x2<kKv>(r[2 * h]), fp8x2_to_f16x2<kKv>(r[2 * h] >> 16));
-        Mma::mma(sc[2 * kt + 1], a, fp8x2_to_f16x2<kKv>(r[2 * h + 1]),
-                 fp8x2_to_f16x2<kKv>(r[2 * h + 1] >> 16));
-      }
+    for (int h = 0; h < 2; ++h) {  // k-step 2j + h: r[2h] keys 0-7, r[2h + 1] keys 8-15
+      std::uint32_t a[4];
+      q_frag(2 * j + h, a);
+      Mma::mma(sc[0], a, fp8x2_to_f16x2<kKv>(r[2 * h]), fp8x2_to_f16x2<kKv>(r[2 * h] >> 16));
+      Mma::mma(sc[1], a, fp8x2_to_f16x2<kKv>(r[2 * h + 1]),
+               fp8x2_to_f16x2<kKv>(r[2 * h + 1] >> 16));
     }
   }
 
-  float pr[NK / 8][4];
-  online_softmax_step<NK, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
+  float pr[2][4];
+  online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
 
+  std::uint32_t pa[4];
+  pa[0] = Mma::pack(pr[0][0], pr[0][1]);
+  pa[1] = Mma::pack(pr[0][2], pr[0][3]);
+  pa[2] = Mma::pack(pr[1][0], pr[1][1]);
+  pa[3] = Mma::pack(pr[1][2], pr[1][3]);
 #pragma unroll
-  for (int kt = 0; kt < NK / 16; ++kt) {
-    std::uint32_t pa[4];
-    pa[0] = Mma::pack(pr[2 * kt][0], pr[2 * kt][1]);
-    pa[1] = Mma::pack(pr[2 * kt][2], pr[2 * kt][3]);
-    pa[2] = Mma::pack(pr[2 * kt + 1][0], pr[2 * kt + 1][1]);
-    pa[3] = Mma::pack(pr[2 * kt + 1][2], pr[2 * kt + 1][3]);
-    const std::uint32_t v_rows = v_stage + static_cast<std::uint32_t>(16 * kt * D);
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[4];
+    arch::ldmatrix_x4_trans(r, v_stage + fp8_lane_offset<D>(lane, j));
 #pragma unroll
-    for (int j = 0; j < D / 32; ++j) {
-      std::uint32_t r[4];
-      arch::ldmatrix_x4_trans(r, v_rows + fp8_lane_offset<D>(lane, j));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // chunk g = 2j + h: r[2h] keys 0-7, r[2h + 1] keys 8-15
-        const int g = 2 * j + h;
-        // bytes (key 2c, key 2c + 1) of the even and of the odd element, keys 0-7 then 8-15
-        const std::uint32_t even = __byte_perm(r[2 * h], r[2 * h + 1], 0x6420);
-        const std::uint32_t odd = __byte_perm(r[2 * h], r[2 * h + 1], 0x7531);
-        Mma::mma(o_acc[2 * g], pa, fp8x2_to_f16x2<kKv>(even), fp8x2_to_f16x2<kKv>(even >> 16));
-        Mma::mma(o_acc[2 * g + 1], pa, fp8x2_to_f16x2<kKv>(odd), fp8x2_to_f16x2<kKv>(odd >> 16));
-      }
+    for (int h = 0; h < 2; ++h) {  // chunk g = 2j + h: r[2h] keys 0-7, r[2h + 1] keys 8-15
+      const int g = 2 * j + h;
+      // bytes (key 2c, key 2c + 1) of the even and of the odd element, keys 0-7 then 8-15
+      const std::uint32_t even = __byte_perm(r[2 * h], r[2 * h + 1], 0x6420);
+      const std::uint32_t odd = __byte_perm(r[2 * h], r[2 * h + 1], 0x7531);
+      Mma::mma(o_acc[2 * g], pa, fp8x2_to_f16x2<kKv>(even), fp8x2_to_f16x2<kKv>(even >> 16));
+      Mma::mma(o_acc[2 * g + 1], pa, fp8x2_to_f16x2<kKv>(odd), fp8x2_to_f16x2<kKv>(odd >> 16));
     }
   }
 }

@@ -64,13 +64,13 @@ namespace detail {
 /// fragment stores of 8 rows hit distinct banks.
 __host__ __device__ constexpr int decode_ow_stride(int D) { return D + 8; }
 
-/// Bytes of the region after the queries: the pipeline, aliased after the main loop by the
-/// warp-merge scratch and the published split state, or by the splits' LSEs (then weights) and
-/// the merged columns (at its end) of the workspace merge (K/V elements of `kv_bytes` bytes: 2,
-/// or 1 for fp8).
+/// Bytes of the region after the queries: the pipeline (K/V elements of `kv_bytes` bytes: 2, or
+/// 1 for fp8), aliased after the main loop by the warp-merge scratch and the published split
+/// state, or by the splits' LSEs (then weights) and the merged columns (at its end) of the
+/// workspace merge.
 __host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages, int kv_bytes = 2) {
-  // (a tile of 16 keys, or of 32 over fp8: the same bytes)
-  const std::int64_t pipe = std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * 2;
+  const std::int64_t pipe =
+      std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * kv_bytes;
   const std::int64_t merge =
       std::int64_t{kDecodeWarps} * kDecodeTileRows * decode_ow_stride(D) * 4 +
       2 * kDecodeWarps * kDecodeTileRows * 4 + std::int64_t{kDecodeTileRows} * (D + 1) * 4;
@@ -188,12 +188,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
   constexpr int kWarps = kDecodeWarps;
   constexpr int kRows = kDecodeTileRows;
   constexpr int kThreads = kWarps * 32;
-  constexpr int kCpr = D / 8;  // 16-byte chunks per row
-  // keys of a warp's tile: 16, or 32 over fp8 (one K or V tile of the same bytes)
-  constexpr int kKeys = kFp8 ? 2 * kRows : kRows;
-  constexpr int kTileElems = kKeys * D;
-  constexpr int kNT = D / 8;  // n-tiles of the output
-  constexpr int kD4 = D / 4;  // float4 columns of a row
+  constexpr int kCpr = D / 8;            // 16-byte chunks per row
+  constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
+  constexpr int kNT = D / 8;             // n-tiles of the output
+  constexpr int kD4 = D / 4;             // float4 columns of a row
   constexpr int kOw = decode_ow_stride(D);
   constexpr std::int64_t kBodyBytes = decode_body_bytes(D, kStages, kKvBytes);
 
@@ -236,13 +234,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
   std::int32_t spec_pid[kSpec];
   const std::uint32_t spec_t0 =
       static_cast<std::uint32_t>(s) * static_cast<std::uint32_t>(p.splits.split_size) +
-      static_cast<std::uint32_t>(warp * kKeys);
+      static_cast<std::uint32_t>(warp * kRows);
   const bool spec = p.block_table != nullptr && p.splits.policy == SplitPolicy::kFixedSize &&
-                    p.page_size % kKeys == 0;
+                    p.page_size % kRows == 0;
 #pragma unroll
   for (int k = 0; k < kSpec; ++k) {
-    const int off = (warp + k * kWarps) * kKeys;  // the tile's start in the split
-    const std::uint32_t page = (spec_t0 + static_cast<std::uint32_t>(k * kWarps * kKeys)) /
+    const int off = (warp + k * kWarps) * kRows;  // the tile's start in the split
+    const std::uint32_t page = (spec_t0 + static_cast<std::uint32_t>(k * kWarps * kRows)) /
                                static_cast<std::uint32_t>(p.page_size);
     spec_pid[k] = -1;
     if (spec && off < p.splits.split_size && page < p.block_table_stride)
@@ -366,13 +364,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     }
 
     // ---- this warp's tiles of the split ----
-    const int n_tiles = (range.end - range.begin + kKeys - 1) / kKeys;
+    const int n_tiles = (range.end - range.begin + kRows - 1) / kRows;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
     unsigned char* kbuf = reinterpret_cast<unsigned char*>(pipe) +
                           static_cast<std::int64_t>(warp) * kStages * 2 * kTileElems * kKvBytes;
     const Elem* kpool = static_cast<const Elem*>(p.k);
     const Elem* vpool = static_cast<const Elem*>(p.v);
-    const bool tile_in_page = (p.page_size % kKeys) == 0;
+    const bool tile_in_page = (p.page_size % kRows) == 0;
     const std::uint64_t policy = arch::l2_evict_first_policy();
 
     auto page_id = [&](std::int64_t pidx) -> std::int64_t {
@@ -385,10 +383,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     // Where this warp's tile `it` lies: its one page's id when it lies in one page, else this
     // lane's `lane_row_offset` (the tile's page ids in one parallel load, shuffled by the copy).
     auto tile_pid = [&](int it) -> std::int64_t {
-      const int t0 = range.begin + (warp + kWarps * it) * kKeys;
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
       if (it >= my_tiles) return 0;
       if (!tile_in_page)
-        return tile::lane_row_offset<kKeys>(p, page_id, in_page, lane, t0, range.end);
+        return tile::lane_row_offset<kRows>(p, page_id, in_page, lane, t0, range.end);
       return page_id(t0 / p.page_size);
     };
     // As `tile_pid` for one of the first tiles, from the speculative load when it applies (the
@@ -397,7 +395,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
 #pragma unroll
       for (int k = 0; k < kSpec; ++k) {
         if (k == it && tile_in_page && it < my_tiles && spec_pid[k] >= 0 &&
-            static_cast<std::uint32_t>(range.begin + warp * kKeys) == spec_t0) {
+            static_cast<std::uint32_t>(range.begin + warp * kRows) == spec_t0) {
           const std::int64_t id = spec_pid[k];  // >= 0: only the upper clamp can apply
           return id < p.num_pages ? id : p.num_pages - 1;
         }
@@ -430,18 +428,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
     const std::uint32_t q_lane = arch::smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
     auto load_tile = [&](int it, int stage, std::int64_t pid) {
-      const int t0 = range.begin + (warp + kWarps * it) * kKeys;
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
       const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
       const std::uint32_t vd = kd + kTileBytes;
       if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
         const std::int64_t base =
             units(pid * p.page_elems + in_page(t0 % p.page_size + lane_r0)) + lane_col * 8;
-        tile::copy_kv_tile_in_page<kDu, kKeys>(kd, vd, kpool, vpool, base, row_stride, t0,
+        tile::copy_kv_tile_in_page<kDu, kRows>(kd, vd, kpool, vpool, base, row_stride, t0,
                                                range.end, policy);
         return;
       }
       // Any page size: each chunk's offset from the lane of its row.
-      tile::copy_kv_tile_any_page<kDu, kKeys>(kd, vd, kpool, vpool, policy, units(pid), lane, t0,
+      tile::copy_kv_tile_any_page<kDu, kRows>(kd, vd, kpool, vpool, policy, units(pid), lane, t0,
                                               range.end);
     };
 
@@ -483,10 +481,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
       const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
       const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
-      const int t0 = range.begin + (warp + kWarps * it) * kKeys;
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
 
       if constexpr (kFp8) {
-        tile::attention_tile_fp8<D, kKv, kKeys>(
+        tile::attention_tile_fp8<D, kKv>(
             [&](int kk, std::uint32_t(&a)[4]) {
               arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
             },
