@@ -23,6 +23,7 @@
 #include "attnstate/core/cascade_levels.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "cascade_levels_case.hpp"
+#include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=300");
 

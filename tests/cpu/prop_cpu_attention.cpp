@@ -12,6 +12,7 @@
 #include "attnstate/testing/gtest.hpp"
 #include "attnstate/testing/testing.hpp"
 #include "cpu_state_ops.hpp"
+#include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");
 

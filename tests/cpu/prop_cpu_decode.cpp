@@ -15,6 +15,7 @@
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "decode_problem.hpp"
+#include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");
 

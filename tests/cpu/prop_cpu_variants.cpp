@@ -20,6 +20,7 @@
 #include "cascade_case.hpp"
 #include "cascade_gen.hpp"
 #include "decode_problem.hpp"
+#include "rc_defaults.hpp"
 #include "variant_reference.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");

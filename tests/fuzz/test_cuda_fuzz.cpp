@@ -20,6 +20,7 @@
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "cuda_test_utils.hpp"
 #include "fuzz_cuda_cases.hpp"
+#include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=2000");
 

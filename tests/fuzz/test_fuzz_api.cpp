@@ -17,6 +17,7 @@
 #include "attnstate/testing/host_tensor.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "fuzz_producer_cases.hpp"
+#include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=10000");
 

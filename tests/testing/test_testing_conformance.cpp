@@ -12,6 +12,7 @@
 #include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/gtest.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
+#include "rc_defaults.hpp"
 #include "sample_kernels.hpp"
 
 namespace {

@@ -7,10 +7,11 @@
 #include <string>
 
 #include "attnstate/testing/rapidcheck_support.hpp"
+#include "rc_defaults.hpp"
 
 namespace {
 
-using attnstate::testing::add_default_rc_params;
+using attnstate_test::add_default_rc_params;
 
 /// Sets `RC_PARAMS` for one test and restores it afterwards.
 class RcParamsEnv : public ::testing::Test {

@@ -114,14 +114,13 @@ struct KernelCheckReport {
 /// Property-tests `fn` against the laws in `options.laws` with RapidCheck and returns a report.
 ///
 /// Each law runs `options.num_tests` random cases drawn from `options.problems` (RapidCheck's
-/// `max_success`, e.g. from `RC_PARAMS` or `ATTNSTATE_RC_DEFAULT_PARAMS`, does not change that
-/// count); a failing case is shrunk to a minimal one (fewest tokens, heads, keys, parts; simplest
-/// dtype and base), printed in the report with the law's name and the seed. Exceptions thrown by
-/// `fn` count as failures of the law being checked. Comparisons use `tolerance_for(problem)`
-/// (with `options.p_rounded_to_input`) scaled by `options.tolerance_factor` (twice that for
-/// `kSplitMerge`, where both sides carry
-/// error). The dtype of the returned state is not checked against `problem.out_dtype`: only its
-/// values are compared, at the tolerance of the requested dtype.
+/// `max_success`, from `RC_PARAMS`, does not change that count); a failing case is shrunk to a
+/// minimal one (fewest tokens, heads, keys, parts; simplest dtype and base), printed in the report
+/// with the law's name and the seed. Exceptions thrown by `fn` count as failures of the law being
+/// checked. Comparisons use `tolerance_for(problem)` (with `options.p_rounded_to_input`) scaled by
+/// `options.tolerance_factor` (twice that for `kSplitMerge`, where both sides carry error). The
+/// dtype of the returned state is not checked against `problem.out_dtype`: only its values are
+/// compared, at the tolerance of the requested dtype.
 ///
 /// @param fn       the kernel under test.
 /// @param options  the problems drawn, the laws, the case count, the seed and the tolerances.

@@ -19,6 +19,7 @@
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
+#include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=100");
 
