@@ -30,6 +30,17 @@ struct LdmatrixLanes {
         b_x(static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4)) {}
 };
 
+/// The A operand of `O += P V` (16 rows × 16 keys) from the probability registers `pr` (the
+/// C fragments of the two 8-key n-tiles of `S`), rounded to the 16-bit type of `kBF16`.
+template <bool kBF16>
+__device__ __forceinline__ void p_operand(const float (&pr)[2][4], std::uint32_t (&pa)[4]) {
+  using Mma = arch::Mma16816<arch::B16<kBF16>>;
+  pa[0] = Mma::pack(pr[0][0], pr[0][1]);
+  pa[1] = Mma::pack(pr[0][2], pr[0][3]);
+  pa[2] = Mma::pack(pr[1][0], pr[1][1]);
+  pa[3] = Mma::pack(pr[1][2], pr[1][3]);
+}
+
 /// `O += P V`: P (16 rows × 16 keys) from the probability registers `pr`, V via transposed
 /// ldmatrix from the swizzled tile at `v_lane` (the lane's row) with chunk XOR `a_x`.
 template <int D, bool kBF16>
@@ -37,10 +48,7 @@ __device__ __forceinline__ void pv_accumulate(const float (&pr)[2][4], std::uint
                                               std::uint32_t a_x, float (&o_acc)[D / 8][4]) {
   using Mma = arch::Mma16816<arch::B16<kBF16>>;
   std::uint32_t pa[4];
-  pa[0] = Mma::pack(pr[0][0], pr[0][1]);
-  pa[1] = Mma::pack(pr[0][2], pr[0][3]);
-  pa[2] = Mma::pack(pr[1][0], pr[1][1]);
-  pa[3] = Mma::pack(pr[1][2], pr[1][3]);
+  p_operand<kBF16>(pr, pa);
 #pragma unroll
   for (int jj = 0; jj < D / 16; ++jj) {
     std::uint32_t bv[4];

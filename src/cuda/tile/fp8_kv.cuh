@@ -26,6 +26,7 @@
 
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/mma.cuh"
+#include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/softmax_step.cuh"
 
 namespace attnstate {
@@ -137,10 +138,7 @@ __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t
   online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
 
   std::uint32_t pa[4];
-  pa[0] = Mma::pack(pr[0][0], pr[0][1]);
-  pa[1] = Mma::pack(pr[0][2], pr[0][3]);
-  pa[2] = Mma::pack(pr[1][0], pr[1][1]);
-  pa[3] = Mma::pack(pr[1][2], pr[1][3]);
+  p_operand<false>(pr, pa);  // f16 probabilities
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) {
     std::uint32_t r[4];
