@@ -129,18 +129,6 @@ Fp8Problem make_fp8_problem(DecodeConfig cfg, DType fmt, float scale, ScaleKind 
   return p;
 }
 
-DecodeProblem problem_of(const DecodeProblemHost& p) {
-  DecodeProblem pr;
-  pr.batch = p.batch;
-  pr.q_len = p.cfg.q_len;
-  pr.heads_q = p.cfg.heads_q;
-  pr.heads_kv = p.cfg.heads_kv;
-  pr.head_dim = p.cfg.head_dim;
-  pr.q_dtype = p.cfg.q_dtype;
-  pr.kv_dtype = p.cfg.kv_dtype;
-  return pr;
-}
-
 /// The device side of a case: the problem's buffers, its scales, an output poisoned per run.
 struct Fp8Run {
   const Fp8Problem& p;
@@ -162,7 +150,7 @@ struct Fp8Run {
           4),
         ws(1),
         lse(std::max<std::int64_t>(1, prob.fp8.tokens() * prob.fp8.cfg.heads_q)) {
-    plan = cuda::plan_decode(problem_of(p.fp8), p.fp8.seq_lens.data(), opt, num_sms());
+    plan = cuda::plan_decode(p.fp8.problem(), p.fp8.seq_lens.data(), opt, num_sms());
     ws = DeviceBuffer<unsigned char>(std::max<std::size_t>(1, plan.workspace_bytes()));
     cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
   }
