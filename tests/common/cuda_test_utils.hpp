@@ -75,9 +75,13 @@ class DeviceBuffer {
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
   std::size_t bytes() const { return n_ * sizeof(T); }
+  // upload() and poison() return with the device memory written: cudaMemcpy from pageable memory
+  // may return before its DMA lands, and cudaMemset runs on the legacy stream, which a
+  // non-blocking stream (a test's graph replay, say) does not wait for.
   void upload(const std::vector<T>& host) {
     ATTNSTATE_CUDA_CHECK(
         cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
@@ -87,6 +91,7 @@ class DeviceBuffer {
   /// Fills every byte with 0xFF: NaN for f32, f16 and bf16, so unwritten outputs show.
   void poison() {
     if (n_) ATTNSTATE_CUDA_CHECK(cudaMemset(p_, 0xFF, bytes()));
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:
