@@ -19,6 +19,21 @@
 
 namespace attnstate {
 
+/// The attention sinks of one attention call (a layer's learned per-head logits), for the decode
+/// and cascade overloads that apply them in their final merge: each output row `(token, h)` is
+/// merged once with the sink state `(0, logits[h])` after every split and level, so the state
+/// they return is that of the keys plus the sink (its LSE includes the sink's mass), and any
+/// partial state they expose stays sink-free. A run-time argument, not a plan option: one plan
+/// serves every layer of a step, each with its own sinks.
+struct AttentionSinks {
+  /// `heads_q` sink logits, fp32, natural base (as models store them), in the memory of the
+  /// call (host for `cpu::`, device for `cuda::`; a CUDA call reads them when its kernels run, so
+  /// a captured graph reads what the buffer holds at replay). Null: no sinks.
+  const float* logits = nullptr;
+  /// True when there are no sinks.
+  bool none() const { return logits == nullptr; }
+};
+
 /// The state of per-head attention sinks over `tokens` rows of `heads` heads: row `(t, h)` is
 /// `(o = 0, lse = sink_lse[h])`, broadcast over tokens (`lse_stride_token = 0`) and reading the
 /// same `head_dim` zeros for every row (`o` strides 0), so it needs no per-row memory. Merged

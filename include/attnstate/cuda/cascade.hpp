@@ -26,6 +26,7 @@
 
 #include "attnstate/core/cascade.hpp"
 #include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/cascade_plan.hpp"
 #include "attnstate/cuda/decode.hpp"
@@ -92,6 +93,16 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                  const CascadeLevel* device_levels, int num_levels, StateView out, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream = nullptr);
 
+/// `run_cascade` with attention sinks, fused into the final merge (the merge kernel, or the decode
+/// last level's output step): each output row `(token, h)` is merged once with
+/// `(0, sinks.logits[h])` after every level and split; the levels' partial states stay
+/// sink-free. `sinks.logits`: `heads_q` fp32 natural-base logits in device memory (checked),
+/// read when the kernels run. `sinks.none()`: exactly `run_cascade` above.
+void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                 const CascadeLevel* device_levels, int num_levels, const AttentionSinks& sinks,
+                 StateView out, void* workspace, std::size_t workspace_bytes,
+                 cudaStream_t stream = nullptr);
+
 /// One stage of `run_cascade`: the partial states of level `level` (for profiling). Every level
 /// followed by `run_cascade_merge` gives the result of `run_cascade` up to rounding (a decode
 /// level run alone writes its own state to its workspace slot, and the merge then folds it).
@@ -104,6 +115,11 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
 /// Arguments as in `run_cascade`.
 void run_cascade_merge(const CascadePlan& plan, StateView out, const void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+/// `run_cascade_merge` with the sinks applied in it (the one merge that may carry them).
+void run_cascade_merge(const CascadePlan& plan, const AttentionSinks& sinks, StateView out,
+                       const void* workspace, std::size_t workspace_bytes,
+                       cudaStream_t stream = nullptr);
 
 }  // namespace cuda
 }  // namespace attnstate

@@ -29,6 +29,7 @@
 
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/core/variant.hpp"
 
@@ -173,6 +174,17 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
 void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
                 StateView out, void* workspace, std::size_t workspace_bytes,
                 cudaStream_t stream = nullptr);
+
+/// `run_decode` with attention sinks, fused into the kernels' final merge: each output row
+/// `(token, h)` is merged once with `(0, sinks.logits[h])` after every split, so `out` holds the
+/// state of the keys plus the sink (see `AttentionSinks`, core/sink.hpp). A row with no keys gets
+/// `(0, sinks.logits[h])`. `sinks.logits`: `heads_q` fp32 natural-base logits in device memory
+/// (checked: host memory is refused), read when the kernels run (a captured graph reads the values
+/// at replay; a NaN logit gives NaN rows of its head, as a NaN key does). `sinks.none()`: exactly
+/// `run_decode` above. Other arguments as above.
+void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                const AttentionSinks& sinks, StateView out, void* workspace,
+                std::size_t workspace_bytes, cudaStream_t stream = nullptr);
 
 }  // namespace cuda
 }  // namespace attnstate
