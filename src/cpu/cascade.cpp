@@ -1,7 +1,8 @@
 /// @file cascade.cpp
 /// @brief CPU cascade attention: one state per level (online softmax, fp32), each shared segment's
 ///        keys converted (fp8 dequantised) once per block for all the rows that share it; levels
-///        merged with ⊕.
+///        merged with ⊕ (and the attention sinks merged once into the result, when there are
+///        some).
 #include "attnstate/cpu/cascade.hpp"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
 #include "cpu/scratch.hpp"
+#include "cpu/sinks.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -141,6 +143,12 @@ void item_states(const WorkItem& w, const ConstTensorView& q, const PagedKvCache
 
 void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
                        int num_levels, const CascadeOptions& options, StateView out) {
+  cascade_attention(q, kv, levels, num_levels, options, AttentionSinks{}, out);
+}
+
+void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
+                       int num_levels, const CascadeOptions& options, const AttentionSinks& sinks,
+                       StateView out) {
   namespace v = ::attnstate::detail;
   const std::int64_t pool_bytes = v::check_cascade_pool(kFunc, kv, MemorySpace::kHost);
   v::check_cascade_query(kFunc, q, kv, MemorySpace::kHost);
@@ -151,6 +159,7 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   const float scale = v::cascade_scale(kFunc, options, D);
   v::check_variant(kFunc, "options.variant", options.variant);
   const math::ScoreMap score = math::make_score_map(scale, options.variant.logits_soft_cap);
+  const std::vector<float> sink = detail::check_sinks(kFunc, sinks, heads_q, out);
   if (batch == 0) return;  // an empty batch: nothing to read or write (levels unused)
   v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
   v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels, true);
@@ -200,8 +209,11 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
       const std::int64_t token = row / heads_q, h = row % heads_q;
       const std::int64_t ooff = out.o_offset(token, h);
       for (std::int64_t d = 0; d < D; ++d) acc[d] *= r.inv_sum;
+      float lse = math::convert_lse(r.lse, LseBase::kBase2, out.base);
+      if (!sink.empty())  // the one merge that carries the sink: after every level
+        lse = detail::merge_sink(out.base, lse, sink[static_cast<std::size_t>(h)], acc.data(), D);
       store_row(out.o, out.dtype, ooff, D, acc.data());
-      out.lse[out.lse_offset(token, h)] = math::convert_lse(r.lse, LseBase::kBase2, out.base);
+      out.lse[out.lse_offset(token, h)] = lse;
     }
   });
 }

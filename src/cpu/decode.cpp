@@ -1,7 +1,7 @@
 /// @file decode.cpp
 /// @brief CPU split-KV decode: per (request, KV head, split) an attention state with
 ///        `math::OnlineSoftmax` (fp8 KV dequantised on load), then the ordered max-subtracted
-///        merge of a request's splits.
+///        merge of a request's splits (and of the attention sinks, once, when there are some).
 #include "attnstate/cpu/decode.hpp"
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
 #include "cpu/scratch.hpp"
+#include "cpu/sinks.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -158,21 +159,18 @@ void empty_states(std::int64_t rows, std::int64_t D, float* po, float* plse) {
   std::fill(plse, plse + rows, math::neg_inf());
 }
 
-}  // namespace
-
-void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
-            float scale, StateView out) {
-  decode(q, kv, splits, scale, AttentionVariant{}, out);
-}
-
-void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
-            float scale, const AttentionVariant& variant, StateView out) {
+/// The decode of a split layout (every argument checked here), with the sinks applied in the
+/// final merge of each row when `sinks` is not `none()`.
+void decode_layout(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+                   float scale, const AttentionVariant& variant, const AttentionSinks& sinks,
+                   StateView out) {
   const char* fn = "attnstate::cpu::decode";
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
   attnstate::detail::validate_split_layout(fn, splits);
   scale = attnstate::detail::resolve_scale(fn, "scale", scale, kv.head_dim);
   attnstate::detail::check_variant(fn, "variant", variant);
   if (kv.batch > 0) validate_tables(fn, kv);
+  const std::vector<float> sink = detail::check_sinks(fn, sinks, q.shape[2], out);
 
   const std::int64_t batch = kv.batch;
   const std::int64_t q_len = q.shape[1];
@@ -238,21 +236,43 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
           for (std::int64_t d = 0; d < D; ++d) acc[d] *= res.inv_sum;
           lse2 = res.lse;
         }
+        float lse = math::convert_lse(lse2, LseBase::kBase2, out.base);
+        if (!sink.empty())  // the one merge that carries the sink: after every split
+          lse =
+              detail::merge_sink(out.base, lse, sink[static_cast<std::size_t>(hq)], acc.data(), D);
         store_row(out.o, out.dtype, out.o_offset(token, hq), D, acc.data());
-        out.lse[out.lse_offset(token, hq)] = math::convert_lse(lse2, LseBase::kBase2, out.base);
+        out.lse[out.lse_offset(token, hq)] = lse;
       }
     }
   });
 }
 
+}  // namespace
+
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+            float scale, StateView out) {
+  decode(q, kv, splits, scale, AttentionVariant{}, out);
+}
+
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout& splits,
+            float scale, const AttentionVariant& variant, StateView out) {
+  decode_layout(q, kv, splits, scale, variant, AttentionSinks{}, out);
+}
+
 void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
             StateView out) {
+  decode(q, kv, options, AttentionSinks{}, out);
+}
+
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
+            const AttentionSinks& sinks, StateView out) {
   const char* fn = "attnstate::cpu::decode";
   attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kHost);
   const float scale =
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, kv.head_dim);
   attnstate::detail::check_variant(fn, "options.variant", options.variant);
   if (kv.batch > 0) validate_tables(fn, kv);
+  detail::check_sinks(fn, sinks, q.shape[2], out);
   DecodeProblem p;
   p.batch = kv.batch;
   p.q_len = q.shape[1];
@@ -263,7 +283,7 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOption
   p.kv_dtype = kv.dtype;
   const SplitLayout layout = plan_split_layout(p, kv.seq_lens, options, detail::pool_threads(),
                                                kv.heads_kv, fn, "kv.seq_lens", "options");
-  decode(q, kv, layout, scale, options.variant, out);
+  decode_layout(q, kv, layout, scale, options.variant, sinks, out);
 }
 
 }  // namespace cpu

@@ -7,6 +7,7 @@
 
 #include "attnstate/core/cascade.hpp"
 #include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 
 namespace attnstate {
@@ -41,6 +42,30 @@ namespace cpu {
 ///         `kNotSupported` naming `q.dtype` for fp8 queries.
 void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
                        int num_levels, const CascadeOptions& options, StateView out);
+
+/// Cascade attention with attention sinks, fused into the final merge: after the levels of a
+/// row `(token, h)` are merged, that row is merged once with the sink state
+/// `(0, sinks.logits[h])` (fp32, in `out`'s base, as `merge_state_inplace` with
+/// `make_sink_state` would), so `out` holds the state of the keys of every level plus the sink,
+/// its LSE included; no level's partial state carries the sink. A request with no keys gets
+/// `(0, sinks.logits[h])`. `sinks.none()`: exactly the overload above.
+/// @param q           queries (as above).
+/// @param kv          the paged pool (as above).
+/// @param levels      `num_levels` level descriptions (as above).
+/// @param num_levels  `1 ≤ num_levels ≤ kMaxCascadeLevels`.
+/// @param options     scale, causal masking and variant (as above).
+/// @param sinks       `H_q` fp32 natural-base logits in host memory (a raw pointer: the CPU
+///                    backend reads it; device memory is not detected), 4-byte aligned, every
+///                    one finite; or `none()` (a null pointer) for no sinks.
+/// @param out         state `(batch · q_len, H_q, head_dim)` (as above); its memory must also be
+///                    disjoint from the logits. A batch of 0 requests is a no-op (the logits are
+///                    still checked).
+/// @throws Error `kInvalidArgument` naming the argument on any violation (as above), among them
+///         `sinks.logits` (misaligned), `sinks.logits[h]` (NaN, +inf or -inf: "expected a finite
+///         logit") and `out.o` / `out.lse` over the logits; `kNotSupported` as above.
+void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const CascadeLevel* levels,
+                       int num_levels, const CascadeOptions& options, const AttentionSinks& sinks,
+                       StateView out);
 
 }  // namespace cpu
 }  // namespace attnstate

@@ -12,6 +12,7 @@
 
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/core/variant.hpp"
 
@@ -69,6 +70,26 @@ void decode(const ConstTensorView& q, const PagedKvCache& kv, const SplitLayout&
 ///         `options.variant.window_left` and `options.variant.logits_soft_cap`.
 void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
             StateView out);
+
+/// Split-KV decode with a split policy and attention sinks, fused into the final merge: after
+/// the splits of a row `(token, h)` are merged, that row is merged once with the sink state
+/// `(0, sinks.logits[h])` (fp32, in `out`'s base, as `merge_state_inplace` with
+/// `make_sink_state` would), so `out` holds the state of the keys plus the sink, its LSE
+/// included; no split's partial state carries the sink. A row that sees no key gets
+/// `(0, sinks.logits[h])` (its LSE in `out`'s base). `sinks.none()`: exactly the overload above.
+/// @param q        host queries `(batch, q_len, heads_q, head_dim)` (as above).
+/// @param kv       host paged cache (as above).
+/// @param options  scale, split policy and variant (as above).
+/// @param sinks    `heads_q` fp32 natural-base logits in host memory (a raw pointer: the CPU
+///                 backend reads it; device memory is not detected), 4-byte aligned, every one
+///                 finite; or `none()` (a null pointer) for no sinks.
+/// @param out      host state `(batch·q_len, heads_q, head_dim)`, any dtype and base; its memory
+///                 must be disjoint from the logits (and from every input, as above).
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation (as above), among
+///         them `sinks.logits` (misaligned), `sinks.logits[h]` (NaN, +inf or -inf: "expected a
+///         finite logit") and `out.o` / `out.lse` over the logits.
+void decode(const ConstTensorView& q, const PagedKvCache& kv, const DecodeOptions& options,
+            const AttentionSinks& sinks, StateView out);
 
 }  // namespace cpu
 }  // namespace attnstate
