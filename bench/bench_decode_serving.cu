@@ -9,9 +9,9 @@
 ///          time as a fraction of the page-16 time;
 ///        - `shapes`: head dims 64 and 256 (group 4) and groups 1, 2, 5, 7, 8, 16 (head dim 128)
 ///          at batch {1, 16} x {8k, 128k}, 8 KV heads;
-///        - `variants`: soft cap, a 4k window over 128k, gpt-oss-like (64/8 heads, head dim 64,
-///          window 128) and Gemma-2-like (head dim 256, cap 50, window 4096) shapes, each beside
-///          the plain decode of the keys its rows see;
+///        - `variants`: soft cap, attention sinks, a 4k window over 128k, gpt-oss-like (64/8
+///          heads, head dim 64, sinks, window 128) and Gemma-2-like (head dim 256, cap 50,
+///          window 4096) shapes, each beside the plain decode of the keys its rows see;
 ///        - `fp8`: e4m3 and e5m2 caches (per-tensor scales, bf16 queries) beside the bf16 cache
 ///          of the same batch: uniform batches and two ragged ones, GB/s of the bytes each reads.
 ///
@@ -63,7 +63,7 @@ struct Env : bench_util::FlushTimer {
   // the pools hold `pool_tokens` tokens of the largest shape, filled once
   std::uint16_t *k = nullptr, *v = nullptr;
   std::size_t pool_elems = 0;
-  Buffer q, o, lse, ws, table, lens;
+  Buffer q, o, lse, ws, table, lens, sinks;
   FILE* csv = nullptr;
   FILE* fi_spec = nullptr;  // the ragged points as the FlashInfer harness's --points specs
 
@@ -80,6 +80,7 @@ struct Shape {
   int hq = 32, hkv = 8, d = 128, page = 16;
   AttentionVariant variant;  // plain unless the variants section sets one
   DType kv = DType::kBF16;   // bf16, or an fp8 cache (the fp8 section; bf16 queries)
+  bool sinks = false;        // attention sinks fused into the final merge (the variants section)
   std::int64_t tokens() const { return std::accumulate(lens.begin(), lens.end(), std::int64_t{0}); }
   double kv_bytes() const {
     return 2.0 * static_cast<double>(size_of(kv)) * static_cast<double>(tokens()) * hkv * d;
@@ -166,8 +167,17 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
   const StateView out = make_state_view(env.o.get(2 * q_elems), DType::kBF16,
                                         static_cast<float*>(env.lse.get(4 * batch * s.hq)), batch,
                                         s.hq, s.d, LseBase::kNatural, MemorySpace::kDevice);
-  t.us = env.time_us(
-      [&] { cuda::run_decode(t.plan, qv, kv, out, ws, t.plan.workspace_bytes(), env.stream); });
+  AttentionSinks sinks;
+  if (s.sinks) {  // one logit per query head, of the order of the rows' LSEs
+    std::vector<float> logits(static_cast<std::size_t>(s.hq));
+    for (int h = 0; h < s.hq; ++h) logits[h] = 1.f + 0.25f * static_cast<float>(h % 16);
+    sinks.logits = static_cast<const float*>(env.sinks.get(4 * logits.size()));
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(const_cast<float*>(sinks.logits), logits.data(),
+                                    4 * logits.size(), cudaMemcpyHostToDevice));
+  }
+  t.us = env.time_us([&] {
+    cuda::run_decode(t.plan, qv, kv, sinks, out, ws, t.plan.workspace_bytes(), env.stream);
+  });
   return t;
 }
 
@@ -359,19 +369,24 @@ void variants(Env& env) {
     int hq, hkv, d, batch, ctx;
     std::int64_t window;
     float cap;
+    bool sinks;
   };
-  // each beside the plain decode of the keys it sees: the same context (cap) or the window's
-  // keys (window)
+  // each beside the plain decode of the keys it sees: the same context (cap, sinks) or the
+  // window's keys (window), without sinks
   const Case cases[] = {
-      {"soft_cap", 32, 8, 128, 1, 131072, kNoWindow, 50.f},
-      {"soft_cap", 32, 8, 128, 16, 32768, kNoWindow, 50.f},
-      {"soft_cap", 32, 8, 128, 64, 8192, kNoWindow, 30.f},
-      {"window_4k_of_128k", 32, 8, 128, 1, 131072, 4095, 0.f},
-      {"window_4k_of_128k", 32, 8, 128, 16, 131072, 4095, 0.f},
-      {"gpt-oss_window_128", 64, 8, 64, 16, 32768, 127, 0.f},
-      {"gpt-oss_full", 64, 8, 64, 16, 32768, kNoWindow, 0.f},
-      {"gemma2_cap50_w4096", 32, 16, 256, 4, 32768, 4095, 50.f},
-      {"gemma2_cap50_full", 32, 16, 256, 4, 32768, kNoWindow, 50.f},
+      {"soft_cap", 32, 8, 128, 1, 131072, kNoWindow, 50.f, false},
+      {"soft_cap", 32, 8, 128, 16, 32768, kNoWindow, 50.f, false},
+      {"soft_cap", 32, 8, 128, 64, 8192, kNoWindow, 30.f, false},
+      {"sinks", 32, 8, 128, 1, 131072, kNoWindow, 0.f, true},
+      {"sinks", 32, 8, 128, 16, 32768, kNoWindow, 0.f, true},
+      {"sinks", 32, 8, 128, 64, 8192, kNoWindow, 0.f, true},
+      {"sinks", 32, 8, 128, 128, 1024, kNoWindow, 0.f, true},
+      {"window_4k_of_128k", 32, 8, 128, 1, 131072, 4095, 0.f, false},
+      {"window_4k_of_128k", 32, 8, 128, 16, 131072, 4095, 0.f, false},
+      {"gpt-oss_window_128", 64, 8, 64, 16, 32768, 127, 0.f, true},
+      {"gpt-oss_full", 64, 8, 64, 16, 32768, kNoWindow, 0.f, true},
+      {"gemma2_cap50_w4096", 32, 16, 256, 4, 32768, 4095, 50.f, false},
+      {"gemma2_cap50_full", 32, 16, 256, 4, 32768, kNoWindow, 50.f, false},
   };
   for (const Case& c : cases) {
     Shape s;
@@ -381,9 +396,11 @@ void variants(Env& env) {
     s.lens.assign(c.batch, c.ctx);
     s.variant.window_left = c.window;
     s.variant.logits_soft_cap = c.cap;
+    s.sinks = c.sinks;
     const Timed t = time_decode(env, s);
     Shape plain = s;
     plain.variant = AttentionVariant{};
+    plain.sinks = false;
     if (c.window >= 0) plain.lens.assign(c.batch, static_cast<std::int32_t>(c.window + 1));
     const Timed pt = time_decode(env, plain);
     const double seen = plain.kv_bytes();  // the keys the rows see

@@ -71,7 +71,8 @@ struct DecodeLevelCall {
   detail::PriorStates prior;
 
   DecodeLevelCall(const CascadePlan& plan, int l, const PagedKvCache& kv, const CascadeLevel& lv,
-                  void* ws, DecodeLevelMode mode, const StateView* final_out) {
+                  void* ws, DecodeLevelMode mode, const StateView* final_out,
+                  const float* sinks = nullptr) {
     const CascadeShape& s = plan.shape;
     table = kv;
     table.page_indptr = lv.page_indptr;
@@ -87,6 +88,7 @@ struct DecodeLevelCall {
     workspace = workspace_bytes > 0 ? static_cast<char*>(ws) + plan::partials_bytes(plan) : nullptr;
     if (mode == DecodeLevelMode::kFold) {
       out = *final_out;
+      prior.sinks = sinks;  // the fold writes the final state: the sinks go in there, once
       prior.o = slots_o(ws);
       prior.lse = slots_lse(plan, ws);
       prior.count = static_cast<int>(slot);
@@ -193,11 +195,12 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   });
 }
 
-/// Launches the merge of every level's and split's state into `out`; `programmatic`: as a
+/// Launches the merge of every level's and split's state into `out`, the attention `sinks`
+/// (device logits, or null) merged in last; `programmatic`: as a
 /// programmatic dependent launch (its CTAs may be placed while the previous kernel finishes;
 /// they wait for it before reading).
 void launch_merge(const CascadePlan& plan, StateView out, const void* workspace, bool programmatic,
-                  cudaStream_t stream) {
+                  const float* sinks, cudaStream_t stream) {
   void* ws = const_cast<void*>(workspace);
   kernels::CascadeMergeParams p{};
   p.ws_o = slots_o(ws);
@@ -212,6 +215,7 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
   p.lse_stride_token = out.lse_stride_token;
   p.lse_stride_head = out.lse_stride_head;
   p.base = out.base;
+  p.sinks = sinks;
   detail::LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>((p.rows + kernels::kCascadeMergeWarps - 1) /
                                         kernels::kCascadeMergeWarps));
@@ -291,16 +295,29 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
 
 void run_cascade_merge(const CascadePlan& plan, StateView out, const void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream) {
+  run_cascade_merge(plan, AttentionSinks{}, out, workspace, workspace_bytes, stream);
+}
+
+void run_cascade_merge(const CascadePlan& plan, const AttentionSinks& sinks, StateView out,
+                       const void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_merge";
   plan::check_cascade_plan(func, plan, plan.last_decode.problem);
   check_cascade_plan_out(func, plan, out);
   check_cascade_workspace(func, plan.workspace_bytes(), workspace, workspace_bytes, &out);
-  launch_merge(plan, out, workspace, false, stream);
+  detail::check_device_sinks(func, sinks, plan.shape.heads_q, out, workspace, workspace_bytes);
+  launch_merge(plan, out, workspace, false, sinks.logits, stream);
 }
 
 void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
                  const CascadeLevel* device_levels, int num_levels, StateView out, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream) {
+  run_cascade(plan, q, kv, device_levels, num_levels, AttentionSinks{}, out, workspace,
+              workspace_bytes, stream);
+}
+
+void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                 const CascadeLevel* device_levels, int num_levels, const AttentionSinks& sinks,
+                 StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade";
   plan::check_cascade_plan(func, plan, plan.last_decode.problem);
   if (device_levels == nullptr)
@@ -320,6 +337,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   for (int l = 0; l < num_levels; ++l)
     ::attnstate::detail::check_disjoint_from_level(func, "workspace", workspace, ws_bytes, l,
                                                    device_levels[l], false);
+  detail::check_device_sinks(func, sinks, plan.shape.heads_q, out, workspace, workspace_bytes);
   // A last level on the decode starts beside the last shared level: either it merges the other
   // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the
   // merge follows as a programmatic launch. Its tickets are zeroed before the first level so
@@ -329,18 +347,18 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
     for (int l = 0; l < num_levels; ++l)
       launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0,
                    stream);
-    launch_merge(plan, out, workspace, false, stream);
+    launch_merge(plan, out, workspace, false, sinks.logits, stream);
     return;
   }
   const DecodeLevelCall decode(
       plan, last, kv, device_levels[last], workspace,
-      plan.decode_fold ? DecodeLevelMode::kFold : DecodeLevelMode::kSlotBeside, &out);
+      plan.decode_fold ? DecodeLevelMode::kFold : DecodeLevelMode::kSlotBeside, &out, sinks.logits);
   decode.check(plan, q);  // the decode level's own checks before anything is queued
   decode.zero_tickets(plan, stream);
   for (int l = 0; l < last; ++l)
     launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0, stream);
   decode.launch(plan, q, stream);
-  if (!plan.decode_fold) launch_merge(plan, out, workspace, true, stream);
+  if (!plan.decode_fold) launch_merge(plan, out, workspace, true, sinks.logits, stream);
 }
 
 }  // namespace cuda

@@ -267,12 +267,13 @@ struct CheckedRun {
 
 /// Throws naming `name` unless `scales` is null or memory the kernels can read (device or
 /// managed memory: the fp8 kernels read an fp8 cache's scales when they run).
-void check_scale_memory(const char* fn, const char* name, const float* scales) {
+void check_scale_memory(const char* fn, const char* name, const float* scales,
+                        const char* what = "the kernel reads the scales") {
   if (scales == nullptr) return;
   cudaPointerAttributes a{};
   ATTNSTATE_CUDA_CHECK(cudaPointerGetAttributes(&a, scales));
   if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-    throw_argument(fn, name, "device or managed memory (the kernel reads the scales)",
+    throw_argument(fn, name, std::string("device or managed memory (") + what + ")",
                    a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory");
 }
 
@@ -478,10 +479,37 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
                                 stream);
 }
 
+void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvCache& kv,
+                const AttentionSinks& sinks, StateView out, void* workspace,
+                std::size_t workspace_bytes, cudaStream_t stream) {
+  detail::PriorStates prior;
+  prior.sinks = sinks.logits;
+  detail::run_decode_with_prior(plan, q, kv, out, workspace, workspace_bytes, prior, stream);
+}
+
+void detail::check_device_sinks(const char* fn, const AttentionSinks& sinks, std::int64_t heads_q,
+                                const StateView& out, const void* workspace,
+                                std::size_t workspace_bytes) {
+  if (sinks.none()) return;
+  if (reinterpret_cast<std::uintptr_t>(sinks.logits) % alignof(float) != 0)
+    throw_argument(fn, "sinks.logits", "4-byte aligned fp32 logits", "a misaligned pointer");
+  check_scale_memory(fn, "sinks.logits", sinks.logits, "the kernels read the sinks");
+  const std::int64_t bytes = heads_q * static_cast<std::int64_t>(sizeof(float));
+  attnstate::detail::check_disjoint(fn, "out", out, "sinks.logits", sinks.logits, bytes, nullptr,
+                                    0);
+  attnstate::detail::check_buffer_disjoint(fn, "workspace", workspace,
+                                           static_cast<std::int64_t>(workspace_bytes),
+                                           "sinks.logits", sinks.logits, bytes);
+}
+
 void detail::check_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
                                      const PagedKvCache& kv, StateView out, void* workspace,
                                      std::size_t workspace_bytes, const PriorStates& prior) {
   check_run("attnstate::cuda::run_decode", plan, q, kv, out, workspace, workspace_bytes, prior);
+  AttentionSinks sinks;
+  sinks.logits = prior.sinks;
+  check_device_sinks("attnstate::cuda::run_decode", sinks, plan.problem.heads_q, out, workspace,
+                     workspace_bytes);
 }
 
 void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
@@ -559,6 +587,7 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.prior_rows = prior.rows;
   p.beside_previous = prior.beside_previous ? 1 : 0;
   p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
+  p.sinks = prior.sinks;
 
   DecodeLaunch l;
   l.variant = !plan.variant.is_plain();

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/decode.hpp"
 
@@ -27,7 +28,17 @@ struct PriorStates {
   /// waits for it: the decode must read nothing that kernel writes; `count` must be 0). The grid
   /// still completes only after that kernel, so a later launch sees the results of both.
   bool beside_previous = false;
+  /// Attention sinks (`AttentionSinks::logits`): `heads_q` natural-base logits in device memory,
+  /// merged into each output row once, after the prior states; null = none (checked by
+  /// `check_device_sinks`).
+  const float* sinks = nullptr;
 };
+
+/// Throws (naming `fn` and `sinks.logits`) unless the sinks are none, or `heads_q` fp32 logits
+/// in device or managed memory, 4-byte aligned, disjoint from `out` and from the `workspace`
+/// bytes the call writes. Their values are read by the kernels, not here.
+void check_device_sinks(const char* fn, const AttentionSinks& sinks, std::int64_t heads_q,
+                        const StateView& out, const void* workspace, std::size_t workspace_bytes);
 
 /// Every check of `run_decode_with_prior` with the same arguments, in the same order, and no
 /// launch: lets the cascade find a bad decode level before it queues its shared levels.

@@ -42,6 +42,14 @@ inline bool gpu_available() {
   return n > 0;
 }
 
+/// Streaming multiprocessors of the current device.
+inline int device_sms() {
+  int dev = 0, n = 0;
+  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
+  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
 /// Skips the current test cleanly when no GPU is present.
 #define ATTNSTATE_REQUIRE_GPU()                                               \
   do {                                                                        \

@@ -79,6 +79,28 @@ __device__ __forceinline__ MergedColumns split_merge(int n, LseAt&& lse_at, OAt&
   return split_finalize(m, sum, acc);
 }
 
+/// Merges a row's normalised state (elements `x` of its `o`, base-2 `lse`) with its head's sink
+/// state `(0, sink)`, `sink` a natural-base logit (an attention sink: mass in the softmax
+/// denominator, no value): scales `x` by the row's share `e^lse / (e^lse + e^sink)` and returns
+/// the merged base-2 LSE; an empty row becomes `(0, sink)`. The core pairwise merge
+/// (`math::pair_weights`), so a NaN on either side gives NaN.
+template <int N>
+__device__ __forceinline__ float merge_sink(float (&x)[N], float lse, float sink) {
+  const math::PairWeights w = math::pair_weights(
+      LseBase::kBase2, lse, math::convert_lse(sink, LseBase::kNatural, LseBase::kBase2));
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = math::pair_combine(w, x[i], 0.f);
+  return w.lse;
+}
+
+/// `merge_sink` of merged columns.
+__device__ __forceinline__ MergedColumns merge_sink(MergedColumns mc, float sink) {
+  float x[4] = {mc.o.x, mc.o.y, mc.o.z, mc.o.w};
+  mc.lse = merge_sink(x, mc.lse, sink);
+  mc.o = make_float4(x[0], x[1], x[2], x[3]);
+  return mc;
+}
+
 }  // namespace tile
 }  // namespace cuda
 }  // namespace attnstate

@@ -25,6 +25,7 @@ struct GpuCascade {
   DeviceBuffer<std::uint8_t> workspace;
   attnstate::DType out_dtype;
   attnstate::LseBase out_base;
+  attnstate::AttentionSinks sinks;  ///< Device sink logits for `launch`/`run_stages` (or none).
 
   GpuCascade(const CascadeCase& cc, attnstate::DType out_dt, attnstate::LseBase base,
              const attnstate::cuda::CascadeTuning& tuning = {}, int num_sms = 0)
@@ -95,8 +96,12 @@ struct GpuCascade {
   }
   /// Launches the whole cascade on `stream`.
   void launch(cudaStream_t stream = nullptr) {
-    attnstate::cuda::run_cascade(plan, qv(), kv(), levels.data(), static_cast<int>(levels.size()),
-                                 out(), workspace.get(), workspace.bytes(), stream);
+    if (sinks.none())
+      attnstate::cuda::run_cascade(plan, qv(), kv(), levels.data(), static_cast<int>(levels.size()),
+                                   out(), workspace.get(), workspace.bytes(), stream);
+    else
+      attnstate::cuda::run_cascade(plan, qv(), kv(), levels.data(), static_cast<int>(levels.size()),
+                                   sinks, out(), workspace.get(), workspace.bytes(), stream);
   }
   /// Poisons the output, runs, synchronises.
   void run() {
@@ -114,7 +119,10 @@ struct GpuCascade {
     for (int l = 0; l < static_cast<int>(levels.size()); ++l)
       attnstate::cuda::run_cascade_level(plan, l, qv(), kv(), levels[l], workspace.get(),
                                          workspace.bytes());
-    attnstate::cuda::run_cascade_merge(plan, out(), workspace.get(), workspace.bytes());
+    if (sinks.none())
+      attnstate::cuda::run_cascade_merge(plan, out(), workspace.get(), workspace.bytes());
+    else
+      attnstate::cuda::run_cascade_merge(plan, sinks, out(), workspace.get(), workspace.bytes());
     ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<float> o_host() const {

@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "attnstate/core/error.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cuda/cascade.hpp"
 #include "cascade_case.hpp"
 #include "cuda_cascade_runner.hpp"
 #include "cuda_test_utils.hpp"
+#include "sink_reference.hpp"
 
 namespace {
 
@@ -151,6 +153,57 @@ TEST(CudaCascade, DecodeLevelMeetsEarlierLevelsThroughEveryMergePath) {
                                   << " streamed " << streamed;
         }
       }
+  }
+}
+
+TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
+  // Attention sinks fused into the cascade's final merge: every output row is the state of the
+  // request's keys over all its levels merged once with (0, s_h), whichever kernel writes it (the
+  // merge kernel after level kernels only; the decode level folding the shared levels, with one,
+  // a few or many splits; the decode beside them with the merge after; the stage-by-stage API,
+  // where the levels' partial states stay sink-free and only the merge applies the sinks).
+  // Against the double reference with the sinks merged in double: a sink counted per level or per
+  // split, or not at all, fails.
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 61);
+  two.heads_q = 16;
+  two.heads_kv = 2;
+  CaseSpec three;
+  three.seed = 62;
+  three.q_len = 2;
+  three.levels = {
+      {{6, 130}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 0}, {1, 333}, {1, 2}, {1, 90}, {1, 1}}};
+  std::uint64_t seed = 6300;
+  for (const CaseSpec& spec : {two, three}) {
+    CascadeCase c(spec);
+    const std::vector<float> sinks = attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
+    attnstate_test::DeviceBuffer<float> dev(sinks);
+    CascadeCase with = c;
+    attnstate_test::apply_sinks(with.reference, sinks);
+    struct Path {
+      bool decode;
+      int splits, fold;
+    };
+    for (const Path& path : {Path{false, 0, 0}, Path{true, 1, 1}, Path{true, 4, 1},
+                             Path{true, 24, 1}, Path{true, 4, 0}, Path{true, 24, 0}}) {
+      CascadeTuning t;
+      t.decode_last_level = path.decode;
+      if (path.decode) {
+        t.decode_splits = path.splits;
+        t.decode_fold = path.fold;
+      }
+      GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
+      ASSERT_EQ(g.plan.levels[g.plan.num_levels - 1].decode, path.decode);
+      g.sinks.logits = dev.get();
+      g.run();
+      EXPECT_TRUE(g.check(with)) << "decode " << path.decode << " splits " << path.splits
+                                 << " fold " << path.fold;
+      g.run_stages();
+      EXPECT_TRUE(g.check(with)) << "stages: decode " << path.decode << " splits " << path.splits;
+      g.sinks = attnstate::AttentionSinks{};  // and without: the sink-free result
+      g.run();
+      EXPECT_TRUE(g.check(c)) << "no sinks: decode " << path.decode << " splits " << path.splits;
+    }
   }
 }
 
@@ -838,6 +891,29 @@ TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
   } else {
     ADD_FAILURE() << "the two-level case was expected to run its last level on the decode";
   }
+}
+
+TEST(CudaCascadeArgs, BadSinksAreNamed) {
+  ATTNSTATE_REQUIRE_GPU();
+  CascadeCase c(attnstate_test::two_level_spec(3, 20, 5, 72));
+  GpuCascade g(c, DType::kF32, LseBase::kNatural);
+  const std::vector<float> host(static_cast<std::size_t>(c.spec.heads_q), 0.5f);
+  attnstate::AttentionSinks s;
+  s.logits = host.data();
+  expect_error(attnstate::Status::kInvalidArgument, "sinks.logits", [&] {
+    attnstate::cuda::run_cascade(g.plan, g.qv(), g.kv(), g.levels.data(),
+                                 static_cast<int>(g.levels.size()), s, g.out(), g.workspace.get(),
+                                 g.workspace.bytes());
+  });
+  expect_error(attnstate::Status::kInvalidArgument, "sinks.logits", [&] {
+    attnstate::cuda::run_cascade_merge(g.plan, s, g.out(), g.workspace.get(), g.workspace.bytes());
+  });
+  s.logits = g.lse.get();  // the output's own LSEs
+  expect_error(attnstate::Status::kInvalidArgument, "out.lse", [&] {
+    attnstate::cuda::run_cascade(g.plan, g.qv(), g.kv(), g.levels.data(),
+                                 static_cast<int>(g.levels.size()), s, g.out(), g.workspace.get(),
+                                 g.workspace.bytes());
+  });
 }
 
 }  // namespace

@@ -14,23 +14,20 @@
 #include <vector>
 
 #include "attnstate/core/error.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
+#include "sink_reference.hpp"
 
 namespace {
 
 using namespace attnstate;
 using namespace attnstate_test;
 
-int num_sms() {
-  int dev = 0, n = 0;
-  ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
-  ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
+int num_sms() { return device_sms(); }
 
 /// A device output state, poisoned with NaN.
 struct DeviceState {
@@ -52,8 +49,10 @@ struct GpuOut {
   cuda::DecodePlan plan;
 };
 
-/// Runs `plan` (possibly adjusted by hand) on the problem into a poisoned output.
-GpuOut run_plan(const DecodeProblemHost& p, const cuda::DecodePlan& plan, DType od, LseBase base) {
+/// Runs `plan` (possibly adjusted by hand) on the problem into a poisoned output, with the
+/// attention sinks `sinks` (device logits) when there are any.
+GpuOut run_plan(const DecodeProblemHost& p, const cuda::DecodePlan& plan, DType od, LseBase base,
+                const AttentionSinks& sinks = {}) {
   DeviceProblem d(p);
   GpuOut r;
   r.plan = plan;
@@ -61,7 +60,10 @@ GpuOut run_plan(const DecodeProblemHost& p, const cuda::DecodePlan& plan, DType 
   ws.poison();
   cuda::init_decode_workspace(r.plan, ws.get(), ws.bytes());
   DeviceState out(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, od, base);
-  cuda::run_decode(r.plan, d.qv(p), d.kv(p), out.view, ws.get(), ws.bytes());
+  if (sinks.none())
+    cuda::run_decode(r.plan, d.qv(p), d.kv(p), out.view, ws.get(), ws.bytes());
+  else
+    cuda::run_decode(r.plan, d.qv(p), d.kv(p), sinks, out.view, ws.get(), ws.bytes());
   ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
   r.o = out.o.download();
   r.lse = out.lse.download();
@@ -1061,6 +1063,183 @@ TEST(CudaDecode, RejectsBadArguments) {
     o2.o = static_cast<char*>(o2.o) + 1;
     expect_err([&] { run(plan0, q, kv, o2, ws.bytes()); }, Status::kInvalidArgument, "'out.o'");
   }
+}
+
+/// A decode problem with random sink logits in `[lo, hi]`, on the host and on the device.
+struct SinkProblem {
+  DecodeProblemHost p;
+  std::vector<float> sinks;
+  DeviceBuffer<float> dev;
+  AttentionSinks as;
+  SinkProblem(const DecodeConfig& cfg, std::uint64_t seed, float lo, float hi)
+      : p(make_decode_problem(cfg, seed)),
+        sinks(random_sinks(cfg.heads_q, lo, hi, seed + 1)),
+        dev(upload(sinks)) {
+    as.logits = dev.get();
+  }
+};
+
+TEST(CudaDecode, SinksAreMergedOnceAfterEveryMergePath) {
+  // Attention sinks fused into the final merge: every output row is its keys' state merged once
+  // with (0, s_h), whatever path writes it (one split: the direct store; a few: the cluster merge;
+  // many: the workspace merge; the streamed kernel; fp8 KV), for ragged batches with empty
+  // requests (their rows become (0, s_h)), q_len 1 and 3, every head dim, output dtype and base.
+  // Against the double reference with the sinks merged in double: a sink merged into each split,
+  // or not at all, fails.
+  ATTNSTATE_REQUIRE_GPU();
+  struct Case {
+    std::int64_t q_len, hq, hkv, D, page;
+    KvLayout layout;
+    DType dt, kv, od;
+    LseBase base;
+  };
+  const Case cases[] = {
+      {1, 32, 8, 128, 16, KvLayout::kNHD, DType::kBF16, DType::kBF16, DType::kF32,
+       LseBase::kNatural},
+      {3, 16, 2, 64, 1, KvLayout::kHND, DType::kF16, DType::kF16, DType::kBF16, LseBase::kBase2},
+      {1, 16, 4, 256, 32, KvLayout::kNHD, DType::kBF16, DType::kBF16, DType::kF32, LseBase::kBase2},
+      {1, 32, 8, 128, 16, KvLayout::kNHD, DType::kBF16, DType::kE4M3, DType::kF32,
+       LseBase::kNatural},
+  };
+  std::uint64_t seed = 5100;
+  for (const Case& c : cases) {
+    DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, false, c.dt, c.kv);
+    cfg.seq_lens = {0, 1, 17, 300, 2100};
+    const SinkProblem sp(cfg, seed, -3.f, 9.f);
+    seed += 2;
+    const DecodeProblemHost& p = sp.p;
+    for (int policy = 0; policy < 5; ++policy) {
+      DecodeOptions o = count_opts(policy == 0 ? 1 : (policy == 1 ? 4 : 24));
+      if (policy == 3) {
+        o.policy = SplitPolicy::kFixedSize;
+        o.split_size = 64;
+      }
+      cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(),
+                                                policy == 4 ? count_opts(1) : o, num_sms());
+      if (policy == 4) {  // the streamed kernel, where it takes the shape
+        if (is_fp8(c.kv) || c.D > 128 || c.page % 16 != 0) continue;
+        plan.streamed = true;
+      }
+      const GpuOut g = run_plan(p, plan, c.od, c.base, sp.as);
+      attnstate::testing::ReferenceState ref = reference_decode(p, g.plan.scale);
+      apply_sinks(ref, sp.sinks);
+      EXPECT_EQ(compare_decode(ref, g.o.data(), c.od, g.lse.data(), c.base,
+                               decode_tolerance(o_tol(is_fp8(c.kv) ? DType::kF16 : c.kv, c.od) +
+                                                    (is_fp8(c.kv) ? 2e-2 : 0.0),
+                                                5e-5)),
+                "")
+          << cfg.name() << " policy " << policy;
+    }
+  }
+}
+
+TEST(CudaDecode, SinksWithAWindowAndASoftCap) {
+  // A sink on top of the variant kernel: the CPU decode of the same layout and variant, the sinks
+  // merged in double after it.
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg =
+      shape_config(2, 32, 8, 128, 16, KvLayout::kNHD, true, DType::kBF16, DType::kBF16);
+  cfg.seq_lens = {0, 40, 700, 3000};
+  const SinkProblem sp(cfg, 5200, -2.f, 7.f);
+  const DecodeProblemHost& p = sp.p;
+  for (int splits : {1, 3, 16}) {
+    DecodeOptions o = count_opts(splits);
+    o.variant.window_left = 37;
+    o.variant.logits_soft_cap = 30.f;
+    const GpuOut g = run_plan(p, cuda::plan_decode(p.problem(), p.seq_lens.data(), o, num_sms()),
+                              DType::kF32, LseBase::kNatural, sp.as);
+    const HostState c = cpu_variant(p, g.plan.splits, g.plan.scale, o.variant);
+    attnstate::testing::ReferenceState ref = attnstate::testing::to_reference(
+        attnstate::testing::HostState::from_view(attnstate::ConstStateView(c.view)));
+    apply_sinks(ref, sp.sinks);
+    EXPECT_EQ(compare_decode(ref, g.o.data(), DType::kF32, g.lse.data(), LseBase::kNatural,
+                             decode_tolerance(o_tol(DType::kBF16, DType::kF32), 2e-4)),
+              "")
+        << "splits " << splits;
+  }
+}
+
+TEST(CudaDecode, AGraphReadsTheSinksItsBufferHoldsAtReplay) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg =
+      shape_config(1, 32, 8, 128, 16, KvLayout::kNHD, false, DType::kBF16, DType::kBF16);
+  cfg.seq_lens = {9, 1500, 0, 260};
+  const DecodeProblemHost p = make_decode_problem(cfg, 5300);
+  DeviceProblem d(p);
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, num_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  DeviceBuffer<float> dev(static_cast<std::size_t>(cfg.heads_q));
+  AttentionSinks as;
+  as.logits = dev.get();
+  cudaStream_t stream;
+  ATTNSTATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ATTNSTATE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cuda::run_decode(plan, d.qv(p), d.kv(p), as, out.view, ws.get(), ws.bytes(), stream);
+  ATTNSTATE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ATTNSTATE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (std::uint64_t round = 0; round < 2; ++round) {
+    const std::vector<float> sinks = random_sinks(cfg.heads_q, -1.f, 8.f, 5310 + round);
+    dev.upload(sinks);
+    out.o.poison();
+    out.lse.poison();
+    ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    attnstate::testing::ReferenceState ref = reference_decode(p, plan.scale);
+    apply_sinks(ref, sinks);
+    const auto o = out.o.download();
+    const auto lse = out.lse.download();
+    EXPECT_EQ(compare_decode(ref, o.data(), DType::kF32, lse.data(), LseBase::kNatural,
+                             decode_tolerance(o_tol(DType::kBF16, DType::kF32), 5e-5)),
+              "")
+        << "replay " << round;
+  }
+  ATTNSTATE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  ATTNSTATE_CUDA_CHECK(cudaGraphDestroy(graph));
+  ATTNSTATE_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaDecode, BadSinksAreNamed) {
+  ATTNSTATE_REQUIRE_GPU();
+  DecodeConfig cfg =
+      shape_config(1, 8, 2, 128, 16, KvLayout::kNHD, false, DType::kBF16, DType::kBF16);
+  cfg.seq_lens = {40, 3};
+  const DecodeProblemHost p = make_decode_problem(cfg, 5400);
+  DeviceProblem d(p);
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(2), num_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
+  auto run = [&](const float* logits, StateView o) {
+    AttentionSinks as;
+    as.logits = logits;
+    cuda::run_decode(plan, d.qv(p), d.kv(p), as, o, ws.get(), ws.bytes());
+  };
+  const std::vector<float> host(8, 1.f);
+  expect_named_error([&] { run(host.data(), out.view); }, Status::kInvalidArgument, "sinks.logits",
+                     "attnstate::cuda::run_decode");
+  float* pinned = nullptr;
+  ATTNSTATE_CUDA_CHECK(cudaMallocHost(&pinned, 8 * sizeof(float)));
+  expect_named_error([&] { run(pinned, out.view); }, Status::kInvalidArgument, "sinks.logits");
+  ATTNSTATE_CUDA_CHECK(cudaFreeHost(pinned));
+  DeviceBuffer<float> dev(9);
+  expect_named_error(
+      [&] {
+        run(reinterpret_cast<const float*>(reinterpret_cast<const char*>(dev.get()) + 2), out.view);
+      },
+      Status::kInvalidArgument, "sinks.logits");
+  // the output may not overlap the sinks it reads
+  expect_named_error([&] { run(out.lse.get(), out.view); }, Status::kInvalidArgument, "out.lse");
+  if (ws.bytes() >= 8 * sizeof(float))
+    expect_named_error([&] { run(reinterpret_cast<const float*>(ws.get()), out.view); },
+                       Status::kInvalidArgument, "workspace");
+  run(dev.get(), out.view);  // valid
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 /// @file kernels/cascade/merge.cuh
 /// @brief The cascade merge kernel: folds the partial states of every level and split of a query
 ///        row (fp32 workspace, base-2 LSEs) with the max-subtracted merge and writes the output
-///        state in its dtype and base. One warp per (request, new token, query head). It may be
+///        state in its dtype and base, with the attention sinks merged in last when
+///        there are any. One warp per (request, new token, query head). It may be
 ///        a programmatic dependent launch: it waits for the previous kernel before any read.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
 #include "cuda/arch/grid_dependency.cuh"
+#include "cuda/tile/split_merge.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -29,6 +31,9 @@ struct CascadeMergeParams {
   std::int64_t lse_stride_token;
   std::int64_t lse_stride_head;
   LseBase base;  ///< Output base.
+  /// Attention sinks: `heads_q` natural-base logits, each row merged once with `(0, sinks[h])`
+  /// after its slots; null = none.
+  const float* sinks;
 };
 
 /// Rows per CTA of the merge (one warp each).
@@ -97,13 +102,17 @@ __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
   const std::int64_t token = row / p.heads_q, head = row % p.heads_q;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) acc[i] *= r.inv_sum;
+  float lse = r.lse;
+  if (p.sinks != nullptr) lse = tile::merge_sink(acc, lse, p.sinks[head]);
   TOut* dst =
       static_cast<TOut*>(p.out_o) + token * p.o_stride_token + head * p.o_stride_head + lane * kPer;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) dst[i] = from_float<TOut>(acc[i] * r.inv_sum);
+  for (int i = 0; i < kPer; ++i) dst[i] = from_float<TOut>(acc[i]);
   if (lane == 0)
     p.out_lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-        math::convert_lse(r.lse, LseBase::kBase2, p.base);
+        math::convert_lse(lse, LseBase::kBase2, p.base);
 }
 
 }  // namespace kernels

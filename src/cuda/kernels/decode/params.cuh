@@ -128,6 +128,9 @@ struct DecodeParams {
   // read on the device when the kernel runs)
   KvScale k_scale;
   KvScale v_scale;
+  // attention sinks (AttentionSinks): `heads_q` natural-base logits merged into each output row
+  // once, as the state (0, sinks[hq]), after the splits and prior states; null = none
+  const float* sinks;
 };
 
 }  // namespace detail

@@ -147,7 +147,8 @@ __device__ __forceinline__ void decode_mark_clock(int slot) {
 #endif
 
 /// Stores four merged columns (from `4 · d4`) of query row `rg` of (request `b`, KV head `hkv`)
-/// as the output state, with the prior states folded in first when there are any.
+/// as the output state, with the prior states folded in first when there are any and the head's
+/// attention sink merged in last when there are sinks.
 /// `grouped`: the calling lanes come in aligned groups of min(32, D / 4) active lanes that hold
 /// the quads of one row (then the fold shares its per-row work across the group).
 template <int D>
@@ -164,6 +165,7 @@ __device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, 
       mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
                          token * p.heads_q + hq, d4, mc);
   }
+  if (p.sinks != nullptr) mc = tile::merge_sink(mc, p.sinks[hq]);  // once, after everything else
   store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
             p.out_vec4);
   if (d4 == 0)

@@ -182,16 +182,32 @@ __device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const i
     const std::int64_t token = static_cast<std::int64_t>(cur.b) * p.q_len + rg / p.group;
     const std::int64_t hq = static_cast<std::int64_t>(cur.hkv) * p.group + rg % p.group;
     const std::int64_t o_row = token * p.o_stride_token + hq * p.o_stride_head;
+    float lse = res.lse;
+    if (p.sinks == nullptr) {
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const float x = empty ? 0.f : f * o_acc[j][2 * h];
-      const float y = empty ? 0.f : f * o_acc[j][2 * h + 1];
-      store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x * res.inv_sum,
-                y * res.inv_sum, p.out_vec4);
+      for (int j = 0; j < kNT; ++j) {
+        const float x = empty ? 0.f : f * o_acc[j][2 * h];
+        const float y = empty ? 0.f : f * o_acc[j][2 * h + 1];
+        store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x * res.inv_sum,
+                  y * res.inv_sum, p.out_vec4);
+      }
+    } else {
+      // the head's sink merged into the normalised row, once (tile::merge_sink)
+      float x[2 * kNT];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        x[2 * j] = (empty ? 0.f : f * o_acc[j][2 * h]) * res.inv_sum;
+        x[2 * j + 1] = (empty ? 0.f : f * o_acc[j][2 * h + 1]) * res.inv_sum;
+      }
+      lse = tile::merge_sink(x, lse, p.sinks[hq]);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+        store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x[2 * j], x[2 * j + 1],
+                  p.out_vec4);
     }
     if ((lane & 3) == 0)
       p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-          math::convert_lse(res.lse, LseBase::kBase2, p.out_base);
+          math::convert_lse(lse, LseBase::kBase2, p.out_base);
   }
 }
 
