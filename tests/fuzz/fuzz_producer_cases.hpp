@@ -1,6 +1,7 @@
 /// @file fuzz_producer_cases.hpp
 /// @brief Fuzz cases of the producers of the CPU backend: attention_state, decode (both
-///        overloads) and cascade_attention, over a paged KV pool and tables in the arena.
+///        overloads, the options one sometimes with attention sinks) and cascade_attention
+///        (sometimes with sinks), over a paged KV pool and tables in the arena.
 #pragma once
 
 #include <memory>
@@ -365,7 +366,55 @@ inline std::string describe(const attnstate::PagedKvCache& kv, const Ctx& c) {
   return os.str();
 }
 
-/// A decode call: q, a paged cache with tables, out; `explicit_layout` picks the overload.
+/// The attention sinks of a decode or cascade call over `heads` query heads: none in about half
+/// the cases, else `heads` finite logits in the arena.
+struct SinksArg {
+  attnstate::AttentionSinks s;
+  i64 heads = 0;
+  i64 off = -1;  ///< Of the logits in the arena (-1: none).
+};
+
+inline std::shared_ptr<SinksArg> draw_sinks(Ctx& c, i64 heads) {
+  auto a = std::make_shared<SinksArg>();
+  a->heads = heads;
+  if (c.rng.coin(50)) return a;
+  a->off = c.alloc("sinks.logits", heads * 4, true);
+  for (i64 h = 0; h < heads; ++h)
+    c.put<float>(a->off + 4 * h, c.rng.coin(10)
+                                     ? static_cast<float>(c.rng.pick<i64>({-80, 80}))
+                                     : static_cast<float>(c.rng.range(-500, 500)) / 100.f);
+  a->s.logits = static_cast<const float*>(c.ptr(a->off));
+  return a;
+}
+
+/// Hard mutations of the sinks: a NaN or infinite logit (-inf too: none() passes no sinks), a
+/// misaligned pointer, `out` over the logits.
+inline std::vector<std::function<bool()>> sink_mutations(Ctx& c, std::shared_ptr<SinksArg> a,
+                                                         std::shared_ptr<StateArg> out) {
+  return {
+      [&c, a] {
+        if (a->off < 0) return false;
+        const i64 h = c.rng.range(0, a->heads - 1);
+        const float x = c.rng.pick<float>({NAN, INFINITY, -INFINITY});
+        c.put<float>(a->off + 4 * h, x);
+        c.reject("sinks.logits[" + str(h) + "] = " + std::to_string(x), {"sinks.logits"});
+        return true;
+      },
+      [&c, a] {
+        if (a->off < 0 || !c.touch("sinks#ptr")) return false;
+        a->s.logits = static_cast<const float*>(c.ptr(a->off + c.rng.range(1, 3)));
+        c.reject("sinks.logits misaligned", {"sinks.logits"}, false);
+        return true;
+      },
+      [&c, a, out] {
+        if (a->off < 0) return false;
+        return mutate_overlap(c, *out, "sinks.logits", a->s.logits, a->heads * 4);
+      },
+  };
+}
+
+/// A decode call: q, a paged cache with tables, out; `explicit_layout` picks the overload (the
+/// options overload with attention sinks in about half the cases).
 inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
   Rng& r = c.rng;
   const i64 d = r.range(1, 8), hkv = r.range(1, 2), hq = hkv * r.range(1, 2);
@@ -431,6 +480,8 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
   }
   std::vector<std::function<bool()>> muts = pool_mutations(c, pool, true);
   for (auto& m : scale_mutations(c, pool, out)) muts.push_back(m);
+  auto sinks = explicit_layout ? std::make_shared<SinksArg>() : draw_sinks(c, hq);
+  for (auto& m : sink_mutations(c, sinks, out)) muts.push_back(m);
   auto tables = decode_arg_mutations(c, r, q, out, kv, batch, {"q.shape[2]", "out.heads"}, false);
   std::vector<std::function<bool()>> own{
       [&] {
@@ -570,15 +621,21 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
   c.note(describe(*out, c));
   c.note("scale " + std::to_string(*scale) + ", split policy " +
          std::to_string(static_cast<int>(explicit_layout ? splits->policy : options->policy)));
+  c.note(sinks->off < 0 ? "no sinks" : "sinks @" + str(c.off_of(sinks->s.logits)));
   if (explicit_layout)
     return {"attnstate::cpu::decode", [q, pool, splits, scale, out] {
               attnstate::cpu::decode(q->t, pool->kv, *splits, *scale, out->v);
             }};
-  return {"attnstate::cpu::decode",
-          [q, pool, options, out] { attnstate::cpu::decode(q->t, pool->kv, *options, out->v); }};
+  if (sinks->off < 0)
+    return {"attnstate::cpu::decode",
+            [q, pool, options, out] { attnstate::cpu::decode(q->t, pool->kv, *options, out->v); }};
+  return {"attnstate::cpu::decode", [q, pool, options, sinks, out] {
+            attnstate::cpu::decode(q->t, pool->kv, *options, sinks->s, out->v);
+          }};
 }
 
-/// A cascade call: q, a pool, 1-3 levels of segments with their tables in the arena, out.
+/// A cascade call: q, a pool, 1-3 levels of segments with their tables in the arena, out;
+/// attention sinks in about half the cases.
 inline Built build_cascade(Ctx& c, int nmut) {
   Rng& r = c.rng;
   const i64 d = r.range(1, 8), hkv = r.range(1, 2), hq = hkv * r.range(1, 2);
@@ -657,6 +714,8 @@ inline Built build_cascade(Ctx& c, int nmut) {
   auto levels_ptr = std::make_shared<const attnstate::CascadeLevel*>(levels->data());
   std::vector<std::function<bool()>> muts = pool_mutations(c, pool, true);
   for (auto& m : scale_mutations(c, pool, out)) muts.push_back(m);
+  auto sinks = draw_sinks(c, hq);
+  for (auto& m : sink_mutations(c, sinks, out)) muts.push_back(m);
   const auto lvl = [&](int l, const char* f) { return "levels[" + std::to_string(l) + "]." + f; };
   const std::vector<std::string> b0{"q.shape[0]", "out.tokens", "levels"};
   std::vector<std::function<bool()>> more{
@@ -801,10 +860,17 @@ inline Built build_cascade(Ctx& c, int nmut) {
   c.note(describe(*q, c));
   c.note(describe(*out, c));
   c.note("scale " + std::to_string(options->scale) + (options->causal ? ", causal" : ""));
+  c.note(sinks->off < 0 ? "no sinks" : "sinks @" + str(c.off_of(sinks->s.logits)));
+  if (sinks->off < 0)
+    return {"attnstate::cpu::cascade_attention",
+            [q, pool, levels, levels_ptr, num_levels, options, out] {
+              attnstate::cpu::cascade_attention(q->t, pool->kv, *levels_ptr, *num_levels, *options,
+                                                out->v);
+            }};
   return {"attnstate::cpu::cascade_attention",
-          [q, pool, levels, levels_ptr, num_levels, options, out] {
+          [q, pool, levels, levels_ptr, num_levels, options, sinks, out] {
             attnstate::cpu::cascade_attention(q->t, pool->kv, *levels_ptr, *num_levels, *options,
-                                              out->v);
+                                              sinks->s, out->v);
           }};
 }
 
