@@ -98,6 +98,11 @@ class Decode:
     cap): plan with kv_dtype="e4m3" or "e5m2" and pass k, v as uint8
     arrays of the stored bytes (torch: `k.view(torch.uint8)`) with `k_scale=`, `v_scale=` floats
     to run: a stored element's real value is its fp8 value times the scale.
+
+    Attention sinks: `run(..., sinks=s)` with s a (heads_q,) float32 array of natural-base logits
+    in the memory of q merges the sink state (0, s[h]) once into every output row, after all the
+    splits; the returned State (its lse too) is that of the keys plus the sink. A run-time
+    argument: one plan serves every layer, each with its own sinks.
     """
 
     def __init__(self):
@@ -156,12 +161,15 @@ class Decode:
 
     def run(self, q, k, v, seq_lens, *, page_indptr=None, page_indices=None, block_table=None,
             layout="NHD", out=None, dtype=None, base="natural", k_scale=None, v_scale=None,
-            stream=None):
+            sinks=None, stream=None):
         """Runs the planned decode; returns `out` (or a State allocated like q, in `dtype`
         (default q's) and `base` (default natural)). Exactly one of (page_indptr, page_indices)
         and block_table gives the page table; the plan's batch is the maximum, `seq_lens` may be
         shorter or have shorter lengths (a graph captured once replays for them). k_scale,
         v_scale: the scales of an fp8 cache (None: 1; a finite float > 0), None otherwise.
+        sinks: None, or a (heads_q,) float32 array of natural-base sink logits in the memory of
+        q (host for a CPU plan, CUDA for a CUDA plan), merged once into each output row after
+        every split (CPU: each logit must be finite; CUDA: read when the kernels run).
         stream: as for the merges (torch's current stream by default, an int handle or an object
         with `__cuda_stream__`; None for host arrays); the run enqueues and returns."""
         fn = "attnstate.Decode.run"
@@ -171,7 +179,7 @@ class Decode:
                          fn)
         _C.run_decode(plan, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout,
                       out, self.workspace, stream, _kv_scale(k_scale, "k_scale", fn),
-                      _kv_scale(v_scale, "v_scale", fn))
+                      _kv_scale(v_scale, "v_scale", fn), sinks)
         return out
 
 
@@ -191,6 +199,8 @@ class Cascade:
     a row see the keys [max(0, p - w), p] across all the levels (a shared segment before the
     window contributes nothing); `logits_soft_cap` as for Decode. fp8 pools (CPU for now):
     `kv_dtype=` in plan, uint8 pools and `k_scale=`, `v_scale=` in run, as for Decode.
+    `run(..., sinks=s)`: attention sinks merged once into every output row after all the levels,
+    as for Decode.
     """
 
     def __init__(self):
@@ -223,17 +233,18 @@ class Cascade:
         return self._plan.workspace_bytes
 
     def run(self, q, k, v, levels, *, layout="NHD", out=None, dtype=None, base="natural",
-            k_scale=None, v_scale=None, stream=None):
+            k_scale=None, v_scale=None, sinks=None, stream=None):
         """Runs the planned cascade over `levels` (in q's memory); returns `out` or a State
         (batch * q_len, heads_q, head_dim), token b * q_len + t, allocated like q in `dtype`
-        (default q's) and `base`. k_scale, v_scale, stream: as for Decode.run."""
+        (default q's) and `base`. k_scale, v_scale, sinks, stream: as for Decode.run (the sinks
+        merged once, after every level)."""
         fn = "attnstate.Cascade.run"
         if self._plan is None:
             raise error(fn, "self", "a planned Cascade (call plan() first)", "no plan")
         out = _out_state(q, out, *self._shape, dtype, base, fn)
         _C.run_cascade(self._plan, q, k, v, [tuple(level) for level in levels], layout, out,
                        self.workspace, stream, _kv_scale(k_scale, "k_scale", fn),
-                       _kv_scale(v_scale, "v_scale", fn))
+                       _kv_scale(v_scale, "v_scale", fn), sinks)
         return out
 
 

@@ -261,6 +261,14 @@ const std::int32_t* Call::int32_vector(nb::handle h, const std::string& name, st
   return static_cast<const std::int32_t*>(a.data());
 }
 
+const float* Call::float32_vector(nb::handle h, const std::string& name, std::int64_t* size) {
+  Array a = array(h, name, 1);
+  if (!(a.dtype() == nb::dtype<float>())) fail(name, "dtype float32", dtype_name(a.dtype()));
+  if (a.shape(0) > 1 && a.stride(0) != 1) fail(name, "a contiguous array", "a strided one");
+  if (size) *size = static_cast<std::int64_t>(a.shape(0));
+  return static_cast<const float*>(a.data());
+}
+
 const std::int32_t* Call::int32_matrix(nb::handle h, const std::string& name, std::int64_t* rows,
                                        std::int64_t* cols) {
   Array a = array(h, name, 2);

@@ -51,6 +51,8 @@ class Call {
   /// A contiguous 1-D int32 array (indptr, lengths, tables), or null for None when `optional`.
   const std::int32_t* int32_vector(nb::handle h, const std::string& name, std::int64_t* size,
                                    bool optional = false);
+  /// A contiguous 1-D float32 array (per-head logits), its extent in `size`.
+  const float* float32_vector(nb::handle h, const std::string& name, std::int64_t* size);
   /// A contiguous 2-D int32 array (a block table), its extents in `rows` and `cols`.
   const std::int32_t* int32_matrix(nb::handle h, const std::string& name, std::int64_t* rows,
                                    std::int64_t* cols);

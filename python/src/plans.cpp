@@ -149,6 +149,19 @@ PagedKvCache kv_pools(Call& c, nb::handle k, nb::handle v, const std::string& la
   return kv;
 }
 
+// The attention sinks of a run (None: none): a 1-D float32 array of `heads_q` natural-base
+// logits, imported after q (so an array in other memory than q's is an error naming 'sinks').
+AttentionSinks sinks_of(Call& c, nb::handle sinks, std::int64_t heads_q) {
+  AttentionSinks s;
+  if (sinks.is_none()) return s;
+  std::int64_t n = 0;
+  s.logits = c.float32_vector(sinks, "sinks", &n);
+  if (n != heads_q)
+    c.fail("sinks", "heads_q = " + std::to_string(heads_q) + " logits (one per query head)",
+           std::to_string(n));
+  return s;
+}
+
 struct Workspace {
   void* data = nullptr;
   std::size_t bytes = 0;
@@ -245,7 +258,8 @@ void init_decode_workspace(const PyDecodePlan& p, nb::handle workspace, nb::hand
 void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
                 nb::handle seq_lens, nb::handle page_indptr, nb::handle page_indices,
                 nb::handle block_table, const std::string& layout, nb::handle out,
-                nb::handle workspace, nb::handle stream, float k_scale, float v_scale) {
+                nb::handle workspace, nb::handle stream, float k_scale, float v_scale,
+                nb::handle sinks) {
   Call c("attnstate.Decode.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
   PagedKvCache kv = kv_pools(c, k, v, layout, p.problem.kv_dtype, k_scale, v_scale);
@@ -258,15 +272,16 @@ void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
     kv.block_table = c.int32_matrix(block_table, "block_table", &rows, &kv.block_table_stride);
   }
   const StateView vo = c.state(out, "out");
+  const AttentionSinks sk = sinks_of(c, sinks, tq.shape[2]);
   const Workspace ws = workspace_of(c, workspace, p.device);
   [[maybe_unused]] void* s = c.stream(stream);
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
-    cpu::decode(tq, kv, p.options, vo);
+    cpu::decode(tq, kv, p.options, sk, vo);
     return;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
-  cuda::run_decode(p.plan, tq, kv, vo, ws.data, ws.bytes, static_cast<cudaStream_t>(s));
+  cuda::run_decode(p.plan, tq, kv, sk, vo, ws.data, ws.bytes, static_cast<cudaStream_t>(s));
 #endif
 }
 
@@ -335,22 +350,24 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
 
 void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle v,
                  const std::vector<nb::tuple>& levels, const std::string& layout, nb::handle out,
-                 nb::handle workspace, nb::handle stream, float k_scale, float v_scale) {
+                 nb::handle workspace, nb::handle stream, float k_scale, float v_scale,
+                 nb::handle sinks) {
   Call c("attnstate.Cascade.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
   const PagedKvCache kv = kv_pools(c, k, v, layout, p.kv_dtype, k_scale, v_scale);
   const std::vector<CascadeLevel> lv = levels_of(c, levels);
   const StateView vo = c.state(out, "out");
+  const AttentionSinks sk = sinks_of(c, sinks, tq.shape[2]);
   const Workspace ws = workspace_of(c, workspace, p.device);
   [[maybe_unused]] void* s = c.stream(stream);
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
-    cpu::cascade_attention(tq, kv, lv.data(), static_cast<int>(lv.size()), p.options, vo);
+    cpu::cascade_attention(tq, kv, lv.data(), static_cast<int>(lv.size()), p.options, sk, vo);
     return;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
-  cuda::run_cascade(p.plan, tq, kv, lv.data(), static_cast<int>(lv.size()), vo, ws.data, ws.bytes,
-                    static_cast<cudaStream_t>(s));
+  cuda::run_cascade(p.plan, tq, kv, lv.data(), static_cast<int>(lv.size()), sk, vo, ws.data,
+                    ws.bytes, static_cast<cudaStream_t>(s));
 #endif
 }
 
@@ -391,7 +408,7 @@ void bind_plans(nb::module_& m) {
   m.def("run_decode", &run_decode, arg("plan"), arg("q"), arg("k"), arg("v"), arg("seq_lens"),
         arg("page_indptr").none(), arg("page_indices").none(), arg("block_table").none(),
         arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none(),
-        arg("k_scale") = 1.f, arg("v_scale") = 1.f);
+        arg("k_scale") = 1.f, arg("v_scale") = 1.f, arg("sinks").none() = nb::none());
 
   nb::class_<PyCascadePlan>(m, "_CascadePlan")
       .def_prop_ro("workspace_bytes", &PyCascadePlan::workspace_bytes)
@@ -404,7 +421,7 @@ void bind_plans(nb::module_& m) {
         arg("device"), arg("num_sms"));
   m.def("run_cascade", &run_cascade, arg("plan"), arg("q"), arg("k"), arg("v"), arg("levels"),
         arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none(),
-        arg("k_scale") = 1.f, arg("v_scale") = 1.f);
+        arg("k_scale") = 1.f, arg("v_scale") = 1.f, arg("sinks").none() = nb::none());
 }
 
 }  // namespace py
