@@ -52,3 +52,19 @@ def shared_prefix_levels(prefix, suffixes, page_size):
     own = (np.arange(batch + 1, dtype=np.int32), (starts[1:] - starts[1]).astype(np.int32),
            np.arange(starts[1], total, dtype=np.int32), np.array(suffixes, np.int32))
     return [shared, own], total, starts
+
+
+def paged_keys(rng, seq_lens, page_size, heads_kv, d):
+    """Random float32 keys in shuffled NHD pages (drawn from `rng`), a CSR page table, and each
+    request's keys in order: (k, v, page_indptr, page_indices, [(k_b, v_b) per request])."""
+    pages_of = [-(-n // page_size) for n in seq_lens]
+    total = max(1, sum(pages_of))
+    perm = rng.permutation(total).astype(np.int32)
+    k = rng.standard_normal((total, page_size, heads_kv, d)).astype(np.float32)
+    v = rng.standard_normal((total, page_size, heads_kv, d)).astype(np.float32)
+    indptr = np.concatenate([[0], np.cumsum(pages_of)]).astype(np.int32)
+    keys = []
+    for b, n in enumerate(seq_lens):
+        pages = perm[indptr[b]:indptr[b + 1]]
+        keys.append((k[pages].reshape(-1, heads_kv, d)[:n], v[pages].reshape(-1, heads_kv, d)[:n]))
+    return k, v, indptr, perm, keys

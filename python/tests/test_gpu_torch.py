@@ -237,3 +237,45 @@ def test_cascade_on_the_gpu_matches_the_cpu_cascade():
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
     np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
+
+
+def test_decode_with_sinks_matches_the_cpu():
+    q, k, v, seq, indptr, indices = paged_problem()  # request 2 has no key
+    sinks = torch.rand(32, device="cuda") * 8 - 3
+    dec = attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=128,
+                                  dtype=torch.bfloat16, like=k)
+    dev = dict(page_indptr=indptr.cuda(), page_indices=indices.cuda())
+    out = dec.run(q, k, v, seq.cuda(), **dev, dtype=torch.float32, sinks=sinks)
+    host = attnstate.Decode().plan(seq.numpy(), heads_q=32, heads_kv=8, head_dim=128,
+                                   dtype="float32")
+    ref = host.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                   seq.numpy(), page_indptr=indptr.numpy(), page_indices=indices.numpy(),
+                   sinks=sinks.cpu().numpy())
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
+    assert torch.all(out.o[2] == 0)  # no key: (0, s)
+    torch.testing.assert_close(out.lse[2], sinks, rtol=1e-6, atol=1e-6)
+    # sinks must be in the memory of q: host logits for a CUDA run are named
+    with pytest.raises(attnstate.Error, match="argument 'sinks'"):
+        dec.run(q, k, v, seq.cuda(), **dev, sinks=sinks.cpu())
+
+
+def test_cascade_with_sinks_matches_the_cpu():
+    heads_q, heads_kv, d, page = 16, 4, 128, 16
+    levels, total, _ = shared_prefix_levels(200, [37, 5, 64], page)
+    k = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, page, heads_kv, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(3, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.rand(heads_q, device="cuda") * 8 - 3
+    shape = dict(batch=3, heads_q=heads_q, heads_kv=heads_kv, head_dim=d, page_size=page,
+                 num_pages=total)
+    cas = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, **shape)
+    dev_levels = [tuple(torch.from_numpy(a).cuda() for a in level) for level in levels]
+    out = cas.run(q, k, v, dev_levels, dtype=torch.float32, sinks=sinks)
+    host = attnstate.Cascade().plan(levels, dtype="float32", **shape)
+    ref = host.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                   levels, sinks=sinks.cpu().numpy())
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)

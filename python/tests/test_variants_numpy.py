@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnstate
-from helpers import shared_prefix_levels
+from helpers import paged_keys, shared_prefix_levels
 
 rng = np.random.default_rng(22)
 
@@ -34,21 +34,6 @@ def window_of(p, window_left):
     return np.arange(lo, p + 1) if p >= 0 else np.arange(0)
 
 
-def paged(seq_lens, page_size, heads_kv, d):
-    """Keys in shuffled NHD pages, a CSR page table, and each request's keys in order."""
-    pages_of = [-(-n // page_size) for n in seq_lens]
-    total = max(1, sum(pages_of))
-    perm = rng.permutation(total).astype(np.int32)
-    k = rng.standard_normal((total, page_size, heads_kv, d)).astype(np.float32)
-    v = rng.standard_normal((total, page_size, heads_kv, d)).astype(np.float32)
-    indptr = np.concatenate([[0], np.cumsum(pages_of)]).astype(np.int32)
-    keys = []
-    for b, n in enumerate(seq_lens):
-        pages = perm[indptr[b]:indptr[b + 1]]
-        keys.append((k[pages].reshape(-1, heads_kv, d)[:n], v[pages].reshape(-1, heads_kv, d)[:n]))
-    return k, v, indptr, perm, keys
-
-
 @pytest.mark.parametrize("window_left", [None, 0, 1, 6, 40, 1000])
 @pytest.mark.parametrize("cap", [None, 5.0, 30.0])
 @pytest.mark.parametrize("policy,num_splits,split_size", [("auto", 0, 0), ("fixed_count", 3, 0),
@@ -56,7 +41,7 @@ def paged(seq_lens, page_size, heads_kv, d):
 def test_decode_variants_match_softmax(window_left, cap, policy, num_splits, split_size):
     seq_lens = np.array([70, 0, 2, 33, 5], np.int32)
     q_len, heads_q, heads_kv, d, page_size = 3, 4, 2, 8, 3
-    k, v, indptr, indices, keys = paged(seq_lens, page_size, heads_kv, d)
+    k, v, indptr, indices, keys = paged_keys(rng, seq_lens, page_size, heads_kv, d)
     q = (4 * rng.standard_normal((len(seq_lens), q_len, heads_q, d))).astype(np.float32)
     dec = attnstate.Decode().plan(seq_lens, heads_q=heads_q, heads_kv=heads_kv, head_dim=d,
                                   dtype="float32", q_len=q_len, policy=policy,
