@@ -53,6 +53,8 @@ int g_page = 16;
 /// True: the shared prefix's pages in a random order of the pool (`--scatter`); false: in id
 /// order.
 bool g_scatter = false;
+// --soft-cap: the logits soft cap of every level, and of the plain decode it is compared with
+float g_soft_cap = 0.f;
 constexpr double kTensorFlops = 790e12;  // bf16 dense tensor throughput of the H200 (wgmma)
 
 /// ANCHORS.md: FlashInfer cascade (µs) and its prefix level (µs) per (prefix, suffix, batch).
@@ -239,13 +241,16 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   cuda::CascadeTuning tuning;
   tuning.decode_sms = g_decode_sms;
   tuning.decode_fold = g_decode_fold;
-  cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, tuning);
+  CascadeOptions copt;
+  copt.variant.logits_soft_cap = g_soft_cap;
+  cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
   if (g_stream >= 0 && plan.levels[1].decode && plan.last_decode.splits.max_splits == 1)
     plan.last_decode.streamed = g_stream == 1;
-  const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, {}, num_sms);
+  const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, copt, num_sms);
   cuda::CascadeTuning mma_only;
   mma_only.kernel = cuda::CascadeKernel::kMma;
-  const cuda::CascadePlan mma_plan = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, mma_only);
+  const cuda::CascadePlan mma_plan =
+      cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, mma_only);
   row.prefix_tile = plan.levels[0].tile_rows;
   row.prefix_splits = plan.levels[0].max_splits;
   row.suffix_tile = plan.levels[1].tile_rows;
@@ -305,7 +310,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
           t.tile_rows = tile;
           t.chunk = chunk;
           t.kernel = kernel;
-          const cuda::CascadePlan ep = cuda::plan_cascade(shape, h_levels, 2, {}, num_sms, t);
+          const cuda::CascadePlan ep = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, t);
           if (ep.workspace_bytes() > ws_bytes) continue;
           const double us = timer.median_us(
               [&] { cuda::run_cascade_level(ep, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
@@ -334,8 +339,9 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
       prob.heads_kv = kHeadsKv;
       prob.head_dim = kHeadDim;
       prob.q_dtype = prob.kv_dtype = DType::kBF16;
-      const cuda::DecodePlan dplan =
-          cuda::plan_decode(prob, f_len.data(), DecodeOptions{}, num_sms);
+      DecodeOptions dopt;
+      dopt.variant.logits_soft_cap = g_soft_cap;
+      const cuda::DecodePlan dplan = cuda::plan_decode(prob, f_len.data(), dopt, num_sms);
       const std::size_t dws_bytes = dplan.workspace_bytes();
       void* dws = dalloc<std::uint8_t>(dws_bytes);
       cuda::init_decode_workspace(dplan, dws, dws_bytes, stream);
@@ -409,12 +415,14 @@ int main(int argc, char** argv) {
       g_page = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--scatter"))
       g_scatter = true;
+    else if (!std::strcmp(argv[i], "--soft-cap") && i + 1 < argc)
+      g_soft_cap = static_cast<float>(std::atof(argv[++i]));
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
       only = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...] "
-                   "[--decode-sms n] [--decode-fold n] [--page n] [--scatter]\n",
+                   "[--decode-sms n] [--decode-fold n] [--page n] [--scatter] [--soft-cap c]\n",
                    argv[0]);
       return 2;
     }
@@ -432,9 +440,9 @@ int main(int argc, char** argv) {
     const double bw = copy_bandwidth(stream);
     std::printf(
         "device %s, %d SMs; copy bandwidth %.0f GB/s (read + written); floor uses it and "
-        "%.0f TFLOP/s; pages of %d tokens, prefix pages %s\n",
+        "%.0f TFLOP/s; pages of %d tokens, prefix pages %s; soft cap %g (0: none)\n",
         prop.name, num_sms, bw / 1e9, kTensorFlops / 1e12, g_page,
-        g_scatter ? "scattered" : "in id order");
+        g_scatter ? "scattered" : "in id order", g_soft_cap);
     std::printf("plain decode: %s\n", BENCH_CASCADE_HAS_DECODE
                                           ? "the library's split-KV decode (run_decode)"
                                           : "not built; 'flat' = the cascade kernel, one level");

@@ -4,7 +4,8 @@
 #   2. runs every test with CTest (GPU tests included),
 #   3. runs compute-sanitizer memcheck and racecheck over the GPU test executables,
 #   4. runs the GPU benchmarks, each writing a CSV (bench_cascade also with --quick --lean
-#      --scatter: the shared prefix's pages scattered over the pool),
+#      --scatter: the shared prefix's pages scattered over the pool, and with --quick
+#      --soft-cap 50),
 # and leaves logs and CSVs in $OUT (default ./gpu-out): summary.txt plus gpu-check.tar.gz.
 #
 # Knobs (environment): GPU_TARGETS   build only these targets (default: all)
@@ -161,6 +162,12 @@ if [ "${GPU_BENCH:-}" != none ]; then
         say "bench $name --scatter: ok"; cat "$LOG/$name-scatter.txt" >>"$SUMMARY"
       else
         say "bench $name --scatter: FAILED"; tail -20 "$LOG/$name-scatter.txt" | tee -a "$SUMMARY"; status=1
+      fi
+      # and with a logits soft cap of 50 in every level (beside the plain decode with the cap)
+      if "$exe" --quick --soft-cap 50 --csv "$LOG/$name-softcap.csv" >"$LOG/$name-softcap.txt" 2>&1; then
+        say "bench $name --soft-cap 50: ok"; cat "$LOG/$name-softcap.txt" >>"$SUMMARY"
+      else
+        say "bench $name --soft-cap 50: FAILED"; tail -20 "$LOG/$name-softcap.txt" | tee -a "$SUMMARY"; status=1
       fi
     fi
   done

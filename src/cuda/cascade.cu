@@ -35,6 +35,17 @@ using Kernel = CascadeLevelKernel;
 /// The caller named by the dispatch's errors (values the checks already accepted).
 constexpr const char* kCascadeFn = "attnstate::cuda::run_cascade";
 
+/// The plan's soft cap agrees with its decode level's (the plan is a public struct).
+void check_plan_variant(const char* func, const CascadePlan& plan) {
+  if (plan.levels[plan.num_levels - 1].decode &&
+      (plan.last_decode.variant.logits_soft_cap != plan.logits_soft_cap ||
+       plan.last_decode.variant.window_left != kNoWindow))
+    throw_argument(
+        func, "plan.last_decode.variant",
+        "no window and the cap of plan.logits_soft_cap = " + std::to_string(plan.logits_soft_cap),
+        "another variant");
+}
+
 /// The partial states' outputs and LSEs in the workspace (fp32, `(num_slots, rows, ...)`).
 float* slots_o(void* workspace) { return static_cast<float*>(workspace); }
 float* slots_lse(const CascadePlan& plan, void* workspace) {
@@ -155,6 +166,8 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.max_tiles = lp.max_tiles;
   p.causal_tail = (plan.causal && s.q_len > 1 && l == plan.num_levels - 1) ? 1 : 0;
   p.s2_scale = math::base2_score_scale(plan.scale);
+  p.scale = plan.scale;
+  p.soft_cap = plan.logits_soft_cap;
   p.ws_o = slots_o(workspace);
   p.ws_lse = slots_lse(plan, workspace);
   p.rows_total = plan.rows();
@@ -241,13 +254,14 @@ std::size_t CascadePlan::workspace_bytes() const {
 
 CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
                          const CascadeOptions& options, int num_sms, const CascadeTuning& tuning) {
-  // the level kernels take no variant yet: refused, never ignored (the CPU cascade runs them)
+  // the level kernels take no window yet: refused, never ignored (the CPU cascade runs them)
   attnstate::detail::check_variant("attnstate::cuda::plan_cascade", "options.variant",
                                    options.variant);
-  if (!options.variant.is_plain())
-    attnstate::detail::throw_argument("attnstate::cuda::plan_cascade", "options.variant",
-                                      "plain attention (no window or soft cap on the GPU yet)",
-                                      "a window or a soft cap", Status::kNotSupported);
+  if (options.variant.window_left != kNoWindow)
+    attnstate::detail::throw_argument(
+        "attnstate::cuda::plan_cascade", "options.variant.window_left",
+        "kNoWindow (no sliding window in the CUDA cascade yet)",
+        std::to_string(options.variant.window_left), Status::kNotSupported);
   // the device facts, once per device (cached): the plan records the kernels this device runs
   plan::CascadeDeviceFacts facts;
   facts.wgmma = detail::device_facts().wgmma();
@@ -271,6 +285,7 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
                        std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_level";
   plan::check_cascade_plan(func, plan, plan.last_decode.problem);
+  check_plan_variant(func, plan);
   if (level < 0 || level >= plan.num_levels)
     throw_argument(func, "level", "0.." + cascade_str(plan.num_levels - 1), cascade_str(level));
   const std::int64_t pool_bytes = check_cascade_inputs(func, plan, q, kv);
@@ -302,6 +317,7 @@ void run_cascade_merge(const CascadePlan& plan, const AttentionSinks& sinks, Sta
                        const void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_merge";
   plan::check_cascade_plan(func, plan, plan.last_decode.problem);
+  check_plan_variant(func, plan);
   check_cascade_plan_out(func, plan, out);
   check_cascade_workspace(func, plan.workspace_bytes(), workspace, workspace_bytes, &out);
   detail::check_device_sinks(func, sinks, plan.shape.heads_q, out, workspace, workspace_bytes);
@@ -320,6 +336,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                  StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade";
   plan::check_cascade_plan(func, plan, plan.last_decode.problem);
+  check_plan_variant(func, plan);
   if (device_levels == nullptr)
     throw_argument(func, "device_levels", "a non-null pointer", "nullptr");
   if (num_levels != plan.num_levels)

@@ -105,6 +105,7 @@ void plan_decode_level(CascadeChoice& plan, const CascadeLevel& lv, const Cascad
                        int num_sms, const PlanDecodeLevelFn& plan_decode) {
   DecodeOptions dopt;
   dopt.scale = plan.scale;
+  dopt.variant.logits_soft_cap = plan.logits_soft_cap;  // the decode's variant kernel
   if (tuning.decode_splits > 0) {
     dopt.policy = SplitPolicy::kFixedCount;
     dopt.num_splits = tuning.decode_splits;
@@ -174,7 +175,7 @@ void plan_kernel_level(CascadeChoice& plan, int l, const CascadeLevel& lv,
   // wgmma for bf16 at head_dim 128 (the configurations validated on the H200); f16 and
   // head_dim 64 run on mma.sync
   lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 && shape.head_dim == 128 &&
-             shape.dtype == DType::kBF16;
+             shape.dtype == DType::kBF16 && plan.logits_soft_cap == 0.f;
   // The split is chosen for the kernel the shape takes on an sm_90a device, whatever the device
   // (so the splits, and the bits, of a plan do not depend on it): the warp-specialised kernel
   // holds one CTA per SM, the cp.async kernels one of 128 rows or two of fewer.
@@ -297,6 +298,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
   plan.ws_variant = resolve_ws_variant(tuning.ws_variant);
   plan.causal = options.causal;
+  plan.logits_soft_cap = options.variant.logits_soft_cap;
   plan.num_sms = num_sms;
   plan.wgmma_available = facts.wgmma;
   plan.tensor_maps = facts.tensor_maps;
@@ -317,6 +319,14 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
        (plan.decode_sms > 0 ||
         decode_ctas(plan) <= cuda::tuning::kCascadeFoldMaxDecodeWaves *
                                  cuda::tuning::kCascadeReserveDecodeCtasPerSm * num_sms));
+  // the decode's variant kernel folds no prior states: with a cap it writes its own slot
+  if (plan.logits_soft_cap != 0.f && decode_last && num_levels > 1) {
+    if (tuning.decode_fold == 1)
+      throw_argument(func, "tuning.decode_fold",
+                     "-1 or 0 with a soft cap (the decode's variant kernel folds no prior states)",
+                     "1", Status::kNotSupported);
+    plan.decode_fold = false;
+  }
   std::int64_t slots = 0;
   for (int l = 0; l < num_levels; ++l) {
     const CascadeLevel& lv = host_levels[l];
@@ -361,6 +371,13 @@ void check_cascade_plan(const char* func, const CascadeChoice& plan,
                        cascade_str(plan.shape.batch) + ", scale " + std::to_string(plan.scale));
   if (plan.ws_variant < 0 || plan.ws_variant > 4)
     throw_argument(func, "plan.ws_variant", "0..4", cascade_str(plan.ws_variant));
+  const bool capped = plan.logits_soft_cap != 0.f;
+  if (plan.logits_soft_cap < 0.f || !std::isfinite(plan.logits_soft_cap))
+    throw_argument(func, "plan.logits_soft_cap", "0 or finite and > 0",
+                   std::to_string(plan.logits_soft_cap));
+  if (capped && plan.decode_fold && plan.num_levels > 1 && plan.levels[plan.num_levels - 1].decode)
+    throw_argument(func, "plan.decode_fold", "false with a soft cap (and more than one level)",
+                   "true");
   const CascadeShape& s = plan.shape;
   // The plan is a public struct: its per-level fields must still describe slots inside the
   // workspace and launchable kernels (checked before anything is queued).
@@ -399,6 +416,7 @@ void check_cascade_plan(const char* func, const CascadeChoice& plan,
           lp.num_segments * lp.max_tiles * lp.max_splits);
     if (lp.stages != 2 && lp.stages != 3) bad("stages", "2 or 3", lp.stages);
     // the wgmma kernels: the configurations the plan takes them for, on a device that has them
+    if (lp.kernel != Kernel::kMma && capped) bad("kernel", "kMma with a soft cap", 1);
     if (lp.kernel != Kernel::kMma) {
       if (lp.kernel != Kernel::kWgmma && lp.kernel != Kernel::kWarpSpecialized)
         bad("kernel", "kMma, kWgmma or kWarpSpecialized", static_cast<int>(lp.kernel));

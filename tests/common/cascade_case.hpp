@@ -46,9 +46,10 @@ struct CaseSpec {
   attnstate::KvLayout layout = attnstate::KvLayout::kNHD;
   bool causal = true;
   float scale = 0.f;
-  float q_amp = 1.f;    ///< Queries uniform in [-q_amp, q_amp].
-  int page_pad = 0;     ///< Extra elements between pages (a multiple of 8).
-  int extra_pages = 3;  ///< Unused pages in the pool (random garbage).
+  float soft_cap = 0.f;  ///< Logits soft cap of the options and the reference (0: none).
+  float q_amp = 1.f;     ///< Queries uniform in [-q_amp, q_amp].
+  int page_pad = 0;      ///< Extra elements between pages (a multiple of 8).
+  int extra_pages = 3;   ///< Unused pages in the pool (random garbage).
   /// NaN in every pool element no key of the problem owns: the slots past each segment's end
   /// in its last page, the padding between pages, the unused pages (none may ever be read).
   bool nan_outside = false;
@@ -246,6 +247,7 @@ struct CascadeCase {
     attnstate::CascadeOptions o;
     o.scale = spec.scale;
     o.causal = spec.causal;
+    o.variant.logits_soft_cap = spec.soft_cap;
     return o;
   }
 
@@ -268,6 +270,7 @@ struct CascadeCase {
     p.k = attnstate::testing::HostTensor::from_floats(spec.dtype, {slots, spec.heads_kv, D}, ks);
     p.v = attnstate::testing::HostTensor::from_floats(spec.dtype, {slots, spec.heads_kv, D}, vs);
     p.scale = scale();
+    p.variant.logits_soft_cap = spec.soft_cap;
     return p;
   }
 

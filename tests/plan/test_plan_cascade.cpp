@@ -444,6 +444,72 @@ TEST(PlanCascade, ChecksOfAPlan) {
   fails(good, "plan.last_decode.problem");
 }
 
+TEST(PlanCascade, SoftCapKeepsTheLevelsOnMmaAndTheDecodeOffTheFold) {
+  // A soft cap: the shared levels take the mma.sync kernel (its capped instance) where they would
+  // take wgmma or the warp-specialised kernel, a decode last level is planned with the cap (the
+  // decode's variant kernel) and writes its own slot; a plan that disagrees is refused.
+  const std::vector<Level> levels = {
+      Level({64}, {4096}, 16),
+      Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
+  std::vector<CascadeLevel> views;
+  for (const Level& l : levels) views.push_back(l.view());
+  float decode_cap = -1.f;
+  const plan::PlanDecodeLevelFn decode = [&](const DecodeProblem&, const std::int32_t*,
+                                             const DecodeOptions& o, int) {
+    decode_cap = o.variant.logits_soft_cap;
+    plan::CascadeDecodeLevel d;
+    d.splits.policy = SplitPolicy::kFixedSize;
+    d.splits.split_size = 256;
+    d.splits.max_splits = 1;
+    d.row_tiles = 1;
+    return d;
+  };
+  CascadeOptions o;
+  o.variant.logits_soft_cap = 30.f;
+  const CascadeChoice p =
+      plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, {}, sm90a(), decode);
+  EXPECT_EQ(p.logits_soft_cap, 30.f);
+  EXPECT_EQ(decode_cap, 30.f);
+  EXPECT_EQ(p.levels[0].kernel, Kernel::kMma);
+  EXPECT_FALSE(p.levels[0].wgmma);
+  EXPECT_TRUE(p.levels[1].decode);
+  EXPECT_FALSE(p.decode_fold);
+  const DecodeProblem dp = plan::cascade_decode_problem(p.shape);
+  EXPECT_EQ(error_of([&] { plan::check_cascade_plan(kFn, p, dp); }), "");
+  // the same levels without the cap: wgmma (warp-specialised) and the fold
+  const CascadeChoice plain =
+      plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, {}, 132, {}, sm90a(), decode);
+  EXPECT_EQ(decode_cap, 0.f);
+  EXPECT_EQ(plain.levels[0].kernel, Kernel::kWarpSpecialized);
+  EXPECT_TRUE(plain.decode_fold);
+  // the fold asked for with a cap is refused, not ignored
+  CascadeTuning fold;
+  fold.decode_fold = 1;
+  EXPECT_NE(error_of([&] {
+              plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, fold, sm90a(),
+                                 decode);
+            }).find("tuning.decode_fold"),
+            std::string::npos);
+  // a plan changed by hand
+  const auto names = [&](CascadeChoice q, const char* arg) {
+    const std::string e = error_of([&] { plan::check_cascade_plan(kFn, q, dp); });
+    EXPECT_NE(e.find(arg), std::string::npos) << "'" << e << "' does not name " << arg;
+  };
+  CascadeChoice q = p;
+  q.logits_soft_cap = -1.f;
+  names(q, "plan.logits_soft_cap");
+  q = p;
+  q.logits_soft_cap = std::numeric_limits<float>::infinity();
+  names(q, "plan.logits_soft_cap");
+  q = p;
+  q.decode_fold = true;
+  names(q, "plan.decode_fold");
+  q = plain;
+  q.logits_soft_cap = 30.f;
+  q.decode_fold = false;
+  names(q, "plan.levels[0].kernel");
+}
+
 TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
   const auto err = [](const CascadeShape& s, int num_sms, CascadeTuning t = {}) {
     return error_of([&] {

@@ -142,6 +142,10 @@ struct CascadeChoice {
   /// That decode folds the shared levels' states into its output (`CascadeTuning::decode_fold`);
   /// false: it writes its workspace slot beside the shared levels and a merge launch follows.
   bool decode_fold = true;
+  /// Logits soft cap of every level (`CascadeOptions::variant`; 0: none). Its levels run on the
+  /// `mma.sync` kernel, and a decode last level on the decode's variant kernel into its own
+  /// workspace slot (`decode_fold` false unless it is the only level).
+  float logits_soft_cap = 0.f;
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
 };

@@ -207,6 +207,64 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
   }
 }
 
+TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
+  // A logits soft cap in every level: the shared levels on the mma.sync kernel's capped instance
+  // (never wgmma), a decode last level on the decode's variant kernel writing its own slot
+  // (never folding), or every level on level kernels; whole runs and the stage-by-stage API, with
+  // and without sinks; caps that bite (5) and that barely do (30); bf16 and f16, head dims 128
+  // and 64, q_len 1 and 2. Against the double reference with the cap on the scaled scores.
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 81);
+  two.heads_q = 16;
+  two.heads_kv = 2;
+  two.q_amp = 3.f;  // large scores: the cap changes them
+  CaseSpec three;
+  three.seed = 82;
+  three.q_len = 2;
+  three.dtype = DType::kF16;
+  three.head_dim = 64;
+  three.q_amp = 3.f;
+  three.levels = {
+      {{6, 130}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 3}, {1, 333}, {1, 2}, {1, 90}, {1, 5}}};
+  std::uint64_t seed = 8300;
+  for (const CaseSpec& base_spec : {two, three})
+    for (float cap : {5.f, 30.f}) {
+      CaseSpec spec = base_spec;
+      spec.soft_cap = cap;
+      CascadeCase c(spec);
+      const std::vector<float> sinks =
+          attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
+      attnstate_test::DeviceBuffer<float> dev(sinks);
+      CascadeCase with = c;
+      attnstate_test::apply_sinks(with.reference, sinks);
+      for (int path = 0; path < 3; ++path) {
+        CascadeTuning t;
+        t.decode_last_level = path != 0;
+        if (path == 2) t.decode_splits = 5;
+        GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
+        const std::string at = "cap " + std::to_string(cap) + " levels " +
+                               std::to_string(g.plan.num_levels) + " path " + std::to_string(path);
+        EXPECT_EQ(g.plan.logits_soft_cap, cap) << at;
+        const int last = g.plan.num_levels - 1;
+        EXPECT_EQ(g.plan.levels[last].decode, path != 0) << at;
+        for (int l = 0; l < g.plan.num_levels; ++l)
+          if (!g.plan.levels[l].decode)
+            EXPECT_EQ(g.plan.levels[l].kernel, attnstate::cuda::CascadeLevelKernel::kMma) << at;
+        if (path != 0) {
+          EXPECT_FALSE(g.plan.decode_fold) << at;
+          EXPECT_EQ(g.plan.last_decode.variant.logits_soft_cap, cap) << at;
+        }
+        g.run();
+        EXPECT_TRUE(g.check(c)) << at;
+        g.run_stages();
+        EXPECT_TRUE(g.check(c)) << "stages: " << at;
+        g.sinks.logits = dev.get();
+        g.run();
+        EXPECT_TRUE(g.check(with)) << "sinks: " << at;
+      }
+    }
+}
+
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
   ATTNSTATE_REQUIRE_GPU();
   for (int tile : {16, 64, 128})
@@ -914,6 +972,47 @@ TEST(CudaCascadeArgs, BadSinksAreNamed) {
                                  static_cast<int>(g.levels.size()), s, g.out(), g.workspace.get(),
                                  g.workspace.bytes());
   });
+}
+
+TEST(CudaCascadeArgs, VariantsThePlanRefusesOrAPlanThatDisagrees) {
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec spec = attnstate_test::two_level_spec(3, 40, 9, 73);
+  CascadeCase c(spec);
+  GpuCascade g(c, DType::kF32, LseBase::kNatural);
+  const auto host = c.host_levels();
+  auto plan = [&](attnstate::CascadeOptions o, CascadeTuning t) {
+    return attnstate::cuda::plan_cascade(g.shape(), host.data(), static_cast<int>(host.size()), o,
+                                         attnstate_test::device_sms(), t);
+  };
+  attnstate::CascadeOptions o = c.options();
+  o.variant.window_left = 100;  // no window on the GPU yet: refused, never ignored
+  expect_error(attnstate::Status::kNotSupported, "options.variant.window_left",
+               [&] { plan(o, {}); });
+  o = c.options();
+  o.variant.logits_soft_cap = -2.f;
+  expect_error(attnstate::Status::kInvalidArgument, "options.variant.logits_soft_cap",
+               [&] { plan(o, {}); });
+  o.variant.logits_soft_cap = 20.f;
+  CascadeTuning fold;
+  fold.decode_fold = 1;
+  expect_error(attnstate::Status::kNotSupported, "tuning.decode_fold", [&] { plan(o, fold); });
+  // a plan whose cap was changed by hand is refused at run
+  attnstate::cuda::CascadePlan p = plan(o, {});
+  ASSERT_TRUE(p.levels[p.num_levels - 1].decode);
+  auto run = [&](const attnstate::cuda::CascadePlan& pl) {
+    attnstate::cuda::run_cascade(pl, g.qv(), g.kv(), g.levels.data(),
+                                 static_cast<int>(g.levels.size()), g.out(), g.workspace.get(),
+                                 g.workspace.bytes());
+  };
+  attnstate::cuda::CascadePlan bad = p;
+  bad.logits_soft_cap = 10.f;
+  expect_error(attnstate::Status::kInvalidArgument, "plan.last_decode.variant", [&] { run(bad); });
+  bad = p;
+  bad.logits_soft_cap = -1.f;
+  expect_error(attnstate::Status::kInvalidArgument, "plan.logits_soft_cap", [&] { run(bad); });
+  bad = p;
+  bad.decode_fold = true;
+  expect_error(attnstate::Status::kInvalidArgument, "plan.decode_fold", [&] { run(bad); });
 }
 
 }  // namespace

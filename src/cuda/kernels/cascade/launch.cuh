@@ -63,9 +63,12 @@ void launch_level_kernel(void (*kernel)(CascadeLevelParams, Extra...), const Cas
   cuda::detail::launch_kernel(cfg, kernel, name, p, extra...);
 }
 
-/// Launches one mma.sync tile variant.
+/// Launches one mma.sync tile variant (its soft-capped instance when `p.soft_cap` is set).
 template <class T, class Tile>
 void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, bool pdl, cudaStream_t stream) {
+  if (p.soft_cap != 0.f)
+    return launch_level_kernel(cascade_level_kernel<T, Tile, true>, p, grid, Tile::kThreads,
+                               Tile::smem_bytes(), pdl, stream, "cascade_level_kernel");
   launch_level_kernel(cascade_level_kernel<T, Tile>, p, grid, Tile::kThreads, Tile::smem_bytes(),
                       pdl, stream, "cascade_level_kernel");
 }
@@ -82,6 +85,7 @@ template <class T, int D>
 void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wgmma, dim3 grid,
                              bool pdl, cudaStream_t stream) {
   // wgmma variants: bf16 at head_dim 128 only (the configurations validated on the H200)
+  // (a soft-capped level runs on mma.sync: the plan never takes wgmma for one)
   if constexpr (std::is_same_v<T, __nv_bfloat16> && D == 128) {
     if (wgmma && tile_rows == 64)
       return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, pdl, stream);

@@ -143,8 +143,9 @@ __device__ __forceinline__ bool level_merge_key_split(float (&acc)[D / 8][4],
 
 }  // namespace detail
 
-/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`.
-template <class T, class Tile>
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kCap`: the
+/// instance that applies `p.soft_cap` to the scaled scores (`tile::VariantScores`, no window).
+template <class T, class Tile, bool kCap = false>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     cascade_level_kernel(const CascadeLevelParams p) {
   constexpr int D = Tile::D, WM = Tile::WM, WN = Tile::WN, BM = Tile::BM, BN = Tile::BN;
@@ -175,6 +176,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   float acc[D / 8][4];
   tile::zero_frags(acc);
   math::OnlineSoftmax os[2];
+  tile::VariantScores capped;  // (the kCap instance only)
+  if constexpr (kCap) {
+    capped.set_map(p.scale, p.soft_cap);
+    capped.lo[0] = capped.lo[1] = 0;  // no window: every key from the segment's first
+  }
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     arch::cp_async_wait<kStages - 2>();
@@ -187,7 +193,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     detail::level_qk<T, D, BNW>(s, qf, ks_tile, wn * BNW, lane);
     // scale, mask, online softmax (rows g and g + 8)
     const int t0 = kv_begin + kt * BN + wn * BNW;
-    tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane);
+    if constexpr (kCap)
+      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane, capped);
+    else
+      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane);
     detail::level_pv<T, D, BNW>(acc, s, vs_tile, wn * BNW, lane);  // O += P V
   }
   arch::cp_async_wait<0>();

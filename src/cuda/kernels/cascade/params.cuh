@@ -50,6 +50,10 @@ struct CascadeLevelParams {
   int tma_run;
   int ws_pingpong;   ///< Warp-specialised kernel: 1 to alternate the warpgroups' matrix products.
   int small_stages;  ///< cp.async stages of the 16-row tile (2 or 3).
+  /// Logits soft cap (`CascadeChoice::logits_soft_cap`; 0: none), for the `mma.sync` kernel's
+  /// capped instance: the softmax scale and the cap of `cap · tanh(dot · scale / cap)`.
+  float scale;
+  float soft_cap;
 };
 
 }  // namespace kernels
