@@ -11,12 +11,14 @@ Errors raise `attnstate.Error` (`.status`, a message naming the argument).
 from ._attnstate import Base, DType, Error, State, Status, has_cuda, num_threads, set_num_threads
 from ._merge import (mark_empty_rows, merge_state, merge_state_, merge_states, merge_states_ragged,
                      rebase, sink_state)
+from ._levels import CascadeDecision, CascadeLevels, cascade_levels, decide_cascade
 from ._plans import Cascade, Decode, default_scale
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Base", "Cascade", "DType", "Decode", "Error", "State", "Status", "default_scale", "has_cuda",
+    "Base", "Cascade", "CascadeDecision", "CascadeLevels", "DType", "Decode", "Error", "State",
+    "Status", "cascade_levels", "decide_cascade", "default_scale", "has_cuda",
     "mark_empty_rows", "merge_state", "merge_state_", "merge_states", "merge_states_ragged",
     "num_threads", "rebase", "set_num_threads", "sink_state",
 ]

@@ -9,6 +9,7 @@ namespace attnstate {
 namespace py {
 void bind_merge(nb::module_& m);
 void bind_plans(nb::module_& m);
+void bind_levels(nb::module_& m);
 }  // namespace py
 }  // namespace attnstate
 
@@ -85,4 +86,5 @@ NB_MODULE(_attnstate, m) {
 
   bind_merge(m);
   bind_plans(m);
+  bind_levels(m);
 }

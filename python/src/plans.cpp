@@ -184,9 +184,9 @@ Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
 }
 
 // The variant of a plan (window_left: -1 for none; logits_soft_cap: 0 for none), checked with
-// the Python keywords' names. `device_refuses`: a CUDA plan whose kernels take no variant yet
-// (the cascade) refuses one: silently ignoring a window or a cap would return plain attention as
-// if it were the variant.
+// the Python keywords' names. `device_refuses`: a CUDA plan whose kernels take no window yet
+// (the cascade) refuses one: silently ignoring a window would return plain attention as if it
+// were the variant.
 AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float logits_soft_cap,
                               bool device_refuses) {
   const auto number = [](float x) {
@@ -203,13 +203,11 @@ AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float lo
   if (logits_soft_cap != 0.f && !(std::isfinite(logits_soft_cap) && logits_soft_cap > 0.f))
     detail::throw_argument(fn, "logits_soft_cap", "a finite cap > 0, or None for no cap",
                            number(logits_soft_cap));
-  if (device_refuses && !v.is_plain())
-    detail::throw_argument(
-        fn, window_left != kNoWindow ? "window_left" : "logits_soft_cap",
-        "None on a CUDA device (the CUDA cascade has no variants yet; host "
-        "arrays run them on the CPU)",
-        window_left != kNoWindow ? std::to_string(window_left) : number(logits_soft_cap),
-        Status::kNotSupported);
+  if (device_refuses && window_left != kNoWindow)
+    detail::throw_argument(fn, "window_left",
+                           "None on a CUDA device (the CUDA cascade has no sliding window yet; "
+                           "host arrays run it on the CPU)",
+                           std::to_string(window_left), Status::kNotSupported);
   return v;
 }
 

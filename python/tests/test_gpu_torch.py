@@ -218,7 +218,8 @@ def test_torch_compile_decode_op_in_cuda_graphs():
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
-def test_cascade_on_the_gpu_matches_the_cpu_cascade():
+@pytest.mark.parametrize("cap", [None, 5.0])
+def test_cascade_on_the_gpu_matches_the_cpu_cascade(cap):
     heads_q, heads_kv, d, page = 16, 4, 128, 16
     prefix, suffixes = 200, [37, 5, 64]
     batch = len(suffixes)
@@ -228,15 +229,23 @@ def test_cascade_on_the_gpu_matches_the_cpu_cascade():
     q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
     shape = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dim=d, page_size=page,
                  num_pages=total)
-    cas = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, **shape)
+    cas = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, logits_soft_cap=cap,
+                                   **shape)
     dev_levels = [tuple(torch.from_numpy(a).cuda() for a in level) for level in levels]
     out = cas.run(q, k, v, dev_levels, dtype=torch.float32)
-    host = attnstate.Cascade().plan(levels, dtype="float32", **shape)
+    host = attnstate.Cascade().plan(levels, dtype="float32", logits_soft_cap=cap, **shape)
     ref = host.run(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
                    levels)
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
     np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
+    if cap is not None:  # the cap changed the result, and a window is refused on the GPU
+        plain = attnstate.Cascade().plan(levels, dtype="float32", **shape).run(
+            q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(), levels)
+        assert np.abs(plain.lse - ref.lse).max() > 1e-2
+        with pytest.raises(attnstate.Error, match="argument 'window_left'"):
+            attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, window_left=64,
+                                     **shape)
 
 
 def test_decode_with_sinks_matches_the_cpu():
