@@ -40,16 +40,15 @@ struct CascadeCostModel {
   /// The plain decode's best measured fraction of `copy_gbps` over the bytes its requests read
   /// (above 1 where shared pages hit the L2 cache).
   double decode_efficiency = 1.2;
-  double decode_fixed_us = 3;  ///< The plain decode's fixed cost (launch, merge), µs.
-  /// A shared level's lowest measured fractions of the copy bandwidth and of the tensor peak.
-  double level_byte_efficiency = 0.85;
-  double level_flop_efficiency = 0.7;
-  double level_fixed_us = 12;  ///< Per shared level: launch, pipeline fill, tail, µs.
-  /// The cascade's last level (each request's own keys, on the split-KV decode): fraction of the
-  /// copy bandwidth and fixed cost.
+  double decode_fixed_us = 3;           ///< The plain decode's fixed cost (launch, merge), µs.
+  double level_byte_efficiency = 0.85;  ///< A shared level's lowest measured share of copy.
+  double level_flop_efficiency = 0.7;   ///< A shared level's lowest measured share of the peak.
+  double level_fixed_us = 12;           ///< Per shared level: launch, pipeline fill, tail, µs.
+  /// The cascade's last level (each request's own keys, on the split-KV decode): its share of
+  /// the copy bandwidth.
   double last_level_efficiency = 0.85;
-  double last_level_fixed_us = 8;
-  double merge_fixed_us = 8;  ///< The merge of the levels' states, µs (plus its bytes).
+  double last_level_fixed_us = 8;  ///< The last level's fixed cost, µs.
+  double merge_fixed_us = 8;       ///< The merge of the levels' states, µs (plus its bytes).
   /// The cascade is chosen only when its estimate is at most `margin` times the plain decode's.
   double margin = 0.97;
 };
