@@ -51,6 +51,12 @@ inline std::int64_t check_cascade_inputs(const char* func, const cuda::CascadeCh
     throw_argument(func, "kv.head_dim", "the planned " + cascade_str(s.head_dim),
                    cascade_str(kv.head_dim));
   if (kv.num_pages < 1) throw_argument(func, "kv.num_pages", ">= 1", cascade_str(kv.num_pages));
+  // the plan checked the host levels' page ids against its pool; a smaller pool at run would
+  // clamp some of them (the kernels' bound) instead of reading the planned pages
+  if (kv.num_pages < s.num_pages)
+    throw_argument(func, "kv.num_pages",
+                   ">= the planned shape.num_pages = " + cascade_str(s.num_pages),
+                   cascade_str(kv.num_pages));
   check_aligned(func, "kv.k", kv.k, 16);  // the kernels' 16-byte copies
   check_aligned(func, "kv.v", kv.v, 16);
   if (kv.page_elems() % 8 != 0)

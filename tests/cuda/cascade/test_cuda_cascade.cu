@@ -874,6 +874,10 @@ TEST(CudaCascadeArgs, RunRejectsBadArgumentsBeforeTouchingMemory) {
   kv.space = MemorySpace::kHost;
   expect_error(attnstate::Status::kInvalidArgument, "kv.space",
                [&] { run(g.qv(), kv, g.levels, g.out(), ws); });
+  kv = g.kv();  // a pool smaller than the planned one
+  kv.num_pages = g.plan.shape.num_pages - 1;
+  expect_error(attnstate::Status::kInvalidArgument, "kv.num_pages",
+               [&] { run(g.qv(), kv, g.levels, g.out(), ws); });
   auto q = g.qv();
   q.data = static_cast<const char*>(q.data) + 2;
   expect_error(attnstate::Status::kInvalidArgument, "q",
