@@ -114,19 +114,21 @@ def _(o, lse):
 def decode_op(plan_id: int, q: Tensor, k: Tensor, v: Tensor, seq_lens: Tensor,
               page_indptr: Optional[Tensor], page_indices: Optional[Tensor],
               block_table: Optional[Tensor], layout: str, workspace: Optional[Tensor],
-              out_base: int, out_dtype: str) -> Tuple[Tensor, Tensor]:
-    """A planned decode (plan_id from `register_plan`), output (batch * q_len, heads_q, D)."""
+              out_base: int, out_dtype: str,
+              sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """A planned decode (plan_id from `register_plan`), output (batch * q_len, heads_q, D);
+    `sinks`: attention sinks merged once into every output row (as Decode.run's keyword)."""
     dec = _PLANS[plan_id]
     b, t, h, d = q.shape
     out = _new_state((b * t, h, d), (b * t, h), _dtype(out_dtype, q), q)
     _C.run_decode(dec._plan, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout,
-                  _state(*out, out_base), workspace, None)
+                  _state(*out, out_base), workspace, None, sinks=sinks)
     return out
 
 
 @decode_op.register_fake
 def _(plan_id, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout, workspace,
-      out_base, out_dtype):
+      out_base, out_dtype, sinks=None):
     b, t, h, d = q.shape
     return _new_state((b * t, h, d), (b * t, h), _dtype(out_dtype, q), q)
 
@@ -139,11 +141,11 @@ def register_plan(dec):
 
 
 def decode(dec, q, k, v, seq_lens, *, page_indptr=None, page_indices=None, block_table=None,
-           layout="NHD", base=0, dtype=""):
+           layout="NHD", base=0, dtype="", sinks=None):
     """`dec.run(...)` as the custom op (traceable by torch.compile); returns (o, lse) tensors."""
     return torch.ops.attnstate.decode(register_plan(dec), q, k, v, seq_lens, page_indptr,
                                       page_indices, block_table, layout, dec.workspace, base,
-                                      dtype)
+                                      dtype, sinks)
 
 
 __all__: List[str] = ["decode", "register_plan"]

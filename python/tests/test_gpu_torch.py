@@ -216,6 +216,17 @@ def test_torch_compile_decode_op_in_cuda_graphs():
     for _ in range(3):  # warm-up, record, replay
         got = compiled(q, k, v, *args, dec.workspace)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    # with attention sinks: the op's optional last argument, the same bits as Decode.run's
+    sinks = torch.rand(32, device="cuda") * 6 - 2
+
+    def step_sinks(q, k, v, seq_lens, ip, ix, ws, s):
+        return torch.ops.attnstate.decode(pid, q, k, v, seq_lens, ip, ix, None, "NHD", ws, 0, "",
+                                          s)
+
+    got = torch.compile(step_sinks, fullgraph=True)(q, k, v, *args, dec.workspace, sinks)
+    ref = dec.run(q, k, v, args[0], page_indptr=args[1], page_indices=args[2], sinks=sinks)
+    assert torch.equal(got[0], ref.o) and torch.equal(got[1], ref.lse)
+    assert not torch.equal(got[1], eager[1])
 
 
 @pytest.mark.parametrize("cap", [None, 5.0])
