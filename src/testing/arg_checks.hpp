@@ -94,7 +94,8 @@ void assign_or_throw(std::vector<T>& v, std::int64_t n, const T& x, const char* 
 /// rank 3, `v` of `k`'s shape and dtype, `H_q` a multiple of `H_kv >= 1`, one head_dim, `q` not
 /// fp8, valid fp8 scales (`check_kv_scales`), valid output dtype and base, a valid variant,
 /// `positions` empty or one per row (not empty with a window), `key_positions` empty or one per
-/// key. Names the field as `<arg>.<field>`.
+/// key, `sinks` empty or one per query head, each finite or -inf. Names the field as
+/// `<arg>.<field>`.
 void check_problem(const AttentionProblem& problem, const char* func, const char* arg);
 
 /// Throws naming `name` (or `name[i]`) unless `scales` holds 0, 1 or `heads_kv` values, each

@@ -102,6 +102,18 @@ void check_problem(const AttentionProblem& p, const char* func, const char* arg)
     fail("key_positions", "one position per key (" + std::to_string(p.k.dim(0)) + ") or none",
          std::to_string(p.key_positions.size()) + " positions");
   }
+  if (!p.sinks.empty() && static_cast<std::int64_t>(p.sinks.size()) != p.q.dim(1)) {
+    fail("sinks",
+         "one sink logit per query head (H_q = " + std::to_string(p.q.dim(1)) + ") or none",
+         std::to_string(p.sinks.size()) + " logits");
+  }
+  for (std::size_t h = 0; h < p.sinks.size(); ++h) {
+    // -inf is a head without a sink (the identity); +inf and NaN are no state's LSE
+    if (std::isnan(p.sinks[h]) || p.sinks[h] == INFINITY) {
+      fail(("sinks[" + std::to_string(h) + "]").c_str(), "a finite sink logit (or -inf: none)",
+           show_number(p.sinks[h]));
+    }
+  }
 }
 
 bool sees(const AttentionProblem& p, std::int64_t token, std::int64_t key) {
@@ -284,6 +296,7 @@ AttentionProblem select_keys(const AttentionProblem& problem,
   out.offset_values = problem.offset_values;
   out.value_seed = problem.value_seed;
   out.variant = problem.variant;
+  out.sinks = problem.sinks;
   out.positions = problem.positions;
   if (!problem.positions.empty()) {
     // the selected keys keep their positions (the window is measured in the original keys)
@@ -294,6 +307,13 @@ AttentionProblem select_keys(const AttentionProblem& problem,
                                  : problem.key_positions[static_cast<std::size_t>(keys[i])];
     }
   }
+  return out;
+}
+
+AttentionProblem without_sinks(const AttentionProblem& problem) {
+  kit::check_problem(problem, "attnstate::testing::without_sinks", "problem");
+  AttentionProblem out = problem;
+  out.sinks.clear();
   return out;
 }
 
@@ -332,6 +352,7 @@ std::ostream& operator<<(std::ostream& os, const AttentionProblem& p) {
      << ", scale=" << p.scale << (p.large_logits ? ", large logits" : "")
      << (p.offset_values ? ", offset values" : "") << ", value_seed=" << p.value_seed;
   if (p.variant.logits_soft_cap != 0.f) os << ", soft_cap=" << p.variant.logits_soft_cap;
+  scales("sinks", p.sinks);
   if (!p.positions.empty()) {
     if (p.variant.window_left != kNoWindow) os << ", window_left=" << p.variant.window_left;
     os << ", positions {";

@@ -162,7 +162,7 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
   kit::check_keys(keys, p.num_keys(), fn, "keys");
   kit::check_base(base, fn, "base");
   ReferenceState r = make_empty(p.tokens(), p.heads_q(), p.head_dim(), base);
-  if (keys.empty()) return r;
+  if (keys.empty()) return apply_sinks(r, p.sinks);
   const ProblemValues pv(p);
   std::vector<double> s;
   std::vector<std::int64_t> row_keys;
@@ -178,7 +178,7 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
     }
     for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, *seen, t, h, s, r);
   }
-  return r;
+  return apply_sinks(r, p.sinks);  // once, after every key (none: r unchanged)
 }
 
 ReferenceState reference_state_per_token(const AttentionProblem& p,
@@ -212,7 +212,7 @@ ReferenceState reference_state_per_token(const AttentionProblem& p,
     if (row_keys->empty()) continue;  // (0, -inf)
     for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, *row_keys, t, h, s, r);
   }
-  return r;
+  return apply_sinks(r, p.sinks);  // once, after every key of the row
 }
 
 ReferenceState reference_state(const AttentionProblem& problem,
@@ -293,6 +293,62 @@ ReferenceState reference_merge(const std::vector<HostState>& states, LseBase bas
   refs.reserve(states.size());
   for (const HostState& s : states) refs.push_back(to_reference(s));
   return reference_merge(refs, base);
+}
+
+namespace {
+
+/// Throws naming `sinks[h]` unless every logit is finite or -inf (a head without a sink).
+void check_sink_values(const std::vector<float>& sinks, const char* func) {
+  for (std::size_t h = 0; h < sinks.size(); ++h) {
+    if (std::isnan(sinks[h]) || sinks[h] == std::numeric_limits<float>::infinity()) {
+      detail::throw_argument(func, ("sinks[" + std::to_string(h) + "]").c_str(),
+                             "a finite sink logit (or -inf: none)", std::to_string(sinks[h]));
+    }
+  }
+}
+
+}  // namespace
+
+ReferenceState reference_sink_state(const std::vector<float>& sinks, std::int64_t tokens,
+                                    std::int64_t head_dim, LseBase base) {
+  const char* fn = "attnstate::testing::reference_sink_state";
+  if (sinks.empty()) detail::throw_argument(fn, "sinks", "one logit per head", "none");
+  check_sink_values(sinks, fn);
+  kit::check_extent(tokens, fn, "tokens");
+  kit::check_extent(head_dim, fn, "head_dim");
+  kit::check_base(base, fn, "base");
+  const std::int64_t heads = static_cast<std::int64_t>(sinks.size());
+  const std::int64_t extents[3] = {tokens, heads, head_dim};
+  if (checked_product(extents, 3) < 0) {
+    detail::throw_argument(fn, "head_dim", "a shape of at most 2^62 elements",
+                           std::to_string(tokens) + " x " + std::to_string(heads) + " x " +
+                               std::to_string(head_dim) + " (overflows)");
+  }
+  ReferenceState r = make_empty(tokens, heads, head_dim, base);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      r.lse[static_cast<std::size_t>(t * heads + h)] =
+          convert(sinks[static_cast<std::size_t>(h)], LseBase::kNatural, base);
+    }
+  }
+  return r;
+}
+
+ReferenceState apply_sinks(const ReferenceState& state, const std::vector<float>& sinks) {
+  const char* fn = "attnstate::testing::apply_sinks";
+  kit::check_reference(state, fn, "state");
+  if (sinks.empty()) return state;
+  if (static_cast<std::int64_t>(sinks.size()) != state.heads) {
+    detail::throw_argument(
+        fn, "sinks",
+        "one logit per head of the state (" + std::to_string(state.heads) + ") or none",
+        std::to_string(sinks.size()) + " logits");
+  }
+  check_sink_values(sinks, fn);
+  // The sink is a state: applying it is one merge (its o_magnitude is 0, so the state's
+  // magnitudes are scaled by the same weight as its o).
+  return reference_merge(
+      {state, reference_sink_state(sinks, state.tokens, state.head_dim, state.base)}, state.base);
 }
 
 double max_abs_score(const AttentionProblem& p) {

@@ -9,6 +9,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/lse_base.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/variant.hpp"
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/host_tensor.hpp"
@@ -35,6 +36,13 @@ namespace testing {
 /// `variant.window_left != kNoWindow`. A kernel asked for a key set `K` returns, for row `t`,
 /// the state over the keys of `K` the row sees (`visible_keys`), the empty state when it sees
 /// none: a window restricts the key set, so the laws of states hold unchanged.
+///
+/// Attention sinks (off by default): `sinks` holds one logit `s_h` per query head (natural base,
+/// as models store them). A sink is the state `(o = 0, lse = s_h)`, merged exactly once into each
+/// output row after everything else (every split, level or rank): the state a kernel returns for
+/// a problem with sinks over a key set `K` is `state(K) ⊕ (0, s_h)`, its LSE including the
+/// sink's mass (`reference_state`). A partial state (a split, a cascade level) is sink-free: it
+/// is the state of `without_sinks(problem)`, and the sink is merged after the partials.
 struct AttentionProblem {
   HostTensor q;                      ///< Queries `(tokens, H_q, head_dim)`.
   HostTensor k;                      ///< Keys `(num_keys, H_kv, head_dim)`.
@@ -60,6 +68,12 @@ struct AttentionProblem {
   std::vector<float> k_scale;
   /// Dequantisation scales of an fp8 `v`, as `k_scale`.
   std::vector<float> v_scale;
+  /// Attention sinks: empty (none), or `H_q` logits, natural base, one per query head, each
+  /// finite or `-inf` (a head without a sink: `(0, -inf)` is the identity). Query head `h`'s
+  /// rows are merged once with `(0, sinks[h])` after everything else; a kernel reads them as
+  /// `attention_sinks()` (the library's `AttentionSinks` argument) or directly. `select_keys`
+  /// keeps them (they belong to the query heads, not to the keys); `without_sinks` drops them.
+  std::vector<float> sinks;
 
   /// @return the number of query rows.
   std::int64_t tokens() const { return q.dim(0); }
@@ -77,6 +91,16 @@ struct AttentionProblem {
   bool has_positions() const { return !positions.empty(); }
   /// @return true when `k` and `v` are stored in fp8 (e4m3 or e5m2).
   bool has_fp8_kv() const { return is_fp8(k.dtype()); }
+  /// @return true when the problem has attention sinks (`sinks` not empty).
+  bool has_sinks() const { return !sinks.empty(); }
+  /// The sinks as the library's decode and cascade calls take them (host memory, valid while
+  /// `sinks` is unchanged).
+  /// @return `{sinks.data()}`, or `{nullptr}` (none) when `sinks` is empty.
+  AttentionSinks attention_sinks() const {
+    AttentionSinks s;
+    s.logits = sinks.empty() ? nullptr : sinks.data();
+    return s;
+  }
   /// The scale of KV head `g` of `k`: 1 when `k_scale` is empty, its one value, or `k_scale[g]`.
   /// @param g  a KV head, in `[0, heads_kv())`.
   /// @return the scale.
@@ -106,8 +130,8 @@ std::vector<double> real_values(const AttentionProblem& problem);
 /// real value `x` of an element of KV head `g` (`real_keys` / `real_values` of `problem`) is
 /// stored as `from_float(x / scale(g))` (the quotient rounded to fp32, then once to fp8, to
 /// nearest even, saturating to the largest finite value, NaN staying NaN), so the new problem's
-/// real value is `stored × scale(g)`. Everything else (queries, scale, variant, positions) is
-/// kept.
+/// real value is `stored × scale(g)`. Everything else (queries, scale, variant, positions,
+/// sinks) is kept.
 /// @param problem   the problem (any dtype of k and v, fp8 included).
 /// @param kv_dtype  e4m3 or e5m2.
 /// @param k_scale   scales of the new `k`: empty (1), one value or `H_kv` values, finite, > 0.
@@ -168,11 +192,19 @@ AttentionProblem make_problem(std::int64_t tokens, std::int64_t heads_q, std::in
 /// @param problem  the problem to restrict.
 /// @param keys  indices into `[0, problem.num_keys())`; may be empty (a `T = 0` segment).
 /// @return a problem with the same queries, scale, output dtype, base, variant, query
-///         positions and fp8 scales and `keys.size()` keys (each keeping its position when the
-///         problem has query positions).
+///         positions, sinks and fp8 scales and `keys.size()` keys (each keeping its position when
+///         the problem has query positions).
 /// @throws attnstate::Error (`kInvalidArgument`) for an index out of range.
 AttentionProblem select_keys(const AttentionProblem& problem,
                              const std::vector<std::int64_t>& keys);
+
+/// The problem of a partial state: `problem` without its sinks (every other field kept). The
+/// state of a split, a cascade level or a GPU's shard is sink-free; the sinks are merged once,
+/// after the partials (`apply_sinks`).
+/// @param problem  the problem.
+/// @return a copy of `problem` with `sinks` empty.
+/// @throws attnstate::Error (`kInvalidArgument`) naming the problem's inconsistent field.
+AttentionProblem without_sinks(const AttentionProblem& problem);
 
 /// A state shaped for `problem`'s output, poisoned with NaN so that any value a kernel fails to
 /// write shows up.
@@ -185,7 +217,8 @@ HostState make_output_state(const AttentionProblem& problem);
 /// @return `{0, 1, ..., n-1}` (empty for `n <= 0`).
 std::vector<std::int64_t> all_keys(std::int64_t n);
 
-/// Prints the problem's shape, dtypes, base, scale, fp8 scales and value seed (not the values).
+/// Prints the problem's shape, dtypes, base, scale, fp8 scales, value seed, variant and sinks
+/// (not the values of q, k and v).
 /// @param os       the stream written to.
 /// @param problem  the problem.
 /// @return `os`.

@@ -100,7 +100,8 @@ ReferenceState to_reference(const HostState& state);
 /// @return the state with `lse` in `base` (`o` unchanged).
 ReferenceState rebased(const ReferenceState& state, LseBase base);
 
-/// The attention state of `problem`'s queries over the keys `keys`, in double.
+/// The attention state of `problem`'s queries over the keys `keys`, in double: the state a
+/// kernel should return for `problem` and `keys`, its sinks included.
 ///
 /// For each query token `t` and head `h` (KV head `g = h / group_size`): scores
 /// `s_i = scale · Σ_d q[t,h,d] k[i,g,d]` over the keys `i ∈ keys` the row sees, `k` and `v` the
@@ -109,7 +110,11 @@ ReferenceState rebased(const ReferenceState& state, LseBase base);
 /// `cap · tanh(s_i / cap)` when `problem.variant.logits_soft_cap = cap > 0`, `m = max s_i`,
 /// `o = Σ e^{s_i - m} v[i,g] / Σ e^{s_i - m}`, `lse = m + ln Σ e^{s_i - m}` (converted to
 /// `base`), and `o_magnitude = Σ e^{s_i - m} |v[i,g]| / Σ e^{s_i - m}`. An empty `keys` gives
-/// `(0, -inf)` (magnitude 0), as does a row that sees none of `keys`. Cost
+/// `(0, -inf)` (magnitude 0), as does a row that sees none of `keys`. Then, when the problem has
+/// sinks, every row is merged once with its head's sink state `(0, problem.sinks[h])`
+/// (`apply_sinks`: `lse' = log(e^lse + e^s)`, `o` and `o_magnitude` scaled by
+/// `e^lse / (e^lse + e^s)`; an empty row becomes `(0, s)`). The state of a partial key set (a
+/// split, a level) is sink-free: take it for `without_sinks(problem)`. Cost
 /// `O(tokens · H_q · |keys| · head_dim)`.
 ///
 /// @param problem  the queries, keys, values and scale.
@@ -129,9 +134,10 @@ ReferenceState reference_state(const AttentionProblem& problem,
 
 /// The attention state of each query token over keys of its own, in double: row `t` is the row
 /// `t` of `reference_state(problem, keys_per_token[t], base)` (same values, NaN propagation,
-/// variant and `o_magnitude`; with positions, the row sees only those of its keys inside its
-/// window). This is the reference of kernels whose rows see different keys: a causal mask
-/// (query `i` of a request sees its first `len - q_len + i + 1` keys), a paged decode (each
+/// variant, sinks and `o_magnitude`; with positions, the row sees only those of its keys inside its
+/// window; with sinks, each row merged once with its head's sink after its keys, as
+/// `reference_state`). This is the reference of kernels whose rows see different keys: a causal
+/// mask (query `i` of a request sees its first `len - q_len + i + 1` keys), a paged decode (each
 /// request's tokens over that request's keys, `k`/`v` holding every request's keys or a whole
 /// pool's slots), the concatenated levels of a cascade request. Cost
 /// `O(Σ_t H_q · |keys_per_token[t]| · head_dim)`.
@@ -148,7 +154,8 @@ ReferenceState reference_state_per_token(
     const AttentionProblem& problem, const std::vector<std::vector<std::int64_t>>& keys_per_token,
     LseBase base);
 
-/// `⊕_i states[i]` in double, written in `base`, with the library's contract: max-subtracted
+/// `⊕_i states[i]` in double, written in `base`, with the library's contract (and nothing else:
+/// no sinks are applied; merge the sink state once at the end, `apply_sinks`): max-subtracted
 /// weights, an empty input row contributes nothing (its `o` is never read, even if NaN),
 /// all-empty rows give `(0, -inf)`, NaN in a non-empty input propagates. Inputs may have
 /// different bases. When every input has `o_magnitude`, the result's is the same weighted mean
@@ -166,10 +173,38 @@ ReferenceState reference_merge(const std::vector<ReferenceState>& states, LseBas
 /// @throws attnstate::Error (`kInvalidArgument`) when the shapes differ or `states` is empty.
 ReferenceState reference_merge(const std::vector<HostState>& states, LseBase base);
 
+/// The state of attention sinks, in double: row `(t, h)` is `(o = 0, lse = sinks[h])` (the
+/// logits natural base, as `AttentionProblem::sinks`, converted to `base`), `o_magnitude` 0.
+/// Merged once with a state of the same shape (`reference_merge`) it applies the sinks.
+/// @param sinks     one logit per head (at least one), each finite or -inf (a head without a sink).
+/// @param tokens    rows of the state.
+/// @param head_dim  elements of `o` per row.
+/// @param base      the base of the returned LSEs.
+/// @return the `(tokens, sinks.size(), head_dim)` sink state.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `sinks` (empty), `sinks[h]` (NaN or +inf),
+///         `tokens` or `head_dim` (negative, or a state of more than 2^62 elements).
+ReferenceState reference_sink_state(const std::vector<float>& sinks, std::int64_t tokens,
+                                    std::int64_t head_dim, LseBase base);
+
+/// `state` with the sinks applied: every row `(t, h)` merged once with `(0, sinks[h])` (natural
+/// base), in double, in `state.base`: `lse' = log(e^lse + e^s)`, `o` (and `o_magnitude`, when
+/// present) scaled by `e^lse / (e^lse + e^s)`; an empty row becomes `(0, s)`, a NaN row stays
+/// NaN, a sink of -inf leaves its rows as they are. This is the one final merge of an expression
+/// with sinks: `apply_sinks(reference_merge(partials, base), sinks)` is the state of the
+/// partials' keys plus the sink (applying it to each partial instead counts it once per partial).
+/// @param state  a sink-free state (e.g. `reference_state(without_sinks(problem), keys)` or a
+///               merge of partials).
+/// @param sinks  `state.heads` logits, natural base, each finite or -inf; empty: no sinks (`state`
+///               is returned unchanged).
+/// @return the state with the sinks.
+/// @throws attnstate::Error (`kInvalidArgument`) naming `sinks` (a size other than 0 or
+///         `state.heads`), `sinks[h]` (NaN or +inf) or `state`'s inconsistent field.
+ReferenceState apply_sinks(const ReferenceState& state, const std::vector<float>& sinks);
+
 /// The largest `|scale| · Σ_d |q[t,h,d] k[i,g,d]|` over all (token, head, key) of the
 /// problem (`k` its real values, `real_keys`): it bounds the magnitude of every score (before a
 /// soft cap, which only shrinks a score and its error) and scales the fp32 rounding error a kernel
-/// can make in computing them.
+/// can make in computing them. Sinks are no scores: they do not count.
 /// @param problem  the problem.
 /// @return that bound (0 for a problem without keys).
 double max_abs_score(const AttentionProblem& problem);
