@@ -273,6 +273,17 @@ void check_problem_gen_options(const ProblemGenOptions& o, const char* func,
     detail::throw_argument(func, field(prefix, "window_percent").c_str(), "0 to 100",
                            std::to_string(o.window_percent));
   }
+  check_percent(o.sink_percent, func, prefix, "sink_percent");
+  if (!std::isfinite(o.sink_min)) {
+    detail::throw_argument(func, field(prefix, "sink_min").c_str(), "a finite sink logit",
+                           show_number(o.sink_min));
+  }
+  if (!(std::isfinite(o.sink_max) && o.sink_max >= o.sink_min)) {
+    detail::throw_argument(
+        func, field(prefix, "sink_max").c_str(),
+        "a finite sink logit >= " + field(prefix, "sink_min") + " = " + show_number(o.sink_min),
+        show_number(o.sink_max));
+  }
 }
 
 void check_state_gen_options(const StateGenOptions& o, const char* func,
@@ -418,6 +429,11 @@ rc::Gen<std::vector<std::vector<std::int64_t>>> gen_partition(std::int64_t n_key
 ProblemGenOptions variant_problem_options(ProblemGenOptions o) {
   o.soft_cap_percent = 50;
   o.window_percent = 50;
+  return o;
+}
+
+ProblemGenOptions sink_problem_options(ProblemGenOptions o) {
+  o.sink_percent = 50;
   return o;
 }
 
@@ -591,6 +607,14 @@ rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& opt) {
         p.k = HostTensor::from_floats(kv_dt, p.k.shape(), k);
         p.v = HostTensor::from_floats(kv_dt, p.v.shape(), v);
       }
+    }
+    // Sinks last, only when asked for (the rest of the problem is the one drawn without them),
+    // from their own stream of the value seed.
+    if (opt.sink_percent > 0 && *in_full_range<int>(0, 100) >= 100 - opt.sink_percent) {
+      std::mt19937_64 sink_rng(seed ^ 0x51a4c0ffee5eedULL);
+      std::uniform_real_distribution<float> in_range(opt.sink_min, opt.sink_max);
+      p.sinks.resize(static_cast<std::size_t>(p.heads_q()));
+      for (float& s : p.sinks) s = opt.sink_min == opt.sink_max ? opt.sink_min : in_range(sink_rng);
     }
     return p;
   });

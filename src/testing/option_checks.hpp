@@ -25,7 +25,8 @@ inline std::string show_number(double x) {
 /// `head_dims` of values ≥ 1, non-empty dtype and base lists of valid values,
 /// `large_logits_percent`, `offset_values_percent`, `soft_cap_percent` and `window_percent` in
 /// [0, 100], a finite `large_logit_factor` > 0, `soft_caps` of finite values > 0 (non-empty when
-/// `soft_cap_percent > 0`).
+/// `soft_cap_percent > 0`), `sink_percent` in [0, 100] and a finite sink range with
+/// `sink_min <= sink_max`.
 void check_problem_gen_options(const ProblemGenOptions& options, const char* func,
                                const std::string& prefix);
 

@@ -139,6 +139,15 @@ struct ProblemGenOptions {
   /// Scales drawn for fp8 keys and values (finite, > 0; non-empty when `kv_dtypes` lists an
   /// fp8 dtype): 1, a tiny one and a large one.
   std::vector<float> kv_scales = {1.f, 0x1p-10f, 0x1p8f};
+  /// Share of problems with attention sinks (0 to 100): `AttentionProblem::sinks`, one logit per
+  /// query head drawn uniformly in `[sink_min, sink_max]`. 0 (the default) draws nothing for it,
+  /// so the problems of a seed stay those drawn before sinks.
+  int sink_percent = 0;
+  /// Least sink logit drawn (natural base, finite, at most `sink_max`). The default range
+  /// `[-4, 12]` lies around the LSEs of ordinary rows (0 to about 6 for up to 300 keys): some
+  /// sinks dominate their rows (`o` scaled by up to e^-12), some barely count.
+  float sink_min = -4.f;
+  float sink_max = 12.f;            ///< Largest sink logit drawn (finite).
   int per_head_scale_percent = 50;  ///< Share of fp8 problems with one scale per KV head
                                     ///< (0 to 100); the others have one per tensor.
   int fp8_extremes_percent = 25;    ///< Share of fp8 problems with elements of `k` and `v` at the
@@ -164,6 +173,12 @@ ProblemGenOptions fp8_kv_problem_options(ProblemGenOptions options = decode_prob
 /// @return `options` with `soft_cap_percent = window_percent = 50`.
 ProblemGenOptions variant_problem_options(ProblemGenOptions options = {});
 
+/// `options` drawing attention sinks too: half the problems get one sink logit per query head
+/// (`sink_percent = 50`), in the default range `[-4, 12]`.
+/// @param options  the options to extend (default: `ProblemGenOptions{}`).
+/// @return `options` with `sink_percent = 50`.
+ProblemGenOptions sink_problem_options(ProblemGenOptions options = {});
+
 /// Random attention problems: `q`, `k`, `v` uniform in `[-1, 1]` rounded to the input dtype
 /// (`q` multiplied by `large_logit_factor` in `large_logits_percent`% of problems; in
 /// `offset_values_percent`% of problems each (KV head, element) of `v` is instead uniform around
@@ -176,7 +191,9 @@ ProblemGenOptions variant_problem_options(ProblemGenOptions options = {});
 /// drawn among no window (causal only), 0 (one key), a few keys, up to the key count and more
 /// than the key count; the positions are those of decode's new tokens (the last `tokens` of the
 /// keys, some before position 0 when the keys are fewer), random in `[-2, num_keys + 2)`, or
-/// past the window (rows that see none of the keys: the empty state).
+/// past the window (rows that see none of the keys: the empty state). In `sink_percent`% of
+/// problems `sinks` holds `H_q` logits uniform in `[sink_min, sink_max]` (from the problem's value
+/// seed; drawn after everything else, so the rest of the problem is the one drawn without sinks).
 ///
 /// Keys and values in a dtype of `kv_dtypes`, when listed: a dtype that is not fp8 stores the
 /// same values in it. An fp8 dtype (an fp8 cache "at a chosen scale"): the stored values are the
@@ -194,7 +211,8 @@ ProblemGenOptions variant_problem_options(ProblemGenOptions options = {});
 /// @throws attnstate::Error (`kInvalidArgument`) naming the field (e.g. `options.bases`) when
 ///         `options` is invalid: an empty list, `min_keys > max_keys`, a limit below 1, limits
 ///         whose largest `q` or `k` passes 2^62 elements, a percentage outside [0, 100], a cap
-///         or an fp8 scale that is not finite and > 0, an fp8 dtype among `input_dtypes` or
+///         or an fp8 scale that is not finite and > 0, a sink range that is not finite or has
+///         `sink_min > sink_max`, an fp8 dtype among `input_dtypes` or
 ///         `output_dtypes` (`kNotSupported`).
 rc::Gen<AttentionProblem> gen_attention_problem(const ProblemGenOptions& options = {});
 
