@@ -106,14 +106,53 @@ ProblemGenOptions with_keys_and_logits(ProblemGenOptions o, int large_percent) {
   return o;
 }
 
+/// Most times a sink may be merged into one row that the failure hints look for.
+constexpr int kMostSinkMerges = 8;
+
+/// For a problem with sinks whose kernel state `out` over `keys` failed: "" when no simple sink
+/// mistake explains it (or `out` is right about the sink), else a line saying how many times the
+/// sink seems merged into `out`: the `k` (0, or 2 to 8) for which `out` matches the sink-free
+/// reference with the sink merged `k` times. `what` names the state (e.g. "fn(all keys)").
+std::string sink_hint(const HostState& out, const AttentionProblem& p,
+                      const std::vector<std::int64_t>& keys, const Tolerance& tol,
+                      const std::string& what) {
+  if (!p.has_sinks()) return {};
+  const ReferenceState sink_free = reference_state(without_sinks(p), keys);
+  ReferenceState ref = apply_sinks(sink_free, p.sinks);
+  if (compare_states(out, ref, tol).empty()) return {};
+  if (compare_states(out, sink_free, tol).empty()) {
+    return "\n" + what + " matches the reference without the sinks: are the sinks ignored?";
+  }
+  for (int k = 2; k <= kMostSinkMerges; ++k) {
+    ref = apply_sinks(ref, p.sinks);
+    if (compare_states(out, ref, tol).empty()) {
+      return "\n" + what + " matches the reference with the sink merged " + std::to_string(k) +
+             " times: a sink is merged once, after every split (merged into each of k splits or "
+             "partials it counts k times)";
+    }
+  }
+  return {};
+}
+
+/// Whether the partial state `part` (asked for over `keys` of `without_sinks(p)`) is instead the
+/// state with `p`'s sinks: it matches that and not the sink-free reference.
+bool carries_the_sink(const HostState& part, AttentionProblem p,
+                      const std::vector<std::int64_t>& keys, const KernelCheckOptions& opt) {
+  p.base = part.base();
+  const Tolerance tol = law_tolerance(p, opt).scaled(2.0);
+  return compare_states(part, reference_state(p, keys), tol).empty() &&
+         !compare_states(part, reference_state(without_sinks(p), keys), tol).empty();
+}
+
 void law_exactness(const StateKernel& fn, const KernelCheckOptions& opt) {
   const AttentionProblem p = *gen_attention_problem(opt.problems);
   const auto keys = *gen_key_subset(p.num_keys());
   const HostState out = call(fn, p, keys, "exactness");
-  const std::string msg = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
+  const Tolerance tol = law_tolerance(p, opt);
+  const std::string msg = compare_states(out, reference_state(p, keys), tol);
   if (!msg.empty()) {
     fail("exactness: fn(K) differs from the double-precision reference, K = " + show_keys(keys) +
-         "\n" + msg);
+         sink_hint(out, p, keys, tol, "fn(K)") + "\n" + msg);
   }
 }
 
@@ -126,36 +165,71 @@ void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
   const std::vector<LseBase>& bases = opt.problems.bases;
   const auto base_of_part = *rc::gen::container<std::vector<std::size_t>>(
       pp.parts.size(), rc::gen::resize(kFullSize, rc::gen::inRange<std::size_t>(0, bases.size())));
-  const HostState whole = call(fn, p, all_keys(p.num_keys()), "split_merge");
+  const std::vector<std::int64_t> all = all_keys(p.num_keys());
+  const HostState whole = call(fn, p, all, "split_merge");
+  // The parts are partial states: asked for without the sinks, which are merged once, after
+  // their ⊕ (a kernel that merges the sink into every partial counts it once per part).
+  const AttentionProblem partial = without_sinks(p);
   std::vector<HostState> parts;
   std::ostringstream desc;
   for (std::size_t i = 0; i < pp.parts.size(); ++i) {
-    AttentionProblem pi = p;
+    AttentionProblem pi = partial;
     pi.base = bases[base_of_part[i]];
     parts.push_back(call(fn, pi, pp.parts[i], "split_merge"));
     desc << (i ? ", " : "") << "P" << i + 1 << " = " << show_keys(pp.parts[i]) << " ("
          << to_string(parts.back().base()) << ")";
   }
-  ReferenceState merged = reference_merge(parts, p.base);
+  ReferenceState merged = apply_sinks(reference_merge(parts, p.base), p.sinks);
   // The scale of the parts' rounding errors (of P, and of each stored o_j, |o_j| <= M_j): the
-  // merge weights average the parts' magnitudes M_j into that of the whole key set.
-  merged.o_magnitude = reference_state(p, all_keys(p.num_keys())).o_magnitude;
-  const std::string msg = compare_states(whole, merged, law_tolerance(p, opt).scaled(2.0));
+  // merge weights average the parts' magnitudes M_j into that of the whole key set (scaled, with
+  // sinks, by the sink's weight, as o is).
+  merged.o_magnitude = reference_state(p, all).o_magnitude;
+  const Tolerance tol = law_tolerance(p, opt).scaled(2.0);
+  const std::string msg = compare_states(whole, merged, tol);
   if (!msg.empty()) {
     std::ostringstream ss;
     ss << "split_merge: fn(all keys) differs from the ⊕ of fn over the " << parts.size()
-       << " parts " << desc.str() << " (⊕ in double over the kernel's outputs)\n"
-       << msg;
+       << " parts " << desc.str() << " (⊕ in double over the kernel's outputs"
+       << (p.has_sinks() ? ", the parts asked for without sinks, then the sinks merged once" : "")
+       << ")";
+    if (p.has_sinks()) {
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        if (carries_the_sink(parts[i], p, pp.parts[i], opt)) {
+          ss << "\nfn(P" << i + 1 << ") was asked for a partial state (the problem without sinks) "
+             << "and returned the state with the sink: a partial stays sink-free, the sink is "
+                "merged once at the end";
+          break;
+        }
+      }
+      ss << sink_hint(whole, p, all, tol, "fn(all keys)");
+    }
+    ss << "\n" << msg;
     fail(ss.str());
   }
 }
 
 void law_identity(const StateKernel& fn, const KernelCheckOptions& opt) {
   const AttentionProblem p = *gen_attention_problem(opt.problems);
-  const HostState out = call(fn, p, {}, "identity");
-  const std::string msg = compare_states(out, reference_state(p, {}), Tolerance{});
+  // The identity is the sink-free empty state (a partial over no keys).
+  const AttentionProblem partial = without_sinks(p);
+  const HostState out = call(fn, partial, {}, "identity");
+  const std::string msg = compare_states(out, reference_state(partial, {}), Tolerance{});
   if (!msg.empty()) {
-    fail("identity: fn(∅) must be exactly the empty state (o = 0, lse = -inf)\n" + msg);
+    fail("identity: fn(∅) must be exactly the empty state (o = 0, lse = -inf)" +
+         std::string(p.has_sinks() ? " for the problem without sinks" : "") + "\n" + msg);
+  }
+  if (!p.has_sinks()) return;
+  // With sinks, an empty row is the sink's state: o exactly 0 (an empty o is never a factor),
+  // the LSE that of the sink.
+  const HostState sunk = call(fn, p, {}, "identity");
+  Tolerance exact_o = law_tolerance(p, opt);
+  exact_o.o_abs = exact_o.o_rel = exact_o.o_magnitude_rel = 0;
+  const std::string with = compare_states(sunk, reference_state(p, {}), exact_o);
+  if (!with.empty()) {
+    fail(
+        "identity: with sinks, fn(∅) must be the sink state (o = 0, lse = s_h): an empty row "
+        "merged with its sink becomes (0, s_h)" +
+        sink_hint(sunk, p, {}, exact_o, "fn(∅)") + "\n" + with);
   }
 }
 
@@ -181,11 +255,12 @@ void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
   }
   // Relabelling does not fix it: the LSEs are wrong in either base, so this is not a base
   // problem; report the whole state against the reference, as the exactness law does.
-  const std::string full = compare_states(out, reference_state(p, keys), law_tolerance(p, opt));
+  const Tolerance tol = law_tolerance(p, opt);
+  const std::string full = compare_states(out, reference_state(p, keys), tol);
   fail(
       "declared_base: an exactness failure, not a base problem (the LSEs match the reference in "
-      "neither base): fn(all keys) differs from the double-precision reference\n" +
-      (full.empty() ? msg : full));
+      "neither base): fn(all keys) differs from the double-precision reference" +
+      sink_hint(out, p, keys, tol, "fn(all keys)") + "\n" + (full.empty() ? msg : full));
 }
 
 void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
@@ -210,8 +285,12 @@ void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
       }
     }
   }
-  const std::string msg = compare_states(out, ref, law_tolerance(p, opt));
-  if (!msg.empty()) fail("large_logits: differs from the double-precision reference\n" + msg);
+  const Tolerance tol = law_tolerance(p, opt);
+  const std::string msg = compare_states(out, ref, tol);
+  if (!msg.empty()) {
+    fail("large_logits: differs from the double-precision reference" +
+         sink_hint(out, p, keys, tol, "fn(all keys)") + "\n" + msg);
+  }
 }
 
 void law_determinism(const StateKernel& fn, const KernelCheckOptions& opt) {

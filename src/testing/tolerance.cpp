@@ -44,7 +44,7 @@ class Mismatches {
       lines_ << "  ";
       return lines_;
     }
-    return sink_;
+    return discarded_;
   }
   bool empty() const { return count_ == 0; }
   std::string text(const std::string& header) const {
@@ -58,7 +58,7 @@ class Mismatches {
  private:
   int count_ = 0;
   std::ostringstream lines_;
-  std::ostringstream sink_;
+  std::ostringstream discarded_;  // the lines past kMaxReported
 };
 
 /// Checks one value; returns an empty string or why it does not match.

@@ -28,6 +28,15 @@ namespace testing {
 /// `visible_keys(problem, t, keys)` (the empty state when that is empty); `select_keys` keeps
 /// the variant and the keys' positions, so a kernel taking positions reads them from the
 /// selected problem. Every law holds unchanged for these problems.
+///
+/// Problems carry attention sinks when `KernelCheckOptions::problems.sink_percent > 0`
+/// (`sink_problem_options()`): `problem.sinks` holds one natural-base logit per query head, and
+/// the kernel returns the state of `keys` with the sinks, each row merged once with
+/// `(0, problem.sinks[h])` after all its keys (its LSE includes the sink; an empty row is
+/// `(0, s_h)`); `select_keys` keeps them and `problem.attention_sinks()` passes them as the
+/// library's decode and cascade calls take them. Empty `problem.sinks` means no sinks: the kit
+/// asks for partial states that way (the parts of `kSplitMerge`, the identity's `fn(∅)`), and a
+/// kernel must then add none (a sink merged into every partial counts once per partial).
 using StateKernel = std::function<HostState(const AttentionProblem& problem,
                                             const std::vector<std::int64_t>& keys)>;
 
@@ -36,8 +45,14 @@ enum class Law {
   kExactness,  ///< `fn(K)` matches the double-precision reference for a random key subset K.
   kSplitMerge,  ///< `fn(P1 ∪ … ∪ Pn) ≈ fn(P1) ⊕ … ⊕ fn(Pn)` for a random partition (empty
                 ///< and one-key parts included, each part requested in a random base, the
-                ///< merge in double); n = 2 is `fn(I ∪ J) ≈ fn(I) ⊕ fn(J)`.
-  kIdentity,      ///< `fn(∅)` is exactly the empty state: `lse = -inf`, `o = 0` (no NaN).
+                ///< merge in double); n = 2 is `fn(I ∪ J) ≈ fn(I) ⊕ fn(J)`. With sinks, "a
+                ///< sink is merged once": the parts are asked for without sinks (partial
+                ///< states) and `fn(P1 ∪ … ∪ Pn) ≈ (fn(P1) ⊕ … ⊕ fn(Pn)) ⊕ sink`, so a kernel
+                ///< that merges the sink into each of its splits, or into every state it is
+                ///< asked for, fails.
+  kIdentity,      ///< `fn(∅)` is exactly the empty state: `lse = -inf`, `o = 0` (no NaN), for
+                  ///< the problem without sinks; with sinks, `fn(∅)` is the sink state
+                  ///< (`o` exactly 0, `lse = s_h`).
   kDeclaredBase,  ///< The state's base tag is the one requested and its LSEs are in that base.
   kLargeLogits,   ///< Scores in the hundreds (q × 40) give finite `o` and `lse` (rows that
                   ///< see no key, in windowed problems, the empty state), matching the

@@ -115,6 +115,16 @@ Tolerance tolerance_for(DType o_dtype);
 /// exactly to f16, bf16 and f32, and a kernel that dequantises in fp32 (each element `to_float ×
 /// scale`, one fp32 rounding, or the scales applied to the fp32 score and output) errs by fp32
 /// roundings the terms above cover; one that rounds `stored × scale` to 16 bits does not pass.
+///
+/// Sinks add no term either. Merging a row with its sink `(0, s)` scales `o` by
+/// `f = e^lse / (e^lse + e^s) ≤ 1`, and the reference scales `o_magnitude` by the same `f`, so the
+/// kernel's errors on `o` (each at most a unit roundoff of `M`) shrink with the bound; an error
+/// `δ` of the sink-free LSE moves `o' = f · o` by `|o| · f (1 - f) · δ ≤ M' · δ ≤ V · δ`, below
+/// `o_abs` (whose score and sum terms are twice the LSE's), and the LSE by `(1 - f) · δ ≤ δ`; the
+/// fp32 merge itself errs by a few roundings of `o'` and of `lse'` (`s` is exact: an fp32
+/// logit). A kernel that stores its sink-free `o` in the output dtype and applies the sink in a
+/// second pass (`merge_state_inplace` with `make_sink_state`) rounds `o` twice, which the
+/// factor 2 of `o_magnitude_rel` covers. `max_abs_score` is that of the keys: a sink is no score.
 /// See docs/testing_kit.md and docs/fp8.md.
 /// @param problem             the problem (its dtypes, base, shapes and values).
 /// @param p_rounded_to_input  whether the kernel may round `P` to the 16-bit input dtype (true:
