@@ -2,7 +2,7 @@
 /// @brief Small attention kernels written the way a user would, used to check that the testing
 ///        kit tells correct kernels from broken ones: a direct fp32 kernel (correct, and with
 ///        three classic defects) and a CPU model of a tensor-core flash kernel (correct, and with
-///        two accumulator defects).
+///        two accumulator defects and two sink defects).
 #pragma once
 
 #include <algorithm>
@@ -77,6 +77,13 @@ inline HostState sample_kernel(const AttentionProblem& p, const std::vector<std:
   return out;
 }
 
+/// How `flash_kernel` applies the problem's attention sinks (`AttentionProblem::sinks`).
+enum class SinkMode {
+  kOnce,      ///< Correct: each row merged once with its sink, after the splits are merged.
+  kIgnore,    ///< DEFECT: the sinks are not applied.
+  kPerSplit,  ///< DEFECT: the sink is merged into every split's state (counted once per split).
+};
+
 /// How `flash_kernel` computes: a CPU model of a tensor-core flash / split-KV decode kernel.
 struct FlashConfig {
   std::int64_t block = 64;  ///< Keys per block: the running max (and the accumulator's rescale)
@@ -89,7 +96,19 @@ struct FlashConfig {
                                     ///< (rounded after every key) instead of fp32.
   bool forget_rescale = false;      ///< DEFECT: the accumulator is not multiplied by
                                     ///< `2^(m_old - m_new)` when a block raises the running max.
+  /// How the problem's sinks are applied (correct: once, after the splits).
+  SinkMode sinks = SinkMode::kOnce;
 };
+
+/// Merges the fp32 state `(o, lse2)` (base 2) with the sink state `(0, sink · log2(e))` in fp32,
+/// in place (`math::pair_weights`, max-subtracted; an empty state becomes `(0, s)`).
+inline void merge_sink_fp32(std::vector<float>& o, float& lse2, float sink) {
+  namespace math = attnstate::math;
+  const math::PairWeights w = math::pair_weights(
+      LseBase::kBase2, lse2, math::convert_lse(sink, LseBase::kNatural, LseBase::kBase2));
+  for (float& x : o) x = math::pair_combine(w, x, 0.f);
+  lse2 = w.lse;
+}
 
 /// `x` rounded to `dt` (round to nearest even) and widened back to fp32.
 inline float round_to(attnstate::DType dt, float x) {
@@ -163,6 +182,10 @@ inline HostState flash_kernel(const AttentionProblem& p, const std::vector<std::
         so.resize(acc.size());
         for (std::size_t d = 0; d < acc.size(); ++d) so[d] = acc[d] * os.inv_sum();
         split_lse[static_cast<std::size_t>(sp)] = os.lse(LseBase::kBase2);
+        if (p.has_sinks() && config.sinks == SinkMode::kPerSplit) {
+          merge_sink_fp32(so, split_lse[static_cast<std::size_t>(sp)],
+                          p.sinks[static_cast<std::size_t>(h)]);
+        }
       }
       // Merge the splits in fp32 (base 2), then round o once.
       float m = -INFINITY;
@@ -178,10 +201,14 @@ inline HostState flash_kernel(const AttentionProblem& p, const std::vector<std::
           o[d] += w * split_o[static_cast<std::size_t>(sp)][d];
       }
       const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
-      for (std::int64_t d = 0; d < dim; ++d) {
-        out.set_o(t, h, d, o[static_cast<std::size_t>(d)] * r.inv_sum);
+      for (float& x : o) x *= r.inv_sum;
+      float lse2 = r.lse;
+      // The sink once, after every split: one more merge, before o is rounded.
+      if (p.has_sinks() && config.sinks == SinkMode::kOnce) {
+        merge_sink_fp32(o, lse2, p.sinks[static_cast<std::size_t>(h)]);
       }
-      out.set_lse(t, h, math::convert_lse(r.lse, LseBase::kBase2, p.base));
+      for (std::int64_t d = 0; d < dim; ++d) out.set_o(t, h, d, o[static_cast<std::size_t>(d)]);
+      out.set_lse(t, h, math::convert_lse(lse2, LseBase::kBase2, p.base));
     }
   }
   return out;
