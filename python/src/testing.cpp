@@ -1,17 +1,21 @@
 /// @file testing.cpp
 /// @brief `attnstate._testing`: the conformance kit (attnstate::testing::check_state_kernel) run
-///        on a Python kernel. Each case's problem goes to Python as float32 NumPy arrays; the
-///        kernel's (o, lse) comes back as float32 NumPy arrays in the declared base.
+///        on a Python kernel, and the kit's double reference. Each case's problem goes to Python
+///        as float32 NumPy arrays (its sinks too, or None); the kernel's (o, lse) comes back as
+///        float32 NumPy arrays in the declared base.
 #include "attnstate/testing/testing.hpp"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace nb = nanobind;
@@ -23,11 +27,33 @@ namespace {
 using F32Array = nb::ndarray<nb::numpy, float, nb::c_contig>;
 using F32In = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
 
+/// `values` as a NumPy array of `shape`, owning a copy.
+template <class T>
+nb::ndarray<nb::numpy, T, nb::c_contig> owned(std::vector<T> values,
+                                              const std::vector<size_t>& shape) {
+  auto* held = new std::vector<T>(std::move(values));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::c_contig>(held->data(), shape.size(), shape.data(), owner);
+}
+
 F32Array to_numpy(const HostTensor& t) {
-  auto* values = new std::vector<float>(t.to_floats());
-  nb::capsule owner(values, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
-  return F32Array(values->data(), shape.size(), shape.data(), owner);
+  return owned(t.to_floats(), std::vector<size_t>(t.shape().begin(), t.shape().end()));
+}
+
+/// The problem's sinks as a float32 (H_q,) array, or None.
+nb::object sinks_of(const AttentionProblem& p) {
+  if (!p.has_sinks()) return nb::none();
+  return nb::cast(owned(p.sinks, {p.sinks.size()}));
+}
+
+/// A float32 array's values and its extents (rank 3 required, named `arg`).
+std::vector<float> values_of(const F32In& a, const char* arg, std::int64_t extents[3]) {
+  if (a.ndim() != 3) {
+    detail::throw_argument("attnstate.testing.reference_state", arg, "a rank-3 array",
+                           "rank " + std::to_string(a.ndim()));
+  }
+  for (int i = 0; i < 3; ++i) extents[i] = static_cast<std::int64_t>(a.shape(i));
+  return std::vector<float>(a.data(), a.data() + a.size());
 }
 
 DType parse_dtype(const std::string& s, const char* field) {
@@ -40,6 +66,12 @@ DType parse_dtype(const std::string& s, const char* field) {
 
 const char* dtype_name(DType d) {
   return d == DType::kF16 ? "float16" : d == DType::kBF16 ? "bfloat16" : "float32";
+}
+
+LseBase parse_base(const std::string& name, const char* fn) {
+  if (name != "natural" && name != "base2")
+    detail::throw_argument(fn, "base", "\"natural\" or \"base2\"", "\"" + name + "\"");
+  return name == "base2" ? LseBase::kBase2 : LseBase::kNatural;
 }
 
 Law parse_law(const std::string& s) {
@@ -91,11 +123,8 @@ NB_MODULE(_testing, m) {
          std::int64_t max_keys, std::int64_t max_heads_kv,
          const std::vector<std::int64_t>& group_sizes, const std::vector<std::int64_t>& head_dims,
          const std::vector<std::string>& input_dtypes, const std::string& out_dtype,
-         int large_logits_percent) {
-        if (base_name != "natural" && base_name != "base2")
-          detail::throw_argument("attnstate.testing.check_kernel", "base",
-                                 "\"natural\" or \"base2\"", "\"" + base_name + "\"");
-        const LseBase base = base_name == "base2" ? LseBase::kBase2 : LseBase::kNatural;
+         int large_logits_percent, int sink_percent, float sink_min, float sink_max) {
+        const LseBase base = parse_base(base_name, "attnstate.testing.check_kernel");
         KernelCheckOptions options;
         options.laws.clear();
         for (const std::string& l : laws) options.laws.push_back(parse_law(l));
@@ -119,11 +148,15 @@ NB_MODULE(_testing, m) {
         // The kernel declares one base: every case asks for it (the base law checks the claim).
         g.bases = {base};
         g.large_logits_percent = large_logits_percent;
+        g.sink_percent = sink_percent;
+        g.sink_min = sink_min;
+        g.sink_max = sink_max;
+        // The problem's sinks go with it (None: no sinks, as for the partials the kit asks for).
         StateKernel fn = [&kernel, base](const AttentionProblem& problem,
                                          const std::vector<std::int64_t>& keys) {
           const AttentionProblem p = select_keys(problem, keys);
-          nb::object r =
-              kernel(to_numpy(p.q), to_numpy(p.k), to_numpy(p.v), p.scale, dtype_name(p.q.dtype()));
+          nb::object r = kernel(to_numpy(p.q), to_numpy(p.k), to_numpy(p.v), p.scale,
+                                dtype_name(p.q.dtype()), sinks_of(p));
           return state_of(p, r, base);
         };
         const KernelCheckReport report = check_state_kernel(fn, options);
@@ -136,5 +169,34 @@ NB_MODULE(_testing, m) {
       nb::arg("tolerance_factor"), nb::arg("shrink"), nb::arg("p_rounded_to_input"),
       nb::arg("max_parts"), nb::arg("max_tokens"), nb::arg("min_keys"), nb::arg("max_keys"),
       nb::arg("max_heads_kv"), nb::arg("group_sizes"), nb::arg("head_dims"),
-      nb::arg("input_dtypes"), nb::arg("out_dtype"), nb::arg("large_logits_percent"));
+      nb::arg("input_dtypes"), nb::arg("out_dtype"), nb::arg("large_logits_percent"),
+      nb::arg("sink_percent"), nb::arg("sink_min"), nb::arg("sink_max"));
+  // The kit's double reference (attnstate::testing::reference_state) over float32 q, k, v, all
+  // keys, with the sinks merged once per row when given: (o, lse) as float64 arrays.
+  m.def(
+      "reference_state",
+      [](const F32In& q, const F32In& k, const F32In& v, float scale,
+         const std::optional<F32In>& sinks, const std::string& base_name) {
+        const char* fn = "attnstate.testing.reference_state";
+        const LseBase base = parse_base(base_name, fn);
+        std::int64_t qe[3], ke[3], ve[3];
+        const std::vector<float> qv = values_of(q, "q", qe), kv = values_of(k, "k", ke),
+                                 vv = values_of(v, "v", ve);
+        if (ve[0] != ke[0] || ve[1] != ke[1] || ve[2] != ke[2])
+          detail::throw_argument(fn, "v", "the shape of k", "another shape");
+        AttentionProblem p = make_problem(qe[0], qe[1], ke[1], qe[2], ke[0], DType::kF32, qv, kv,
+                                          vv, scale, DType::kF32, base);
+        if (sinks) {
+          if (sinks->ndim() != 1)
+            detail::throw_argument(fn, "sinks", "a (heads_q,) array",
+                                   "rank " + std::to_string(sinks->ndim()));
+          p.sinks.assign(sinks->data(), sinks->data() + sinks->size());
+        }
+        const ReferenceState r = reference_state(p, all_keys(p.num_keys()));
+        const size_t t = static_cast<size_t>(r.tokens), h = static_cast<size_t>(r.heads),
+                     d = static_cast<size_t>(r.head_dim);
+        return std::make_tuple(owned(r.o, {t, h, d}), owned(r.lse, {t, h}));
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("sinks").none(),
+      nb::arg("base"));
 }
