@@ -179,7 +179,7 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
     const std::vector<float> sinks = attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
     attnstate_test::DeviceBuffer<float> dev(sinks);
     CascadeCase with = c;
-    attnstate_test::apply_sinks(with.reference, sinks);
+    with.reference = attnstate::testing::apply_sinks(with.reference, sinks);
     struct Path {
       bool decode;
       int splits, fold;
@@ -236,7 +236,7 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
           attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
       attnstate_test::DeviceBuffer<float> dev(sinks);
       CascadeCase with = c;
-      attnstate_test::apply_sinks(with.reference, sinks);
+      with.reference = attnstate::testing::apply_sinks(with.reference, sinks);
       for (int path = 0; path < 3; ++path) {
         CascadeTuning t;
         t.decode_last_level = path != 0;
