@@ -41,7 +41,8 @@ inline std::vector<float> check_sinks(const char* fn, const AttentionSinks& sink
     attnstate::detail::throw_argument(
         fn, name.c_str(),
         std::string("a finite logit (fp32, natural base)") +
-            (x == -INFINITY ? "; for no sinks pass AttentionSinks{} (none())" : ""),
+            (x == -INFINITY ? "; for no sinks pass none() (AttentionSinks{}; sinks=None in Python)"
+                            : ""),
         logit_str(x));
   }
   attnstate::detail::check_disjoint(fn, "out", out, "sinks.logits", sinks.logits, heads_q * 4,
