@@ -208,6 +208,13 @@ class Cascade:
         self._plan = None
         self.workspace = None
 
+    @property
+    def description(self):
+        """One line for logs: where each level runs and why (the CUDA plan's choices)."""
+        if self._plan is None:
+            raise error("attnstate.Cascade.description", "self", "a planned Cascade", "no plan")
+        return self._plan.description
+
     def plan(self, levels, *, batch, heads_q, heads_kv, head_dim, page_size, num_pages, dtype,
              kv_dtype=None, q_len=1, scale=None, causal=True, window_left=None,
              logits_soft_cap=None, like=None, num_sms=0):

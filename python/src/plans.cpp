@@ -412,7 +412,14 @@ void bind_plans(nb::module_& m) {
       .def_prop_ro("workspace_bytes", &PyCascadePlan::workspace_bytes)
       .def_prop_ro("on_device", [](const PyCascadePlan& p) { return p.device; })
       .def_prop_ro("num_levels", [](const PyCascadePlan& p) { return p.num_levels; })
-      .def_prop_ro("batch", [](const PyCascadePlan& p) { return p.batch; });
+      .def_prop_ro("batch", [](const PyCascadePlan& p) { return p.batch; })
+      .def_prop_ro("description", [](const PyCascadePlan& p) -> std::string {
+#if defined(ATTNSTATE_HAS_CUDA)
+        if (p.device) return cuda::to_string(p.plan);
+#endif
+        return "CPU cascade: " + std::to_string(p.num_levels) +
+               " levels, each a state merged into the output";
+      });
   m.def("plan_cascade", &plan_cascade, arg("levels"), arg("batch"), arg("q_len"), arg("heads_q"),
         arg("heads_kv"), arg("head_dim"), arg("page_size"), arg("num_pages"), arg("dtype"),
         arg("kv_dtype"), arg("scale"), arg("causal"), arg("window_left"), arg("logits_soft_cap"),

@@ -60,6 +60,7 @@ def test_levels_from_a_page_table_give_the_plain_decode(block):
     cas = attnstate.Cascade().plan(lv.levels, batch=7, heads_q=heads_q, heads_kv=heads_kv,
                                    head_dim=d, page_size=page_size, num_pages=num_pages,
                                    dtype="float32")
+    assert cas.description == "CPU cascade: 3 levels, each a state merged into the output"
     order = lv.order
     out = cas.run(np.ascontiguousarray(q[order]), k, v, lv.levels)
     np.testing.assert_allclose(out.o, plain.o[order], atol=2e-6)

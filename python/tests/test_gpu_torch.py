@@ -242,6 +242,8 @@ def test_cascade_on_the_gpu_matches_the_cpu_cascade(cap):
                  num_pages=total)
     cas = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, logits_soft_cap=cap,
                                    **shape)
+    assert cas.description.startswith("cascade plan: batch 3, 16/4 heads, d 128, bf16")
+    assert "level 1 (last): 3 segments, split-KV decode" in cas.description
     dev_levels = [tuple(torch.from_numpy(a).cuda() for a in level) for level in levels]
     out = cas.run(q, k, v, dev_levels, dtype=torch.float32)
     host = attnstate.Cascade().plan(levels, dtype="float32", logits_soft_cap=cap, **shape)

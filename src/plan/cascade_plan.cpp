@@ -262,15 +262,23 @@ int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64
   return static_cast<int>(best_chunk);
 }
 
+cuda::CascadeLastLevel last_level_choice(const CascadeShape& shape, const CascadeLevel& lv,
+                                         const CascadeOptions& options,
+                                         const CascadeTuning& tuning) {
+  using W = cuda::CascadeLastLevel;
+  if (!tuning.decode_last_level) return W::kTurnedOff;
+  if (lv.num_segments != shape.batch) return W::kShared;
+  for (std::int64_t s = 0; s <= lv.num_segments; ++s)
+    if (lv.request_indptr[s] != s) return W::kShared;
+  if (shape.q_len > 1 && !options.causal) return W::kNotCausal;
+  if (lv.page_indptr[lv.num_segments] <= 0) return W::kNoPages;
+  return W::kDecode;
+}
+
 bool decode_eligible(const CascadeShape& shape, const CascadeLevel& lv, int l, int num_levels,
                      const CascadeOptions& options, const CascadeTuning& tuning) {
-  if (!tuning.decode_last_level || l != num_levels - 1 || lv.num_segments != shape.batch)
-    return false;
-  if (shape.q_len > 1 && !options.causal) return false;
-  if (lv.page_indptr[lv.num_segments] <= 0) return false;
-  for (std::int64_t s = 0; s <= lv.num_segments; ++s)
-    if (lv.request_indptr[s] != s) return false;
-  return true;
+  return l == num_levels - 1 &&
+         last_level_choice(shape, lv, options, tuning) == cuda::CascadeLastLevel::kDecode;
 }
 
 DecodeProblem cascade_decode_problem(const CascadeShape& shape) {
@@ -304,9 +312,9 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   plan.tensor_maps = facts.tensor_maps;
   // A last level on the decode is planned first: the shared levels may leave it some SMs.
   const int last = num_levels - 1;
-  const bool decode_last =
-      static_cast<bool>(plan_decode) &&
-      decode_eligible(shape, host_levels[last], last, num_levels, options, tuning);
+  plan.last_level = plan_decode ? last_level_choice(shape, host_levels[last], options, tuning)
+                                : cuda::CascadeLastLevel::kOnlyShared;
+  const bool decode_last = plan.last_level == cuda::CascadeLastLevel::kDecode;
   if (decode_last) plan_decode_level(plan, host_levels[last], tuning, num_sms, plan_decode);
   plan.decode_sms = decode_last ? reserved_sms(plan, host_levels, tuning, num_sms) : 0;
   // The decode folds the shared levels' states (no merge launch) when its CTAs wait beside them
@@ -486,4 +494,57 @@ CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int r
 }
 
 }  // namespace plan
+
+namespace cuda {
+
+std::string to_string(const CascadeChoice& plan) {
+  using K = CascadeLevelKernel;
+  const CascadeShape& s = plan.shape;
+  std::string out =
+      "cascade plan: batch " + std::to_string(s.batch) + ", " + std::to_string(s.heads_q) + "/" +
+      std::to_string(s.heads_kv) + " heads, d " + std::to_string(s.head_dim) + ", " +
+      attnstate::to_string(s.dtype) +
+      (s.q_len > 1 ? ", q_len " + std::to_string(s.q_len) : std::string()) +
+      (plan.logits_soft_cap != 0.f ? ", soft cap " + std::to_string(plan.logits_soft_cap)
+                                   : std::string()) +
+      ", " + std::to_string(plan.num_levels) + " level" + (plan.num_levels > 1 ? "s" : "") + ", " +
+      std::to_string(plan.num_sms) + " SMs";
+  const auto splits = [](int n, int chunk) {
+    return std::to_string(n) + (n == 1 ? " split" : " splits") +
+           (chunk > 0 ? " of " + std::to_string(chunk) + " keys" : std::string());
+  };
+  for (int l = 0; l < plan.num_levels; ++l) {
+    const CascadeLevelPlan& lp = plan.levels[l];
+    const bool last = l == plan.num_levels - 1;
+    out += "; level " + std::to_string(l) + (last ? " (last): " : ": ") +
+           std::to_string(lp.num_segments) + (lp.num_segments == 1 ? " segment, " : " segments, ");
+    if (lp.decode) {
+      out += "split-KV decode (one segment per request), " + splits(lp.max_splits, lp.chunk) +
+             (plan.num_levels == 1 ? ", writes the output"
+              : plan.decode_fold   ? ", folds the other levels' states"
+                                   : ", its own slot and a merge launch");
+      if (plan.decode_sms > 0) out += ", " + std::to_string(plan.decode_sms) + " SMs beside them";
+      continue;
+    }
+    out += lp.kernel == K::kWarpSpecialized ? "warp-specialised wgmma"
+           : lp.kernel == K::kWgmma         ? "wgmma"
+                                            : "mma.sync";
+    if (lp.kernel == K::kMma && lp.wgmma) out += " (wgmma not on this device)";
+    if (lp.kernel == K::kMma && plan.logits_soft_cap != 0.f) out += " (the capped kernel)";
+    out += ", " + std::to_string(lp.tile_rows) + "-row tiles, " + splits(lp.max_splits, lp.chunk);
+    if (last) {
+      static const char* const why[] = {"",
+                                        "not the decode: tuning.decode_last_level is off",
+                                        "not the decode: a segment serves several requests",
+                                        "not the decode: q_len > 1 without the causal mask",
+                                        "not the decode: no pages",
+                                        "not the decode: planned without one"};
+      const int w = static_cast<int>(plan.last_level);
+      if (w > 0 && w < 6) out += std::string(", ") + why[w];
+    }
+  }
+  return out;
+}
+
+}  // namespace cuda
 }  // namespace attnstate

@@ -85,6 +85,11 @@ int choose_chunk(const std::int64_t* tiles, const std::int32_t* lens, std::int64
                  std::int64_t max_len, std::int64_t heads_kv, int ctas_per_sm, int num_sms,
                  std::int64_t rows_total, std::int64_t head_dim, std::int64_t granule);
 
+/// Where a last level `lv` runs (`CascadeChoice::last_level`): the decode, or why not.
+cuda::CascadeLastLevel last_level_choice(const CascadeShape& shape, const CascadeLevel& lv,
+                                         const CascadeOptions& options,
+                                         const CascadeTuning& tuning);
+
 /// True when level `l` of `num_levels` can run on the split-KV decode: the last level, every
 /// segment owned by exactly one request in request order (segment `b` is request `b`), keys that
 /// exist, and causal new tokens (the decode's masking) or a single one.

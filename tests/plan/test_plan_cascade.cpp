@@ -510,6 +510,51 @@ TEST(PlanCascade, SoftCapKeepsTheLevelsOnMmaAndTheDecodeOffTheFold) {
   names(q, "plan.levels[0].kernel");
 }
 
+TEST(PlanCascade, ThePlanSaysWhereEachLevelRunsAndWhy) {
+  FakeDecode d;
+  d.max_splits = 2;
+  d.split = 128;
+  const std::vector<Level> two = {Level({4}, {1024}, 16),
+                                  Level({1, 1, 1, 1}, {100, 200, 300, 256}, 16)};
+  const CascadeChoice p = plan_levels(shape(4, 2, 4, 16), two, {}, sm90a(), 132, d.fn());
+  EXPECT_EQ(p.last_level, attnstate::cuda::CascadeLastLevel::kDecode);
+  const std::string line = attnstate::cuda::to_string(p);
+  EXPECT_EQ(line.rfind("cascade plan: batch 4, 8/2 heads, d 128, bf16, 2 levels, 132 SMs; ", 0), 0u)
+      << line;
+  EXPECT_NE(line.find("level 0: 1 segment, mma.sync, 16-row tiles, "), std::string::npos) << line;
+  EXPECT_NE(line.find("level 1 (last): 4 segments, split-KV decode (one segment per request), 2 "
+                      "splits of 128 keys, folds the other levels' states, 8 SMs beside them"),
+            std::string::npos)
+      << line;
+  // the reasons a last level stays on a level kernel
+  CascadeTuning off;
+  off.decode_last_level = false;
+  const CascadeChoice o = plan_levels(shape(4, 2, 4, 16), two, off, sm90a(), 132, d.fn());
+  EXPECT_EQ(o.last_level, attnstate::cuda::CascadeLastLevel::kTurnedOff);
+  EXPECT_NE(attnstate::cuda::to_string(o).find("not the decode: tuning.decode_last_level is off"),
+            std::string::npos);
+  const CascadeChoice shared =
+      plan_levels(shape(4, 2, 4, 16), {Level({4}, {1024}, 16), Level({2, 2}, {64, 80}, 16)}, {},
+                  sm90a(), 132, d.fn());
+  EXPECT_EQ(shared.last_level, attnstate::cuda::CascadeLastLevel::kShared);
+  EXPECT_NE(
+      attnstate::cuda::to_string(shared).find("not the decode: a segment serves several requests"),
+      std::string::npos);
+  const CascadeChoice acausal =
+      plan_levels(shape(4, 2, 4, 16, DType::kBF16, 128, 2), two, {}, sm90a(), 132, d.fn(), false);
+  EXPECT_EQ(acausal.last_level, attnstate::cuda::CascadeLastLevel::kNotCausal);
+  EXPECT_NE(attnstate::cuda::to_string(acausal).find("q_len > 1 without the causal mask"),
+            std::string::npos);
+  const CascadeChoice none = plan_levels(shape(4, 2, 4, 16), two);
+  EXPECT_EQ(none.last_level, attnstate::cuda::CascadeLastLevel::kOnlyShared);
+  // a wgmma level of a bf16 head-dim-128 64-row tile on a device without sm_90a code
+  const CascadeChoice wide =
+      plan_levels(shape(64, 2, 4, 16), {Level({64}, {4096}, 16)}, {}, {false, false}, 132);
+  EXPECT_NE(attnstate::cuda::to_string(wide).find("mma.sync (wgmma not on this device)"),
+            std::string::npos)
+      << attnstate::cuda::to_string(wide);
+}
+
 TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
   const auto err = [](const CascadeShape& s, int num_sms, CascadeTuning t = {}) {
     return error_of([&] {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "attnstate/core/cascade.hpp"
 #include "attnstate/core/decode_split.hpp"
@@ -81,6 +82,17 @@ enum class CascadeLevelKernel : std::uint8_t {
   kDecode = 3,           ///< The split-KV decode (`CascadePlan::last_decode`; the last level).
 };
 
+/// Why the last level runs where it runs (`CascadeChoice::last_level`): on the split-KV decode,
+/// or on a cascade level kernel for the reason given.
+enum class CascadeLastLevel : std::uint8_t {
+  kDecode = 0,      ///< On the split-KV decode (one segment per request, segment b request b).
+  kTurnedOff = 1,   ///< `CascadeTuning::decode_last_level` is false.
+  kShared = 2,      ///< Some segment serves several requests (or not in request order).
+  kNotCausal = 3,   ///< `q_len > 1` without the causal mask (the decode's rule is causal).
+  kNoPages = 4,     ///< The level holds no page.
+  kOnlyShared = 5,  ///< A planner without a decode (the host planner's tests).
+};
+
 /// What the plan chose for one level.
 struct CascadeLevelPlan {
   std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
@@ -146,9 +158,21 @@ struct CascadeChoice {
   /// `mma.sync` kernel, and a decode last level on the decode's variant kernel into its own
   /// workspace slot (`decode_fold` false unless it is the only level).
   float logits_soft_cap = 0.f;
+  /// Where the last level runs, and why (`to_string(const CascadeChoice&)` says it in words).
+  CascadeLastLevel last_level = CascadeLastLevel::kOnlyShared;
   /// Query rows `batch · q_len · heads_q`.
   std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
 };
+
+/// One line describing `plan` for logs: its shape, then per level the kernel it takes and why
+/// (the tile, the splits, a decode level's splits and how its state meets the others', or why
+/// the last level is not on the decode), e.g. `"cascade plan: batch 4, 8/2 heads, d 128, bf16,
+/// 2 levels, 132 SMs; level 0: 1 segment, mma.sync, 16-row tiles, 16 splits of 64 keys; level 1
+/// (last): 4 segments, split-KV decode (one segment per request), 2 splits of 128 keys, folds the
+/// other levels' states, 8 SMs beside them"`.
+/// @param plan  a plan from `plan_cascade`.
+/// @return the line.
+std::string to_string(const CascadeChoice& plan);
 
 }  // namespace cuda
 }  // namespace attnstate
