@@ -54,8 +54,8 @@ CascadeLevels find_levels(nb::handle seq_lens, std::int64_t page_size, std::int6
              std::to_string(n_indptr));
     // the finder reads page_indices[page_indptr[b] ...]: the entries must be in the array
     if (t.page_indptr[t.batch] < 0 || t.page_indptr[t.batch] > n_indices)
-      c.fail("page_indices", "at least page_indptr[-1] = " +
-                                 std::to_string(t.page_indptr[t.batch]) + " entries",
+      c.fail("page_indices",
+             "at least page_indptr[-1] = " + std::to_string(t.page_indptr[t.batch]) + " entries",
              std::to_string(n_indices));
   } else {
     std::int64_t rows = 0;
@@ -75,8 +75,8 @@ CascadeLevels find_levels(nb::handle seq_lens, std::int64_t page_size, std::int6
 }
 
 CascadeDecision decide(const CascadeLevels& lv, std::int64_t heads_q, std::int64_t heads_kv,
-                       std::int64_t head_dim, std::int64_t q_len, DType kv_dtype,
-                       double copy_gbps, double tensor_tflops) {
+                       std::int64_t head_dim, std::int64_t q_len, DType kv_dtype, double copy_gbps,
+                       double tensor_tflops) {
   CascadeCostShape s;
   s.q_len = q_len;
   s.heads_q = heads_q;
@@ -102,8 +102,8 @@ void bind_levels(nb::module_& m) {
             for (int l = 0; l < lv.num_levels(); ++l) {
               const CascadeLevels::Arrays& a = lv.arrays(l);
               out.push_back(nb::make_tuple(numpy_int32(a.request_indptr),
-                                           numpy_int32(a.page_indptr),
-                                           numpy_int32(a.page_indices), numpy_int32(a.seg_lens)));
+                                           numpy_int32(a.page_indptr), numpy_int32(a.page_indices),
+                                           numpy_int32(a.seg_lens)));
             }
             return out;
           },
@@ -135,8 +135,8 @@ void bind_levels(nb::module_& m) {
       .def_ro("reason", &CascadeDecision::reason)
       .def("__repr__", [](const CascadeDecision& d) { return d.reason; });
 
-  m.def("decide_cascade", &decide, arg("levels"), arg("heads_q"), arg("heads_kv"),
-        arg("head_dim"), arg("q_len"), arg("kv_dtype"), arg("copy_gbps"), arg("tensor_tflops"));
+  m.def("decide_cascade", &decide, arg("levels"), arg("heads_q"), arg("heads_kv"), arg("head_dim"),
+        arg("q_len"), arg("kv_dtype"), arg("copy_gbps"), arg("tensor_tflops"));
   m.def("find_cascade_levels", &find_levels, arg("seq_lens"), arg("page_size"), arg("num_pages"),
         arg("page_indptr").none(), arg("page_indices").none(), arg("block_table").none(),
         arg("min_shared_tokens"), arg("max_levels"), arg("q_len"));
