@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "arrays.hpp"
 #include "attnstate/core/cascade_decision.hpp"
 #include "attnstate/core/cascade_levels.hpp"
+#include "numpy_owned.hpp"
 
 namespace attnstate {
 namespace py {
@@ -24,13 +24,9 @@ namespace {
 
 using nb::arg;
 
-/// A NumPy int32 copy of `v` (owned by the array).
+/// A NumPy int32 copy of `v`.
 nb::object numpy_int32(const std::vector<std::int32_t>& v) {
-  auto* data = new std::int32_t[std::max<std::size_t>(1, v.size())];
-  if (!v.empty()) std::memcpy(data, v.data(), v.size() * sizeof(std::int32_t));
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<std::int32_t*>(p); });
-  const std::size_t shape[1] = {v.size()};
-  return nb::cast(nb::ndarray<nb::numpy, std::int32_t, nb::ndim<1>>(data, 1, shape, owner));
+  return nb::cast(owned(v, {v.size()}));
 }
 
 CascadeLevels find_levels(nb::handle seq_lens, std::int64_t page_size, std::int64_t num_pages,

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "numpy_owned.hpp"
+
 namespace nb = nanobind;
 using namespace attnstate;
 using namespace attnstate::testing;
@@ -27,14 +29,7 @@ namespace {
 using F32Array = nb::ndarray<nb::numpy, float, nb::c_contig>;
 using F32In = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
 
-/// `values` as a NumPy array of `shape`, owning a copy.
-template <class T>
-nb::ndarray<nb::numpy, T, nb::c_contig> owned(std::vector<T> values,
-                                              const std::vector<size_t>& shape) {
-  auto* held = new std::vector<T>(std::move(values));
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T, nb::c_contig>(held->data(), shape.size(), shape.data(), owner);
-}
+using attnstate::py::owned;
 
 F32Array to_numpy(const HostTensor& t) {
   return owned(t.to_floats(), std::vector<size_t>(t.shape().begin(), t.shape().end()));

@@ -18,7 +18,7 @@
 #include "cascade_case.hpp"
 #include "cuda_cascade_runner.hpp"
 #include "cuda_test_utils.hpp"
-#include "sink_reference.hpp"
+#include "random_sinks.hpp"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
-#include "sink_reference.hpp"
+#include "random_sinks.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-/// @file sink_reference.hpp
+/// @file random_sinks.hpp
 /// @brief Test support: random attention-sink logits (the reference applies them with the kit's
 ///        `attnstate::testing::apply_sinks`).
 #pragma once
