@@ -252,6 +252,9 @@ inline std::vector<std::function<bool()>> scale_mutations(Ctx& c, std::shared_pt
       [&c, &r, &kv, out] {
         const attnstate::KvScale& s = r.coin(50) ? kv.k_scale : kv.v_scale;
         if (kv.heads_kv < 1 || kv.heads_kv > 64) return false;
+        // A stride another mutation made invalid is rejected for itself; its span would overflow.
+        if (s.data != nullptr && (s.head_stride < 0 || s.head_stride > (i64{1} << 32)))
+          return false;
         return mutate_overlap(c, *out, s.data == kv.k_scale.data ? "kv.k_scale" : "kv.v_scale",
                               s.data, scale_bytes(s, kv.heads_kv));
       },
