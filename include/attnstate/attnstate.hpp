@@ -8,6 +8,7 @@
 #include "attnstate/core/cascade_levels.hpp"
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/config.hpp"
+#include "attnstate/core/context_parallel.hpp"
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
@@ -20,6 +21,7 @@
 #include "attnstate/core/variant.hpp"
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/cpu/cascade.hpp"
+#include "attnstate/cpu/context_parallel.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cpu/merge.hpp"
 

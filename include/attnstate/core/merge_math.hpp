@@ -140,5 +140,31 @@ ATTNSTATE_HOST_DEVICE float pair_combine(const PairWeights& p, float oa, float o
   return p.wa * oa + p.wb * ob;
 }
 
+/// The merged LSE of `n` states and the weight that takes one of them, `self`, to its share of
+/// the merged `o` (`o_merged = Σ_i weight_i · o_i`): the rescale step of a context-parallel
+/// merge that sums the rescaled outputs of the ranks (`CpAlgorithm::kAllGatherLse`).
+struct RescaleResult {
+  float lse;     ///< The merged LSE (`-inf` when every state is empty).
+  float weight;  ///< `base^(lse_self − lse)`; 0 when `self` is empty (its `o` is never a factor).
+};
+
+/// The merged LSE of the `n` LSEs `lses[i · stride]` (one base) and the weight of `lse_self`
+/// (one of them) in it, in the max-subtracted form of `merge_weight` / `merge_finalize`. A NaN
+/// or `+inf` among the LSEs makes both NaN.
+ATTNSTATE_HOST_DEVICE RescaleResult rescale_weight(LseBase base, const float* lses, std::int64_t n,
+                                                   std::int64_t stride, float lse_self) {
+  float m = neg_inf();
+  for (std::int64_t i = 0; i < n; ++i) m = nan_max(m, lses[i * stride]);
+  float sum = 0.f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float l = lses[i * stride];
+    if (!is_empty_lse(l)) sum += merge_weight(base, l, m);
+  }
+  const MergeResult r = merge_finalize(base, m, sum);
+  if (r.lse != r.lse) return RescaleResult{r.lse, r.lse};
+  const float w = is_empty_lse(lse_self) ? 0.f : merge_weight(base, lse_self, m) * r.inv_sum;
+  return RescaleResult{r.lse, w};
+}
+
 }  // namespace math
 }  // namespace attnstate
