@@ -11,16 +11,25 @@ foreach(dir ${CUDAToolkit_INCLUDE_DIRS})
   get_filename_component(_root "${dir}" DIRECTORY)
   list(APPEND _attnstate_nccl_hints ${_root})
 endforeach()
+# The wheel, in the project's virtual environment (scripts/install-deps.sh puts it there when the
+# toolkit has no NCCL) or in the Python CMake finds.
+set(_attnstate_pythons)
+if(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  list(APPEND _attnstate_pythons "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+endif()
 find_package(Python3 COMPONENTS Interpreter QUIET)
 if(Python3_Interpreter_FOUND)
+  list(APPEND _attnstate_pythons ${Python3_EXECUTABLE})
+endif()
+foreach(py ${_attnstate_pythons})
   execute_process(
-    COMMAND ${Python3_EXECUTABLE} -c "import nvidia.nccl as m; print(list(m.__path__)[0])"
+    COMMAND ${py} -c "import nvidia.nccl as m; print(list(m.__path__)[0])"
     OUTPUT_VARIABLE _attnstate_nccl_wheel OUTPUT_STRIP_TRAILING_WHITESPACE
     ERROR_QUIET RESULT_VARIABLE _attnstate_nccl_rc)
   if(_attnstate_nccl_rc EQUAL 0 AND _attnstate_nccl_wheel)
     list(APPEND _attnstate_nccl_hints ${_attnstate_nccl_wheel})
   endif()
-endif()
+endforeach()
 find_path(ATTNSTATE_NCCL_INCLUDE_DIR nccl.h HINTS ${_attnstate_nccl_hints} PATH_SUFFIXES include)
 # The wheel ships libnccl.so.2 only (no unversioned link).
 find_library(ATTNSTATE_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_attnstate_nccl_hints}

@@ -29,4 +29,15 @@ if [ "${ATTNSTATE_NO_VENV:-0}" != 1 ]; then
   if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${py_pkgs[@]}"
   fi
+  # NCCL for attnstate::dist (the context-parallel merge): the CUDA toolkit's when it ships one,
+  # else NVIDIA's wheel in the venv (cmake/AttnstateNccl.cmake finds either). Only with nvcc.
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  if [ -x "$nvcc" ] && [ "${ATTNSTATE_NO_NCCL:-0}" != 1 ]; then
+    cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
+    if [ ! -f "$cuda_root/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ] &&
+       ! "$venv/bin/python" -c "import nvidia.nccl" 2>/dev/null; then
+      major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check "nvidia-nccl-cu${major:-13}"
+    fi
+  fi
 fi
