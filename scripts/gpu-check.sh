@@ -33,6 +33,9 @@
 # GoogleTest/RapidCheck are taken from .deps/usr when present (scripts/make-device-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# NVLink multicast stays off for the NCCL tests and benchmarks (test_cuda_cp_merge,
+# bench_cp_merge): the device machines require it.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/gpu-out}
 LOG=$OUT/logs
 mkdir -p "$LOG"

@@ -171,29 +171,52 @@ Outcome one_gpu_merge(const CpMergeShape& s, const std::vector<HostRank>& in, Ls
   }
   DeviceBuffer<std::uint8_t> d_o(o);
   DeviceBuffer<float> d_lse(lse);
-  Outcome res;
-  for (int r = 0; r < n; ++r) {
-    const bool sharded = s.output == CpOutput::kHeadSharded;
-    const std::int64_t h0 = sharded ? plan.head_begin(r) : 0;
-    const std::int64_t h = sharded ? plan.heads_of(r) : s.heads;
+  // Each owner's head slice is merged by its own merge_states call, as the owning rank does (a
+  // merge over a different head count may take another kernel).
+  const std::size_t es = attnstate::size_of(s.dtype), oes = attnstate::size_of(s.out_dtype);
+  DeviceBuffer<std::uint8_t> all_o(static_cast<std::size_t>(s.tokens * s.heads * s.head_dim) * oes);
+  DeviceBuffer<float> all_lse(static_cast<std::size_t>(s.tokens * s.heads));
+  all_o.poison();
+  all_lse.poison();
+  for (int q = 0; q < n; ++q) {
+    const std::int64_t h0 = plan.head_begin(q), h = plan.heads_of(q);
     ConstStateStackView stack = attnstate::make_state_stack(
         d_o.get(), s.dtype, d_lse.get(), attnstate::StackOrder::kStatesMajor, s.tokens, n, s.heads,
         s.head_dim, LseBase::kNatural, MemorySpace::kDevice);
-    stack.o = static_cast<const std::uint8_t*>(stack.o) +
-              h0 * s.head_dim * static_cast<std::int64_t>(attnstate::size_of(s.dtype));
+    stack.o =
+        static_cast<const std::uint8_t*>(stack.o) + h0 * s.head_dim * static_cast<std::int64_t>(es);
     stack.lse += h0;
     stack.heads = h;
-    DeviceBuffer<std::uint8_t> out_o(static_cast<std::size_t>(s.tokens * h * s.head_dim) *
-                                     attnstate::size_of(s.out_dtype));
-    DeviceBuffer<float> out_lse(static_cast<std::size_t>(s.tokens * h));
-    out_o.poison();
-    out_lse.poison();
-    attnstate::cuda::merge_states(
-        stack, attnstate::make_state_view(out_o.get(), s.out_dtype, out_lse.get(), s.tokens, h,
-                                          s.head_dim, out_base, MemorySpace::kDevice));
-    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
-    res.o.push_back(out_o.download());
-    res.lse.push_back(out_lse.download());
+    StateView out = attnstate::make_state_view(all_o.get(), s.out_dtype, all_lse.get(), s.tokens,
+                                               s.heads, s.head_dim, out_base, MemorySpace::kDevice);
+    out.o = static_cast<std::uint8_t*>(out.o) + h0 * s.head_dim * static_cast<std::int64_t>(oes);
+    out.lse += h0;
+    out.heads = h;
+    attnstate::cuda::merge_states(stack, out);
+  }
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<std::uint8_t> ho = all_o.download();
+  const std::vector<float> hl = all_lse.download();
+  Outcome res;
+  for (int r = 0; r < n; ++r) {
+    if (s.output == CpOutput::kReplicated) {
+      res.o.push_back(ho);
+      res.lse.push_back(hl);
+      continue;
+    }
+    // rank r's heads of every token, contiguous [tokens, heads_of(r), head_dim]
+    const std::int64_t h0 = plan.head_begin(r), h = plan.heads_of(r);
+    std::vector<std::uint8_t> o_r;
+    std::vector<float> l_r;
+    for (std::int64_t t = 0; t < s.tokens; ++t) {
+      const std::size_t row = static_cast<std::size_t>(t * s.heads + h0);
+      o_r.insert(o_r.end(), ho.begin() + static_cast<std::ptrdiff_t>(row * s.head_dim * oes),
+                 ho.begin() + static_cast<std::ptrdiff_t>((row + h) * s.head_dim * oes));
+      l_r.insert(l_r.end(), hl.begin() + static_cast<std::ptrdiff_t>(row),
+                 hl.begin() + static_cast<std::ptrdiff_t>(row + h));
+    }
+    res.o.push_back(o_r);
+    res.lse.push_back(l_r);
   }
   return res;
 }
