@@ -64,6 +64,10 @@ void check_shape(const CpMergeShape& s) {
         fn, "shape.heads",
         ">= shape.world_size = " + std::to_string(s.world_size) + " (every rank owns a head)",
         std::to_string(s.heads));
+  // r * heads (a head slice's bound) must fit for every r <= world_size, also with no tokens.
+  constexpr std::int64_t kMaxHeads = kMaxSize / kMaxCpWorldSize;
+  if (s.heads > kMaxHeads)
+    detail::throw_argument(fn, "shape.heads", "<= 2^52", std::to_string(s.heads));
   detail::check_min(fn, "shape.head_dim", s.head_dim, 1);
   detail::check_dtype(fn, "shape.dtype", s.dtype);
   detail::check_dtype(fn, "shape.out_dtype", s.out_dtype);
@@ -86,13 +90,19 @@ void check_shape(const CpMergeShape& s) {
 }  // namespace
 
 std::int64_t CpMergePlan::chunk_lse_offset(std::int64_t h, DType dtype) const {
-  return round_up(
-      product(shape.tokens, h, shape.head_dim) * static_cast<std::int64_t>(size_of(dtype)),
-      kPartAlign);
+  const std::int64_t elems = product(shape.tokens, h, shape.head_dim);
+  const std::int64_t bytes =
+      elems < 0 ? -1 : product(elems, static_cast<std::int64_t>(size_of(dtype)));
+  return bytes < 0 ? -1 : round_up(bytes, kPartAlign);
 }
 
 std::int64_t CpMergePlan::chunk_bytes(std::int64_t h, DType dtype) const {
-  return chunk_lse_offset(h, dtype) + round_up(product(shape.tokens, h, 4), kPartAlign);
+  const std::int64_t o = chunk_lse_offset(h, dtype);
+  const std::int64_t lse = product(shape.tokens, h, 4);
+  const std::int64_t lse_padded = lse < 0 ? -1 : round_up(lse, kPartAlign);
+  std::int64_t total = 0;
+  if (o < 0 || lse_padded < 0 || !checked_add(o, lse_padded, &total) || total > kMaxSize) return -1;
+  return total;
 }
 
 std::int64_t CpMergePlan::send_chunk_offset(int p) const {

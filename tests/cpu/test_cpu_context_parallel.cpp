@@ -204,6 +204,13 @@ TEST(CpMergePlan, BadShapesAreNamed) {
       },
       "shape.heads");
   bad([](CpMergeShape& s) { s.tokens = std::int64_t{1} << 56; }, "shape.tokens");
+  bad(
+      [](CpMergeShape& s) {
+        s.tokens = 0;  // no bytes, but the head slices' bounds would overflow
+        s.heads = std::int64_t{1} << 61;
+      },
+      "shape.heads");
+  bad([](CpMergeShape& s) { s.head_dim = std::int64_t{1} << 61; }, "shape.tokens");
   expect_arg_error(
       [&] {
         CpMergeShape s = ok;

@@ -94,7 +94,7 @@ struct CpMergePlan {
   CpMergeShape shape;  ///< The shape the plan was made for.
 
   /// First head rank `r` owns: `floor(r · heads / world_size)` (so the ranks' slices differ by
-  /// at most one head when `heads` is not a multiple of `world_size`).
+  /// at most one head when `heads` is not a multiple of `world_size`). `r` in `0..world_size`.
   std::int64_t head_begin(int r) const {
     return static_cast<std::int64_t>(r) * shape.heads / shape.world_size;
   }
@@ -109,9 +109,10 @@ struct CpMergePlan {
 
   /// Bytes of a packed chunk of `h` heads of every token with `o` of `dtype`: the `o` part
   /// (`tokens · h · head_dim` elements, padded to 16 bytes) then the fp32 LSE part
-  /// (`tokens · h`, padded to 16 bytes).
+  /// (`tokens · h`, padded to 16 bytes). -1 for `h < 0` or past 2^62 bytes.
   std::int64_t chunk_bytes(std::int64_t h, DType dtype) const;
-  /// Offset of the LSE part in a chunk of `h` heads (the `o` part's padded size).
+  /// Offset of the LSE part in a chunk of `h` heads (the `o` part's padded size); -1 for `h < 0`
+  /// or past 2^62 bytes.
   std::int64_t chunk_lse_offset(std::int64_t h, DType dtype) const;
 
   // kAllToAll: the chunk for peer p at send_offset + send_chunk_offset(p); the chunk from
@@ -157,7 +158,8 @@ struct CpMergePlan {
 /// @return the plan: head slices, workspace layout and size.
 /// @throws Error(kInvalidArgument) naming the field of `shape` (`shape.world_size` outside
 ///         1..kMaxCpWorldSize, `shape.rank` outside 0..world_size-1, `shape.tokens < 0`,
-///         `shape.heads < world_size` (every rank owns at least one head), `shape.head_dim < 1`,
+///         `shape.heads < world_size` (every rank owns at least one head) or past 2^52,
+///         `shape.head_dim < 1`,
 ///         a dtype outside f32/f16/bf16, an invalid base, algorithm or output, `shape.heads` not
 ///         a multiple of `world_size` for kAllGatherLse with kHeadSharded (the reduce-scatter
 ///         gives every rank the same count), or sizes past 2^62 bytes).
