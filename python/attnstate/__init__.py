@@ -6,6 +6,8 @@ log-sum-exp of their scores, tagged with the LSE's base ("natural" as FlashAtten
 PyTorch return, "base2" as FlashInfer does). States of disjoint key sets merge exactly (⊕).
 Host arrays run on the CPU backend, CUDA arrays on the CUDA backend on the caller's stream.
 Errors raise `attnstate.Error` (`.status`, a message naming the argument).
+The context-parallel merge across a torch.distributed group is `attnstate.distributed.cp_merge`
+(that module imports torch); `cp_merge_simulated` runs every rank of it in one process.
 """
 
 from ._attnstate import Base, DType, Error, State, Status, has_cuda, num_threads, set_num_threads
@@ -13,12 +15,14 @@ from ._merge import (mark_empty_rows, merge_state, merge_state_, merge_states, m
                      rebase, sink_state)
 from ._levels import CascadeDecision, CascadeLevels, cascade_levels, decide_cascade
 from ._plans import Cascade, Decode, default_scale
+from ._context_parallel import cp_merge_simulated, head_bounds
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Base", "Cascade", "CascadeDecision", "CascadeLevels", "DType", "Decode", "Error", "State",
-    "Status", "cascade_levels", "decide_cascade", "default_scale", "has_cuda",
+    "Status", "cascade_levels", "cp_merge_simulated", "decide_cascade", "default_scale",
+    "has_cuda", "head_bounds",
     "mark_empty_rows", "merge_state", "merge_state_", "merge_states", "merge_states_ragged",
     "num_threads", "rebase", "set_num_threads", "sink_state",
 ]

@@ -10,6 +10,7 @@ namespace py {
 void bind_merge(nb::module_& m);
 void bind_plans(nb::module_& m);
 void bind_levels(nb::module_& m);
+void bind_context_parallel(nb::module_& m);
 }  // namespace py
 }  // namespace attnstate
 
@@ -87,4 +88,5 @@ NB_MODULE(_attnstate, m) {
   bind_merge(m);
   bind_plans(m);
   bind_levels(m);
+  bind_context_parallel(m);
 }
