@@ -22,7 +22,6 @@
 #include "cuda/kernels/decode/stream.cuh"
 #include "cuda/launch.hpp"
 #include "plan/decode_plan.hpp"
-#include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -80,31 +79,6 @@ void with_split_instance(std::int64_t head_dim, DType kv_dt, DType q_dt, int sta
       });
 }
 
-/// The kernels' compile-time shape for `head_dim` (K/V elements of `kv_bytes` bytes) and the
-/// tuning constants: the planner's facts without the device's occupancy.
-plan::DecodeFacts kernel_facts(std::int64_t head_dim, int kv_bytes) {
-  plan::DecodeFacts f;
-  f.tile_rows = detail::kDecodeTileRows;
-  f.stages = detail::kDecodeStages;
-  f.short_stages = detail::kDecodeShortStages;
-  f.short_tokens = detail::kDecodeShortTokens;
-  f.max_cluster = detail::kDecodeMaxCluster;
-  f.ws_group = detail::kDecodeWsGroup;
-  const int s = detail::kDecodeStages;
-  f.ctas_per_sm = head_dim <= 64    ? detail::decode_ctas_per_sm(64, s, kv_bytes)
-                  : head_dim <= 128 ? detail::decode_ctas_per_sm(128, s, kv_bytes)
-                                    : detail::decode_ctas_per_sm(256, s, kv_bytes);
-  f.stream_warps = detail::stream_warps(static_cast<int>(head_dim));
-  f.cluster_tokens = tuning::kDecodeClusterTokens;
-  f.split_multiple = tuning::kDecodeSplitMultiple;
-  f.stream_max_tokens = tuning::kDecodeStreamMaxTokens;
-  f.cta_cost_tokens = tuning::kDecodeCtaCostTokens;
-  f.empty_cta_tokens = tuning::kDecodeEmptyCtaTokens;
-  f.merge_cost_tokens = tuning::kDecodeMergeCostTokens;
-  f.min_split_tokens = tuning::kDecodeMinSplitTokens;
-  return f;
-}
-
 /// Bytes of a K/V element of the problem's cache (2, or 1 for fp8).
 int kv_bytes(const DecodeProblem& pr) { return is_fp8(pr.kv_dtype) ? 1 : 2; }
 
@@ -155,7 +129,7 @@ void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, plan::DecodeFa
 
 /// The planner's facts as a plan recorded them.
 plan::DecodeFacts recorded_facts(const DecodePlan& plan) {
-  plan::DecodeFacts f = kernel_facts(plan.problem.head_dim, kv_bytes(plan.problem));
+  plan::DecodeFacts f = plan::decode_kernel_facts(plan.problem.head_dim, kv_bytes(plan.problem));
   for (int s = 0; s < 2; ++s)
     for (int c = 0; c <= plan::kMaxCluster; ++c)
       f.resident_clusters[s][c] = plan.resident_clusters[s][c];
@@ -416,7 +390,7 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   const float scale =
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
   attnstate::detail::check_variant(fn, "options.variant", options.variant);
-  plan::DecodeFacts facts = kernel_facts(problem.head_dim, kv_bytes(problem));
+  plan::DecodeFacts facts = plan::decode_kernel_facts(problem.head_dim, kv_bytes(problem));
   if (is_fp8(problem.kv_dtype) && !options.variant.is_plain())
     throw_argument(fn, "options.variant",
                    std::string("plain attention over an ") + to_string(problem.kv_dtype) + " cache",

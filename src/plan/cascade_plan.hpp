@@ -13,6 +13,7 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/cuda/cascade_plan.hpp"
+#include "catalog/kernel_shapes.hpp"
 #include "common/compiled.hpp"
 
 namespace attnstate {
@@ -24,7 +25,8 @@ using cuda::CascadeLevelPlan;
 using cuda::CascadeShape;
 using cuda::CascadeTuning;
 
-constexpr int kKvTile = 64;  ///< Keys per KV tile of the level kernels (`CascadeTile::BN`).
+/// Keys per KV tile of the level kernels (`CascadeTile::BN`).
+constexpr int kKvTile = catalog::kCascadeKvTile;
 /// Largest GQA group (`heads_q / heads_kv`) of a cascade (`CascadeShape::heads_q`).
 constexpr std::int64_t kMaxCascadeGroup = 64;
 

@@ -40,6 +40,13 @@ bool decode_head_dim_supported(std::int64_t head_dim) {
 
 bool decode_dtype_supported(DType dt) { return compiled::contains(compiled::DecodeDTypes{}, dt); }
 
+DecodeFacts decode_kernel_facts(std::int64_t head_dim, int kv_bytes) {
+  DecodeFacts f;  // the shape and tuning constants are its defaults
+  f.ctas_per_sm = catalog::decode_ctas_per_sm(static_cast<int>(head_dim), f.stages, kv_bytes);
+  f.stream_warps = catalog::stream_warps(static_cast<int>(head_dim));
+  return f;
+}
+
 void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", str(pr.batch));
   if (pr.q_len < 1 || pr.q_len > 8) throw_argument(fn, "problem.q_len", "1..8", str(pr.q_len));

@@ -12,14 +12,16 @@
 #include <cstdint>
 
 #include "attnstate/core/decode_split.hpp"
+#include "catalog/kernel_shapes.hpp"
 #include "common/compiled.hpp"
+#include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
 namespace plan {
 
 /// Largest thread-block cluster the decode uses (the portable size); `DecodeFacts` records the
 /// occupancy of cluster sizes 2..`kMaxCluster`.
-inline constexpr int kMaxCluster = 8;
+inline constexpr int kMaxCluster = catalog::kDecodeMaxWsGroup;
 
 /// The head dims with compiled decode kernels (`compiled::DecodeHeadDims`, the one list read by
 /// the checks, `check_decode_problem`, and by the dispatch of `src/cuda/decode.cu`).
@@ -31,7 +33,7 @@ inline constexpr const auto& kDecodeDTypes = compiled::Values<compiled::DecodeDT
 /// up to this one).
 inline constexpr std::int64_t kDecodeStreamMaxHeadDim = 128;
 /// The short-split configuration exists at this head dim only.
-inline constexpr std::int64_t kDecodeShortHeadDim = 128;
+inline constexpr std::int64_t kDecodeShortHeadDim = catalog::kDecodeShortHeadDim;
 
 /// True when `head_dim` is one of `kDecodeHeadDims`.
 bool decode_head_dim_supported(std::int64_t head_dim);
@@ -41,30 +43,36 @@ bool decode_dtype_supported(DType dt);
 /// The facts the decode planner needs: the kernels' compile-time shape for the problem's head
 /// dim and what the device keeps resident. Plain values, so the planner is tested without CUDA.
 struct DecodeFacts {
-  int tile_rows = 16;               ///< Query rows of a CTA tile (`kDecodeTileRows`).
-  int stages = 3;                   ///< Default pipeline depth (`kDecodeStages`).
-  int short_stages = 2;             ///< Short-split depth (`kDecodeShortStages`), head dim 128.
-  std::int32_t short_tokens = 256;  ///< Longest split of the short-split configuration (0: none).
-  int max_cluster = 8;              ///< Most splits merged in one cluster (`kDecodeMaxCluster`).
-  int ws_group = 8;                 ///< Largest workspace-merge group (`kDecodeWsGroup`).
-  int ctas_per_sm = 1;              ///< Resident CTAs per SM, default depth, this head dim.
-  int stream_warps = 0;             ///< Warps per CTA of the streamed kernel, this head dim.
-  int cluster_tokens = 256;         ///< `tuning::kDecodeClusterTokens`.
-  int split_multiple = 2;           ///< `tuning::kDecodeSplitMultiple`.
-  std::int64_t stream_max_tokens = 2048;  ///< `tuning::kDecodeStreamMaxTokens`.
-  int cta_cost_tokens = 64;               ///< `tuning::kDecodeCtaCostTokens`.
-  int empty_cta_tokens = 64;              ///< `tuning::kDecodeEmptyCtaTokens`.
-  int merge_cost_tokens = 512;            ///< `tuning::kDecodeMergeCostTokens`.
-  int min_split_tokens = 64;              ///< `tuning::kDecodeMinSplitTokens`.
+  int tile_rows = catalog::kDecodeTileRows;        ///< Query rows of a CTA tile.
+  int stages = catalog::kDecodeStages;             ///< Default pipeline depth.
+  int short_stages = catalog::kDecodeShortStages;  ///< Short-split depth (its head dim only).
+  std::int32_t short_tokens = catalog::kDecodeShortTokens;  ///< Longest short split (0: none).
+  int max_cluster = catalog::kDecodeMaxCluster;             ///< Most splits merged in one cluster.
+  int ws_group = catalog::kDecodeWsGroup;                   ///< Largest workspace-merge group.
+  int ctas_per_sm = 1;   ///< Resident CTAs per SM, default depth, this head dim.
+  int stream_warps = 0;  ///< Warps per CTA of the streamed kernel, this head dim.
+  int cluster_tokens = cuda::tuning::kDecodeClusterTokens;                ///< Cluster-merge splits.
+  int split_multiple = cuda::tuning::kDecodeSplitMultiple;                ///< Split-count multiple.
+  std::int64_t stream_max_tokens = cuda::tuning::kDecodeStreamMaxTokens;  ///< Streamed, at most.
+  int cta_cost_tokens = cuda::tuning::kDecodeCtaCostTokens;      ///< A split CTA's fixed cost.
+  int empty_cta_tokens = cuda::tuning::kDecodeEmptyCtaTokens;    ///< An empty split CTA's cost.
+  int merge_cost_tokens = cuda::tuning::kDecodeMergeCostTokens;  ///< A request's merge cost.
+  int min_split_tokens = cuda::tuning::kDecodeMinSplitTokens;    ///< Shortest planned split.
   /// Clusters of `c` CTAs (index `c`, 2..`kMaxCluster`) of the split kernel the device keeps
   /// resident at once: `[0]` at the default depth, `[1]` in the short-split configuration;
   /// 0 for sizes never used.
   int resident_clusters[2][kMaxCluster + 1] = {};
 };
 
+/// The kernels' compile-time shape for `head_dim` (K/V elements of `kv_bytes` bytes: 2, or 1
+/// for fp8) and the tuning constants: the planner's facts without the device's occupancy
+/// (`resident_clusters` all 0). `head_dim` is one `check_decode_problem` accepted.
+DecodeFacts decode_kernel_facts(std::int64_t head_dim, int kv_bytes);
+
 /// How the split-KV kernel launches on a grid.
 struct SplitLaunch {
-  int stages = 3;   ///< Pipeline depth (`DecodeFacts::stages` or `short_stages`).
+  int stages =
+      catalog::kDecodeStages;  ///< Pipeline depth (`DecodeFacts::stages` or `short_stages`).
   int cluster = 1;  ///< CTAs per cluster: the split count (cluster merge), a divisor (groups), 1.
 };
 

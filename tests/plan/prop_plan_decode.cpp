@@ -26,9 +26,8 @@ using namespace attnstate_test;
 
 /// Facts of an sm_90-like device (the planner's inputs besides the problem).
 plan::DecodeFacts facts() {
-  plan::DecodeFacts f;
+  plan::DecodeFacts f = plan::decode_kernel_facts(128, 2);
   f.ctas_per_sm = 2;
-  f.stream_warps = 8;
   for (auto& row : f.resident_clusters)
     for (int c = 2; c <= plan::kMaxCluster; ++c) row[c] = 64;
   return f;

@@ -24,21 +24,12 @@ namespace plan = attnstate::plan;
 
 constexpr const char* kFn = "test";
 
-/// Facts of an sm_90-like device: 2 CTAs per SM at the default depth, 8 streamed warps, every
-/// cluster size resident `resident` times at both depths.
+/// Facts of an sm_90-like device: the kernels' shape at head dim 128 (the one source the library
+/// reads), 2 CTAs per SM at the default depth, every cluster size resident `resident` times at
+/// both depths.
 plan::DecodeFacts facts(int resident = 1000) {
-  plan::DecodeFacts f;
-  f.tile_rows = 16;
-  f.stages = 3;
-  f.short_stages = 2;
-  f.short_tokens = 256;
-  f.max_cluster = 8;
-  f.ws_group = 8;
+  plan::DecodeFacts f = plan::decode_kernel_facts(128, 2);
   f.ctas_per_sm = 2;
-  f.stream_warps = 8;
-  f.cluster_tokens = 256;
-  f.split_multiple = 2;
-  f.stream_max_tokens = 2048;
   for (auto& row : f.resident_clusters)
     for (int c = 2; c <= plan::kMaxCluster; ++c) row[c] = resident;
   return f;
@@ -170,7 +161,7 @@ TEST(PlanDecode, ClusterMergeWhenEveryClusterIsResident) {
   f.resident_clusters[0][4] = 16;
   // 4 splits of 512 (not a short candidate), grid 64: 16 clusters of 4, all resident
   const plan::SplitLaunch a = plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 64);
-  EXPECT_EQ(a.stages, 3);
+  EXPECT_EQ(a.stages, f.stages);
   EXPECT_EQ(a.cluster, 4);
   // grid 80: 20 clusters, more than resident: the workspace merge; groups of 2 (3 does not
   // divide 4) need 40 resident clusters of 2
@@ -201,11 +192,15 @@ TEST(PlanDecode, WorkspaceMergeGroupsOfManySplits) {
 TEST(PlanDecode, ShortSplitDepthWhenTheGridExceedsOneWave) {
   const plan::DecodeFacts f = facts();
   // 132 SMs × 2 CTAs = 264: a grid of 265 short splits takes the short-split depth
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(256, 1), 132, 264).stages, 3);
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(256, 1), 132, 265).stages, 2);
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(f.short_tokens, 1), 132, 264).stages,
+            f.stages);
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(f.short_tokens, 1), 132, 265).stages,
+            f.short_stages);
   // not a candidate: longer splits, or another head dim
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(272, 1), 132, 265).stages, 3);
-  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(256, 1), 132, 265).stages, 3);
+  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(f.short_tokens + 16, 1), 132, 265).stages,
+            f.stages);
+  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(f.short_tokens, 1), 132, 265).stages,
+            f.stages);
 }
 
 TEST(PlanDecode, ShortSplitDepthWhenOnlyItKeepsEveryClusterResident) {
@@ -214,14 +209,14 @@ TEST(PlanDecode, ShortSplitDepthWhenOnlyItKeepsEveryClusterResident) {
   f.resident_clusters[1][8] = 10;
   // 8 clusters of 8 (grid 64, one wave): resident only at the short-split depth
   plan::SplitLaunch l = plan::resolve_split_launch(f, 128, fixed_size(128, 8), 132, 64);
-  EXPECT_EQ(l.stages, 2);
+  EXPECT_EQ(l.stages, f.short_stages);
   EXPECT_EQ(l.cluster, 8);
   // resident at neither depth: the default depth and the workspace merge (groups of 4 if
   // 16 clusters of 4 fit)
   f.resident_clusters[1][8] = 6;
   f.resident_clusters[0][4] = 16;
   l = plan::resolve_split_launch(f, 128, fixed_size(128, 8), 132, 64);
-  EXPECT_EQ(l.stages, 3);
+  EXPECT_EQ(l.stages, f.stages);
   EXPECT_EQ(l.cluster, 4);
 }
 
@@ -235,7 +230,7 @@ TEST(PlanDecode, StreamedKernelForManyShortUnsplitRequests) {
   EXPECT_TRUE(c.streamed);
   // the recorded fallback (q misaligned, prior states, page size): the split kernel, short
   // splits of 208 on a grid of 1600 > 264: the short-split depth, no cluster
-  EXPECT_EQ(c.split.stages, 2);
+  EXPECT_EQ(c.split.stages, facts().short_stages);
   EXPECT_EQ(c.split.cluster, 1);
   // head dim 256 (when compiled): no streamed kernel
   if (plan::decode_head_dim_supported(256)) {

@@ -143,6 +143,7 @@ struct LevelBlock {
 /// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
+  static_assert(D % 64 == 0, "rows of a multiple of 8 chunks: the XOR stays inside the row");
   return r * D + ((c ^ (r & 7)) << 3);
 }
 

@@ -43,6 +43,12 @@ __device__ __forceinline__ void copy_kv_tile_in_page(std::uint32_t kd, std::uint
                                                      std::int64_t row_stride, int t0, int end,
                                                      std::uint64_t policy) {
   constexpr int kCpr = D / 8;
+  // A warp's 32 lanes cover whole rows (`kRowStep` of them) and the tile's rows are whole steps:
+  // otherwise some chunks of every tile would never be copied (D = 192: 24 chunks a row).
+  static_assert(D % 8 == 0 && 32 % kCpr == 0, "a row's 16-byte chunks divide a warp's lanes");
+  static_assert(kRows % (32 / kCpr) == 0, "the tile's rows are whole lane steps");
+  // the swizzle `c ^ (r & 7)` stays inside a row of at least 8 chunks
+  static_assert(kCpr % 8 == 0, "rows of a multiple of 8 chunks (the swizzle)");
   constexpr int kRowStep = 32 / kCpr;
   constexpr int kChunksPerLane = kRows * kCpr / 32;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -86,6 +92,9 @@ __device__ __forceinline__ void copy_kv_tile_any_page(std::uint32_t kd, std::uin
                                                       int t0, const int& end) {
   static_assert(kRows <= 32, "one lane per row of the tile");
   constexpr int kCpr = D / 8;
+  // every lane copies the same number of chunks, and the swizzle stays inside a row
+  static_assert(D % 8 == 0 && (kRows * kCpr) % 32 == 0, "the tile's chunks divide a warp's lanes");
+  static_assert(kCpr % 8 == 0, "rows of a multiple of 8 chunks (the swizzle)");
   constexpr int kChunksPerLane = kRows * kCpr / 32;
 #pragma unroll
   for (int i = 0; i < kChunksPerLane; ++i) {

@@ -12,6 +12,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "catalog/kernel_shapes.hpp"
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/kernels/cascade/params.cuh"
@@ -29,10 +30,10 @@ struct CascadeTile {
   static constexpr int D = D_;
   static constexpr int WM = WM_;
   static constexpr int WN = WN_;
-  static constexpr int BM = 16 * WM;       ///< Query rows per CTA.
-  static constexpr int BN = 64;            ///< Keys per KV tile.
-  static constexpr int BNW = BN / WN;      ///< Keys per warp per KV tile.
-  static constexpr int kStages = Stages_;  ///< cp.async pipeline depth.
+  static constexpr int BM = 16 * WM;                  ///< Query rows per CTA.
+  static constexpr int BN = catalog::kCascadeKvTile;  ///< Keys per KV tile.
+  static constexpr int BNW = BN / WN;                 ///< Keys per warp per KV tile.
+  static constexpr int kStages = Stages_;             ///< cp.async pipeline depth.
   static constexpr int kThreads = 32 * WM * WN;
   static constexpr int kChunks = D / 8;          ///< 16-byte chunks per row.
   static constexpr int kMinBlocks = MinBlocks_;  ///< CTAs per SM the registers must allow.

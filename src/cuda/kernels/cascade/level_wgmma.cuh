@@ -50,7 +50,7 @@ struct CascadeWgmmaTile {
   static constexpr int D = D_;
   static constexpr int NWG = NWG_;
   static constexpr int BM = 64 * NWG;
-  static constexpr int BN = 64;
+  static constexpr int BN = catalog::kCascadeKvTile;
   static constexpr int kStages = 3;
   static constexpr int kThreads = 128 * NWG;
   static constexpr int kChunks = D / 8;

@@ -10,6 +10,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
+#include "catalog/kernel_shapes.hpp"
 #include "cuda/arch/grid_dependency.cuh"
 #include "cuda/tile/split_merge.cuh"
 
@@ -37,11 +38,12 @@ struct CascadeMergeParams {
 };
 
 /// Rows per CTA of the merge (one warp each).
-constexpr int kCascadeMergeWarps = 4;
+using catalog::kCascadeMergeWarps;
 
 template <int D, class TOut>
 __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
     cascade_merge_kernel(const CascadeMergeParams p) {
+  static_assert(D % 32 == 0, "whole columns per lane");
   constexpr int kPer = D / 32;  // elements per lane
   constexpr int kUnroll = 8;    // partial states whose loads are in flight together
   const int lane = threadIdx.x & 31;

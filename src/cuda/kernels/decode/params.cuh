@@ -9,45 +9,32 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/lse_base.hpp"
 #include "attnstate/core/paged_kv.hpp"
+#include "catalog/kernel_shapes.hpp"
 
 namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Query rows of one CTA tile (the M of the tensor-core MMAs).
-constexpr int kDecodeTileRows = 16;
-/// Warps per CTA (each streams its own 16-token tiles of the split).
-constexpr int kDecodeWarps = 4;
-/// cp.async pipeline depth per warp.
-constexpr int kDecodeStages = 3;
-/// Pipeline depth of the short-split configuration (head dim 128): less shared memory, so one
-/// more CTA per SM overlaps the fixed costs of CTAs that stream only a few tiles (used when the
-/// grid exceeds one wave, or when only it keeps every cluster resident). The warps take the same
-/// tiles in both configurations, so results are bitwise the same.
-constexpr int kDecodeShortStages = 2;
-/// Splits of at most this many tokens run in the short-split configuration (0 disables it).
-constexpr std::int32_t kDecodeShortTokens = 256;
+// The kernel's shape (`catalog/kernel_shapes.hpp`: one source, read by the kernels, the
+// planner's facts and the tests).
+using catalog::kDecodeMaxCluster;
+using catalog::kDecodeMaxWsGroup;
+using catalog::kDecodeShortStages;
+using catalog::kDecodeShortTokens;
+using catalog::kDecodeSmemPerSm;
+using catalog::kDecodeSmemReservedPerCta;
+using catalog::kDecodeStages;
+using catalog::kDecodeTileRows;
+using catalog::kDecodeWarps;
+using catalog::kDecodeWsGroup;
+
 /// Page ids of a warp's first tiles loaded speculatively with the length (block table, fixed
 /// split size): at most the pipeline depth; 1 speculates the first tile only.
 constexpr int kDecodeSpecTiles = 3;
 static_assert(kDecodeSpecTiles >= 1, "at least the first tile");
-/// Largest split count merged inside a thread-block cluster through distributed shared memory
-/// (no workspace round trip, no ticket); more splits merge through the workspace. 1 disables the
-/// cluster merge; at most 8 (the portable cluster size).
-constexpr int kDecodeMaxCluster = 8;
 /// Split columns the cluster merge loads per round trip (all the splits' LSEs come with the
 /// first batch); a divisor of `kDecodeMaxCluster`.
 constexpr int kDecodeClusterBatch = 8;
-static_assert(kDecodeMaxCluster >= 1 && kDecodeMaxCluster <= 8, "portable cluster sizes only");
-/// Largest cluster group size the kernel supports (the portable cluster size).
-constexpr int kDecodeMaxWsGroup = 8;
-/// Largest group of consecutive splits that share a cluster in the workspace merge (more splits
-/// than a cluster merges whole): every CTA takes a ticket, the CTAs of a group share which ones
-/// they got, and every CTA of the group holding the last ticket merges a share of the output
-/// columns (the merge spread over several SMs; the same arithmetic per element). 1 disables the
-/// groups; at most `kDecodeMaxWsGroup`.
-constexpr int kDecodeWsGroup = 8;
-static_assert(kDecodeWsGroup >= 1 && kDecodeWsGroup <= kDecodeMaxWsGroup, "portable sizes");
 /// Splits whose `o` columns one thread of the workspace merge loads at once (straight into
 /// registers; head dims above 64, and `kDecodeDirectBatch64` at 64, within its register budget).
 constexpr int kDecodeDirectBatch = 16;
@@ -59,10 +46,6 @@ constexpr int kDecodeDirectBatch64 = 4;
 #endif
 /// CTAs whose stamps the probe timeline keeps (8 per CTA).
 constexpr int kDecodeTimelineCtas = 16384;
-/// Shared memory of one SM available to resident CTAs (sm_90), bytes; and what the runtime
-/// reserves per CTA.
-constexpr std::int64_t kDecodeSmemPerSm = 228 * 1024;
-constexpr std::int64_t kDecodeSmemReservedPerCta = 1024;
 
 /// Everything the decode kernel reads besides its template arguments.
 struct DecodeParams {

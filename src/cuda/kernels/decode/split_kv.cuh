@@ -60,46 +60,11 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Row stride (floats) of the per-warp output scratch of the warp merge: padded so that the
-/// fragment stores of 8 rows hit distinct banks.
-__host__ __device__ constexpr int decode_ow_stride(int D) { return D + 8; }
-
-/// Bytes of the region after the queries: the pipeline (K/V elements of `kv_bytes` bytes: 2, or
-/// 1 for fp8), aliased after the main loop by the warp-merge scratch and the published split
-/// state, or by the splits' LSEs (then weights) and the merged columns (at its end) of the
-/// workspace merge.
-__host__ __device__ constexpr std::int64_t decode_body_bytes(int D, int stages, int kv_bytes = 2) {
-  const std::int64_t pipe =
-      std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * kv_bytes;
-  const std::int64_t merge =
-      std::int64_t{kDecodeWarps} * kDecodeTileRows * decode_ow_stride(D) * 4 +
-      2 * kDecodeWarps * kDecodeTileRows * 4 + std::int64_t{kDecodeTileRows} * (D + 1) * 4;
-  // over fp8 the pipeline is smaller than the workspace merge's LSEs of every split and its
-  // merged columns, which the body must hold too (16-bit pipelines are larger)
-  const std::int64_t ws_merge = kv_bytes == 1 ? std::int64_t{kMaxSplits} * kDecodeTileRows * 4 +
-                                                    kDecodeTileRows * (D / 4) * 24
-                                              : 0;
-  const std::int64_t body = pipe > merge ? pipe : merge;
-  return body > ws_merge ? body : ws_merge;
-}
-
-/// Shared-memory bytes of the decode kernel for head dim `D`, pipeline depth `stages` and K/V
-/// elements of `kv_bytes` bytes: queries, body, the merge flags (one per CTA of a cluster group),
-/// then, over an fp8 cache, the query rows' score factors.
-__host__ __device__ constexpr std::int64_t decode_smem_bytes(int D, int stages, int kv_bytes = 2) {
-  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages, kv_bytes) +
-         4 * kDecodeMaxWsGroup + (kv_bytes == 1 ? 4 * kDecodeTileRows : 0);
-}
-
-/// Resident CTAs per SM of the decode kernel (shared memory bound; the kernel's launch bounds ask
-/// the compiler to fit its registers to the same count).
-__host__ __device__ constexpr int decode_ctas_per_sm(int D, int stages, int kv_bytes = 2) {
-  const std::int64_t by_smem =
-      kDecodeSmemPerSm / (decode_smem_bytes(D, stages, kv_bytes) + kDecodeSmemReservedPerCta);
-  const std::int64_t by_threads = 2048 / (kDecodeWarps * 32);
-  const std::int64_t n = by_smem < by_threads ? by_smem : by_threads;
-  return n < 1 ? 1 : static_cast<int>(n);
-}
+// The shared-memory layout and occupancy (`catalog/kernel_shapes.hpp`, read by the planner too).
+using catalog::decode_body_bytes;
+using catalog::decode_ctas_per_sm;
+using catalog::decode_ow_stride;
+using catalog::decode_smem_bytes;
 
 /// The decode kernels' start in a programmatic dependent launch: beside the previous kernel
 /// (`p.beside_previous`) every CTA lets the next kernel launch and the grid's last CTA waits for
@@ -196,6 +161,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
   constexpr int kD4 = D / 4;             // float4 columns of a row
   constexpr int kOw = decode_ow_stride(D);
   constexpr std::int64_t kBodyBytes = decode_body_bytes(D, kStages, kKvBytes);
+  // the query tile loads whole chunks per thread, and the fragments span whole 16-column k-steps
+  static_assert(D % 64 == 0 && (kRows * kCpr) % kThreads == 0, "head dims of whole 64 columns");
 
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* q_s = reinterpret_cast<Elem*>(smem);

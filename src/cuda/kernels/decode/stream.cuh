@@ -35,17 +35,11 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Warps per CTA (one CTA per SM) of the streamed kernel (chosen on the H200: bench/RESULTS.md).
-constexpr int kDecodeStreamWarps = 8;
-/// Ring depth (16-token K/V tiles per warp) of the streamed kernel.
-constexpr int kDecodeStreamStages = 3;
-
-/// Warps per CTA of the streamed kernel for head dim `D` (64 or 128).
-__host__ __device__ constexpr int stream_warps(int D) { return D > 0 ? kDecodeStreamWarps : 0; }
-/// Shared-memory bytes of one CTA of the streamed kernel: each warp's ring of K/V tiles.
-__host__ __device__ constexpr std::int64_t stream_smem_bytes(int D) {
-  return std::int64_t{stream_warps(D)} * kDecodeStreamStages * 2 * kDecodeTileRows * D * 2;
-}
+// The streamed kernel's shape (`catalog/kernel_shapes.hpp`, read by the planner too).
+using catalog::kDecodeStreamStages;
+using catalog::kDecodeStreamWarps;
+using catalog::stream_smem_bytes;
+using catalog::stream_warps;
 static_assert(stream_smem_bytes(64) <= 227 * 1024 && stream_smem_bytes(128) <= 227 * 1024,
               "one CTA fits an SM");
 

@@ -1,0 +1,123 @@
+/// @file catalog/kernel_shapes.hpp
+/// @brief The attention kernels' compile-time shapes (tiles, warps, pipeline depths, cluster
+///        limits, shared-memory sizes), the one source read by the kernels, by the planners'
+///        facts and by the tests. Plain C++ (no CUDA header); the functions run on the host and
+///        in kernels.
+///
+/// The tuning constants (which shape a plan picks) live apart, in `plan/tuning_sm90.hpp`; what
+/// is compiled and what each kernel takes is the catalog (`catalog/catalog.hpp`).
+#pragma once
+
+#include <cstdint>
+
+#include "attnstate/core/config.hpp"
+#include "attnstate/core/decode_split.hpp"
+
+namespace attnstate {
+namespace catalog {
+
+// ---- split-KV decode (cuda/kernels/decode/split_kv.cuh) ----
+
+/// Query rows of one CTA tile (the M of the tensor-core MMAs).
+inline constexpr int kDecodeTileRows = 16;
+/// Warps per CTA (each streams its own 16-token tiles of the split).
+inline constexpr int kDecodeWarps = 4;
+/// cp.async pipeline depth per warp.
+inline constexpr int kDecodeStages = 3;
+/// Pipeline depth of the short-split configuration (head dim `kDecodeShortHeadDim`): less shared
+/// memory, so one more CTA per SM overlaps the fixed costs of CTAs that stream only a few tiles
+/// (used when the grid exceeds one wave, or when only it keeps every cluster resident). The
+/// warps take the same tiles in both configurations, so results are bitwise the same.
+inline constexpr int kDecodeShortStages = 2;
+/// The head dim of the short-split configuration's instances (the only one).
+inline constexpr int kDecodeShortHeadDim = 128;
+/// Splits of at most this many tokens run in the short-split configuration (0 disables it).
+inline constexpr std::int32_t kDecodeShortTokens = 256;
+/// Largest split count merged inside a thread-block cluster through distributed shared memory
+/// (no workspace round trip, no ticket); more splits merge through the workspace. 1 disables the
+/// cluster merge; at most 8 (the portable cluster size).
+inline constexpr int kDecodeMaxCluster = 8;
+static_assert(kDecodeMaxCluster >= 1 && kDecodeMaxCluster <= 8, "portable cluster sizes only");
+/// Largest cluster group size the kernel supports (the portable cluster size).
+inline constexpr int kDecodeMaxWsGroup = 8;
+/// Largest group of consecutive splits that share a cluster in the workspace merge (more splits
+/// than a cluster merges whole); 1 disables the groups; at most `kDecodeMaxWsGroup`.
+inline constexpr int kDecodeWsGroup = 8;
+static_assert(kDecodeWsGroup >= 1 && kDecodeWsGroup <= kDecodeMaxWsGroup, "portable sizes");
+/// Shared memory of one SM available to resident CTAs (sm_90), bytes; and what the runtime
+/// reserves per CTA.
+inline constexpr std::int64_t kDecodeSmemPerSm = 228 * 1024;
+inline constexpr std::int64_t kDecodeSmemReservedPerCta = 1024;
+
+/// Row stride (floats) of the per-warp output scratch of the warp merge: padded so that the
+/// fragment stores of 8 rows hit distinct banks.
+ATTNSTATE_HOST_DEVICE constexpr int decode_ow_stride(int D) { return D + 8; }
+
+/// Bytes of the region after the queries: the pipeline (K/V elements of `kv_bytes` bytes: 2, or
+/// 1 for fp8), aliased after the main loop by the warp-merge scratch and the published split
+/// state, or by the splits' LSEs (then weights) and the merged columns (at its end) of the
+/// workspace merge.
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t decode_body_bytes(int D, int stages,
+                                                               int kv_bytes = 2) {
+  const std::int64_t pipe =
+      std::int64_t{kDecodeWarps} * stages * 2 * kDecodeTileRows * D * kv_bytes;
+  const std::int64_t merge =
+      std::int64_t{kDecodeWarps} * kDecodeTileRows * decode_ow_stride(D) * 4 +
+      2 * kDecodeWarps * kDecodeTileRows * 4 + std::int64_t{kDecodeTileRows} * (D + 1) * 4;
+  // over fp8 the pipeline is smaller than the workspace merge's LSEs of every split and its
+  // merged columns, which the body must hold too (16-bit pipelines are larger)
+  const std::int64_t ws_merge = kv_bytes == 1 ? std::int64_t{kMaxSplits} * kDecodeTileRows * 4 +
+                                                    kDecodeTileRows * (D / 4) * 24
+                                              : 0;
+  const std::int64_t body = pipe > merge ? pipe : merge;
+  return body > ws_merge ? body : ws_merge;
+}
+
+/// Shared-memory bytes of the decode kernel for head dim `D`, pipeline depth `stages` and K/V
+/// elements of `kv_bytes` bytes: queries, body, the merge flags (one per CTA of a cluster group),
+/// then, over an fp8 cache, the query rows' score factors.
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t decode_smem_bytes(int D, int stages,
+                                                               int kv_bytes = 2) {
+  return std::int64_t{kDecodeTileRows} * D * 2 + decode_body_bytes(D, stages, kv_bytes) +
+         4 * kDecodeMaxWsGroup + (kv_bytes == 1 ? 4 * kDecodeTileRows : 0);
+}
+
+/// Resident CTAs per SM of the decode kernel (shared memory bound; the kernel's launch bounds ask
+/// the compiler to fit its registers to the same count).
+ATTNSTATE_HOST_DEVICE constexpr int decode_ctas_per_sm(int D, int stages, int kv_bytes = 2) {
+  const std::int64_t by_smem =
+      kDecodeSmemPerSm / (decode_smem_bytes(D, stages, kv_bytes) + kDecodeSmemReservedPerCta);
+  const std::int64_t by_threads = 2048 / (kDecodeWarps * 32);
+  const std::int64_t n = by_smem < by_threads ? by_smem : by_threads;
+  return n < 1 ? 1 : static_cast<int>(n);
+}
+
+// ---- streamed decode (cuda/kernels/decode/stream.cuh) ----
+
+/// Warps per CTA (one CTA per SM) of the streamed kernel (chosen on the H200: bench/RESULTS.md).
+inline constexpr int kDecodeStreamWarps = 8;
+/// Ring depth (16-token K/V tiles per warp) of the streamed kernel.
+inline constexpr int kDecodeStreamStages = 3;
+
+/// Warps per CTA of the streamed kernel for head dim `D` (64 or 128).
+ATTNSTATE_HOST_DEVICE constexpr int stream_warps(int D) { return D > 0 ? kDecodeStreamWarps : 0; }
+/// Shared-memory bytes of one CTA of the streamed kernel: each warp's ring of K/V tiles.
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t stream_smem_bytes(int D) {
+  return std::int64_t{stream_warps(D)} * kDecodeStreamStages * 2 * kDecodeTileRows * D * 2;
+}
+
+// ---- cascade levels (cuda/kernels/cascade/level*.cuh) ----
+
+/// Keys per KV tile of the cp.async level kernels (`CascadeTile::BN`, `CascadeWgmmaTile::BN`):
+/// the granule of a level's splits.
+inline constexpr int kCascadeKvTile = 64;
+/// Query rows per CTA of the cp.async level kernels (`CascadeTile::BM`), the planner's choices.
+inline constexpr int kCascadeTileRows[] = {16, 64, 128};
+/// Keys per KV tile of the warp-specialised kernel's default variant (the 64-key variants use
+/// `kCascadeKvTile`).
+inline constexpr int kCascadeWsKvTile = 128;
+/// Warps of the cascade merge kernel's CTA (one row per warp).
+inline constexpr int kCascadeMergeWarps = 4;
+
+}  // namespace catalog
+}  // namespace attnstate
