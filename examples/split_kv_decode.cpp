@@ -74,12 +74,12 @@ int main() {
     where = "gpu";
     int sms = 0;
     ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    DecodeProblem pr;
+    //! [decode-plan]
+    DecodeProblem pr;  // q (batch, q_len = 1, hq, D) bf16 over a bf16 cache of hkv heads
     pr.batch = batch;
     pr.heads_q = hq;
     pr.heads_kv = hkv;
     pr.head_dim = D;
-    //! [decode-plan]
     // attnstate::cuda spelled out: a bare cuda:: is ambiguous with libcu++'s ::cuda.
     const attnstate::cuda::DecodePlan plan =
         attnstate::cuda::plan_decode(pr, lens.data(), opt, sms);
@@ -156,12 +156,13 @@ int main() {
     cpu::attention_state(
         qb, make_tensor_view(kb.data() + b * len_b * hkv * D, DType::kF32, {len_b, hkv, D}),
         make_tensor_view(vb.data() + b * len_b * hkv * D, DType::kF32, {len_b, hkv, D}), scale, sb);
+    //! [decode-merge-further]
+    // Request b's row of the decode output (natural base) ⊕ its state over segment B, in base 2.
+    ConstStateView sa = make_const_state_view(oa.data() + b * hq * D, DType::kF32,
+                                              la.data() + b * hq, 1, hq, D, LseBase::kNatural);
     std::vector<float> om(hq * D), lm(hq);
     StateView merged =
         make_state_view(om.data(), DType::kF32, lm.data(), 1, hq, D, LseBase::kBase2);
-    ConstStateView sa = make_const_state_view(oa.data() + b * hq * D, DType::kF32,
-                                              la.data() + b * hq, 1, hq, D, LseBase::kNatural);
-    //! [decode-merge-further]
     cpu::merge_state(sa, sb, merged);
     //! [decode-merge-further]
 

@@ -116,10 +116,11 @@ int main() {
                                                1, kHeadsQ, kHeadDim, base);
         attnstate::cpu::attention_state(qv, kv_view(k, b, e), kv_view(v, b, e), scale, part);
       }
+      //! [merge-splits]
+      // The S split states as one stack [S, tokens = 1, heads, D], merged into one state.
       const auto stack = attnstate::make_state_stack(so.data(), DType::kF32, slse.data(),
                                                      attnstate::StackOrder::kStatesMajor, 1, splits,
                                                      kHeadsQ, kHeadDim, base);
-      //! [merge-splits]
       OwnedState merged(base);
       attnstate::cpu::merge_states(stack, merged.view());
       //! [merge-splits]
