@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "catalog/catalog.hpp"
 
 namespace attnstate {
 namespace py {
@@ -203,10 +204,15 @@ AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float lo
   if (logits_soft_cap != 0.f && !(std::isfinite(logits_soft_cap) && logits_soft_cap > 0.f))
     detail::throw_argument(fn, "logits_soft_cap", "a finite cap > 0, or None for no cap",
                            number(logits_soft_cap));
-  if (device_refuses && window_left != kNoWindow)
+  // the CUDA cascade's level kernels take what the catalog says (host arrays run the CPU's)
+  catalog::Query levels;
+  levels.family = catalog::Family::kCascadeMma;
+  levels.variants = catalog::variants_of(window_left, 0.f);
+  if (device_refuses && !catalog::compiled(levels))
     detail::throw_argument(fn, "window_left",
-                           "None on a CUDA device (the CUDA cascade has no sliding window yet; "
-                           "host arrays run it on the CPU)",
+                           "None on a CUDA device (the CUDA cascade has no sliding window yet: " +
+                               catalog::not_supported_message(levels) +
+                               "; host arrays run it on the CPU)",
                            std::to_string(window_left), Status::kNotSupported);
   return v;
 }
@@ -326,11 +332,19 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
   p.kv_dtype = kv_dtype;
   p.options.variant =
       plan_variant("attnstate.Cascade.plan", window_left, logits_soft_cap, p.device);
-  if (p.device && kv_dtype != dtype)
+  catalog::Query kernels;
+  kernels.family = catalog::Family::kCascadeMma;
+  kernels.q = catalog::mask(dtype);
+  kernels.kv = catalog::mask(kv_dtype);
+  if (p.device && kv_dtype != dtype && !catalog::compiled(kernels)) {
+    kernels.kv = catalog::kAnyDType;
     c.fail("kv_dtype",
-           std::string("the queries' dtype ") + to_string(dtype) +
-               " on a CUDA device (the CUDA cascade has no fp8 KV yet; host arrays run on the CPU)",
+           "K/V " + catalog::dtypes_string(catalog::dtypes(kernels, true)) + " under " +
+               to_string(dtype) +
+               " queries on a CUDA device (the CUDA cascade's compiled kernels; host arrays run "
+               "on the CPU)",
            to_string(kv_dtype), Status::kNotSupported);
+  }
 #if defined(ATTNSTATE_HAS_CUDA)
   if (p.device) {
     if (num_sms <= 0) num_sms = device_sms(device);

@@ -1,7 +1,7 @@
 /// @file compiled.hpp
 /// @brief The one list of what the CUDA backend compiles per operation (head dims, dtypes), read
-///        by the argument checks (their messages list it) and by the dispatch
-///        (`common/dispatch.hpp`), which instantiates the kernels of each entry and no other.
+///        by the dispatch (`common/dispatch.hpp`), which instantiates the kernels of each entry
+///        and no other, and by the catalog (`catalog/catalog.hpp`), whose rows the checks read.
 ///
 /// Each operation compiles the head dims it supports that the build's `ATTNSTATE_CUDA_HEAD_DIMS`
 /// (CMake, `docs/install.md`) lists: the generated `attnstate_compiled_config.hpp`, or the
@@ -48,7 +48,8 @@ struct Values<DTypeList<T...>> {
 };
 /// @endcond
 
-/// Head dims of the merge kernels (`merge_state*`, `merge_states*`, `rebase`).
+/// Head dims of the merge kernels specialised on the head dim (the ring kernel of
+/// `merge_states`); the merges take every head dim >= 1 through their other kernels.
 using MergeHeadDims = Intersect<BuildHeadDims, IntList<64, 128, 256, 512>>::type;
 /// Head dims of the split-KV decode kernels.
 using DecodeHeadDims = Intersect<BuildHeadDims, IntList<64, 128, 256>>::type;
@@ -67,6 +68,10 @@ using DecodeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 /// (rows of at least 8 chunks of 16 bytes: the fp8 tile's swizzle).
 using DecodeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
 using DecodeFp8HeadDims = Intersect<BuildHeadDims, IntList<128, 256>>::type;
+/// Head dims of the streamed decode kernel (`decode_stream_kernel`: 64 and 128).
+using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
+/// Head dims of the cascade's wgmma and warp-specialised level kernels (bf16 only: 128).
+using CascadeWgmmaHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
 /// Dtypes of the cascade's queries and KV (the same dtype).
 using CascadeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 /// Row tiles of the cascade level kernels.

@@ -254,14 +254,7 @@ std::size_t CascadePlan::workspace_bytes() const {
 
 CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
                          const CascadeOptions& options, int num_sms, const CascadeTuning& tuning) {
-  // the level kernels take no window yet: refused, never ignored (the CPU cascade runs them)
-  attnstate::detail::check_variant("attnstate::cuda::plan_cascade", "options.variant",
-                                   options.variant);
-  if (options.variant.window_left != kNoWindow)
-    attnstate::detail::throw_argument(
-        "attnstate::cuda::plan_cascade", "options.variant.window_left",
-        "kNoWindow (no sliding window in the CUDA cascade yet)",
-        std::to_string(options.variant.window_left), Status::kNotSupported);
+  // (the variant's checks, a window refused by the catalog, are the host planner's)
   // the device facts, once per device (cached): the plan records the kernels this device runs
   plan::CascadeDeviceFacts facts;
   facts.wgmma = detail::device_facts().wgmma();

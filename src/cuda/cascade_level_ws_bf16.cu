@@ -10,9 +10,9 @@ namespace cuda {
 namespace kernels {
 namespace {
 
-/// The head dims of the warp-specialised kernel this build compiles: 128 (its only one) when the
-/// cascade's list has it.
-using WsHeadDims = compiled::Intersect<compiled::CascadeHeadDims, compiled::IntList<128>>::type;
+/// The head dims of the warp-specialised kernel this build compiles (the catalog's rows): 128,
+/// its only one, when the cascade's list has it.
+using WsHeadDims = compiled::CascadeWgmmaHeadDims;
 
 template <class Tile>
 void launch_ws_tile(const CascadeLevelParams& p, const CascadeTmaMaps& maps, dim3 grid, bool pdl,

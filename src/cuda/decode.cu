@@ -14,6 +14,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "catalog/catalog.hpp"
 #include "common/compiled.hpp"
 #include "common/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
@@ -36,8 +37,6 @@ std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign;
 static_assert(plan::kMaxCluster == detail::kDecodeMaxWsGroup &&
                   detail::kDecodeMaxCluster <= plan::kMaxCluster,
               "the plan records the occupancy of every cluster size the kernel uses");
-static_assert(plan::kDecodeShortHeadDim == 128 && plan::kDecodeStreamMaxHeadDim == 128,
-              "the instances below");
 
 /// Calls `f(D, kBF16, kStages, kKv)` (integral constants) for a split-kernel instance: every
 /// head dim × dtype of the lists at the default depth, and the short-split depth at head dim 128;
@@ -218,10 +217,10 @@ void launch(const detail::DecodeParams& p, const DecodeProblem& pr, const Decode
         constexpr bool kBF16 = decltype(bf16)::value;
         constexpr int kStages = decltype(stages)::value;
         if constexpr (decltype(kv)::value != tile::kKvSame) {
-          // (no streamed kernel nor variant over fp8: plan_decode and the checks)
+          // (the catalog holds no streamed kernel nor variant over fp8: resolve_decode refuses)
           return launch_split<D, kBF16, kStages, false, decltype(kv)::value>(p, l, stream);
         } else {
-          if constexpr (D <= plan::kDecodeStreamMaxHeadDim) {
+          if constexpr (compiled::contains(compiled::DecodeStreamHeadDims{}, D)) {
             if (l.streamed) return launch_stream<D, kBF16>(p, l, stream);
           }
           if (l.variant) return launch_split<D, kBF16, kStages, true>(p, l, stream);
@@ -260,9 +259,18 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   attnstate::detail::validate_split_layout(fn, plan.splits);
   r.scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
   attnstate::detail::check_variant(fn, "plan.variant", plan.variant);
-  if (!plan.variant.is_plain() && prior.count > 0)
-    throw_argument(fn, "plan.variant", "plain attention when prior states are folded",
-                   "a window or a soft cap", Status::kNotSupported);
+  if (prior.count > 0) {  // a split instance takes the variant and the prior states
+    catalog::Query c;
+    c.family = catalog::Family::kDecodeSplit;
+    c.head_dim = pr.head_dim;
+    c.q = catalog::mask(pr.q_dtype);
+    c.kv = catalog::mask(pr.kv_dtype);
+    c.variants = catalog::variants_of(plan.variant.window_left, plan.variant.logits_soft_cap) |
+                 catalog::kPriorStates;
+    if (!catalog::compiled(c))
+      throw_argument(fn, "plan.variant", catalog::not_supported_message(c),
+                     catalog::variants_string(c.variants), Status::kNotSupported);
+  }
   const std::int64_t pool_bytes =
       attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
@@ -391,10 +399,6 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
       attnstate::detail::resolve_scale(fn, "options.scale", options.scale, problem.head_dim);
   attnstate::detail::check_variant(fn, "options.variant", options.variant);
   plan::DecodeFacts facts = plan::decode_kernel_facts(problem.head_dim, kv_bytes(problem));
-  if (is_fp8(problem.kv_dtype) && !options.variant.is_plain())
-    throw_argument(fn, "options.variant",
-                   std::string("plain attention over an ") + to_string(problem.kv_dtype) + " cache",
-                   "a window or a soft cap", Status::kNotSupported);
   // A window: the splits are planned over the keys the kernel reads (from the first row's
   // window start, rounded down to a tile), so a long request costs its window only.
   std::vector<std::int32_t> windowed;
@@ -408,11 +412,9 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
     }
     lens = windowed.data();
   }
-  // every argument checked first; then, for split requests, the device's occupancy (queried
-  // once per device) for the merge's clusters
+  // every argument checked first (the variant against the catalog too); then, for split
+  // requests, the device's occupancy (queried once per device) for the merge's clusters
   plan::DecodeChoice c = plan::resolve_decode(fn, problem, lens, options, num_sms, facts);
-  // the variant and the fp8 caches run on the split kernel
-  if (!options.variant.is_plain() || is_fp8(problem.kv_dtype)) c.streamed = false;
   if (c.grid > 0 && c.splits.max_splits > 1) {
     query_occupancy(problem.head_dim, problem.kv_dtype, problem.q_dtype, facts);
     c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid);
@@ -565,9 +567,10 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
 
   DecodeLaunch l;
   l.variant = !plan.variant.is_plain();
-  l.streamed = !l.variant && !is_fp8(pr.kv_dtype) &&
-               plan::streamed_runs(plan.streamed, pr.head_dim, prior.count, p.q_vec, kv.page_size,
-                                   detail::kDecodeTileRows);
+  l.streamed = plan::streamed_runs(
+      plan.streamed, pr,
+      catalog::variants_of(plan.variant.window_left, plan.variant.logits_soft_cap), prior.count,
+      p.q_vec, kv.page_size);
   l.stages = r.split.stages;
   l.grid = r.grid;
   l.num_sms = plan.num_sms > 0 ? plan.num_sms : 1;

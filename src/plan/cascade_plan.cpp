@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnstate/core/error.hpp"
+#include "catalog/catalog.hpp"
 #include "common/cascade_validate.hpp"
 #include "plan/tuning_sm90.hpp"
 
@@ -37,11 +38,33 @@ PagedKvCache pool_of(const CascadeShape& s) {
   return kv;
 }
 
-/// True when a `wgmma` level of this shape takes the warp-specialised kernel (bf16, head_dim
-/// 128, tiles of 64 or 128 rows, a page size with a bulk-copy box, the variant not 0).
+/// The catalog's rows of `family` for a level of this shape (its head dim and dtype) with tiles
+/// of `tile_rows` rows (0: any) taking `variants`.
+catalog::Query level_query(catalog::Family family, const CascadeShape& s, int tile_rows,
+                           catalog::Variants variants = catalog::kPlain) {
+  catalog::Query q;
+  q.family = family;
+  q.head_dim = s.head_dim;
+  q.q = q.kv = catalog::mask(s.dtype);
+  q.tile_rows = tile_rows;
+  q.variants = variants;
+  return q;
+}
+
+/// True when a `wgmma` level of this shape takes the warp-specialised kernel (a compiled row for
+/// its shape and tile, a page size with a bulk-copy box, the variant not 0).
 bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant) {
-  return lp.wgmma && (lp.tile_rows == 64 || lp.tile_rows == 128) && s.head_dim == 128 &&
-         s.dtype == DType::kBF16 && tma_box_rows(s.page_size) > 0 && ws_variant != 0;
+  return lp.wgmma && catalog::compiled(level_query(catalog::Family::kCascadeWs, s, lp.tile_rows)) &&
+         tma_box_rows(s.page_size) > 0 && ws_variant != 0;
+}
+
+/// The decode's split rows that fold prior states (a decode last level folding the shared
+/// levels) for this shape with its soft cap.
+catalog::Query fold_query(const CascadeShape& s, float logits_soft_cap) {
+  catalog::Query q =
+      level_query(catalog::Family::kDecodeSplit, s, 0,
+                  catalog::variants_of(kNoWindow, logits_soft_cap) | catalog::kPriorStates);
+  return q;
 }
 
 /// Checks `plan_cascade`'s scalar arguments (the shape, the SM count, the tuning).
@@ -68,11 +91,15 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
     throw_argument(func, "shape.page_size", "1..2^20", cascade_str(shape.page_size));
   if (shape.num_pages < 0)
     throw_argument(func, "shape.num_pages", ">= 0", cascade_str(shape.num_pages));
-  if (!compiled::contains(compiled::CascadeDTypes{}, shape.dtype))
-    throw_argument(func, "shape.dtype", compiled::list_string(compiled::CascadeDTypes{}),
-                   to_string(shape.dtype), Status::kNotSupported);
+  // the dtype and head dim against the catalog's mma.sync level rows (every level runs on one)
+  catalog::Query levels;
+  levels.family = catalog::Family::kCascadeMma;
+  const catalog::DTypeMask dtypes = catalog::dtypes(levels, false);
+  if ((dtypes & catalog::mask(shape.dtype)) == 0)
+    throw_argument(func, "shape.dtype", catalog::dtypes_string(dtypes), to_string(shape.dtype),
+                   Status::kNotSupported);
   if (!cascade_head_dim_supported(shape.head_dim))
-    throw_argument(func, "shape.head_dim", compiled::list_string(compiled::CascadeHeadDims{}),
+    throw_argument(func, "shape.head_dim", catalog::head_dims_string(levels),
                    cascade_str(shape.head_dim), Status::kNotSupported);
   if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
   if (tuning.tile_rows != 0 && !cascade_tile_supported(tuning.tile_rows))
@@ -172,10 +199,11 @@ void plan_kernel_level(CascadeChoice& plan, int l, const CascadeLevel& lv,
     max_tiles = std::max(max_tiles, tiles[s]);
   }
   lp.max_tiles = static_cast<int>(max_tiles);
-  // wgmma for bf16 at head_dim 128 (the configurations validated on the H200); f16 and
-  // head_dim 64 run on mma.sync
-  lp.wgmma = tuning.kernel != CascadeKernel::kMma && lp.tile_rows >= 64 && shape.head_dim == 128 &&
-             shape.dtype == DType::kBF16 && plan.logits_soft_cap == 0.f;
+  // wgmma where the catalog holds a wgmma row for the shape, the tile and the variant (bf16 at
+  // head_dim 128: the configurations validated on the H200); the others run on mma.sync
+  lp.wgmma = tuning.kernel != CascadeKernel::kMma &&
+             catalog::compiled(level_query(catalog::Family::kCascadeWgmma, shape, lp.tile_rows,
+                                           catalog::variants_of(kNoWindow, plan.logits_soft_cap)));
   // The split is chosen for the kernel the shape takes on an sm_90a device, whatever the device
   // (so the splits, and the bits, of a plan do not depend on it): the warp-specialised kernel
   // holds one CTA per SM, the cp.async kernels one of 128 rows or two of fewer.
@@ -297,6 +325,14 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
                            const CascadeLevel* host_levels, int num_levels,
                            const CascadeOptions& options, int num_sms, const CascadeTuning& tuning,
                            const CascadeDeviceFacts& facts, const PlanDecodeLevelFn& plan_decode) {
+  // the level kernels take no window yet: refused, never ignored (the CPU cascade runs them)
+  ::attnstate::detail::check_variant(func, "options.variant", options.variant);
+  catalog::Query window;
+  window.family = catalog::Family::kCascadeMma;
+  window.variants = catalog::variants_of(options.variant.window_left, 0.f);
+  if (!catalog::compiled(window))
+    throw_argument(func, "options.variant.window_left", catalog::not_supported_message(window),
+                   std::to_string(options.variant.window_left), Status::kNotSupported);
   check_shape_and_tuning(func, shape, num_sms, tuning);
   ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
                                             options.causal, pool_of(shape), true);
@@ -327,11 +363,14 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
        (plan.decode_sms > 0 ||
         decode_ctas(plan) <= cuda::tuning::kCascadeFoldMaxDecodeWaves *
                                  cuda::tuning::kCascadeReserveDecodeCtasPerSm * num_sms));
-  // the decode's variant kernel folds no prior states: with a cap it writes its own slot
-  if (plan.logits_soft_cap != 0.f && decode_last && num_levels > 1) {
+  // no decode instance of the variant folds prior states (the catalog): the decode writes its
+  // own slot
+  const catalog::Query fold = fold_query(shape, plan.logits_soft_cap);
+  if (decode_last && num_levels > 1 && !catalog::compiled(fold)) {
     if (tuning.decode_fold == 1)
       throw_argument(func, "tuning.decode_fold",
-                     "-1 or 0 with a soft cap (the decode's variant kernel folds no prior states)",
+                     "-1 or 0 with this variant (no decode kernel folds its prior states: " +
+                         catalog::not_supported_message(fold) + ")",
                      "1", Status::kNotSupported);
     plan.decode_fold = false;
   }
@@ -379,12 +418,14 @@ void check_cascade_plan(const char* func, const CascadeChoice& plan,
                        cascade_str(plan.shape.batch) + ", scale " + std::to_string(plan.scale));
   if (plan.ws_variant < 0 || plan.ws_variant > 4)
     throw_argument(func, "plan.ws_variant", "0..4", cascade_str(plan.ws_variant));
-  const bool capped = plan.logits_soft_cap != 0.f;
   if (plan.logits_soft_cap < 0.f || !std::isfinite(plan.logits_soft_cap))
     throw_argument(func, "plan.logits_soft_cap", "0 or finite and > 0",
                    std::to_string(plan.logits_soft_cap));
-  if (capped && plan.decode_fold && plan.num_levels > 1 && plan.levels[plan.num_levels - 1].decode)
-    throw_argument(func, "plan.decode_fold", "false with a soft cap (and more than one level)",
+  if (plan.decode_fold && plan.num_levels > 1 && plan.levels[plan.num_levels - 1].decode &&
+      !catalog::compiled(fold_query(plan.shape, plan.logits_soft_cap)))
+    throw_argument(func, "plan.decode_fold",
+                   "false with this variant (and more than one level): no " +
+                       catalog::not_supported_message(fold_query(plan.shape, plan.logits_soft_cap)),
                    "true");
   const CascadeShape& s = plan.shape;
   // The plan is a public struct: its per-level fields must still describe slots inside the
@@ -424,15 +465,15 @@ void check_cascade_plan(const char* func, const CascadeChoice& plan,
           lp.num_segments * lp.max_tiles * lp.max_splits);
     if (lp.stages != 2 && lp.stages != 3) bad("stages", "2 or 3", lp.stages);
     // the wgmma kernels: the configurations the plan takes them for, on a device that has them
-    if (lp.kernel != Kernel::kMma && capped) bad("kernel", "kMma with a soft cap", 1);
     if (lp.kernel != Kernel::kMma) {
       if (lp.kernel != Kernel::kWgmma && lp.kernel != Kernel::kWarpSpecialized)
         bad("kernel", "kMma, kWgmma or kWarpSpecialized", static_cast<int>(lp.kernel));
-      if (!lp.wgmma || !plan.wgmma_available || (lp.tile_rows != 64 && lp.tile_rows != 128) ||
-          s.head_dim != 128 || s.dtype != DType::kBF16)
+      const catalog::Query wgmma =
+          level_query(catalog::Family::kCascadeWgmma, s, lp.tile_rows,
+                      catalog::variants_of(kNoWindow, plan.logits_soft_cap));
+      if (!lp.wgmma || !plan.wgmma_available || !catalog::compiled(wgmma))
         bad("kernel",
-            "kMma unless wgmma, plan.wgmma_available, bf16, head_dim 128 and tiles of 64 or 128 "
-            "rows",
+            "kMma unless wgmma, plan.wgmma_available and " + catalog::not_supported_message(wgmma),
             static_cast<int>(lp.kernel));
     }
     const bool ws = lp.kernel == Kernel::kWarpSpecialized;
@@ -457,7 +498,10 @@ void check_cascade_plan(const char* func, const CascadeChoice& plan,
 
 CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int run) {
   CascadeTmaLayout t;
-  if (kv.head_dim != 128 || kv.page_size % 8 != 0 ||
+  catalog::Query ws;
+  ws.family = catalog::Family::kCascadeWs;
+  ws.head_dim = kv.head_dim;
+  if (!catalog::compiled(ws) || kv.page_size % 8 != 0 ||
       kv.num_pages > std::numeric_limits<std::int32_t>::max())
     return t;
   const std::int64_t e = 2;  // bytes per element (bf16)

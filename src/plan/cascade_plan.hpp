@@ -13,6 +13,7 @@
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/cuda/cascade_plan.hpp"
+#include "catalog/catalog.hpp"
 #include "catalog/kernel_shapes.hpp"
 #include "common/compiled.hpp"
 
@@ -30,13 +31,19 @@ constexpr int kKvTile = catalog::kCascadeKvTile;
 /// Largest GQA group (`heads_q / heads_kv`) of a cascade (`CascadeShape::heads_q`).
 constexpr std::int64_t kMaxCascadeGroup = 64;
 
-/// Head dims with compiled cascade kernels (`compiled::CascadeHeadDims`).
+/// Head dims with compiled cascade level kernels (the catalog's mma.sync level rows).
 inline bool cascade_head_dim_supported(std::int64_t d) {
-  return compiled::contains(compiled::CascadeHeadDims{}, d);
+  catalog::Query q;
+  q.family = catalog::Family::kCascadeMma;
+  q.head_dim = d;
+  return d != 0 && catalog::compiled(q);
 }
-/// Row tiles with compiled cascade level kernels (`compiled::CascadeTileRows`).
+/// Row tiles with compiled cascade level kernels (the catalog's mma.sync level rows).
 inline bool cascade_tile_supported(int rows) {
-  return compiled::contains(compiled::CascadeTileRows{}, rows);
+  catalog::Query q;
+  q.family = catalog::Family::kCascadeMma;
+  q.tile_rows = rows;
+  return rows != 0 && catalog::compiled(q);
 }
 
 /// Warp-specialised level kernel variants (bf16, head_dim 128; tiles of 64 or 128 rows), the

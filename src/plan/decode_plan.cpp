@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnstate/core/error.hpp"
+#include "catalog/catalog.hpp"
 
 namespace attnstate {
 namespace plan {
@@ -34,11 +35,42 @@ int resident(const DecodeFacts& f, int stages, int cluster) {
 
 }  // namespace
 
-bool decode_head_dim_supported(std::int64_t head_dim) {
-  return compiled::contains(compiled::DecodeHeadDims{}, head_dim);
+namespace {
+
+using catalog::Family;
+using catalog::mask;
+
+/// The split kernel's rows at `head_dim` (0: any) for these query and K/V dtypes.
+catalog::Query split_query(std::int64_t head_dim, catalog::DTypeMask q, catalog::DTypeMask kv,
+                           catalog::Variants variants = catalog::kPlain) {
+  catalog::Query c;
+  c.family = Family::kDecodeSplit;
+  c.head_dim = head_dim;
+  c.q = q;
+  c.kv = kv;
+  c.variants = variants;
+  return c;
 }
 
-bool decode_dtype_supported(DType dt) { return compiled::contains(compiled::DecodeDTypes{}, dt); }
+/// The K/V dtypes of the split kernel's rows, the fp8 ones (`fp8`) or the others.
+catalog::DTypeMask kv_dtypes(bool fp8) {
+  const catalog::DTypeMask all =
+      catalog::dtypes(split_query(0, catalog::kAnyDType, catalog::kAnyDType), true);
+  catalog::DTypeMask m = 0;
+  for (int d = 0; d < 5; ++d)
+    if ((all & (1u << d)) != 0 && is_fp8(static_cast<DType>(d)) == fp8)
+      m = static_cast<catalog::DTypeMask>(m | (1u << d));
+  return m;
+}
+
+}  // namespace
+
+bool decode_head_dim_supported(std::int64_t head_dim) {
+  return head_dim != 0 &&
+         catalog::compiled(split_query(head_dim, catalog::kAnyDType, kv_dtypes(false)));
+}
+
+bool decode_dtype_supported(DType dt) { return (kv_dtypes(false) & mask(dt)) != 0; }
 
 DecodeFacts decode_kernel_facts(std::int64_t head_dim, int kv_bytes) {
   DecodeFacts f;  // the shape and tuning constants are its defaults
@@ -53,32 +85,34 @@ void check_decode_problem(const char* fn, const DecodeProblem& pr) {
   if (pr.heads_kv < 1) throw_argument(fn, "problem.heads_kv", ">= 1", str(pr.heads_kv));
   if (pr.heads_q < 1 || pr.heads_q % pr.heads_kv != 0)
     throw_argument(fn, "problem.heads_q", "a positive multiple of heads_kv", str(pr.heads_q));
+  // the head dim, the K/V dtype and the query dtype against the catalog's split-kernel rows
+  const catalog::Query any = split_query(0, catalog::kAnyDType, kv_dtypes(false));
   if (!decode_head_dim_supported(pr.head_dim))
-    throw_argument(fn, "problem.head_dim", compiled::list_string(compiled::DecodeHeadDims{}),
-                   str(pr.head_dim), Status::kNotSupported);
+    throw_argument(fn, "problem.head_dim", catalog::head_dims_string(any), str(pr.head_dim),
+                   Status::kNotSupported);
   if (is_fp8(pr.kv_dtype) && is_valid(pr.kv_dtype)) {
-    if (!compiled::contains(compiled::DecodeFp8DTypes{}, pr.kv_dtype))
-      throw_argument(fn, "problem.kv_dtype", compiled::list_string(compiled::DecodeFp8DTypes{}),
-                     to_string(pr.kv_dtype), Status::kNotSupported);
-    if (!compiled::contains(compiled::DecodeFp8HeadDims{}, pr.head_dim))
-      throw_argument(fn, "problem.head_dim",
-                     compiled::list_string(compiled::DecodeFp8HeadDims{}) + " over an " +
-                         to_string(pr.kv_dtype) + " cache",
+    const catalog::DTypeMask fp8 = kv_dtypes(true);
+    const std::string cache = std::string(" over an ") + to_string(pr.kv_dtype) + " cache";
+    if ((fp8 & mask(pr.kv_dtype)) == 0)
+      throw_argument(fn, "problem.kv_dtype", catalog::dtypes_string(fp8), to_string(pr.kv_dtype),
+                     Status::kNotSupported);
+    const catalog::Query kv = split_query(pr.head_dim, catalog::kAnyDType, mask(pr.kv_dtype));
+    if (!catalog::compiled(kv))
+      throw_argument(fn, "problem.head_dim", catalog::head_dims_string(kv) + cache,
                      str(pr.head_dim), Status::kNotSupported);
-    if (!decode_dtype_supported(pr.q_dtype))
+    if (!catalog::compiled(split_query(pr.head_dim, mask(pr.q_dtype), mask(pr.kv_dtype))))
       throw_argument(fn, "problem.q_dtype",
-                     compiled::list_string(compiled::DecodeDTypes{}) + " over an " +
-                         to_string(pr.kv_dtype) + " cache",
+                     catalog::dtypes_string(catalog::dtypes(kv, false)) + cache,
                      to_string(pr.q_dtype), Status::kNotSupported);
     return;
   }
   if (!decode_dtype_supported(pr.kv_dtype))
     throw_argument(fn, "problem.kv_dtype",
-                   compiled::list_string(compiled::DecodeDTypes{}) +
+                   catalog::dtypes_string(kv_dtypes(false)) +
                        " (queries of the same dtype), or an fp8 cache: " +
-                       compiled::list_string(compiled::DecodeFp8DTypes{}),
+                       catalog::dtypes_string(kv_dtypes(true)),
                    to_string(pr.kv_dtype), Status::kNotSupported);
-  if (pr.q_dtype != pr.kv_dtype)
+  if (!catalog::compiled(split_query(pr.head_dim, mask(pr.q_dtype), mask(pr.kv_dtype))))
     throw_argument(fn, "problem.q_dtype", std::string("the KV dtype ") + to_string(pr.kv_dtype),
                    to_string(pr.q_dtype), Status::kNotSupported);
 }
@@ -271,10 +305,20 @@ bool split_launch_valid(const DecodeFacts& f, std::int64_t head_dim, const Split
   return true;
 }
 
-bool streamed_runs(bool streamed, std::int64_t head_dim, int prior_count, bool q_aligned,
-                   std::int64_t page_size, int tile_rows) {
-  return streamed && head_dim <= kDecodeStreamMaxHeadDim && prior_count == 0 && q_aligned &&
-         page_size % tile_rows == 0;
+bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variants variants,
+                   int prior_count, bool q_aligned, std::int64_t page_size) {
+  if (!streamed) return false;
+  catalog::Query q;
+  q.family = Family::kDecodeStream;
+  q.head_dim = problem.head_dim;
+  q.q = mask(problem.q_dtype);
+  q.kv = mask(problem.kv_dtype);
+  q.variants =
+      static_cast<catalog::Variants>(variants | (prior_count > 0 ? catalog::kPriorStates : 0));
+  const catalog::Row* r = catalog::find(q);
+  // the row's run-time needs: else the plan's split launch (the row's fallback)
+  return r != nullptr && ((r->needs & catalog::kNeedsAlignedQ) == 0 || q_aligned) &&
+         ((r->needs & catalog::kNeedsPageTileKeys) == 0 || page_size % r->tile_keys == 0);
 }
 
 DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
@@ -282,6 +326,14 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             int num_sms, const DecodeFacts& f) {
   check_decode_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", str(num_sms));
+  // a variant some split instance of these dtypes takes (none over fp8 caches)
+  const catalog::Variants variants =
+      catalog::variants_of(options.variant.window_left, options.variant.logits_soft_cap);
+  const catalog::Query split =
+      split_query(problem.head_dim, mask(problem.q_dtype), mask(problem.kv_dtype), variants);
+  if (!catalog::compiled(split))
+    throw_argument(fn, "options.variant", catalog::not_supported_message(split),
+                   catalog::variants_string(variants), Status::kNotSupported);
   DecodeChoice c;
   c.row_tiles = decode_row_tiles(problem, f.tile_rows);
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * f.ctas_per_sm;
@@ -296,8 +348,10 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
   // 3/4 of the streamed kernel's warps busy on every SM: the streamed kernel (its warps' copies
   // run on from one item into the next). With fewer items its SMs hold too few warps to hide
   // the latency of their arithmetic (bench/RESULTS.md, the streamed kernel's section).
+  catalog::Query stream = split;
+  stream.family = Family::kDecodeStream;
   c.streamed = options.policy == SplitPolicy::kAuto && c.splits.max_splits == 1 &&
-               problem.head_dim <= kDecodeStreamMaxHeadDim &&
+               catalog::compiled(stream) &&
                4 * grid >= 3 * static_cast<std::int64_t>(num_sms) * f.stream_warps &&
                max_length(problem, seq_lens_host) <= f.stream_max_tokens;
   c.grid = grid;

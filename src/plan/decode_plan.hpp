@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "attnstate/core/decode_split.hpp"
+#include "catalog/catalog.hpp"
 #include "catalog/kernel_shapes.hpp"
 #include "common/compiled.hpp"
 #include "plan/tuning_sm90.hpp"
@@ -29,9 +30,6 @@ inline constexpr const auto& kDecodeHeadDims = compiled::Values<compiled::Decode
 /// The dtypes with compiled decode kernels (queries and KV the same dtype;
 /// `compiled::DecodeDTypes`).
 inline constexpr const auto& kDecodeDTypes = compiled::Values<compiled::DecodeDTypes>::value;
-/// The largest head dim the streamed kernel is compiled for (the head dims of `kDecodeHeadDims`
-/// up to this one).
-inline constexpr std::int64_t kDecodeStreamMaxHeadDim = 128;
 /// The short-split configuration exists at this head dim only.
 inline constexpr std::int64_t kDecodeShortHeadDim = catalog::kDecodeShortHeadDim;
 
@@ -146,15 +144,18 @@ bool split_launch_valid(const DecodeFacts& facts, std::int64_t head_dim, const S
                         const SplitLaunch& launch, const char** why);
 
 /// Whether a plan that chose the streamed kernel (`streamed`) runs on it, given what only the
-/// run knows; otherwise it falls back to its recorded split launch: head dims above
-/// `kDecodeStreamMaxHeadDim` (a plan edited by hand), prior states folded in (`prior_count`),
-/// query rows not 16-byte aligned (`q_aligned`) or a page size not a multiple of `tile_rows`.
-bool streamed_runs(bool streamed, std::int64_t head_dim, int prior_count, bool q_aligned,
-                   std::int64_t page_size, int tile_rows);
+/// run knows; otherwise it falls back to its recorded split launch (the catalog row's fallback):
+/// no streamed row for the problem's head dim, dtypes and `variants` with the prior states
+/// folded in (`prior_count`; a plan edited by hand), or a run-time need of the row unmet: query
+/// rows 16-byte aligned (`q_aligned`), a page size of whole key tiles.
+bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variants variants,
+                   int prior_count, bool q_aligned, std::int64_t page_size);
 
-/// Resolves a decode plan (checks first, naming `fn`): the split layout (`kAuto`: `auto_layout`
-/// on `num_sms · ctas_per_sm` slots), the streamed kernel (automatic policy, one split per
-/// request, head dim at most 128, requests up to `stream_max_tokens` keys, at least 3/4 of the
+/// Resolves a decode plan (checks first, naming `fn`; `Status::kNotSupported` for a variant no
+/// compiled split kernel of the problem's dtypes takes, naming `options.variant`): the split
+/// layout (`kAuto`: `auto_layout` on `num_sms · ctas_per_sm` slots), the streamed kernel
+/// (automatic policy, one split per request, a streamed row in the catalog for the problem and
+/// the variant, requests up to `stream_max_tokens` keys, at least 3/4 of the
 /// streamed kernel's warps busy on every SM) and the split kernel's launch for the planned
 /// batch (from `facts.resident_clusters`: a caller that queries the device only after the
 /// argument checks resolves `split` again with `resolve_split_launch` on `grid`). Throws when the

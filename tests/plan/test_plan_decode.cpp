@@ -258,13 +258,23 @@ TEST(PlanDecode, StreamedKernelForManyShortUnsplitRequests) {
 }
 
 TEST(PlanDecode, StreamedPlanFallsBackOnRunTimeConditions) {
-  EXPECT_TRUE(plan::streamed_runs(true, 128, 0, true, 16, 16));
-  EXPECT_TRUE(plan::streamed_runs(true, 64, 0, true, 32, 16));
-  EXPECT_FALSE(plan::streamed_runs(false, 128, 0, true, 16, 16));  // not chosen
-  EXPECT_FALSE(plan::streamed_runs(true, 256, 0, true, 16, 16));   // no streamed kernel
-  EXPECT_FALSE(plan::streamed_runs(true, 128, 2, true, 16, 16));   // prior states folded
-  EXPECT_FALSE(plan::streamed_runs(true, 128, 0, false, 16, 16));  // q rows misaligned
-  EXPECT_FALSE(plan::streamed_runs(true, 128, 0, true, 24, 16));   // pages of 24 tokens
+  const auto runs = [](bool streamed, std::int64_t d, int prior, bool aligned, std::int64_t page,
+                       attnstate::catalog::Variants v = attnstate::catalog::kPlain) {
+    return plan::streamed_runs(streamed, problem(1, 1, d), v, prior, aligned, page);
+  };
+  if (!plan::decode_head_dim_supported(128) || !plan::decode_head_dim_supported(64))
+    GTEST_SKIP() << "needs head dims 64 and 128 compiled";
+  EXPECT_TRUE(runs(true, 128, 0, true, 16));
+  EXPECT_TRUE(runs(true, 64, 0, true, 32));
+  EXPECT_FALSE(runs(false, 128, 0, true, 16));                              // not chosen
+  EXPECT_FALSE(runs(true, 256, 0, true, 16));                               // no streamed kernel
+  EXPECT_FALSE(runs(true, 128, 2, true, 16));                               // prior states folded
+  EXPECT_FALSE(runs(true, 128, 0, false, 16));                              // q rows misaligned
+  EXPECT_FALSE(runs(true, 128, 0, true, 24));                               // pages of 24 tokens
+  EXPECT_FALSE(runs(true, 128, 0, true, 16, attnstate::catalog::kWindow));  // a variant
+  DecodeProblem fp8 = problem(1, 1, 128);
+  fp8.kv_dtype = DType::kE4M3;
+  EXPECT_FALSE(plan::streamed_runs(true, fp8, 0, 0, true, 16));  // an fp8 cache
 }
 
 TEST(PlanDecode, ResolvedLaunchIsTheRuleAtThePlannedGrid) {

@@ -84,9 +84,10 @@ void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
 template <class T, int D>
 void launch_cascade_head_dim(const CascadeLevelParams& p, int tile_rows, bool wgmma, dim3 grid,
                              bool pdl, cudaStream_t stream) {
-  // wgmma variants: bf16 at head_dim 128 only (the configurations validated on the H200)
-  // (a soft-capped level runs on mma.sync: the plan never takes wgmma for one)
-  if constexpr (std::is_same_v<T, __nv_bfloat16> && D == 128) {
+  // wgmma instances: bf16 at the head dims of `compiled::CascadeWgmmaHeadDims` (the catalog's
+  // wgmma rows; a soft-capped level runs on mma.sync: the plan never takes wgmma for one)
+  if constexpr (std::is_same_v<T, __nv_bfloat16> &&
+                compiled::contains(compiled::CascadeWgmmaHeadDims{}, D)) {
     if (wgmma && tile_rows == 64)
       return launch_cascade_wgmma_tile<T, CascadeWgmmaTile<D, 1>>(p, grid, pdl, stream);
     if (wgmma && tile_rows == 128)

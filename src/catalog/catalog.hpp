@@ -1,0 +1,369 @@
+/// @file catalog/catalog.hpp
+/// @brief The catalog of compiled attention kernels: one row per kernel instance (family, head
+///        dim, dtypes, the variants it takes, pipeline depth, tile, run-time needs, fallback),
+///        expanded at compile time from a few groups over the build's head dims
+///        (`common/compiled.hpp`, `ATTNSTATE_CUDA_HEAD_DIMS`). Plain C++ (no CUDA header).
+///
+/// The planners and the checks ask it what is compiled (`find`, `compiled`) and name what it
+/// holds when a request is outside it (`not_supported_message`); the tests and
+/// `docs/catalog.md` read their lists from it. Each row is an instance the launchers of
+/// `src/cuda/` compile from the same lists of `common/compiled.hpp` (the catalog tests check the
+/// counts).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/dtype.hpp"
+#include "catalog/kernel_shapes.hpp"
+#include "common/compiled.hpp"
+
+namespace attnstate {
+namespace catalog {
+
+/// A kernel family: one `__global__` template and its launcher.
+enum class Family : std::uint8_t {
+  kDecodeSplit = 0,   ///< `decode_split_kv_kernel`: one CTA per (request, KV head, tile, split).
+  kDecodeStream = 1,  ///< `decode_stream_kernel`: single-split plans, warps stream whole items.
+  kCascadeMma = 2,    ///< `cascade_level_kernel`: cp.async + mma.sync level tiles.
+  kCascadeWgmma = 3,  ///< `cascade_level_wgmma_kernel`: cp.async + Hopper wgmma level tiles.
+  kCascadeWs = 4,     ///< `cascade_level_ws_kernel`: bulk tensor copies + wgmma, warp-specialised.
+  kCascadeMerge = 5,  ///< `cascade_merge_kernel`: every level's and split's state into `out`.
+};
+/// Number of families.
+inline constexpr int kFamilies = 6;
+
+/// Variants a kernel takes (a bit set).
+using Variants = std::uint8_t;
+inline constexpr Variants kPlain = 0;         ///< Plain attention (every kernel).
+inline constexpr Variants kWindow = 1;        ///< A sliding window (`window_left`).
+inline constexpr Variants kSoftCap = 2;       ///< A logits soft cap.
+inline constexpr Variants kSinks = 4;         ///< Attention sinks merged into the output.
+inline constexpr Variants kPriorStates = 8;   ///< Prior states folded in (a cascade's levels).
+inline constexpr Variants kAllVariants = 15;  ///< Every variant bit.
+
+/// What a kernel needs besides its arguments' shapes (a bit set). The plan-time needs decide
+/// whether a plan takes the kernel; the run-time ones are checked when it runs, and a run that
+/// lacks one takes the row's fallback.
+using Needs = std::uint16_t;
+inline constexpr Needs kNeedsNothing = 0;
+inline constexpr Needs kNeedsWgmma = 1;          ///< Plan time: sm_90 running sm_90a code.
+inline constexpr Needs kNeedsTensorMaps = 2;     ///< Plan time: the driver encodes tensor maps.
+inline constexpr Needs kNeedsTmaBox = 4;         ///< Plan time: a page size with a bulk-copy box.
+inline constexpr Needs kNeedsOneSplit = 8;       ///< Plan time: one split per request.
+inline constexpr Needs kNeedsPoolMap = 16;       ///< Run time: the pool fits a tensor map.
+inline constexpr Needs kNeedsAlignedQ = 32;      ///< Run time: 16-byte aligned query rows.
+inline constexpr Needs kNeedsPageTileKeys = 64;  ///< Run time: page sizes of whole key tiles.
+
+/// A set of dtypes (bit `1 << dtype`).
+using DTypeMask = std::uint8_t;
+/// The mask of one dtype (0 for a value that is no dtype).
+constexpr DTypeMask mask(DType dt) {
+  return static_cast<int>(dt) < 8 ? static_cast<DTypeMask>(1u << static_cast<int>(dt)) : 0;
+}
+/// Every dtype.
+inline constexpr DTypeMask kAnyDType = 0x1F;
+/// The 16-bit float dtypes and f32 (the outputs of the state stores).
+inline constexpr DTypeMask kStateDTypes = 0x07;
+
+/// One compiled kernel instance.
+struct Row {
+  Family family = Family::kDecodeSplit;
+  int head_dim = 0;
+  DType q = DType::kF32;   ///< The queries' dtype (the partial states' f32 for the merge).
+  DType kv = DType::kF32;  ///< The K/V dtype (the partial states' f32 for the merge).
+  DTypeMask out = 0;       ///< Output dtypes it writes (chosen at run time when several).
+  Variants variants = 0;   ///< Variants it takes (beyond plain attention).
+  int stages = 0;          ///< Pipeline depth (0: none).
+  int tile_rows = 0;       ///< Query rows of a CTA tile (the merge: rows per CTA).
+  int tile_keys = 0;       ///< Keys per K/V tile (0: none).
+  int kv_align = 0;        ///< Bytes the K/V pointers and page strides are multiples of.
+  Needs needs = 0;         ///< What it needs at plan or run time.
+  Family fallback = Family::kDecodeSplit;  ///< Taken when a need fails (itself: none).
+};
+
+/// One pipeline configuration of a group (a row per head dim × dtype combination).
+struct Tile {
+  int rows = 0, keys = 0, stages = 0;
+};
+
+/// A group of rows: the kernels of a family compiled for every head dim of a list × every dtype
+/// combination × every tile, with the same variants, needs and fallback.
+struct Group {
+  Family family = Family::kDecodeSplit;
+  int head_dims[8] = {};  ///< The family's compiled head dims (the build's list applied).
+  int num_head_dims = 0;
+  DTypeMask q = 0;   ///< Query dtypes.
+  DTypeMask kv = 0;  ///< K/V dtypes; 0: the queries' dtype.
+  DTypeMask out = 0;
+  bool row_per_out = false;  ///< One instance per output dtype (else one writing any of `out`).
+  Variants variants = 0;
+  Tile tiles[4] = {};
+  int num_tiles = 0;
+  int kv_align = 16;
+  Needs needs = 0;
+  Family fallback = Family::kDecodeSplit;
+};
+
+namespace detail {
+
+/// A compile-time head-dim list as the group's array.
+template <int... V>
+constexpr Group with_dims(Group g, compiled::IntList<V...>) {
+  const int dims[] = {0, V...};
+  for (int i = 0; i < static_cast<int>(sizeof...(V)); ++i) g.head_dims[i] = dims[i + 1];
+  g.num_head_dims = static_cast<int>(sizeof...(V));
+  return g;
+}
+
+constexpr Group group(Family f, DTypeMask q, DTypeMask kv, DTypeMask out, bool row_per_out,
+                      Variants v, Needs needs, Family fallback) {
+  Group g;
+  g.family = f;
+  g.q = q;
+  g.kv = kv;
+  g.out = out;
+  g.row_per_out = row_per_out;
+  g.variants = v;
+  g.needs = needs;
+  g.fallback = fallback;
+  return g;
+}
+
+constexpr Group tiles(Group g, Tile a, Tile b = {}, Tile c = {}, Tile d = {}) {
+  const Tile all[4] = {a, b, c, d};
+  g.num_tiles = 0;
+  for (const Tile& t : all)
+    if (t.rows > 0) g.tiles[g.num_tiles++] = t;
+  return g;
+}
+
+inline constexpr DTypeMask k16Bit = mask(DType::kF16) | mask(DType::kBF16);
+inline constexpr DTypeMask kFp8 = mask(DType::kE4M3) | mask(DType::kE5M2);
+inline constexpr Tile kDecodeTile{kDecodeTileRows, kDecodeTileRows, kDecodeStages};
+inline constexpr Tile kDecodeShortTile{kDecodeTileRows, kDecodeTileRows, kDecodeShortStages};
+using ShortHeadDims =
+    compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
+using ShortFp8HeadDims =
+    compiled::Intersect<compiled::DecodeFp8HeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
+
+}  // namespace detail
+
+/// The groups: what `src/cuda/decode.cu` (`with_split_instance`, `launch`),
+/// `kernels/cascade/launch.cuh`, `cascade_level_ws_bf16.cu` and `cascade.cu` (`launch_merge`)
+/// instantiate, in the order `find` prefers (the default depth before the short-split one, plain
+/// instances before the variant ones).
+inline constexpr Group kGroups[] = {
+    // split-KV decode, 16-bit caches: plain (sinks, prior states) at the default depth, then the
+    // short-split depth at its head dim; then the variant instance (window, soft cap, sinks)
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0, kStateDTypes, false,
+                                    kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
+                      detail::kDecodeTile),
+        compiled::DecodeHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0, kStateDTypes, false,
+                                    kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
+                      detail::kDecodeShortTile),
+        detail::ShortHeadDims{}),
+    detail::with_dims(detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0,
+                                                  kStateDTypes, false, kWindow | kSoftCap | kSinks,
+                                                  kNeedsNothing, Family::kDecodeSplit),
+                                    detail::kDecodeTile),
+                      compiled::DecodeHeadDims{}),
+    detail::with_dims(detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0,
+                                                  kStateDTypes, false, kWindow | kSoftCap | kSinks,
+                                                  kNeedsNothing, Family::kDecodeSplit),
+                                    detail::kDecodeShortTile),
+                      detail::ShortHeadDims{}),
+    // split-KV decode over fp8 caches (16-bit queries): plain only
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
+                          kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
+            detail::kDecodeTile),
+        compiled::DecodeFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
+                          kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
+            detail::kDecodeShortTile),
+        detail::ShortFp8HeadDims{}),
+    // streamed decode: one split per request, aligned query rows, pages of whole 16-key tiles,
+    // no prior states; else the plan's split launch
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeStream, detail::k16Bit, 0, kStateDTypes, false,
+                                    kSinks, kNeedsOneSplit | kNeedsAlignedQ | kNeedsPageTileKeys,
+                                    Family::kDecodeSplit),
+                      Tile{kDecodeTileRows, kDecodeTileRows, kDecodeStreamStages}),
+        compiled::DecodeStreamHeadDims{}),
+    // cascade levels on mma.sync: tiles of 16 rows (3 or 2 stages), 64 and 128 rows; plain, then
+    // the soft-capped instance; partial states in fp32
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
+                                    false, kPlain, kNeedsNothing, Family::kCascadeMma),
+                      Tile{16, kCascadeKvTile, 3}, Tile{16, kCascadeKvTile, 2},
+                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+        compiled::CascadeHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
+                                    false, kSoftCap, kNeedsNothing, Family::kCascadeMma),
+                      Tile{16, kCascadeKvTile, 3}, Tile{16, kCascadeKvTile, 2},
+                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+        compiled::CascadeHeadDims{}),
+    // cascade levels on wgmma (bf16): on devices without it, the plan takes mma.sync
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWgmma, mask(DType::kBF16), 0, mask(DType::kF32),
+                                    false, kPlain, kNeedsWgmma, Family::kCascadeMma),
+                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+        compiled::CascadeWgmmaHeadDims{}),
+    // warp-specialised levels (bf16): 128-key tiles (3 stages) and 64-key tiles (4 stages); a
+    // pool no tensor map describes runs the wgmma kernel
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeWs, mask(DType::kBF16), 0, mask(DType::kF32), false,
+                          kPlain, kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                          Family::kCascadeWgmma),
+            Tile{64, kCascadeWsKvTile, 3}, Tile{128, kCascadeWsKvTile, 3},
+            Tile{64, kCascadeKvTile, 4}, Tile{128, kCascadeKvTile, 4}),
+        compiled::CascadeWgmmaHeadDims{}),
+    // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeMerge, mask(DType::kF32), 0, kStateDTypes, true,
+                                    kSinks, kNeedsNothing, Family::kCascadeMerge),
+                      Tile{kCascadeMergeWarps, 0, 0}),
+        compiled::CascadeHeadDims{}),
+};
+
+namespace detail {
+
+constexpr int popcount(unsigned m) {
+  int n = 0;
+  for (; m != 0; m &= m - 1) ++n;
+  return n;
+}
+
+/// Rows of one group.
+constexpr int group_rows(const Group& g) {
+  const int kv = g.kv == 0 ? 1 : popcount(g.kv);
+  const int out = g.row_per_out ? popcount(g.out) : 1;
+  return g.num_head_dims * popcount(g.q) * kv * out * g.num_tiles;
+}
+
+constexpr int count_rows() {
+  int n = 0;
+  for (const Group& g : kGroups) n += group_rows(g);
+  return n;
+}
+
+}  // namespace detail
+
+/// Number of compiled kernel instances.
+inline constexpr int kNumRows = detail::count_rows();
+
+namespace detail {
+
+/// Every group expanded: head dim, then query dtype, K/V dtype, output dtype, tile.
+constexpr std::array<Row, kNumRows> expand() {
+  std::array<Row, kNumRows> rows{};
+  int n = 0;
+  for (const Group& g : kGroups)
+    for (int h = 0; h < g.num_head_dims; ++h)
+      for (int q = 0; q < 5; ++q) {
+        if ((g.q & (1u << q)) == 0) continue;
+        for (int kv = 0; kv < 5; ++kv) {
+          const DTypeMask kv_set = g.kv == 0 ? static_cast<DTypeMask>(1u << q) : g.kv;
+          if ((kv_set & (1u << kv)) == 0) continue;
+          for (int o = 0; o < 5; ++o) {
+            if (g.row_per_out ? (g.out & (1u << o)) == 0 : o > 0) continue;
+            for (int t = 0; t < g.num_tiles; ++t) {
+              Row& r = rows[static_cast<std::size_t>(n++)];
+              r.family = g.family;
+              r.head_dim = g.head_dims[h];
+              r.q = static_cast<DType>(q);
+              r.kv = static_cast<DType>(kv);
+              r.out = g.row_per_out ? static_cast<DTypeMask>(1u << o) : g.out;
+              r.variants = g.variants;
+              r.stages = g.tiles[t].stages;
+              r.tile_rows = g.tiles[t].rows;
+              r.tile_keys = g.tiles[t].keys;
+              r.kv_align = g.kv_align;
+              r.needs = g.needs;
+              r.fallback = g.fallback;
+            }
+          }
+        }
+      }
+  return rows;
+}
+
+}  // namespace detail
+
+/// The rows: every compiled attention kernel instance of this build.
+inline constexpr std::array<Row, kNumRows> kRows = detail::expand();
+
+/// A request: a family and what must hold (0 / `kAnyDType`: anything).
+struct Query {
+  Family family = Family::kDecodeSplit;
+  std::int64_t head_dim = 0;   ///< 0: any.
+  DTypeMask q = kAnyDType;     ///< Query dtypes accepted.
+  DTypeMask kv = kAnyDType;    ///< K/V dtypes accepted.
+  DTypeMask out = 0;           ///< Output dtypes the kernel must write (0: any).
+  Variants variants = kPlain;  ///< Variants the kernel must take.
+  int stages = 0;              ///< 0: any.
+  int tile_rows = 0;           ///< 0: any.
+  int tile_keys = 0;           ///< 0: any.
+};
+
+/// True when `r` answers `q`.
+constexpr bool matches(const Row& r, const Query& q) {
+  return r.family == q.family && (q.head_dim == 0 || r.head_dim == q.head_dim) &&
+         (q.q & mask(r.q)) != 0 && (q.kv & mask(r.kv)) != 0 && (r.out & q.out) == q.out &&
+         (r.variants & q.variants) == q.variants && (q.stages == 0 || r.stages == q.stages) &&
+         (q.tile_rows == 0 || r.tile_rows == q.tile_rows) &&
+         (q.tile_keys == 0 || r.tile_keys == q.tile_keys);
+}
+
+/// The first row answering `q` (the preferred instance), or null when none is compiled.
+constexpr const Row* find(const Query& q) {
+  for (const Row& r : kRows)
+    if (matches(r, q)) return &r;
+  return nullptr;
+}
+
+/// True when some compiled kernel answers `q`.
+constexpr bool compiled(const Query& q) { return find(q) != nullptr; }
+
+/// The variants of an attention variant (`window_left`, `logits_soft_cap`) as bits.
+constexpr Variants variants_of(std::int64_t window_left, float logits_soft_cap) {
+  return static_cast<Variants>((window_left >= 0 ? kWindow : 0) |
+                               (logits_soft_cap != 0.f ? kSoftCap : 0));
+}
+
+/// The family's name ("split-KV decode", ...).
+const char* to_string(Family f);
+/// The variants as words ("plain", "window, soft cap").
+std::string variants_string(Variants v);
+/// The dtypes of a mask as "f16 or bf16" ("none" when empty).
+std::string dtypes_string(DTypeMask m);
+
+/// The head dims of the rows answering `q` (its `head_dim` ignored), ascending.
+std::vector<int> head_dims(Query q);
+/// `head_dims(q)` as "64, 128 or 256".
+std::string head_dims_string(const Query& q);
+/// The query (`kv == false`) or K/V (`kv == true`) dtypes of the rows answering `q`.
+DTypeMask dtypes(const Query& q, bool kv);
+
+/// What the catalog holds for `q`'s family and dims, for a `Status::kNotSupported` error's
+/// `expected`: "a compiled split-KV decode kernel: head dims 64, 128 or 256, ... " naming, for
+/// the family, the head dims, the dtypes at `q`'s head dim and the variants at its dtypes.
+std::string not_supported_message(const Query& q);
+
+/// The catalog as a Markdown table (`docs/catalog.md` holds it; a test checks they agree).
+std::string markdown_table();
+
+}  // namespace catalog
+}  // namespace attnstate

@@ -1,0 +1,299 @@
+/// @file test_catalog.cpp
+/// @brief The kernel catalog (src/catalog/): its rows expand from the groups as the launchers
+///        instantiate them, over the build's head dims only; its lookups, the NOT_SUPPORTED
+///        errors of the checks that read it, the planner's facts against its rows, and the table
+///        of docs/catalog.md. No CUDA, no GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "attnstate/core/error.hpp"
+#include "catalog/catalog.hpp"
+#include "catalog/kernel_shapes.hpp"
+#include "common/compiled.hpp"
+#include "plan/cascade_plan.hpp"
+#include "plan/decode_plan.hpp"
+
+namespace {
+
+using attnstate::DecodeOptions;
+using attnstate::DecodeProblem;
+using attnstate::DType;
+using attnstate::Error;
+using attnstate::Status;
+namespace catalog = attnstate::catalog;
+namespace compiled = attnstate::compiled;
+namespace plan = attnstate::plan;
+using catalog::Family;
+
+int rows_of(Family f) {
+  int n = 0;
+  for (const catalog::Row& r : catalog::kRows) n += r.family == f ? 1 : 0;
+  return n;
+}
+
+catalog::Query query(Family f, std::int64_t head_dim = 0, DType q = DType::kBF16,
+                     DType kv = DType::kBF16, catalog::Variants v = catalog::kPlain) {
+  catalog::Query c;
+  c.family = f;
+  c.head_dim = head_dim;
+  c.q = catalog::mask(q);
+  c.kv = catalog::mask(kv);
+  c.variants = v;
+  return c;
+}
+
+/// The error `f` throws ("" and `kSuccess` when none).
+template <class F>
+std::string error_of(F&& f, Status* status) {
+  try {
+    f();
+  } catch (const Error& e) {
+    *status = e.status();
+    return e.what();
+  }
+  *status = Status::kSuccess;
+  return "";
+}
+
+DecodeProblem decode_problem(std::int64_t head_dim, DType q = DType::kBF16,
+                             DType kv = DType::kBF16) {
+  DecodeProblem p;
+  p.batch = 1;
+  p.q_len = 1;
+  p.heads_kv = 1;
+  p.heads_q = 4;
+  p.head_dim = head_dim;
+  p.q_dtype = q;
+  p.kv_dtype = kv;
+  return p;
+}
+
+// The rows are a compile-time table.
+static_assert(catalog::kNumRows == static_cast<int>(catalog::kRows.size()));
+static_assert(catalog::kNumRows > 0, "every build compiles a cascade head dim");
+
+TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
+  // the instances of decode.cu (with_split_instance, launch), kernels/cascade/launch.cuh,
+  // cascade_level_ws_bf16.cu and cascade.cu's launch_merge, counted from the lists they read
+  using Short = compiled::Intersect<compiled::DecodeHeadDims,
+                                    compiled::IntList<catalog::kDecodeShortHeadDim>>::type;
+  using ShortFp8 = compiled::Intersect<compiled::DecodeFp8HeadDims,
+                                       compiled::IntList<catalog::kDecodeShortHeadDim>>::type;
+  const int dtypes = static_cast<int>(std::size(compiled::Values<compiled::DecodeDTypes>::value));
+  const int fp8 = static_cast<int>(std::size(compiled::Values<compiled::DecodeFp8DTypes>::value));
+  const int split16 = static_cast<int>(compiled::DecodeHeadDims::size() + Short::size()) * dtypes;
+  const int split8 =
+      static_cast<int>(compiled::DecodeFp8HeadDims::size() + ShortFp8::size()) * dtypes * fp8;
+  EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain, variant; fp8 plain
+  EXPECT_EQ(rows_of(Family::kDecodeStream),
+            static_cast<int>(compiled::DecodeStreamHeadDims::size()) * dtypes);
+  const int cascade_dtypes =
+      static_cast<int>(std::size(compiled::Values<compiled::CascadeDTypes>::value));
+  const int tiles16 = 2;  // the 16-row tile at 3 and 2 stages
+  const int tiles = tiles16 + static_cast<int>(compiled::CascadeTileRows::size()) - 1;
+  EXPECT_EQ(rows_of(Family::kCascadeMma),
+            static_cast<int>(compiled::CascadeHeadDims::size()) * cascade_dtypes * tiles * 2);
+  EXPECT_EQ(rows_of(Family::kCascadeWgmma),
+            static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * 2);
+  EXPECT_EQ(rows_of(Family::kCascadeWs),
+            static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * 4);
+  EXPECT_EQ(rows_of(Family::kCascadeMerge),
+            static_cast<int>(compiled::CascadeHeadDims::size() *
+                             std::size(compiled::Values<compiled::MergeDTypes>::value)));
+  int total = 0;
+  for (int f = 0; f < catalog::kFamilies; ++f) total += rows_of(static_cast<Family>(f));
+  EXPECT_EQ(total, catalog::kNumRows);
+  // the default build: decode.cu's 32 kernels, the cascade's 32 + 2 + 4 level kernels, 6 merges
+  if (std::is_same_v<compiled::BuildHeadDims, std::integer_sequence<int, 64, 128, 256, 512>>) {
+    EXPECT_EQ(rows_of(Family::kDecodeSplit) + rows_of(Family::kDecodeStream), 32);
+    EXPECT_EQ(catalog::kNumRows, 76);
+  }
+}
+
+TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
+  std::set<std::tuple<int, int, int, int, int, int, int, int, int>> seen;
+  for (const catalog::Row& r : catalog::kRows) {
+    EXPECT_TRUE(compiled::contains(compiled::BuildHeadDims{}, r.head_dim))
+        << catalog::to_string(r.family) << " at head dim " << r.head_dim;
+    EXPECT_NE(r.out, 0);
+    EXPECT_GT(r.tile_rows, 0);
+    const bool fresh =
+        seen.insert({static_cast<int>(r.family), r.head_dim, static_cast<int>(r.q),
+                     static_cast<int>(r.kv), r.out, r.variants, r.stages, r.tile_rows, r.tile_keys})
+            .second;
+    EXPECT_TRUE(fresh) << "a row twice: " << catalog::to_string(r.family) << " " << r.head_dim;
+    // a fallback is another family (or none), and never a kernel the catalog lacks
+    if (r.fallback != r.family) {
+      catalog::Query f = query(r.fallback, r.head_dim, r.q, r.kv);
+      f.tile_rows = r.family == Family::kDecodeStream ? 0 : r.tile_rows;
+      EXPECT_TRUE(catalog::compiled(f)) << catalog::to_string(r.family) << " " << r.head_dim;
+    }
+  }
+}
+
+TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
+  if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "head dim 128 not compiled";
+  const catalog::Row* plain = catalog::find(query(Family::kDecodeSplit, 128));
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->stages, catalog::kDecodeStages);
+  EXPECT_TRUE((plain->variants & catalog::kPriorStates) != 0);
+  const catalog::Row* window =
+      catalog::find(query(Family::kDecodeSplit, 128, DType::kBF16, DType::kBF16, catalog::kWindow));
+  ASSERT_NE(window, nullptr);
+  EXPECT_NE(window, plain);
+  EXPECT_TRUE((window->variants & catalog::kSoftCap) != 0);
+  // no instance takes a window and prior states, nor a variant over fp8
+  EXPECT_FALSE(catalog::compiled(query(Family::kDecodeSplit, 128, DType::kBF16, DType::kBF16,
+                                       catalog::kWindow | catalog::kPriorStates)));
+  EXPECT_FALSE(catalog::compiled(
+      query(Family::kDecodeSplit, 128, DType::kBF16, DType::kE4M3, catalog::kSoftCap)));
+  catalog::Query short_depth = query(Family::kDecodeSplit, 128);
+  short_depth.stages = catalog::kDecodeShortStages;
+  EXPECT_TRUE(catalog::compiled(short_depth));
+  short_depth.head_dim = 64;
+  EXPECT_FALSE(catalog::compiled(short_depth));
+  // the cascade's wgmma rows: bf16 only, never f16, never soft-capped
+  EXPECT_FALSE(catalog::compiled(query(Family::kCascadeWgmma, 128, DType::kF16, DType::kF16)));
+  EXPECT_FALSE(catalog::compiled(
+      query(Family::kCascadeWgmma, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap)));
+  EXPECT_FALSE(catalog::compiled(
+      query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16, catalog::kWindow)));
+}
+
+TEST(Catalog, UncompiledHeadDimsAreRefusedNamingTheCatalog) {
+  const std::string decode_dims = catalog::head_dims_string(query(Family::kDecodeSplit));
+  for (std::int64_t d = 16; d <= 640; d += 16) {
+    Status st = Status::kSuccess;
+    const std::string what =
+        error_of([&] { plan::check_decode_problem("fn", decode_problem(d)); }, &st);
+    if (catalog::compiled(query(Family::kDecodeSplit, d))) {
+      EXPECT_EQ(st, Status::kSuccess) << d << ": " << what;
+      continue;
+    }
+    EXPECT_EQ(st, Status::kNotSupported) << d;
+    EXPECT_NE(
+        what.find("'problem.head_dim': expected " + decode_dims + ", got " + std::to_string(d)),
+        std::string::npos)
+        << what;
+    EXPECT_FALSE(plan::cascade_head_dim_supported(d) && d > 0) << d;
+  }
+  // an fp8 cache at a head dim its kernels lack (64: rows of 4 chunks, no swizzle)
+  if (plan::decode_head_dim_supported(64)) {
+    Status st = Status::kSuccess;
+    const std::string what = error_of(
+        [&] { plan::check_decode_problem("fn", decode_problem(64, DType::kBF16, DType::kE4M3)); },
+        &st);
+    EXPECT_EQ(st, Status::kNotSupported);
+    EXPECT_NE(what.find(catalog::head_dims_string(
+                            query(Family::kDecodeSplit, 0, DType::kBF16, DType::kE4M3)) +
+                        " over an e4m3 cache"),
+              std::string::npos)
+        << what;
+  }
+}
+
+TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
+  // the decode over an fp8 cache with a soft cap: resolve_decode names options.variant
+  if (compiled::DecodeFp8HeadDims::size() > 0) {
+    const std::int64_t d = compiled::Values<compiled::DecodeFp8HeadDims>::value[0];
+    DecodeOptions o;
+    o.variant.logits_soft_cap = 30.f;
+    const std::int32_t len = 100;
+    plan::DecodeFacts f = plan::decode_kernel_facts(d, 1);
+    Status st = Status::kSuccess;
+    const std::string what = error_of(
+        [&] {
+          plan::resolve_decode("fn", decode_problem(d, DType::kBF16, DType::kE4M3), &len, o, 132,
+                               f);
+        },
+        &st);
+    EXPECT_EQ(st, Status::kNotSupported);
+    EXPECT_NE(what.find("'options.variant'"), std::string::npos) << what;
+    EXPECT_NE(what.find(catalog::not_supported_message(
+                  query(Family::kDecodeSplit, d, DType::kBF16, DType::kE4M3, catalog::kSoftCap))),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("got soft cap"), std::string::npos) << what;
+  }
+  // the cascade with a window: the host planner names options.variant.window_left
+  attnstate::cuda::CascadeShape s;
+  attnstate::CascadeOptions o;
+  o.variant.window_left = 64;
+  Status st = Status::kSuccess;
+  const std::string what = error_of(
+      [&] {
+        plan::plan_cascade("fn", s, nullptr, 1, o, 132, attnstate::cuda::CascadeTuning{},
+                           plan::CascadeDeviceFacts{}, nullptr);
+      },
+      &st);
+  EXPECT_EQ(st, Status::kNotSupported);
+  EXPECT_NE(what.find("'options.variant.window_left'"), std::string::npos) << what;
+  EXPECT_NE(what.find("a compiled cascade level (mma.sync) kernel (head dims " +
+                      catalog::head_dims_string(query(Family::kCascadeMma))),
+            std::string::npos)
+      << what;
+}
+
+TEST(Catalog, TheMessageNamesWhatIsCompiledAtTheRequest) {
+  if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "head dim 128 not compiled";
+  const std::string m =
+      catalog::not_supported_message(query(Family::kDecodeSplit, 128, DType::kBF16, DType::kBF16,
+                                           catalog::kWindow | catalog::kPriorStates));
+  EXPECT_NE(m.find("a compiled split-KV decode kernel (head dims " +
+                   catalog::head_dims_string(query(Family::kDecodeSplit))),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("at head dim 128: queries f16 or bf16, K/V f16, bf16"), std::string::npos) << m;
+  EXPECT_NE(m.find("{sinks, prior states} or {window, soft cap, sinks}"), std::string::npos) << m;
+  EXPECT_NE(m.find("asked: window, prior states"), std::string::npos) << m;
+}
+
+TEST(Catalog, PlannerFactsAgreeWithTheRows) {
+  for (const catalog::Row& r : catalog::kRows) {
+    if (r.family == Family::kDecodeSplit) {
+      const int bytes = attnstate::is_fp8(r.kv) ? 1 : 2;
+      const plan::DecodeFacts f = plan::decode_kernel_facts(r.head_dim, bytes);
+      EXPECT_EQ(f.tile_rows, r.tile_rows);
+      EXPECT_TRUE(r.stages == f.stages ||
+                  (r.stages == f.short_stages && r.head_dim == plan::kDecodeShortHeadDim))
+          << r.head_dim << " stages " << r.stages;
+      EXPECT_EQ(f.ctas_per_sm, catalog::decode_ctas_per_sm(r.head_dim, f.stages, bytes));
+      EXPECT_TRUE(plan::decode_head_dim_supported(r.head_dim));
+    } else if (r.family == Family::kDecodeStream) {
+      EXPECT_GT(plan::decode_kernel_facts(r.head_dim, 2).stream_warps, 0);
+      EXPECT_EQ(r.tile_keys, plan::decode_kernel_facts(r.head_dim, 2).tile_rows);
+    } else if (r.family == Family::kCascadeMma) {
+      EXPECT_EQ(r.tile_keys, plan::kKvTile);
+      EXPECT_TRUE(plan::cascade_tile_supported(r.tile_rows));
+      EXPECT_TRUE(compiled::contains(compiled::CascadeTileRows{}, r.tile_rows));
+      EXPECT_TRUE(plan::cascade_head_dim_supported(r.head_dim));
+    }
+  }
+  for (int rows : catalog::kCascadeTileRows) {
+    catalog::Query q = query(Family::kCascadeMma);
+    q.tile_rows = rows;
+    EXPECT_TRUE(catalog::compiled(q)) << rows;
+  }
+  EXPECT_EQ(plan::kMaxCluster, catalog::kDecodeMaxWsGroup);
+}
+
+TEST(CatalogDocs, TableMatchesDocs) {
+  if (!std::is_same_v<compiled::BuildHeadDims, std::integer_sequence<int, 64, 128, 256, 512>>)
+    GTEST_SKIP() << "docs/catalog.md shows the default ATTNSTATE_CUDA_HEAD_DIMS";
+  std::ifstream in(ATTNSTATE_CATALOG_DOC);
+  ASSERT_TRUE(in.good()) << ATTNSTATE_CATALOG_DOC;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find(catalog::markdown_table()), std::string::npos)
+      << "docs/catalog.md: replace the table with this one:\n"
+      << catalog::markdown_table();
+}
+
+}  // namespace
