@@ -1,16 +1,26 @@
 """A split-KV attention kernel in Triton, checked with attnstate.testing.check_kernel: one kernel
 computes each split's partial state (o, base-2 LSE) with an online softmax, a second merges the
-splits with the max-subtracted merge into (o, natural-log LSE). `base_bug=True` gives the classic
-bug of merging base-2 LSEs with natural exponentials, which the kit catches.
+splits with the max-subtracted merge into (o, natural-log LSE). Two classic merge bugs can be
+planted, and the kit catches both: `base_bug=True` merges base-2 LSEs with natural exponentials,
+`max_bug=True` weights the splits by exp2(lse) without subtracting the largest LSE first (it
+overflows once logits reach the hundreds).
 
-    python python/examples/triton_split_kv.py      # needs torch, Triton and a CUDA GPU
+The tensors live on DEVICE: a CUDA GPU, or the CPU under Triton's interpreter (TRITON_INTERPRET=1
+set before Triton is imported; see triton_interpret_check.py and docs/laptop.md).
+
+    python python/examples/triton_split_kv.py          # torch, Triton and a CUDA GPU
+    python python/examples/triton_interpret_check.py   # the kit on a CPU, under the interpreter
 """
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+# Interpreted kernels run on CPU tensors; compiled ones need CUDA tensors.
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 @triton.jit
@@ -52,7 +62,7 @@ def _partial_states(Q, K, V, PO, PL, scale_log2, num_keys, chunk, heads_q, group
 
 @triton.jit
 def _merge_splits(PO, PL, O, LSE, splits, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BASE_BUG: tl.constexpr):
+                  BASE_BUG: tl.constexpr, MAX_BUG: tl.constexpr):
     row = tl.program_id(0)
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
@@ -62,6 +72,9 @@ def _merge_splits(PO, PL, O, LSE, splits, D: tl.constexpr, BLOCK_S: tl.constexpr
     m = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: every weight 0
     if BASE_BUG:
         w = tl.exp(lse - m)  # base-2 LSEs weighted as natural ones
+    elif MAX_BUG:
+        w = tl.exp2(lse)  # no max subtracted: inf once an LSE passes 128
+        m = tl.zeros_like(m)
     else:
         w = tl.exp2(lse - m)
     po = tl.load(PO + (row * splits + sp[:, None]) * D + d[None, :], mask=ok[:, None], other=0.0)
@@ -72,9 +85,10 @@ def _merge_splits(PO, PL, O, LSE, splits, D: tl.constexpr, BLOCK_S: tl.constexpr
                                  float("-inf")))
 
 
-def split_kv_attention(q, k, v, scale, num_splits=4, block_n=32, base_bug=False):
+def split_kv_attention(q, k, v, scale, num_splits=4, block_n=32, base_bug=False, max_bug=False):
     """State (o float32 (T, Hq, D), natural-log lse (T, Hq)) of q (T, Hq, D) over k, v
-    (N, Hkv, D) (CUDA tensors, D a power of two >= 16), in up to `num_splits` splits."""
+    (N, Hkv, D) (torch tensors on DEVICE, D a power of two >= 16), in up to `num_splits`
+    splits. base_bug, max_bug: plant the merge bug of that name (module docstring)."""
     tokens, heads_q, dim = q.shape
     num_keys, heads_kv, _ = k.shape
     chunk = max(block_n, -(-num_keys // num_splits))
@@ -91,25 +105,29 @@ def split_kv_attention(q, k, v, scale, num_splits=4, block_n=32, base_bug=False)
     o = torch.empty(tokens, heads_q, dim, device=q.device, dtype=torch.float32)
     lse = torch.empty(tokens, heads_q, device=q.device, dtype=torch.float32)
     _merge_splits[(rows,)](po, pl, o, lse, splits, D=dim,
-                           BLOCK_S=triton.next_power_of_2(splits), BASE_BUG=base_bug)
+                           BLOCK_S=triton.next_power_of_2(splits), BASE_BUG=base_bug,
+                           MAX_BUG=max_bug)
     return o, lse
 
 
-def to_cuda(array, dtype):
-    """The kit's float32 NumPy inputs as CUDA tensors of the drawn dtype (exact)."""
-    return torch.from_numpy(array).to("cuda", getattr(torch, dtype))
+def to_device(array, dtype):
+    """The kit's float32 NumPy inputs as tensors of the drawn dtype on DEVICE (exact)."""
+    return torch.from_numpy(array).to(DEVICE, getattr(torch, dtype))
 
 
 KIT_OPTIONS = dict(base="natural", input_dtypes=("float16", "bfloat16"), head_dims=(16, 32, 64),
-                   to_inputs=to_cuda)
+                   to_inputs=to_device)
 
 if __name__ == "__main__":
     import attnstate.testing
 
     print(attnstate.testing.check_kernel(split_kv_attention, num_tests=50, **KIT_OPTIONS))
-    try:
-        attnstate.testing.check_kernel(lambda q, k, v, s: split_kv_attention(q, k, v, s,
-                                                                             base_bug=True),
-                                       num_tests=50, **KIT_OPTIONS)
-    except AssertionError as report:
-        print("the kit caught the mixed-base merge:\n" + str(report))
+    for bug, what in (("base_bug", "the mixed-base merge"),
+                      ("max_bug", "the merge without max subtraction")):
+        try:
+            attnstate.testing.check_kernel(
+                lambda q, k, v, s, bug=bug: split_kv_attention(q, k, v, s, **{bug: True}),
+                num_tests=50, **KIT_OPTIONS)
+            print(f"the kit missed {what}")
+        except AssertionError as report:
+            print(f"the kit caught {what}:\n{report}")
