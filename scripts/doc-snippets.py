@@ -9,7 +9,9 @@ A page shows a region of a source file as a fenced code block preceded by a mark
     ```
 
 The region is the text between two marker lines of the source, `//! [decode-plan]` in C++
-(Doxygen's snippet marker) or `# [name]` in Python. Sources must be files that the tests build
+(Doxygen's snippet marker) or `# [name]` in Python. A marker may name several regions of the file
+(`<!-- snippet: examples/usage_merge.cpp usage-include usage-merge -->`): the block is then those
+regions in that order, a blank line between them (e.g. a file's includes and a function's body). Sources must be files that the tests build
 and run: `examples/*.cpp` (each one an `Example.*` CTest test) or `python/examples/*.py` (run
 by `python/tests/test_doc_examples.py`).
 
@@ -28,7 +30,7 @@ import re
 import sys
 import textwrap
 
-MARKER = re.compile(r"^<!--\s*snippet:\s*(\S+)\s+(\S+)\s*-->\s*$")
+MARKER = re.compile(r"^<!--\s*snippet:\s*(\S+)\s+(\S+(?:\s+\S+)*?)\s*-->\s*$")
 FENCE = re.compile(r"^(```+)\s*([\w+-]*)\s*$")
 DOXYGEN_INCLUDE = re.compile(r"^\s*[@\\](snippet|dontinclude|include|includelineno)\b")
 # Sources whose every file the tests compile and run (see the module docstring).
@@ -112,7 +114,7 @@ def process(root, write):
         for marker, path, name, open_, close in reversed(found):
             total += 1
             try:
-                want = region(root, path, name)
+                want = "\n\n".join(region(root, path, n) for n in name.split())
             except SnippetError as e:
                 print(f"{rel}:{marker + 1}: block '{path} {name}': {e}")
                 problems += 1
