@@ -1,7 +1,10 @@
 /// @file bench_merge.cu
 /// @brief Benchmark of the CUDA merges on bf16 states (32 heads, head_dim 128): `merge_states`
-///        for S ∈ {2, 8, 32} and tokens ∈ {1, 64, 4096, 65536} in both stack layouts, and the
-///        pairwise `merge_state` / `merge_state_inplace` at 4096 tokens.
+///        for S ∈ {2, 8, 32} and tokens ∈ {1, 64, 4096, 65536} in both stack layouts, the
+///        pairwise `merge_state` / `merge_state_inplace` at 4096 tokens; then the head-dim
+///        section (`merge_states` S = 8 and `merge_state` at 4096 tokens for every head dim of
+///        `--head-dims`, each beside head dim 128's GB/s) and the fp8 output (`merge_state` and
+///        `merge_states` S = 8 writing e4m3 with a scale, beside the bf16 output).
 ///
 /// Each point is a CUDA graph of many back-to-back calls whose inputs rotate over enough buffer
 /// sets that L2 (60 MiB on the H200) does not serve them; the time per call is the median over
@@ -9,7 +12,10 @@
 /// as a fraction of a device-to-device cudaMemcpy measured in the same run (read + written).
 ///
 /// Usage: bench_merge [--csv <path>] [--quick] [--states S,...] [--tokens T,...]
-///        (--states / --tokens restrict the merge_states sweep to the listed values).
+///                    [--head-dims D,...] [--only-head-dims]
+///        (--states / --tokens restrict the merge_states sweep to the listed values;
+///        --head-dims sets the head-dim section's list, default 64,80,96,128,192,256;
+///        --only-head-dims runs the head-dim and fp8 sections alone).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,7 +46,7 @@ using attnstate::StateView;
 using bench_util::median;
 
 constexpr std::int64_t kHeads = 32;
-constexpr std::int64_t kHeadDim = 128;
+constexpr std::int64_t kHeadDim = 128;  ///< Head dim of the main sweep.
 constexpr std::int64_t kL2Bytes = 60ll << 20;
 
 /// Deterministic pseudo-random fill: o in [-1, 1) as bf16, LSEs in [-5, 5).
@@ -64,10 +70,11 @@ struct States {
   bfloat16_t* o = nullptr;
   float* lse = nullptr;
   std::int64_t rows = 0;
-  explicit States(std::int64_t r, std::uint32_t salt) : rows(r) {
-    ATTNSTATE_CUDA_CHECK(cudaMalloc(&o, rows * kHeads * kHeadDim * sizeof(bfloat16_t)));
+  std::int64_t dim = kHeadDim;
+  explicit States(std::int64_t r, std::uint32_t salt, std::int64_t d = kHeadDim) : rows(r), dim(d) {
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&o, rows * kHeads * dim * sizeof(bfloat16_t)));
     ATTNSTATE_CUDA_CHECK(cudaMalloc(&lse, rows * kHeads * sizeof(float)));
-    fill_kernel<<<1024, 256>>>(o, rows * kHeads * kHeadDim, lse, rows * kHeads, salt);
+    fill_kernel<<<1024, 256>>>(o, rows * kHeads * dim, lse, rows * kHeads, salt);
     ATTNSTATE_CHECK_LAUNCH(nullptr, "fill_kernel");
   }
   ~States() {
@@ -77,8 +84,15 @@ struct States {
   States(const States&) = delete;
   States& operator=(const States&) = delete;
   StateView view(std::int64_t tokens) const {
-    return attnstate::make_state_view(o, DType::kBF16, lse, tokens, kHeads, kHeadDim,
-                                      LseBase::kNatural, MemorySpace::kDevice);
+    return attnstate::make_state_view(o, DType::kBF16, lse, tokens, kHeads, dim, LseBase::kNatural,
+                                      MemorySpace::kDevice);
+  }
+  /// The same memory as an e4m3 `o` with a scale (half its rows of bf16), for fp8 outputs.
+  StateView fp8_view(std::int64_t tokens) const {
+    StateView v = attnstate::make_state_view(o, DType::kE4M3, lse, tokens, kHeads, dim,
+                                             LseBase::kNatural, MemorySpace::kDevice);
+    v.o_scale = 0.0625f;
+    return v;
   }
 };
 
@@ -152,6 +166,9 @@ struct Row {
   std::string op, layout;
   std::int64_t states, tokens;
   double us, gbs, frac;
+  std::int64_t head_dim = kHeadDim;
+  std::string dtype = "bf16";  ///< Output dtype.
+  double vs_ref = 0.0;         ///< GB/s ÷ the reference point's (head dim 128, bf16 output).
 };
 
 /// Parses a comma-separated list of positive integers ("8,32"); empty on a malformed list.
@@ -181,6 +198,8 @@ int main(int argc, char** argv) {
   std::string csv;
   bool quick = false;
   std::vector<std::int64_t> only_states, only_tokens;
+  std::vector<std::int64_t> head_dims = {64, 80, 96, 128, 192, 256};
+  bool only_head_dims = false;
   for (int i = 1; i < argc; ++i) {
     bool ok = true;
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
@@ -193,11 +212,18 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
       only_tokens = parse_list(argv[++i]);
       ok = !only_tokens.empty();
+    } else if (!std::strcmp(argv[i], "--head-dims") && i + 1 < argc) {
+      head_dims = parse_list(argv[++i]);
+      ok = !head_dims.empty();
+    } else if (!std::strcmp(argv[i], "--only-head-dims")) {
+      only_head_dims = true;
     } else {
       ok = false;
     }
     if (!ok) {
-      std::fprintf(stderr, "usage: %s [--csv <path>] [--quick] [--states S,...] [--tokens T,...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--csv <path>] [--quick] [--states S,...] [--tokens T,...] "
+                   "[--head-dims D,...] [--only-head-dims]\n",
                    argv[0]);
       return 2;
     }
@@ -212,9 +238,13 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     const auto report = [&](Row r) {
       r.frac = r.gbs / copy_gbs;
-      std::printf("%-20s %-13s S=%-3lld tokens=%-6lld %10.2f us %9.0f GB/s %6.3f of copy\n",
-                  r.op.c_str(), r.layout.c_str(), static_cast<long long>(r.states),
-                  static_cast<long long>(r.tokens), r.us, r.gbs, r.frac);
+      std::printf(
+          "%-20s %-13s S=%-3lld tokens=%-6lld D=%-5lld %-5s %10.2f us %9.0f GB/s %6.3f of copy",
+          r.op.c_str(), r.layout.c_str(), static_cast<long long>(r.states),
+          static_cast<long long>(r.tokens), static_cast<long long>(r.head_dim), r.dtype.c_str(),
+          r.us, r.gbs, r.frac);
+      if (r.vs_ref > 0) std::printf("  %.3f of D=128 bf16", r.vs_ref);
+      std::printf("\n");
       std::fflush(stdout);
       rows.push_back(r);
     };
@@ -268,32 +298,108 @@ int main(int argc, char** argv) {
       report(Row{"merge_state_inplace", "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
     };
 
-    // merge_states: S × tokens × layouts.
-    std::vector<std::int64_t> token_list =
-        quick ? std::vector<std::int64_t>{1, 4096} : std::vector<std::int64_t>{1, 64, 4096, 65536};
-    if (!only_tokens.empty()) token_list = only_tokens;
-    const std::vector<std::int64_t> states_list =
-        only_states.empty() ? std::vector<std::int64_t>{2, 8, 32} : only_states;
-    for (std::int64_t S : states_list)
-      for (std::int64_t T : token_list)
-        for (StackOrder order : {StackOrder::kTokensMajor, StackOrder::kStatesMajor}) {
-          if (quick && order == StackOrder::kStatesMajor) continue;
-          stack_point(S, T, order);
-        }
-    // Pairwise and in-place merges at 4096 tokens (and one token, for latency).
-    for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}}) pair_points(T);
+    if (!only_head_dims) {
+      // merge_states: S × tokens × layouts.
+      std::vector<std::int64_t> token_list = quick ? std::vector<std::int64_t>{1, 4096}
+                                                   : std::vector<std::int64_t>{1, 64, 4096, 65536};
+      if (!only_tokens.empty()) token_list = only_tokens;
+      const std::vector<std::int64_t> states_list =
+          only_states.empty() ? std::vector<std::int64_t>{2, 8, 32} : only_states;
+      for (std::int64_t S : states_list)
+        for (std::int64_t T : token_list)
+          for (StackOrder order : {StackOrder::kTokensMajor, StackOrder::kStatesMajor}) {
+            if (quick && order == StackOrder::kStatesMajor) continue;
+            stack_point(S, T, order);
+          }
+      // Pairwise and in-place merges at 4096 tokens (and one token, for latency).
+      for (std::int64_t T : {std::int64_t{1}, std::int64_t{4096}}) pair_points(T);
+    }
+
+    // Head dims (S = 8 merge_states, S = 2 merge_state at 4096 tokens) and the fp8 output, each
+    // beside head dim 128 with a bf16 output measured in the same run.
+    constexpr std::int64_t kT = 4096;
+    constexpr std::int64_t kS = 8;
+    const auto dim_points = [&](std::int64_t D, bool fp8_out) -> std::pair<double, double> {
+      const std::int64_t row_in = kHeads * (D * 2 + 4);
+      const std::int64_t row_out = kHeads * (D * (fp8_out ? 1 : 2) + 4);
+      const std::int64_t stack_bytes = kS * kT * row_in + kT * row_out;
+      const std::int64_t pair_bytes = 2 * kT * row_in + kT * row_out;
+      const int sets = rotation(stack_bytes);
+      std::vector<std::unique_ptr<States>> ins, as, bs, outs;
+      for (int k = 0; k < sets; ++k) {
+        ins.push_back(std::make_unique<States>(kS * kT, 17u * k + 1u, D));
+        as.push_back(std::make_unique<States>(kT, 3u * k + 11u, D));
+        bs.push_back(std::make_unique<States>(kT, 5u * k + 13u, D));
+        outs.push_back(std::make_unique<States>(kT, 31u * k + 7u, D));
+      }
+      const int calls = std::max(4, std::min(64, 2 * sets));
+      const auto out_view = [&](int i) {
+        return fp8_out ? outs[i % sets]->fp8_view(kT) : outs[i % sets]->view(kT);
+      };
+      const double us_stack = time_per_call_us(
+          [&](int i, cudaStream_t s) {
+            const States& in = *ins[i % sets];
+            const ConstStateStackView stack = attnstate::make_state_stack(
+                in.o, DType::kBF16, in.lse, StackOrder::kTokensMajor, kT, kS, kHeads, D,
+                LseBase::kNatural, MemorySpace::kDevice);
+            attnstate::cuda::merge_states(stack, out_view(i), s);
+          },
+          calls, reps);
+      const double us_pair = time_per_call_us(
+          [&](int i, cudaStream_t s) {
+            attnstate::cuda::merge_state(as[i % sets]->view(kT), bs[i % sets]->view(kT),
+                                         out_view(i), s);
+          },
+          calls, reps);
+      return {static_cast<double>(stack_bytes) / (us_stack * 1e3),
+              static_cast<double>(pair_bytes) / (us_pair * 1e3)};
+    };
+    const auto report_dim = [&](std::int64_t D, bool fp8_out, std::pair<double, double> gbs,
+                                std::pair<double, double> ref) {
+      const std::int64_t row_in = kHeads * (D * 2 + 4);
+      const std::int64_t row_out = kHeads * (D * (fp8_out ? 1 : 2) + 4);
+      const char* dt = fp8_out ? "e4m3" : "bf16";
+      Row a{"merge_states",
+            "tokens-major",
+            kS,
+            kT,
+            static_cast<double>(kS * kT * row_in + kT * row_out) / (gbs.first * 1e3),
+            gbs.first,
+            0.0,
+            D,
+            dt,
+            gbs.first / ref.first};
+      Row b{"merge_state",
+            "-",
+            2,
+            kT,
+            static_cast<double>(2 * kT * row_in + kT * row_out) / (gbs.second * 1e3),
+            gbs.second,
+            0.0,
+            D,
+            dt,
+            gbs.second / ref.second};
+      report(a);
+      report(b);
+    };
+    const std::pair<double, double> ref = dim_points(kHeadDim, false);
+    report_dim(kHeadDim, false, ref, ref);
+    for (std::int64_t D : head_dims)
+      if (D != kHeadDim) report_dim(D, false, dim_points(D, false), ref);
+    report_dim(kHeadDim, true, dim_points(kHeadDim, true), ref);
 
     if (!csv.empty()) {
       FILE* f = bench_util::open_csv(
           csv,
           "op,layout,states,tokens,heads,head_dim,dtype,time_us,gb_per_s,fraction_of_copy,"
-          "copy_gb_per_s\n");
+          "copy_gb_per_s,of_d128_bf16\n");
       if (!f) return 1;
       for (const Row& r : rows)
-        std::fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,bf16,%.3f,%.1f,%.4f,%.1f\n", r.op.c_str(),
+        std::fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,%s,%.3f,%.1f,%.4f,%.1f,%.4f\n", r.op.c_str(),
                      r.layout.c_str(), static_cast<long long>(r.states),
                      static_cast<long long>(r.tokens), static_cast<long long>(kHeads),
-                     static_cast<long long>(kHeadDim), r.us, r.gbs, r.frac, copy_gbs);
+                     static_cast<long long>(r.head_dim), r.dtype.c_str(), r.us, r.gbs, r.frac,
+                     copy_gbs, r.vs_ref);
       std::fclose(f);
     }
   } catch (const std::exception& e) {

@@ -205,13 +205,15 @@ inline void check_layout(const char* func, const char* name, const StateLayout& 
 }
 
 /// An input state named `name`: `check_layout` plus non-null `o` and `lse` (unless empty); an
-/// fp8 `o` only where `fp8`.
+/// fp8 `o` only where `fp8`; a null `lse` where `lse_optional` (an output whose LSE the caller
+/// does not want).
 inline void check_state(const char* func, const char* name, const StateLayout& v, const void* o,
-                        const float* lse, MemorySpace space, bool fp8 = false) {
+                        const float* lse, MemorySpace space, bool fp8 = false,
+                        bool lse_optional = false) {
   check_layout(func, name, v, space, fp8);
   if (v.tokens > 0) {
     check_not_null(func, arg_name(name, "o").c_str(), o);
-    check_not_null(func, arg_name(name, "lse").c_str(), lse);
+    if (!lse_optional) check_not_null(func, arg_name(name, "lse").c_str(), lse);
   }
   check_aligned(func, name, "o", o, size_of(v.dtype));
   check_aligned(func, name, "lse", lse, sizeof(float));
@@ -254,9 +256,9 @@ inline void check_rows_disjoint(const char* func, const char* name, const char* 
 
 /// An output state named `name`: `check_state` plus pairwise-disjoint `(token, head)` rows.
 inline void check_output_state(const char* func, const char* name, const StateLayout& v,
-                               const void* o, const float* lse, MemorySpace space,
-                               bool fp8 = false) {
-  check_state(func, name, v, o, lse, space, fp8);
+                               const void* o, const float* lse, MemorySpace space, bool fp8 = false,
+                               bool lse_optional = false) {
+  check_state(func, name, v, o, lse, space, fp8, lse_optional);
   check_rows_disjoint(func, name, "o_stride_token", "o_stride_head", v.tokens, v.o_stride_token,
                       v.heads, v.o_stride_head, v.head_dim);
   check_rows_disjoint(func, name, "lse_stride_token", "lse_stride_head", v.tokens,
@@ -265,8 +267,8 @@ inline void check_output_state(const char* func, const char* name, const StateLa
 
 /// @copydoc check_output_state
 inline void check_output_state(const char* func, const char* name, const ConstStateView& v,
-                               MemorySpace space, bool fp8 = false) {
-  check_output_state(func, name, v, v.o, v.lse, space, fp8);
+                               MemorySpace space, bool fp8 = false, bool lse_optional = false) {
+  check_output_state(func, name, v, v.o, v.lse, space, fp8, lse_optional);
 }
 
 /// A state named `name` of which only the LSEs are written (its `o` is neither read nor written,
@@ -568,11 +570,12 @@ inline std::int64_t stack_lse_span(const StateStackLayout& v) {
 }
 
 /// A stack of input states named `name`: `check_state` rules (an fp8 `o` only where `fp8`) plus
-/// `num_states >= 1` and non-negative state strides.
+/// `num_states >= min_states` and non-negative state strides. A stack of no states has no
+/// memory: its pointers may be null.
 inline void check_stack(const char* func, const char* name, const ConstStateStackView& v,
-                        MemorySpace space, bool fp8 = false) {
+                        MemorySpace space, bool fp8 = false, std::int64_t min_states = 1) {
   check_layout(func, name, v, space, fp8);
-  check_min(func, arg_name(name, "num_states").c_str(), v.num_states, 1);
+  check_min(func, arg_name(name, "num_states").c_str(), v.num_states, min_states);
   check_min(func, arg_name(name, "o_stride_state").c_str(), v.o_stride_state, 0);
   check_min(func, arg_name(name, "lse_stride_state").c_str(), v.lse_stride_state, 0);
   if (stack_o_span(v) < 0)
@@ -580,7 +583,7 @@ inline void check_stack(const char* func, const char* name, const ConstStateStac
   if (stack_lse_span(v) < 0)
     throw_span_overflow(func, name, "num_states", v.num_states, "lse_stride_state",
                         v.lse_stride_state);
-  if (v.tokens > 0) {
+  if (v.tokens > 0 && v.num_states > 0) {
     check_not_null(func, arg_name(name, "o").c_str(), v.o);
     check_not_null(func, arg_name(name, "lse").c_str(), v.lse);
   }
@@ -618,13 +621,18 @@ inline void check_indptr_host(const char* func, const char* name, const std::int
   }
 }
 
-/// An optional per-token mask of `acc.tokens` bytes: null is allowed (every token); a non-null
-/// mask must not overlap the memory of `acc`, which the operation writes.
-inline void check_mask(const char* func, const char* name, const std::uint8_t* mask,
+/// An optional per-token mask over the `acc.tokens` tokens of `acc`, the state the operation
+/// writes: a null `data` is allowed (every token); otherwise `stride >= 0` (0 broadcasts one
+/// flag), a span that fits, and memory disjoint from `acc`.
+inline void check_mask(const char* func, const char* name, const TokenMask& mask,
                        const char* acc_name, const ConstStateView& acc) {
-  if (mask == nullptr || acc.tokens == 0) return;
-  if (ranges_overlap(mask, acc.tokens, acc.o, o_bytes(acc)) ||
-      ranges_overlap(mask, acc.tokens, acc.lse, lse_bytes(acc))) {
+  if (mask.data == nullptr) return;
+  check_min(func, arg_name(name, "stride").c_str(), mask.stride, 0);
+  if (acc.tokens == 0) return;
+  const std::int64_t bytes = checked_span(acc.tokens, mask.stride, 1);
+  if (bytes < 0) throw_span_overflow(func, name, "tokens", acc.tokens, "stride", mask.stride);
+  if (ranges_overlap(mask.data, bytes, acc.o, o_bytes(acc)) ||
+      ranges_overlap(mask.data, bytes, acc.lse, lse_bytes(acc))) {
     throw_argument(func, name, std::string("memory disjoint from ") + acc_name, "an overlap");
   }
 }

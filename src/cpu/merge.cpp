@@ -60,18 +60,27 @@ std::int64_t grain_rows(std::int64_t head_dim, std::int64_t states) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pairwise: out = a ⊕ b (out may be a or b exactly); with a mask for the in-place form.
+// Pairwise: out = a ⊕ b (out may be a or b exactly). A token the mask leaves out is not
+// written by the in-place form and gets `a ⊕ (0, -inf)`, `a` converted, out of place.
+
+/// The LSE of `b` at row `(t, h)` as the pairwise merge sees it: `-inf` (the empty state) where
+/// the mask leaves token `t` out.
+inline float masked_lse(const ConstStateView& b, const TokenMask& mask, std::int64_t t,
+                        std::int64_t h, LseBase base) {
+  return mask.selected(t) ? math::convert_lse(b.lse[b.lse_offset(t, h)], b.base, base)
+                          : math::neg_inf();
+}
 
 template <class Ta, class Tb, class To>
 void pair_rows(const ConstStateView& a, const ConstStateView& b, const StateView& out,
-               const std::uint8_t* mask, std::int64_t r0, std::int64_t r1) {
+               const TokenMask& mask, bool in_place, std::int64_t r0, std::int64_t r1) {
   const LseBase base = out.base;
   const std::int64_t heads = out.heads, dim = out.head_dim;
   for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t t = r / heads, h = r % heads;
-    if (mask != nullptr && mask[t] == 0) continue;
+    if (in_place && !mask.selected(t)) continue;
     const float la = math::convert_lse(a.lse[a.lse_offset(t, h)], a.base, base);
-    const float lb = math::convert_lse(b.lse[b.lse_offset(t, h)], b.base, base);
+    const float lb = masked_lse(b, mask, t, h, base);
     const math::PairWeights p = math::pair_weights(base, la, lb);
     const Loader<Ta> load_a;
     const Loader<Tb> load_b;
@@ -93,7 +102,7 @@ void pair_rows(const ConstStateView& a, const ConstStateView& b, const StateView
       for (std::int64_t d = 0; d < dim; ++d)
         oo[d] = from_float<To>(math::pair_combine(p, load_a(oa[d]), load_b(ob[d])));
     }
-    out.lse[out.lse_offset(t, h)] = p.lse;
+    if (out.lse != nullptr) out.lse[out.lse_offset(t, h)] = p.lse;
   }
 }
 
@@ -133,7 +142,7 @@ void store_o_row(void* o, DType dt, float scale, std::int64_t off, std::int64_t 
 /// real values into fp32 rows, combined as `pair_rows` does and stored once, so the fp8 forms add
 /// two conversions per dtype instead of a kernel per dtype combination.
 void pair_rows_fp8(const ConstStateView& a, const ConstStateView& b, const StateView& out,
-                   const std::uint8_t* mask, std::int64_t r0, std::int64_t r1) {
+                   const TokenMask& mask, bool in_place, std::int64_t r0, std::int64_t r1) {
   const LseBase base = out.base;
   const std::int64_t heads = out.heads, dim = out.head_dim;
   thread_local std::vector<float> fa, fb, fo;
@@ -142,27 +151,28 @@ void pair_rows_fp8(const ConstStateView& a, const ConstStateView& b, const State
   fo.resize(dim);
   for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t t = r / heads, h = r % heads;
-    if (mask != nullptr && mask[t] == 0) continue;
+    if (in_place && !mask.selected(t)) continue;
     const float la = math::convert_lse(a.lse[a.lse_offset(t, h)], a.base, base);
-    const float lb = math::convert_lse(b.lse[b.lse_offset(t, h)], b.base, base);
+    const float lb = masked_lse(b, mask, t, h, base);
     const math::PairWeights p = math::pair_weights(base, la, lb);
     // an empty side's o is never read (pair_combine does not use its value)
     if (!p.a_empty) load_o_row(a.o, a.dtype, a.o_scale, a.o_offset(t, h), dim, fa.data());
     if (!p.b_empty) load_o_row(b.o, b.dtype, b.o_scale, b.o_offset(t, h), dim, fb.data());
     for (std::int64_t d = 0; d < dim; ++d) fo[d] = math::pair_combine(p, fa[d], fb[d]);
     store_o_row(out.o, out.dtype, out.o_scale, out.o_offset(t, h), dim, fo.data());
-    out.lse[out.lse_offset(t, h)] = p.lse;
+    if (out.lse != nullptr) out.lse[out.lse_offset(t, h)] = p.lse;
   }
 }
 
 void pair_merge(const ConstStateView& a, const ConstStateView& b, const StateView& out,
-                const std::uint8_t* mask) {
+                const TokenMask& mask, bool in_place) {
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   if (is_fp8(a.dtype) || is_fp8(b.dtype) || is_fp8(out.dtype)) {
-    detail::parallel_for(
-        0, rows, grain_rows(out.head_dim, 2),
-        [&](std::int64_t r0, std::int64_t r1) { pair_rows_fp8(a, b, out, mask, r0, r1); });
+    detail::parallel_for(0, rows, grain_rows(out.head_dim, 2),
+                         [&](std::int64_t r0, std::int64_t r1) {
+                           pair_rows_fp8(a, b, out, mask, in_place, r0, r1);
+                         });
     return;
   }
   dispatch_dtype(a.dtype, [&](auto ta) {
@@ -173,7 +183,7 @@ void pair_merge(const ConstStateView& a, const ConstStateView& b, const StateVie
         using To = decltype(to);
         detail::parallel_for(0, rows, grain_rows(out.head_dim, 2),
                              [&](std::int64_t r0, std::int64_t r1) {
-                               pair_rows<Ta, Tb, To>(a, b, out, mask, r0, r1);
+                               pair_rows<Ta, Tb, To>(a, b, out, mask, in_place, r0, r1);
                              });
       });
     });
@@ -301,7 +311,7 @@ void merge_block(const StackSource& src, const StateView& out, std::int64_t r0, 
     } else {
       detail::scale_store_row(acc, inv, oo, dim);
     }
-    out.lse[out.lse_offset(t, h)] = sc.lse[j];
+    if (out.lse != nullptr) out.lse[out.lse_offset(t, h)] = sc.lse[j];
   }
 }
 
@@ -341,32 +351,37 @@ void rebase_rows(const ConstStateView& in, const StateView& out, bool copy_o, st
   const Loader<Ti> load;
   for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t t = r / heads, h = r % heads;
-    if (copy_o) {
+    const float lse = math::convert_lse(in.lse[in.lse_offset(t, h)], in.base, out.base);
+    To* oo = static_cast<To*>(out.o) + out.o_offset(t, h);
+    if (math::is_empty_lse(lse)) {
+      // the empty state is (0, -inf) whatever its o held (NaN included), also in place
+      for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(0.f);
+    } else if (copy_o) {
       const Ti* oi = typed<Ti>(in.o) + in.o_offset(t, h);
-      To* oo = static_cast<To*>(out.o) + out.o_offset(t, h);
       for (std::int64_t d = 0; d < dim; ++d) oo[d] = from_float<To>(load(oi[d]));
     }
-    out.lse[out.lse_offset(t, h)] =
-        math::convert_lse(in.lse[in.lse_offset(t, h)], in.base, out.base);
+    out.lse[out.lse_offset(t, h)] = lse;
   }
 }
 
 }  // namespace
 
-void merge_state(ConstStateView a, ConstStateView b, StateView out) {
+void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask mask) {
   static const char* const kFunc = "attnstate::cpu::merge_state";
   constexpr bool kFp8 = true;  // every dtype combination, fp8 included
+  constexpr bool kLseOptional = true;
   v::check_state(kFunc, "a", a, kHost, kFp8);
   v::check_state(kFunc, "b", b, kHost, kFp8);
-  v::check_output_state(kFunc, "out", out, kHost, kFp8);
+  v::check_output_state(kFunc, "out", out, kHost, kFp8, kLseOptional);
   v::check_same_shape(kFunc, "a", a, "b", b);
   v::check_same_shape(kFunc, "a", a, "out", out);
   v::check_alias(kFunc, "out", out, "a", a);
   v::check_alias(kFunc, "out", out, "b", b);
-  pair_merge(a, b, out, nullptr);
+  v::check_mask(kFunc, "mask", mask, "out", out);
+  pair_merge(a, b, out, mask, /*in_place=*/false);
 }
 
-void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask) {
+void merge_state_inplace(StateView acc, ConstStateView other, TokenMask mask) {
   static const char* const kFunc = "attnstate::cpu::merge_state_inplace";
   constexpr bool kFp8 = true;
   v::check_output_state(kFunc, "acc", acc, kHost, kFp8);
@@ -374,14 +389,15 @@ void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t
   v::check_same_shape(kFunc, "acc", acc, "other", other);
   v::check_alias(kFunc, "acc", acc, "other", other);
   v::check_mask(kFunc, "mask", mask, "acc", acc);
-  pair_merge(acc, other, acc, mask);
+  pair_merge(acc, other, acc, mask, /*in_place=*/true);
 }
 
 void merge_states(ConstStateStackView states, StateView out) {
   static const char* const kFunc = "attnstate::cpu::merge_states";
   constexpr bool kFp8 = true;
-  v::check_stack(kFunc, "states", states, kHost, kFp8);
-  v::check_output_state(kFunc, "out", out, kHost, kFp8);
+  constexpr bool kLseOptional = true;
+  v::check_stack(kFunc, "states", states, kHost, kFp8, /*min_states=*/0);
+  v::check_output_state(kFunc, "out", out, kHost, kFp8, kLseOptional);
   v::check_same_shape(kFunc, "states", states, "out", out);
   v::check_disjoint(kFunc, "out", out, "states", states);
   StackSource src;
@@ -402,7 +418,7 @@ void merge_states(ConstStateStackView states, StateView out) {
 void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out) {
   static const char* const kFunc = "attnstate::cpu::merge_states_ragged";
   v::check_state(kFunc, "rows", rows, kHost);
-  v::check_output_state(kFunc, "out", out, kHost);
+  v::check_output_state(kFunc, "out", out, kHost, /*fp8=*/false, /*lse_optional=*/true);
   if (rows.heads != out.heads) {
     v::throw_argument(kFunc, "rows.heads", std::to_string(out.heads) + " (as out.heads)",
                       std::to_string(rows.heads));

@@ -19,7 +19,7 @@ namespace v = attnstate::detail;
 constexpr MemorySpace kDevice = MemorySpace::kDevice;
 
 void launch_pair(const char* func, const ConstStateView& a, const ConstStateView& b,
-                 const StateView& out, const std::uint8_t* mask, cudaStream_t stream) {
+                 const StateView& out, const TokenMask& mask, bool in_place, cudaStream_t stream) {
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   kernels::PairArgs args;
@@ -27,8 +27,10 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
   args.b = b;
   args.out = out;
   args.mask = mask;
+  args.in_place = in_place;
   args.split = kernels::row_split(out.head_dim, tuning::kMergePairChunks);
   args.aligned =
+      kernels::rows_chunked(out.head_dim) &&
       kernels::chunk_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
       kernels::chunk_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
       kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
@@ -41,21 +43,26 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
 }  // namespace
 
 void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t stream) {
+  merge_state(a, b, out, TokenMask{}, stream);
+}
+
+void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask mask,
+                 cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_state";
   constexpr bool kFp8 = true;  // the dtypes compiled with fp8: kernels/merge/dispatch.cuh
+  constexpr bool kLseOptional = true;
   v::check_state(kFunc, "a", a, kDevice, kFp8);
   v::check_state(kFunc, "b", b, kDevice, kFp8);
-  v::check_output_state(kFunc, "out", out, kDevice, kFp8);
+  v::check_output_state(kFunc, "out", out, kDevice, kFp8, kLseOptional);
   v::check_same_shape(kFunc, "a", a, "b", b);
   v::check_same_shape(kFunc, "a", a, "out", out);
   v::check_alias(kFunc, "out", out, "a", a);
   v::check_alias(kFunc, "out", out, "b", b);
-  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
-  launch_pair(kFunc, a, b, out, nullptr, stream);
+  v::check_mask(kFunc, "mask", mask, "out", out);
+  launch_pair(kFunc, a, b, out, mask, /*in_place=*/false, stream);
 }
 
-void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask,
-                         cudaStream_t stream) {
+void merge_state_inplace(StateView acc, ConstStateView other, TokenMask mask, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_state_inplace";
   constexpr bool kFp8 = true;
   v::check_output_state(kFunc, "acc", acc, kDevice, kFp8);
@@ -63,8 +70,7 @@ void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t
   v::check_same_shape(kFunc, "acc", acc, "other", other);
   v::check_alias(kFunc, "acc", acc, "other", other);
   v::check_mask(kFunc, "mask", mask, "acc", acc);
-  kernels::check_head_dim(kFunc, "acc.head_dim", acc.head_dim);
-  launch_pair(kFunc, acc, other, acc, mask, stream);
+  launch_pair(kFunc, acc, other, acc, mask, /*in_place=*/true, stream);
 }
 
 }  // namespace cuda

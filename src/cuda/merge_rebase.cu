@@ -19,15 +19,15 @@ void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
   v::check_output_state(kFunc, "out", out, MemorySpace::kDevice);
   v::check_same_shape(kFunc, "in", in, "out", out);
   v::check_alias(kFunc, "out", out, "in", in);
-  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   kernels::RebaseArgs args;
   args.in = in;
   args.out = out;
   args.split = kernels::row_split(out.head_dim);
-  args.copy_o = out.o != in.o;  // an exact alias (checked above): o is already in place
+  args.copy_o = out.o != in.o;  // an exact alias (checked above): o is in place but for empty rows
   args.aligned =
+      kernels::rows_chunked(out.head_dim) &&
       kernels::vec_aligned(in.o, size_of(in.dtype), {in.o_stride_token, in.o_stride_head}) &&
       kernels::vec_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   kernels::dispatch_in_out(kFunc, in.dtype, out.dtype, [&](auto ti, auto to) {

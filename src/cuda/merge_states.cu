@@ -29,11 +29,12 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   args.in = in;
   args.out = out;
   args.indptr = nullptr;
-  const int per_row = static_cast<int>(out.head_dim / kernels::kChunk);
+  const kernels::RowSplit split = kernels::row_split(out.head_dim);  // one chunk per thread
   args.row_shift = 0;
-  while ((1 << args.row_shift) < per_row) ++args.row_shift;
-  args.group = per_row < 32 ? per_row : 32;
+  while ((1 << args.row_shift) < split.per_row) ++args.row_shift;
+  args.group = split.group;
   args.aligned =
+      kernels::rows_chunked(out.head_dim) &&
       kernels::chunk_aligned(in.o, size_of(in.dtype),
                              {in.o_stride_token, in.o_stride_head, in.o_stride_state}) &&
       kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
@@ -48,15 +49,17 @@ enum class StackKernel { kGeneral, kFew, kRing };
 
 /// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
 /// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
-/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states) or, with at
-/// least one block of work per SM, to the ring kernel; everything else, and every stack or output
-/// with an fp8 `o` (their one compiled kernel), to the general kernel.
+/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more
+/// than one chunk) or, at the head dims the ring kernel is compiled for and with at least one
+/// block of work per SM, to the ring kernel; everything else, and every stack or output with an
+/// fp8 `o` (their one compiled kernel), to the general kernel.
 template <class TIn, class TO>
 StackKernel pick_kernel(const kernels::RowsArgs& args) {
   if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
     return StackKernel::kGeneral;  // the one kernel compiled with an fp8 o
   } else {
-    if (args.aligned && args.in.num_states >= 1 && args.in.num_states <= tuning::kMergeFewStates) {
+    if (args.aligned && args.row_shift >= 1 && args.in.num_states >= 1 &&
+        args.in.num_states <= tuning::kMergeFewStates) {
       return StackKernel::kFew;
     }
     return kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())
@@ -86,11 +89,11 @@ bool merge_states_fast_path(const ConstStateStackView& states, const StateView& 
 void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_states";
   constexpr bool kFp8 = true;  // the dtypes compiled with fp8: kernels/merge/dispatch.cuh
-  v::check_stack(kFunc, "states", states, kDevice, kFp8);
-  v::check_output_state(kFunc, "out", out, kDevice, kFp8);
+  constexpr bool kLseOptional = true;
+  v::check_stack(kFunc, "states", states, kDevice, kFp8, /*min_states=*/0);
+  v::check_output_state(kFunc, "out", out, kDevice, kFp8, kLseOptional);
   v::check_same_shape(kFunc, "states", states, "out", out);
   v::check_disjoint(kFunc, "out", out, "states", states);
-  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
   if (states.num_states > std::numeric_limits<std::int32_t>::max()) {
     v::throw_argument(kFunc, "states.num_states", "at most 2^31 - 1 states",
                       std::to_string(states.num_states), Status::kNotSupported);
@@ -120,7 +123,7 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
                          cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_states_ragged";
   v::check_state(kFunc, "rows", rows, kDevice);
-  v::check_output_state(kFunc, "out", out, kDevice);
+  v::check_output_state(kFunc, "out", out, kDevice, /*fp8=*/false, /*lse_optional=*/true);
   if (rows.heads != out.heads) {
     v::throw_argument(kFunc, "rows.heads", std::to_string(out.heads) + " (as out.heads)",
                       std::to_string(rows.heads));
@@ -134,7 +137,6 @@ void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateV
   v::check_disjoint(kFunc, "out", out, "rows", rows.o, v::o_bytes(rows), rows.lse,
                     v::lse_bytes(rows));
   v::check_disjoint(kFunc, "out", out, "indptr", indptr, (out.tokens + 1) * 4, nullptr, 0);
-  kernels::check_head_dim(kFunc, "out.head_dim", out.head_dim);
   const std::int64_t n = out.tokens * out.heads;
   if (n == 0) return;
   // The rows as a stack whose "states" are consecutive tokens; offsets come from indptr.

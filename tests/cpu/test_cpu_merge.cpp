@@ -442,7 +442,8 @@ TEST(Rebase, EveryDtypeAndBasePairMatchesReference) {
           in.set_lse(1, 1, -INFINITY);
           cpu::rebase(in.cview(), out.view());
           RefState ref = test::widened(in);
-          test::ref_lse(ref, 1, 1) = 1;  // compared below
+          test::ref_lse(ref, 1, 1) = 1;                                         // compared below
+          for (std::int64_t d = 0; d < 20; ++d) test::ref_o(ref, 1, 1, d) = 0;  // (0, -inf)
           OwnedState checked = out;
           checked.set_lse(1, 1, test::from_natural(1, bout));
           test::expect_matches(checked, ref, test::o_tolerance(dout),
@@ -529,6 +530,170 @@ TEST(MergeState, HeadMajorLseViewsMatchTheTokensMajorLayout) {
       EXPECT_EQ(l1[t * H + h], l2[h * T + t]) << t << " " << h;
     }
   for (float x : o1) ASSERT_FALSE(std::isnan(x));
+}
+
+// --- what the serving engines' merge tests ask for (masks of any stride, the masked
+//     out-of-place merge, outputs without an LSE, stacks of no states, rebase of empty rows) ---
+
+/// `count` flags `stride` bytes apart (one flag for stride 0), random 0 / non-zero.
+std::vector<std::uint8_t> random_mask(std::mt19937& rng, std::int64_t count, std::int64_t stride) {
+  std::vector<std::uint8_t> m(static_cast<std::size_t>(stride == 0 ? 1 : count * stride), 0xCD);
+  for (std::int64_t t = 0; t < (stride == 0 ? 1 : count); ++t)
+    m[static_cast<std::size_t>(t * stride)] = static_cast<std::uint8_t>(rng() % 3);
+  return m;
+}
+
+TEST(MergeState, MaskedFormPassesTheFirstStateThroughWhereTheMaskIsZero) {
+  // vLLM's prefill with context: out = a ⊕ b where the mask is set, else a (converted).
+  std::mt19937 rng(131);
+  for (std::int64_t stride : {1, 4, 0, 0})
+    for (DType da : kDTypes) {
+      const DType dout = kDTypes[rng() % 3];
+      OwnedState a = test::make_state(13, 3, 40, da, test::random_base(rng));
+      OwnedState b = test::make_state(13, 3, 40, DType::kBF16, test::random_base(rng));
+      test::fill_random(a, rng, -4, 4, 0.2);
+      test::fill_random(b, rng, -4, 4, 0.2);
+      const std::vector<std::uint8_t> mask = random_mask(rng, 13, stride);
+      OwnedState out = test::make_state(13, 3, 40, dout, test::random_base(rng));
+      out.poison();
+      cpu::merge_state(a.cview(), b.cview(), out.view(), TokenMask(mask.data(), stride));
+      // the reference: a ⊕ b, with b made empty where the mask is 0
+      OwnedState b_masked = b;
+      for (std::int64_t t = 0; t < 13; ++t)
+        if (mask[static_cast<std::size_t>(t * stride)] == 0)
+          for (std::int64_t h = 0; h < 3; ++h) b_masked.set_lse(t, h, -INFINITY);
+      test::expect_matches(out, test::ref_merge({&a, &b_masked}), test::o_tolerance(dout),
+                           "stride " + std::to_string(stride) + " " + to_string(da));
+      // bitwise: a row left out is the rebase of a's row
+      OwnedState a_only = test::make_state(13, 3, 40, dout, out.layout.base);
+      cpu::rebase(a.cview(), a_only.view());
+      for (std::int64_t t = 0; t < 13; ++t) {
+        if (mask[static_cast<std::size_t>(t * stride)] != 0) continue;
+        for (std::int64_t h = 0; h < 3; ++h) {
+          EXPECT_EQ(out.lse_at(t, h), a_only.lse_at(t, h));
+          for (std::int64_t d = 0; d < 40; ++d) EXPECT_EQ(out.o_at(t, h, d), a_only.o_at(t, h, d));
+        }
+      }
+    }
+}
+
+TEST(MergeStateInplace, StridedAndBroadcastMasks) {
+  std::mt19937 rng(132);
+  for (std::int64_t stride : {1, 2, 7, 0, 0}) {
+    OwnedState acc = test::make_state(9, 2, 24, DType::kF16, LseBase::kBase2);
+    OwnedState other = test::make_state(9, 2, 24, DType::kF32, LseBase::kNatural);
+    test::fill_random(acc, rng, -3, 3, 0.2);
+    test::fill_random(other, rng, -3, 3, 0.2);
+    const std::vector<std::uint8_t> mask = random_mask(rng, 9, stride);
+    // the same call with the mask spelled out contiguously
+    std::vector<std::uint8_t> dense(9);
+    for (std::int64_t t = 0; t < 9; ++t) dense[t] = mask[static_cast<std::size_t>(t * stride)];
+    OwnedState want = acc;
+    cpu::merge_state_inplace(want.view(), other.cview(), dense.data());
+    cpu::merge_state_inplace(acc.view(), other.cview(), TokenMask(mask.data(), stride));
+    EXPECT_TRUE(test::bitwise_equal(acc, want)) << "stride " << stride;
+  }
+}
+
+TEST(MergeState, OutputsWithoutAnLseWriteTheSameO) {
+  // vLLM's and SGLang's output_lse=None; merge_state, merge_states and the ragged merge.
+  std::mt19937 rng(133);
+  OwnedState a = test::make_state(6, 4, 33, DType::kBF16, LseBase::kNatural);
+  OwnedState b = test::make_state(6, 4, 33, DType::kF32, LseBase::kBase2);
+  test::fill_random(a, rng, -4, 4, 0.2);
+  test::fill_random(b, rng, -4, 4, 0.2);
+  OwnedState with = test::make_state(6, 4, 33, DType::kF16, LseBase::kNatural);
+  OwnedState without = test::make_state(6, 4, 33, DType::kF16, LseBase::kNatural);
+  with.poison();
+  without.poison();
+  StateView no_lse = without.view();
+  no_lse.lse = nullptr;
+  cpu::merge_state(a.cview(), b.cview(), with.view());
+  cpu::merge_state(a.cview(), b.cview(), no_lse);
+  EXPECT_EQ(with.o, without.o);
+  for (float x : without.lse) EXPECT_TRUE(std::isnan(x));  // never written
+
+  OwnedStack st = make_stack(6, 3, 4, 33, DType::kBF16, LseBase::kBase2, 0, rng);
+  with.poison();
+  cpu::merge_states(st.view, with.view());
+  cpu::merge_states(st.view, no_lse);
+  EXPECT_EQ(with.o, without.o);
+
+  const std::vector<std::int32_t> indptr = {0, 1, 1, 3, 4, 5, 6};
+  with.poison();
+  cpu::merge_states_ragged(a.cview(), indptr.data(), with.view());
+  cpu::merge_states_ragged(a.cview(), indptr.data(), no_lse);
+  EXPECT_EQ(with.o, without.o);
+  for (float x : without.lse) EXPECT_TRUE(std::isnan(x));
+
+  // an in-place accumulator's LSE is an input too: required
+  StateView acc = a.view();
+  acc.lse = nullptr;
+  test::expect_arg_error([&] { cpu::merge_state_inplace(acc, b.cview()); }, "acc.lse");
+}
+
+TEST(MergeStates, NoStatesGiveTheEmptyState) {
+  // FlashInfer's merge_states of S = 0 returns the empty state; a stack of no states has no
+  // memory, so its pointers may be null.
+  for (const StackOrder order : {StackOrder::kTokensMajor, StackOrder::kStatesMajor}) {
+    const ConstStateStackView none =
+        make_state_stack(nullptr, DType::kBF16, nullptr, order, 5, 0, 3, 17, LseBase::kBase2);
+    OwnedState out = test::make_state(5, 3, 17, DType::kF32, LseBase::kNatural);
+    out.poison();
+    cpu::merge_states(none, out.view());
+    for (std::int64_t t = 0; t < 5; ++t)
+      for (std::int64_t h = 0; h < 3; ++h) {
+        EXPECT_EQ(out.lse_at(t, h), -INFINITY);
+        for (std::int64_t d = 0; d < 17; ++d) EXPECT_EQ(out.o_at(t, h, d), 0.0);
+      }
+  }
+}
+
+TEST(Rebase, EmptyRowsBecomeTheEmptyStateInAndOutOfPlace) {
+  // docs/numerics.md: all-empty input gives exactly (0, -inf), whatever the empty o held.
+  std::mt19937 rng(134);
+  OwnedState in = test::make_state(10, 3, 12, DType::kBF16, LseBase::kBase2);
+  test::fill_random(in, rng, -4, 4, 0.4);  // empty rows hold NaN
+  OwnedState out = test::make_state(10, 3, 12, DType::kF32, LseBase::kNatural);
+  out.poison();
+  cpu::rebase(in.cview(), out.view());
+  StateView same = in.view();
+  same.base = LseBase::kNatural;
+  cpu::rebase(in.cview(), same);
+  int empty = 0;
+  for (std::int64_t t = 0; t < 10; ++t)
+    for (std::int64_t h = 0; h < 3; ++h) {
+      if (out.lse_at(t, h) != -INFINITY) continue;
+      ++empty;
+      EXPECT_EQ(in.lse_at(t, h), -INFINITY);
+      for (std::int64_t d = 0; d < 12; ++d) {
+        EXPECT_EQ(out.o_at(t, h, d), 0.0);
+        EXPECT_EQ(in.o_at(t, h, d), 0.0);
+      }
+    }
+  EXPECT_GT(empty, 0);
+}
+
+TEST(MergeState, BadMasksAreNamed) {
+  OwnedState a = test::make_state(4, 2, 8, DType::kF32, LseBase::kNatural);
+  OwnedState out = test::make_state(4, 2, 8, DType::kF32, LseBase::kNatural);
+  std::vector<std::uint8_t> m(4, 1);
+  test::expect_arg_error(
+      [&] { cpu::merge_state(a.cview(), a.cview(), out.view(), TokenMask(m.data(), -2)); },
+      "mask.stride");
+  test::expect_arg_error(
+      [&] {
+        cpu::merge_state(a.cview(), a.cview(), out.view(),
+                         TokenMask(reinterpret_cast<const std::uint8_t*>(out.o.data()), 1));
+      },
+      "mask");
+  test::expect_arg_error(
+      [&] {
+        cpu::merge_state_inplace(out.view(), a.cview(),
+                                 TokenMask(reinterpret_cast<const std::uint8_t*>(out.lse.data()),
+                                           std::int64_t{1} << 61));
+      },
+      "mask.stride");
 }
 
 }  // namespace

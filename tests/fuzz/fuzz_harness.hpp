@@ -69,6 +69,11 @@ struct Rng {
   T pick(std::initializer_list<T> xs) {
     return *(xs.begin() + range(0, static_cast<i64>(xs.size()) - 1));
   }
+  /// As `pick` over a list built at run time (a build's head dims; never empty).
+  template <class T>
+  T pick(const std::vector<T>& xs) {
+    return xs[static_cast<std::size_t>(range(0, static_cast<i64>(xs.size()) - 1))];
+  }
 };
 
 inline i64 es(DType dt) { return static_cast<i64>(attnstate::size_of(dt)); }
@@ -262,6 +267,7 @@ struct StateArg {
   std::string name;
   StateView v;
   bool output = false;
+  bool lse_optional = false;  ///< An output whose LSE may be null (then not written).
 };
 
 inline std::string describe(const StateArg& s, const Ctx& c) {
@@ -365,7 +371,8 @@ inline const char* const kShapeFields[3] = {"tokens", "heads", "head_dim"};
 /// drawn mutation does not apply (the caller draws again).
 template <class L, class OPtr, class LPtr>
 bool mutate_layout(Ctx& c, const std::string& n, L& v, OPtr& o, LPtr& lse, bool output,
-                   const std::vector<std::string>& peers, bool o_unused = false) {
+                   const std::vector<std::string>& peers, bool o_unused = false,
+                   bool lse_optional = false) {
   Rng& r = c.rng;
   const auto peer_names = [&](const char* field) {
     std::vector<std::string> out{n + "." + field};
@@ -457,7 +464,11 @@ bool mutate_layout(Ctx& c, const std::string& n, L& v, OPtr& o, LPtr& lse, bool 
         hard_or_soft(true, n + ".o = null", {n + ".o"}, false);
       } else {
         lse = nullptr;
-        c.reject(n + ".lse = null", {n + ".lse"}, false);
+        if (lse_optional) {
+          c.note(n + ".lse = null (an output without an LSE: valid, nothing written there)");
+        } else {
+          c.reject(n + ".lse = null", {n + ".lse"}, false);
+        }
       }
       return true;
     case 9: {  // misaligned by a few bytes (inside the arena)
@@ -516,7 +527,7 @@ inline bool mutate_state(Ctx& c, StateArg& s, const std::vector<std::string>& pe
                          bool o_unused = false) {
   void* o = s.v.o;
   float* lse = s.v.lse;
-  const bool ok = mutate_layout(c, s.name, s.v, o, lse, s.output, peers, o_unused);
+  const bool ok = mutate_layout(c, s.name, s.v, o, lse, s.output, peers, o_unused, s.lse_optional);
   s.v.o = o;
   s.v.lse = lse;
   return ok;

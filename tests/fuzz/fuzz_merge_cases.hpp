@@ -109,6 +109,7 @@ Built build_merge_state(Ctx& c, int nmut) {
   auto* b = new StateArg(make_state(c, "b", t, h, d, false, draw_dtype(c.rng), draw_base(c.rng)));
   auto* out =
       new StateArg(make_state(c, "out", t, h, d, true, draw_dtype(c.rng), draw_base(c.rng)));
+  out->lse_optional = true;  // merge_state writes no LSE into an output without one
   if (c.rng.coin(15) && alias_output(*out, c.rng.coin(50) ? *a : *b))
     c.note("out aliases an input");
   apply_mutations(c, nmut,
@@ -222,13 +223,14 @@ Built build_merge_states(Ctx& c, int nmut) {
   v.lse = static_cast<const float*>(c.ptr(l_off));
   auto out = std::make_shared<StateArg>(
       make_state(c, "out", t, h, d, true, draw_dtype(c.rng), draw_base(c.rng)));
+  out->lse_optional = true;
   Rng& r = c.rng;
   apply_mutations(c, nmut,
                   {[&] { return mutate_layout(c, "states", v, v.o, v.lse, false, {"out"}); },
                    [&] { return mutate_state(c, *out, {"states"}); },
                    [&] { return mutate_mismatch(c, *out, {"states"}); },
                    [&] {
-                     v.num_states = r.pick<i64>({0, -1, kI64Min});
+                     v.num_states = r.pick<i64>({-1, kI64Min});  // 0: the empty state
                      c.reject("states.num_states = " + str(v.num_states), {"states.num_states"});
                      return true;
                    },
@@ -288,6 +290,7 @@ Built build_merge_states_ragged(Ctx& c, int nmut) {
       make_state(c, "rows", R, h, d, false, draw_dtype(c.rng), draw_base(c.rng)));
   auto out = std::make_shared<StateArg>(
       make_state(c, "out", T, h, d, true, draw_dtype(c.rng), draw_base(c.rng)));
+  out->lse_optional = true;
   std::vector<std::int32_t> ip(static_cast<std::size_t>(T + 1));
   ip[0] = static_cast<std::int32_t>(c.rng.coin(80) ? 0 : c.rng.range(0, R));
   for (i64 i = 1; i <= T; ++i)

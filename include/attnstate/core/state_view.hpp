@@ -74,6 +74,27 @@ struct ConstStateView : StateLayout {
       : StateLayout(v), o(v.o), lse(v.lse) {}
 };
 
+/// A per-token mask of bytes, for the masked merges: token `t` is selected when
+/// `data[t * stride] != 0`. Any stride `>= 0`: 1 for a contiguous array, 0 to broadcast one flag
+/// to every token (FlashInfer's masks take any stride). A null `data` selects every token. It
+/// converts implicitly from a pointer to a contiguous mask.
+struct TokenMask {
+  const std::uint8_t* data = nullptr;  ///< Flag of token 0 (null: every token is selected).
+  std::int64_t stride = 1;             ///< Bytes between the flags of consecutive tokens.
+
+  TokenMask() = default;
+  /// A contiguous mask (or none, for a null pointer).
+  TokenMask(const std::uint8_t* p)  // NOLINT(google-explicit-constructor): a mask is a pointer
+      : data(p) {}
+  /// A mask with `stride` bytes between the flags of consecutive tokens.
+  TokenMask(const std::uint8_t* p, std::int64_t s) : data(p), stride(s) {}
+
+  /// True when token `t` is selected.
+  ATTNSTATE_HOST_DEVICE bool selected(std::int64_t t) const {
+    return data == nullptr || data[t * stride] != 0;
+  }
+};
+
 namespace detail {
 
 /// A contiguous stride: the product of the extents `x[0..n)` (named `names[i]`, function `fn`).

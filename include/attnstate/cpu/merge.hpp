@@ -20,30 +20,36 @@
 namespace attnstate {
 namespace cpu {
 
-/// `out = a ⊕ b` for every (token, head).
+/// `out = a ⊕ b` for every (token, head); with a mask, `out = a ⊕ b` for the tokens it selects
+/// and `out = a` (converted to out's dtype and base; an empty row as `(0, -inf)`) for the others.
 ///
-/// @param a    state `(tokens, heads, head_dim)`, any dtype and base.
-/// @param b    state of the same shape, any dtype and base.
-/// @param out  state of the same shape; written in its own dtype and base. May alias `a` or `b`
-///             exactly (same pointers and strides), not partially.
+/// @param a     state `(tokens, heads, head_dim)`, any dtype and base, any head_dim ≥ 1.
+/// @param b     state of the same shape, any dtype and base.
+/// @param out   state of the same shape; written in its own dtype and base. May alias `a` or `b`
+///              exactly (same pointers and strides), not partially. `out.lse` may be null: then
+///              no LSE is written (vLLM's and SGLang's `output_lse=None`).
+/// @param mask  optional per-token mask of any stride (0 broadcasts one flag); disjoint from
+///              `out`.
 /// @throws Error (`kInvalidArgument`) on a null pointer, a shape mismatch, a bad stride, a
 ///         non-host view, or an `o_scale` that is not 1 for a non-fp8 `o` or not finite and
 ///         positive for an fp8 one.
-void merge_state(ConstStateView a, ConstStateView b, StateView out);
+void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask mask = {});
 
-/// `acc = acc ⊕ other` for every (token, head) whose `mask[token]` is non-zero (all tokens if
-/// `mask` is null).
+/// `acc = acc ⊕ other` for every (token, head) whose token the mask selects (all tokens
+/// without a mask).
 ///
 /// @param acc    state `(tokens, heads, head_dim)`, updated in place in its own dtype and base.
 /// @param other  state of the same shape, any dtype and base.
-/// @param mask   optional `(tokens)` bytes; tokens with `mask[t] == 0` are left untouched.
-void merge_state_inplace(StateView acc, ConstStateView other, const std::uint8_t* mask = nullptr);
+/// @param mask   optional per-token mask of any stride (a pointer converts to a contiguous one;
+///               stride 0 broadcasts one flag); tokens it leaves out are not written.
+void merge_state_inplace(StateView acc, ConstStateView other, TokenMask mask = {});
 
 /// `out[t, h] = ⊕_s states[t, s, h]`: merges `num_states` states per (token, head).
 ///
 /// @param states  a stack `(tokens, S, heads, head_dim)` in either dense layout (see
-///                `make_state_stack`) or any strides; S ≥ 1.
-/// @param out     state `(tokens, heads, head_dim)`.
+///                `make_state_stack`) or any strides; S ≥ 0 (S = 0 gives the empty state
+///                `(0, -inf)` in every row, as FlashInfer's merge of no states does).
+/// @param out     state `(tokens, heads, head_dim)`; `out.lse` may be null (no LSE written).
 void merge_states(ConstStateStackView states, StateView out);
 
 /// Ragged merge: `out[t, h] = ⊕_{r ∈ [indptr[t], indptr[t+1])} rows[r, h]`. A token with no
@@ -52,11 +58,13 @@ void merge_states(ConstStateStackView states, StateView out);
 /// @param rows    states `(total_rows, heads, head_dim)`.
 /// @param indptr  `(out.tokens + 1)` non-decreasing row offsets, `indptr[0] ≥ 0` and
 ///                `indptr[out.tokens] ≤ rows.tokens`.
-/// @param out     state `(tokens, heads, head_dim)`.
+/// @param out     state `(tokens, heads, head_dim)`; `out.lse` may be null (no LSE written).
 void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out);
 
-/// Copies `in` to `out`, converting the LSE to `out.base` and `o` to `out.dtype`. `out` may be
-/// `in` itself (same pointers and strides): then only the LSEs are rewritten.
+/// Copies `in` to `out`, converting the LSE to `out.base` and `o` to `out.dtype`. An empty row
+/// (LSE `-inf`) is written as the empty state `(0, -inf)`, whatever its `o` held. `out` may be
+/// `in` itself (same pointers and strides): then only the LSEs and the `o` of empty rows are
+/// rewritten.
 void rebase(ConstStateView in, StateView out);
 
 /// Makes the rows whose LSE is `+inf` empty states: their LSE becomes `-inf` (their `o` is left

@@ -42,28 +42,28 @@ constexpr __nv_fp8_interpretation_t kind() {
 }
 
 template <class T>
-__device__ __forceinline__ void load(Chunk<T>& c, const T* p, bool aligned) {
+__device__ __forceinline__ void load(Chunk<T>& c, const T* p, bool aligned, int n) {
   if (aligned) {
     c.w = *reinterpret_cast<const uint2*>(p);
   } else {
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) c.e[k] = p[k];
+    for (int k = 0; k < kChunk; ++k) c.e[k] = k < n ? p[k] : T{};
   }
 }
 
 template <class T>
-__device__ __forceinline__ void load_stream(Chunk<T>& c, const T* p, bool aligned) {
+__device__ __forceinline__ void load_stream(Chunk<T>& c, const T* p, bool aligned, int n) {
   if (aligned) {
     c.w = __ldg(reinterpret_cast<const uint2*>(p));  // read-only input of the running kernel
   } else {
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) c.e[k] = p[k];
+    for (int k = 0; k < kChunk; ++k) c.e[k] = k < n ? p[k] : T{};
   }
 }
 
 /// Rounds eight fp32 values to `T` (two per `cvt.rn.satfinite`), as `from_float<T>` does.
 template <class T>
-__device__ __forceinline__ void store(T* p, const float (&v)[kChunk], bool aligned) {
+__device__ __forceinline__ void store(T* p, const float (&v)[kChunk], bool aligned, int n) {
   Chunk<T> c;
   std::uint32_t half[4];
 #pragma unroll
@@ -76,7 +76,9 @@ __device__ __forceinline__ void store(T* p, const float (&v)[kChunk], bool align
     *reinterpret_cast<uint2*>(p) = c.w;
   } else {
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) p[k] = c.e[k];
+    for (int k = 0; k < kChunk; ++k) {
+      if (k < n) p[k] = c.e[k];
+    }
   }
 }
 
@@ -85,25 +87,27 @@ __device__ __forceinline__ void store(T* p, const float (&v)[kChunk], bool align
 /// @cond INTERNAL
 template <>
 __device__ __forceinline__ void load_chunk<float8_e4m3_t>(Chunk<float8_e4m3_t>& c,
-                                                          const float8_e4m3_t* p, bool aligned) {
-  fp8::load(c, p, aligned);
+                                                          const float8_e4m3_t* p, bool aligned,
+                                                          int n) {
+  fp8::load(c, p, aligned, n);
 }
 template <>
 __device__ __forceinline__ void load_chunk<float8_e5m2_t>(Chunk<float8_e5m2_t>& c,
-                                                          const float8_e5m2_t* p, bool aligned) {
-  fp8::load(c, p, aligned);
+                                                          const float8_e5m2_t* p, bool aligned,
+                                                          int n) {
+  fp8::load(c, p, aligned, n);
 }
 template <>
 __device__ __forceinline__ void load_chunk_stream<float8_e4m3_t>(Chunk<float8_e4m3_t>& c,
                                                                  const float8_e4m3_t* p,
-                                                                 bool aligned) {
-  fp8::load_stream(c, p, aligned);
+                                                                 bool aligned, int n) {
+  fp8::load_stream(c, p, aligned, n);
 }
 template <>
 __device__ __forceinline__ void load_chunk_stream<float8_e5m2_t>(Chunk<float8_e5m2_t>& c,
                                                                  const float8_e5m2_t* p,
-                                                                 bool aligned) {
-  fp8::load_stream(c, p, aligned);
+                                                                 bool aligned, int n) {
+  fp8::load_stream(c, p, aligned, n);
 }
 template <>
 __device__ __forceinline__ void prefetch_chunk_l2<float8_e4m3_t>(const float8_e4m3_t* p) {
@@ -115,13 +119,15 @@ __device__ __forceinline__ void prefetch_chunk_l2<float8_e5m2_t>(const float8_e5
 }
 template <>
 __device__ __forceinline__ void store_chunk<float8_e4m3_t>(float8_e4m3_t* p,
-                                                           const float (&v)[kChunk], bool aligned) {
-  fp8::store(p, v, aligned);
+                                                           const float (&v)[kChunk], bool aligned,
+                                                           int n) {
+  fp8::store(p, v, aligned, n);
 }
 template <>
 __device__ __forceinline__ void store_chunk<float8_e5m2_t>(float8_e5m2_t* p,
-                                                           const float (&v)[kChunk], bool aligned) {
-  fp8::store(p, v, aligned);
+                                                           const float (&v)[kChunk], bool aligned,
+                                                           int n) {
+  fp8::store(p, v, aligned, n);
 }
 /// @endcond
 
@@ -136,19 +142,19 @@ __device__ __forceinline__ float o_value(const Chunk<T>& c, int k, float scale) 
   }
 }
 
-/// Stores eight real values at `p`: `store_chunk`, of `v / scale` for an fp8 `T` (rounded once
-/// in fp32, then saturating to the largest finite fp8 value). For the other dtypes `scale` is
-/// unused.
+/// Stores eight real values at `p` (the first `n` when not aligned): `store_chunk`, of `v / scale`
+/// for an fp8 `T` (rounded once in fp32, then saturating to the largest finite fp8 value). For the
+/// other dtypes `scale` is unused.
 template <class T>
 __device__ __forceinline__ void store_o_chunk(T* p, const float (&v)[kChunk], bool aligned,
-                                              float scale) {
+                                              float scale, int n = kChunk) {
   if constexpr (kIsFp8<T>) {
     float q[kChunk];
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) q[k] = v[k] / scale;
-    store_chunk(p, q, aligned);
+    store_chunk(p, q, aligned, n);
   } else {
-    store_chunk(p, v, aligned);
+    store_chunk(p, v, aligned, n);
   }
 }
 

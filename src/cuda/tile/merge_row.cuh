@@ -38,6 +38,9 @@ struct RowInputs {
   int count_max;          ///< Largest `count` over the warp (warp-uniform).
   LseBase in_base;        ///< Base of the input LSEs.
   float o_scale = 1.f;    ///< Scale of an fp8 `o` (unused for the other dtypes).
+  /// Elements of this thread's chunk: `kChunk`, fewer for the partial last chunk of a row, 0
+  /// for a lane past its row's last chunk (it shares the LSE work, loads no `o`).
+  int n = kChunk;
 };
 
 /// Chunks of `o` a thread loads per batch (128 bytes: 8 chunks of 16-bit data, 4 of f32, 16 of
@@ -52,7 +55,7 @@ template <class TIn>
 __device__ __forceinline__ void prefetch_batch(const RowInputs<TIn>& r, int start) {
 #pragma unroll
   for (int u = 0; u < in_flight<TIn>(); ++u) {
-    if (start + u < r.count) prefetch_chunk_l2(r.o + (start + u) * r.o_step);
+    if (start + u < r.count && r.n == kChunk) prefetch_chunk_l2(r.o + (start + u) * r.o_step);
   }
 }
 
@@ -80,7 +83,7 @@ __device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in,
   Chunk<TIn> c[kInFlight];
 #pragma unroll
   for (int u = 0; u < kInFlight; ++u) {
-    if (u < in.count) load_chunk_stream(c[u], in.o + u * in.o_step, aligned);
+    if (u < in.count && in.n > 0) load_chunk_stream(c[u], in.o + u * in.o_step, aligned, in.n);
   }
   if (in.count_max > kInFlight) prefetch_batch(in, kInFlight);
 
@@ -130,8 +133,8 @@ __device__ __forceinline__ math::MergeResult merge_row(const RowInputs<TIn>& in,
         // Loaded before the weights are known (an empty input's chunk is loaded, never used).
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
-          if (start + u < in.count)
-            load_chunk_stream(c[u], in.o + (start + u) * in.o_step, aligned);
+          if (start + u < in.count && in.n > 0)
+            load_chunk_stream(c[u], in.o + (start + u) * in.o_step, aligned, in.n);
         }
         if (start + kInFlight < in.count_max) prefetch_batch(in, start + kInFlight);
       }

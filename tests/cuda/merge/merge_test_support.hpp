@@ -363,6 +363,18 @@ inline ::testing::AssertionResult states_close(const TestState& got, const TestS
   return ::testing::AssertionFailure() << bad << " mismatches\n" << msg.str();
 }
 
+/// Poisons `got` on the device, runs `gpu(got's device view)` and `cpu(want's host view)`, and
+/// compares the two (`states_close`).
+template <class Gpu, class Cpu>
+::testing::AssertionResult gpu_matches_cpu(TestState& got, TestState& want, Gpu&& gpu, Cpu&& cpu) {
+  got.poison_device();
+  gpu(got.dev_view());
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  got.download();
+  cpu(want.host_view());
+  return states_close(got, want);
+}
+
 /// True when `a` and `b` hold bitwise-identical rows (o and lse, padding ignored).
 inline bool rows_bitwise_equal(const TestState& a, const TestState& b) {
   for (std::int64_t t = 0; t < a.tokens(); ++t)

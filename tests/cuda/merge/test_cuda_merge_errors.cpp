@@ -64,23 +64,6 @@ TEST_F(CudaMergeErrors, HostViewIsRejected) {
   expect_untouched();
 }
 
-TEST_F(CudaMergeErrors, UnsupportedHeadDimIsNotSupported) {
-  TestState a(4, 2, 96, DType::kBF16, LseBase::kNatural);
-  TestState out(4, 2, 96, DType::kBF16, LseBase::kNatural);
-  expect_error([&] { gpu::merge_state(a.dev_view(), a.dev_view(), out.dev_view()); },
-               Status::kNotSupported, "out.head_dim");
-  expect_error([&] { gpu::merge_state_inplace(out.dev_view(), a.dev_view()); },
-               Status::kNotSupported, "acc.head_dim");
-  expect_error([&] { gpu::rebase(a.dev_view(), out.dev_view()); }, Status::kNotSupported,
-               "out.head_dim");
-  TestStack stack(StackOrder::kStatesMajor, 4, 3, 2, 96, DType::kBF16, LseBase::kNatural);
-  expect_error([&] { gpu::merge_states(stack.dev_view(), out.dev_view()); }, Status::kNotSupported,
-               "out.head_dim");
-  DeviceBuffer<std::int32_t> indptr(std::vector<std::int32_t>{0, 1, 2, 3, 4});
-  expect_error([&] { gpu::merge_states_ragged(a.dev_view(), indptr.get(), out.dev_view()); },
-               Status::kNotSupported, "out.head_dim");
-}
-
 TEST_F(CudaMergeErrors, NullPointersAreRejected) {
   StateView a = a_->dev_view();
   a.o = nullptr;

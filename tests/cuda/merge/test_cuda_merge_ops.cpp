@@ -319,7 +319,7 @@ TEST(CudaMerge, RebaseMatchesCpuForEveryDtypeCombination) {
     }
 }
 
-TEST(CudaMerge, RebaseInPlaceRewritesOnlyTheLse) {
+TEST(CudaMerge, RebaseInPlaceRewritesTheLseAndTheEmptyRows) {
   ATTNSTATE_REQUIRE_GPU();
   Rng rng;
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
@@ -334,7 +334,8 @@ TEST(CudaMerge, RebaseInPlaceRewritesOnlyTheLse) {
   StateView hout = want.host_view();
   hout.base = LseBase::kNatural;
   cpu::rebase(want.host_view(), hout);
-  EXPECT_TRUE(rows_bitwise_equal(s, want));  // o untouched (NaN rows too), LSEs converted alike
+  // o untouched but the empty rows' (NaN there, 0 after), LSEs converted alike
+  EXPECT_TRUE(rows_bitwise_equal(s, want));
 }
 
 TEST(CudaMerge, MarkEmptyRowsTurnsPositiveInfinityIntoTheEmptyState) {

@@ -1,13 +1,12 @@
 /// @file kernels/merge/dispatch.cuh
-/// @brief The merges' use of the one dispatch (`common/dispatch.hpp`): the head-dim check against
-///        `compiled::MergeHeadDims` and the dtypes of each `o` (`compiled::MergeDTypes`) as
-///        storage types.
+/// @brief The merges' use of the one dispatch (`common/dispatch.hpp`): the dtypes of each `o`
+///        (`compiled::MergeDTypes`) as storage types.
 ///
 /// Kernels are templated on the storage dtypes only (f32, f16, bf16 for each input and the
 /// output, every combination; the fp8 dtypes of `compiled::MergeFp8DTypes` in the combinations
-/// `dispatch_pair` and `dispatch_stack` list); head_dim is a runtime multiple of the chunk width,
-/// restricted to `compiled::MergeHeadDims` (the ring kernel, templated on it, dispatches on that
-/// list).
+/// `dispatch_pair` and `dispatch_stack` list); head_dim is a runtime value, any >= 1 (the ring
+/// kernel, templated on it, is compiled for `compiled::MergeHeadDims` and dispatches on that
+/// list; other head dims take the other kernels).
 #pragma once
 
 #include <cstdint>
@@ -22,14 +21,6 @@
 namespace attnstate {
 namespace cuda {
 namespace kernels {
-
-/// Throws `Status::kNotSupported` naming `name` unless `head_dim` is one of
-/// `compiled::MergeHeadDims`.
-inline void check_head_dim(const char* func, const char* name, std::int64_t head_dim) {
-  if (!compiled::contains(compiled::MergeHeadDims{}, head_dim))
-    attnstate::detail::throw_argument(func, name, compiled::list_string(compiled::MergeHeadDims{}),
-                                      std::to_string(head_dim), Status::kNotSupported);
-}
 
 /// Calls `f(TIn{}, TOut{})` with the storage types of `in` and `out` (errors name `func`).
 template <class F>

@@ -46,7 +46,7 @@ constexpr int kFewBlock = 256;
 constexpr int few_chunks(int states) { return states <= 2 ? 2 : 1; }
 
 /// `out[t, h] = ⊕_s in[t, s, h]` for `S = args.in.num_states ≤ kS`: thread `g` of a row's
-/// `head_dim / (kChunk · few_chunks(kS))` threads merges its chunks `g + c · threads` (see the
+/// `2^row_shift / few_chunks(kS)` threads merges its chunks `g + c · threads` that exist (see the
 /// file comment). `args.aligned` must hold.
 template <class TIn, class TO, int kS>
 __global__ void __launch_bounds__(kFewBlock) merge_few_kernel(RowsArgs args) {
@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kFewBlock) merge_few_kernel(RowsArgs args) {
   const std::int64_t total = (args.out.tokens * heads) << shift;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const int num_states = static_cast<int>(args.in.num_states);
+  const int row_chunks = static_cast<int>(args.out.head_dim / kChunk);  // whole chunks (aligned)
   const LseBase base = args.out.base;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
@@ -80,7 +81,9 @@ __global__ void __launch_bounds__(kFewBlock) merge_few_kernel(RowsArgs args) {
       if (s < num_states) {
 #pragma unroll
         for (int c = 0; c < kC; ++c) {
-          load_chunk_stream(ch[s][c], o + s * args.in.o_stride_state + c * per_row * kChunk, true);
+          if (g + c * per_row < row_chunks)
+            load_chunk_stream(ch[s][c], o + s * args.in.o_stride_state + c * per_row * kChunk,
+                              true);
         }
       }
     }
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(kFewBlock) merge_few_kernel(RowsArgs args) {
     // 2. o in input order from -0 (a lone input passes through bitwise).
 #pragma unroll
     for (int c = 0; c < kC; ++c) {
+      if (g + c * per_row >= row_chunks) break;  // a row of chunks not a power of two
       float acc[kChunk];
 #pragma unroll
       for (int k = 0; k < kChunk; ++k) acc[k] = -0.f;

@@ -71,22 +71,34 @@ void launch_grid_stride(std::int64_t total_threads, cudaStream_t stream, const c
 }
 
 /// How the threads of a warp split one row of `head_dim` elements: `group` threads (a power of
-/// two, at most 32, lanes of one warp) each handling `chunks` chunks of `kChunk` elements.
+/// two, at most 32, lanes of one warp) each handling chunks `g, g + group, ...` of the row's
+/// `per_row` chunks of `kChunk` elements (the last one partial when head_dim is not a multiple
+/// of `kChunk`), `chunks` of them at most.
 struct RowSplit {
-  int group;   ///< Threads per row.
-  int chunks;  ///< Chunks per thread (`head_dim / (kChunk * group)`).
-  int shift;   ///< log2(group).
+  int group;    ///< Threads per row.
+  int chunks;   ///< Most chunks per thread (`ceil(per_row / group)`).
+  int shift;    ///< log2(group).
+  int per_row;  ///< Chunks of a row (`ceil(head_dim / kChunk)`).
 };
 
-/// The split of a row of `head_dim` (a multiple of `kChunk`, at most `32 * 2 * kChunk`): at
-/// least `min_chunks` (1 or 2) chunks per thread, at most 32 threads.
+/// The smallest power of two `>= n` (n >= 1).
+inline int pow2_ceil(std::int64_t n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+/// The split of a row of `head_dim` elements (any head_dim >= 1): the fewest threads (a power
+/// of two, at most 32) that leave each at most `min_chunks` (1 or 2) chunks, so a row of a power
+/// of two chunks gets `per_row / min_chunks` threads of `min_chunks` chunks; rows of more than
+/// `32 * min_chunks` chunks give each of 32 threads more.
 inline RowSplit row_split(std::int64_t head_dim, int min_chunks = 1) {
-  const int per_row = static_cast<int>(head_dim / kChunk);
-  const int want = per_row / min_chunks;
-  const int group = want < 32 ? want : 32;
+  const std::int64_t per_row = (head_dim + kChunk - 1) / kChunk;
+  const int group = std::min(32, pow2_ceil((per_row + min_chunks - 1) / min_chunks));
   int shift = 0;
   while ((1 << shift) < group) ++shift;
-  return RowSplit{group, per_row / group, shift};
+  return RowSplit{group, static_cast<int>((per_row + group - 1) / group), shift,
+                  static_cast<int>(per_row)};
 }
 
 /// True when `p` is 16-byte aligned and every stride (in elements of `elem_size` bytes) keeps it
@@ -102,7 +114,7 @@ inline bool vec_aligned(const void* p, std::size_t elem_size,
 
 /// True when chunks of `elem_size`-byte elements at `p` with these strides allow vector access:
 /// 16-byte alignment (`vec_aligned`) for f32 and the 16-bit dtypes, 8-byte (one word per chunk)
-/// for fp8.
+/// for fp8. Rows of a head_dim that is not a multiple of `kChunk` never do (`rows_chunked`).
 inline bool chunk_aligned(const void* p, std::size_t elem_size,
                           std::initializer_list<std::int64_t> strides) {
   if (elem_size * kChunk >= 16) return vec_aligned(p, elem_size, strides);
@@ -113,6 +125,10 @@ inline bool chunk_aligned(const void* p, std::size_t elem_size,
   }
   return true;
 }
+
+/// True when a row of `head_dim` elements is whole chunks (the condition, with
+/// `chunk_aligned` of every view, for vector access).
+inline bool rows_chunked(std::int64_t head_dim) { return head_dim % kChunk == 0; }
 
 /// Group-wide reduction over `width` lanes (a power of two ≤ 32) of `op`, in a fixed order.
 /// Every lane of the warp must call it (the enclosing loop is warp-uniform).

@@ -15,7 +15,7 @@ namespace attnstate {
 namespace cuda {
 namespace kernels {
 
-/// One row `(token, head)` per `head_dim / kChunk` threads, grid-stride. Row offsets are clamped
+/// One row `(token, head)` per `1 << row_shift` threads, grid-stride. Row offsets are clamped
 /// to `[0, in.tokens]` (and `end ≥ begin`), so a bad `indptr` never reads out of bounds; a token
 /// with no rows gets the empty state `(0, -inf)`.
 template <class TIn, class TO>
@@ -48,9 +48,10 @@ __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_ragged_kern
     rows.count = count;
     rows.count_max = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(count)));
     rows.in_base = args.in.base;
+    rows.n = chunk_elems(args.out.head_dim, chunk);
     float acc[kChunk];
     const math::MergeResult r = merge_row(rows, args.out.base, args.group, args.aligned, acc);
-    if (active) store_row<TO>(args.out, token, head, chunk, args.aligned, acc, r);
+    if (active) store_row<TO>(args.out, token, head, chunk, args.aligned, acc, r, rows.n);
   }
 }
 

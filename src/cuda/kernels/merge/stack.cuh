@@ -23,26 +23,32 @@ struct RowsArgs {
   ConstStateStackView in;      ///< The inputs (a stack; for ragged rows, `num_states` is unused).
   StateView out;               ///< Output `(tokens, heads, head_dim)`.
   const std::int32_t* indptr;  ///< Ragged offsets `(out.tokens + 1)` (ragged kernel only).
-  int row_shift;               ///< log2 of the threads per row (`head_dim / kChunk`).
-  int group;                   ///< Lanes sharing a row's LSE work: min(threads per row, 32).
-  bool aligned;                ///< All `o` views allow vector access of chunks (`chunk_aligned`).
+  /// log2 of the threads per row: the chunks of a row (`ceil(head_dim / kChunk)`) rounded up to
+  /// a power of two; threads past the last chunk share the LSE work and load no `o`.
+  int row_shift;
+  int group;     ///< Lanes sharing a row's LSE work: min(threads per row, 32).
+  bool aligned;  ///< Every `o` view allows vector access of whole chunks.
 };
 
-/// Writes the merged chunk (and, from the row's first thread, the LSE).
+/// Writes the merged chunk (its `n` elements; none past the row's end) and, from the row's
+/// first thread, the LSE (unless the output has none).
 template <class TO>
 __device__ __forceinline__ void store_row(const StateView& out, std::int64_t token,
                                           std::int64_t head, int chunk, bool aligned,
-                                          const float (&acc)[kChunk], math::MergeResult r) {
+                                          const float (&acc)[kChunk], math::MergeResult r,
+                                          int n = kChunk) {
   const bool all_empty = math::is_empty_lse(r.lse);  // (0, -inf), never -0 from the accumulator
   float v[kChunk];
 #pragma unroll
   for (int k = 0; k < kChunk; ++k) v[k] = all_empty ? 0.f : acc[k] * r.inv_sum;
-  store_o_chunk(static_cast<TO*>(out.o) + out.o_offset(token, head) + chunk * kChunk, v, aligned,
-                out.o_scale);
-  if (chunk == 0) out.lse[out.lse_offset(token, head)] = r.lse;
+  if (n > 0) {
+    store_o_chunk(static_cast<TO*>(out.o) + out.o_offset(token, head) + chunk * kChunk, v, aligned,
+                  out.o_scale, n);
+  }
+  if (chunk == 0 && out.lse != nullptr) out.lse[out.lse_offset(token, head)] = r.lse;
 }
 
-/// One row `(token, head)` per `head_dim / kChunk` threads (one chunk each), grid-stride.
+/// One row `(token, head)` per `1 << row_shift` threads (one chunk each), grid-stride.
 template <class TIn, class TO>
 __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_stack_kernel(RowsArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -67,6 +73,7 @@ __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_stack_kerne
     r.count_max = num_states;
     r.in_base = args.in.base;
     r.o_scale = args.in.o_scale;
+    r.n = chunk_elems(args.out.head_dim, chunk);
     return r;
   };
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -78,8 +85,8 @@ __global__ void __launch_bounds__(kMergeBlock, kRowsMinBlocks) merge_stack_kerne
     if (active) {
       const std::int64_t row = i >> args.row_shift;
       const std::int64_t token = row / heads;
-      store_row<TO>(args.out, token, row - token * heads, static_cast<int>(i) & per_row_mask,
-                    args.aligned, acc, r);
+      const int chunk = static_cast<int>(i) & per_row_mask;
+      store_row<TO>(args.out, token, row - token * heads, chunk, args.aligned, acc, r, rows.n);
     }
   }
 }
