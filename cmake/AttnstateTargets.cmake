@@ -61,7 +61,9 @@ endfunction()
 function(attnstate_add_gtest name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
+  # tests/common, and src/ for the internal headers (the catalog, whose head dims the tests draw)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common
+                                             ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main Threads::Threads)
   target_compile_options(${name} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:${ATTNSTATE_CXX_WARNINGS}>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cascade_case.hpp"
+#include "compiled_dims.hpp"
 
 namespace attnstate_test {
 
@@ -41,7 +42,7 @@ inline rc::Gen<CaseSpec> gen_case_spec(int max_batch, int max_len) {
     const int num_levels = *rc::gen::inRange(1, 4);
     s.heads_kv = *rc::gen::inRange(1, 3);
     s.heads_q = s.heads_kv * *rc::gen::element(1, 4, 8);
-    s.head_dim = *rc::gen::element(64, 128);
+    s.head_dim = *rc::gen::elementOf(attnstate_test::cascade_head_dims());
     s.dtype = *rc::gen::element(attnstate::DType::kF16, attnstate::DType::kBF16);
     s.page_size = *rc::gen::element(1, 5, 16, 16, 32);
     s.layout = *rc::gen::element(attnstate::KvLayout::kNHD, attnstate::KvLayout::kHND);

@@ -18,6 +18,7 @@
 
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "compiled_dims.hpp"
 #include "fuzz_producer_cases.hpp"
 
 namespace attnstate_fuzz {
@@ -257,7 +258,9 @@ inline std::vector<std::function<bool()>> device_table_mutations(Ctx& c, const D
 /// run_decode on a plan from plan_decode (valid problem, real lengths). `num_sms` of the device.
 inline Built build_cuda_decode(Ctx& c, int nmut, int num_sms) {
   Rng& r = c.rng;
-  const i64 d = r.pick<i64>({64, 128, 128, 256}), hkv = r.range(1, 2), hq = hkv * r.range(1, 2);
+  const i64 d = r.pick(attnstate_test::only_compiled({64, 128, 128, 256},
+                                                     attnstate_test::decode_head_dims())),
+            hkv = r.range(1, 2), hq = hkv * r.range(1, 2);
   const i64 batch = r.pick<i64>({0, 1, 1, 2, 3}), qlen = r.range(1, 3);
   const DType dt = r.coin(50) ? DType::kF16 : DType::kBF16;
   auto pool = std::make_shared<PoolArg>(
@@ -455,7 +458,7 @@ inline Built build_cuda_init_workspace(Ctx& c, int nmut, int num_sms) {
   pr.q_len = r.range(1, 8);
   pr.heads_kv = r.range(1, 2);
   pr.heads_q = pr.heads_kv * r.range(1, 4);
-  pr.head_dim = r.pick<i64>({64, 128, 256});
+  pr.head_dim = r.pick(attnstate_test::decode_head_dims());
   pr.q_dtype = pr.kv_dtype = r.coin(50) ? DType::kF16 : DType::kBF16;
   std::vector<std::int32_t> lens(static_cast<std::size_t>(pr.batch));
   for (auto& x : lens) x = static_cast<std::int32_t>(r.range(0, 2000));
@@ -526,7 +529,8 @@ inline Built build_cuda_cascade(Ctx& c, int nmut, int num_sms, CascadeCall call,
   sh.q_len = r.range(1, 3);
   sh.heads_kv = r.range(1, 2);
   sh.heads_q = sh.heads_kv * r.range(1, 2);
-  sh.head_dim = r.pick<i64>({64, 128, 128});
+  sh.head_dim =
+      r.pick(attnstate_test::only_compiled({64, 128, 128}, attnstate_test::cascade_head_dims()));
   sh.page_size = r.pick<i64>({1, 3, 8, 16, 32});
   sh.num_pages = r.range(1, 6);
   sh.dtype = r.coin(60) ? DType::kBF16 : DType::kF16;

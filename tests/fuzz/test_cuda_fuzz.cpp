@@ -18,6 +18,7 @@
 
 #include "attnstate/cuda/merge.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
+#include "compiled_dims.hpp"
 #include "cuda_test_utils.hpp"
 #include "fuzz_cuda_cases.hpp"
 #include "rc_defaults.hpp"
@@ -68,7 +69,7 @@ void note_cuda(cudaError_t e, const char* what) {
 struct CudaBackend {
   static constexpr const char* kPrefix = "attnstate::cuda::";
   static constexpr bool kHostTables = false;  // indptr contents are clamped on the device
-  static i64 draw_dim(Rng& r) { return r.pick<i64>({64, 128, 256, 512}); }
+  static i64 draw_dim(Rng& r) { return r.pick(attnstate_test::merge_head_dims()); }
   static void upload(Ctx& c) {
     note_cuda(cudaMemcpy(arena().dev, c.image(), static_cast<std::size_t>(c.size()),
                          cudaMemcpyHostToDevice),

@@ -16,6 +16,7 @@
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
+#include "compiled_dims.hpp"
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
@@ -33,7 +34,7 @@ DecodeProblemHost random_gpu_problem() {
   cfg.q_len = *rc::gen::inRange<std::int64_t>(1, 9);
   cfg.heads_kv = *rc::gen::inRange<std::int64_t>(1, 4);
   cfg.heads_q = cfg.heads_kv * *rc::gen::element<std::int64_t>(1, 2, 4, 8, 16);
-  cfg.head_dim = *rc::gen::element<std::int64_t>(64, 128, 256);
+  cfg.head_dim = *rc::gen::elementOf(attnstate_test::decode_head_dims());
   cfg.page_size = *rc::gen::element<std::int64_t>(1, 8, 16, 64);
   cfg.layout = *rc::gen::element(KvLayout::kNHD, KvLayout::kHND);
   cfg.block_table = *rc::gen::arbitrary<bool>();

@@ -17,6 +17,7 @@
 #include "attnstate/core/sink.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "compiled_dims.hpp"
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
@@ -260,7 +261,7 @@ TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
     return cuda::plan_decode(pr, lens.data(), o, 132);
   };
   const DecodeOptions autom;
-  for (std::int64_t D : {64, 128}) {
+  for (std::int64_t D : attnstate_test::stream_head_dims()) {
     const cuda::DecodePlan a = plan(128, 256, D, autom);
     EXPECT_EQ(a.splits.max_splits, 1);
     EXPECT_TRUE(a.streamed) << "head dim " << D;
@@ -578,7 +579,7 @@ TEST(CudaDecode, FixedSizeRowsIndependentOfBatch) {
 // several row tiles, with and without vector-aligned outputs.
 TEST(CudaDecode, ClusterMergeEqualsWorkspaceMergeBitwise) {
   ATTNSTATE_REQUIRE_GPU();
-  const std::int64_t dims[] = {64, 128, 256};
+  const std::vector<std::int64_t> dims = attnstate_test::decode_head_dims();
   std::uint64_t seed = 900;
   for (std::int64_t D : dims) {
     for (std::int64_t q_len : {1, 3}) {
@@ -629,7 +630,8 @@ TEST(CudaDecode, ClusterMergeEqualsWorkspaceMergeBitwise) {
 TEST(CudaDecode, WorkspaceGroupMergeEqualsTicketMergeBitwise) {
   ATTNSTATE_REQUIRE_GPU();
   std::uint64_t seed = 950;
-  for (std::int64_t D : {64, 128}) {
+  for (std::int64_t D :
+       attnstate_test::only_compiled({64, 128}, attnstate_test::decode_head_dims())) {
     for (std::int64_t q_len : {1, 3}) {
       DecodeConfig cfg;
       cfg.q_len = q_len;

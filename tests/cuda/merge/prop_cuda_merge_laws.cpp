@@ -17,6 +17,7 @@
 #include "attnstate/cuda/merge.hpp"
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/reference.hpp"
+#include "compiled_dims.hpp"
 #include "merge_test_support.hpp"
 
 namespace attnstate_test {
@@ -37,12 +38,13 @@ rc::Gen<Problem> gen_problem() {
   return rc::gen::apply(
       [](int tokens, int heads, int dim_index, int dtype, std::uint64_t seed, int empty_pct,
          bool huge) {
-        const std::int64_t dims[] = {64, 128, 256, 512};
+        const std::vector<std::int64_t> dims = attnstate_test::merge_head_dims();
         return Problem{
             tokens, heads, dims[dim_index], static_cast<DType>(dtype), seed, empty_pct / 100.0,
             huge};
       },
-      rc::gen::inRange(1, 5), rc::gen::inRange(1, 4), rc::gen::inRange(0, 4),
+      rc::gen::inRange(1, 5), rc::gen::inRange(1, 4),
+      rc::gen::inRange(0, static_cast<int>(attnstate_test::merge_head_dims().size())),
       rc::gen::inRange(0, 3), rc::gen::arbitrary<std::uint64_t>(), rc::gen::element(0, 0, 20, 50),
       rc::gen::element(false, false, false, true));
 }

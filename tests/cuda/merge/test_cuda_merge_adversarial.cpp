@@ -10,6 +10,7 @@
 
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "compiled_dims.hpp"
 #include "merge_test_support.hpp"
 
 namespace attnstate_test {
@@ -48,7 +49,7 @@ TEST(CudaMergeAdversarial, EmptyStateWithNanOPassesTheOtherThroughBitwise) {
   Rng rng;
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
   for (DType dt : all_dtypes())
-    for (std::int64_t dim : {64, 128, 256, 512}) {
+    for (std::int64_t dim : attnstate_test::merge_head_dims()) {
       TestState a(6, 5, dim, dt, LseBase::kNatural);
       a.fill_random(rng);
       TestState e(6, 5, dim, dt, LseBase::kNatural);

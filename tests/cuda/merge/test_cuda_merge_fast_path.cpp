@@ -16,6 +16,7 @@
 
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "compiled_dims.hpp"
 #include "merge_test_support.hpp"
 
 namespace attnstate_test {
@@ -149,10 +150,11 @@ TEST(CudaMergeFastPath, MatchesTheGeneralKernelBitwiseForEveryHeadDimAndDtype) {
   REQUIRE_FAST_PATH();
   Rng rng;
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
-  const std::int64_t dims[] = {64, 128, 256, 512};
+  const std::vector<std::int64_t> dims = attnstate_test::merge_head_dims();
   for (DType din : all_dtypes())
     for (DType dout : all_dtypes()) {
-      const std::int64_t dim = dims[rng.integer(0, 3)];
+      const std::int64_t dim = dims[static_cast<std::size_t>(
+          rng.integer(0, static_cast<std::int64_t>(dims.size()) - 1))];
       const StackOrder order =
           rng.chance(0.5) ? StackOrder::kTokensMajor : StackOrder::kStatesMajor;
       // Few heads in the states-major layout: a block's rows then span many tokens.
@@ -175,7 +177,7 @@ TEST(CudaMergeFastPath, FewStatesMatchTheGeneralKernelBitwise) {
   SCOPED_TRACE("seed " + std::to_string(rng.seed()));
   const std::pair<DType, DType> dtypes[] = {
       {DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF32}, {DType::kF32, DType::kBF16}};
-  for (std::int64_t dim : {64, 128, 256, 512})
+  for (std::int64_t dim : attnstate_test::merge_head_dims())
     for (std::int64_t S : {1, 2, 3, 4}) {
       const auto& dt = dtypes[rng.integer(0, 2)];
       const StackOrder order =

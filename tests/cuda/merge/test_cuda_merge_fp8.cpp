@@ -22,6 +22,7 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "compiled_dims.hpp"
 #include "cuda_test_utils.hpp"
 #include "fp8_state.hpp"
 
@@ -40,7 +41,7 @@ using attnstate::StateView;
 using attnstate::fp8_test::HostState;
 
 const float kScales[] = {1.f, 0x1p-10f, 0x1p8f, 0.37f};
-const std::int64_t kHeadDims[] = {64, 128, 256, 512};
+const std::vector<std::int64_t> kHeadDims = attnstate_test::merge_head_dims();
 const DType kNonFp8[] = {DType::kF32, DType::kF16, DType::kBF16};
 const DType kFp8[] = {DType::kE4M3, DType::kE5M2};
 
@@ -174,7 +175,8 @@ TEST(CudaMergeFp8, MergeStateMatchesCpuForEveryCompiledCombination) {
   std::mt19937_64 gen(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   for (const auto& c : pair_combinations())
-    for (float scale : kScales) check_pair(gen, c[0], c[1], c[2], scale, kHeadDims[gen() % 4]);
+    for (float scale : kScales)
+      check_pair(gen, c[0], c[1], c[2], scale, kHeadDims[gen() % kHeadDims.size()]);
 }
 
 TEST(CudaMergeFp8, MergeStateInplaceMatchesCpuWithAndWithoutMask) {
@@ -187,7 +189,7 @@ TEST(CudaMergeFp8, MergeStateInplaceMatchesCpuWithAndWithoutMask) {
     if (c[0] != c[2]) continue;  // in place: acc is a and out
     for (int masked = 0; masked < 2; ++masked) {
       const float scale = kScales[gen() % 4];
-      const std::int64_t dim = kHeadDims[gen() % 4];
+      const std::int64_t dim = kHeadDims[gen() % kHeadDims.size()];
       SCOPED_TRACE(describe({c[0], c[1]}, scale, dim) + (masked ? " masked" : ""));
       DevState acc(tokens, heads, dim, c[0], LseBase::kNatural, scale);
       DevState other(tokens, heads, dim, c[1], LseBase::kNatural, scale * 0.5f);
@@ -259,7 +261,7 @@ TEST(CudaMergeFp8, MergeStatesMatchesCpuForEveryCompiledPair) {
         if (din != f && dout != f) continue;  // no fp8: the other tests
         for (std::int64_t states : {1, 2, 5, 17}) {
           const float scale = kScales[gen() % 4];
-          const std::int64_t dim = kHeadDims[gen() % 4];
+          const std::int64_t dim = kHeadDims[gen() % kHeadDims.size()];
           const StackOrder order = gen() % 2 ? StackOrder::kTokensMajor : StackOrder::kStatesMajor;
           check_stack(gen, order, states, din, dout, scale, dim, 0);
           check_stack(gen, order, states, din, dout, scale, dim, 1);

@@ -1,0 +1,54 @@
+/// @file compiled_dims.hpp
+/// @brief The head dims this build compiles, for the tests' parameter lists: the kernel catalog's
+///        rows of a family (src/catalog/catalog.hpp) and the merges' list
+///        (src/common/compiled.hpp), so that a build with fewer `ATTNSTATE_CUDA_HEAD_DIMS` never
+///        asks for an uncompiled one.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <iterator>
+#include <vector>
+
+#include "catalog/catalog.hpp"
+#include "common/compiled.hpp"
+
+namespace attnstate_test {
+
+/// The head dims of the catalog's rows of `family`, ascending.
+inline std::vector<std::int64_t> catalog_head_dims(attnstate::catalog::Family family) {
+  std::vector<std::int64_t> dims;
+  for (const attnstate::catalog::Row& r : attnstate::catalog::kRows)
+    if (r.family == family && std::find(dims.begin(), dims.end(), r.head_dim) == dims.end())
+      dims.push_back(r.head_dim);
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+/// Head dims of the split-KV decode, of the streamed decode and of the cascade.
+inline std::vector<std::int64_t> decode_head_dims() {
+  return catalog_head_dims(attnstate::catalog::Family::kDecodeSplit);
+}
+inline std::vector<std::int64_t> stream_head_dims() {
+  return catalog_head_dims(attnstate::catalog::Family::kDecodeStream);
+}
+inline std::vector<std::int64_t> cascade_head_dims() {
+  return catalog_head_dims(attnstate::catalog::Family::kCascadeMma);
+}
+/// Head dims of the merge kernels.
+inline std::vector<std::int64_t> merge_head_dims() {
+  const auto& v = attnstate::compiled::Values<attnstate::compiled::MergeHeadDims>::value;
+  return std::vector<std::int64_t>(std::begin(v), std::end(v));
+}
+
+/// The entries of `xs` (a literal list, repeats kept: they weight a draw) that `dims` holds.
+inline std::vector<std::int64_t> only_compiled(std::initializer_list<std::int64_t> xs,
+                                               const std::vector<std::int64_t>& dims) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t x : xs)
+    if (std::find(dims.begin(), dims.end(), x) != dims.end()) out.push_back(x);
+  return out;
+}
+
+}  // namespace attnstate_test
