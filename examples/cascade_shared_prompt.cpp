@@ -192,7 +192,8 @@ bool run_gpu(const SharedPromptBatch& s) {
   const StateView out_p = make_state_view(o + n, DType::kF32, lse + n / kHeadDim, s.batch, kHeadsQ,
                                           kHeadDim, LseBase::kNatural, MemorySpace::kDevice);
   // cascade: plan on the host from the host arrays, run from the device arrays
-  cuda::CascadeShape shape;
+  //! [cascade-plan]
+  attnstate::cuda::CascadeShape shape;
   shape.batch = s.batch;
   shape.heads_q = kHeadsQ;
   shape.heads_kv = kHeadsKv;
@@ -200,8 +201,7 @@ bool run_gpu(const SharedPromptBatch& s) {
   shape.page_size = kPage;
   shape.num_pages = s.num_pages;
   shape.dtype = DType::kBF16;
-  const auto h_levels = s.host_levels();
-  //! [cascade-plan]
+  const auto h_levels = s.host_levels();  // the levels' arrays in host memory
   const attnstate::cuda::CascadePlan plan =
       attnstate::cuda::plan_cascade(shape, h_levels.data(), 2, {}, sms);
   //! [cascade-plan]

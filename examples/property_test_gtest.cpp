@@ -1,7 +1,8 @@
 /// @file property_test_gtest.cpp
-/// @brief The testing kit inside a GoogleTest suite, as docs/testing_kit.md shows it: the
-///        one-line conformance test of a kernel adapter, and a RapidCheck property of one's own
-///        (a merge checked against the kit's double-precision reference).
+/// @brief The testing kit inside a GoogleTest suite, as docs/testing_kit.md and docs/usage.md
+///        show it: the conformance test of a kernel adapter (all shapes; options narrowed to
+///        decode shapes, one base or one dtype; problems with attention sinks), and a RapidCheck
+///        property of one's own (a merge checked against the kit's double-precision reference).
 ///
 /// Built where GoogleTest is found; runs as the test `Example.property_test_gtest`.
 //! [rc-property]
@@ -25,6 +26,7 @@ RC_GTEST_PROP(MyMerge, MatchesReference, ()) {
 }
 //! [rc-property]
 
+#include "attnstate/core/sink.hpp"
 #include "attnstate/cpu/attention.hpp"
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/testing/gtest.hpp"
@@ -46,9 +48,61 @@ HostState run_my_kernel_adapter(const AttentionProblem& p, const std::vector<std
   return out;
 }
 
+// A kernel with attention sinks: the state of its keys computed in f32, each row merged once with
+// the sink state (0, s_h) when there are sinks, then stored in the problem's dtype and base (one
+// rounding).
+HostState my_kernel(const AttentionProblem& p, attnstate::AttentionSinks sinks) {
+  using attnstate::DType;
+  using attnstate::LseBase;
+  HostState f32(p.tokens(), p.heads_q(), p.head_dim(), DType::kF32, LseBase::kNatural);
+  attnstate::cpu::attention_state(p.q.view(), p.k.view(), p.v.view(), p.scale, f32.view());
+  if (!sinks.none()) {
+    const std::vector<float> zeros(static_cast<std::size_t>(p.head_dim()), 0.f);
+    attnstate::cpu::merge_state_inplace(
+        f32.view(), attnstate::make_sink_state(sinks.logits, zeros.data(), DType::kF32, p.tokens(),
+                                               p.heads_q(), p.head_dim(), LseBase::kNatural));
+  }
+  HostState out = make_output_state(p);
+  attnstate::cpu::rebase(f32.view(), out.view());
+  return out;
+}
+
 //! [gtest-conforms]
 TEST(MyKernel, ObeysTheStateAlgebra) {
   KernelCheckOptions options;  // every law, 100 cases each
   ATTNSTATE_EXPECT_KERNEL_CONFORMS(run_my_kernel_adapter, options);
 }
 //! [gtest-conforms]
+
+TEST(MyKernel, DecodeShapesBase2Only) {
+  //! [narrow-options]
+  attnstate::testing::KernelCheckOptions options;
+  options.problems = attnstate::testing::decode_problem_options();
+  options.problems.head_dims = {128};
+  options.problems.bases = {attnstate::LseBase::kBase2};  // a kernel that only writes log2
+  options.num_tests = 500;
+  //! [narrow-options]
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(run_my_kernel_adapter, options);
+}
+
+TEST(MyKernel, MergesItsSinksOnce) {
+  //! [sink-options]
+  attnstate::testing::KernelCheckOptions options;
+  options.problems = attnstate::testing::sink_problem_options();  // half the problems with sinks
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(
+      [](const attnstate::testing::AttentionProblem& p, const std::vector<std::int64_t>& keys) {
+        // p.sinks empty: no sinks (a partial the kit asks for); else merge them once, at the end
+        return my_kernel(select_keys(p, keys), p.attention_sinks());
+      },
+      options);
+  //! [sink-options]
+}
+
+TEST(MyKernel, Bf16DecodeShapes) {
+  //! [tensor-core-options]
+  attnstate::testing::KernelCheckOptions options;
+  options.problems = attnstate::testing::decode_problem_options();
+  options.problems.input_dtypes = {attnstate::DType::kBF16};  // a bf16-only kernel
+  ATTNSTATE_EXPECT_KERNEL_CONFORMS(run_my_kernel_adapter, options);
+  //! [tensor-core-options]
+}
