@@ -883,7 +883,7 @@ TEST(CudaDecode, LengthsClampedToOwnedPages) {
   DecodeConfig cfg;
   cfg.heads_q = 8;
   cfg.heads_kv = 2;
-  cfg.head_dim = 64;
+  cfg.head_dim = attnstate_test::decode_head_dims().front();  // 64 in the default build
   cfg.seq_lens = {40, 100};
   DecodeProblemHost p = make_decode_problem(cfg, 900);
   DeviceProblem d(p);
