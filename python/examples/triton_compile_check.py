@@ -49,25 +49,25 @@ def kernel_sources(head_dim=128, dtype="fp16", block_n=64, max_splits=32):
                                f"function, got {type(fn).__name__} (triton_split_kv imported "
                                "under TRITON_INTERPRET=1?)")
     ptr = "*" + dtype
+    # [aot-source]
+    # Argument types as Triton spells them; constexprs are given values, as at a launch.
     partial_sig = {"Q": ptr, "K": ptr, "V": ptr, "PO": "*fp32", "PL": "*fp32",
                    "scale_log2": "fp32", "num_keys": "i32", "chunk": "i32", "heads_q": "i32",
                    "group": "i32", "stride_qt": "i32", "stride_qh": "i32", "stride_kn": "i32",
                    "stride_kh": "i32", "splits": "i32", "D": "constexpr", "BLOCK_N": "constexpr"}
     aligned = ("Q", "K", "V", "PO", "PL", "stride_qt", "stride_qh", "stride_kn", "stride_kh")
+    partial_src = ASTSource(fn=partial, signature=partial_sig,
+                            constexprs={"D": head_dim, "BLOCK_N": block_n},
+                            attrs={(partial.arg_names.index(a),): _ALIGNED for a in aligned})
+    # [aot-source]
     merge_sig = {"PO": "*fp32", "PL": "*fp32", "O": "*fp32", "LSE": "*fp32", "splits": "i32",
                  "D": "constexpr", "BLOCK_S": "constexpr", "BASE_BUG": "constexpr",
                  "MAX_BUG": "constexpr"}
-    return [
-        (partial.__name__,
-         ASTSource(fn=partial, signature=partial_sig,
-                   constexprs={"D": head_dim, "BLOCK_N": block_n},
-                   attrs={(partial.arg_names.index(a),): _ALIGNED for a in aligned})),
-        (merge.__name__,
-         ASTSource(fn=merge, signature=merge_sig,
-                   constexprs={"D": head_dim, "BLOCK_S": max_splits, "BASE_BUG": False,
-                               "MAX_BUG": False},
-                   attrs={(merge.arg_names.index(a),): _ALIGNED for a in ("PO", "O")})),
-    ]
+    merge_src = ASTSource(fn=merge, signature=merge_sig,
+                          constexprs={"D": head_dim, "BLOCK_S": max_splits, "BASE_BUG": False,
+                                      "MAX_BUG": False},
+                          attrs={(merge.arg_names.index(a),): _ALIGNED for a in ("PO", "O")})
+    return [(partial.__name__, partial_src), (merge.__name__, merge_src)]
 
 
 def cubin_report(compiled):
@@ -106,9 +106,11 @@ def global_loads(compiled):
 
 def compile_for(arch=90, head_dim=128, dtype="fp16", num_warps=4):
     """Both kernels compiled for GPUTarget("cuda", arch, 32): [(name, CompiledKernel)]."""
+    # [aot-compile]
     target = GPUTarget("cuda", arch, 32)  # backend, compute capability, warp size
     return [(name, triton.compile(src, target=target, options={"num_warps": num_warps}))
             for name, src in kernel_sources(head_dim, dtype)]
+    # [aot-compile]
 
 
 def main(argv=None):

@@ -19,13 +19,15 @@ if "triton_split_kv" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1
     raise RuntimeError("triton_interpret_check: triton_split_kv was imported without "
                        "TRITON_INTERPRET=1, so its kernels are compiled ones, which need a GPU; "
                        "import this module first, or set TRITON_INTERPRET=1 before Python starts")
-os.environ["TRITON_INTERPRET"] = "1"
+# [interpret-setup]
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are built: @triton.jit reads it
 
 import attnstate.testing  # noqa: E402
-import triton_split_kv  # noqa: E402
+import triton_split_kv  # noqa: E402  (its DEVICE is now "cpu": the kit's inputs, CPU tensors)
 
 # Small problems keep a run to tens of seconds: every program instance is run in Python.
 LAPTOP_OPTIONS = dict(triton_split_kv.KIT_OPTIONS, head_dims=(16, 32), max_keys=96)
+# [interpret-setup]
 BUGS = {
     "mixed_base": dict(base_bug=True),  # exp(lse) of base-2 LSEs: split_merge / exactness
     "no_max": dict(max_bug=True),  # exp2(lse) overflows: large_logits
@@ -44,13 +46,15 @@ def check(bug=None, num_tests=8, seed=1, **options):
                          f"{sorted(BUGS)}, got {bug!r}")
     planted = BUGS.get(bug, {})
 
-    def kernel(q, k, v, scale):
+    # [interpret-check]
+    def kernel(q, k, v, scale):  # CPU tensors in, CPU tensors out
         return triton_split_kv.split_kv_attention(q, k, v, scale, **planted)
     try:
         return True, attnstate.testing.check_kernel(kernel, num_tests=num_tests, seed=seed,
                                                     **dict(LAPTOP_OPTIONS, **options))
-    except AssertionError as report:
+    except AssertionError as report:  # a law broke: the law, the shrunk case, the seed
         return False, str(report)
+    # [interpret-check]
 
 
 def main(argv=None):
