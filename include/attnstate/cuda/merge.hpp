@@ -33,7 +33,11 @@ void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t
 
 /// The masked form: `out = a ⊕ b` for the tokens `mask` selects, `out = a` (converted; an empty
 /// row as `(0, -inf)`) for the others (see `cpu::merge_state`).
+/// @param a, b   device states `(tokens, heads, head_dim)`, any dtype and base.
+/// @param out    device state of the same shape, written in its own dtype and base; `out.lse`
+///               may be null (no LSE written).
 /// @param mask   device per-token mask of any stride (0 broadcasts one flag), disjoint from `out`.
+/// @param stream the caller's stream.
 void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask mask,
                  cudaStream_t stream = nullptr);
 
