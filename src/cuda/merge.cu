@@ -36,7 +36,7 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
       kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
   kernels::dispatch_pair(func, a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
     constexpr auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
-    kernels::launch_covering<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
+    kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
   });
 }
 

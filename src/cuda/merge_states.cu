@@ -11,7 +11,6 @@
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/few.cuh"
 #include "cuda/kernels/merge/launch.cuh"
-#include "cuda/kernels/merge/packed.cuh"
 #include "cuda/kernels/merge/ragged.cuh"
 #include "cuda/kernels/merge/ring.cuh"
 #include "cuda/kernels/merge/stack.cuh"
@@ -45,21 +44,17 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
 static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels::kFewMaxStates,
               "the few-states kernel merges at most kFewMaxStates states");
 
-/// The kernels of `merge_states`: at a head dim whose rows are a power of two of whole chunks
-/// the general, few-states and ring kernels, all giving the same bits; at every other head dim
-/// the packed kernel, alone.
-enum class StackKernel { kGeneral, kFew, kRing, kPacked };
+/// The kernels of `merge_states`, all giving the same bits.
+enum class StackKernel { kGeneral, kFew, kRing };
 
-/// Picks the kernel of `merge_states` (the dtypes and head dim become template arguments in the
-/// one dispatch): rows that are not a power of two of whole chunks go to the packed kernel;
-/// otherwise (a choice between kernels giving the same bits) stacks with 16-byte access to `o` go
-/// to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more than one
-/// chunk) or, at the head dims the ring kernel is compiled for and with at least one block of
-/// work per SM, to the ring kernel; everything else, and every stack or output with an fp8 `o`
-/// (their one compiled kernel), to the general kernel.
+/// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
+/// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
+/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more
+/// than one chunk) or, at the head dims the ring kernel is compiled for and with at least one
+/// block of work per SM, to the ring kernel; everything else, and every stack or output with an
+/// fp8 `o` (their one compiled kernel), to the general kernel.
 template <class TIn, class TO>
 StackKernel pick_kernel(const kernels::RowsArgs& args) {
-  if (kernels::use_packed(args.out.head_dim)) return StackKernel::kPacked;
   if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
     return StackKernel::kGeneral;  // the one kernel compiled with an fp8 o
   } else {
@@ -78,14 +73,13 @@ StackKernel pick_kernel(const kernels::RowsArgs& args) {
 namespace detail {
 
 /// Test hook (declared in tests/cuda/merge/merge_test_support.hpp): true when `merge_states(states,
-/// out)` runs one of the fast kernels that give the general kernel's bits (few-states, ring) on
-/// the current device.
+/// out)` runs a fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
   bool fast = false;
   kernels::dispatch_stack(
       "attnstate::cuda::merge_states", states.dtype, out.dtype, [&](auto ti, auto to) {
-        const StackKernel k = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out));
-        fast = k == StackKernel::kFew || k == StackKernel::kRing;
+        fast = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out)) !=
+               StackKernel::kGeneral;
       });
   return fast;
 }
@@ -110,21 +104,13 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
   kernels::dispatch_stack(kFunc, states.dtype, out.dtype, [&](auto ti, auto to) {
     using TI = decltype(ti);
     using TO = decltype(to);
-    const StackKernel k = pick_kernel<TI, TO>(args);
-    if (k == StackKernel::kPacked) {
-      const int per_row = static_cast<int>((out.head_dim + kernels::kChunk - 1) / kernels::kChunk);
-      constexpr auto kernel = kernels::merge_packed_kernel<TI, TO>;
-      return kernels::launch_covering<kernel>(rows * per_row, stream, "merge_packed_kernel", args,
-                                              per_row);
-    }
     if constexpr (!kIsFp8<TI> && !kIsFp8<TO>) {
-      switch (k) {
+      switch (pick_kernel<TI, TO>(args)) {
         case StackKernel::kFew:
           return kernels::launch_few<TI, TO>(args, stream);
         case StackKernel::kRing:
           return kernels::launch_ring<TI, TO, kernels::DefaultRingShape>(args, stream);
         case StackKernel::kGeneral:
-        case StackKernel::kPacked:
           break;
       }
     }

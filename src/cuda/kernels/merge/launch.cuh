@@ -70,35 +70,6 @@ void launch_grid_stride(std::int64_t total_threads, cudaStream_t stream, const c
   detail::launch_kernel(c, kKernel, name, args...);
 }
 
-/// Launches the merge kernel `kKernel(args...)` over a grid that covers `total_threads` threads
-/// (blocks of `kMergeBlock` threads, fewer when the problem is smaller than one block per SM; at
-/// most 2^31 - 1 blocks, the kernels' grid-stride loops covering the rest): many short blocks,
-/// which the hardware balances across SMs that stream at different rates, where a single wave of
-/// resident blocks leaves the tail of the slowest SM.
-template <auto kKernel, class... Args>
-void launch_covering(std::int64_t total_threads, cudaStream_t stream, const char* name,
-                     const Args&... args) {
-  const std::int64_t sms = sm_count();
-  int threads = kMergeBlock;
-  while (threads > kMinBlock && total_threads < sms * threads) threads /= 2;
-  const std::int64_t blocks =
-      std::min<std::int64_t>((total_threads + threads - 1) / threads, std::int64_t{0x7fffffff});
-  detail::LaunchConfig c;
-  c.grid = dim3(static_cast<unsigned>(std::max<std::int64_t>(blocks, 1)));
-  c.block = dim3(static_cast<unsigned>(threads));
-  c.stream = stream;
-  detail::launch_kernel(c, kKernel, name, args...);
-}
-
-/// `n / d` for non-negative `n` and positive `d`, in 32 bits where both fit (always in practice:
-/// a 64-bit division costs many instructions per row).
-__device__ __forceinline__ std::int64_t div_index(std::int64_t n, std::int64_t d) {
-  return n < 0x7fffffff && d < 0x7fffffff
-             ? static_cast<std::int64_t>(static_cast<std::uint32_t>(n) /
-                                         static_cast<std::uint32_t>(d))
-             : n / d;
-}
-
 /// How the threads of a warp split one row of `head_dim` elements: `group` threads (a power of
 /// two, at most 32, lanes of one warp) each handling chunks `g, g + group, ...` of the row's
 /// `per_row` chunks of `kChunk` elements (the last one partial when head_dim is not a multiple

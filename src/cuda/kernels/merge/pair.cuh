@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kMergeBlock) merge_pair_kernel(PairArgs args) 
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i - lane < total; i += stride) {  // warp-uniform trip count
     const std::int64_t row = i >> args.split.shift;
-    const std::int64_t token = div_index(row, heads);
+    const std::int64_t token = row / heads;
     const std::int64_t head = row - token * heads;
     bool active = i < total;
     bool take_b = active;
