@@ -22,7 +22,7 @@ fi
 # (never into the system Python). ATTNSTATE_VENV overrides the place; ATTNSTATE_NO_VENV=1 skips.
 if [ "${ATTNSTATE_NO_VENV:-0}" != 1 ]; then
   venv=${ATTNSTATE_VENV:-"$(cd "$(dirname "$0")/.." && pwd)/.venv"}
-  py_pkgs=("nanobind>=2.4" "scikit-build-core>=0.10" "numpy>=1.24" "pytest>=7")
+  py_pkgs=("nanobind>=2.4" "scikit-build-core>=0.10" "numpy>=1.24" "ml_dtypes>=0.4" "pytest>=7")
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi

@@ -3,13 +3,22 @@ and allocation of outputs and workspaces with that same library (attnstate never
 
 from . import _attnstate as _C
 
+# Every spelling of a dtype the package takes, to its one name (NumPy's, torch's attribute).
 _DTYPE_ALIASES = {
     "f32": "float32", "float32": "float32", "float": "float32",
     "f16": "float16", "float16": "float16", "half": "float16",
     "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "e4m3": "float8_e4m3fn", "e4m3fn": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn",
+    "e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
     "int32": "int32", "uint8": "uint8", "bool": "bool",
 }
-_TO_DTYPE = {"float32": _C.DType.F32, "float16": _C.DType.F16, "bfloat16": _C.DType.BF16}
+_TO_DTYPE = {"float32": _C.DType.F32, "float16": _C.DType.F16, "bfloat16": _C.DType.BF16,
+             "float8_e4m3fn": _C.DType.E4M3, "float8_e5m2": _C.DType.E5M2}
+_NAME_OF = {v: k for k, v in _TO_DTYPE.items()}
+# What a state's o may hold (the binding's message says the same).
+STATE_DTYPES = "float32, float16, bfloat16, float8_e4m3fn or float8_e5m2"
+# NumPy has these only through ml_dtypes (a dependency of the package).
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def library(a):
@@ -18,25 +27,47 @@ def library(a):
     return "jax" if mod in ("jaxlib", "jax") else mod
 
 
-def dtype_name(dtype, arg="dtype", fn="attnstate"):
-    """Normalised name of a dtype given as a string or as any library's dtype object."""
+def _raw_name(dtype):
+    """The name of a dtype given as a string, a dtype object of any library (NumPy's, torch's,
+    CuPy's) or a scalar type (np.float32, ml_dtypes.bfloat16, jnp.float32)."""
+    if isinstance(dtype, str):
+        return dtype
     if isinstance(dtype, _C.DType):
-        return {_C.DType.F32: "float32", _C.DType.F16: "float16", _C.DType.BF16: "bfloat16"}[dtype]
-    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or str(dtype)
-    name = name.rsplit(".", 1)[-1]  # torch.bfloat16 -> bfloat16
+        return _NAME_OF[dtype]
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):  # NumPy and CuPy dtype objects
+        return name
+    if isinstance(dtype, type):  # a scalar type: its NumPy dtype's name
+        try:
+            import numpy as np
+            return np.dtype(dtype).name
+        except TypeError:
+            return dtype.__name__
+    return str(dtype).rsplit(".", 1)[-1]  # torch.bfloat16 -> bfloat16
+
+
+def dtype_name(dtype, arg="dtype", fn="attnstate"):
+    """Normalised name of a dtype given as a string, any library's dtype object or a scalar
+    type; an error naming `fn` and `arg` for one the package does not take."""
+    name = _raw_name(dtype)
     if name not in _DTYPE_ALIASES:
-        raise error(fn, arg, "float32, float16 or bfloat16", repr(dtype))
+        raise error(fn, arg, STATE_DTYPES, repr(dtype) if isinstance(dtype, str) else name)
     return _DTYPE_ALIASES[name]
 
 
 def array_dtype(a):
-    return dtype_name(a.dtype)
+    """Normalised name of an array's dtype. A dtype the package does not take keeps its own name
+    (e.g. "float64"): an output allocated like the array then reaches the binding, whose error
+    names the argument the caller passed (e.g. `a.o`)."""
+    name = _raw_name(a.dtype)
+    return _DTYPE_ALIASES.get(name, name)
 
 
 def to_dtype(dtype, arg="dtype", fn="attnstate"):
+    """The library's DType of a dtype of any spelling; an error naming `fn` and `arg` else."""
     name = dtype_name(dtype, arg, fn)
     if name not in _TO_DTYPE:
-        raise error(fn, arg, "float32, float16 or bfloat16", name)
+        raise error(fn, arg, STATE_DTYPES, name)
     return _TO_DTYPE[name]
 
 
@@ -47,33 +78,36 @@ def device_of(a):
 
 
 def empty(like, shape, dtype):
-    """An uninitialised array of `shape` and `dtype` from the library and device of `like`."""
+    """An uninitialised array of `shape` and `dtype` (any spelling; a dtype the package does not
+    take is allocated as it is, for the binding to refuse) from the library and device of
+    `like`."""
+    name = _raw_name(dtype)
+    name = _DTYPE_ALIASES.get(name, name)
     lib = library(like)
-    dtype = dtype_name(dtype) if dtype not in ("int32", "uint8") else dtype
     if lib == "torch":
         import torch
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+        return torch.empty(shape, dtype=getattr(torch, name), device=like.device)
     if lib == "cupy":
         import cupy
         with cupy.cuda.Device(like.device.id):
-            return cupy.empty(shape, dtype=_numpy_dtype(dtype))
+            return cupy.empty(shape, dtype=_numpy_dtype(name))
     if lib == "jax":
         import jax.numpy as jnp
-        return jnp.empty(shape, dtype=dtype, device=list(like.devices())[0])
+        return jnp.empty(shape, dtype=name, device=list(like.devices())[0])
     import numpy as np
-    return np.empty(shape, dtype=_numpy_dtype(dtype))
+    return np.empty(shape, dtype=_numpy_dtype(name))
 
 
-def _numpy_dtype(dtype):
-    if dtype == "bfloat16":
+def _numpy_dtype(name):
+    if name in _ML_DTYPES:
         try:
             import ml_dtypes
         except ImportError:
             raise error("attnstate", "dtype",
-                        "float32 or float16 for NumPy arrays (bfloat16 needs ml_dtypes)",
-                        "bfloat16") from None
-        return ml_dtypes.bfloat16
-    return dtype
+                        f"float32 or float16 for NumPy arrays ({name} needs ml_dtypes)",
+                        name) from None
+        return getattr(ml_dtypes, name)
+    return name
 
 
 def error(fn, arg, expected, got, status=_C.Status.INVALID_ARGUMENT):

@@ -11,7 +11,7 @@ import math
 import numbers
 
 from . import _attnstate as _C
-from ._arrays import array_dtype, device_of, empty, error, to_dtype
+from ._arrays import array_dtype, device_of, dtype_name, empty, error, to_dtype
 from ._merge import State, _parse_base
 
 
@@ -20,26 +20,46 @@ def _out_state(like, out, tokens, heads, head_dim, dtype, base, fn):
         if not isinstance(out, State):
             raise error(fn, "out", "an attnstate.State(o, lse, base)", type(out).__name__)
         return out
-    o = empty(like, (tokens, heads, head_dim), dtype or array_dtype(like))
+    o_dtype = array_dtype(like) if dtype is None else dtype_name(dtype, "dtype", fn)
+    o = empty(like, (tokens, heads, head_dim), o_dtype)
     return State(o, empty(like, (tokens, heads), "float32"), _parse_base(base, fn, "base"))
 
 
-# fp8 KV dtypes by name (torch's dtype objects give "float8_e4m3fn" and "float8_e5m2"); the pools
-# themselves are uint8 arrays of the stored bytes (e.g. `k.view(torch.uint8)`).
-_FP8_KV = {"e4m3": _C.DType.E4M3, "e4m3fn": _C.DType.E4M3, "float8_e4m3fn": _C.DType.E4M3,
-           "e5m2": _C.DType.E5M2, "float8_e5m2": _C.DType.E5M2}
-
-
 def _kv_dtype(kv_dtype, dtype, fn):
-    """The KV dtype of a plan: `dtype` for None, an fp8 name, or any dtype `to_dtype` takes."""
+    """The KV dtype of a plan: `dtype` for None, else any spelling `to_dtype` takes, fp8 ones
+    included ("e4m3", "float8_e5m2", torch.float8_e4m3fn, ml_dtypes.float8_e5m2, ...)."""
     if kv_dtype is None:
         return to_dtype(dtype, "dtype", fn)
-    if isinstance(kv_dtype, _C.DType):
-        return kv_dtype
-    name = kv_dtype if isinstance(kv_dtype, str) else str(kv_dtype).rsplit(".", 1)[-1]
-    if name in _FP8_KV:
-        return _FP8_KV[name]
     return to_dtype(kv_dtype, "kv_dtype", fn)
+
+
+def _levels(levels, fn):
+    """The levels of a cascade as the binding takes them: a CascadeLevels (what
+    `cascade_levels` returns) or a sequence of (request_indptr, page_indptr, page_indices,
+    seg_lens) tuples."""
+    if isinstance(levels, _C.CascadeLevels):
+        return levels.levels
+    try:
+        return [tuple(level) for level in levels]
+    except TypeError:
+        raise error(fn, "levels",
+                    "an attnstate.CascadeLevels (attnstate.cascade_levels) or a sequence of "
+                    "(request_indptr, page_indptr, page_indices, seg_lens) tuples",
+                    type(levels).__name__) from None
+
+
+def _from_levels(levels, value, attr, fn):
+    """`value` (a plan keyword), defaulting to the CascadeLevels' own `attr`; required for
+    levels given as tuples, and equal to the CascadeLevels' when both are given."""
+    if not isinstance(levels, _C.CascadeLevels):
+        if value is None:
+            raise error(fn, attr, "an int (required unless levels is an attnstate.CascadeLevels)",
+                        "None")
+        return value
+    own = getattr(levels, attr)
+    if value is not None and value != own:
+        raise error(fn, attr, f"{own} (the CascadeLevels' {attr}), or None", value)
+    return own
 
 
 def _kv_scale(scale, arg, fn):
@@ -215,16 +235,20 @@ class Cascade:
             raise error("attnstate.Cascade.description", "self", "a planned Cascade", "no plan")
         return self._plan.description
 
-    def plan(self, levels, *, batch, heads_q, heads_kv, head_dim, page_size, num_pages, dtype,
-             kv_dtype=None, q_len=1, scale=None, causal=True, window_left=None,
+    def plan(self, levels, *, heads_q, heads_kv, head_dim, num_pages, dtype, batch=None,
+             page_size=None, kv_dtype=None, q_len=1, scale=None, causal=True, window_left=None,
              logits_soft_cap=None, like=None, num_sms=0):
-        """Plans from host levels; `like`, `kv_dtype`, `window_left` and `logits_soft_cap` as
-        for Decode.plan. Returns self."""
+        """Plans from host levels: a CascadeLevels (what `cascade_levels` returns and
+        `decide_cascade` takes; its queries come in its `.order`) or a sequence of level tuples.
+        batch and page_size default to the CascadeLevels' own (required with tuples). `like`,
+        `kv_dtype`, `window_left` and `logits_soft_cap` as for Decode.plan. Returns self."""
         fn = "attnstate.Cascade.plan"
         window, cap = _variant(window_left, logits_soft_cap, fn)
         device = device_of(like) if like is not None else None
+        batch = _from_levels(levels, batch, "batch", fn)
+        page_size = _from_levels(levels, page_size, "page_size", fn)
         self._plan = _C.plan_cascade(
-            [tuple(level) for level in levels], batch, q_len, heads_q, heads_kv, head_dim,
+            _levels(levels, fn), batch, q_len, heads_q, heads_kv, head_dim,
             page_size, num_pages, to_dtype(dtype, "dtype", fn), _kv_dtype(kv_dtype, dtype, fn),
             0.0 if scale is None else float(scale), causal, window, cap,
             -1 if device is None else device, num_sms)
@@ -242,7 +266,8 @@ class Cascade:
 
     def run(self, q, k, v, levels, *, layout="NHD", out=None, dtype=None, base="natural",
             k_scale=None, v_scale=None, sinks=None, stream=None):
-        """Runs the planned cascade over `levels` (in q's memory); returns `out` or a State
+        """Runs the planned cascade over `levels` (in q's memory: a CascadeLevels' NumPy
+        arrays for host arrays, or the tuples copied to the device); returns `out` or a State
         (batch * q_len, heads_q, head_dim), token b * q_len + t, allocated like q in `dtype`
         (default q's) and `base`. k_scale, v_scale, sinks, stream: as for Decode.run (the sinks
         merged once, after every level)."""
@@ -250,7 +275,7 @@ class Cascade:
         if self._plan is None:
             raise error(fn, "self", "a planned Cascade (call plan() first)", "no plan")
         out = _out_state(q, out, *self._shape, dtype, base, fn)
-        _C.run_cascade(self._plan, q, k, v, [tuple(level) for level in levels], layout, out,
+        _C.run_cascade(self._plan, q, k, v, _levels(levels, fn), layout, out,
                        self.workspace, stream, _kv_scale(k_scale, "k_scale", fn),
                        _kv_scale(v_scale, "v_scale", fn), sinks)
         return out

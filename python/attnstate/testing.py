@@ -26,7 +26,9 @@ kit's double-precision reference with the same rule.
 
 import numpy as np
 
+from . import _attnstate as _C
 from ._arrays import dtype_name, error, library
+from ._merge import _parse_base
 
 try:
     from . import _testing as _T
@@ -50,14 +52,13 @@ def _default_inputs(a, dtype):
     return a  # float32 arrays already hold values rounded to the drawn dtype
 
 
-def _check_kit_and_base(fn_name, base, expected):
-    """Raises attnstate.Error for a build without the kit, or for a base other than "natural" or
-    "base2" (described as `expected`)."""
+def _check_kit_and_base(fn_name, base):
+    """The kit's name of `base` (attnstate.Base or "natural" / "base2"); raises attnstate.Error
+    for a build without the kit or for another base."""
     if _T is None:
         raise error(fn_name, "kit", "a build of attnstate with its testing kit (RapidCheck)",
                     "a build without it")
-    if base not in ("natural", "base2"):
-        raise error(fn_name, "base", expected, repr(base))
+    return "base2" if _parse_base(base, fn_name, "base") == _C.Base.BASE2 else "natural"
 
 
 def check_kernel(fn, *, base, out_dtype="float32",
@@ -70,8 +71,9 @@ def check_kernel(fn, *, base, out_dtype="float32",
     """Runs the kit's laws on `fn`; raises AssertionError with the kit's report (law, shrunk
     minimal case, seed) when one fails, else returns the report's summary text.
 
-    base: the base `fn`'s LSEs are in ("natural" or "base2"; required). out_dtype: the dtype
-    fn's o is judged at (its tolerance). input_dtypes: the q/k/v dtypes drawn. seed: RapidCheck
+    base: the base `fn`'s LSEs are in (attnstate.Base or "natural" / "base2"; required).
+    out_dtype: the dtype fn's o is judged at (its tolerance). input_dtypes: the q/k/v dtypes
+    drawn (any spelling: "bfloat16", np.float16, torch.bfloat16, ...). seed: RapidCheck
     seed (0: RC_PARAMS' or a random one, printed in the report). The shape options match the C++
     `ProblemGenOptions` (head_dims, group_sizes, max_keys, ...); `num_tests` cases per law.
     sink_percent: share of problems with attention sinks (0, the default: none, and fn is called
@@ -79,7 +81,7 @@ def check_kernel(fn, *, base, out_dtype="float32",
     Raises attnstate.Error naming the option on an invalid one.
     """
     fn_name = "attnstate.testing.check_kernel"
-    _check_kit_and_base(fn_name, base, '"natural" or "base2" (the base fn returns)')
+    base = _check_kit_and_base(fn_name, base)
     if not callable(fn):
         raise error(fn_name, "fn", "a callable fn(q, k, v, scale) -> (o, lse)", type(fn).__name__)
     convert = to_inputs or _default_inputs
@@ -113,7 +115,7 @@ def check_kernel(fn, *, base, out_dtype="float32",
 def reference_state(q, k, v, scale, *, sinks=None, base="natural"):
     """The kit's double-precision reference: the attention state (o, lse) of q (tokens, heads_q,
     head_dim) over all of k, v (keys, heads_kv, head_dim), as float64 NumPy arrays, lse in `base`
-    ("natural" or "base2"). Inputs of any library are read as float32 (`to_numpy`).
+    (attnstate.Base or "natural" / "base2"). Inputs of any library are read as float32 (`to_numpy`).
 
     sinks: None, or (heads_q,) sink logits (natural base): every row (t, h) is then merged once
     with the sink state (0, sinks[h]) after its keys: lse = log(e^lse + e^s), o scaled by
@@ -121,6 +123,6 @@ def reference_state(q, k, v, scale, *, sinks=None, base="natural"):
     split) is sink-free: call it with sinks=None and merge the sink once after the partials.
     Raises attnstate.Error naming the argument on a bad shape or base.
     """
-    _check_kit_and_base("attnstate.testing.reference_state", base, '"natural" or "base2"')
+    base = _check_kit_and_base("attnstate.testing.reference_state", base)
     s = None if sinks is None else to_numpy(sinks)
     return _T.reference_state(to_numpy(q), to_numpy(k), to_numpy(v), float(scale), s, base)

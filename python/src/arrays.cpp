@@ -4,6 +4,9 @@
 
 #include <nanobind/stl/string.h>
 
+#include <cmath>
+#include <sstream>
+
 #if defined(ATTNSTATE_HAS_CUDA)
 #include <cuda_runtime_api.h>
 #endif
@@ -50,7 +53,7 @@ bool is_torch_tensor(nb::handle h) {
   return t.ready && PyObject_TypeCheck(h.ptr(), t.tensor);
 }
 
-[[maybe_unused]] std::string module_of(nb::handle h) {
+std::string module_of(nb::handle h) {
   nb::object mod = nb::getattr(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()))),
                                "__module__", nb::none());
   return mod.is_none() ? std::string() : nb::cast<std::string>(nb::str(mod));
@@ -62,7 +65,83 @@ std::string shape_string(const Array& a) {
   return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
+std::string number(float x) {
+  std::ostringstream ss;
+  ss << x;
+  return ss.str();
+}
+
+std::string type_of(nb::handle h) {
+  return nb::cast<std::string>(nb::str(nb::type_name(h.type())));
+}
+
+// The name of an array's dtype object: NumPy's "bfloat16", torch's "torch.float8_e4m3fn" as
+// "float8_e4m3fn"; empty without a dtype.
+std::string dtype_attr_name(nb::handle h) {
+  nb::object dt = nb::getattr(h, "dtype", nb::none());
+  if (dt.is_none()) return std::string();
+  const std::string s = nb::cast<std::string>(nb::str(dt));
+  return s.substr(s.rfind('.') + 1);
+}
+
+constexpr nb::dlpack::dtype dl(nb::dlpack::dtype_code code, int bits) {
+  return nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+}
+
+// dtypes that NumPy (ml_dtypes' extension types) or older torch (fp8) cannot export through
+// DLPack: read through a view of an integer dtype of the same size, then tagged as what they are.
+struct ViewedDType {
+  const char* name;      // the dtype's name in NumPy and torch
+  const char* view;      // the integer dtype of the view
+  nb::dlpack::dtype dt;  // what the data is
+};
+constexpr ViewedDType kViewed[] = {
+    {"bfloat16", "uint16", dl(nb::dlpack::dtype_code::Bfloat, 16)},
+    {"float8_e4m3fn", "uint8", dl(nb::dlpack::dtype_code::Float8_E4M3FN, 8)},
+    {"float8_e5m2", "uint8", dl(nb::dlpack::dtype_code::Float8_E5M2, 8)},
+};
+
+const ViewedDType* viewed_dtype(const std::string& name) {
+  for (const ViewedDType& v : kViewed)
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
+// `a` with dtype `dt` and, for an array without elements, C-contiguous strides (NumPy 2 reports
+// stride 0 for them, which no layout check should see). `owner` keeps the memory alive.
+Array retag(const Array& a, nb::dlpack::dtype dt, nb::handle owner) {
+  const size_t n = a.ndim();
+  std::vector<size_t> shape(n);
+  std::vector<std::int64_t> strides(n);
+  std::int64_t step = 1;
+  for (size_t i = n; i-- > 0;) {
+    shape[i] = a.shape(i);
+    strides[i] = a.size() == 0 ? step : a.stride(i);
+    step *= a.shape(i) > 1 ? static_cast<std::int64_t>(a.shape(i)) : 1;
+  }
+  return Array(a.data(), n, shape.data(), owner, strides.data(), dt, a.device_type(),
+               a.device_id());
+}
+
 }  // namespace
+
+const char* const kStateDTypes = "float32, float16, bfloat16, float8_e4m3fn or float8_e5m2";
+
+const char* to_string(LseLayout l) {
+  return l == LseLayout::kHeadsTokens ? "heads_tokens" : "tokens_heads";
+}
+
+LseLayout parse_lse_layout(nb::handle layout, const char* fn, const std::string& name) {
+  const char* expected =
+      "\"tokens_heads\" (lse (tokens, heads)) or \"heads_tokens\" (lse (heads, "
+      "tokens), FlashAttention's and vLLM's)";
+  if (!nb::isinstance<nb::str>(layout))
+    detail::throw_argument(fn, name.c_str(), expected, type_of(layout));
+  const std::string s = nb::cast<std::string>(layout);
+  if (s == "tokens_heads") return LseLayout::kTokensHeads;
+  if (s == "heads_tokens") return LseLayout::kHeadsTokens;
+  detail::throw_argument(fn, name.c_str(), expected, "\"" + s + "\"");
+}
 
 LseBase parse_base(nb::handle base, const char* fn, const std::string& name) {
   if (base.is_none())
@@ -76,17 +155,21 @@ LseBase parse_base(nb::handle base, const char* fn, const std::string& name) {
     detail::throw_argument(fn, name.c_str(), "\"natural\" or \"base2\"", "\"" + s + "\"");
   }
   detail::throw_argument(fn, name.c_str(), "attnstate.Base or \"natural\" / \"base2\"",
-                         nb::cast<std::string>(nb::str(nb::type_name(base.type()))));
+                         type_of(base));
 }
 
 bool to_dtype(nb::dlpack::dtype dt, DType* out) {
-  if (dt.lanes != 1) return false;
-  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 32) {
+  using code = nb::dlpack::dtype_code;
+  if (dt == dl(code::Float, 32)) {
     *out = DType::kF32;
-  } else if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16) {
+  } else if (dt == dl(code::Float, 16)) {
     *out = DType::kF16;
-  } else if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16) {
+  } else if (dt == dl(code::Bfloat, 16)) {
     *out = DType::kBF16;
+  } else if (dt == dl(code::Float8_E4M3FN, 8)) {
+    *out = DType::kE4M3;
+  } else if (dt == dl(code::Float8_E5M2, 8)) {
+    *out = DType::kE5M2;
   } else {
     return false;
   }
@@ -108,10 +191,18 @@ std::string dtype_name(nb::dlpack::dtype dt) {
     case nb::dlpack::dtype_code::Bfloat:
       kind = "bfloat";
       break;
+    case nb::dlpack::dtype_code::Complex:
+      kind = "complex";
+      break;
     case nb::dlpack::dtype_code::Bool:
       return "bool";
+    case nb::dlpack::dtype_code::Float8_E4M3FN:
+      return "float8_e4m3fn";
+    case nb::dlpack::dtype_code::Float8_E5M2:
+      return "float8_e5m2";
     default:
-      kind = "other";
+      return "DLPack dtype code " + std::to_string(dt.code) + " of " + std::to_string(dt.bits) +
+             " bits";
   }
   return std::string(kind) + std::to_string(dt.bits);
 }
@@ -121,20 +212,46 @@ void Call::fail(const std::string& name, const std::string& expected, const std:
   detail::throw_argument(fn_, name.c_str(), expected, got, status);
 }
 
+bool Call::import(nb::handle h, Array* a) {
+  if (is_torch_tensor(h) && torch_hooks().to_dlpack.is_valid() &&
+      !torch_hooks().to_dlpack.is_none()) {
+    try {
+      nb::object capsule = torch_hooks().to_dlpack(h);
+      return nb::try_cast(capsule, *a);
+    } catch (const nb::python_error&) {
+      return false;  // a dtype torch does not export (fp8 before DLPack 1.1): see array()
+    }
+  }
+  return nb::try_cast(h, *a);
+}
+
 Array Call::array(nb::handle h, const std::string& name, int ndim) {
   if (h.is_none()) fail(name, "an array", "None");
   Array a;
-  bool ok = false;
-  if (is_torch_tensor(h) && torch_hooks().to_dlpack.is_valid() &&
-      !torch_hooks().to_dlpack.is_none()) {
-    nb::object capsule = torch_hooks().to_dlpack(h);
-    ok = nb::try_cast(capsule, a);
-  } else {
-    ok = nb::try_cast(h, a);
+  nb::object owner = nb::borrow(h);
+  bool ok = import(h, &a);
+  nb::dlpack::dtype dt = a.dtype();
+  if (!ok) {
+    const std::string dtype = dtype_attr_name(h);
+    const ViewedDType* viewed = viewed_dtype(dtype);
+    // only where `view` shares the memory (an output is written through it): NumPy and torch
+    const bool torch = is_torch_tensor(h);
+    if (viewed != nullptr && (torch || module_of(h) == "numpy")) {
+      nb::object view_dtype = nb::str(viewed->view);
+      if (torch) view_dtype = nb::module_::import_("torch").attr(viewed->view);
+      owner = h.attr("view")(view_dtype);
+      ok = import(owner, &a);
+      dt = viewed->dt;
+    }
+    if (!ok && !dtype.empty())
+      fail(name,
+           std::string("an array of a dtype attnstate reads (") + kStateDTypes +
+               " for states, through ml_dtypes for NumPy; int32, uint8 or bool for tables and "
+               "masks)",
+           "a " + type_of(h) + " of dtype " + dtype);
+    if (!ok) fail(name, "an array speaking DLPack (torch, CuPy, JAX, NumPy)", type_of(h));
   }
-  if (!ok)
-    fail(name, "an array speaking DLPack (torch, CuPy, JAX, NumPy)",
-         nb::cast<std::string>(nb::str(nb::type_name(h.type()))));
+  if (!(dt == a.dtype()) || a.size() == 0) a = retag(a, dt, owner);
   if (static_cast<int>(a.ndim()) != ndim)
     fail(name, std::to_string(ndim) + " dimensions", shape_string(a));
   place(a, h, name);
@@ -177,63 +294,104 @@ void Call::place(const Array& a, nb::handle h, const std::string& name) {
 const PyState& Call::state_of(nb::handle h, const std::string& name) const {
   PyState* s = nullptr;
   if (!nb::try_cast<PyState*>(h, s) || s == nullptr)
-    fail(name, "an attnstate.State(o, lse, base)",
-         nb::cast<std::string>(nb::str(nb::type_name(h.type()))));
+    fail(name, "an attnstate.State(o, lse, base)", type_of(h));
   return *s;
+}
+
+DType Call::o_dtype(const Array& o, const PyState& s, const std::string& name) const {
+  DType dt = DType::kF32;
+  if (!to_dtype(o.dtype(), &dt))
+    fail(name + ".o", std::string("dtype ") + kStateDTypes, dtype_name(o.dtype()));
+  const int last = static_cast<int>(o.ndim()) - 1;
+  if (o.shape(last) > 1 && o.stride(last) != 1)
+    fail(name + ".o", "a contiguous last dimension (stride 1)",
+         "stride " + std::to_string(o.stride(last)));
+  if (!is_fp8(dt) && s.scale != 1.f)
+    fail(name + ".scale",
+         "1 (a scale is that of an fp8 o; this o is " + dtype_name(o.dtype()) + ")",
+         number(s.scale));
+  if (is_fp8(dt) && !(std::isfinite(s.scale) && s.scale > 0.f))
+    fail(name + ".scale", "a finite scale > 0 (real value = stored value x scale)",
+         number(s.scale));
+  return dt;
 }
 
 StateView Call::state(nb::handle h, const std::string& name) {
   const PyState& s = state_of(h, name);
   Array o = array(s.o, name + ".o", 3);
-  Array lse = array(s.lse, name + ".lse", 2);
   StateView v;
-  if (!to_dtype(o.dtype(), &v.dtype))
-    fail(name + ".o", "dtype float32, float16 or bfloat16", dtype_name(o.dtype()));
-  if (!(lse.dtype() == nb::dtype<float>()))
-    fail(name + ".lse", "dtype float32", dtype_name(lse.dtype()));
-  if (o.shape(2) > 1 && o.stride(2) != 1)
-    fail(name + ".o", "a contiguous last dimension (stride 1)",
-         "stride " + std::to_string(o.stride(2)));
-  if (lse.shape(0) != o.shape(0) || lse.shape(1) != o.shape(1))
-    fail(name + ".lse",
-         "shape (" + std::to_string(o.shape(0)) + ", " + std::to_string(o.shape(1)) +
-             ") (o's first two dimensions)",
-         shape_string(lse));
+  v.dtype = o_dtype(o, s, name);
+  v.o_scale = s.scale;
   v.o = const_cast<void*>(o.data());
-  v.lse = static_cast<float*>(const_cast<void*>(lse.data()));
   v.tokens = static_cast<std::int64_t>(o.shape(0));
   v.heads = static_cast<std::int64_t>(o.shape(1));
   v.head_dim = static_cast<std::int64_t>(o.shape(2));
   v.o_stride_token = o.stride(0);
   v.o_stride_head = o.stride(1);
-  v.lse_stride_token = lse.stride(0);
-  v.lse_stride_head = lse.stride(1);
   v.base = s.base;
   v.space = space_;
+  if (s.lse.is_none()) {  // no LSE (an output whose LSE the caller does not want)
+    v.lse = nullptr;
+    v.lse_stride_token = v.heads;
+    v.lse_stride_head = 1;
+    return v;
+  }
+  Array lse = array(s.lse, name + ".lse", 2);
+  if (!(lse.dtype() == nb::dtype<float>()))
+    fail(name + ".lse", "dtype float32", dtype_name(lse.dtype()));
+  // the layout names the axes; the strides are whatever the array has
+  const bool head_major = s.lse_layout == LseLayout::kHeadsTokens;
+  const int t = head_major ? 1 : 0, hd = 1 - t;
+  if (static_cast<std::int64_t>(lse.shape(t)) != v.tokens ||
+      static_cast<std::int64_t>(lse.shape(hd)) != v.heads) {
+    const std::string T = std::to_string(v.tokens), H = std::to_string(v.heads);
+    fail(name + ".lse",
+         head_major
+             ? "shape (" + H + ", " + T + ") (o's heads and tokens: lse_layout=\"heads_tokens\")"
+             : "shape (" + T + ", " + H +
+                   ") (o's tokens and heads: lse_layout=\"tokens_heads\"; pass "
+                   "lse_layout=\"heads_tokens\" for a (heads, tokens) LSE)",
+         shape_string(lse));
+  }
+  v.lse = static_cast<float*>(const_cast<void*>(lse.data()));
+  v.lse_stride_token = lse.stride(t);
+  v.lse_stride_head = lse.stride(hd);
   return v;
 }
 
 ConstStateStackView Call::stack(nb::handle h, StackOrder order, const std::string& name) {
   const PyState& s = state_of(h, name);
   Array o = array(s.o, name + ".o", 4);
-  Array lse = array(s.lse, name + ".lse", 3);
   ConstStateStackView v;
-  if (!to_dtype(o.dtype(), &v.dtype))
-    fail(name + ".o", "dtype float32, float16 or bfloat16", dtype_name(o.dtype()));
+  v.dtype = o_dtype(o, s, name);
+  v.o_scale = s.scale;
+  if (s.lse.is_none())
+    fail(name + ".lse", "an fp32 array (a stack is an input: only an output may omit its LSE)",
+         "None");
+  const bool head_major = s.lse_layout == LseLayout::kHeadsTokens;
+  if (head_major && order == StackOrder::kTokensMajor)
+    fail(name + ".lse_layout",
+         "\"tokens_heads\" for order=\"tokens_major\" (a stack of head-major LSEs is "
+         "order=\"states_major\" with lse (S, heads, tokens))",
+         "\"heads_tokens\"");
+  Array lse = array(s.lse, name + ".lse", 3);
   if (!(lse.dtype() == nb::dtype<float>()))
     fail(name + ".lse", "dtype float32", dtype_name(lse.dtype()));
-  if (o.shape(3) > 1 && o.stride(3) != 1)
-    fail(name + ".o", "a contiguous last dimension (stride 1)",
-         "stride " + std::to_string(o.stride(3)));
-  for (int i = 0; i < 3; ++i)
-    if (lse.shape(i) != o.shape(i))
-      fail(name + ".lse",
-           "shape (" + std::to_string(o.shape(0)) + ", " + std::to_string(o.shape(1)) + ", " +
-               std::to_string(o.shape(2)) + ") (o's first three dimensions)",
-           shape_string(lse));
-  // dims: tokens-major (T, S, H, D), states-major (S, T, H, D)
+  // o: tokens-major (T, S, H, D), states-major (S, T, H, D); lse: o's first three dimensions,
+  // or (S, H, T) for head-major LSEs
   const int t = order == StackOrder::kTokensMajor ? 0 : 1;
   const int st = 1 - t;
+  const int lt = head_major ? 2 : t, lh = head_major ? 1 : 2;
+  if (lse.shape(st) != o.shape(st) || lse.shape(lt) != o.shape(t) || lse.shape(lh) != o.shape(2)) {
+    const std::string S = std::to_string(o.shape(st)), T = std::to_string(o.shape(t)),
+                      H = std::to_string(o.shape(2));
+    fail(name + ".lse",
+         head_major ? "shape (" + S + ", " + H + ", " + T +
+                          ") (o's states, heads and tokens: lse_layout=\"heads_tokens\")"
+         : t == 0 ? "shape (" + T + ", " + S + ", " + H + ") (o's first three dimensions)"
+                  : "shape (" + S + ", " + T + ", " + H + ") (o's first three dimensions)",
+         shape_string(lse));
+  }
   v.o = o.data();
   v.lse = static_cast<const float*>(lse.data());
   v.tokens = static_cast<std::int64_t>(o.shape(t));
@@ -243,9 +401,9 @@ ConstStateStackView Call::stack(nb::handle h, StackOrder order, const std::strin
   v.o_stride_token = o.stride(t);
   v.o_stride_state = o.stride(st);
   v.o_stride_head = o.stride(2);
-  v.lse_stride_token = lse.stride(t);
+  v.lse_stride_token = lse.stride(lt);
   v.lse_stride_state = lse.stride(st);
-  v.lse_stride_head = lse.stride(2);
+  v.lse_stride_head = lse.stride(lh);
   v.base = s.base;
   v.space = space_;
   return v;
@@ -284,7 +442,7 @@ ConstTensorView Call::tensor(nb::handle h, const std::string& name, int ndim) {
   Array a = array(h, name, ndim);
   ConstTensorView t;
   if (!to_dtype(a.dtype(), &t.dtype))
-    fail(name, "dtype float32, float16 or bfloat16", dtype_name(a.dtype()));
+    fail(name, std::string("dtype ") + kStateDTypes, dtype_name(a.dtype()));
   if (a.shape(ndim - 1) > 1 && a.stride(ndim - 1) != 1)
     fail(name, "a contiguous last dimension (stride 1)",
          "stride " + std::to_string(a.stride(ndim - 1)));

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -45,9 +46,70 @@ struct PyDecodePlan : PyPlan<CudaDecodePlan, DecodeOptions> {
 
 struct PyCascadePlan : PyPlan<CudaCascadePlan, CascadeOptions> {
   std::int64_t batch = 0;
+  std::int64_t q_len = 1, heads_q = 0, head_dim = 0;  // the queries' shape a run must have
   int num_levels = 0;
   DType kv_dtype = DType::kF32;  // an fp8 dtype: the pools are uint8 arrays of it
 };
+
+// A run's queries against the plan's shape (batch is free: a run may have fewer requests),
+// named 'q', before any other argument is compared with them (an `out` allocated from the plan
+// would otherwise be blamed for q's mistake).
+void check_q_against_plan(const Call& c, const ConstTensorView& q, std::int64_t q_len,
+                          std::int64_t heads_q, std::int64_t head_dim) {
+  if (q.shape[1] == q_len && q.shape[2] == heads_q && q.shape[3] == head_dim) return;
+  c.fail("q",
+         "shape (batch, " + std::to_string(q_len) + ", " + std::to_string(heads_q) + ", " +
+             std::to_string(head_dim) + ") (the plan's q_len, heads_q and head_dim)",
+         "(" + std::to_string(q.shape[0]) + ", " + std::to_string(q.shape[1]) + ", " +
+             std::to_string(q.shape[2]) + ", " + std::to_string(q.shape[3]) + ")");
+}
+
+// The checks a CPU plan makes at plan time, as the CUDA plan does (named by the Python keywords):
+// the problem's shape and dtypes, the scale and the split policy against the lengths. The CPU
+// backend takes any head_dim and any KV dtype; fp8 queries are not supported.
+void check_cpu_decode_plan(const char* fn, const PyDecodePlan& p, const std::int32_t* lens) {
+  const DecodeProblem& pr = p.problem;
+  const auto str = [](std::int64_t v) { return std::to_string(v); };
+  if (pr.q_len < 1 || pr.q_len > 8) detail::throw_argument(fn, "q_len", "1..8", str(pr.q_len));
+  if (pr.heads_kv < 1) detail::throw_argument(fn, "heads_kv", ">= 1", str(pr.heads_kv));
+  if (pr.heads_q < 1 || pr.heads_q % pr.heads_kv != 0)
+    detail::throw_argument(fn, "heads_q", "a positive multiple of heads_kv = " + str(pr.heads_kv),
+                           str(pr.heads_q));
+  if (pr.head_dim < 1) detail::throw_argument(fn, "head_dim", ">= 1", str(pr.head_dim));
+  if (is_fp8(pr.q_dtype))
+    detail::throw_argument(fn, "dtype", "float32, float16 or bfloat16 (the queries' dtype)",
+                           to_string(pr.q_dtype), Status::kNotSupported);
+  if (!std::isfinite(p.options.scale)) {
+    std::ostringstream got;
+    got << p.options.scale;
+    detail::throw_argument(fn, "scale", "a finite value (None: 1/sqrt(head_dim))", got.str());
+  }
+  if (p.options.policy == SplitPolicy::kFixedCount &&
+      (p.options.num_splits < 1 || p.options.num_splits > kMaxSplits))
+    detail::throw_argument(fn, "num_splits",
+                           "1.." + str(kMaxSplits) + " with policy=\"fixed_count\"",
+                           str(p.options.num_splits));
+  if (p.options.policy == SplitPolicy::kFixedSize &&
+      (p.options.split_size <= 0 || p.options.split_size % kSplitGranularity != 0))
+    detail::throw_argument(fn, "split_size", "a positive multiple of 16 with policy=\"fixed_size\"",
+                           str(p.options.split_size));
+  std::int64_t max_len = 0;
+  for (std::int64_t b = 0; b < pr.batch; ++b) {
+    if (lens[b] < 0)
+      detail::throw_argument(fn, "seq_lens", "lengths >= 0",
+                             str(lens[b]) + " at request " + str(b));
+    max_len = std::max<std::int64_t>(max_len, lens[b]);
+  }
+  if (p.options.policy == SplitPolicy::kFixedSize &&
+      (max_len + p.options.split_size - 1) / p.options.split_size > kMaxSplits)
+    detail::throw_argument(fn, "split_size",
+                           "at most " + str(kMaxSplits) + " splits for the longest request (" +
+                               str(max_len) + " tokens)",
+                           str(p.options.split_size));
+  // and every rule of the layout the run will plan (the lengths' too)
+  plan_split_layout(pr, lens, p.options, cpu::num_threads(), pr.heads_kv, fn, "seq_lens",
+                    "options");
+}
 
 SplitPolicy parse_policy(const char* fn, const std::string& p) {
   if (p == "auto") return SplitPolicy::kAuto;
@@ -76,12 +138,17 @@ int device_sms(int device) {
 #endif
 }
 
-// A pool of the fp8 dtype `fp8`: a uint8 array of the stored bytes (array libraries without fp8
-// dtypes, and DLPack exports of torch's fp8 tensors, give them so: `k.view(torch.uint8)`).
+// A pool of the fp8 dtype `fp8`: an array of that dtype (torch's float8 tensors, ml_dtypes'
+// NumPy arrays) or a uint8 array of the stored bytes (e.g. `k.view(torch.uint8)`, for array
+// libraries without fp8 dtypes).
 ConstTensorView fp8_pool(Call& c, nb::handle h, const char* name, DType fp8) {
   const Array a = c.array(h, name, 4);
-  if (!(a.dtype() == nb::dtype<std::uint8_t>()))
-    c.fail(name, std::string("a uint8 array of the stored ") + to_string(fp8) + " bytes",
+  DType dt = DType::kF32;
+  const bool bytes = a.dtype() == nb::dtype<std::uint8_t>();
+  if (!bytes && !(to_dtype(a.dtype(), &dt) && dt == fp8))
+    c.fail(name,
+           std::string("an array of the plan's kv_dtype ") + to_string(fp8) +
+               ", or a uint8 array of its stored bytes",
            "dtype " + dtype_name(a.dtype()));
   if (a.shape(3) > 1 && a.stride(3) != 1)
     c.fail(name, "a contiguous last dimension (stride 1)", "stride " + std::to_string(a.stride(3)));
@@ -236,15 +303,16 @@ PyDecodePlan plan_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t h
   p.options.split_size = split_size;
   p.device = device >= 0;
   p.options.variant = plan_variant(fn, window_left, logits_soft_cap, false);
-#if defined(ATTNSTATE_HAS_CUDA)
-  if (p.device) {
-    if (num_sms <= 0) num_sms = device_sms(device);
-    p.plan = cuda::plan_decode(p.problem, lens, p.options, num_sms);
+  if (!p.device) {
+    check_cpu_decode_plan(fn, p, lens);
+    return p;
   }
+#if defined(ATTNSTATE_HAS_CUDA)
+  if (num_sms <= 0) num_sms = device_sms(device);
+  p.plan = cuda::plan_decode(p.problem, lens, p.options, num_sms);
 #else
-  if (p.device) device_sms(device);
+  device_sms(device);
 #endif
-  (void)lens;
   return p;
 }
 
@@ -266,6 +334,7 @@ void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
                 nb::handle sinks) {
   Call c("attnstate.Decode.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
+  check_q_against_plan(c, tq, p.problem.q_len, p.problem.heads_q, p.problem.head_dim);
   PagedKvCache kv = kv_pools(c, k, v, layout, p.problem.kv_dtype, k_scale, v_scale);
   kv.seq_lens = c.int32_vector(seq_lens, "seq_lens", &kv.batch);
   std::int64_t n_indptr = 0;
@@ -325,6 +394,9 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
     c.fail("levels", "host arrays (the plan reads them on the host)", "CUDA arrays");
   PyCascadePlan p;
   p.batch = batch;
+  p.q_len = q_len;
+  p.heads_q = heads_q;
+  p.head_dim = head_dim;
   p.options.scale = scale;
   p.options.causal = causal;
   p.num_levels = static_cast<int>(host.size());
@@ -353,8 +425,7 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
     p.plan = cuda::plan_cascade(shape, host.data(), p.num_levels, p.options, num_sms);
   }
 #else
-  (void)q_len, (void)heads_q, (void)heads_kv, (void)head_dim, (void)page_size, (void)num_pages,
-      (void)dtype, (void)num_sms;
+  (void)heads_kv, (void)page_size, (void)num_pages, (void)dtype, (void)num_sms;
   if (p.device) device_sms(device);
 #endif
   return p;
@@ -366,6 +437,7 @@ void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle 
                  nb::handle sinks) {
   Call c("attnstate.Cascade.run");
   const ConstTensorView tq = c.tensor(q, "q", 4);
+  check_q_against_plan(c, tq, p.q_len, p.heads_q, p.head_dim);
   const PagedKvCache kv = kv_pools(c, k, v, layout, p.kv_dtype, k_scale, v_scale);
   const std::vector<CascadeLevel> lv = levels_of(c, levels);
   const StateView vo = c.state(out, "out");

@@ -15,15 +15,9 @@ LN2 = float(np.log(2.0))
 # Parts of the state API the ported cases use that the package does not have yet: a case that
 # needs one is a strict xfail (it must fail until the part lands; then drop its entry here).
 PENDING = {
-    "lse_layout": 'State(..., lse_layout="heads_tokens") (a head-major LSE taken as it is)',
-    "lse_none": "State(o, None, base) as an output that writes no LSE",
     "merge_mask": "merge_state(a, b, mask=...) (the out-of-place merge with a token mask)",
     "strided_mask": "merge_state_ masks of any stride, 0 (broadcast) included",
-    "fp8_out": "fp8 (e4m3) outputs with a per-tensor scale (State(..., scale=))",
     "zero_states": "merge_states of S = 0 states (the empty state)",
-    "numpy_bf16": "NumPy bfloat16 (ml_dtypes) arrays",
-    "numpy_fp8": "NumPy float8 (ml_dtypes) arrays",
-    "empty_arrays": "zero-element NumPy arrays",
 }
 
 

@@ -34,7 +34,8 @@ def test_missing_or_bad_base():
 
 
 def test_wrong_dtype():
-    with raises("argument 'a.o': expected dtype float32, float16 or bfloat16, got int32"):
+    with raises("argument 'a.o': expected dtype float32, float16, bfloat16, float8_e4m3fn or "
+                "float8_e5m2, got int32"):
         attnstate.merge_state(st(dtype=np.int32), st())
     bad = attnstate.State(np.zeros((4, 2, 8), np.float32), np.zeros((4, 2), np.float64), "natural")
     with raises("argument 'b.lse': expected dtype float32, got float64"):

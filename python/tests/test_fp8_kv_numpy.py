@@ -102,7 +102,8 @@ def test_fp8_errors_name_the_argument():
     dec = attnstate.Decode().plan(seq_lens, heads_q=2, heads_kv=1, head_dim=4, dtype="float32",
                                   kv_dtype="e5m2")
     run = dict(page_indptr=indptr, page_indices=indices)
-    with pytest.raises(attnstate.Error, match="argument 'k': expected a uint8 array"):
+    with pytest.raises(attnstate.Error, match="argument 'k': expected an array of the plan's kv_dtype "
+                       "e5m2, or a uint8 array of its stored bytes, got dtype float32"):
         dec.run(q, k8.astype(np.float32), k8, seq_lens, **run)
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(attnstate.Error, match="argument 'v_scale': expected a finite scale"):
