@@ -26,7 +26,7 @@ if [ "${ATTNSTATE_NO_VENV:-0}" != 1 ]; then
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi
-  if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, ml_dtypes, pytest" 2>/dev/null; then
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${py_pkgs[@]}"
   fi
   # NCCL for attnstate::dist (the context-parallel merge): the CUDA toolkit's when it ships one,

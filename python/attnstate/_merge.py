@@ -38,25 +38,31 @@ def _alloc(like, o_shape, dtype, base, fn):
     o_dtype = dtype_name(dtype, "dtype", fn) if dtype else array_dtype(like.o)
     o = empty(like.o, tuple(o_shape), o_dtype)
     lse = empty(like.o, tuple(o_shape[:-1]), "float32")
-    return State(o, lse, base)
+    # an fp8 output in the input's own format keeps its scale (pass `out=` for another scale)
+    scale = like.scale if o_dtype == array_dtype(like.o) else 1.0
+    return State(o, lse, base, scale=scale)
 
 
-def merge_state(a, b, *, out=None, dtype=None, base=None, stream=None):
+def merge_state(a, b, *, out=None, mask=None, dtype=None, base=None, stream=None):
     """`a ⊕ b` for every (token, head): the state of the union of two disjoint key sets.
 
     a, b: State with o (tokens, heads, head_dim) float32/float16/bfloat16 (independently, last
-        dim contiguous, any other strides) and lse (tokens, heads) float32, each in its own base
-        (converted on load: mixing bases is exact).
-    out: State of the same shape to write (its own dtype and base); may be `a` or `b` itself.
-        Default: allocated like `a.o`, with `dtype` (default a's) and `base` (default a's).
+        dim contiguous, any other strides; any head_dim >= 1) and lse (tokens, heads) float32,
+        each in its own base (converted on load: mixing bases is exact).
+    out: State of the same shape to write (its own dtype and base); may be `a` or `b` itself;
+        its lse may be None (no LSE written, vLLM's `output_lse=None`). Default: allocated like
+        `a.o`, with `dtype` (default a's) and `base` (default a's).
+    mask: optional (tokens,) bool or uint8 array of any stride (0 broadcasts one flag), in the
+        memory of the states: tokens whose flag is 0 get `a` alone (converted to out's dtype and
+        base; an empty row as (0, -inf)), as vLLM's prefill tokens without context do.
     stream: CUDA stream for CUDA arrays (see the module doc); must be None for host arrays.
-    Returns `out`. CUDA: head_dim 64, 128, 256 or 512.
+    Returns `out`.
     """
     if out is None:
         fn = "attnstate.merge_state"
         _check_state(a, fn, "a")
         out = _alloc(a, a.o.shape, dtype, _base(base, a.base, fn), fn)
-    _C.merge_state(a, b, out, stream)
+    _C.merge_state(a, b, out, mask, stream)
     return out
 
 
@@ -65,7 +71,8 @@ def merge_state_(acc, other, *, mask=None, stream=None):
 
     acc: State (tokens, heads, head_dim), updated in its own dtype and base.
     other: State of the same shape, any dtype and base.
-    mask: optional (tokens,) bool or uint8 array, same memory as the states; None merges all.
+    mask: optional (tokens,) bool or uint8 array of any stride (0 broadcasts one flag), in the
+        memory of the states; None merges all. Tokens whose flag is 0 are not written.
     Returns `acc`.
     """
     _C.merge_state_(acc, other, mask, stream)
@@ -77,9 +84,10 @@ def merge_states(states, *, order="tokens_major", out=None, dtype=None, base=Non
 
     states: State whose o is (tokens, S, heads, head_dim) and lse (tokens, S, heads) for
         order="tokens_major", or o (S, tokens, heads, head_dim) / lse (S, tokens, heads) for
-        order="states_major"; any strides with the last dim contiguous; S >= 1.
-    out: State (tokens, heads, head_dim); default allocated like `states.o` with `dtype`
-        (default the stack's) and `base` (default the stack's).
+        order="states_major"; any strides with the last dim contiguous; S >= 0 (S = 0 gives
+        the empty state (0, -inf) in every row, as FlashInfer's merge of no states).
+    out: State (tokens, heads, head_dim), its lse may be None (not written); default allocated
+        like `states.o` with `dtype` (default the stack's) and `base` (default the stack's).
     Returns `out`.
     """
     fn = "attnstate.merge_states"
@@ -103,7 +111,8 @@ def merge_states_ragged(rows, indptr, *, out=None, dtype=None, base=None, stream
     rows: State (total_rows, heads, head_dim). indptr: (tokens + 1,) int32, contiguous, in the
     memory of the states (on the device it is read on the device: a graph captured for a
     maximum token count replays for fewer; offsets are clamped to the rows). A token without
-    rows gets the empty state (0, -inf). out: State (tokens, heads, head_dim) or allocated.
+    rows gets the empty state (0, -inf). out: State (tokens, heads, head_dim) or allocated; its
+    lse may be None (not written).
     Returns `out`.
     """
     fn = "attnstate.merge_states_ragged"
@@ -122,8 +131,9 @@ def rebase(state, base=None, *, dtype=None, out=None, stream=None):
     """The same state with its LSE in `base` (and o in `dtype`): a conversion, exact up to
     the rounding of the new dtype.
 
-    state: State (tokens, heads, head_dim). base: the target base (required unless `out` is
-    given, whose base is the target). out: may be `state` itself (then only the LSEs change;
+    state: State (tokens, heads, head_dim). An empty row (LSE -inf) is written as (0, -inf)
+    whatever its o held. base: the target base (required unless `out` is given, whose base is
+    the target). out: may be `state` itself (then only the LSEs change;
     pass `State(state.o, state.lse, new_base)` over the same arrays). Returns `out`.
     """
     fn = "attnstate.rebase"

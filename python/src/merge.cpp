@@ -15,38 +15,43 @@ namespace {
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 #endif
 
-void merge_state(nb::handle a, nb::handle b, nb::handle out, nb::handle stream) {
+/// The optional `(tokens,)` mask of bool or (u)int8 flags, any stride (0: one flag broadcast).
+TokenMask parse_mask(Call& c, nb::handle mask, std::int64_t tokens) {
+  if (mask.is_none()) return {};
+  Array a = c.array(mask, "mask", 1);
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool bytes = dt.lanes == 1 && dt.bits == 8 &&
+                     (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ||
+                      dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
+                      dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool));
+  if (!bytes) c.fail("mask", "dtype bool or uint8", dtype_name(dt));
+  if (static_cast<std::int64_t>(a.shape(0)) != tokens)
+    c.fail("mask", "shape (" + std::to_string(tokens) + ",) (the states' tokens)",
+           "(" + std::to_string(a.shape(0)) + ",)");
+  // a one-element or empty array has no meaningful stride: read as contiguous
+  const std::int64_t stride = a.shape(0) > 1 ? static_cast<std::int64_t>(a.stride(0)) : 1;
+  return TokenMask(static_cast<const std::uint8_t*>(a.data()), stride);
+}
+
+void merge_state(nb::handle a, nb::handle b, nb::handle out, nb::handle mask, nb::handle stream) {
   Call c("attnstate.merge_state");
   const StateView va = c.state(a, "a"), vb = c.state(b, "b"), vo = c.state(out, "out");
+  const TokenMask m = parse_mask(c, mask, va.tokens);
   [[maybe_unused]] void* s = c.stream(stream);
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
-    cpu::merge_state(va, vb, vo);
+    cpu::merge_state(va, vb, vo, m);
     return;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
-  cuda::merge_state(va, vb, vo, as_stream(s));
+  cuda::merge_state(va, vb, vo, m, as_stream(s));
 #endif
 }
 
 void merge_state_inplace(nb::handle acc, nb::handle other, nb::handle mask, nb::handle stream) {
   Call c("attnstate.merge_state_");
   const StateView va = c.state(acc, "acc"), vo = c.state(other, "other");
-  const std::uint8_t* m = nullptr;
-  if (!mask.is_none()) {
-    Array a = c.array(mask, "mask", 1);
-    const nb::dlpack::dtype dt = a.dtype();
-    const bool bytes = dt.lanes == 1 && dt.bits == 8 &&
-                       (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ||
-                        dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
-                        dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool));
-    if (!bytes) c.fail("mask", "dtype bool or uint8", dtype_name(dt));
-    if (static_cast<std::int64_t>(a.shape(0)) != va.tokens)
-      c.fail("mask", "shape (" + std::to_string(va.tokens) + ",) (acc's tokens)",
-             "(" + std::to_string(a.shape(0)) + ",)");
-    if (a.shape(0) > 1 && a.stride(0) != 1) c.fail("mask", "a contiguous array", "a strided one");
-    m = static_cast<const std::uint8_t*>(a.data());
-  }
+  const TokenMask m = parse_mask(c, mask, va.tokens);
   [[maybe_unused]] void* s = c.stream(stream);
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
@@ -131,7 +136,8 @@ void mark_empty_rows(nb::handle state, nb::handle stream) {
 
 void bind_merge(nb::module_& m) {
   using nb::arg;
-  m.def("merge_state", &merge_state, arg("a"), arg("b"), arg("out"), arg("stream").none());
+  m.def("merge_state", &merge_state, arg("a"), arg("b"), arg("out"), arg("mask").none(),
+        arg("stream").none());
   m.def("merge_state_", &merge_state_inplace, arg("acc"), arg("other"), arg("mask").none(),
         arg("stream").none());
   m.def("merge_states", &merge_states, arg("states"), arg("order"), arg("out"),
