@@ -74,7 +74,7 @@ class _Args:
             raise _fail(fn, "state.lse", f"a tensor on {o.device} (as state.o)", lse.device)
         self.o, self.lse, self.base = o, lse, state.base
         self.tokens, self.heads, self.head_dim = (int(x) for x in o.shape)
-        self.dtype = dtype_name(o.dtype)
+        self.dtype = dtype_name(o.dtype, "state.o", fn)
         self.out_dtype = dtype_name(out_dtype, "out_dtype", fn) if out_dtype else self.dtype
         self.out_base = state.base if out_base is None else _parse_base(out_base, fn, "out_base")
         check_options(fn, algorithm, output, self.heads, n, exc=_fail)
