@@ -64,18 +64,37 @@ inline float* ws_floats(void* ws, std::int64_t offset) {
   return reinterpret_cast<float*>(at(ws, offset));
 }
 
+/// Throws naming `plan` unless it is the plan `plan_cp_merge(plan.shape)` makes: a shape it
+/// accepts (its error is quoted) and every layout field as planned (each offset and size is
+/// used as given). Checked before anything is sized from the plan.
+inline void check_cp_plan(const char* fn, const CpMergePlan& plan) {
+  CpMergePlan fresh;
+  try {
+    fresh = plan_cp_merge(plan.shape);
+  } catch (const Error& e) {
+    throw_argument(fn, "plan", "a plan made by plan_cp_merge (a shape it accepts)",
+                   std::string("a shape it rejects (") + e.what() + ")", e.status());
+  }
+  static constexpr std::int64_t CpMergePlan::*kLayout[] = {
+      &CpMergePlan::send_offset,     &CpMergePlan::send_bytes,        &CpMergePlan::recv_offset,
+      &CpMergePlan::recv_bytes,      &CpMergePlan::mine_offset,       &CpMergePlan::gather_offset,
+      &CpMergePlan::gather_bytes,    &CpMergePlan::o32_offset,        &CpMergePlan::lse_offset,
+      &CpMergePlan::gathered_offset, &CpMergePlan::lse_merged_offset, &CpMergePlan::scaled_offset,
+      &CpMergePlan::scaled_bytes,    &CpMergePlan::sum_offset,        &CpMergePlan::zeros_offset,
+      &CpMergePlan::workspace_bytes, &CpMergePlan::wire_bytes_sent};
+  for (const auto field : kLayout)
+    if (fresh.*field != plan.*field)
+      throw_argument(fn, "plan", "a plan made by plan_cp_merge (its layout fields unchanged)",
+                     "a plan whose workspace layout differs from plan_cp_merge(plan.shape)'s");
+}
+
 /// Validates one rank's call: the plan is one `plan_cp_merge` made, `local` and `out` fit it,
 /// the workspace is large enough and aligned, and no buffer the call writes overlaps another
 /// it reads. `local_name` / `out_name` name the views in errors.
 inline void check_cp_call(const char* fn, const CpMergePlan& plan, const ConstStateView& local,
                           const char* local_name, const StateView& out, const char* out_name,
                           const void* workspace, std::size_t workspace_bytes, MemorySpace space) {
-  const CpMergePlan fresh = plan_cp_merge(plan.shape);
-  if (fresh.workspace_bytes != plan.workspace_bytes || fresh.send_bytes != plan.send_bytes ||
-      fresh.recv_offset != plan.recv_offset || fresh.zeros_offset != plan.zeros_offset ||
-      fresh.scaled_offset != plan.scaled_offset || fresh.sum_offset != plan.sum_offset)
-    throw_argument(fn, "plan", "a plan made by plan_cp_merge (its layout fields unchanged)",
-                   "a plan whose workspace layout differs from plan_cp_merge(plan.shape)'s");
+  check_cp_plan(fn, plan);
   const CpMergeShape& s = plan.shape;
   check_state(fn, local_name, local, space);
   const auto expect = [&](const char* name, const char* field, std::int64_t want, std::int64_t got,

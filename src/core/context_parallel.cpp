@@ -130,7 +130,9 @@ CpMergePlan plan_cp_merge(const CpMergeShape& shape) {
   // the LSEs, plus padding per rank) times world_size: check that product once.
   const std::int64_t o_elems = product(s.tokens, s.heads, s.head_dim);
   const std::int64_t rows = product(s.tokens, s.heads);
-  if (o_elems < 0 || rows < 0 || product(o_elems + rows + 64, 4, s.world_size + 1) < 0)
+  std::int64_t state = 0;  // o_elems + rows + 64, which may pass 2^63 (both up to 2^62)
+  if (o_elems < 0 || rows < 0 || !checked_add(o_elems, rows, &state) ||
+      !checked_add(state, 64, &state) || product(state, 4, s.world_size + 1) < 0)
     throw_size(s);
   Layout ws{s};
   const int n = s.world_size;

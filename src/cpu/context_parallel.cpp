@@ -104,10 +104,14 @@ void cp_merge_simulated(const std::vector<CpMergePlan>& plans,
                                         std::to_string(r), std::to_string(plan.shape.rank));
     const std::string ln = "locals[" + std::to_string(r) + "]";
     const std::string on = "outs[" + std::to_string(r) + "]";
+    attnstate::detail::check_cp_plan(kFn, plan);  // before its workspace_bytes are allocated
     ws.emplace_back(plan.workspace_bytes);
     attnstate::detail::check_cp_call(kFn, plan, local(r), ln.c_str(), out(r), on.c_str(),
                                      ws.back().p, static_cast<std::size_t>(plan.workspace_bytes),
                                      MemorySpace::kHost);
+    if (!sinks.none())  // named as this rank's output (check_sinks names its output 'out')
+      attnstate::detail::check_disjoint(kFn, on.c_str(), out(r), "sinks.logits", sinks.logits,
+                                        s0.heads * 4, nullptr, 0);
     detail::check_sinks(kFn, sinks, s0.heads, out(r));
     for (int q = 0; q < r; ++q) {  // no rank's output over another rank's input or output
       const std::string lq = "locals[" + std::to_string(q) + "]";

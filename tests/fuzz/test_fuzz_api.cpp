@@ -16,7 +16,7 @@
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/host_tensor.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
-#include "fuzz_producer_cases.hpp"
+#include "fuzz_cp_cases.hpp"
 #include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=10000");
@@ -82,9 +82,9 @@ struct Counts {
 Counts g_counts;
 
 template <class Build>
-void fuzz_one(Build build) {
+void fuzz_one(Build build, i64 arena_bytes) {
   const Draw d = draw();
-  Ctx c(arena().mem, kArenaBytes, reinterpret_cast<std::uintptr_t>(arena().mem), arena().wild,
+  Ctx c(arena().mem, arena_bytes, reinterpret_cast<std::uintptr_t>(arena().mem), arena().wild,
         MemorySpace::kHost, d.seed);
   const Built b = build(c, d.nmut);
   const std::string err = run_case<CpuBackend>(c, b);
@@ -94,11 +94,12 @@ void fuzz_one(Build build) {
 }
 
 /// Runs a property and checks that it ran enough valid calls (20-60%: the write-only-inside part
-/// is exercised).
+/// is exercised). A case costs about its arena's bytes (filled, snapshot, compared): a builder
+/// that needs less may take less.
 template <class Build>
-void run_property(const char* name, Build build) {
+void run_property(const char* name, Build build, i64 arena_bytes = kArenaBytes) {
   g_counts = {};
-  const auto result = rc::check(name, [&] { fuzz_one(build); });
+  const auto result = rc::check(name, [&] { fuzz_one(build, arena_bytes); });
   EXPECT_TRUE(result) << name;
   if (g_counts.cases >= 1000) {
     const double f = static_cast<double>(g_counts.valid) / static_cast<double>(g_counts.cases);
@@ -139,7 +140,29 @@ TEST(FuzzCpu, DecodeWithOptions) {
 }
 TEST(FuzzCpu, CascadeAttention) { run_property("cascade_attention", build_cascade); }
 
+// --- the context-parallel merge --------------------------------------------------------------
+
+TEST(FuzzCpu, CpMergeSimulated) {
+  // at most 16 small states (8 ranks, draw_cp_shape): < 15 KiB
+  run_property("cp_merge_simulated", build_cp_merge_simulated, 16 * 1024);
+}
+
 // --- planning -----------------------------------------------------------------------------------
+
+/// plan_cp_merge over random, often huge, shapes: an Error of the documented form naming a
+/// `shape.` field the contract rules out, or a plan whose regions are 256-aligned, disjoint and
+/// inside workspace_bytes (UBSan reports any overflow in the planner); check_cp_plans_agree
+/// names the field that differs.
+TEST(FuzzCpu, PlanCpMerge) {
+  const bool ok = rc::check("plan_cp_merge", [] {
+    const Draw d = draw();
+    Ctx c(arena().mem, 64, reinterpret_cast<std::uintptr_t>(arena().mem), 0, MemorySpace::kHost,
+          d.seed);
+    const std::string err = run_plan_cp_case(c, d.nmut);
+    if (!err.empty()) RC_FAIL(err);
+  });
+  EXPECT_TRUE(ok);
+}
 
 /// plan_split_layout over random problems: an Error of the documented form, or a layout that
 /// decode accepts (policy kFixedCount/kFixedSize, 1 <= max_splits <= 512, a positive multiple of
