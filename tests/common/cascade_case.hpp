@@ -354,4 +354,19 @@ inline CaseSpec two_level_spec(int batch, int prefix, int suffix, std::uint64_t 
   return s;
 }
 
+/// The cascades of both backends' sinks tests: two levels (4 requests, 16 query heads over 2 KV
+/// heads); three levels at causal q_len 2 with 1-key last-level segments, the shortest a causal
+/// last level may hold (q_len - 1 keys), which give row 0 no key of that level.
+inline std::vector<CaseSpec> sink_cascade_specs() {
+  CaseSpec two = two_level_spec(4, 300, 700, 61);
+  two.heads_q = 16;
+  two.heads_kv = 2;
+  CaseSpec three;
+  three.seed = 62;
+  three.q_len = 2;
+  three.levels = {
+      {{6, 130}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 1}, {1, 333}, {1, 2}, {1, 90}, {1, 1}}};
+  return {two, three};
+}
+
 }  // namespace attnstate_test

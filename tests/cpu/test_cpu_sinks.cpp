@@ -360,6 +360,39 @@ TEST(CpuSinksCascade, WithWindowsAndSoftCaps) {
   }
 }
 
+TEST(CpuSinksCascade, TheCudaSinkCasesMatchTheReferenceAndAnEmptyCausalRemainderIsRefused) {
+  // The cases of the CUDA cascade's sinks test (a last level at causal q_len 2 whose 1-key
+  // segments give row 0 no key of it); with one of those segments empty the level is refused (a
+  // causal last-level segment holds q_len - 1 keys), as plan_cascade refuses it on the GPU.
+  const std::vector<CaseSpec> specs = attnstate_test::sink_cascade_specs();
+  std::uint64_t seed = 6300;
+  for (const CaseSpec& spec : specs) {
+    const CascadeCase c(spec);
+    const std::vector<float> sinks = draw_logits(spec.heads_q, seed++);
+    const attnstate_test::HostState out =
+        run_cascade(c, c.options(), sinks, DType::kBF16, LseBase::kBase2);
+    EXPECT_EQ(compare_reference(out, plus_sinks(c.reference, sinks), DType::kBF16), "")
+        << spec.levels.size() << " levels";
+    const attnstate_test::HostState bare =
+        run_cascade(c, c.options(), {}, DType::kBF16, LseBase::kBase2);
+    EXPECT_EQ(compare_reference(bare, c.reference, DType::kBF16), "")
+        << spec.levels.size() << " levels, no sinks";
+  }
+  CaseSpec three = specs[1];
+  three.levels.back()[1].len = 0;
+  const CascadeCase empty(three);
+  try {
+    run_cascade(empty, empty.options(), draw_logits(three.heads_q, seed), DType::kBF16,
+                LseBase::kBase2);
+    ADD_FAILURE() << "an empty causal last-level segment at q_len 2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("argument 'levels[2].seg_lens'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("q_len - 1 = 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CpuSinksCascade, NoSinksIsBitwiseTheSinkFreeOverload) {
   const CascadeCase c(cascade_spec(3, 2, 300));
   for (DType dt : {DType::kF32, DType::kBF16}) {

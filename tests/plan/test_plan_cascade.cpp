@@ -556,6 +556,23 @@ TEST(PlanCascade, ThePlanSaysWhereEachLevelRunsAndWhy) {
       << attnstate::cuda::to_string(wide);
 }
 
+TEST(PlanCascade, ACausalLastLevelSegmentNeedsQLenMinusOneKeysAsOnTheCpu) {
+  // The shared level check of both backends: at causal q_len 2 a last-level segment serving a
+  // request holds >= 1 key (cpu::cascade_attention refuses the same level with the same words);
+  // 1 key (row 0 sees none of the level), an unused empty segment and a non-causal one plan.
+  const CascadeShape s = shape(3, 2, 4, 16, DType::kBF16, 128, 2);
+  const Level shared({3}, {130}, 16);
+  const std::string err = error_of([&] {
+    plan_levels(s, {shared, Level({1, 1, 1}, {5, 0, 9}, 16)});
+  });
+  EXPECT_NE(err.find("argument 'levels[1].seg_lens'"), std::string::npos) << err;
+  EXPECT_NE(err.find("q_len - 1 = 1"), std::string::npos) << err;
+  EXPECT_NO_THROW(plan_levels(s, {shared, Level({1, 1, 1}, {5, 1, 9}, 16)}));
+  EXPECT_NO_THROW(plan_levels(s, {shared, Level({1, 1, 0, 1}, {5, 1, 0, 9}, 16)}));
+  EXPECT_NO_THROW(
+      plan_levels(s, {shared, Level({1, 1, 1}, {5, 0, 9}, 16)}, {}, sm90a(), 132, nullptr, false));
+}
+
 TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
   const auto err = [](const CascadeShape& s, int num_sms, CascadeTuning t = {}) {
     return error_of([&] {

@@ -165,16 +165,8 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
   // Against the double reference with the sinks merged in double: a sink counted per level or per
   // split, or not at all, fails.
   ATTNSTATE_REQUIRE_GPU();
-  CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 61);
-  two.heads_q = 16;
-  two.heads_kv = 2;
-  CaseSpec three;
-  three.seed = 62;
-  three.q_len = 2;
-  three.levels = {
-      {{6, 130}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 0}, {1, 333}, {1, 2}, {1, 90}, {1, 1}}};
   std::uint64_t seed = 6300;
-  for (const CaseSpec& spec : {two, three}) {
+  for (const CaseSpec& spec : attnstate_test::sink_cascade_specs()) {
     CascadeCase c(spec);
     const std::vector<float> sinks = attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
     attnstate_test::DeviceBuffer<float> dev(sinks);
