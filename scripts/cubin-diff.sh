@@ -7,7 +7,9 @@
 #
 # Prints one line per kernel (same / DIFFERENT / only-old / only-new) and exits 1 when any
 # kernel differs. A file compiled in the tree but missing at REV (or the reverse) is compared
-# with the other side's file of the same name given as OLD_PATH=NEW_PATH.
+# with the other side's file of the same name given as OLD_PATH=NEW_PATH. A translation unit
+# split into several is compared with all of them together: OLD_PATH=NEW_1+NEW_2+... (each
+# kernel in exactly one of them; NEW paths may be absolute, e.g. CMake-generated units).
 set -euo pipefail
 rev=${1:?usage: cubin-diff.sh REV file.cu...}
 shift
@@ -22,11 +24,16 @@ status=0
 for spec in "$@"; do
   old_src=${spec%%=*}
   new_src=${spec#*=}
-  name=$(basename "$new_src" .cu)
+  name=$(basename "$old_src" .cu)
   nvcc "${flags[@]}" -I "$work/old/include" -I "$work/old/src" "$work/old/$old_src" \
     -o "$work/$name.old.cubin"
-  nvcc "${flags[@]}" -I include -I src "$new_src" -o "$work/$name.new.cubin"
-  python3 - "$work/$name.old.cubin" "$work/$name.new.cubin" "$new_src" <<'EOF' || status=1
+  new_cubins=()
+  IFS='+' read -r -a new_srcs <<< "$new_src"
+  for i in "${!new_srcs[@]}"; do
+    nvcc "${flags[@]}" -I include -I src "${new_srcs[$i]}" -o "$work/$name.new.$i.cubin"
+    new_cubins+=("$work/$name.new.$i.cubin")
+  done
+  python3 - "$work/$name.old.cubin" "$new_src" "${new_cubins[@]}" <<'EOF' || status=1
 import struct, sys
 
 def text_sections(path):
@@ -45,8 +52,14 @@ def text_sections(path):
             out[n[6:]] = data[h[4]:h[4] + h[5]]
     return out
 
-old, new, src = text_sections(sys.argv[1]), text_sections(sys.argv[2]), sys.argv[3]
-bad = 0
+old, src = text_sections(sys.argv[1]), sys.argv[2]
+new, bad = {}, 0
+for path in sys.argv[3:]:
+    for k, v in text_sections(path).items():
+        if k in new:
+            print(f"{src}: in two new units: {k}")
+            bad = 1
+        new[k] = v
 for k in sorted(set(old) | set(new)):
     if k not in new:
         state, bad = "only-old", 1

@@ -152,7 +152,8 @@ using ShortFp8HeadDims =
 
 }  // namespace detail
 
-/// The groups: what `src/cuda/decode.cu` (`with_split_instance`, `launch`),
+/// The groups: what the decode's instantiation units (`cuda/decode_unit.cuh`, one per head dim ×
+/// decode group),
 /// `kernels/cascade/launch.cuh`, `cascade_level_ws_bf16.cu` and `cascade.cu` (`launch_merge`)
 /// instantiate, in the order `find` prefers (the default depth before the short-split one, plain
 /// instances before the variant ones).

@@ -12,15 +12,16 @@
 #include <utility>
 #include <vector>
 
+#include "attnstate/core/online_softmax.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "catalog/catalog.hpp"
 #include "common/compiled.hpp"
 #include "common/decode_validate.hpp"
 #include "cuda/decode_prior.hpp"
+#include "cuda/decode_units.hpp"
 #include "cuda/device_cache.hpp"
-#include "cuda/kernels/decode/split_kv.cuh"
-#include "cuda/kernels/decode/stream.cuh"
+#include "cuda/kernels/decode/params.cuh"
 #include "cuda/launch.hpp"
 #include "plan/decode_plan.hpp"
 
@@ -31,6 +32,9 @@ namespace {
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
 
+/// The caller named by the launch's errors (values the checks already accepted).
+constexpr const char* kRunFn = "attnstate::cuda::run_decode";
+
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -38,92 +42,20 @@ static_assert(plan::kMaxCluster == detail::kDecodeMaxWsGroup &&
                   detail::kDecodeMaxCluster <= plan::kMaxCluster,
               "the plan records the occupancy of every cluster size the kernel uses");
 
-/// Calls `f(D, kBF16, kStages, kKv)` (integral constants) for a split-kernel instance: every
-/// head dim × dtype of the lists at the default depth, and the short-split depth at head dim 128;
-/// over an fp8 cache (`kv_dt`), every fp8 head dim × fp8 format × query dtype (`q_dt`; `kBF16`
-/// is then the queries' dtype, `kKv` the `tile::Fp8Kv` format).
-template <class F>
-void with_split_instance(std::int64_t head_dim, DType kv_dt, DType q_dt, int stages, F&& f) {
-  constexpr const char* kFn = "attnstate::cuda::run_decode";
-  const auto at_depth = [&](auto d, auto bf16, auto kv) {
-    if constexpr (decltype(d)::value == plan::kDecodeShortHeadDim) {
-      if (stages == detail::kDecodeShortStages)
-        return f(d, bf16, std::integral_constant<int, detail::kDecodeShortStages>{}, kv);
-    }
-    f(d, bf16, std::integral_constant<int, detail::kDecodeStages>{}, kv);
-  };
-  if (is_fp8(kv_dt)) {
-    compiled::dispatch(
-        kFn, "plan.problem.head_dim", head_dim, compiled::DecodeFp8HeadDims{}, [&](auto d) {
-          compiled::dispatch(
-              kFn, "plan.problem.kv_dtype", kv_dt, compiled::DecodeFp8DTypes{}, [&](auto k) {
-                compiled::dispatch(
-                    kFn, "plan.problem.q_dtype", q_dt, compiled::DecodeDTypes{}, [&](auto t) {
-                      at_depth(
-                          d, std::bool_constant<decltype(t)::value == DType::kBF16>{},
-                          std::integral_constant < int,
-                          decltype(k)::value == DType::kE4M3 ? tile::kKvE4M3 : tile::kKvE5M2 > {});
-                    });
-              });
-        });
-    return;
-  }
-  compiled::dispatch(
-      kFn, "plan.problem.head_dim", head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
-        compiled::dispatch(kFn, "plan.problem.kv_dtype", kv_dt, compiled::DecodeDTypes{},
-                           [&](auto t) {
-                             at_depth(d, std::bool_constant<decltype(t)::value == DType::kBF16>{},
-                                      std::integral_constant<int, tile::kKvSame>{});
-                           });
-      });
-}
-
 /// Bytes of a K/V element of the problem's cache (2, or 1 for fp8).
 int kv_bytes(const DecodeProblem& pr) { return is_fp8(pr.kv_dtype) ? 1 : 2; }
 
-/// Clusters of each size (index 2..8) of one split-kernel instance resident at once on the
-/// current device: its dynamic shared-memory limit raised, then one occupancy query per size,
-/// once per device.
-template <int D, bool kBF16, int kStages, int kKv>
-const std::array<int, plan::kMaxCluster + 1>& resident_clusters() {
-  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages, false, kKv>;
-  static detail::PerDevice<std::array<int, plan::kMaxCluster + 1>> cache;
-  return cache.current([](int) {
-    const int smem =
-        static_cast<int>(detail::decode_smem_bytes(D, kStages, kKv == tile::kKvSame ? 2 : 1));
-    detail::raise_smem_limit<kernel>(smem);  // the largest carveout, so the planned CTAs fit
-    std::array<int, plan::kMaxCluster + 1> n{};
-    detail::RelaxedCaptureMode relaxed;  // occupancy queries, not stream operations
-    for (int c = 2; c <= plan::kMaxCluster; ++c) {
-      detail::LaunchConfig lc;
-      lc.grid = dim3(static_cast<unsigned>(c));
-      lc.block = dim3(detail::kDecodeWarps * 32);
-      lc.smem = static_cast<std::size_t>(smem);
-      lc.cluster = static_cast<unsigned>(c);
-      cudaLaunchAttribute attrs[2];
-      const cudaLaunchConfig_t cfg = detail::to_cuda(lc, attrs);
-      ATTNSTATE_CUDA_CHECK(
-          cudaOccupancyMaxActiveClusters(&n[static_cast<std::size_t>(c)], kernel, &cfg));
-    }
-    return n;
-  });
-}
-
 /// Fills `f.resident_clusters` for the split kernel of (`head_dim`, KV dtype `dt`, query dtype
-/// `q_dt`) on the current device (`[1]`, the short-split depth, where it exists).
+/// `q_dt`) on the current device (`[1]`, the short-split depth, where it exists): the unit of
+/// that head dim and cache.
 void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, plan::DecodeFacts& f) {
-  const auto copy = [&](int row, const std::array<int, plan::kMaxCluster + 1>& n) {
-    for (int c = 0; c <= plan::kMaxCluster; ++c) f.resident_clusters[row][c] = n[c];
-  };
-  with_split_instance(head_dim, dt, q_dt, detail::kDecodeStages,
-                      [&](auto d, auto bf16, auto, auto kv) {
-                        constexpr int D = decltype(d)::value;
-                        constexpr bool kBF16 = decltype(bf16)::value;
-                        constexpr int kKv = decltype(kv)::value;
-                        copy(0, resident_clusters<D, kBF16, detail::kDecodeStages, kKv>());
-                        if constexpr (D == plan::kDecodeShortHeadDim)
-                          copy(1, resident_clusters<D, kBF16, detail::kDecodeShortStages, kKv>());
-                      });
+  compiled::dispatch(
+      kRunFn, "plan.problem.head_dim", head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        if (is_fp8(dt))
+          return detail::decode_unit_occupancy<D, detail::DecodeUnit::kFp8>(q_dt, dt, f);
+        detail::decode_unit_occupancy<D, detail::DecodeUnit::kSplit>(q_dt, dt, f);
+      });
 }
 
 /// The planner's facts as a plan recorded them.
@@ -161,72 +93,36 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
   return w;
 }
 
-/// What a run resolved: the launch of the kernel the plan records.
-struct DecodeLaunch {
-  bool streamed = false;  ///< The streamed kernel (else the split kernel).
-  int stages = detail::kDecodeStages;
-  std::int64_t grid = 0;  ///< CTAs of the split kernel (items of the streamed kernel).
-  int num_sms = 1;        ///< The plan's SMs (the streamed kernel's CTAs, at most).
-  bool pdl = false;       ///< A programmatic dependent launch.
-  bool variant = false;   ///< The variant kernel (a window or a soft cap; never streamed).
-};
+using detail::DecodeLaunch;
 
-/// The split kernel on `grid` CTAs (clusters of `p.cluster`).
-template <int D, bool kBF16, int kStages, bool kVariant = false, int kKv = tile::kKvSame>
-void launch_split(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = detail::decode_split_kv_kernel<D, kBF16, kStages, kVariant, kKv>;
-  const int smem =
-      static_cast<int>(detail::decode_smem_bytes(D, kStages, kKv == tile::kKvSame ? 2 : 1));
-  detail::raise_smem_limit<kernel>(smem);  // on the device of this run (cached per device)
-  detail::LaunchConfig c;
-  c.grid = dim3(static_cast<unsigned>(l.grid));
-  c.block = dim3(detail::kDecodeWarps * 32);
-  c.smem = static_cast<std::size_t>(smem);
-  c.cluster = p.cluster > 1 ? static_cast<unsigned>(p.cluster) : 1u;
-  // Prior states come from the previous kernel of the stream: this one may start while that
-  // one finishes (programmatic dependent launch); it waits before reading them. Beside the
-  // previous kernel: it reads nothing that kernel writes; its last CTA holds the grid.
-  // Programmatic (the plan's choice): every CTA waits for that kernel before its first read.
-  c.pdl = l.pdl;
-  c.stream = stream;
-  detail::launch_kernel(c, kernel, "decode_split_kv_kernel", p);
-}
-
-/// The streamed kernel: one CTA per SM (fewer when there are fewer items).
-template <int D, bool kBF16>
-void launch_stream(const detail::DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = detail::decode_stream_kernel<D, kBF16>;
-  const int smem = static_cast<int>(detail::stream_smem_bytes(D));
-  detail::raise_smem_limit<kernel>(smem);
-  detail::LaunchConfig c;
-  c.grid = dim3(static_cast<unsigned>(std::min<std::int64_t>(l.grid, l.num_sms)));
-  c.block = dim3(detail::stream_warps(D) * 32);
-  c.smem = static_cast<std::size_t>(smem);
-  c.pdl = l.pdl;  // as in launch_split
-  c.stream = stream;
-  detail::launch_kernel(c, kernel, "decode_stream_kernel", p);
-}
-
-/// Launches what `l` says: (head dim, dtype, pipeline depth) through `with_split_instance` (the one
-/// dispatch, `common/dispatch.hpp`, on the lists of `common/compiled.hpp`), then the kernel.
+/// Launches what `l` says: the unit of the head dim (the one dispatch, `common/dispatch.hpp`, on
+/// the lists of `common/compiled.hpp`) and of the kernel group (fp8 cache, streamed, variant,
+/// plain), which dispatches the dtypes and the depth and launches the kernel.
 void launch(const detail::DecodeParams& p, const DecodeProblem& pr, const DecodeLaunch& l,
             cudaStream_t stream) {
-  with_split_instance(
-      pr.head_dim, pr.kv_dtype, pr.q_dtype, l.stages, [&](auto d, auto bf16, auto stages, auto kv) {
-        constexpr int D = decltype(d)::value;
-        constexpr bool kBF16 = decltype(bf16)::value;
-        constexpr int kStages = decltype(stages)::value;
-        if constexpr (decltype(kv)::value != tile::kKvSame) {
-          // (the catalog holds no streamed kernel nor variant over fp8: resolve_decode refuses)
-          return launch_split<D, kBF16, kStages, false, decltype(kv)::value>(p, l, stream);
-        } else {
-          if constexpr (compiled::contains(compiled::DecodeStreamHeadDims{}, D)) {
-            if (l.streamed) return launch_stream<D, kBF16>(p, l, stream);
-          }
-          if (l.variant) return launch_split<D, kBF16, kStages, true>(p, l, stream);
-          launch_split<D, kBF16, kStages>(p, l, stream);
-        }
-      });
+  using detail::DecodeUnit;
+  compiled::dispatch(kRunFn, "plan.problem.head_dim", pr.head_dim, compiled::DecodeHeadDims{},
+                     [&](auto d) {
+                       constexpr int D = decltype(d)::value;
+                       const DecodeUnit u = is_fp8(pr.kv_dtype) ? DecodeUnit::kFp8
+                                            : l.streamed        ? DecodeUnit::kStream
+                                            : l.variant         ? DecodeUnit::kVariant
+                                                                : DecodeUnit::kSplit;
+                       switch (u) {
+                         case DecodeUnit::kFp8:
+                           return detail::decode_unit_launch<D, DecodeUnit::kFp8>(
+                               p, pr.q_dtype, pr.kv_dtype, l, stream);
+                         case DecodeUnit::kStream:
+                           return detail::decode_unit_launch<D, DecodeUnit::kStream>(
+                               p, pr.q_dtype, pr.kv_dtype, l, stream);
+                         case DecodeUnit::kVariant:
+                           return detail::decode_unit_launch<D, DecodeUnit::kVariant>(
+                               p, pr.q_dtype, pr.kv_dtype, l, stream);
+                         case DecodeUnit::kSplit:
+                           return detail::decode_unit_launch<D, DecodeUnit::kSplit>(
+                               p, pr.q_dtype, pr.kv_dtype, l, stream);
+                       }
+                     });
 }
 
 /// The checks of a run (every one, in order) and what it launches; `launch.grid == 0` when the
@@ -582,16 +478,26 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
 }  // namespace attnstate
 
 #if ATTNSTATE_PROBES
+namespace {
+/// Folds every unit's timeline (all four groups at each build head dim) into `host`.
+template <int... D>
+void fold_timelines(unsigned long long* host, int ctas, std::integer_sequence<int, D...>) {
+  using attnstate::cuda::detail::decode_unit_timeline;
+  using attnstate::cuda::detail::DecodeUnit;
+  ((decode_unit_timeline<D, DecodeUnit::kSplit>(host, ctas),
+    decode_unit_timeline<D, DecodeUnit::kVariant>(host, ctas),
+    decode_unit_timeline<D, DecodeUnit::kFp8>(host, ctas),
+    decode_unit_timeline<D, DecodeUnit::kStream>(host, ctas)),
+   ...);
+}
+}  // namespace
+
 /// Probe builds only: copies the per-CTA timeline stamps (8 per CTA, `ctas` CTAs) to `host` and
-/// clears them.
+/// clears them (every unit's: each translation unit's kernels stamp their own copy).
 extern "C" void attnstate_decode_timeline(unsigned long long* host, int ctas) {
-  using attnstate::cuda::detail::g_decode_timeline;
   ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
-  ATTNSTATE_CUDA_CHECK(
-      cudaMemcpyFromSymbol(host, g_decode_timeline, static_cast<std::size_t>(ctas) * 8 * 8));
-  void* addr = nullptr;
-  ATTNSTATE_CUDA_CHECK(cudaGetSymbolAddress(&addr, g_decode_timeline));
-  ATTNSTATE_CUDA_CHECK(cudaMemset(addr, 0, sizeof(g_decode_timeline)));
+  std::fill(host, host + static_cast<std::size_t>(ctas) * 8, 0ull);
+  fold_timelines(host, ctas, attnstate::compiled::BuildHeadDims{});
 }
 #endif
 

@@ -85,7 +85,9 @@ __device__ __forceinline__ void decode_grid_dependency(const DecodeParams& p) {
 /// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6);
 /// a CTA that runs the workspace merge overwrites 4..7 with SM clock values (cycles) at the
 /// decision, the copies issued, the LSEs landed and the weights done.
-__device__ unsigned long long g_decode_timeline[kDecodeTimelineCtas * 8];
+// (one copy per translation unit: each decode unit's kernels stamp their own, read back by
+// `decode_unit_timeline`)
+static __device__ unsigned long long g_decode_timeline[kDecodeTimelineCtas * 8];
 __device__ __forceinline__ void decode_mark(int slot) {
   if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
     g_decode_timeline[blockIdx.x * 8 + slot] = arch::globaltimer();
