@@ -101,28 +101,17 @@ using detail::DecodeLaunch;
 void launch(const detail::DecodeParams& p, const DecodeProblem& pr, const DecodeLaunch& l,
             cudaStream_t stream) {
   using detail::DecodeUnit;
-  compiled::dispatch(kRunFn, "plan.problem.head_dim", pr.head_dim, compiled::DecodeHeadDims{},
-                     [&](auto d) {
-                       constexpr int D = decltype(d)::value;
-                       const DecodeUnit u = is_fp8(pr.kv_dtype) ? DecodeUnit::kFp8
-                                            : l.streamed        ? DecodeUnit::kStream
-                                            : l.variant         ? DecodeUnit::kVariant
-                                                                : DecodeUnit::kSplit;
-                       switch (u) {
-                         case DecodeUnit::kFp8:
-                           return detail::decode_unit_launch<D, DecodeUnit::kFp8>(
-                               p, pr.q_dtype, pr.kv_dtype, l, stream);
-                         case DecodeUnit::kStream:
-                           return detail::decode_unit_launch<D, DecodeUnit::kStream>(
-                               p, pr.q_dtype, pr.kv_dtype, l, stream);
-                         case DecodeUnit::kVariant:
-                           return detail::decode_unit_launch<D, DecodeUnit::kVariant>(
-                               p, pr.q_dtype, pr.kv_dtype, l, stream);
-                         case DecodeUnit::kSplit:
-                           return detail::decode_unit_launch<D, DecodeUnit::kSplit>(
-                               p, pr.q_dtype, pr.kv_dtype, l, stream);
-                       }
-                     });
+  compiled::dispatch(
+      kRunFn, "plan.problem.head_dim", pr.head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        const DType q = pr.q_dtype, kv = pr.kv_dtype;
+        if (is_fp8(kv)) return detail::decode_unit_launch<D, DecodeUnit::kFp8>(p, q, kv, l, stream);
+        if (l.streamed)
+          return detail::decode_unit_launch<D, DecodeUnit::kStream>(p, q, kv, l, stream);
+        if (l.variant)
+          return detail::decode_unit_launch<D, DecodeUnit::kVariant>(p, q, kv, l, stream);
+        detail::decode_unit_launch<D, DecodeUnit::kSplit>(p, q, kv, l, stream);
+      });
 }
 
 /// The checks of a run (every one, in order) and what it launches; `launch.grid == 0` when the
