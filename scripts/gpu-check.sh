@@ -94,7 +94,7 @@ san_one() {  # tool exe name shard shards [cap] -> one summary line on stdout
   log="$LOG/san-$tool-$name-$shard.log"
   [ "$shards" = 1 ] && log="$LOG/san-$tool-$name.log"
   local rc_params="max_success=20"
-  # --- fuzz: test_cuda_fuzz (issue 16, tests/fuzz) runs GPU_SAN_FUZZ_CASES (default 50) cases
+  # --- fuzz: test_cuda_fuzz (issue 16, property_tests/fuzz) runs GPU_SAN_FUZZ_CASES (default 50) cases
   # per entry point under each tool (2,000 plainly; memcheck shows an access outside its arena)
   [ "$name" = test_cuda_fuzz ] && rc_params="max_success=${GPU_SAN_FUZZ_CASES:-50}"
   # --- end fuzz ---
@@ -128,7 +128,7 @@ san_one() {  # tool exe name shard shards [cap] -> one summary line on stdout
   fi
 }
 if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
-  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" -maxdepth 4 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
+  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 4 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
   shards=${GPU_SAN_SHARDS:-1}
   jobs=${GPU_SAN_JOBS:-1}
   san_start=$(date +%s)
