@@ -1,7 +1,8 @@
 /// @file test_testing_generators.cpp
 /// @brief The kit's generators produce what they promise: valid partitions with empty and
 ///        one-key parts, states with empty/NaN/extreme rows in every dtype and base, GQA and
-///        decode-shaped problems, large logits.
+///        decode-shaped problems, large logits (their properties:
+///        property_tests/testing/prop_testing_kit.cpp).
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -23,32 +24,6 @@ using namespace attnstate::testing;  // NOLINT(google-build-using-namespace): te
 template <class T>
 std::vector<T> sample(const rc::Gen<T>& gen, int n, std::uint64_t seed = 7) {
   return attnstate_test::sample_values(gen, n, seed);
-}
-
-RC_GTEST_PROP(KitGenerators, PartitionIsDisjointAndCoversAllKeys, ()) {
-  const auto n = *rc::gen::inRange<std::int64_t>(0, 60);
-  const auto max_parts = *rc::gen::inRange(1, 8);
-  const auto parts = *gen_partition(n, max_parts);
-  RC_ASSERT(parts.size() >= 1u);
-  RC_ASSERT(static_cast<int>(parts.size()) <= max_parts);
-  std::vector<int> seen(static_cast<std::size_t>(n), 0);
-  for (const auto& part : parts) {
-    RC_ASSERT(std::is_sorted(part.begin(), part.end()));
-    for (std::int64_t k : part) {
-      RC_ASSERT(k >= 0 && k < n);
-      ++seen[static_cast<std::size_t>(k)];
-    }
-  }
-  for (int c : seen) RC_ASSERT(c == 1);
-}
-
-RC_GTEST_PROP(KitGenerators, DisjointPairIsDisjoint, ()) {
-  const auto n = *rc::gen::inRange<std::int64_t>(0, 60);
-  const auto pair = *gen_disjoint_pair(n);
-  std::set<std::int64_t> a(pair.first.begin(), pair.first.end());
-  for (std::int64_t k : pair.second) RC_ASSERT(a.count(k) == 0u);
-  for (std::int64_t k : pair.first) RC_ASSERT(k >= 0 && k < n);
-  for (std::int64_t k : pair.second) RC_ASSERT(k >= 0 && k < n);
 }
 
 TEST(KitGenerators, PartitionsSplitTheKeysFromTheFirstCases) {

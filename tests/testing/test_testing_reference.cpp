@@ -1,8 +1,8 @@
 /// @file test_testing_reference.cpp
 /// @brief The kit's double reference, storage types and comparisons: the reference obeys the
-///        algebra, `HostState` round-trips through views, and comparisons flag what they must.
+///        algebra (properties: property_tests/testing/prop_testing_kit.cpp), `HostState`
+///        round-trips through views, and comparisons flag what they must.
 #include <gtest/gtest.h>
-#include <rapidcheck/gtest.h>
 
 #include <cmath>
 #include <limits>
@@ -21,46 +21,6 @@ using attnstate::DType;
 using attnstate::LseBase;
 
 constexpr double kTight = 1e-12;
-
-std::string compare_refs(const ReferenceState& a, const ReferenceState& b) {
-  for (std::size_t i = 0; i < a.lse.size(); ++i) {
-    if (!(std::fabs(a.lse[i] - b.lse[i]) <= kTight * (1 + std::fabs(b.lse[i]))) &&
-        !(a.lse[i] == b.lse[i])) {
-      return "lse[" + std::to_string(i) + "] " + std::to_string(a.lse[i]) + " vs " +
-             std::to_string(b.lse[i]);
-    }
-  }
-  for (std::size_t i = 0; i < a.o.size(); ++i) {
-    if (!(std::fabs(a.o[i] - b.o[i]) <= kTight)) {
-      return "o[" + std::to_string(i) + "] " + std::to_string(a.o[i]) + " vs " +
-             std::to_string(b.o[i]);
-    }
-  }
-  return {};
-}
-
-RC_GTEST_PROP(KitReference, MergeOfPartsEqualsStateOfWhole, ()) {
-  const PartitionedProblem pp = *gen_partitioned_problem(ProblemGenOptions{}, 5);
-  const AttentionProblem& p = pp.problem;
-  std::vector<ReferenceState> parts;
-  for (const auto& part : pp.parts) {
-    parts.push_back(reference_state(p, part, *rc::gen::arbitrary<LseBase>()));
-  }
-  const ReferenceState whole = reference_state(p, all_keys(p.num_keys()));
-  const std::string msg = compare_refs(reference_merge(parts, p.base), whole);
-  RC_ASSERT(msg.empty());
-}
-
-RC_GTEST_PROP(KitReference, RebaseRoundTrips, ()) {
-  const HostState s = *gen_state();
-  const ReferenceState r = to_reference(s);
-  const ReferenceState back = rebased(rebased(r, LseBase::kBase2), LseBase::kNatural);
-  const ReferenceState want = rebased(r, LseBase::kNatural);
-  for (std::size_t i = 0; i < r.lse.size(); ++i) {
-    RC_ASSERT(back.lse[i] == want.lse[i] ||
-              std::fabs(back.lse[i] - want.lse[i]) <= kTight * (1 + std::fabs(want.lse[i])));
-  }
-}
 
 TEST(KitReference, EmptyKeySetGivesIdentity) {
   const AttentionProblem p = make_problem(1, 2, 1, 2, 1, DType::kF32, {1, 2, 3, 4}, {1, 1}, {5, 6},
@@ -95,29 +55,6 @@ TEST(KitReference, MergeSkipsEmptyNaNAndPropagatesRealNaN) {
   const ReferenceState n = reference_merge({a, nan}, LseBase::kNatural);
   EXPECT_TRUE(std::isnan(n.o_at(0, 0, 1)));
   EXPECT_FALSE(std::isnan(n.o_at(0, 0, 0)));
-}
-
-RC_GTEST_PROP(KitReference, PerTokenRowsAreTheStatesOfTheirOwnKeys, ()) {
-  const AttentionProblem p = *gen_attention_problem();
-  std::vector<std::vector<std::int64_t>> keys;
-  for (std::int64_t t = 0; t < p.tokens(); ++t) keys.push_back(*gen_key_subset(p.num_keys()));
-  const LseBase base = *rc::gen::arbitrary<LseBase>();
-  const ReferenceState r = reference_state_per_token(p, keys, base);
-  RC_ASSERT(r.tokens == p.tokens());
-  for (std::int64_t t = 0; t < p.tokens(); ++t) {
-    // Bit for bit the row of the one-key-set reference: the same computation.
-    const ReferenceState one = reference_state(p, keys[static_cast<std::size_t>(t)], base);
-    for (std::int64_t h = 0; h < p.heads_q(); ++h) {
-      const double a = r.lse_at(t, h), b = one.lse_at(t, h);
-      RC_ASSERT((a == b || (std::isnan(a) && std::isnan(b))));
-      for (std::int64_t d = 0; d < p.head_dim(); ++d) {
-        const std::size_t i = static_cast<std::size_t>((t * p.heads_q() + h) * p.head_dim() + d);
-        RC_ASSERT((r.o[i] == one.o[i] || (std::isnan(r.o[i]) && std::isnan(one.o[i]))));
-        RC_ASSERT((r.o_magnitude[i] == one.o_magnitude[i] ||
-                   (std::isnan(r.o_magnitude[i]) && std::isnan(one.o_magnitude[i]))));
-      }
-    }
-  }
 }
 
 TEST(KitReference, PerTokenCausalRowsAndArgumentErrors) {

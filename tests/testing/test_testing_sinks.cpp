@@ -5,7 +5,6 @@
 ///        merging the sink once from kernels that merge it into every split or partial, ignore
 ///        it, drop it from empty rows or merge it without max subtraction.
 #include <gtest/gtest.h>
-#include <rapidcheck/gtest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -109,55 +108,6 @@ TEST(KitSinks, ASinkStateIsAStateAndNaNRowsStayNaN) {
   EXPECT_FALSE(r.has_o_magnitude());
   // no sinks: the state unchanged
   EXPECT_EQ(apply_sinks(s, {}).lse, s.lse);
-}
-
-ProblemGenOptions sink_options() {
-  ProblemGenOptions o = variant_problem_options(sink_problem_options());
-  o.sink_percent = 100;
-  o.max_keys = 60;
-  o.max_tokens = 4;
-  return o;
-}
-
-RC_GTEST_PROP(KitSinks, TheSinkIsMergedOnceAfterThePartials, ()) {
-  const PartitionedProblem pp = *gen_partitioned_problem(sink_options(), 4);
-  const AttentionProblem& p = pp.problem;
-  RC_ASSERT(p.has_sinks());
-  std::vector<ReferenceState> partials, sunk_partials;
-  for (const auto& part : pp.parts) {
-    partials.push_back(reference_state(without_sinks(p), part, LseBase::kNatural));
-    sunk_partials.push_back(reference_state(p, part, LseBase::kNatural));
-  }
-  const ReferenceState whole = reference_state(p, all_keys(p.num_keys()), LseBase::kNatural);
-  const ReferenceState once = apply_sinks(reference_merge(partials, LseBase::kNatural), p.sinks);
-  for (std::size_t i = 0; i < whole.lse.size(); ++i) {
-    RC_ASSERT(std::fabs(once.lse[i] - whole.lse[i]) <= 1e-9 * (1 + std::fabs(whole.lse[i])));
-  }
-  for (std::size_t i = 0; i < whole.o.size(); ++i) {
-    RC_ASSERT(std::fabs(once.o[i] - whole.o[i]) <= 1e-9);
-    RC_ASSERT(std::fabs(once.o_magnitude[i] - whole.o_magnitude[i]) <= 1e-9);
-  }
-  // A sink merged into every partial counts once per partial: the LSE grows by
-  // log1p((n - 1) · share), share the sink's weight in the whole row.
-  const ReferenceState per_part = reference_merge(sunk_partials, LseBase::kNatural);
-  const double n = static_cast<double>(pp.parts.size());
-  for (std::int64_t t = 0; t < p.tokens(); ++t) {
-    for (std::int64_t h = 0; h < p.heads_q(); ++h) {
-      const double share = std::exp(p.sinks[static_cast<std::size_t>(h)] - whole.lse_at(t, h));
-      const double grows = per_part.lse_at(t, h) - whole.lse_at(t, h);
-      RC_ASSERT(std::fabs(grows - std::log1p((n - 1) * share)) <= 1e-9);
-    }
-  }
-}
-
-RC_GTEST_PROP(KitSinks, PerTokenKeysMergeTheSinkOncePerRow, ()) {
-  const AttentionProblem p = *gen_attention_problem(sink_options());
-  const auto keys = *gen_key_subset(p.num_keys());
-  const std::vector<std::vector<std::int64_t>> per_row(static_cast<std::size_t>(p.tokens()), keys);
-  const ReferenceState a = reference_state(p, keys, LseBase::kBase2);
-  const ReferenceState b = reference_state_per_token(p, per_row, LseBase::kBase2);
-  RC_ASSERT(a.lse == b.lse);
-  RC_ASSERT(a.o == b.o);
 }
 
 TEST(KitSinks, ProblemsKeepPrintAndCheckTheirSinks) {
