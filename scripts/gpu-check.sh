@@ -128,13 +128,15 @@ san_one() {  # tool exe name shard shards [cap] -> one summary line on stdout
   fi
 }
 if [ "${GPU_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
-  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 4 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort)}
+  exes=${GPU_SAN_EXES:-$(find "$BUILD/tests" "$BUILD/property_tests" -maxdepth 4 -type f -perm -u+x -name 'test_cuda_*' -printf '%f\n' 2>/dev/null | sort -u)}
   shards=${GPU_SAN_SHARDS:-1}
   jobs=${GPU_SAN_JOBS:-1}
   san_start=$(date +%s)
   n=0
   for name in $exes; do
-    exe=$(find "$BUILD" -type f -name "$name" -perm -u+x | head -1)
+    # the newest of that name (a reused build folder may keep one from an older layout)
+    exe=$(find "$BUILD" -type f -name "$name" -perm -u+x -printf '%T@ %p\n' | sort -nr | head -1 |
+      cut -d' ' -f2-)
     [ -n "$exe" ] || continue
     # no more shards than tests (an empty shard makes compute-sanitizer fail: no CUDA call)
     ntests=$("$exe" --gtest_list_tests --gtest_filter='-*Large*' 2>/dev/null | grep -c '^  ')
