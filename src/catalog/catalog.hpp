@@ -153,10 +153,9 @@ using ShortFp8HeadDims =
 }  // namespace detail
 
 /// The groups: what the decode's instantiation units (`cuda/decode_unit.cuh`, one per head dim ×
-/// decode group),
-/// `kernels/cascade/launch.cuh`, `cascade_level_ws_bf16.cu` and `cascade.cu` (`launch_merge`)
-/// instantiate, in the order `find` prefers (the default depth before the short-split one, plain
-/// instances before the variant ones).
+/// decode group), the cascade level units (`cuda/cascade_unit.cuh`, one per head dim × family)
+/// and `cascade.cu` (`launch_merge`) instantiate, in the order `find` prefers (the default depth
+/// before the short-split one, plain instances before the variant ones).
 inline constexpr Group kGroups[] = {
     // split-KV decode, 16-bit caches: plain (sinks, prior states) at the default depth, then the
     // short-split depth at its head dim; then the variant instance (window, soft cap, sinks)

@@ -13,9 +13,10 @@
 #include "common/compiled.hpp"
 #include "common/cuda_cascade_validate.hpp"
 #include "cuda/cascade_tma.hpp"
+#include "cuda/cascade_units.hpp"
 #include "cuda/decode_prior.hpp"
 #include "cuda/device_cache.hpp"
-#include "cuda/kernels/cascade/launch.cuh"
+#include "cuda/kernels/cascade/level_ws.cuh"
 #include "cuda/kernels/cascade/merge.cuh"
 #include "cuda/launch.hpp"
 #include "plan/cascade_plan.hpp"
@@ -173,13 +174,18 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.rows_total = plan.rows();
   p.slot_offset = lp.slot_offset;
   p.small_stages = lp.stages;
-  const dim3 grid(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
-                  static_cast<unsigned>(s.heads_kv));
+  detail::CascadeLevelLaunch u;
+  u.dtype = s.dtype;
+  u.tile_rows = lp.tile_rows;
+  u.grid = dim3(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
+                static_cast<unsigned>(s.heads_kv));
+  u.pdl = overlap;
   Kernel kernel = lp.kernel;
+  kernels::CascadeTmaMaps maps;
   if (kernel == Kernel::kWarpSpecialized) {
-    const auto variant = static_cast<kernels::CascadeWsVariant>(lp.ws_variant);
-    p.ws_pingpong = variant == kernels::CascadeWsVariant::kKv128Turns ||
-                            variant == kernels::CascadeWsVariant::kKv64Turns
+    u.ws_variant = static_cast<plan::CascadeWsVariant>(lp.ws_variant);
+    p.ws_pingpong = u.ws_variant == plan::CascadeWsVariant::kKv128Turns ||
+                            u.ws_variant == plan::CascadeWsVariant::kKv64Turns
                         ? 1
                         : 0;
     // The pool's tensor maps: its layout and page stride are known only now, and the maps
@@ -187,25 +193,26 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
     // kernel for every run of that pool).
     const plan::CascadeTmaLayout layout =
         plan::describe_cascade_kv_maps(kv, lp.tma_box, lp.tma_run);
-    kernels::CascadeTmaMaps maps;
     if (detail::encode_cascade_kv_maps(kv, layout, &maps.k, &maps.v, &maps.k_run, &maps.v_run,
                                        &p.tma_run)) {
       p.tma_box = layout.box;
       p.tma_coords = layout.coords;
-      kernels::launch_cascade_level_ws_bf16(p, maps, lp.tile_rows, variant, grid, overlap, stream);
-      return;
+      u.maps = &maps;
+    } else {
+      kernel = lp.fallback;
     }
-    kernel = lp.fallback;
   }
-  const bool wgmma = kernel == Kernel::kWgmma;
-  compiled::dispatch(kCascadeFn, "shape.dtype", s.dtype, compiled::CascadeDTypes{}, [&](auto t) {
-    if constexpr (decltype(t)::value == DType::kBF16)
-      kernels::launch_cascade_level_bf16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
-                                         overlap, stream);
-    else
-      kernels::launch_cascade_level_f16(p, lp.tile_rows, static_cast<int>(s.head_dim), wgmma, grid,
-                                        overlap, stream);
-  });
+  // the unit of the head dim and the kernel's family (cascade_units.hpp)
+  using catalog::Family;
+  compiled::dispatch(kCascadeFn, "shape.head_dim", s.head_dim, compiled::CascadeHeadDims{},
+                     [&](auto d) {
+                       constexpr int D = decltype(d)::value;
+                       if (kernel == Kernel::kWarpSpecialized)
+                         return detail::cascade_unit_launch<D, Family::kCascadeWs>(p, u, stream);
+                       if (kernel == Kernel::kWgmma)
+                         return detail::cascade_unit_launch<D, Family::kCascadeWgmma>(p, u, stream);
+                       detail::cascade_unit_launch<D, Family::kCascadeMma>(p, u, stream);
+                     });
 }
 
 /// Launches the merge of every level's and split's state into `out`, the attention `sinks`

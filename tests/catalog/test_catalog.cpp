@@ -80,8 +80,8 @@ static_assert(catalog::kNumRows == static_cast<int>(catalog::kRows.size()));
 static_assert(catalog::kNumRows > 0, "every build compiles a cascade head dim");
 
 TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
-  // the instances of the decode units (cuda/decode_unit.cuh), kernels/cascade/launch.cuh,
-  // cascade_level_ws_bf16.cu and cascade.cu's launch_merge, counted from the lists they read
+  // the instances of the decode units (cuda/decode_unit.cuh), the cascade level units
+  // (cuda/cascade_unit.cuh) and cascade.cu's launch_merge, counted from the lists they read
   using Short = compiled::Intersect<compiled::DecodeHeadDims,
                                     compiled::IntList<catalog::kDecodeShortHeadDim>>::type;
   using ShortFp8 = compiled::Intersect<compiled::DecodeFp8HeadDims,
