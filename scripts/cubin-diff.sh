@@ -9,7 +9,8 @@
 # kernel differs. A file compiled in the tree but missing at REV (or the reverse) is compared
 # with the other side's file of the same name given as OLD_PATH=NEW_PATH. A translation unit
 # split into several is compared with all of them together: OLD_PATH=NEW_1+NEW_2+... (each
-# kernel in exactly one of them; NEW paths may be absolute, e.g. CMake-generated units).
+# kernel in exactly one of them; NEW paths may be absolute, e.g. CMake-generated units), and
+# several old units regrouped into new ones as OLD_1+OLD_2+...=NEW_1+NEW_2+...
 set -euo pipefail
 rev=${1:?usage: cubin-diff.sh REV file.cu...}
 shift
@@ -24,16 +25,22 @@ status=0
 for spec in "$@"; do
   old_src=${spec%%=*}
   new_src=${spec#*=}
-  name=$(basename "$old_src" .cu)
-  nvcc "${flags[@]}" -I "$work/old/include" -I "$work/old/src" "$work/old/$old_src" \
-    -o "$work/$name.old.cubin"
+  name=$(basename "${old_src%%+*}" .cu)
+  old_cubins=()
+  IFS='+' read -r -a old_srcs <<< "$old_src"
+  for i in "${!old_srcs[@]}"; do
+    nvcc "${flags[@]}" -I "$work/old/include" -I "$work/old/src" "$work/old/${old_srcs[$i]}" \
+      -o "$work/$name.old.$i.cubin"
+    old_cubins+=("$work/$name.old.$i.cubin")
+  done
   new_cubins=()
   IFS='+' read -r -a new_srcs <<< "$new_src"
   for i in "${!new_srcs[@]}"; do
     nvcc "${flags[@]}" -I include -I src "${new_srcs[$i]}" -o "$work/$name.new.$i.cubin"
     new_cubins+=("$work/$name.new.$i.cubin")
   done
-  python3 - "$work/$name.old.cubin" "$new_src" "${new_cubins[@]}" <<'EOF' || status=1
+  python3 - "${#old_cubins[@]}" "${old_cubins[@]}" "$new_src" "${new_cubins[@]}" <<'EOF' \
+    || status=1
 import struct, sys
 
 def text_sections(path):
@@ -52,14 +59,23 @@ def text_sections(path):
             out[n[6:]] = data[h[4]:h[4] + h[5]]
     return out
 
-old, src = text_sections(sys.argv[1]), sys.argv[2]
-new, bad = {}, 0
-for path in sys.argv[3:]:
-    for k, v in text_sections(path).items():
-        if k in new:
-            print(f"{src}: in two new units: {k}")
-            bad = 1
-        new[k] = v
+n_old = int(sys.argv[1])
+src = sys.argv[2 + n_old]
+bad = 0
+
+def union(paths, side):
+    global bad
+    out = {}
+    for path in paths:
+        for k, v in text_sections(path).items():
+            if k in out:
+                print(f"{src}: in two {side} units: {k}")
+                bad = 1
+            out[k] = v
+    return out
+
+old = union(sys.argv[2:2 + n_old], "old")
+new = union(sys.argv[3 + n_old:], "new")
 for k in sorted(set(old) | set(new)):
     if k not in new:
         state, bad = "only-old", 1
