@@ -19,4 +19,4 @@ CMAKE_ARGS="${PY_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALL
   --target "$work/site" -C build-dir="$work/build" "$src" >"$work/pip.log" 2>&1 ||
   { tail -50 "$work/pip.log"; echo "python tests: the package build failed"; exit 1; }
 cd "$src"
-PYTHONPATH="$work/site" exec "$py" -m pytest -q -p no:cacheprovider "$@" python/tests
+PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m pytest -q -p no:cacheprovider "$@" python/tests
