@@ -4,23 +4,33 @@
 ///        and no other, and by the catalog (`catalog/catalog.hpp`), whose rows the checks read.
 ///
 /// Each operation compiles the head dims it supports that the build's `ATTNSTATE_CUDA_HEAD_DIMS`
-/// (CMake, `docs/install.md`) lists: the generated `attnstate_compiled_config.hpp`, or the
-/// default list when a translation unit is compiled without the build's include path.
+/// (CMake, `docs/install.md`) lists: the generated `attnstate_compiled_config.hpp`, or every
+/// supported head dim when a translation unit is compiled without the build's include path.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/dispatch.hpp"
 
 #if __has_include("attnstate_compiled_config.hpp")
 #include "attnstate_compiled_config.hpp"
-#else
-#include "common/compiled_default.hpp"
+#define ATTNSTATE_HAS_BUILD_HEAD_DIMS 1
 #endif
 
 namespace attnstate {
 namespace compiled {
+
+/// Every head dim some CUDA kernel compiles, ascending: the default and the accepted values of
+/// `ATTNSTATE_CUDA_HEAD_DIMS` (the top-level CMakeLists.txt reads this line; each family's list
+/// below must hold only these).
+using SupportedHeadDims = IntList<64, 128, 256, 512>;
+
+#if !defined(ATTNSTATE_HAS_BUILD_HEAD_DIMS)
+/// A translation unit compiled alone (`scripts/cubin-diff.sh`): the default build's list.
+using BuildHeadDims = SupportedHeadDims;
+#endif
 
 /// The entries of `In` also in `Keep`, in the order of `In` (`::type`).
 template <class Keep, class In, class Out = IntList<>>
@@ -48,13 +58,21 @@ struct Values<DTypeList<T...>> {
 };
 /// @endcond
 
+/// The head dims of `List` that the build compiles (`List` within `SupportedHeadDims`).
+template <class List>
+struct Built {
+  static_assert(std::is_same_v<typename Intersect<SupportedHeadDims, List>::type, List>,
+                "a family's head dim missing from compiled::SupportedHeadDims");
+  using type = typename Intersect<BuildHeadDims, List>::type;
+};
+
 /// Head dims of the merge kernels specialised on the head dim (the ring kernel of
 /// `merge_states`); the merges take every head dim >= 1 through their other kernels.
-using MergeHeadDims = Intersect<BuildHeadDims, IntList<64, 128, 256, 512>>::type;
+using MergeHeadDims = Built<IntList<64, 128, 256, 512>>::type;
 /// Head dims of the split-KV decode kernels.
-using DecodeHeadDims = Intersect<BuildHeadDims, IntList<64, 128, 256>>::type;
+using DecodeHeadDims = Built<IntList<64, 128, 256>>::type;
 /// Head dims of the cascade kernels (its levels, its merge; its last level runs the decode).
-using CascadeHeadDims = Intersect<BuildHeadDims, IntList<64, 128>>::type;
+using CascadeHeadDims = Built<IntList<64, 128>>::type;
 
 /// Dtypes of each `o` of the merges (inputs and output independently).
 using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;
@@ -67,7 +85,7 @@ using DecodeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 /// fp8 KV dtypes of the decode (queries of a `DecodeDTypes` dtype), and its head dims for them
 /// (rows of at least 8 chunks of 16 bytes: the fp8 tile's swizzle).
 using DecodeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
-using DecodeFp8HeadDims = Intersect<BuildHeadDims, IntList<128, 256>>::type;
+using DecodeFp8HeadDims = Built<IntList<128, 256>>::type;
 /// Head dims of the streamed decode kernel (`decode_stream_kernel`: 64 and 128).
 using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
 /// Head dims of the cascade's wgmma and warp-specialised level kernels (bf16 only: 128).
