@@ -1,7 +1,7 @@
 """Helpers of the merge tests ported from the peers' suites and of the compat adapters' tests:
 arrays of one library (NumPy, torch on the CPU, torch on CUDA) behind one small interface,
-per-case random streams, NaN-poisoned outputs, a float64 merge reference, tolerances per dtype,
-and the marks of cases that need parts of the state API not yet in the package."""
+per-case random streams, NaN-poisoned outputs, float64 merge references and tolerances per
+dtype."""
 
 import zlib
 
@@ -11,28 +11,6 @@ import pytest
 from helpers import cuda_torch, has_module
 
 LN2 = float(np.log(2.0))
-
-# Parts of the state API the ported cases use that the package does not have yet: a case that
-# needs one is a strict xfail (it must fail until the part lands; then drop its entry here).
-PENDING = {
-    "merge_mask": "merge_state(a, b, mask=...) (the out-of-place merge with a token mask)",
-    "strided_mask": "merge_state_ masks of any stride, 0 (broadcast) included",
-    "zero_states": "merge_states of S = 0 states (the empty state)",
-}
-
-
-def pending(*features):
-    """The strict-xfail marks of the features among `features` still in PENDING."""
-    missing = [PENDING[f] for f in features if f in PENDING]
-    if not missing:
-        return []
-    return [pytest.mark.xfail(strict=True, raises=Exception,
-                              reason="needs " + "; ".join(missing))]
-
-
-def param(*values, needs=(), id=None):
-    return pytest.param(*values, marks=pending(*needs), id=id)
-
 
 def seed_of(*params):
     """A deterministic seed per case (fresh inputs for every case, the same on every run)."""
@@ -180,15 +158,18 @@ def base2_reference(lib, vs, ss):
 
 
 def vllm_reference(lib, p_o, p_lse, s_o, s_lse, with_context=None):
-    """vLLM's merge in float64: (o (T, H, D), lse (H, T)) of the partials with head-major LSEs;
-    infinite LSEs are empty partials; tokens from `with_context` on take the suffix and its
-    LSE as given."""
+    """vLLM's merge in float64, with attnstate's empty rows: (o (T, H, D), lse (H, T)) of the
+    partials with head-major LSEs; infinite LSEs are empty partials; tokens from
+    `with_context` on take the suffix alone. A row with no partial left is (0, -inf) (vLLM's
+    CUDA kernel copies prefix_output, or suffix_output and its LSE for a token without
+    context: docs/compat.md)."""
     xp = lib.xp
     tokens = p_o.shape[0]
     n = tokens if with_context is None else min(with_context, tokens)
     lse = xp.stack([lib.f64(p_lse).T, lib.f64(s_lse).T])
     lse[xp.isinf(lse)] = -float("inf")
     o, out_lse = reference_merge(xp, xp.stack([lib.f64(p_o), lib.f64(s_o)]), lse)
-    o[n:] = lib.f64(s_o)[n:]
-    out_lse[n:] = lib.f64(s_lse).T[n:]
+    o_s, lse_s = reference_merge(xp, lib.f64(s_o)[None], lse[1:])
+    o[n:] = o_s[n:]
+    out_lse[n:] = lse_s[n:]
     return o, out_lse.T

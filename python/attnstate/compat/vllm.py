@@ -6,7 +6,7 @@
 Same arguments, layouts and conventions as vLLM's: outputs (num_tokens, num_heads, head_size),
 LSEs (num_heads, num_tokens) head-major, natural log, float32; an LSE of +inf (FlashAttention 2's
 mark of a row without keys) or -inf means an empty partial; tokens at and after
-`prefill_tokens_with_context` take the suffix unchanged; `output_lse=None` writes no LSE; an fp8
+`prefill_tokens_with_context` take the suffix; `output_lse=None` writes no LSE; an fp8
 `output` is quantised with the per-tensor `output_scale` in the merge's store. Any array library
 speaking DLPack works, not only torch; host arrays run on the CPU backend, CUDA arrays on the
 caller's current stream. docs/compat.md lists what differs from vLLM.
@@ -35,9 +35,10 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     prefix_lse, suffix_lse: (num_heads, num_tokens) float32, natural log; +inf and -inf rows are
         empty. They are not modified (the +inf rows are marked on a copy of the LSEs).
     output_lse: None, or (num_heads, num_tokens) float32 that receives the merged LSE (for the
-        tokens without context: suffix_lse as given).
+        tokens without context: suffix_lse).
     prefill_tokens_with_context: tokens [0, n) merge, tokens [n, num_tokens) copy the suffix
-        (quantised when output is fp8); None: all tokens merge.
+        (quantised when output is fp8); None: all tokens merge. A row empty on both sides, or
+        without context and an empty suffix, is written as the empty state (0, -inf).
     output_scale: the per-tensor dequantisation scale of an fp8 output (stored = value / scale,
         saturated to the format's range); required for fp8, refused otherwise.
     Returns None.
@@ -64,14 +65,13 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         raise error(fn, "output_scale", "None for a non-fp8 output (dtype "
                     f"{raw_dtype_name(output)})", "a scale")
 
-    # The merges read an LSE of +inf as a real (infinite) weight: mark those rows empty first,
-    # on copies (num_heads x num_tokens floats, 1/head_size of the outputs), for the tokens
-    # that merge; the others keep their suffix LSE as given, as vLLM writes it.
+    # attnstate's merges take an LSE of +inf as invalid (NaN out, so that a bug upstream shows):
+    # the empty rows are marked first, on copies of the LSEs (num_heads x num_tokens floats,
+    # 1/head_size of the outputs), so that the caller's stay as they are, as vLLM leaves them.
     p_lse, s_lse = head_major(copy(prefix_lse)), head_major(copy(suffix_lse))
-    if with_context > 0:
-        for o, lse, arg in ((prefix_output, p_lse, "prefix"), (suffix_output, s_lse, "suffix")):
-            with renamed(fn, {"state": (arg + "_output", arg + "_lse")}):
-                _merge.mark_empty_rows(State(o[:with_context], lse[:with_context], Base.NATURAL))
+    for o, lse, arg in ((prefix_output, p_lse, "prefix"), (suffix_output, s_lse, "suffix")):
+        with renamed(fn, {"state": (arg + "_output", arg + "_lse")}):
+            _merge.mark_empty_rows(State(o, lse, Base.NATURAL))
     out_kw = {} if output_scale is None else {"scale": _scalar(output_scale, fn, "output_scale")}
     out = State(output, None if output_lse is None else head_major(output_lse), Base.NATURAL,
                 **out_kw)
