@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <iterator>
 #include <vector>
 
 #include "catalog/catalog.hpp"
@@ -36,10 +35,16 @@ inline std::vector<std::int64_t> stream_head_dims() {
 inline std::vector<std::int64_t> cascade_head_dims() {
   return catalog_head_dims(attnstate::catalog::Family::kCascadeMma);
 }
+/// The entries of a compile-time list (the list itself, not an array of unknown bound: nvcc
+/// takes it in .cu tests too).
+template <int... V>
+std::vector<std::int64_t> list_values(attnstate::compiled::IntList<V...>) {
+  return {V...};
+}
+
 /// Head dims of the merge kernels.
 inline std::vector<std::int64_t> merge_head_dims() {
-  const auto& v = attnstate::compiled::Values<attnstate::compiled::MergeHeadDims>::value;
-  return std::vector<std::int64_t>(std::begin(v), std::end(v));
+  return list_values(attnstate::compiled::MergeHeadDims{});
 }
 
 /// The entries of `xs` (a literal list, repeats kept: they weight a draw) that `dims` holds.

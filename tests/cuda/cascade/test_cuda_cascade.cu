@@ -16,6 +16,7 @@
 #include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cuda/cascade.hpp"
 #include "cascade_case.hpp"
+#include "compiled_dims.hpp"
 #include "cuda_cascade_runner.hpp"
 #include "cuda_test_utils.hpp"
 #include "random_sinks.hpp"
@@ -203,8 +204,9 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
   // A logits soft cap in every level: the shared levels on the mma.sync kernel's capped instance
   // (never wgmma), a decode last level on the decode's variant kernel writing its own slot
   // (never folding), or every level on level kernels; whole runs and the stage-by-stage API, with
-  // and without sinks; caps that bite (5) and that barely do (30); bf16 and f16, head dims 128
-  // and 64, q_len 1 and 2. Against the double reference with the cap on the scaled scores.
+  // and without sinks; caps that bite (5) and that barely do (30); bf16 and f16, head dim 128 and
+  // the build's first cascade head dim (64 by default), q_len 1 and 2. Against the double
+  // reference with the cap on the scaled scores.
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 81);
   two.heads_q = 16;
@@ -214,7 +216,7 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
   three.seed = 82;
   three.q_len = 2;
   three.dtype = DType::kF16;
-  three.head_dim = 64;
+  three.head_dim = static_cast<int>(attnstate_test::cascade_head_dims().front());
   three.q_amp = 3.f;
   three.levels = {
       {{6, 130}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 3}, {1, 333}, {1, 2}, {1, 90}, {1, 5}}};
@@ -363,14 +365,15 @@ TEST(CudaCascade, CausalMultiTokenQueriesMaskOnlyTheLastLevel) {
   }
 }
 
-TEST(CudaCascade, HeadDim64HndLayoutPaddedPagesAndOtherPageSizes) {
+TEST(CudaCascade, FirstHeadDimHndLayoutPaddedPagesAndOtherPageSizes) {
+  // HND padded pages at the build's first cascade head dim (64 by default), NHD at 128
   ATTNSTATE_REQUIRE_GPU();
   for (int ps : {1, 7, 16, 32}) {
     CaseSpec s = attnstate_test::two_level_spec(6, 150, 13, 50 + ps);
     s.layout = attnstate::KvLayout::kHND;
     s.page_size = ps;
     s.page_pad = 8;
-    s.head_dim = 64;
+    s.head_dim = static_cast<int>(attnstate_test::cascade_head_dims().front());
     EXPECT_TRUE(gpu_matches(s)) << "page_size " << ps;
     s.layout = attnstate::KvLayout::kNHD;
     s.head_dim = 128;
@@ -378,15 +381,16 @@ TEST(CudaCascade, HeadDim64HndLayoutPaddedPagesAndOtherPageSizes) {
   }
 }
 
-TEST(CudaCascade, F16HeadDim64CausalGroup8InA128RowTile) {
+TEST(CudaCascade, F16FirstHeadDimCausalGroup8InA128RowTile) {
   // A case a property run once found failing on the wgmma path (f16, head_dim 64, two
-  // warpgroups); such levels now run on mma.sync.
+  // warpgroups); such levels now run on mma.sync. At the build's first cascade head dim (64 by
+  // default).
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec s;
   s.q_len = 2;
   s.heads_q = 8;
   s.heads_kv = 1;
-  s.head_dim = 64;
+  s.head_dim = static_cast<int>(attnstate_test::cascade_head_dims().front());
   s.dtype = DType::kF16;
   s.layout = attnstate::KvLayout::kHND;
   s.seed = 7211;
