@@ -100,9 +100,8 @@ def merge_in_place(lib, api, v, s, v_other, s_other, mask):
     if api == "compat":
         fi.merge_state_in_place(v, s, v_other, s_other, mask=mask)
     else:
-        kw = {} if mask is None else dict(mask=mask)
         attnstate.merge_state_(attnstate.State(v, s, "base2"),
-                               attnstate.State(v_other, s_other, "base2"), **kw)
+                               attnstate.State(v_other, s_other, "base2"), mask=mask)
 
 
 def check_masked(lib, v, s, v0, s0, ref_v, ref_s, keep, dtype, what):

@@ -103,18 +103,18 @@ def check_output(lib, output, output_lse, ref_o, ref_lse, dtype, use_fp8, what):
 
 
 def run_attnstate(lib, output, output_lse, p_o, p_lse, s_o, s_lse, with_context, scale):
-    """The same merge written with attnstate's own API (what the adapter does for an engine)."""
+    """The same merge written with attnstate's own API (what the adapter does for an engine),
+    the head-major LSEs spelled as (tokens, heads) transposed views here (the adapter names
+    the layout instead: lse_layout="heads_tokens")."""
     tokens = p_o.shape[0]
     n = tokens if with_context is None else min(with_context, tokens)
-    p_lse, s_lse = lib.copy(p_lse), lib.copy(s_lse)  # +inf marked on copies
-    hm = dict(lse_layout="heads_tokens")
-    attnstate.mark_empty_rows(attnstate.State(p_o, p_lse, "natural", **hm))
-    attnstate.mark_empty_rows(attnstate.State(s_o, s_lse, "natural", **hm))
-    out_kw = dict(hm) if scale is None else dict(hm, scale=scale)
-    out = attnstate.State(output, output_lse, "natural", **out_kw)
-    kw = {} if n == tokens else dict(mask=lib.asarray(np.arange(tokens) < n))
-    attnstate.merge_state(attnstate.State(s_o, s_lse, "natural", **hm),
-                          attnstate.State(p_o, p_lse, "natural", **hm), out=out, **kw)
+    p_lse, s_lse = lib.copy(p_lse).T, lib.copy(s_lse).T  # +inf marked on copies
+    attnstate.mark_empty_rows(attnstate.State(p_o, p_lse, "natural"))
+    attnstate.mark_empty_rows(attnstate.State(s_o, s_lse, "natural"))
+    out = attnstate.State(output, output_lse.T, "natural", scale=1.0 if scale is None else scale)
+    mask = None if n == tokens else lib.asarray(np.arange(tokens) < n)
+    attnstate.merge_state(attnstate.State(s_o, s_lse, "natural"),
+                          attnstate.State(p_o, p_lse, "natural"), out=out, mask=mask)
 
 
 def run_case(lib_name, api, tokens, heads, hs, dtype, use_fp8, with_context):

@@ -60,12 +60,6 @@ def copy(x):
     return x.clone() if hasattr(x, "clone") else x.copy()
 
 
-def head_major(lse):
-    """A (heads, tokens) LSE as the (tokens, heads) strided view the states take: no copy.
-    `.T` swaps the two axes in every array library (NumPy, torch, CuPy, JAX)."""
-    return lse.T
-
-
 def token_mask(like, tokens, first):
     """A (tokens,) uint8 array from the library and device of `like`: 1 for the first `first`
     tokens, 0 after (filled by the library: no host round trip, capturable in a CUDA graph)."""

@@ -44,10 +44,7 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None):
     acc = State(v, s, Base.BASE2)
     other = State(v_other, as_float32(s_other, fn, "s_other"), Base.BASE2)
     with renamed(fn, {"acc": ("v", "s"), "other": ("v_other", "s_other")}):
-        if mask is None:
-            _merge.merge_state_(acc, other)
-        else:
-            _merge.merge_state_(acc, other, mask=mask)
+        _merge.merge_state_(acc, other, mask=mask)
 
 
 def merge_states(v, s):

@@ -17,12 +17,13 @@ import math
 from .. import _merge
 from .._attnstate import Base, State
 from .._arrays import error
-from ._common import (check_ndim, check_shape, copy, head_major, raw_dtype_name, renamed,
-                      shape_of, token_mask)
+from ._common import (check_ndim, check_shape, copy, raw_dtype_name, renamed, shape_of,
+                      token_mask)
 
 __all__ = ["merge_attn_states"]
 
 _FN = "attnstate.compat.vllm.merge_attn_states"
+_HEADS_TOKENS = "heads_tokens"  # vLLM's LSEs are (num_heads, num_tokens)
 
 
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
@@ -68,22 +69,20 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     # attnstate's merges take an LSE of +inf as invalid (NaN out, so that a bug upstream shows):
     # the empty rows are marked first, on copies of the LSEs (num_heads x num_tokens floats,
     # 1/head_size of the outputs), so that the caller's stay as they are, as vLLM leaves them.
-    p_lse, s_lse = head_major(copy(prefix_lse)), head_major(copy(suffix_lse))
+    p_lse, s_lse = copy(prefix_lse), copy(suffix_lse)
     for o, lse, arg in ((prefix_output, p_lse, "prefix"), (suffix_output, s_lse, "suffix")):
         with renamed(fn, {"state": (arg + "_output", arg + "_lse")}):
-            _merge.mark_empty_rows(State(o, lse, Base.NATURAL))
-    out_kw = {} if output_scale is None else {"scale": _scalar(output_scale, fn, "output_scale")}
-    out = State(output, None if output_lse is None else head_major(output_lse), Base.NATURAL,
-                **out_kw)
+            _merge.mark_empty_rows(State(o, lse, Base.NATURAL, lse_layout=_HEADS_TOKENS))
+    scale = 1.0 if output_scale is None else _scalar(output_scale, fn, "output_scale")
+    out = State(output, output_lse, Base.NATURAL, scale=scale, lse_layout=_HEADS_TOKENS)
     # a = suffix: where the mask is 0 the merge writes a (vLLM's tokens without context)
-    merge_kw = {}
-    if with_context < tokens:
-        merge_kw["mask"] = token_mask(output, tokens, with_context)
+    mask = None if with_context == tokens else token_mask(output, tokens, with_context)
     states = {"a": ("suffix_output", "suffix_lse"), "b": ("prefix_output", "prefix_lse"),
               "out": ("output", "output_lse")}
     with renamed(fn, states, {"mask": "prefill_tokens_with_context"}):
-        _merge.merge_state(State(suffix_output, s_lse, Base.NATURAL),
-                           State(prefix_output, p_lse, Base.NATURAL), out=out, **merge_kw)
+        _merge.merge_state(State(suffix_output, s_lse, Base.NATURAL, lse_layout=_HEADS_TOKENS),
+                           State(prefix_output, p_lse, Base.NATURAL, lse_layout=_HEADS_TOKENS),
+                           out=out, mask=mask)
 
 
 def _scalar(x, fn, arg):
