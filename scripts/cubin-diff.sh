@@ -10,7 +10,9 @@
 # with the other side's file of the same name given as OLD_PATH=NEW_PATH. A translation unit
 # split into several is compared with all of them together: OLD_PATH=NEW_1+NEW_2+... (each
 # kernel in exactly one of them; NEW paths may be absolute, e.g. CMake-generated units), and
-# several old units regrouped into new ones as OLD_1+OLD_2+...=NEW_1+NEW_2+...
+# several old units regrouped into new ones as OLD_1+OLD_2+...=NEW_1+NEW_2+... (an absolute OLD
+# path, e.g. a unit generated from a template both revisions share, is compiled with REV's
+# headers).
 set -euo pipefail
 rev=${1:?usage: cubin-diff.sh REV file.cu...}
 shift
@@ -29,7 +31,9 @@ for spec in "$@"; do
   old_cubins=()
   IFS='+' read -r -a old_srcs <<< "$old_src"
   for i in "${!old_srcs[@]}"; do
-    nvcc "${flags[@]}" -I "$work/old/include" -I "$work/old/src" "$work/old/${old_srcs[$i]}" \
+    old_path=${old_srcs[$i]}
+    [[ $old_path = /* ]] || old_path="$work/old/$old_path"
+    nvcc "${flags[@]}" -I "$work/old/include" -I "$work/old/src" "$old_path" \
       -o "$work/$name.old.$i.cubin"
     old_cubins+=("$work/$name.old.$i.cubin")
   done
@@ -41,7 +45,12 @@ for spec in "$@"; do
   done
   python3 - "${#old_cubins[@]}" "${old_cubins[@]}" "$new_src" "${new_cubins[@]}" <<'EOF' \
     || status=1
-import struct, sys
+import re, struct, sys
+
+# a kernel in an anonymous namespace carries a hash of its file's path: the same kernel in the
+# old worktree and in the tree differs only there
+def normalise(name):
+    return re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", name)
 
 def text_sections(path):
     data = open(path, "rb").read()
@@ -56,7 +65,7 @@ def text_sections(path):
     for h in heads:
         n = name(h[0])
         if n.startswith(".text."):
-            out[n[6:]] = data[h[4]:h[4] + h[5]]
+            out[normalise(n[6:])] = data[h[4]:h[4] + h[5]]
     return out
 
 n_old = int(sys.argv[1])
