@@ -337,6 +337,13 @@ constexpr const Row* find(const Query& q) {
 /// True when some compiled kernel answers `q`.
 constexpr bool compiled(const Query& q) { return find(q) != nullptr; }
 
+/// The kernel id of the first row answering `q`: its index in `kRows` (the key of the launch
+/// tables), or -1 when none is compiled.
+constexpr int find_id(const Query& q) {
+  const Row* r = find(q);
+  return r == nullptr ? -1 : static_cast<int>(r - kRows.data());
+}
+
 /// The variants of an attention variant (`window_left`, `logits_soft_cap`) as bits.
 constexpr Variants variants_of(std::int64_t window_left, float logits_soft_cap) {
   return static_cast<Variants>((window_left >= 0 ? kWindow : 0) |

@@ -1,8 +1,8 @@
 /// @file decode.cu
 /// @brief CUDA split-KV decode: `plan_decode` (the device facts, then the host planner of
 ///        `src/plan/decode_plan.hpp`), the argument checks of a run, the workspace layout and the
-///        launches (head dim × dtype × pipeline depth through the one dispatch,
-///        `common/dispatch.hpp`).
+///        launch: the catalog row the plan names, through the launch table keyed by kernel id
+///        (`cuda/decode_units.hpp`).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -45,17 +45,69 @@ static_assert(plan::kMaxCluster == detail::kDecodeMaxWsGroup &&
 /// Bytes of a K/V element of the problem's cache (2, or 1 for fp8).
 int kv_bytes(const DecodeProblem& pr) { return is_fp8(pr.kv_dtype) ? 1 : 2; }
 
+/// A decode row's entry points (null for the rows of other families).
+struct DecodeRowEntry {
+  void (*launch)(int, const detail::DecodeParams&, const detail::DecodeLaunch&,
+                 cudaStream_t) = nullptr;
+  const detail::ResidentClusters& (*clusters)(int) = nullptr;
+};
+
+template <std::size_t I>
+constexpr DecodeRowEntry decode_row_entry() {
+  constexpr catalog::Row r = catalog::kRows[I];
+  if constexpr (r.family == catalog::Family::kDecodeSplit ||
+                r.family == catalog::Family::kDecodeStream) {
+    constexpr detail::DecodeUnit u = detail::unit_of(r);
+    return {&detail::decode_unit_launch<r.head_dim, u>,
+            &detail::decode_unit_clusters<r.head_dim, u>};
+  } else {
+    return {};
+  }
+}
+template <std::size_t... I>
+constexpr std::array<DecodeRowEntry, catalog::kNumRows> decode_table(std::index_sequence<I...>) {
+  return {decode_row_entry<I>()...};
+}
+
+/// The launch table: every decode row's entry points, keyed by its kernel id.
+constexpr std::array<DecodeRowEntry, catalog::kNumRows> kDecodeTable =
+    decode_table(std::make_index_sequence<catalog::kNumRows>{});
+
+/// The split row of (`head_dim`, query dtype `q_dt`, K/V dtype `dt`) at depth `stages`, plain:
+/// its query.
+catalog::Query split_row(std::int64_t head_dim, DType q_dt, DType dt, int stages) {
+  catalog::Query q;
+  q.family = catalog::Family::kDecodeSplit;
+  q.head_dim = head_dim;
+  q.q = catalog::mask(q_dt);
+  q.kv = catalog::mask(dt);
+  q.stages = stages;
+  return q;
+}
+
+/// Throws `Status::kNotSupported` naming what the catalog holds for `q`.
+[[noreturn]] void not_compiled(const catalog::Query& q) {
+  throw_argument(kRunFn, "plan", catalog::not_supported_message(q),
+                 "a kernel the catalog lacks (" + std::string(catalog::to_string(q.family)) +
+                     " at head dim " + std::to_string(q.head_dim) + ")",
+                 Status::kNotSupported);
+}
+
 /// Fills `f.resident_clusters` for the split kernel of (`head_dim`, KV dtype `dt`, query dtype
-/// `q_dt`) on the current device (`[1]`, the short-split depth, where it exists): the unit of
-/// that head dim and cache.
+/// `q_dt`) on the current device: the plain rows at the default depth (`[0]`) and at the
+/// short-split depth (`[1]`, where the catalog holds one), through the launch table.
 void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, plan::DecodeFacts& f) {
-  compiled::dispatch(
-      kRunFn, "plan.problem.head_dim", head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
-        constexpr int D = decltype(d)::value;
-        if (is_fp8(dt))
-          return detail::decode_unit_occupancy<D, detail::DecodeUnit::kFp8>(q_dt, dt, f);
-        detail::decode_unit_occupancy<D, detail::DecodeUnit::kSplit>(q_dt, dt, f);
-      });
+  const int depths[2] = {detail::kDecodeStages, detail::kDecodeShortStages};
+  for (int row = 0; row < 2; ++row) {
+    const catalog::Query q = split_row(head_dim, q_dt, dt, depths[row]);
+    const int id = catalog::find_id(q);
+    if (id < 0) {
+      if (row == 0) not_compiled(q);
+      continue;
+    }
+    const detail::ResidentClusters& n = kDecodeTable[static_cast<std::size_t>(id)].clusters(id);
+    for (int c = 0; c <= plan::kMaxCluster; ++c) f.resident_clusters[row][c] = n[c];
+  }
 }
 
 /// The planner's facts as a plan recorded them.
@@ -95,23 +147,17 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
 
 using detail::DecodeLaunch;
 
-/// Launches what `l` says: the unit of the head dim (the one dispatch, `common/dispatch.hpp`, on
-/// the lists of `common/compiled.hpp`) and of the kernel group (fp8 cache, streamed, variant,
-/// plain), which dispatches the dtypes and the depth and launches the kernel.
+/// Launches what `l` says: the catalog row of the problem's head dim and dtypes, the plan's
+/// kernel (streamed or split), its depth and variant, through the launch table keyed by its
+/// kernel id (the row's unit dispatches nothing more).
 void launch(const detail::DecodeParams& p, const DecodeProblem& pr, const DecodeLaunch& l,
             cudaStream_t stream) {
-  using detail::DecodeUnit;
-  compiled::dispatch(
-      kRunFn, "plan.problem.head_dim", pr.head_dim, compiled::DecodeHeadDims{}, [&](auto d) {
-        constexpr int D = decltype(d)::value;
-        const DType q = pr.q_dtype, kv = pr.kv_dtype;
-        if (is_fp8(kv)) return detail::decode_unit_launch<D, DecodeUnit::kFp8>(p, q, kv, l, stream);
-        if (l.streamed)
-          return detail::decode_unit_launch<D, DecodeUnit::kStream>(p, q, kv, l, stream);
-        if (l.variant)
-          return detail::decode_unit_launch<D, DecodeUnit::kVariant>(p, q, kv, l, stream);
-        detail::decode_unit_launch<D, DecodeUnit::kSplit>(p, q, kv, l, stream);
-      });
+  catalog::Query q = split_row(pr.head_dim, pr.q_dtype, pr.kv_dtype, l.streamed ? 0 : l.stages);
+  if (l.streamed) q.family = catalog::Family::kDecodeStream;
+  q.variants = l.variants;
+  const int id = catalog::find_id(q);
+  if (id < 0) not_compiled(q);
+  kDecodeTable[static_cast<std::size_t>(id)].launch(id, p, l, stream);
 }
 
 /// The checks of a run (every one, in order) and what it launches; `launch.grid == 0` when the
@@ -451,11 +497,9 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.sinks = prior.sinks;
 
   DecodeLaunch l;
-  l.variant = !plan.variant.is_plain();
-  l.streamed = plan::streamed_runs(
-      plan.streamed, pr,
-      catalog::variants_of(plan.variant.window_left, plan.variant.logits_soft_cap), prior.count,
-      p.q_vec, kv.page_size);
+  l.variants = catalog::variants_of(plan.variant.window_left, plan.variant.logits_soft_cap);
+  l.streamed =
+      plan::streamed_runs(plan.streamed, pr, l.variants, prior.count, p.q_vec, kv.page_size);
   l.stages = r.split.stages;
   l.grid = r.grid;
   l.num_sms = plan.num_sms > 0 ? plan.num_sms : 1;

@@ -1,8 +1,9 @@
 /// @file decode_unit.cuh
-/// @brief The definitions behind `decode_units.hpp`: one unit's dtype × depth dispatch (the one
-///        dispatch, `common/dispatch.hpp`, on the lists of `common/compiled.hpp`), its launches
-///        and occupancy queries. Included only by the generated units (`cmake/decode_unit.cu.in`),
-///        each of which instantiates one head dim × group with `ATTNSTATE_DECODE_UNIT`.
+/// @brief The definitions behind `decode_units.hpp`: one unit's kernels, the catalog's decode
+///        rows of its head dim and group, each row mapped to its kernel's template arguments, with
+///        their launches and occupancy queries by kernel id. Included only by the generated units
+///        (`cmake/decode_unit.cu.in`), each of which instantiates one head dim × group with
+///        `ATTNSTATE_DECODE_UNIT`.
 #pragma once
 
 #include <algorithm>
@@ -10,12 +11,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attnstate/core/error.hpp"
 #include "attnstate/cuda/check.hpp"
-#include "common/compiled.hpp"
+#include "catalog/catalog.hpp"
 #include "cuda/decode_units.hpp"
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/decode/split_kv.cuh"
@@ -27,41 +28,20 @@ namespace cuda {
 namespace detail {
 namespace decode_unit {
 
-/// The head dims unit `U` compiles (the catalog's rows of its group).
-template <DecodeUnit U>
-using HeadDims =
-    std::conditional_t<U == DecodeUnit::kFp8, compiled::DecodeFp8HeadDims,
-                       std::conditional_t<U == DecodeUnit::kStream, compiled::DecodeStreamHeadDims,
-                                          compiled::DecodeHeadDims>>;
-
 constexpr const char* kFn = "attnstate::cuda::run_decode";
 
-/// Calls `f(kBF16, kStages, kKv)` (integral constants) for unit `U`'s split instance at head dim
-/// `D`: the queries' and the cache's dtypes (`q`, `kv`; over fp8, `kKv` the `tile::Fp8Kv`
-/// format), at the default depth, or at the short-split depth at its head dim.
-template <int D, DecodeUnit U, class F>
-void with_instance(DType q, DType kv, int stages, F&& f) {
-  const auto at_depth = [&](auto bf16, auto kv_c) {
-    if constexpr (D == plan::kDecodeShortHeadDim) {
-      if (stages == kDecodeShortStages)
-        return f(bf16, std::integral_constant<int, kDecodeShortStages>{}, kv_c);
-    }
-    f(bf16, std::integral_constant<int, kDecodeStages>{}, kv_c);
-  };
-  if constexpr (U == DecodeUnit::kFp8) {
-    compiled::dispatch(kFn, "plan.problem.kv_dtype", kv, compiled::DecodeFp8DTypes{}, [&](auto k) {
-      compiled::dispatch(kFn, "plan.problem.q_dtype", q, compiled::DecodeDTypes{}, [&](auto t) {
-        at_depth(std::bool_constant<decltype(t)::value == DType::kBF16>{},
-                 std::integral_constant < int,
-                 decltype(k)::value == DType::kE4M3 ? tile::kKvE4M3 : tile::kKvE5M2 > {});
-      });
-    });
-  } else {
-    compiled::dispatch(kFn, "plan.problem.kv_dtype", kv, compiled::DecodeDTypes{}, [&](auto t) {
-      at_depth(std::bool_constant<decltype(t)::value == DType::kBF16>{},
-               std::integral_constant<int, tile::kKvSame>{});
-    });
-  }
+/// True when catalog row `I` is a decode row of unit `U` at head dim `D`.
+template <int D, DecodeUnit U, std::size_t I>
+constexpr bool in_unit() {
+  constexpr catalog::Row r = catalog::kRows[I];
+  return (r.family == catalog::Family::kDecodeSplit ||
+          r.family == catalog::Family::kDecodeStream) &&
+         r.head_dim == D && unit_of(r) == U;
+}
+
+/// The split kernel's K/V template argument of a row (`tile::Fp8Kv`).
+constexpr int kv_arg(DType kv) {
+  return kv == DType::kE4M3 ? tile::kKvE4M3 : kv == DType::kE5M2 ? tile::kKvE5M2 : tile::kKvSame;
 }
 
 /// Clusters of each size (index 2..8) of one split-kernel instance resident at once on the
@@ -126,52 +106,67 @@ void launch_stream(const DecodeParams& p, const DecodeLaunch& l, cudaStream_t st
   launch_kernel(c, kernel, "decode_stream_kernel", p);
 }
 
-/// Throws `Status::kNotSupported` for a head dim unit `U` does not compile.
-template <DecodeUnit U>
-[[noreturn]] void not_compiled(int head_dim) {
-  attnstate::detail::throw_argument(kFn, "plan.problem.head_dim",
-                                    compiled::list_string(HeadDims<U>{}), std::to_string(head_dim),
-                                    Status::kNotSupported);
+/// Launches row `I`'s kernel when `id` is `I` and the row is the unit's (else false).
+template <int D, DecodeUnit U, std::size_t I>
+bool launch_row(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
+  if constexpr (in_unit<D, U, I>()) {
+    if (id != static_cast<int>(I)) return false;
+    constexpr catalog::Row r = catalog::kRows[I];
+    constexpr bool kBF16 = r.q == DType::kBF16;
+    if constexpr (r.family == catalog::Family::kDecodeStream)
+      launch_stream<D, kBF16>(p, l, stream);
+    else
+      launch_split<D, kBF16, r.stages, U == DecodeUnit::kVariant, kv_arg(r.kv)>(p, l, stream);
+    return true;
+  } else {
+    return false;
+  }
+}
+
+/// The resident clusters of row `I`'s kernel when `id` is `I` and it is one of the unit's
+/// plain split rows (else null).
+template <int D, DecodeUnit U, std::size_t I>
+const ResidentClusters* clusters_row(int id) {
+  if constexpr (in_unit<D, U, I>() && (U == DecodeUnit::kSplit || U == DecodeUnit::kFp8)) {
+    if (id != static_cast<int>(I)) return nullptr;
+    constexpr catalog::Row r = catalog::kRows[I];
+    return &resident_clusters<D, r.q == DType::kBF16, r.stages, kv_arg(r.kv)>();
+  } else {
+    return nullptr;
+  }
+}
+
+/// Throws for a kernel id that is not the unit's (the table sends every id to its own unit).
+[[noreturn]] inline void not_in_unit(int id, int head_dim) {
+  attnstate::detail::throw_argument(kFn, "kernel id",
+                                    "a row of the unit at head dim " + std::to_string(head_dim),
+                                    std::to_string(id), Status::kInternal);
+}
+
+template <int D, DecodeUnit U, std::size_t... I>
+void launch_id(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream,
+               std::index_sequence<I...>) {
+  if (!(launch_row<D, U, I>(id, p, l, stream) || ...)) not_in_unit(id, D);
+}
+
+template <int D, DecodeUnit U, std::size_t... I>
+const ResidentClusters& clusters_id(int id, std::index_sequence<I...>) {
+  const ResidentClusters* n = nullptr;
+  ((n = n != nullptr ? n : clusters_row<D, U, I>(id)), ...);
+  if (n == nullptr) not_in_unit(id, D);
+  return *n;
 }
 
 }  // namespace decode_unit
 
 template <int D, DecodeUnit U>
-void decode_unit_launch(const DecodeParams& p, DType q_dtype, DType kv_dtype, const DecodeLaunch& l,
-                        cudaStream_t stream) {
-  using namespace decode_unit;
-  if constexpr (!compiled::contains(HeadDims<U>{}, D)) {
-    not_compiled<U>(D);
-  } else if constexpr (U == DecodeUnit::kStream) {
-    compiled::dispatch(
-        kFn, "plan.problem.kv_dtype", kv_dtype, compiled::DecodeDTypes{},
-        [&](auto t) { launch_stream<D, decltype(t)::value == DType::kBF16>(p, l, stream); });
-  } else {
-    with_instance<D, U>(q_dtype, kv_dtype, l.stages, [&](auto bf16, auto stages, auto kv) {
-      launch_split<D, decltype(bf16)::value, decltype(stages)::value, U == DecodeUnit::kVariant,
-                   decltype(kv)::value>(p, l, stream);
-    });
-  }
+void decode_unit_launch(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
+  decode_unit::launch_id<D, U>(id, p, l, stream, std::make_index_sequence<catalog::kNumRows>{});
 }
 
 template <int D, DecodeUnit U>
-void decode_unit_occupancy(DType q_dtype, DType kv_dtype, plan::DecodeFacts& f) {
-  using namespace decode_unit;
-  if constexpr (!compiled::contains(HeadDims<U>{}, D) ||
-                (U != DecodeUnit::kSplit && U != DecodeUnit::kFp8)) {
-    not_compiled<U>(D);
-  } else {
-    const auto copy = [&](int row, const std::array<int, plan::kMaxCluster + 1>& n) {
-      for (int c = 0; c <= plan::kMaxCluster; ++c) f.resident_clusters[row][c] = n[c];
-    };
-    with_instance<D, U>(q_dtype, kv_dtype, kDecodeStages, [&](auto bf16, auto, auto kv) {
-      constexpr bool kBF16 = decltype(bf16)::value;
-      constexpr int kKv = decltype(kv)::value;
-      copy(0, resident_clusters<D, kBF16, kDecodeStages, kKv>());
-      if constexpr (D == plan::kDecodeShortHeadDim)
-        copy(1, resident_clusters<D, kBF16, kDecodeShortStages, kKv>());
-    });
-  }
+const ResidentClusters& decode_unit_clusters(int id) {
+  return decode_unit::clusters_id<D, U>(id, std::make_index_sequence<catalog::kNumRows>{});
 }
 
 #if ATTNSTATE_PROBES
@@ -193,10 +188,10 @@ void decode_unit_timeline(unsigned long long* host, int ctas) {
 #endif
 
 /// The explicit instantiations of one unit (head dim `D`, group `U`).
-#define ATTNSTATE_DECODE_UNIT(D, U)                                                        \
-  template void decode_unit_launch<D, DecodeUnit::U>(const DecodeParams&, DType, DType,    \
-                                                     const DecodeLaunch&, cudaStream_t);   \
-  template void decode_unit_occupancy<D, DecodeUnit::U>(DType, DType, plan::DecodeFacts&); \
+#define ATTNSTATE_DECODE_UNIT(D, U)                                                      \
+  template void decode_unit_launch<D, DecodeUnit::U>(int, const DecodeParams&,           \
+                                                     const DecodeLaunch&, cudaStream_t); \
+  template const ResidentClusters& decode_unit_clusters<D, DecodeUnit::U>(int);          \
   ATTNSTATE_DECODE_UNIT_TIMELINE(D, U)
 
 }  // namespace detail

@@ -1,9 +1,11 @@
 /// @file decode_units.hpp
 /// @brief The decode's instantiation units: the launch and occupancy entry points of one catalog
 ///        group of decode kernels (plain split, variant split, fp8 split, streamed) at one head
-///        dim. Each is defined in its own translation unit, which CMake generates from
-///        `cmake/decode_unit.cu.in` (one per head dim × group, `src/CMakeLists.txt`), so the
-///        kernels compile in parallel; `decode.cu` picks the unit and calls it.
+///        dim, by kernel id (`catalog::find_id`). Each is defined in its own translation unit,
+///        which CMake generates from `cmake/decode_unit.cu.in` (one per head dim × group,
+///        `src/CMakeLists.txt`), so the kernels compile in parallel; `decode.cu` holds the launch
+///        table that maps a kernel id to its unit (never in a unit: taking the entry points'
+///        addresses there would instantiate every unit's kernels).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,6 +14,7 @@
 #include <cstdint>
 
 #include "attnstate/core/dtype.hpp"
+#include "catalog/catalog.hpp"
 #include "cuda/kernels/decode/params.cuh"
 #include "plan/decode_plan.hpp"
 
@@ -28,6 +31,14 @@ enum class DecodeUnit : int {
   kStream = 3,   ///< The streamed kernel.
 };
 
+/// The group whose unit compiles a decode row's kernel.
+constexpr DecodeUnit unit_of(const catalog::Row& r) {
+  if (r.family == catalog::Family::kDecodeStream) return DecodeUnit::kStream;
+  if (is_fp8(r.kv)) return DecodeUnit::kFp8;
+  return (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0 ? DecodeUnit::kVariant
+                                                                    : DecodeUnit::kSplit;
+}
+
 /// What a run resolved: the launch of the kernel the plan records.
 struct DecodeLaunch {
   bool streamed = false;  ///< The streamed kernel (else the split kernel).
@@ -35,19 +46,22 @@ struct DecodeLaunch {
   std::int64_t grid = 0;  ///< CTAs of the split kernel (items of the streamed kernel).
   int num_sms = 1;        ///< The plan's SMs (the streamed kernel's CTAs, at most).
   bool pdl = false;       ///< A programmatic dependent launch.
-  bool variant = false;   ///< The variant kernel (a window or a soft cap; never streamed).
+  /// The variant (a window, a soft cap: the variant instance; never streamed).
+  catalog::Variants variants = catalog::kPlain;
 };
 
-/// Launches unit `U`'s kernel at head dim `D` for the queries' and the cache's dtypes and the
-/// launch `l` (its depth); throws `Status::kNotSupported` when the unit compiles none at `D`.
-template <int D, DecodeUnit U>
-void decode_unit_launch(const DecodeParams& p, DType q_dtype, DType kv_dtype, const DecodeLaunch& l,
-                        cudaStream_t stream);
+/// Clusters of each size (index 2..8) of a split kernel resident at once.
+using ResidentClusters = std::array<int, plan::kMaxCluster + 1>;
 
-/// Fills `f.resident_clusters` for unit `U`'s split kernel at head dim `D` (`kSplit` or `kFp8`)
-/// on the current device (`[1]`, the short-split depth, where it exists).
+/// Launches the kernel of catalog row `id` (a decode row of unit `U` at head dim `D`) for the
+/// launch `l`.
 template <int D, DecodeUnit U>
-void decode_unit_occupancy(DType q_dtype, DType kv_dtype, plan::DecodeFacts& f);
+void decode_unit_launch(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream);
+
+/// The resident clusters of split row `id`'s kernel (of unit `U` at head dim `D`) on the current
+/// device, queried once per device.
+template <int D, DecodeUnit U>
+const ResidentClusters& decode_unit_clusters(int id);
 
 #if ATTNSTATE_PROBES
 /// Probe builds only: folds unit `U`'s per-CTA timeline stamps (8 per CTA, `ctas` CTAs) into
