@@ -317,9 +317,10 @@ TEST(MergeStateInplaceArgs, DeviceAccIsRejected) {
 
 // ---- merge_states -----------------------------------------------------------------------------
 
-TEST(MergeStatesArgs, ZeroStatesAreRejected) {
+TEST(MergeStatesArgs, NegativeStateCountIsRejected) {
+  // (S = 0 is the empty state: MergeStates.NoStatesGiveTheEmptyState)
   Fixture f;
-  f.stack.num_states = 0;
+  f.stack.num_states = -1;
   expect_arg_error([&] { cpu::merge_states(f.stack, f.out.view()); }, "states.num_states");
   f.expect_outputs_untouched();
 }
