@@ -42,7 +42,7 @@ def merge_state(a_o: Tensor, a_lse: Tensor, a_base: int, b_o: Tensor, b_lse: Ten
     """(o, lse) of a ⊕ b, o in out_dtype ("" for a_o's), lse in out_base."""
     o, lse = _new_state(a_o.shape, a_lse.shape, _dtype(out_dtype, a_o), a_o)
     _C.merge_state(_state(a_o, a_lse, a_base), _state(b_o, b_lse, b_base),
-                   _state(o, lse, out_base), None)
+                   _state(o, lse, out_base), None, None)
     return o, lse
 
 

@@ -196,10 +196,28 @@ std::string dtype_name(nb::dlpack::dtype dt) {
       break;
     case nb::dlpack::dtype_code::Bool:
       return "bool";
+    case nb::dlpack::dtype_code::Float8_E3M4:
+      return "float8_e3m4";
+    case nb::dlpack::dtype_code::Float8_E4M3:
+      return "float8_e4m3";
+    case nb::dlpack::dtype_code::Float8_E4M3B11FNUZ:
+      return "float8_e4m3b11fnuz";
     case nb::dlpack::dtype_code::Float8_E4M3FN:
       return "float8_e4m3fn";
+    case nb::dlpack::dtype_code::Float8_E4M3FNUZ:
+      return "float8_e4m3fnuz";
     case nb::dlpack::dtype_code::Float8_E5M2:
       return "float8_e5m2";
+    case nb::dlpack::dtype_code::Float8_E5M2FNUZ:
+      return "float8_e5m2fnuz";
+    case nb::dlpack::dtype_code::Float8_E8M0FNU:
+      return "float8_e8m0fnu";
+    case nb::dlpack::dtype_code::Float6_E2M3FN:
+      return "float6_e2m3fn";
+    case nb::dlpack::dtype_code::Float6_E3M2FN:
+      return "float6_e3m2fn";
+    case nb::dlpack::dtype_code::Float4_E2M1FN:
+      return "float4_e2m1fn";
     default:
       return "DLPack dtype code " + std::to_string(dt.code) + " of " + std::to_string(dt.bits) +
              " bits";

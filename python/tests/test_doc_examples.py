@@ -14,8 +14,11 @@ def test_readme_quickstart_runs_and_agrees_with_one_pass(capsys):
     assert "merge of the two halves == one pass" in capsys.readouterr().out
 
 
-def test_testing_kit_to_inputs_example_runs(capsys):
+def test_testing_kit_to_inputs_example_runs(capsys, monkeypatch):
     # docs/testing_kit.md, "From Python": check_kernel with to_inputs; the example asserts that
     # float16 draws reach the kernel as float16 arrays, and check_kernel raises on a broken law.
+    # It imports numpy_attention from its own folder, as `python python/examples/...` allows;
+    # run_path does not put a file's folder on sys.path, and no other test may be relied on to.
+    monkeypatch.syspath_prepend(EXAMPLES)
     runpy.run_path(os.path.join(EXAMPLES, "kit_to_inputs.py"), run_name="__main__")
     assert "exactness" in capsys.readouterr().out
