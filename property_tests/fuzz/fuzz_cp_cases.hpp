@@ -424,7 +424,6 @@ inline i64 draw_edge(Rng& r) {
 /// (each rank at least one, sizes differing by at most one), and regions of the documented sizes,
 /// 256-aligned, disjoint and inside workspace_bytes. Returns "" or the violation.
 inline std::string check_cp_plan(const CpMergeShape& s, const CpMergePlan& p) {
-  __extension__ typedef __int128 i128;  // (GCC, Clang)
   const CpMergeShape& g = p.shape;
   if (g.world_size != s.world_size || g.rank != s.rank || g.tokens != s.tokens ||
       g.heads != s.heads || g.head_dim != s.head_dim || g.dtype != s.dtype ||
@@ -591,7 +590,6 @@ inline std::string run_plan_cp_case(Ctx& c, int nmut) {
   // either (the planner bounds the whole workspace)
   bool may_plan = false;
   if (!c.expect_reject) {
-    __extension__ typedef __int128 i128;   // (GCC, Clang)
     const auto mul = [](i128 a, i128 b) {  // saturating at 2^100 (operands >= 0)
       const i128 lim = i128{1} << 100;
       return a != 0 && b > lim / a ? lim : a * b;

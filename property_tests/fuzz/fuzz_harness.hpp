@@ -249,17 +249,18 @@ inline void fill_lses(Ctx& c, i64 off, i64 count) {
 
 /// Elements spanned by a state layout (clamped to 2^63 - 1 for mutated, huge layouts; strides
 /// and extents are taken as non-negative).
-inline i64 clamp128(__int128 x) { return x > kI64Max ? kI64Max : x < 0 ? 0 : static_cast<i64>(x); }
+__extension__ typedef __int128 i128;  // (GCC, Clang) exact sums of i64 products
+
+inline i64 clamp128(i128 x) { return x > kI64Max ? kI64Max : x < 0 ? 0 : static_cast<i64>(x); }
 inline i64 small_o_span(const StateLayout& v) {
   if (v.tokens <= 0 || v.heads <= 0 || v.head_dim <= 0) return 0;
-  return clamp128(static_cast<__int128>(v.tokens - 1) * std::max<i64>(0, v.o_stride_token) +
-                  static_cast<__int128>(v.heads - 1) * std::max<i64>(0, v.o_stride_head) +
-                  v.head_dim);
+  return clamp128(static_cast<i128>(v.tokens - 1) * std::max<i64>(0, v.o_stride_token) +
+                  static_cast<i128>(v.heads - 1) * std::max<i64>(0, v.o_stride_head) + v.head_dim);
 }
 inline i64 small_lse_span(const StateLayout& v) {
   if (v.tokens <= 0 || v.heads <= 0) return 0;
-  return clamp128(static_cast<__int128>(v.tokens - 1) * std::max<i64>(0, v.lse_stride_token) +
-                  static_cast<__int128>(v.heads - 1) * std::max<i64>(0, v.lse_stride_head) + 1);
+  return clamp128(static_cast<i128>(v.tokens - 1) * std::max<i64>(0, v.lse_stride_token) +
+                  static_cast<i128>(v.heads - 1) * std::max<i64>(0, v.lse_stride_head) + 1);
 }
 
 /// A state argument: its view (pointers as the callee sees them) and its name.
@@ -351,10 +352,10 @@ struct Range {
   i64 bytes;
 };
 inline Range o_range(const StateLayout& v, const void* o) {
-  return {o, clamp128(static_cast<__int128>(small_o_span(v)) * es(v.dtype))};
+  return {o, clamp128(static_cast<i128>(small_o_span(v)) * es(v.dtype))};
 }
 inline Range lse_range(const StateLayout& v, const void* lse) {
-  return {lse, clamp128(static_cast<__int128>(small_lse_span(v)) * 4)};
+  return {lse, clamp128(static_cast<i128>(small_lse_span(v)) * 4)};
 }
 inline bool overlap(Range a, Range b) {
   if (a.p == nullptr || b.p == nullptr || a.bytes <= 0 || b.bytes <= 0) return false;
@@ -633,10 +634,10 @@ inline TensorArg make_tensor(Ctx& c, const std::string& name, std::vector<i64> s
 }
 
 inline i64 tensor_bytes_small(const ConstTensorView& t) {
-  __int128 span = 1;
+  i128 span = 1;
   for (int i = 0; i < std::min(std::max(t.rank, 0), 4); ++i) {
     if (t.shape[i] <= 0) return 0;
-    span += static_cast<__int128>(t.shape[i] - 1) * std::max<i64>(0, t.stride[i]);
+    span += static_cast<i128>(t.shape[i] - 1) * std::max<i64>(0, t.stride[i]);
   }
   return clamp128(span * es(t.dtype));
 }

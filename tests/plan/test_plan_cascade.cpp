@@ -210,8 +210,9 @@ TEST(PlanCascade, WgmmaEligibility) {
   EXPECT_TRUE(level0(shape(16, 2, 4, 16)).wgmma);                // 64 rows
   EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);                // 16 rows
   EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);  // f16
-  if (plan::cascade_head_dim_supported(64))                      // (a build may leave it out)
+  if (plan::cascade_head_dim_supported(64)) {                    // (a build may leave it out)
     EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);  // head_dim 64
+  }
   CascadeTuning mma;
   mma.kernel = CascadeKernel::kMma;
   EXPECT_FALSE(level0(shape(64, 2, 4, 16), mma).wgmma);
