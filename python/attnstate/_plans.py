@@ -62,6 +62,24 @@ def _from_levels(levels, value, attr, fn):
     return own
 
 
+def _int_arg(value, arg, fn):
+    """A plan's integer keyword as an int (its range is the library's check), else an error
+    naming the keyword rather than the binding's signature."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(fn, arg, "an int", type(value).__name__)
+    return int(value)
+
+
+def _softmax_scale(scale, fn):
+    """The plan's `scale` as the library takes it (None: 0.0, meaning 1/sqrt(head_dim))."""
+    if scale is None:
+        return 0.0
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise error(fn, "scale", "a finite float, or None for 1/sqrt(head_dim)",
+                    type(scale).__name__)
+    return float(scale)
+
+
 def _kv_scale(scale, arg, fn):
     """A pool's dequantisation scale as the library takes it (None: 1.0), checked."""
     if scale is None:
@@ -241,17 +259,23 @@ class Cascade:
         """Plans from host levels: a CascadeLevels (what `cascade_levels` returns and
         `decide_cascade` takes; its queries come in its `.order`) or a sequence of level tuples.
         batch and page_size default to the CascadeLevels' own (required with tuples). `like`,
-        `kv_dtype`, `window_left` and `logits_soft_cap` as for Decode.plan. Returns self."""
+        `kv_dtype`, `window_left` and `logits_soft_cap` as for Decode.plan. A CPU plan checks
+        what its run would refuse (the shape, the dtype, the scale, the levels against batch,
+        q_len, page_size and num_pages), as a CUDA plan does, naming the keyword. Returns self."""
         fn = "attnstate.Cascade.plan"
         window, cap = _variant(window_left, logits_soft_cap, fn)
         device = device_of(like) if like is not None else None
-        batch = _from_levels(levels, batch, "batch", fn)
-        page_size = _from_levels(levels, page_size, "page_size", fn)
+        batch = _int_arg(_from_levels(levels, batch, "batch", fn), "batch", fn)
+        page_size = _int_arg(_from_levels(levels, page_size, "page_size", fn), "page_size", fn)
+        q_len, heads_q, heads_kv, head_dim, num_pages = (
+            _int_arg(v, k, fn) for v, k in ((q_len, "q_len"), (heads_q, "heads_q"),
+                                             (heads_kv, "heads_kv"), (head_dim, "head_dim"),
+                                             (num_pages, "num_pages")))
         self._plan = _C.plan_cascade(
             _levels(levels, fn), batch, q_len, heads_q, heads_kv, head_dim,
             page_size, num_pages, to_dtype(dtype, "dtype", fn), _kv_dtype(kv_dtype, dtype, fn),
-            0.0 if scale is None else float(scale), causal, window, cap,
-            -1 if device is None else device, num_sms)
+            _softmax_scale(scale, fn), causal, window, cap, -1 if device is None else device,
+            num_sms)
         self._shape = (batch * q_len, heads_q, head_dim)
         nbytes = self._plan.workspace_bytes
         self.workspace = empty(like, (nbytes,), "uint8") if nbytes else None

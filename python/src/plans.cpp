@@ -14,6 +14,7 @@
 
 #include "arrays.hpp"
 #include "catalog/catalog.hpp"
+#include "common/cascade_validate.hpp"
 
 namespace attnstate {
 namespace py {
@@ -382,6 +383,41 @@ std::vector<CascadeLevel> levels_of(Call& c, const std::vector<nb::tuple>& level
   return out;
 }
 
+// The checks a CPU cascade plan makes at plan time, as the CUDA plan does (named by the Python
+// keywords): what `cpu::cascade_attention` would refuse at run of queries, pools and levels of
+// this plan's shape, the levels checked by the library's own level checks. The CPU backend takes
+// any head_dim, any KV dtype, a window and an empty batch; fp8 queries are not supported.
+void check_cpu_cascade_plan(const char* fn, const PyCascadePlan& p, const CascadeLevel* levels,
+                            std::int64_t heads_kv, std::int64_t page_size, std::int64_t num_pages,
+                            DType dtype) {
+  const auto str = [](std::int64_t v) { return std::to_string(v); };
+  detail::check_min(fn, "batch", p.batch, 0);
+  if (p.q_len < 1 || p.q_len > kMaxCascadeQueryLen)
+    detail::throw_argument(fn, "q_len", "1.." + str(kMaxCascadeQueryLen), str(p.q_len));
+  detail::check_min(fn, "heads_kv", heads_kv, 1);
+  if (p.heads_q < 1 || p.heads_q % heads_kv != 0)
+    detail::throw_argument(fn, "heads_q", "a positive multiple of heads_kv = " + str(heads_kv),
+                           str(p.heads_q));
+  detail::check_min(fn, "head_dim", p.head_dim, 1);
+  detail::check_min(fn, "page_size", page_size, 1);
+  detail::check_min(fn, "num_pages", num_pages, 0);
+  if (is_fp8(dtype))
+    detail::throw_argument(fn, "dtype", "float32, float16 or bfloat16 (the queries' dtype)",
+                           to_string(dtype), Status::kNotSupported);
+  detail::resolve_scale(fn, "scale", p.options.scale, p.head_dim);
+  if (p.num_levels < 1 || p.num_levels > kMaxCascadeLevels)
+    detail::throw_argument(fn, "levels", "1.." + str(kMaxCascadeLevels) + " levels",
+                           str(p.num_levels));
+  if (p.batch == 0) return;  // a run of no requests reads no level
+  PagedKvCache pool;         // the scalars the level checks read
+  pool.page_size = page_size;
+  pool.num_pages = num_pages;
+  pool.heads_kv = heads_kv;
+  pool.head_dim = p.head_dim;
+  detail::check_cascade_levels(fn, levels, p.num_levels, p.batch, p.q_len, p.options.causal, pool,
+                               false);
+}
+
 PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t batch,
                            std::int64_t q_len, std::int64_t heads_q, std::int64_t heads_kv,
                            std::int64_t head_dim, std::int64_t page_size, std::int64_t num_pages,
@@ -404,6 +440,11 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
   p.kv_dtype = kv_dtype;
   p.options.variant =
       plan_variant("attnstate.Cascade.plan", window_left, logits_soft_cap, p.device);
+  if (!p.device) {
+    check_cpu_cascade_plan("attnstate.Cascade.plan", p, host.data(), heads_kv, page_size, num_pages,
+                           dtype);
+    return p;
+  }
   catalog::Query kernels;
   kernels.family = catalog::Family::kCascadeMma;
   kernels.q = catalog::mask(dtype);
@@ -425,8 +466,8 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
     p.plan = cuda::plan_cascade(shape, host.data(), p.num_levels, p.options, num_sms);
   }
 #else
-  (void)heads_kv, (void)page_size, (void)num_pages, (void)dtype, (void)num_sms;
-  if (p.device) device_sms(device);
+  (void)num_sms;
+  device_sms(device);
 #endif
   return p;
 }
