@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
           for (int e = 0; e < kChunk; ++e) v[e] = all_empty ? 0.f : acc[c][e] * rc.inv_sum;
           store_chunk(out + (g + c * kP) * kChunk, v, args.aligned);
         }
-        if (g == 0) args.out.lse[args.out.lse_offset(cur.token, cur.head)] = res[0].lse;
+        if (g == 0 && args.out.lse != nullptr)  // an output without an LSE
+          args.out.lse[args.out.lse_offset(cur.token, cur.head)] = res[0].lse;
       }
       cur.advance(step_tokens, step_heads, heads);
       b = 0;
