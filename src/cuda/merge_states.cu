@@ -11,6 +11,7 @@
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/few.cuh"
 #include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/odd.cuh"
 #include "cuda/kernels/merge/ragged.cuh"
 #include "cuda/kernels/merge/ring.cuh"
 #include "cuda/kernels/merge/stack.cuh"
@@ -45,14 +46,15 @@ static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels
               "the few-states kernel merges at most kFewMaxStates states");
 
 /// The kernels of `merge_states`, all giving the same bits.
-enum class StackKernel { kGeneral, kFew, kRing };
+enum class StackKernel { kGeneral, kFew, kRing, kOdd };
 
 /// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
 /// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
 /// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more
-/// than one chunk) or, at the head dims the ring kernel is compiled for and with at least one
-/// block of work per SM, to the ring kernel; everything else, and every stack or output with an
-/// fp8 `o` (their one compiled kernel), to the general kernel.
+/// than one chunk) or, with at least one block of work per SM, to the ring kernel at the head
+/// dims it is compiled for (`compiled::MergeHeadDims`) or to the odd-row kernel at the head dims
+/// whose rows are not a power of two of chunks (`compiled::MergeOddHeadDims`); everything else,
+/// and every stack or output with an fp8 `o` (their one compiled kernel), to the general kernel.
 template <class TIn, class TO>
 StackKernel pick_kernel(const kernels::RowsArgs& args) {
   if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
@@ -62,9 +64,11 @@ StackKernel pick_kernel(const kernels::RowsArgs& args) {
         args.in.num_states <= tuning::kMergeFewStates) {
       return StackKernel::kFew;
     }
-    return kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())
-               ? StackKernel::kRing
-               : StackKernel::kGeneral;
+    if (kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())) {
+      return StackKernel::kRing;
+    }
+    return kernels::use_odd<TIn, TO>(args, kernels::sm_count()) ? StackKernel::kOdd
+                                                                : StackKernel::kGeneral;
   }
 }
 
@@ -110,6 +114,8 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
           return kernels::launch_few<TI, TO>(args, stream);
         case StackKernel::kRing:
           return kernels::launch_ring<TI, TO, kernels::DefaultRingShape>(args, stream);
+        case StackKernel::kOdd:
+          return kernels::launch_odd<TI, TO>(args, stream);
         case StackKernel::kGeneral:
           break;
       }
