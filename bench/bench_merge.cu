@@ -16,6 +16,7 @@
 ///        (--states / --tokens restrict the merge_states sweep to the listed values;
 ///        --head-dims sets the head-dim section's list, default 64,80,96,128,192,256;
 ///        --only-head-dims runs the head-dim and fp8 sections alone).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,6 +67,25 @@ __global__ void fill_kernel(bfloat16_t* o, std::int64_t n_o, float* lse, std::in
 }
 
 /// A device allocation of bf16 o and fp32 LSEs for `rows` rows of (heads, head_dim).
+/// The simplest kernel moving a pairwise merge's bytes: `out = a + b` over `n` bf16 elements
+/// and `m` fp32 values, 16 bytes per thread (n a multiple of 8), one thread per 16 bytes. Its
+/// time is what any kernel reading two arrays and writing a third can reach at that size.
+__global__ void sum_reference_kernel(const uint4* a, const uint4* b, uint4* out, std::int64_t n16,
+                                     const float* la, const float* lb, float* lo, std::int64_t m) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n16) {
+    const uint4 x = a[i];
+    const uint4 y = b[i];
+    const auto* xa = reinterpret_cast<const __nv_bfloat162*>(&x);
+    const auto* ya = reinterpret_cast<const __nv_bfloat162*>(&y);
+    uint4 r;
+    auto* ra = reinterpret_cast<__nv_bfloat162*>(&r);
+    for (int k = 0; k < 4; ++k) ra[k] = __hadd2(xa[k], ya[k]);
+    out[i] = r;
+  }
+  if (i < m) lo[i] = la[i] + lb[i];
+}
+
 struct States {
   bfloat16_t* o = nullptr;
   float* lse = nullptr;
@@ -296,6 +316,23 @@ int main(int argc, char** argv) {
           },
           calls, reps);
       report(Row{"merge_state_inplace", "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
+      {
+        const std::int64_t n16 = T * kHeads * kHeadDim / 8;
+        const std::int64_t m = T * kHeads;
+        const unsigned blocks = static_cast<unsigned>((std::max(n16, m) + 255) / 256);
+        us = time_per_call_us(
+            [&](int i, cudaStream_t s) {
+              const States& x = *as[i % sets];
+              const States& y = *bs[i % sets];
+              States& z = *outs[i % sets];
+              sum_reference_kernel<<<blocks, 256, 0, s>>>(
+                  reinterpret_cast<const uint4*>(x.o), reinterpret_cast<const uint4*>(y.o),
+                  reinterpret_cast<uint4*>(z.o), n16, x.lse, y.lse, z.lse, m);
+              ATTNSTATE_CHECK_LAUNCH(s, "sum_reference_kernel");
+            },
+            calls, reps);
+        report(Row{"a+b (reference)", "-", 2, T, us, 3.0 * state_bytes / (us * 1e3), 0.0});
+      }
     };
 
     if (!only_head_dims) {

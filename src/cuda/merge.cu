@@ -1,6 +1,8 @@
 /// @file merge.cu
 /// @brief CUDA backend: the pairwise merges `merge_state` and `merge_state_inplace`.
 #include <cstdint>
+#include <iterator>
+#include <type_traits>
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
@@ -18,6 +20,51 @@ namespace v = attnstate::detail;
 
 constexpr MemorySpace kDevice = MemorySpace::kDevice;
 
+/// Chunks per thread of the whole-row pairwise kernel for `args` (`args.aligned` rows): the
+/// first of `kernels::kWholeChunks` that splits a row into a power of two of threads, 0 when
+/// none does (or its covering grid would exceed the grid limit): then the general kernel runs.
+int whole_chunks(const kernels::PairArgs& args, std::int64_t rows) {
+  if (!args.aligned) return 0;
+  for (int c : kernels::kWholeChunks) {
+    const kernels::RowSplit s = kernels::row_split(args.out.head_dim, c);
+    if (s.group * c == s.per_row && rows * s.group / kernels::kMinBlock < 0x7fffffff) return c;
+  }
+  return 0;
+}
+
+/// Launches the whole-row pairwise kernel of `kC` chunks per thread (`whole_chunks`) for `args`.
+template <class TA, class TB, class TO, int kC>
+void launch_whole(const kernels::PairArgs& args, std::int64_t rows, cudaStream_t stream) {
+  kernels::PairArgs w = args;
+  w.split = kernels::row_split(args.out.head_dim, kC);
+  const std::int64_t threads = rows * w.split.group;
+  int block = kernels::kMergeBlock;
+  while (block > kernels::kMinBlock && threads < kernels::sm_count() * std::int64_t{block}) {
+    block /= 2;
+  }
+  detail::LaunchConfig c;
+  c.grid = dim3(static_cast<unsigned>((threads + block - 1) / block));
+  c.block = dim3(static_cast<unsigned>(block));
+  c.stream = stream;
+  // Streaming the inputs past L1 pays for fp8 outputs and costs for the others (measured:
+  // bench/RESULTS.md); it needs inputs the kernel does not write.
+  if (kIsFp8<TO> && args.out.o != args.a.o && args.out.o != args.b.o) {
+    detail::launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, true>,
+                          "merge_pair_whole_kernel", w);
+  } else {
+    detail::launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, false>,
+                          "merge_pair_whole_kernel", w);
+  }
+}
+
+/// `PairArgs::aligned` for these views.
+bool pair_aligned(const ConstStateView& a, const ConstStateView& b, const StateView& out) {
+  return kernels::rows_chunked(out.head_dim) &&
+         kernels::chunk_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
+         kernels::chunk_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
+         kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
+}
+
 void launch_pair(const char* func, const ConstStateView& a, const ConstStateView& b,
                  const StateView& out, const TokenMask& mask, bool in_place, cudaStream_t stream) {
   const std::int64_t rows = out.tokens * out.heads;
@@ -29,18 +76,39 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
   args.mask = mask;
   args.in_place = in_place;
   args.split = kernels::row_split(out.head_dim, tuning::kMergePairChunks);
-  args.aligned =
-      kernels::rows_chunked(out.head_dim) &&
-      kernels::chunk_aligned(a.o, size_of(a.dtype), {a.o_stride_token, a.o_stride_head}) &&
-      kernels::chunk_aligned(b.o, size_of(b.dtype), {b.o_stride_token, b.o_stride_head}) &&
-      kernels::chunk_aligned(out.o, size_of(out.dtype), {out.o_stride_token, out.o_stride_head});
+  args.aligned = pair_aligned(a, b, out);
+  const int whole = whole_chunks(args, rows);
   kernels::dispatch_pair(func, a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
-    constexpr auto kernel = kernels::merge_pair_kernel<decltype(ta), decltype(tb), decltype(to)>;
+    using TA = decltype(ta);
+    using TB = decltype(tb);
+    using TO = decltype(to);
+    static_assert(std::size(kernels::kWholeChunks) == 2, "the chunk counts below");
+    if (whole == kernels::kWholeChunks[0]) {
+      return launch_whole<TA, TB, TO, kernels::kWholeChunks[0]>(args, rows, stream);
+    }
+    if (whole == kernels::kWholeChunks[1]) {
+      return launch_whole<TA, TB, TO, kernels::kWholeChunks[1]>(args, rows, stream);
+    }
+    constexpr auto kernel = kernels::merge_pair_kernel<TA, TB, TO>;
     kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
   });
 }
 
 }  // namespace
+
+namespace detail {
+
+bool merge_state_whole_path(const ConstStateView& a, const ConstStateView& b,
+                            const StateView& out) {
+  kernels::PairArgs args;
+  args.a = a;
+  args.b = b;
+  args.out = out;
+  args.aligned = pair_aligned(a, b, out);
+  return whole_chunks(args, out.tokens * out.heads) != 0;
+}
+
+}  // namespace detail
 
 void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t stream) {
   merge_state(a, b, out, TokenMask{}, stream);

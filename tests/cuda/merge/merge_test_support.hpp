@@ -26,6 +26,9 @@ namespace detail {
 /// Test hook defined in src/cuda/merge_states.cu: true when `merge_states(states, out)` runs a
 /// fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out);
+/// Test hook defined in src/cuda/merge.cu: true when `merge_state(a, b, out)` (or the in-place
+/// merge of `out` with `b`, `a` being `out`) runs the whole-row kernel, not the general one.
+bool merge_state_whole_path(const ConstStateView& a, const ConstStateView& b, const StateView& out);
 }  // namespace detail
 }  // namespace cuda
 }  // namespace attnstate
@@ -100,6 +103,10 @@ inline float load_elem(const void* p, DType dt, std::int64_t i) {
       return attnstate::to_float(static_cast<const attnstate::half_t*>(p)[i]);
     case DType::kBF16:
       return attnstate::to_float(static_cast<const attnstate::bfloat16_t*>(p)[i]);
+    case DType::kE4M3:
+      return attnstate::to_float(static_cast<const attnstate::float8_e4m3_t*>(p)[i]);
+    case DType::kE5M2:
+      return attnstate::to_float(static_cast<const attnstate::float8_e5m2_t*>(p)[i]);
     default:
       return static_cast<const float*>(p)[i];
   }
@@ -324,6 +331,10 @@ inline float rel_tol(DType dt) {
       return 1.f / 1024.f;
     case DType::kBF16:
       return 1.f / 128.f;
+    case DType::kE4M3:  // one rounding of 3 mantissa bits
+      return 1.f / 8.f;
+    case DType::kE5M2:
+      return 1.f / 4.f;
     default:
       return 2e-5f;
   }
