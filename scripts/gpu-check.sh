@@ -212,7 +212,7 @@ fi
 if [ "${GPU_PYTHON:-1}" = 1 ]; then
   t0=$(date +%s)
   PY_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a ${prefix[*]}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    python/run_tests.sh "${GPU_PYTHON_EXE:-python3}" "$PWD/$BUILD-py" -rs >"$LOG/pytest.log" 2>&1 ||
+    python/run_tests.sh "${GPU_PYTHON_EXE:-python3}" "$PWD/$BUILD-py" -rfEs >"$LOG/pytest.log" 2>&1 ||
     status=1
   say "pytest (CUDA package): $(tail -1 "$LOG/pytest.log") ($(( $(date +%s) - t0 )) s)"
   grep -E "^(FAILED|ERROR|SKIPPED)" "$LOG/pytest.log" | head -40 | tee -a "$SUMMARY"
