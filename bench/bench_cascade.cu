@@ -19,8 +19,9 @@
 ///        printed last: "fold" or "merge", the decode beside the prefix and a merge launch);
 ///        `--page n` sets the tokens per page (16 by default); `--scatter` places the shared
 ///        prefix's pages in a random order of the pool (by default they are in id order, so
-///        every KV tile of the prefix is one run of consecutive pages); `--stream n` sets (1) or
-///        clears (0) `DecodePlan::streamed` of a one-split suffix decode (the streamed kernel).
+///        every KV tile of the prefix is one run of consecutive pages); `--stream n` plans a
+///        one-split suffix decode again with `CascadeTuning::decode_kernel = kStreamed` (1) or
+///        `kSplit` (0) (the streamed kernel takes no soft cap: then kept as planned).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -143,8 +144,8 @@ struct Explore {
 int g_decode_sms = -1;
 /// `CascadeTuning::decode_fold` of every plan (`--decode-fold`; -1 automatic).
 int g_decode_fold = -1;
-/// `--stream n`: sets (1) or clears (0) `DecodePlan::streamed` of a one-split decode level
-/// (-1: the automatic choice).
+/// `--stream n`: a one-split decode level planned on the streamed (1) or the split (0) kernel
+/// (`CascadeTuning::decode_kernel`; -1: the automatic choice).
 int g_stream = -1;
 
 Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStream_t stream,
@@ -244,8 +245,11 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   CascadeOptions copt;
   copt.variant.logits_soft_cap = g_soft_cap;
   cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
-  if (g_stream >= 0 && plan.levels[1].decode && plan.last_decode.splits.max_splits == 1)
-    plan.last_decode.streamed = g_stream == 1;
+  if (g_stream >= 0 && plan.levels[1].decode && plan.last_decode.splits().max_splits == 1 &&
+      (g_stream == 0 || g_soft_cap == 0.f)) {
+    tuning.decode_kernel = g_stream == 1 ? DecodeKernel::kStreamed : DecodeKernel::kSplit;
+    plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
+  }
   const cuda::CascadePlan flat_plan = cuda::plan_cascade(shape, &h_flat, 1, copt, num_sms);
   cuda::CascadeTuning mma_only;
   mma_only.kernel = cuda::CascadeKernel::kMma;

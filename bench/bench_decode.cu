@@ -20,11 +20,11 @@
 /// call l reading its own cache (layer l's pages, inputs rotated: n caches, at least 256 MiB in
 /// all, never the same bytes twice in a replay), the graph replayed after an L2 flush; prints
 /// the time per call (launch gaps inside the graph included, no host launch latency); points
-/// whose caches would take more than 4 GiB skip it; `--programmatic` sets
-/// `DecodePlan::programmatic_launch` on every plan (consecutive calls then overlap their
-/// launches, e.g. in the layer loop); `--stream 0|1` clears or sets `DecodePlan::streamed` on
-/// every plan without split requests (default: the automatic choice); `--explore` also times
-/// the one-split plan on the streamed kernel (`s1st`).
+/// whose caches would take more than 4 GiB skip it; `--programmatic` plans every decode with
+/// `DecodeOptions::programmatic_launch` (consecutive calls then overlap their launches, e.g. in
+/// the layer loop); `--stream 0|1` plans every decode without split requests again with
+/// `DecodeOptions::kernel = kSplit` or `kStreamed` (the same split layout; default: the
+/// automatic choice); `--explore` also times the one-split plan on the streamed kernel (`s1st`).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
       const StateView out = make_state_view(o, DType::kBF16, lse, batch, hq, kHeadDim,
                                             LseBase::kNatural, MemorySpace::kDevice);
       DecodeOptions opt;
+      opt.programmatic_launch = programmatic;
       if (force_splits > 0) {
         opt.policy = SplitPolicy::kFixedCount;
         opt.num_splits = force_splits;
@@ -372,12 +373,19 @@ int main(int argc, char** argv) {
                        : quick      ? 15
                                     : (kv_bytes > (std::int64_t{1} << 31) ? 20 : 60);
       cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), opt, bench.num_sms);
-      plan.programmatic_launch = programmatic;
-      if (stream_mode >= 0 && plan.splits.max_splits == 1) plan.streamed = stream_mode == 1;
+      if (stream_mode >= 0 && plan.splits().max_splits == 1) {
+        DecodeOptions so = opt;  // the same single split, on the kernel asked for
+        so.kernel = stream_mode == 1 ? DecodeKernel::kStreamed : DecodeKernel::kSplit;
+        if (plan.splits().policy == SplitPolicy::kFixedSize) {
+          so.policy = SplitPolicy::kFixedSize;
+          so.split_size = plan.splits().split_size;
+        }
+        plan = cuda::plan_decode(pr, lens.data(), so, bench.num_sms);
+      }
       if (explore) {
         // Split counts at this point (time in µs).
         std::printf("explore %d/%d b%d %s (auto %d):", hq, kHeadsKv, batch, ctx_str(ctx).c_str(),
-                    plan.splits.splits_for(ctx));
+                    plan.splits().splits_for(ctx));
         for (int ns : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 33, 40, 48, 49, 64, 66, 132}) {
           if (ns > 1 && std::int64_t{ctx} / ns < 32) continue;
           // Fixed split size (the policy the automatic plan resolves to): ns splits of equal
@@ -397,9 +405,10 @@ int main(int argc, char** argv) {
               reps, [&] { cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream); });
           std::printf(" s%d=%.1f", ns, et);
           if (ns == 1) {
-            ep.streamed = true;
+            eo.kernel = DecodeKernel::kStreamed;
+            const cuda::DecodePlan sp = cuda::plan_decode(pr, lens.data(), eo, bench.num_sms);
             const double st = bench.time_us(
-                reps, [&] { cuda::run_decode(ep, qv, kv, out, ews, eb, bench.stream); });
+                reps, [&] { cuda::run_decode(sp, qv, kv, out, ews, eb, bench.stream); });
             std::printf(" s1st=%.1f", st);
           }
           ATTNSTATE_CUDA_CHECK(cudaFree(ews));
@@ -417,8 +426,8 @@ int main(int argc, char** argv) {
         ATTNSTATE_CUDA_CHECK(cudaMalloc(&tws, tb));
         cuda::init_decode_workspace(plan, tws, tb, bench.stream);
         const int ctas = static_cast<int>(std::min<std::int64_t>(
-            16384, std::int64_t{batch} * kHeadsKv * plan.row_tiles * plan.splits.max_splits));
-        const int S = plan.splits.max_splits;
+            16384, std::int64_t{batch} * kHeadsKv * plan.row_tiles() * plan.splits().max_splits));
+        const int S = plan.splits().max_splits;
         std::vector<unsigned long long> tl(static_cast<std::size_t>(ctas) * 8);
         attnstate_decode_timeline(tl.data(), ctas);  // clears
         for (int rep = 0; rep < 3; ++rep) {
@@ -548,8 +557,8 @@ int main(int argc, char** argv) {
       DecodeOptions one;
       one.policy = SplitPolicy::kFixedCount;
       one.num_splits = 1;
-      cuda::DecodePlan plan1 = cuda::plan_decode(pr, lens.data(), one, bench.num_sms);
-      plan1.programmatic_launch = programmatic;
+      one.programmatic_launch = programmatic;
+      const cuda::DecodePlan plan1 = cuda::plan_decode(pr, lens.data(), one, bench.num_sms);
       void* ws = nullptr;
       const std::size_t ws_bytes = std::max<std::size_t>(256, plan.workspace_bytes());
       ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
@@ -558,7 +567,7 @@ int main(int argc, char** argv) {
           reps, [&] { cuda::run_decode(plan, qv, kv, out, ws, ws_bytes, bench.stream); });
       double comb = 0;  // the merge's share: only a probe build can leave the merge out
 #if ATTNSTATE_PROBES
-      if (plan.splits.max_splits > 1) {
+      if (plan.splits().max_splits > 1) {
         const double ts = bench.time_us(reps, [&] {
           cuda::probe::run_decode_skip_combine(plan, qv, kv, out, ws, ws_bytes, bench.stream);
         });
@@ -575,11 +584,12 @@ int main(int argc, char** argv) {
       const double gbps1 = no_s1 ? 0.0 : kv_bytes / (t1 * 1e-6) / 1e9;
       const Anchor* a = find_anchor(hq, batch, ctx);
       char splits_s[32];
-      if (plan.splits.policy == SplitPolicy::kFixedSize)
-        std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.splits_for(ctx));
+      if (plan.splits().policy == SplitPolicy::kFixedSize)
+        std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits().splits_for(ctx));
       else
-        std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits.num_splits);
-      if (plan.streamed) std::snprintf(splits_s, sizeof splits_s, "1st");  // streamed kernel
+        std::snprintf(splits_s, sizeof splits_s, "%d", plan.splits().num_splits);
+      if (plan.kernel() == DecodeKernel::kStreamed)
+        std::snprintf(splits_s, sizeof splits_s, "1st");  // streamed kernel
       std::printf(
           "%3d/%-2d %6d %6s %8.0f %6s %9.1f %7.0f %5.0f%% %5.1f%% %9.1f %7.0f %6.2fx "
           "%5.0f %-5s %6.2fx\n",

@@ -182,9 +182,9 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
 }
 
 std::string plan_str(const cuda::DecodePlan& p) {
-  if (p.streamed) return "streamed";
-  return std::to_string(p.splits.max_splits) + "x" + std::to_string(p.splits.split_size) + "/c" +
-         std::to_string(p.split.cluster);
+  if (p.kernel() == DecodeKernel::kStreamed) return "streamed";
+  return std::to_string(p.splits().max_splits) + "x" + std::to_string(p.splits().split_size) +
+         "/c" + std::to_string(p.split_launch().cluster);
 }
 
 double gbps(const Shape& s, double us) { return s.kv_bytes() / (us * 1e-6) / 1e9; }

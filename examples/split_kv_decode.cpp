@@ -84,7 +84,7 @@ int main() {
     const attnstate::cuda::DecodePlan plan =
         attnstate::cuda::plan_decode(pr, lens.data(), opt, sms);
     //! [decode-plan]
-    splits = plan.splits.splits_for(static_cast<std::int32_t>(len_a));
+    splits = plan.splits().splits_for(static_cast<std::int32_t>(len_a));
     void *dq, *dk, *dv, *ws, *doa;
     std::int32_t *dt, *dl;
     float* dla;

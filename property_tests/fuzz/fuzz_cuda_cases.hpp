@@ -20,6 +20,7 @@
 #include "attnstate/cuda/decode.hpp"
 #include "compiled_dims.hpp"
 #include "fuzz_producer_cases.hpp"
+#include "plan/decode_plan_access.hpp"
 
 namespace attnstate_fuzz {
 
@@ -341,83 +342,65 @@ inline Built build_cuda_decode(Ctx& c, int nmut, int num_sms) {
         }
         return ok;
       },
-      // edited plans: what run_decode checks
+      // plans that do not fit the run: what run_decode checks (a plan cannot be edited; a plan
+      // of another problem, of another build or made by no planner can be passed)
       [&] {
         if (!c.touch("plan#problem")) return false;
-        const int f = static_cast<int>(r.range(0, 6));
-        attnstate::DecodeProblem& p = plan->problem;
-        if (f == 0) p.batch = r.coin(50) ? -1 : batch - 1;
-        if (f == 1) p.q_len = r.pick<i64>({0, 9, qlen + 1});
-        if (f == 2) p.heads_q = r.coin(50) ? hq + hkv : hq + 1;
-        if (f == 3) p.heads_kv = r.pick<i64>({0, hkv + 1});
-        if (f == 4) p.head_dim = r.pick<i64>({32, 96, 512, d == 64 ? 128 : 64});
-        if (f == 5) p.kv_dtype = p.q_dtype = dt == DType::kF16 ? DType::kBF16 : DType::kF16;
-        if (f == 6) p.q_dtype = r.coin(50) ? DType::kF32 : static_cast<DType>(r.range(5, 255));
-        c.reject("plan.problem field " + std::to_string(f) + " edited",
-                 {"problem", "plan", "kv.batch", "q.shape", "kv.heads_kv", "kv.head_dim", "q.dtype",
-                  "kv.dtype", "splits", "workspace", "workspace_bytes"});
-        return true;
-      },
-      [&] {
-        if (!c.touch("plan#splits")) return false;
-        attnstate::SplitLayout& s = plan->splits;
-        const int f = static_cast<int>(r.range(0, 3));
-        if (f == 0) s.max_splits = static_cast<std::int32_t>(r.pick<i64>({0, -1, 513, INT32_MAX}));
-        if (f == 1)
-          s.policy = r.coin(50) ? attnstate::SplitPolicy::kAuto
-                                : static_cast<attnstate::SplitPolicy>(r.range(3, 255));
-        if (f == 2) {
-          s.policy = attnstate::SplitPolicy::kFixedCount;
-          s.num_splits = static_cast<std::int32_t>(r.pick<i64>({0, -1, 513}));
-        }
-        if (f == 3) {
-          s.policy = attnstate::SplitPolicy::kFixedSize;
-          s.split_size = static_cast<std::int32_t>(r.pick<i64>({0, -16, 17, 8}));
-        }
-        c.reject("plan.splits edited (invalid)", {"splits", "plan.splits"});
-        return true;
-      },
-      [&] {
-        if (!c.touch("plan#derived")) return false;
-        if (r.coin(50) || plan->splits.max_splits == 1) {
-          plan->row_tiles += static_cast<int>(r.pick<i64>({-1, 1, 1000}));
-          c.reject("plan.row_tiles edited", {"plan.row_tiles"});
-        } else {
-          plan->streamed = true;
-          c.reject("plan.streamed with max_splits > 1", {"plan.streamed"});
-        }
-        return true;
-      },
-      [&] {
-        if (!c.touch("plan#scale")) return false;
-        plan->scale = r.pick<float>({NAN, INFINITY, -INFINITY});
-        c.reject("plan.scale = " + std::to_string(plan->scale), {"plan.scale"});
-        return true;
-      },
-      // edited plans the library cannot tell from real ones: must stay memory-safe
-      [&] {
-        if (!c.touch("plan#soft")) return false;
-        attnstate::SplitLayout& s = plan->splits;
         const int f = static_cast<int>(r.range(0, 4));
-        // one edit per field group: a soft edit never undoes a hard one
-        if (f <= 1 && !c.touch("plan#splits")) return false;
-        if (f == 3 && !c.touch("plan#derived")) return false;
-        if (f == 0) s.policy = attnstate::SplitPolicy::kFixedCount, s.num_splits = 512;
-        if (f == 1) s.policy = attnstate::SplitPolicy::kFixedSize, s.split_size = 16;
-        if (f == 2) plan->num_sms = static_cast<int>(r.pick<i64>({0, -1, 1, 100000}));
-        if (f == 3 && s.max_splits == 1) plan->streamed = !plan->streamed;
-        if (f == 4) plan->programmatic_launch = !plan->programmatic_launch;
-        soft(c, "plan field edited (soft " + std::to_string(f) + ")", {"plan", "splits"});
+        attnstate::DecodeProblem p = pr;
+        if (f == 0) {
+          if (batch < 1) return false;
+          p.batch = batch - 1;
+        }
+        if (f == 1) p.q_len = qlen == 8 ? 7 : qlen + 1;
+        if (f == 2) p.heads_q = hq + hkv;
+        if (f == 3) {
+          const std::vector<i64> dims = attnstate_test::decode_head_dims();
+          if (dims.size() < 2) return false;
+          p.head_dim = dims[0] == d ? dims[1] : dims[0];
+        }
+        if (f == 4) p.kv_dtype = p.q_dtype = dt == DType::kF16 ? DType::kBF16 : DType::kF16;
+        *plan = attnstate::cuda::plan_decode(p, tb->lens.data(), o, sms);
+        c.reject("a plan of another problem (field " + std::to_string(f) + ")",
+                 {"plan", "kv.batch", "q.shape", "kv.heads_kv", "kv.head_dim", "q.dtype",
+                  "kv.dtype", "workspace", "workspace_bytes"});
         return true;
       },
-      [&] {  // more splits than planned: a workspace too small for them
-        if (plan->splits.max_splits >= 512 || !c.touch("plan#splits")) return false;
-        plan->splits.max_splits += static_cast<std::int32_t>(r.range(1, 3));
+      [&] {
+        if (!c.touch("plan#problem")) return false;
+        if (r.coin(50)) {
+          attnstate::cuda::detail::DecodePlanAccess::data(*plan).catalog_fingerprint ^=
+              std::uint64_t{1} << r.range(0, 63);
+          c.reject("a plan of another kernel catalog (fingerprint forged)", {"plan"});
+        } else {
+          *plan = attnstate::cuda::DecodePlan{};
+          c.reject("a default-constructed plan", {"plan"});
+        }
+        return true;
+      },
+      // the hand choices of the options: plans of the same layout, which must run
+      [&] {
+        if (!c.touch("plan#problem")) return false;
+        attnstate::DecodeOptions h = o;
+        const int f = static_cast<int>(r.range(0, 2));
+        if (f == 0) h.programmatic_launch = true;
+        if (f == 1) h.kernel = attnstate::DecodeKernel::kSplit;
+        if (f == 2) h.split_cluster = 1;  // the workspace merge without groups
+        *plan = attnstate::cuda::plan_decode(pr, tb->lens.data(), h, sms);
+        c.note("plan with the hand choice " + std::to_string(f));
+        return true;
+      },
+      [&] {  // more splits than the workspace was sized for
+        if (plan->splits().max_splits >= 500 || !c.touch("plan#problem")) return false;
+        attnstate::DecodeOptions more_splits = o;
+        more_splits.policy = attnstate::SplitPolicy::kFixedCount;
+        more_splits.num_splits = plan->splits().max_splits + static_cast<int>(r.range(1, 3));
+        *plan = attnstate::cuda::plan_decode(pr, tb->lens.data(), more_splits, sms);
         if (plan->workspace_bytes() > ws->bytes && checked)
-          c.reject("plan.splits.max_splits raised past the workspace",
-                   {"workspace_bytes", "workspace", "plan.streamed"}, false);
+          c.reject("a plan of more splits than the workspace holds",
+                   {"workspace_bytes", "workspace"}, false);
         else
-          soft(c, "plan.splits.max_splits raised", {"plan.streamed"});
+          soft(c, "a plan of more splits");
         return true;
       },
   };
@@ -441,10 +424,10 @@ inline Built build_cuda_decode(Ctx& c, int nmut, int num_sms) {
   c.note(describe(kv, c) + " seq_lens (drawn):" + ls + (tb->csr ? " csr" : " block table"));
   c.note(describe(*q, c));
   c.note(describe(*out, c));
-  c.note("plan: max_splits " + std::to_string(plan->splits.max_splits) + ", policy " +
-         std::to_string(static_cast<int>(plan->splits.policy)) + ", streamed " +
-         std::to_string(plan->streamed) + ", workspace " + std::to_string(need) + " B @" +
-         str(ws->p ? c.off_of(ws->p) : -1) + " passed " + std::to_string(ws->bytes));
+  c.note("plan: max_splits " + std::to_string(plan->splits().max_splits) + ", policy " +
+         std::to_string(static_cast<int>(plan->splits().policy)) + ", " + plan->to_string() +
+         ", workspace " + std::to_string(need) + " B @" + str(ws->p ? c.off_of(ws->p) : -1) +
+         " passed " + std::to_string(ws->bytes));
   return {"attnstate::cuda::run_decode", [plan, q, pool, tb, out, ws] {
             attnstate::cuda::run_decode(*plan, q->t, pool->kv, out->v, ws->p, ws->bytes);
           }};
@@ -506,8 +489,8 @@ inline Built build_cuda_init_workspace(Ctx& c, int nmut, int num_sms) {
     c.allow(c.off_of(ws->p), static_cast<i64>(std::min<std::size_t>(ws->bytes, need)));
   c.note("batch " + str(pr.batch) + ", q_len " + str(pr.q_len) + ", heads " + str(pr.heads_q) +
          "/" + str(pr.heads_kv) + ", head_dim " + str(pr.head_dim) + ", max_splits " +
-         std::to_string(plan->splits.max_splits) + ", need " + std::to_string(need) + ", passed " +
-         std::to_string(ws->bytes));
+         std::to_string(plan->splits().max_splits) + ", need " + std::to_string(need) +
+         ", passed " + std::to_string(ws->bytes));
   return {"attnstate::cuda::init_decode_workspace",
           [plan, ws] { attnstate::cuda::init_decode_workspace(*plan, ws->p, ws->bytes); }};
 }

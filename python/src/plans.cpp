@@ -514,13 +514,13 @@ void bind_plans(nb::module_& m) {
       .def_prop_ro("max_splits",
                    [](const PyDecodePlan& p) {
 #if defined(ATTNSTATE_HAS_CUDA)
-                     if (p.device) return p.plan.splits.max_splits;
+                     if (p.device) return p.plan.splits().max_splits;
 #endif
                      return 0;
                    })
       .def_prop_ro("streamed", [](const PyDecodePlan& p) {
 #if defined(ATTNSTATE_HAS_CUDA)
-        if (p.device) return p.plan.streamed;
+        if (p.device) return p.plan.kernel() == DecodeKernel::kStreamed;
 #endif
         return false;
       });

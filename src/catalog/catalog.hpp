@@ -305,6 +305,43 @@ constexpr std::array<Row, kNumRows> expand() {
 /// The rows: every compiled attention kernel instance of this build.
 inline constexpr std::array<Row, kNumRows> kRows = detail::expand();
 
+namespace detail {
+
+/// FNV-1a over the bytes of `v` (little-endian, 8 bytes).
+constexpr std::uint64_t hash(std::uint64_t h, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xFF)) * 0x100000001B3ull;
+  return h;
+}
+
+constexpr std::uint64_t fingerprint() {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  h = hash(h, static_cast<std::uint64_t>(kNumRows));
+  for (const Row& r : kRows) {
+    const std::uint64_t fields[] = {static_cast<std::uint64_t>(r.family),
+                                    static_cast<std::uint64_t>(r.head_dim),
+                                    static_cast<std::uint64_t>(r.q),
+                                    static_cast<std::uint64_t>(r.kv),
+                                    r.out,
+                                    r.variants,
+                                    static_cast<std::uint64_t>(r.stages),
+                                    static_cast<std::uint64_t>(r.tile_rows),
+                                    static_cast<std::uint64_t>(r.tile_keys),
+                                    static_cast<std::uint64_t>(r.kv_align),
+                                    r.needs,
+                                    static_cast<std::uint64_t>(r.fallback)};
+    for (std::uint64_t f : fields) h = hash(h, f);
+  }
+  return h;
+}
+
+}  // namespace detail
+
+/// The catalog's fingerprint: a hash of every row's fields, in order. A plan records it with the
+/// kernel ids it holds (indices into `kRows`), and a run refuses a plan whose fingerprint differs
+/// (one made by a build with another catalog, whose ids name other kernels).
+inline constexpr std::uint64_t kFingerprint = detail::fingerprint();
+static_assert(kFingerprint != 0, "0 marks a plan that no planner made");
+
 /// A request: a family and what must hold (0 / `kAnyDType`: anything).
 struct Query {
   Family family = Family::kDecodeSplit;

@@ -36,11 +36,12 @@ using Kernel = CascadeLevelKernel;
 /// The caller named by the dispatch's errors (values the checks already accepted).
 constexpr const char* kCascadeFn = "attnstate::cuda::run_cascade";
 
-/// The plan's soft cap agrees with its decode level's (the plan is a public struct).
+/// The plan's soft cap agrees with its decode level's (the cascade plan is a public struct: its
+/// decode plan may be another plan's).
 void check_plan_variant(const char* func, const CascadePlan& plan) {
   if (plan.levels[plan.num_levels - 1].decode &&
-      (plan.last_decode.variant.logits_soft_cap != plan.logits_soft_cap ||
-       plan.last_decode.variant.window_left != kNoWindow))
+      (plan.last_decode.variant().logits_soft_cap != plan.logits_soft_cap ||
+       plan.last_decode.variant().window_left != kNoWindow))
     throw_argument(
         func, "plan.last_decode.variant",
         "no window and the cap of plan.logits_soft_cap = " + std::to_string(plan.logits_soft_cap),
@@ -270,7 +271,7 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   const auto plan_decode_level = [&decode](const DecodeProblem& problem, const std::int32_t* lens,
                                            const DecodeOptions& dopt, int sms) {
     decode = plan_decode(problem, lens, dopt, sms);
-    return plan::CascadeDecodeLevel{decode.splits, decode.row_tiles};
+    return plan::CascadeDecodeLevel{decode.splits(), decode.row_tiles()};
   };
   CascadePlan plan;
   static_cast<CascadeChoice&>(plan) =
@@ -284,7 +285,7 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
                        const PagedKvCache& kv, const CascadeLevel& device_level, void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_level";
-  plan::check_cascade_plan(func, plan, plan.last_decode.problem);
+  plan::check_cascade_plan(func, plan, plan.last_decode.problem());
   check_plan_variant(func, plan);
   if (level < 0 || level >= plan.num_levels)
     throw_argument(func, "level", "0.." + cascade_str(plan.num_levels - 1), cascade_str(level));
@@ -316,7 +317,7 @@ void run_cascade_merge(const CascadePlan& plan, StateView out, const void* works
 void run_cascade_merge(const CascadePlan& plan, const AttentionSinks& sinks, StateView out,
                        const void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_merge";
-  plan::check_cascade_plan(func, plan, plan.last_decode.problem);
+  plan::check_cascade_plan(func, plan, plan.last_decode.problem());
   check_plan_variant(func, plan);
   check_cascade_plan_out(func, plan, out);
   check_cascade_workspace(func, plan.workspace_bytes(), workspace, workspace_bytes, &out);
@@ -335,7 +336,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                  const CascadeLevel* device_levels, int num_levels, const AttentionSinks& sinks,
                  StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade";
-  plan::check_cascade_plan(func, plan, plan.last_decode.problem);
+  plan::check_cascade_plan(func, plan, plan.last_decode.problem());
   check_plan_variant(func, plan);
   if (device_levels == nullptr)
     throw_argument(func, "device_levels", "a non-null pointer", "nullptr");

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/launch.hpp"
 #include "plan/decode_plan.hpp"
+#include "plan/decode_plan_access.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -31,6 +33,8 @@ namespace {
 
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
+using detail::DecodePlanAccess;
+using detail::DecodePlanData;
 
 /// The caller named by the launch's errors (values the checks already accepted).
 constexpr const char* kRunFn = "attnstate::cuda::run_decode";
@@ -111,11 +115,11 @@ void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, plan::DecodeFa
 }
 
 /// The planner's facts as a plan recorded them.
-plan::DecodeFacts recorded_facts(const DecodePlan& plan) {
-  plan::DecodeFacts f = plan::decode_kernel_facts(plan.problem.head_dim, kv_bytes(plan.problem));
+plan::DecodeFacts recorded_facts(const DecodePlanData& d) {
+  plan::DecodeFacts f = plan::decode_kernel_facts(d.problem.head_dim, kv_bytes(d.problem));
   for (int s = 0; s < 2; ++s)
     for (int c = 0; c <= plan::kMaxCluster; ++c)
-      f.resident_clusters[s][c] = plan.resident_clusters[s][c];
+      f.resident_clusters[s][c] = d.resident_clusters[s][c];
   return f;
 }
 
@@ -130,16 +134,16 @@ struct WorkspaceLayout {
   std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
 };
 
-WorkspaceLayout workspace_layout(const DecodePlan& plan) {
+WorkspaceLayout workspace_layout(const DecodePlanData& d) {
   WorkspaceLayout w;
-  if (plan.splits.max_splits <= 1) return w;
-  const std::size_t tiles = static_cast<std::size_t>(plan.problem.batch) *
-                            static_cast<std::size_t>(plan.problem.heads_kv) *
-                            static_cast<std::size_t>(plan.row_tiles);
+  if (d.splits.max_splits <= 1) return w;
+  const std::size_t tiles = static_cast<std::size_t>(d.problem.batch) *
+                            static_cast<std::size_t>(d.problem.heads_kv) *
+                            static_cast<std::size_t>(d.row_tiles);
   const std::size_t parts =
-      tiles * static_cast<std::size_t>(plan.splits.max_splits) * detail::kDecodeTileRows;
+      tiles * static_cast<std::size_t>(d.splits.max_splits) * detail::kDecodeTileRows;
   w.o_off = 0;
-  w.lse_off = align_up(parts * static_cast<std::size_t>(plan.problem.head_dim) * 4);
+  w.lse_off = align_up(parts * static_cast<std::size_t>(d.problem.head_dim) * 4);
   w.ticket_off = w.lse_off + align_up(parts * 4);
   w.total = w.ticket_off + align_up(tiles * 4);
   return w;
@@ -147,16 +151,18 @@ WorkspaceLayout workspace_layout(const DecodePlan& plan) {
 
 using detail::DecodeLaunch;
 
-/// Launches what `l` says: the catalog row of the problem's head dim and dtypes, the plan's
-/// kernel (streamed or split), its depth and variant, through the launch table keyed by its
-/// kernel id (the row's unit dispatches nothing more).
-void launch(const detail::DecodeParams& p, const DecodeProblem& pr, const DecodeLaunch& l,
+/// Launches what `l` says: the catalog row the plan recorded for it (the streamed row, or the
+/// split row at the run's depth), through the launch table keyed by its kernel id (the row's
+/// unit dispatches nothing more).
+void launch(const detail::DecodeParams& p, const DecodePlanData& d, const DecodeLaunch& l,
             cudaStream_t stream) {
-  catalog::Query q = split_row(pr.head_dim, pr.q_dtype, pr.kv_dtype, l.streamed ? 0 : l.stages);
-  if (l.streamed) q.family = catalog::Family::kDecodeStream;
-  q.variants = l.variants;
-  const int id = catalog::find_id(q);
-  if (id < 0) not_compiled(q);
+  const int id = l.streamed ? d.kernel_id : d.split_ids[l.stages == detail::kDecodeStages ? 0 : 1];
+  if (id < 0) {  // the planner resolves only depths it found rows for
+    catalog::Query q =
+        split_row(d.problem.head_dim, d.problem.q_dtype, d.problem.kv_dtype, l.stages);
+    q.variants = l.variants;
+    not_compiled(q);
+  }
   kDecodeTable[static_cast<std::size_t>(id)].launch(id, p, l, stream);
 }
 
@@ -181,58 +187,67 @@ void check_scale_memory(const char* fn, const char* name, const float* scales,
                    a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory");
 }
 
+/// Throws naming `plan` unless the plan was made by `plan_decode` of this build: its kernel ids
+/// index this build's catalog.
+void check_fingerprint(const char* fn, const DecodePlanData& d) {
+  if (d.catalog_fingerprint == catalog::kFingerprint) return;
+  char want[40], got[40];
+  std::snprintf(want, sizeof want, "%016llx",
+                static_cast<unsigned long long>(catalog::kFingerprint));
+  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(d.catalog_fingerprint));
+  throw_argument(fn, "plan",
+                 std::string("a plan from plan_decode of this build (kernel catalog fingerprint ") +
+                     want + ")",
+                 d.catalog_fingerprint == 0
+                     ? std::string("a plan no planner made (default-constructed)")
+                     : std::string("a plan of another kernel catalog (fingerprint ") + got + ")");
+}
+
+/// The checks of a run: what can differ from the plan (the plan itself is as `plan_decode` made
+/// it, its fingerprint checked first).
 CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorView& q,
                      const PagedKvCache& kv, const StateView& out, void* workspace,
                      std::size_t workspace_bytes, const detail::PriorStates& prior) {
   CheckedRun r;
-  const DecodeProblem& pr = plan.problem;
-  plan::check_decode_problem(fn, pr);
-  attnstate::detail::validate_split_layout(fn, plan.splits);
-  r.scale = attnstate::detail::resolve_scale(fn, "plan.scale", plan.scale, pr.head_dim);
-  attnstate::detail::check_variant(fn, "plan.variant", plan.variant);
+  const DecodePlanData& d = DecodePlanAccess::data(plan);
+  check_fingerprint(fn, d);
+  const DecodeProblem& pr = d.problem;
   if (prior.count > 0) {  // a split instance takes the variant and the prior states
     catalog::Query c;
     c.family = catalog::Family::kDecodeSplit;
     c.head_dim = pr.head_dim;
     c.q = catalog::mask(pr.q_dtype);
     c.kv = catalog::mask(pr.kv_dtype);
-    c.variants = catalog::variants_of(plan.variant.window_left, plan.variant.logits_soft_cap) |
+    c.variants = catalog::variants_of(d.variant.window_left, d.variant.logits_soft_cap) |
                  catalog::kPriorStates;
     if (!catalog::compiled(c))
-      throw_argument(fn, "plan.variant", catalog::not_supported_message(c),
+      throw_argument(fn, "plan.variant()", catalog::not_supported_message(c),
                      catalog::variants_string(c.variants), Status::kNotSupported);
   }
   const std::int64_t pool_bytes =
       attnstate::detail::validate_decode_args(fn, q, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
-    throw_argument(fn, "kv.batch", "<= plan.problem.batch = " + decode_str(pr.batch),
+    throw_argument(fn, "kv.batch", "<= plan.problem().batch = " + decode_str(pr.batch),
                    decode_str(kv.batch));
   if (q.shape[1] != pr.q_len)
-    throw_argument(fn, "q.shape[1]", "plan.problem.q_len = " + decode_str(pr.q_len),
+    throw_argument(fn, "q.shape[1]", "plan.problem().q_len = " + decode_str(pr.q_len),
                    decode_str(q.shape[1]));
   if (q.shape[2] != pr.heads_q)
-    throw_argument(fn, "q.shape[2]", "plan.problem.heads_q = " + decode_str(pr.heads_q),
+    throw_argument(fn, "q.shape[2]", "plan.problem().heads_q = " + decode_str(pr.heads_q),
                    decode_str(q.shape[2]));
   if (kv.heads_kv != pr.heads_kv)
-    throw_argument(fn, "kv.heads_kv", "plan.problem.heads_kv = " + decode_str(pr.heads_kv),
+    throw_argument(fn, "kv.heads_kv", "plan.problem().heads_kv = " + decode_str(pr.heads_kv),
                    decode_str(kv.heads_kv));
   if (kv.head_dim != pr.head_dim)
-    throw_argument(fn, "kv.head_dim", "plan.problem.head_dim = " + decode_str(pr.head_dim),
+    throw_argument(fn, "kv.head_dim", "plan.problem().head_dim = " + decode_str(pr.head_dim),
                    decode_str(kv.head_dim));
   if (q.dtype != pr.q_dtype)
-    throw_argument(fn, "q.dtype", std::string("plan.problem.q_dtype = ") + to_string(pr.q_dtype),
+    throw_argument(fn, "q.dtype", std::string("plan.problem().q_dtype = ") + to_string(pr.q_dtype),
                    to_string(q.dtype));
   if (kv.dtype != pr.kv_dtype)
-    throw_argument(fn, "kv.dtype", std::string("plan.problem.kv_dtype = ") + to_string(pr.kv_dtype),
+    throw_argument(fn, "kv.dtype",
+                   std::string("plan.problem().kv_dtype = ") + to_string(pr.kv_dtype),
                    to_string(kv.dtype));
-  if (plan.streamed && plan.splits.max_splits > 1)
-    throw_argument(fn, "plan.streamed", "false when requests may be split (max_splits > 1)",
-                   "true with max_splits = " + decode_str(plan.splits.max_splits));
-  // The plan is a public struct: its derived fields must still agree with its problem.
-  const int tiles = plan::decode_row_tiles(pr, detail::kDecodeTileRows);
-  if (plan.row_tiles != tiles)
-    throw_argument(fn, "plan.row_tiles", "ceil(q_len * group / 16) = " + decode_str(tiles),
-                   decode_str(plan.row_tiles));
   if (prior.count < 0) throw_argument(fn, "prior.count", ">= 0", decode_str(prior.count));
   if (prior.beside_previous && prior.count > 0)
     throw_argument(fn, "prior.beside_previous", "false when prior states are folded (count > 0)",
@@ -259,7 +274,7 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
   check_scale_memory(fn, "kv.v_scale.data", kv.v_scale.data);
   if (kv.page_size > 0x7FFFFFFF / 2)
     throw_argument(fn, "kv.page_size", "< 2^30", decode_str(kv.page_size));
-  r.w = workspace_layout(plan);
+  r.w = workspace_layout(d);
   const WorkspaceLayout& w = r.w;
   if (w.total > 0) {
     if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
@@ -277,49 +292,57 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
     attnstate::detail::check_disjoint_from_kv(fn, "workspace", workspace,
                                               static_cast<std::int64_t>(w.total), kv, pool_bytes);
   }
-  // the launch grid of this batch (plan_decode checked it for the plan's batch)
-  r.grid = kv.batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
-  if (r.grid > 0x7FFFFFFF)
-    throw_argument(fn, "plan.splits.max_splits", "a grid of at most 2^31-1 CTAs",
-                   decode_str(r.grid) + " CTAs");
-  // the recorded launch (a public field: a plan edited by hand must keep it consistent)
-  const plan::DecodeFacts facts = recorded_facts(plan);
-  r.split.stages = plan.split.stages;
-  r.split.cluster = plan.split.cluster;
-  const char* why = nullptr;
-  if (!plan::split_launch_valid(facts, pr.head_dim, plan.splits, r.split, &why))
-    throw_argument(fn, "plan.split", std::string(why) + " (as plan_decode records)",
-                   "stages " + decode_str(plan.split.stages) + ", cluster " +
-                       decode_str(plan.split.cluster) + " for max_splits " +
-                       decode_str(plan.splits.max_splits));
-  // a batch smaller than planned: the plan's rule again for the smaller grid, from the
-  // occupancy the plan recorded
-  if (kv.batch != pr.batch)
-    r.split = plan::resolve_split_launch(facts, pr.head_dim, plan.splits,
-                                         plan.num_sms > 0 ? plan.num_sms : 1, r.grid);
   return r;
 }
 
-/// What a run launches, derived from the plan and the run's batch as `check_run` derives it,
-/// without the checks (the run passed `check_run`).
-CheckedRun derive_run(const DecodePlan& plan, std::int64_t batch) {
+/// What a run launches, from the plan and the run's batch (at most the planned one, whose grid
+/// `plan_decode` checked): the recorded split launch, or for a smaller batch the plan's rule
+/// again for the smaller grid, from the occupancy and the hand choices the plan recorded.
+CheckedRun derive_run(const DecodePlanData& d, std::int64_t batch) {
   CheckedRun r;
-  const DecodeProblem& pr = plan.problem;
-  r.scale = attnstate::detail::resolve_scale("attnstate::cuda::run_decode", "plan.scale",
-                                             plan.scale, pr.head_dim);
-  r.w = workspace_layout(plan);
-  r.grid = batch * pr.heads_kv * plan.row_tiles * plan.splits.max_splits;
-  r.split.stages = plan.split.stages;
-  r.split.cluster = plan.split.cluster;
-  if (batch != pr.batch)
-    r.split = plan::resolve_split_launch(recorded_facts(plan), pr.head_dim, plan.splits,
-                                         plan.num_sms > 0 ? plan.num_sms : 1, r.grid);
+  r.scale = d.scale;
+  r.w = workspace_layout(d);
+  r.grid = batch * d.problem.heads_kv * d.row_tiles * d.splits.max_splits;
+  r.split.stages = d.split.stages;
+  r.split.cluster = d.split.cluster;
+  if (batch != d.problem.batch)
+    r.split = plan::resolve_split_launch(recorded_facts(d), d.problem.head_dim, d.splits, d.num_sms,
+                                         r.grid, d.forced_stages, d.forced_cluster);
   return r;
 }
 
 }  // namespace
 
-std::size_t DecodePlan::workspace_bytes() const { return workspace_layout(*this).total; }
+std::size_t DecodePlan::workspace_bytes() const { return workspace_layout(d_).total; }
+
+std::string DecodePlan::to_string() const {
+  if (d_.catalog_fingerprint != catalog::kFingerprint) return "no plan (not made by plan_decode)";
+  const auto row_str = [](int id) {
+    if (id < 0 || id >= catalog::kNumRows) return std::string("no compiled kernel");
+    const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(id)];
+    return std::string(catalog::to_string(r.family)) + ", kernel " + decode_str(id) +
+           " (head dim " + decode_str(r.head_dim) + ", " + attnstate::to_string(r.q) +
+           " queries, " + attnstate::to_string(r.kv) + " K/V, " + decode_str(r.stages) +
+           " stages, " + catalog::variants_string(r.variants) + ")";
+  };
+  const int S = d_.splits.max_splits;
+  const int c = d_.split.cluster;
+  const std::string merge = S == 1   ? "no merge"
+                            : c == S ? "the cluster merge"
+                            : c > 1  ? "the workspace merge in groups of " + decode_str(c)
+                                     : "the workspace merge";
+  std::string s = row_str(d_.kernel_id) + ": " +
+                  plan::to_string(static_cast<plan::DecodeReason>(d_.reason)) + "; " +
+                  (S == 1 ? std::string("one split per request")
+                          : "at most " + decode_str(S) + " splits per request") +
+                  "; ";
+  const int split_id = d_.split_ids[d_.split.stages == detail::kDecodeStages ? 0 : 1];
+  if (d_.kernel == DecodeKernel::kStreamed) s += "fallback: " + row_str(split_id) + ", ";
+  s += "cluster " + decode_str(c) + " (" + merge + ")";
+  if (d_.forced_stages != 0) s += "; options.split_stages = " + decode_str(d_.forced_stages);
+  if (d_.forced_cluster != 0) s += "; options.split_cluster = " + decode_str(d_.forced_cluster);
+  return s;
+}
 
 DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_lens_host,
                        const DecodeOptions& options, int num_sms) {
@@ -348,28 +371,40 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   plan::DecodeChoice c = plan::resolve_decode(fn, problem, lens, options, num_sms, facts);
   if (c.grid > 0 && c.splits.max_splits > 1) {
     query_occupancy(problem.head_dim, problem.kv_dtype, problem.q_dtype, facts);
-    c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid);
+    c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid,
+                                         c.forced_stages, c.forced_cluster);
   }
   DecodePlan plan;
-  plan.problem = problem;
-  plan.scale = scale;
-  plan.num_sms = num_sms;
-  plan.row_tiles = c.row_tiles;
-  plan.splits = c.splits;
-  plan.streamed = c.streamed;
-  plan.variant = options.variant;
-  plan.split.stages = c.split.stages;
-  plan.split.cluster = c.split.cluster;
+  DecodePlanData& d = DecodePlanAccess::data(plan);
+  d.problem = problem;
+  d.splits = c.splits;
+  d.scale = scale;
+  d.variant = options.variant;
+  d.programmatic_launch = options.programmatic_launch;
+  d.catalog_fingerprint = catalog::kFingerprint;
+  d.kernel = c.streamed ? DecodeKernel::kStreamed : DecodeKernel::kSplit;
+  d.kernel_id = c.kernel_id();
+  d.split_ids[0] = c.split_ids[0];
+  d.split_ids[1] = c.split_ids[1];
+  d.split.stages = c.split.stages;
+  d.split.cluster = c.split.cluster;
+  d.forced_stages = c.forced_stages;
+  d.forced_cluster = c.forced_cluster;
+  d.num_sms = num_sms;
+  d.row_tiles = c.row_tiles;
+  d.reason = static_cast<std::uint8_t>(c.reason);
   for (int s = 0; s < 2; ++s)
     for (int k = 0; k <= plan::kMaxCluster; ++k)
-      plan.resident_clusters[s][k] = facts.resident_clusters[s][k];
+      d.resident_clusters[s][k] = facts.resident_clusters[s][k];
   return plan;
 }
 
 void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t workspace_bytes,
                            cudaStream_t stream) {
   const char* fn = "attnstate::cuda::init_decode_workspace";
-  const WorkspaceLayout w = workspace_layout(plan);
+  const DecodePlanData& d = DecodePlanAccess::data(plan);
+  check_fingerprint(fn, d);
+  const WorkspaceLayout w = workspace_layout(d);
   if (w.total == 0) return;
   if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
   if (workspace_bytes < w.total)
@@ -415,7 +450,7 @@ void detail::check_decode_with_prior(const DecodePlan& plan, const ConstTensorVi
   check_run("attnstate::cuda::run_decode", plan, q, kv, out, workspace, workspace_bytes, prior);
   AttentionSinks sinks;
   sinks.logits = prior.sinks;
-  check_device_sinks("attnstate::cuda::run_decode", sinks, plan.problem.heads_q, out, workspace,
+  check_device_sinks("attnstate::cuda::run_decode", sinks, plan.problem().heads_q, out, workspace,
                      workspace_bytes);
 }
 
@@ -430,9 +465,10 @@ void detail::run_decode_with_prior(const DecodePlan& plan, const ConstTensorView
 void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorView& q,
                                       const PagedKvCache& kv, StateView out, void* workspace,
                                       const PriorStates& prior, cudaStream_t stream) {
-  const CheckedRun r = derive_run(plan, kv.batch);
+  const DecodePlanData& d = DecodePlanAccess::data(plan);
+  const CheckedRun r = derive_run(d, kv.batch);
   if (r.grid == 0) return;
-  const DecodeProblem& pr = plan.problem;
+  const DecodeProblem& pr = d.problem;
   const WorkspaceLayout& w = r.w;
 
   detail::DecodeParams p{};
@@ -457,16 +493,16 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.heads_q = static_cast<std::int32_t>(pr.heads_q);
   p.group = static_cast<std::int32_t>(pr.group());
   p.rows = p.q_len * p.group;
-  p.row_tiles = plan.row_tiles;
-  p.splits = plan.splits;
+  p.row_tiles = d.row_tiles;
+  p.splits = d.splits;
   p.s2_scale = math::base2_score_scale(r.scale);
   p.scale = r.scale;
-  p.soft_cap = plan.variant.logits_soft_cap;
+  p.soft_cap = d.variant.logits_soft_cap;
   // windows past any int32 length are no window
   p.k_scale = kv.k_scale;
   p.v_scale = kv.v_scale;
-  p.window_left = plan.variant.window_left >= 0 && plan.variant.window_left <= 0x7FFFFFFF
-                      ? static_cast<std::int32_t>(plan.variant.window_left)
+  p.window_left = d.variant.window_left >= 0 && d.variant.window_left <= 0x7FFFFFFF
+                      ? static_cast<std::int32_t>(d.variant.window_left)
                       : -1;
   p.out_o = out.o;
   p.out_lse = out.lse;
@@ -493,18 +529,18 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   p.prior_count = prior.count;
   p.prior_rows = prior.rows;
   p.beside_previous = prior.beside_previous ? 1 : 0;
-  p.programmatic = plan.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
+  p.programmatic = d.programmatic_launch && prior.count == 0 && !prior.beside_previous ? 1 : 0;
   p.sinks = prior.sinks;
 
   DecodeLaunch l;
-  l.variants = catalog::variants_of(plan.variant.window_left, plan.variant.logits_soft_cap);
-  l.streamed =
-      plan::streamed_runs(plan.streamed, pr, l.variants, prior.count, p.q_vec, kv.page_size);
+  l.variants = catalog::variants_of(d.variant.window_left, d.variant.logits_soft_cap);
+  l.streamed = plan::streamed_runs(d.kernel == DecodeKernel::kStreamed, pr, l.variants, prior.count,
+                                   p.q_vec, kv.page_size);
   l.stages = r.split.stages;
   l.grid = r.grid;
-  l.num_sms = plan.num_sms > 0 ? plan.num_sms : 1;
+  l.num_sms = d.num_sms;
   l.pdl = p.prior_count > 0 || p.beside_previous != 0 || p.programmatic != 0;
-  launch(p, pr, l, stream);
+  launch(p, d, l, stream);
 }
 
 }  // namespace cuda

@@ -120,6 +120,10 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
   if (tuning.decode_fold < -1 || tuning.decode_fold > 1)
     throw_argument(func, "tuning.decode_fold", "-1 (automatic), 0 or 1",
                    cascade_str(tuning.decode_fold));
+  if (tuning.decode_kernel != DecodeKernel::kAuto && tuning.decode_kernel != DecodeKernel::kSplit &&
+      tuning.decode_kernel != DecodeKernel::kStreamed)
+    throw_argument(func, "tuning.decode_kernel", "kAuto, kSplit or kStreamed",
+                   "value " + cascade_str(static_cast<int>(tuning.decode_kernel)));
   // a fixed split count of the decode level goes to plan_decode, which takes 1..kMaxSplits
   if (tuning.decode_splits < 0 || tuning.decode_splits > ::attnstate::kMaxSplits)
     throw_argument(func, "tuning.decode_splits",
@@ -137,6 +141,7 @@ void plan_decode_level(CascadeChoice& plan, const CascadeLevel& lv, const Cascad
     dopt.policy = SplitPolicy::kFixedCount;
     dopt.num_splits = tuning.decode_splits;
   }
+  dopt.kernel = tuning.decode_kernel;
   const CascadeDecodeLevel d =
       plan_decode(cascade_decode_problem(plan.shape), lv.seg_lens, dopt, num_sms);
   CascadeLevelPlan& lp = plan.levels[plan.num_levels - 1];

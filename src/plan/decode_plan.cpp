@@ -255,12 +255,15 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
 }
 
 SplitLaunch resolve_split_launch(const DecodeFacts& f, std::int64_t head_dim,
-                                 const SplitLayout& splits, int num_sms, std::int64_t grid) {
+                                 const SplitLayout& splits, int num_sms, std::int64_t grid,
+                                 int forced_stages, int forced_cluster) {
   const int S = splits.max_splits;
   int cluster = S > 1 && S <= f.max_cluster ? S : 1;
   SplitLaunch l;
   l.stages = f.stages;
-  if (short_candidate(f, head_dim, splits)) {
+  if (forced_stages != 0) {
+    l.stages = forced_stages;
+  } else if (short_candidate(f, head_dim, splits)) {
     // one more CTA per SM: when the grid exceeds one wave of the default depth, or when only it
     // keeps every cluster resident
     bool use_short = grid > static_cast<std::int64_t>(num_sms) * f.ctas_per_sm;
@@ -283,7 +286,7 @@ SplitLaunch resolve_split_launch(const DecodeFacts& f, std::int64_t head_dim,
       }
     }
   }
-  l.cluster = cluster;
+  l.cluster = forced_cluster != 0 ? forced_cluster : cluster;
   return l;
 }
 
@@ -321,6 +324,78 @@ bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variant
          ((r->needs & catalog::kNeedsPageTileKeys) == 0 || page_size % r->tile_keys == 0);
 }
 
+const char* to_string(DecodeReason r) {
+  switch (r) {
+    case DecodeReason::kStreamedAuto:
+      return "the automatic policy: one split per request, enough items for the streamed "
+             "kernel's warps, no request longer than its cap";
+    case DecodeReason::kStreamedAsked:
+      return "options.kernel = kStreamed";
+    case DecodeReason::kSplitAsked:
+      return "options.kernel = kSplit";
+    case DecodeReason::kSplitPolicy:
+      return "a fixed split policy (only the automatic policy takes the streamed kernel)";
+    case DecodeReason::kSplitRequests:
+      return "requests are split";
+    case DecodeReason::kSplitNoStreamed:
+      return "no streamed kernel in the catalog for the head dim, dtypes and variant";
+    case DecodeReason::kSplitFewItems:
+      return "too few items to keep the streamed kernel's warps busy";
+    case DecodeReason::kSplitLongRequest:
+      return "a request longer than the streamed kernel's cap";
+  }
+  return "unknown reason";
+}
+
+int DecodeChoice::kernel_id() const {
+  return streamed ? stream_id : split_ids[split.stages == catalog::kDecodeStages ? 0 : 1];
+}
+
+namespace {
+
+/// "kAuto", "kSplit", "kStreamed" (or the value).
+std::string kernel_str(DecodeKernel k) {
+  switch (k) {
+    case DecodeKernel::kAuto:
+      return "kAuto";
+    case DecodeKernel::kSplit:
+      return "kSplit";
+    case DecodeKernel::kStreamed:
+      return "kStreamed";
+  }
+  return "value " + str(static_cast<int>(k));
+}
+
+/// Checks the split launch `options` asks for (`split_stages`, `split_cluster`; 0 = the rule's)
+/// against the compiled split rows (`c.split_ids`) and the layout, naming the field.
+void check_forced_launch(const char* fn, const DecodeOptions& options, const DecodeProblem& problem,
+                         const DecodeFacts& f, DecodeChoice& c) {
+  if (options.split_stages != 0) {
+    const bool ok = (options.split_stages == f.stages && c.split_ids[0] >= 0) ||
+                    (options.split_stages == f.short_stages && c.split_ids[1] >= 0);
+    if (!ok)
+      throw_argument(fn, "options.split_stages",
+                     "0 (the planner's) or a depth compiled for the problem: " + str(f.stages) +
+                         (c.split_ids[1] >= 0 ? " or " + str(f.short_stages) : std::string()),
+                     str(options.split_stages));
+    c.forced_stages = options.split_stages;
+  }
+  if (options.split_cluster != 0) {
+    SplitLaunch l;
+    l.stages = c.forced_stages != 0 ? c.forced_stages : f.stages;
+    l.cluster = options.split_cluster;
+    const char* why = nullptr;
+    if (options.split_cluster < 0 || !split_launch_valid(f, problem.head_dim, c.splits, l, &why))
+      throw_argument(fn, "options.split_cluster",
+                     std::string("0 (the planner's) or ") +
+                         (why != nullptr ? why : "1, splits.max_splits or a divisor of it"),
+                     str(options.split_cluster) + " for max_splits " + str(c.splits.max_splits));
+    c.forced_cluster = options.split_cluster;
+  }
+}
+
+}  // namespace
+
 DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             const std::int32_t* seq_lens_host, const DecodeOptions& options,
                             int num_sms, const DecodeFacts& f) {
@@ -344,18 +419,54 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                               problem.heads_kv * c.row_tiles, fn, "seq_lens_host", "options");
   const std::int64_t grid = problem.batch * problem.heads_kv * c.row_tiles * c.splits.max_splits;
   if (grid > 0x7FFFFFFF) throw_argument(fn, "problem", "at most 2^31-1 CTAs", str(grid));
+  // the split rows at both depths (the variant's instance when there is one)
+  catalog::Query depth = split;
+  depth.stages = f.stages;
+  c.split_ids[0] = catalog::find_id(depth);
+  depth.stages = f.short_stages;
+  c.split_ids[1] = f.short_stages != f.stages ? catalog::find_id(depth) : -1;
   // Automatic policy, one split each, requests up to the cap and enough items to keep at least
   // 3/4 of the streamed kernel's warps busy on every SM: the streamed kernel (its warps' copies
   // run on from one item into the next). With fewer items its SMs hold too few warps to hide
   // the latency of their arithmetic (bench/RESULTS.md, the streamed kernel's section).
   catalog::Query stream = split;
   stream.family = Family::kDecodeStream;
-  c.streamed = options.policy == SplitPolicy::kAuto && c.splits.max_splits == 1 &&
-               catalog::compiled(stream) &&
-               4 * grid >= 3 * static_cast<std::int64_t>(num_sms) * f.stream_warps &&
-               max_length(problem, seq_lens_host) <= f.stream_max_tokens;
+  const int stream_id = catalog::find_id(stream);
+  switch (options.kernel) {
+    case DecodeKernel::kAuto:
+      c.reason = options.policy != SplitPolicy::kAuto ? DecodeReason::kSplitPolicy
+                 : c.splits.max_splits != 1           ? DecodeReason::kSplitRequests
+                 : stream_id < 0                      ? DecodeReason::kSplitNoStreamed
+                 : 4 * grid < 3 * static_cast<std::int64_t>(num_sms) * f.stream_warps
+                     ? DecodeReason::kSplitFewItems
+                 : max_length(problem, seq_lens_host) > f.stream_max_tokens
+                     ? DecodeReason::kSplitLongRequest
+                     : DecodeReason::kStreamedAuto;
+      break;
+    case DecodeKernel::kSplit:
+      c.reason = DecodeReason::kSplitAsked;
+      break;
+    case DecodeKernel::kStreamed:
+      if (c.splits.max_splits != 1)
+        throw_argument(fn, "options.kernel",
+                       "kAuto or kSplit when requests are split (kStreamed takes one split per "
+                       "request)",
+                       "kStreamed with max_splits = " + str(c.splits.max_splits));
+      if (stream_id < 0)
+        throw_argument(fn, "options.kernel", catalog::not_supported_message(stream), "kStreamed",
+                       Status::kNotSupported);
+      c.reason = DecodeReason::kStreamedAsked;
+      break;
+    default:
+      throw_argument(fn, "options.kernel", "kAuto, kSplit or kStreamed",
+                     kernel_str(options.kernel));
+  }
+  c.streamed = c.reason == DecodeReason::kStreamedAuto || c.reason == DecodeReason::kStreamedAsked;
+  c.stream_id = c.streamed ? stream_id : -1;
+  check_forced_launch(fn, options, problem, f, c);
   c.grid = grid;
-  c.split = resolve_split_launch(f, problem.head_dim, c.splits, num_sms, grid);
+  c.split = resolve_split_launch(f, problem.head_dim, c.splits, num_sms, grid, c.forced_stages,
+                                 c.forced_cluster);
   return c;
 }
 

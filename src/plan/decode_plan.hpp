@@ -4,9 +4,10 @@
 ///        to the recorded choice (split layout, streamed kernel, pipeline depth, cluster).
 ///
 /// `src/cuda/decode.cu` gathers the facts (the kernels' compile-time shape, the device's
-/// occupancy) and records the result in the public `DecodePlan`; the unit tests in `tests/plan`
-/// give their own facts. Every rule here changes speed only, never results: the configurations
-/// it chooses between give the same bits.
+/// occupancy) and records the result in the opaque `cuda::DecodePlan` (through
+/// `plan/decode_plan_access.hpp`); the unit tests in `tests/plan` give their own facts. Every rule
+/// here changes speed only, never results: the configurations it chooses between give the same
+/// bits.
 #pragma once
 
 #include <cstdint>
@@ -74,13 +75,39 @@ struct SplitLaunch {
   int cluster = 1;  ///< CTAs per cluster: the split count (cluster merge), a divisor (groups), 1.
 };
 
+/// Why a plan runs its kernel (`cuda::DecodePlan::to_string`).
+enum class DecodeReason : std::uint8_t {
+  kStreamedAuto = 0,      ///< The automatic policy's rule for the streamed kernel held.
+  kStreamedAsked = 1,     ///< `DecodeOptions::kernel = kStreamed`.
+  kSplitAsked = 2,        ///< `DecodeOptions::kernel = kSplit`.
+  kSplitPolicy = 3,       ///< A fixed split policy.
+  kSplitRequests = 4,     ///< Some request is split.
+  kSplitNoStreamed = 5,   ///< No streamed row in the catalog for the problem and variant.
+  kSplitFewItems = 6,     ///< Too few items for the streamed kernel's warps.
+  kSplitLongRequest = 7,  ///< A request longer than the streamed kernel's cap.
+};
+
+/// `r` in words.
+const char* to_string(DecodeReason r);
+
 /// The resolved decode: what `plan_decode` records.
 struct DecodeChoice {
   SplitLayout splits;     ///< The split layout.
   int row_tiles = 1;      ///< Tiles of `tile_rows` query rows per KV head.
   bool streamed = false;  ///< The streamed kernel runs (else the split kernel).
-  SplitLaunch split;      ///< The split kernel's launch (the streamed kernel's fallback).
-  std::int64_t grid = 0;  ///< CTAs of the split kernel for the planned batch.
+  DecodeReason reason = DecodeReason::kSplitRequests;  ///< Why.
+  SplitLaunch split;       ///< The split kernel's launch (the streamed kernel's fallback).
+  std::int64_t grid = 0;   ///< CTAs of the split kernel for the planned batch.
+  int forced_stages = 0;   ///< `DecodeOptions::split_stages` (checked; 0: the rule's).
+  int forced_cluster = 0;  ///< `DecodeOptions::split_cluster` (checked; 0: the rule's).
+  /// Catalog rows: the split kernel's at the default and the short-split depth (-1 where none
+  /// is compiled) and the streamed kernel's (-1 unless `streamed`).
+  int split_ids[2] = {-1, -1};
+  int stream_id = -1;
+
+  /// The catalog row that runs at the planned batch: the streamed row, or the split row at
+  /// `split.stages`.
+  int kernel_id() const;
 };
 
 /// Checks a decode problem's shape (`batch`, `q_len`, heads, the head dim against
@@ -134,8 +161,13 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
 ///   once at that depth (the cluster merge); else, with several splits, the largest group size
 ///   up to `min(ws_group, splits − 1)` that divides the split count and keeps every cluster
 ///   resident (the workspace merge in groups); else 1.
+///
+/// `forced_stages` / `forced_cluster` (`DecodeOptions::split_stages` / `split_cluster`, checked
+/// by `resolve_decode`), when not 0, replace the depth (the cluster is then resolved at that
+/// depth) and the cluster.
 SplitLaunch resolve_split_launch(const DecodeFacts& facts, std::int64_t head_dim,
-                                 const SplitLayout& splits, int num_sms, std::int64_t grid);
+                                 const SplitLayout& splits, int num_sms, std::int64_t grid,
+                                 int forced_stages = 0, int forced_cluster = 0);
 
 /// Whether a recorded split launch is one the kernels support for `splits` at `head_dim`: a
 /// compiled depth, and a cluster of 1, of the split count (at most `max_cluster`) or of a
@@ -145,9 +177,9 @@ bool split_launch_valid(const DecodeFacts& facts, std::int64_t head_dim, const S
 
 /// Whether a plan that chose the streamed kernel (`streamed`) runs on it, given what only the
 /// run knows; otherwise it falls back to its recorded split launch (the catalog row's fallback):
-/// no streamed row for the problem's head dim, dtypes and `variants` with the prior states
-/// folded in (`prior_count`; a plan edited by hand), or a run-time need of the row unmet: query
-/// rows 16-byte aligned (`q_aligned`), a page size of whole key tiles.
+/// no streamed row for the problem's head dim, dtypes and `variants` with the run's prior states
+/// folded in (`prior_count`: a cascade's fold), or a run-time need of the row unmet: query rows
+/// 16-byte aligned (`q_aligned`), a page size of whole key tiles.
 bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variants variants,
                    int prior_count, bool q_aligned, std::int64_t page_size);
 
@@ -156,9 +188,14 @@ bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variant
 /// layout (`kAuto`: `auto_layout` on `num_sms · ctas_per_sm` slots), the streamed kernel
 /// (automatic policy, one split per request, a streamed row in the catalog for the problem and
 /// the variant, requests up to `stream_max_tokens` keys, at least 3/4 of the
-/// streamed kernel's warps busy on every SM) and the split kernel's launch for the planned
+/// streamed kernel's warps busy on every SM), the split kernel's launch for the planned
 /// batch (from `facts.resident_clusters`: a caller that queries the device only after the
-/// argument checks resolves `split` again with `resolve_split_launch` on `grid`). Throws when the
+/// argument checks resolves `split` again with `resolve_split_launch` on `grid` and the forced
+/// parts) and the catalog rows. The hand choices of `options` are checked here, naming their
+/// field: `options.kernel` (`kStreamed` only with one split per request and a streamed row for
+/// the problem and variant, else `kInvalidArgument` / `kNotSupported`), `options.split_stages`
+/// (a depth the catalog compiles for the problem) and `options.split_cluster` (1, the split
+/// count up to `max_cluster`, or a smaller divisor of it up to `ws_group`). Throws when the
 /// grid exceeds 2^31 − 1 CTAs.
 DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             const std::int32_t* seq_lens_host, const DecodeOptions& options,

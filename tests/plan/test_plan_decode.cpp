@@ -4,6 +4,7 @@
 ///        cluster from given occupancy and the recorded fallback. No CUDA, no GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -258,6 +259,140 @@ TEST(PlanDecode, StreamedKernelForManyShortUnsplitRequests) {
   count.num_splits = 1;
   EXPECT_FALSE(
       plan::resolve_decode(kFn, problem(200, 8, 128), lens.data(), count, 132, facts()).streamed);
+}
+
+/// The error `f` throws (fails the test when none).
+template <typename F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error";
+  return Error(Status::kSuccess, "none");
+}
+
+TEST(PlanDecode, KernelChoiceAndItsReason) {
+  if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "needs head dim 128 compiled";
+  namespace catalog = attnstate::catalog;
+  const std::vector<std::int32_t> lens(200, 200);
+  const auto resolve = [&](std::int64_t batch, const DecodeOptions& o,
+                           const std::vector<std::int32_t>& l) {
+    return plan::resolve_decode(kFn, problem(batch, 8, 128), l.data(), o, 132, facts());
+  };
+  // each rule of the automatic policy, as its reason
+  const plan::DecodeChoice streamed = resolve(200, DecodeOptions{}, lens);
+  EXPECT_TRUE(streamed.streamed);
+  EXPECT_EQ(streamed.reason, plan::DecodeReason::kStreamedAuto);
+  EXPECT_EQ(resolve(30, DecodeOptions{}, lens).reason, plan::DecodeReason::kSplitFewItems);
+  const std::vector<std::int32_t> past_cap(200, 2049);  // one split each, past the cap
+  EXPECT_EQ(resolve(200, DecodeOptions{}, past_cap).splits.max_splits, 1);
+  EXPECT_EQ(resolve(200, DecodeOptions{}, past_cap).reason, plan::DecodeReason::kSplitLongRequest);
+  const std::vector<std::int32_t> longer(2, 30000);
+  EXPECT_EQ(resolve(2, DecodeOptions{}, longer).reason, plan::DecodeReason::kSplitRequests);
+  DecodeOptions count;
+  count.policy = SplitPolicy::kFixedCount;
+  count.num_splits = 1;
+  EXPECT_EQ(resolve(200, count, lens).reason, plan::DecodeReason::kSplitPolicy);
+  DecodeOptions window;
+  window.variant.window_left = 64;
+  EXPECT_EQ(resolve(200, window, lens).reason, plan::DecodeReason::kSplitNoStreamed);
+  // asked for: the streamed kernel under a fixed single split, the split kernel where the rule
+  // would stream
+  DecodeOptions asked = count;
+  asked.kernel = attnstate::DecodeKernel::kStreamed;
+  const plan::DecodeChoice s = resolve(200, asked, lens);
+  EXPECT_TRUE(s.streamed);
+  EXPECT_EQ(s.reason, plan::DecodeReason::kStreamedAsked);
+  DecodeOptions split;
+  split.kernel = attnstate::DecodeKernel::kSplit;
+  const plan::DecodeChoice k = resolve(200, split, lens);
+  EXPECT_FALSE(k.streamed);
+  EXPECT_EQ(k.reason, plan::DecodeReason::kSplitAsked);
+  // the recorded kernel ids are the catalog's rows of the choice
+  const catalog::Row& sr = catalog::kRows[static_cast<std::size_t>(s.kernel_id())];
+  EXPECT_EQ(sr.family, catalog::Family::kDecodeStream);
+  EXPECT_EQ(sr.head_dim, 128);
+  const catalog::Row& kr = catalog::kRows[static_cast<std::size_t>(k.kernel_id())];
+  EXPECT_EQ(kr.family, catalog::Family::kDecodeSplit);
+  EXPECT_EQ(kr.stages, k.split.stages);
+  EXPECT_EQ(kr.q, DType::kBF16);
+  EXPECT_EQ(kr.kv, DType::kBF16);
+  ASSERT_GE(k.split_ids[0], 0);
+  EXPECT_EQ(catalog::kRows[static_cast<std::size_t>(k.split_ids[0])].stages, facts().stages);
+  // the variant's plan names the variant instance
+  const plan::DecodeChoice w = resolve(200, window, lens);
+  EXPECT_NE(catalog::kRows[static_cast<std::size_t>(w.kernel_id())].variants & catalog::kWindow, 0);
+  // every reason has its own words
+  std::vector<std::string> words;
+  for (int r = 0; r <= static_cast<int>(plan::DecodeReason::kSplitLongRequest); ++r) {
+    const std::string t = plan::to_string(static_cast<plan::DecodeReason>(r));
+    EXPECT_EQ(std::count(words.begin(), words.end(), t), 0) << t;
+    words.push_back(t);
+  }
+}
+
+TEST(PlanDecode, HandChoicesAreCheckedByName) {
+  if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "needs head dim 128 compiled";
+  const std::vector<std::int32_t> lens = {4000, 4000};
+  DecodeOptions eight;
+  eight.policy = SplitPolicy::kFixedCount;
+  eight.num_splits = 8;
+  const auto refused = [&](const DecodeOptions& o, Status st, const char* name) {
+    const Error e = error_of(
+        [&] { plan::resolve_decode(kFn, problem(2, 8, 128), lens.data(), o, 132, facts()); });
+    EXPECT_EQ(e.status(), st) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find(name), std::string::npos) << what;
+    EXPECT_NE(what.find(kFn), std::string::npos) << what;
+  };
+  DecodeOptions o = eight;
+  o.kernel = attnstate::DecodeKernel::kStreamed;  // eight splits per request
+  refused(o, Status::kInvalidArgument, "options.kernel");
+  o = DecodeOptions{};
+  o.policy = SplitPolicy::kFixedCount;
+  o.num_splits = 1;
+  o.kernel = attnstate::DecodeKernel::kStreamed;
+  o.variant.logits_soft_cap = 30.f;  // no streamed instance takes a soft cap
+  refused(o, Status::kNotSupported, "options.kernel");
+  o = eight;
+  o.kernel = static_cast<attnstate::DecodeKernel>(7);
+  refused(o, Status::kInvalidArgument, "options.kernel");
+  o = eight;
+  o.split_stages = 5;  // no such depth
+  refused(o, Status::kInvalidArgument, "options.split_stages");
+  o = eight;
+  o.split_cluster = 3;  // not a divisor of 8
+  refused(o, Status::kInvalidArgument, "options.split_cluster");
+  o.split_cluster = 16;  // more than a cluster merges
+  refused(o, Status::kInvalidArgument, "options.split_cluster");
+  o.split_cluster = -1;
+  refused(o, Status::kInvalidArgument, "options.split_cluster");
+  if (plan::decode_head_dim_supported(64)) {  // the short-split depth exists at 128 only
+    o = eight;
+    o.split_stages = facts().short_stages;
+    const Error e = error_of(
+        [&] { plan::resolve_decode(kFn, problem(2, 8, 64), lens.data(), o, 132, facts()); });
+    EXPECT_NE(std::string(e.what()).find("options.split_stages"), std::string::npos) << e.what();
+  }
+  // taken: the launch the options name, kept for a smaller grid (a smaller run batch)
+  o = eight;
+  o.split_stages = facts().short_stages;
+  o.split_cluster = 4;
+  const plan::DecodeChoice c =
+      plan::resolve_decode(kFn, problem(2, 8, 128), lens.data(), o, 132, facts());
+  EXPECT_EQ(c.split.stages, facts().short_stages);
+  EXPECT_EQ(c.split.cluster, 4);
+  EXPECT_EQ(c.kernel_id(), c.split_ids[1]);
+  const plan::SplitLaunch smaller = plan::resolve_split_launch(
+      facts(), 128, c.splits, 132, c.grid / 2, c.forced_stages, c.forced_cluster);
+  EXPECT_EQ(smaller.stages, facts().short_stages);
+  EXPECT_EQ(smaller.cluster, 4);
+  // without them the rule picks the cluster merge of all eight splits
+  EXPECT_EQ(
+      plan::resolve_decode(kFn, problem(2, 8, 128), lens.data(), eight, 132, facts()).split.cluster,
+      8);
 }
 
 TEST(PlanDecode, StreamedPlanFallsBackOnRunTimeConditions) {

@@ -110,6 +110,14 @@ enum class SplitPolicy : std::uint8_t {
                     ///< on its own request, never on the rest of the batch.
 };
 
+/// Which kernel the CUDA decode runs (`DecodeOptions::kernel`; a plan's `cuda::DecodePlan::kernel`
+/// is `kSplit` or `kStreamed`).
+enum class DecodeKernel : std::uint8_t {
+  kAuto = 0,      ///< The planner's choice (docs/decode.md, "How it runs").
+  kSplit = 1,     ///< The split-KV kernel.
+  kStreamed = 2,  ///< The streamed kernel: one split per request, a compiled streamed instance.
+};
+
 /// Options of a decode call.
 struct DecodeOptions {
   float scale = 0.f;                        ///< Softmax scale; 0 means `1/sqrt(head_dim)`.
@@ -121,6 +129,24 @@ struct DecodeOptions {
   /// Sliding window and logits soft cap (default: plain attention). Row `i` of request `b` is at
   /// position `p = seq_lens[b] - q_len + i` and sees the keys `[max(0, p - window_left), p]`.
   AttentionVariant variant;
+
+  // CUDA backend only (`cuda::plan_decode` checks them; the CPU backend ignores them): hand
+  // choices of the kernel and its launch, for comparisons and tests. Each choice gives the same
+  // results up to rounding (the launch overrides: the same bits).
+
+  /// The kernel: `kAuto` (the planner), `kSplit`, or `kStreamed` (refused by name unless every
+  /// request has one split and a streamed instance takes the problem and variant).
+  DecodeKernel kernel = DecodeKernel::kAuto;
+  /// The split kernel's pipeline depth: 0 (the planner), or a compiled depth (3, or 2 at head
+  /// dim 128).
+  int split_stages = 0;
+  /// CTAs per thread-block cluster of the split kernel: 0 (the planner), 1, the split count
+  /// (at most 8: the cluster merge) or a smaller divisor of it up to 8 (the workspace merge in
+  /// groups).
+  int split_cluster = 0;
+  /// Launch the decode as a programmatic dependent launch (sm_90 and later; see
+  /// `cuda::DecodePlan::programmatic_launch`).
+  bool programmatic_launch = false;
 };
 
 }  // namespace attnstate

@@ -50,6 +50,10 @@ struct CascadeTuning {
   /// Splits of such a decode level: 0 = the decode's automatic policy, else a fixed count
   /// (`1..attnstate::kMaxSplits`, i.e. 1..512, the range `plan_decode` takes).
   int decode_splits = 0;
+  /// The kernel of such a decode level (`DecodeOptions::kernel` of its plan): `kAuto`, `kSplit`,
+  /// or `kStreamed` (refused by `plan_decode`'s checks unless the level has one split per
+  /// request; a fold of the shared levels' states still runs the split kernel).
+  DecodeKernel decode_kernel = DecodeKernel::kAuto;
   /// SMs the shared levels leave to such a decode level, which then runs beside them (it is a
   /// programmatic dependent launch that waits for them only before folding their states, if it
   /// folds them):

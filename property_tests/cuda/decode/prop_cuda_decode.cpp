@@ -68,10 +68,22 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
   int sms = 0;
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Gpu g;
-  g.plan = cuda::plan_decode(p.problem(), plan_lens ? plan_lens : p.seq_lens.data(), opt, sms);
-  if (may_stream && g.plan.splits.max_splits == 1 && *rc::gen::arbitrary<bool>()) {
-    g.plan.streamed = true;
-    g.plan.num_sms = *rc::gen::element(1, 3, sms);
+  const std::int32_t* lens = plan_lens ? plan_lens : p.seq_lens.data();
+  g.plan = cuda::plan_decode(p.problem(), lens, opt, sms);
+  const std::vector<std::int64_t> stream_dims = stream_head_dims();
+  const bool stream_row = opt.variant.window_left < 0 && opt.variant.logits_soft_cap == 0.f &&
+                          !is_fp8(p.cfg.kv_dtype) &&
+                          std::count(stream_dims.begin(), stream_dims.end(), p.cfg.head_dim) > 0;
+  if (may_stream && stream_row && g.plan.splits().max_splits == 1 && *rc::gen::arbitrary<bool>()) {
+    // the same single split on the streamed kernel, planned for fewer SMs
+    DecodeOptions o = opt;
+    o.kernel = DecodeKernel::kStreamed;
+    if (g.plan.splits().policy == SplitPolicy::kFixedSize) {
+      o.policy = SplitPolicy::kFixedSize;
+      o.split_size = g.plan.splits().split_size;
+    }
+    g.plan = cuda::plan_decode(p.problem(), lens, o, *rc::gen::element(1, 3, sms));
+    RC_ASSERT(g.plan.splits().max_splits == 1);
   }
   const DeviceProblem dp(p);
   const PagedKvCache kv = dp.kv(p);
@@ -98,7 +110,7 @@ Gpu run_gpu(const DecodeProblemHost& p, const DecodeOptions& opt,
 /// tests/cuda/decode/test_cuda_decode.cpp for an f32 output.
 void assert_matches_reference(const DecodeProblemHost& p, const Gpu& g) {
   const std::string mismatch = compare_decode(
-      reference_decode(p, g.plan.scale), g.o.data(), DType::kF32, g.lse.data(), LseBase::kNatural,
+      reference_decode(p, g.plan.scale()), g.o.data(), DType::kF32, g.lse.data(), LseBase::kNatural,
       decode_tolerance(p.cfg.kv_dtype == DType::kBF16 ? 1.2e-2 : 3e-3, 5e-5));
   RC_ASSERT(mismatch.empty());
 }
@@ -123,7 +135,7 @@ void agrees_with_cpu_decode() {
   const Gpu g = run_gpu(p, random_options(), nullptr, true);
   assert_matches_reference(p, g);
   HostState c(p.tokens(), p.cfg.heads_q, p.cfg.head_dim, DType::kF32, LseBase::kNatural);
-  cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
+  cpu::decode(p.q_view(), p.kv_view(), g.plan.splits(), g.plan.scale(), c.view);
   std::vector<float> co(g.o.size());
   if (!co.empty()) std::memcpy(co.data(), c.o.data(), 4 * co.size());
   const std::vector<float> cl(c.lse.begin(), c.lse.begin() + g.lse.size());

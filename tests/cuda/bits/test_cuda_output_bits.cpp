@@ -425,7 +425,8 @@ void run_decode_case(const std::string& device, DecodeCase c, std::uint64_t seed
   ATTNSTATE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const acuda::DecodePlan plan = acuda::plan_decode(pr, lens32.data(), opt, sms);
   if (c.expect_streamed >= 0) {
-    ASSERT_EQ(plan.streamed, c.expect_streamed == 1) << c.name();
+    ASSERT_EQ(plan.kernel() == attnstate::DecodeKernel::kStreamed, c.expect_streamed == 1)
+        << c.name() << ": " << plan.to_string();
   }
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(16, plan.workspace_bytes()));
 

@@ -131,20 +131,22 @@ TEST(CudaCascade, DecodeLevelMeetsEarlierLevelsThroughEveryMergePath) {
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CascadeCase c(specs[i]);
     for (int splits : {1, 4, 24})
-      for (int fold : {0, 1}) {
-        CascadeTuning t;
-        t.decode_splits = splits;
-        t.decode_sms = splits == 4 ? 40 : (splits == 1 ? 0 : -1);  // decode beside the prefix
-        t.decode_fold = fold;
-        GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
-        const int last = g.plan.num_levels - 1;
-        ASSERT_TRUE(g.plan.levels[last].decode);
-        EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
-        EXPECT_EQ(g.plan.decode_fold, fold == 1);
-        if (t.decode_sms >= 0) EXPECT_EQ(g.plan.decode_sms, t.decode_sms);
+      for (int fold : {0, 1})
         for (bool streamed : {false, true}) {
-          if (streamed && splits != 1) continue;
-          g.plan.last_decode.streamed = streamed;  // one split: either decode kernel
+          if (streamed && splits != 1) continue;  // one split: either decode kernel
+          CascadeTuning t;
+          t.decode_splits = splits;
+          t.decode_sms = splits == 4 ? 40 : (splits == 1 ? 0 : -1);  // decode beside the prefix
+          t.decode_fold = fold;
+          t.decode_kernel =
+              streamed ? attnstate::DecodeKernel::kStreamed : attnstate::DecodeKernel::kSplit;
+          GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
+          const int last = g.plan.num_levels - 1;
+          ASSERT_TRUE(g.plan.levels[last].decode);
+          EXPECT_EQ(g.plan.last_decode.splits().max_splits, splits);
+          EXPECT_EQ(g.plan.last_decode.kernel(), t.decode_kernel);
+          EXPECT_EQ(g.plan.decode_fold, fold == 1);
+          if (t.decode_sms >= 0) EXPECT_EQ(g.plan.decode_sms, t.decode_sms);
           g.workspace.poison();
           g.run();
           EXPECT_TRUE(g.check(c)) << "case " << i << " decode splits " << splits << " fold " << fold
@@ -153,7 +155,6 @@ TEST(CudaCascade, DecodeLevelMeetsEarlierLevelsThroughEveryMergePath) {
           EXPECT_TRUE(g.check(c)) << "stages: case " << i << " decode splits " << splits
                                   << " streamed " << streamed;
         }
-      }
   }
 }
 
@@ -246,7 +247,7 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
             EXPECT_EQ(g.plan.levels[l].kernel, attnstate::cuda::CascadeLevelKernel::kMma) << at;
         if (path != 0) {
           EXPECT_FALSE(g.plan.decode_fold) << at;
-          EXPECT_EQ(g.plan.last_decode.variant.logits_soft_cap, cap) << at;
+          EXPECT_EQ(g.plan.last_decode.variant().logits_soft_cap, cap) << at;
         }
         g.run();
         EXPECT_TRUE(g.check(c)) << at;
@@ -816,7 +817,7 @@ TEST(CudaCascadeArgs, PlanTakesEveryDecodeSplitCountThatPlanDecodeTakes) {
     ASSERT_NO_THROW(plan = attnstate::cuda::plan_cascade(sh, host.data(), 2, c.options(), 132, t))
         << splits;
     ASSERT_TRUE(plan.levels[plan.num_levels - 1].decode) << splits;
-    EXPECT_EQ(plan.last_decode.splits.max_splits, splits);
+    EXPECT_EQ(plan.last_decode.splits().max_splits, splits);
   }
   CascadeTuning t;
   t.decode_splits = attnstate::kMaxSplits + 1;
@@ -844,7 +845,7 @@ TEST(CudaCascade, DecodeLevelOfMoreThan64SplitsMatches) {
       t.decode_fold = fold;
       GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
       ASSERT_TRUE(g.plan.levels[g.plan.num_levels - 1].decode);
-      EXPECT_EQ(g.plan.last_decode.splits.max_splits, splits);
+      EXPECT_EQ(g.plan.last_decode.splits().max_splits, splits);
       g.workspace.poison();
       g.run();
       EXPECT_TRUE(g.check(c)) << "decode splits " << splits << " fold " << fold;

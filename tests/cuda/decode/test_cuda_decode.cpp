@@ -21,6 +21,7 @@
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
+#include "plan/decode_plan_access.hpp"
 #include "random_sinks.hpp"
 
 namespace {
@@ -102,7 +103,7 @@ double o_tol(DType kv, DType od) {
 
 void expect_matches_reference(const DecodeProblemHost& p, const GpuOut& g, DType od, LseBase base,
                               const std::string& what) {
-  EXPECT_EQ(compare_decode(reference_decode(p, g.plan.scale), g.o.data(), od, g.lse.data(), base,
+  EXPECT_EQ(compare_decode(reference_decode(p, g.plan.scale()), g.o.data(), od, g.lse.data(), base,
                            decode_tolerance(o_tol(p.cfg.kv_dtype, od), 5e-5)),
             "")
       << what;
@@ -179,8 +180,9 @@ TEST(CudaDecode, StreamedKernelMatchesReference) {
     cfg.seq_lens = {pg + 1, 0, 300, 3, 700, 1, pg - 1, pg, 0, 16, 17, 2 * pg + 1, 15, 481, 33};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
     for (int sms : {1, 3, num_sms()}) {
-      cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(1), sms);
-      plan.streamed = true;
+      DecodeOptions o = count_opts(1);
+      o.kernel = DecodeKernel::kStreamed;
+      const cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), o, sms);
       const GpuOut g = run_plan(p, plan, c.od, LseBase::kNatural);
       expect_matches_reference(
           p, g, c.od, LseBase::kNatural,
@@ -205,8 +207,8 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
   DeviceProblem d(p);
   const cuda::DecodePlan plan =
       cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, sms);
-  ASSERT_EQ(plan.splits.max_splits, 1);
-  ASSERT_TRUE(plan.streamed);
+  ASSERT_EQ(plan.splits().max_splits, 1);
+  ASSERT_TRUE(plan.kernel() == DecodeKernel::kStreamed);
   EXPECT_EQ(plan.workspace_bytes(), 0u);
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
   cudaStream_t stream;
@@ -241,8 +243,10 @@ TEST(CudaDecode, StreamedPlanIsChosenAutomaticallyAndReplaysInAGraph) {
   cfg.seq_lens = {32000};
   const DecodeProblemHost one = make_decode_problem(cfg, 851);
   EXPECT_FALSE(
-      cuda::plan_decode(one.problem(), one.seq_lens.data(), DecodeOptions{}, sms).streamed);
-  EXPECT_FALSE(cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(1), sms).streamed);
+      cuda::plan_decode(one.problem(), one.seq_lens.data(), DecodeOptions{}, sms).kernel() ==
+      DecodeKernel::kStreamed);
+  EXPECT_FALSE(cuda::plan_decode(p.problem(), p.seq_lens.data(), count_opts(1), sms).kernel() ==
+               DecodeKernel::kStreamed);
 }
 
 TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
@@ -263,22 +267,111 @@ TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
   const DecodeOptions autom;
   for (std::int64_t D : attnstate_test::stream_head_dims()) {
     const cuda::DecodePlan a = plan(128, 256, D, autom);
-    EXPECT_EQ(a.splits.max_splits, 1);
-    EXPECT_TRUE(a.streamed) << "head dim " << D;
+    EXPECT_EQ(a.splits().max_splits, 1);
+    EXPECT_TRUE(a.kernel() == DecodeKernel::kStreamed) << "head dim " << D;
     EXPECT_EQ(a.workspace_bytes(), 0u);
   }
-  EXPECT_TRUE(plan(256, 2048, 128, autom).streamed);
-  EXPECT_FALSE(plan(256, 2049, 128, autom).streamed);  // longer than the streamed kernel's cap
-  EXPECT_FALSE(plan(128, 256, 256, autom).streamed);   // head dim 256
-  EXPECT_FALSE(plan(64, 256, 128, autom).streamed);    // 512 items: under 6 per SM
-  EXPECT_FALSE(plan(98, 256, 128, autom).streamed);    // 784 items
-  EXPECT_TRUE(plan(99, 256, 128, autom).streamed);     // 792 items
-  EXPECT_FALSE(plan(1, 32768, 128, autom).streamed);   // split
-  EXPECT_FALSE(plan(128, 256, 128, count_opts(1)).streamed);
+  EXPECT_TRUE(plan(256, 2048, 128, autom).kernel() == DecodeKernel::kStreamed);
+  EXPECT_FALSE(plan(256, 2049, 128, autom).kernel() ==
+               DecodeKernel::kStreamed);  // longer than the streamed kernel's cap
+  EXPECT_FALSE(plan(128, 256, 256, autom).kernel() == DecodeKernel::kStreamed);  // head dim 256
+  EXPECT_FALSE(plan(64, 256, 128, autom).kernel() ==
+               DecodeKernel::kStreamed);  // 512 items: under 6 per SM
+  EXPECT_FALSE(plan(98, 256, 128, autom).kernel() == DecodeKernel::kStreamed);   // 784 items
+  EXPECT_TRUE(plan(99, 256, 128, autom).kernel() == DecodeKernel::kStreamed);    // 792 items
+  EXPECT_FALSE(plan(1, 32768, 128, autom).kernel() == DecodeKernel::kStreamed);  // split
+  EXPECT_FALSE(plan(128, 256, 128, count_opts(1)).kernel() == DecodeKernel::kStreamed);
   DecodeOptions fixed;
   fixed.policy = SplitPolicy::kFixedSize;
   fixed.split_size = 4096;
-  EXPECT_FALSE(plan(128, 256, 128, fixed).streamed);
+  EXPECT_FALSE(plan(128, 256, 128, fixed).kernel() == DecodeKernel::kStreamed);
+}
+
+/// True when the build compiles the streamed (and so the split) kernel at head dim 128.
+bool has_stream_128() {
+  const std::vector<std::int64_t> dims = stream_head_dims();
+  return std::find(dims.begin(), dims.end(), 128) != dims.end();
+}
+
+/// A bf16 problem of `batch` requests at head dim 128.
+DecodeProblem problem_128(std::int64_t batch, std::int64_t heads_q, std::int64_t heads_kv) {
+  DecodeProblem pr;
+  pr.batch = batch;
+  pr.heads_q = heads_q;
+  pr.heads_kv = heads_kv;
+  pr.head_dim = 128;
+  return pr;
+}
+
+TEST(CudaDecodePlan, RunRefusesAPlanOfAnotherCatalogByName) {
+  // No GPU needed: single-split plans make no device query, and a run checks the plan's catalog
+  // fingerprint before anything else.
+  if (!has_stream_128()) GTEST_SKIP() << "needs the streamed kernel at head dim 128";
+  const DecodeProblem pr = problem_128(2, 8, 2);
+  const std::vector<std::int32_t> lens = {100, 50};
+  const cuda::DecodePlan plan = cuda::plan_decode(pr, lens.data(), count_opts(1), 132);
+  ConstTensorView q{};
+  PagedKvCache kv{};
+  StateView out{};
+  const auto refused = [&](const cuda::DecodePlan& pl, const char* got) {
+    try {
+      cuda::run_decode(pl, q, kv, out, nullptr, 0);
+      ADD_FAILURE() << "no error for " << got;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.status(), Status::kInvalidArgument) << what;
+      EXPECT_NE(what.find("attnstate::cuda::run_decode"), std::string::npos) << what;
+      EXPECT_NE(what.find("plan"), std::string::npos) << what;
+      EXPECT_NE(what.find("kernel catalog fingerprint"), std::string::npos) << what;
+      EXPECT_NE(what.find(got), std::string::npos) << what;
+    }
+  };
+  cuda::DecodePlan forged = plan;
+  cuda::detail::DecodePlanAccess::data(forged).catalog_fingerprint ^= 0x10;
+  refused(forged, "another kernel catalog");
+  refused(cuda::DecodePlan{}, "default-constructed");
+  try {  // the workspace's initialisation refuses it too
+    cuda::init_decode_workspace(forged, nullptr, 0);
+    ADD_FAILURE() << "init_decode_workspace took a forged plan";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another kernel catalog"), std::string::npos);
+  }
+}
+
+TEST(CudaDecodePlan, KernelChoiceInWordsAndHandChoicesThroughOptions) {
+  // No GPU needed: single-split plans make no device query.
+  if (!has_stream_128()) GTEST_SKIP() << "needs the streamed kernel at head dim 128";
+  const DecodeProblem pr = problem_128(200, 32, 8);
+  const std::vector<std::int32_t> lens(200, 200);
+  const cuda::DecodePlan a = cuda::plan_decode(pr, lens.data(), DecodeOptions{}, 132);
+  ASSERT_EQ(a.kernel(), DecodeKernel::kStreamed);
+  EXPECT_GE(a.kernel_id(), 0);
+  const std::string sa = a.to_string();
+  EXPECT_EQ(sa.find("streamed decode"), 0u) << sa;
+  EXPECT_NE(sa.find("the automatic policy"), std::string::npos) << sa;
+  EXPECT_NE(sa.find("kernel " + std::to_string(a.kernel_id())), std::string::npos) << sa;
+  EXPECT_NE(sa.find("split-KV decode"), std::string::npos) << sa;  // its fallback
+  DecodeOptions o;
+  o.kernel = DecodeKernel::kSplit;
+  o.programmatic_launch = true;
+  const cuda::DecodePlan b = cuda::plan_decode(pr, lens.data(), o, 132);
+  EXPECT_EQ(b.kernel(), DecodeKernel::kSplit);
+  EXPECT_TRUE(b.programmatic_launch());
+  EXPECT_NE(b.kernel_id(), a.kernel_id());
+  const std::string sb = b.to_string();
+  EXPECT_EQ(sb.find("split-KV decode"), 0u) << sb;
+  EXPECT_NE(sb.find("options.kernel = kSplit"), std::string::npos) << sb;
+  EXPECT_EQ(cuda::DecodePlan{}.to_string().find("no plan"), 0u);
+  // refused at plan time, by name
+  o = count_opts(1);
+  o.split_stages = 7;
+  try {
+    cuda::plan_decode(pr, lens.data(), o, 132);
+    ADD_FAILURE() << "options.split_stages = 7 taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attnstate::cuda::plan_decode"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("options.split_stages"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaDecode, SplitCountsAndLengthEdges) {
@@ -366,8 +459,8 @@ TEST(CudaDecode, AutomaticPlanOfARaggedBatchBalancesAndMatches) {
   cfg.seq_lens = {24000, 300, 2000, 1, 0, 700};
   const DecodeProblemHost p = make_decode_problem(cfg, 3100);
   const GpuOut a = run_gpu(p, DecodeOptions{}, DType::kF32, LseBase::kNatural);
-  EXPECT_EQ(a.plan.splits.policy, SplitPolicy::kFixedSize);
-  EXPECT_GT(a.plan.splits.max_splits, 8) << "the long request should be split finely";
+  EXPECT_EQ(a.plan.splits().policy, SplitPolicy::kFixedSize);
+  EXPECT_GT(a.plan.splits().max_splits, 8) << "the long request should be split finely";
   expect_matches_reference(p, a, DType::kF32, LseBase::kNatural, "ragged auto");
   const GpuOut b = run_plan(p, a.plan, DType::kF32, LseBase::kNatural);
   expect_matches_reference(p, b, DType::kF32, LseBase::kNatural, "ragged auto again");
@@ -428,8 +521,8 @@ TEST(CudaDecode, SlidingWindowAndSoftCapMatchTheCpuDecode) {
             o.variant.window_left = window;
             o.variant.logits_soft_cap = cap;
             const GpuOut g = run_gpu(p, o, DType::kF32, LseBase::kNatural);
-            EXPECT_FALSE(g.plan.streamed);
-            const HostState c = cpu_variant(p, g.plan.splits, g.plan.scale, o.variant);
+            EXPECT_FALSE(g.plan.kernel() == DecodeKernel::kStreamed);
+            const HostState c = cpu_variant(p, g.plan.splits(), g.plan.scale(), o.variant);
             expect_near_cpu(g, c,
                             cfg.name() + " window " + std::to_string(window) + " cap " +
                                 std::to_string(cap) + " policy " + std::to_string(policy));
@@ -455,8 +548,8 @@ TEST(CudaDecode, WindowedPlanCostsTheWindow) {
   small.seq_lens = {512 + 16, 512 + 16};
   const DecodeProblemHost ps = make_decode_problem(small, 3301);
   const GpuOut gs = run_gpu(ps, DecodeOptions{}, DType::kF32, LseBase::kNatural);
-  EXPECT_LE(g.plan.splits.max_splits, gs.plan.splits.max_splits + 1);
-  const HostState c = cpu_variant(p, g.plan.splits, g.plan.scale, o.variant);
+  EXPECT_LE(g.plan.splits().max_splits, gs.plan.splits().max_splits + 1);
+  const HostState c = cpu_variant(p, g.plan.splits(), g.plan.scale(), o.variant);
   expect_near_cpu(g, c, "window 512 of 100k");
   // a plan with a variant refuses prior states and bad variants are named
   DecodeOptions bad;
@@ -503,7 +596,7 @@ TEST(CudaDecode, AgreesWithCpuDecodeOfTheSamePlan) {
   const GpuOut g = run_gpu(p, DecodeOptions{}, DType::kF32, LseBase::kNatural);
   expect_matches_reference(p, g, DType::kF32, LseBase::kNatural, "gpu");
   HostState c(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
-  cpu::decode(p.q_view(), p.kv_view(), g.plan.splits, g.plan.scale, c.view);
+  cpu::decode(p.q_view(), p.kv_view(), g.plan.splits(), g.plan.scale(), c.view);
   GpuOut cpu_out;  // the CPU result, checked against the reference too
   cpu_out.plan = g.plan;
   cpu_out.o = c.o;
@@ -597,12 +690,12 @@ TEST(CudaDecode, ClusterMergeEqualsWorkspaceMergeBitwise) {
       o.split_size = 96;
       for (DType od : {DType::kF32, DType::kBF16}) {
         const GpuOut a = run_gpu(p, o, od, LseBase::kNatural);
-        ASSERT_EQ(a.plan.splits.max_splits, 8);
+        ASSERT_EQ(a.plan.splits().max_splits, 8);
         // The same problem under a plan for requests of up to 20 splits.
         std::vector<std::int32_t> longer(p.seq_lens.begin(), p.seq_lens.end());
         longer[0] = 20 * 96;
         const cuda::DecodePlan plan_b = cuda::plan_decode(p.problem(), longer.data(), o, num_sms());
-        ASSERT_EQ(plan_b.splits.max_splits, 20);
+        ASSERT_EQ(plan_b.splits().max_splits, 20);
         DeviceProblem d(p);
         DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan_b.workspace_bytes()));
         ws.poison();
@@ -646,7 +739,7 @@ TEST(CudaDecode, WorkspaceGroupMergeEqualsTicketMergeBitwise) {
       o.policy = SplitPolicy::kFixedSize;
       o.split_size = 64;
       const GpuOut all = run_gpu(p, o, DType::kF32, LseBase::kNatural);
-      ASSERT_EQ(all.plan.splits.max_splits, 16);
+      ASSERT_EQ(all.plan.splits().max_splits, 16);
       const std::string what = "D " + std::to_string(D) + " q_len " + std::to_string(q_len);
       expect_matches_reference(p, all, DType::kF32, LseBase::kNatural, what);
       DeviceProblem d(p);
@@ -784,7 +877,7 @@ TEST(CudaDecode, GraphReplayOfMaxPlanServesShorterRequests) {
   DeviceProblem d(p);
   const cuda::DecodePlan plan =
       cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, num_sms());
-  ASSERT_GT(plan.splits.max_splits, 1);
+  ASSERT_GT(plan.splits().max_splits, 1);
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
   cudaStream_t stream;
@@ -822,10 +915,12 @@ TEST(CudaDecode, ProgrammaticLaunchWaitsForThePreviousKernel) {
   cfg.seq_lens = {16000, 700};
   const DecodeProblemHost p = make_decode_problem(cfg, 901);
   DeviceProblem d(p);
-  cuda::DecodePlan plan =
-      cuda::plan_decode(p.problem(), p.seq_lens.data(), DecodeOptions{}, num_sms());
-  ASSERT_GT(plan.splits.max_splits, 1);
-  plan.programmatic_launch = true;
+  DecodeOptions chained;
+  chained.programmatic_launch = true;
+  const cuda::DecodePlan plan =
+      cuda::plan_decode(p.problem(), p.seq_lens.data(), chained, num_sms());
+  ASSERT_GT(plan.splits().max_splits, 1);
+  ASSERT_TRUE(plan.programmatic_launch());
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   DeviceState mid(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kBF16, LseBase::kNatural);
   DeviceState out(p.tokens(), cfg.heads_q, cfg.head_dim, DType::kF32, LseBase::kNatural);
@@ -999,14 +1094,24 @@ TEST(CudaDecode, RejectsBadArguments) {
   expect_err([&] { run(plan0, q, kv, out.view, plan0.workspace_bytes() - 1); },
              Status::kWorkspaceTooSmall, "workspace_bytes");
   {
-    cuda::DecodePlan streamed = plan0;  // two splits: the streamed kernel does not apply
-    streamed.streamed = true;
-    expect_err([&] { run(streamed, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
-               "plan.streamed");
-    cuda::DecodePlan edited = plan0;  // a derived field that no longer matches the problem
-    edited.row_tiles += 1;
-    expect_err([&] { run(edited, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
-               "plan.row_tiles");
+    DecodeOptions o = count_opts(2);  // two splits: the streamed kernel does not apply
+    o.kernel = DecodeKernel::kStreamed;
+    expect_err([&] { cuda::plan_decode(p.problem(), p.seq_lens.data(), o, num_sms()); },
+               Status::kInvalidArgument, "options.kernel");
+    // a plan of another shape: its problem against the tensors
+    DecodeProblem pr = p.problem();
+    pr.q_len = 2;
+    const std::vector<std::int32_t> lens = p.seq_lens;
+    const cuda::DecodePlan other = cuda::plan_decode(pr, lens.data(), count_opts(2), num_sms());
+    expect_err([&] { run(other, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "q.shape[1]");
+    // a plan of a build with another kernel catalog (forged) and one no planner made
+    cuda::DecodePlan forged = plan0;
+    cuda::detail::DecodePlanAccess::data(forged).catalog_fingerprint ^= 1;
+    expect_err([&] { run(forged, q, kv, out.view, ws.bytes()); }, Status::kInvalidArgument,
+               "another kernel catalog");
+    expect_err([&] { run(cuda::DecodePlan{}, q, kv, out.view, ws.bytes()); },
+               Status::kInvalidArgument, "default-constructed");
   }
   {
     auto k2 = kv;
@@ -1116,14 +1221,14 @@ TEST(CudaDecode, SinksAreMergedOnceAfterEveryMergePath) {
         o.policy = SplitPolicy::kFixedSize;
         o.split_size = 64;
       }
-      cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(),
-                                                policy == 4 ? count_opts(1) : o, num_sms());
       if (policy == 4) {  // the streamed kernel, where it takes the shape
         if (is_fp8(c.kv) || c.D > 128 || c.page % 16 != 0) continue;
-        plan.streamed = true;
+        o = count_opts(1);
+        o.kernel = DecodeKernel::kStreamed;
       }
+      const cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), o, num_sms());
       const GpuOut g = run_plan(p, plan, c.od, c.base, sp.as);
-      attnstate::testing::ReferenceState ref = reference_decode(p, g.plan.scale);
+      attnstate::testing::ReferenceState ref = reference_decode(p, g.plan.scale());
       ref = attnstate::testing::apply_sinks(ref, sp.sinks);
       EXPECT_EQ(compare_decode(ref, g.o.data(), c.od, g.lse.data(), c.base,
                                decode_tolerance(o_tol(is_fp8(c.kv) ? DType::kF16 : c.kv, c.od) +
@@ -1150,7 +1255,7 @@ TEST(CudaDecode, SinksWithAWindowAndASoftCap) {
     o.variant.logits_soft_cap = 30.f;
     const GpuOut g = run_plan(p, cuda::plan_decode(p.problem(), p.seq_lens.data(), o, num_sms()),
                               DType::kF32, LseBase::kNatural, sp.as);
-    const HostState c = cpu_variant(p, g.plan.splits, g.plan.scale, o.variant);
+    const HostState c = cpu_variant(p, g.plan.splits(), g.plan.scale(), o.variant);
     attnstate::testing::ReferenceState ref = attnstate::testing::to_reference(
         attnstate::testing::HostState::from_view(attnstate::ConstStateView(c.view)));
     ref = attnstate::testing::apply_sinks(ref, sp.sinks);
@@ -1191,7 +1296,7 @@ TEST(CudaDecode, AGraphReadsTheSinksItsBufferHoldsAtReplay) {
     out.lse.poison();
     ATTNSTATE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    attnstate::testing::ReferenceState ref = reference_decode(p, plan.scale);
+    attnstate::testing::ReferenceState ref = reference_decode(p, plan.scale());
     ref = attnstate::testing::apply_sinks(ref, sinks);
     const auto o = out.o.download();
     const auto lse = out.lse.download();

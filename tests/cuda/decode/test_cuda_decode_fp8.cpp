@@ -194,7 +194,7 @@ std::string check_case(const Fp8Problem& p, ScaleKind kind, const DecodeOptions&
   const auto got = r.run();
   const auto again = r.run();
   if (got.first != again.first || got.second != again.second) return "not bitwise repeatable";
-  return compare_decode(reference_decode(p.real, r.plan.scale), got.first.data(), DType::kF32,
+  return compare_decode(reference_decode(p.real, r.plan.scale()), got.first.data(), DType::kF32,
                         got.second.data(), LseBase::kNatural, decode_tolerance(kOTol, 5e-5));
 }
 
@@ -325,7 +325,7 @@ TEST(CudaDecodeFp8, AGraphReplaysWithTheScaleItsBufferHolds) {
     ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto o = r.o.download();
     const auto lse = r.lse.download();
-    EXPECT_EQ(compare_decode(reference_decode(q.real, r.plan.scale), o.data(), DType::kF32,
+    EXPECT_EQ(compare_decode(reference_decode(q.real, r.plan.scale()), o.data(), DType::kF32,
                              lse.data(), LseBase::kNatural, decode_tolerance(kOTol, 5e-5)),
               "");
   }
