@@ -245,7 +245,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   CascadeOptions copt;
   copt.variant.logits_soft_cap = g_soft_cap;
   cuda::CascadePlan plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
-  if (g_stream >= 0 && plan.levels[1].decode && plan.last_decode.splits().max_splits == 1 &&
+  if (g_stream >= 0 && plan.level(1).decode && plan.last_decode().splits().max_splits == 1 &&
       (g_stream == 0 || g_soft_cap == 0.f)) {
     tuning.decode_kernel = g_stream == 1 ? DecodeKernel::kStreamed : DecodeKernel::kSplit;
     plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
@@ -255,12 +255,12 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   mma_only.kernel = cuda::CascadeKernel::kMma;
   const cuda::CascadePlan mma_plan =
       cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, mma_only);
-  row.prefix_tile = plan.levels[0].tile_rows;
-  row.prefix_splits = plan.levels[0].max_splits;
-  row.suffix_tile = plan.levels[1].tile_rows;
-  row.suffix_splits = plan.levels[1].max_splits;
-  row.decode_sms = plan.decode_sms;
-  row.decode_fold = plan.decode_fold;
+  row.prefix_tile = plan.level(0).tile_rows;
+  row.prefix_splits = plan.level(0).max_splits;
+  row.suffix_tile = plan.level(1).tile_rows;
+  row.suffix_splits = plan.level(1).max_splits;
+  row.decode_sms = plan.decode_sms();
+  row.decode_fold = plan.decode_fold();
   std::size_t ws_bytes =
       std::max({plan.workspace_bytes(), flat_plan.workspace_bytes(), mma_plan.workspace_bytes()});
   if (explore && explore->on) ws_bytes = std::max<std::size_t>(ws_bytes, 512ull << 20);
@@ -323,7 +323,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
                         "  prefix %5d batch %3d: %-5s tile %3d chunk %5d (splits %2d): %8.1f us "
                         "(%.0f TFLOP/s)",
                         prefix, batch, kernel == cuda::CascadeKernel::kMma ? "mma" : "wgmma", tile,
-                        ep.levels[0].chunk, ep.levels[0].max_splits, us,
+                        ep.level(0).chunk, ep.level(0).max_splits, us,
                         4.0 * batch * kHeadsQ * double(prefix) * kHeadDim / (us * 1e6));
           explore->lines.push_back(buf);
         }

@@ -20,6 +20,7 @@
 #include "attnstate/cuda/decode.hpp"
 #include "compiled_dims.hpp"
 #include "fuzz_producer_cases.hpp"
+#include "plan/cascade_plan_access.hpp"
 #include "plan/decode_plan_access.hpp"
 
 namespace attnstate_fuzz {
@@ -31,8 +32,6 @@ namespace attnstate_fuzz {
 constexpr bool kPendingCudaWorkspaceOverInputs = false;
 /// F5 (fixed): run_cascade checks `out` against the device level arrays whose extent it knows.
 constexpr bool kPendingCudaCascadeOutOverLevels = false;
-/// F6 (fixed): the cascade run entry points reject a plan whose scale is NaN or infinite.
-constexpr bool kPendingCudaCascadePlanScale = false;
 
 /// A hard mutation, or (pending a library fix) an uncertain one tagged for counting.
 inline void reject_unless_pending(Ctx& c, bool pending, const char* tag, const std::string& what,
@@ -654,7 +653,8 @@ inline Built build_cuda_cascade(Ctx& c, int nmut, int num_sms, CascadeCall call,
         },
         [&] {  // page_indices null where the plan saw pages
           const int l = static_cast<int>(r.range(0, nl - 1));
-          if (!reads(l) || !plan->levels[l].has_pages || !c.touch("lv#" + std::to_string(l)))
+          if (!reads(l) || l >= plan->num_levels() || !plan->level(l).has_pages ||
+              !c.touch("lv#" + std::to_string(l)))
             return false;
           (*dev)[static_cast<std::size_t>(l)].page_indices = nullptr;
           c.reject(lvl(l, "page_indices") + " = null", {lvl(l, "page_indices"), "kv.page_indices"},
@@ -736,56 +736,27 @@ inline Built build_cuda_cascade(Ctx& c, int nmut, int num_sms, CascadeCall call,
     };
     muts.insert(muts.end(), om.begin(), om.end());
   }
-  // edited plans: what check_plan sees
+  // plans that are not this build's planner's (a plan cannot be edited): refused by name
   muts.push_back([&] {
     if (!c.touch("plan#hard")) return false;
-    const int f = static_cast<int>(r.range(0, 5));
-    const int l = static_cast<int>(r.range(0, nl - 1));
-    gpu::CascadeLevelPlan& lp = plan->levels[l];
-    if (f == 0) plan->num_levels = static_cast<int>(r.pick<i64>({0, -1, 9, nl + 1}));
-    if (f == 1) plan->num_slots += static_cast<int>(r.pick<i64>({-1, 1, 1000}));
-    if (f == 2) lp.slot_offset += static_cast<int>(r.pick<i64>({-1, 1}));
-    if (f == 3) {
-      if (!c.touch("plan#scale")) return false;  // one edit of the scale (two would cancel)
-      plan->scale = 0.f;
+    if (r.coin(50)) {
+      gpu::detail::CascadePlanAccess::data(*plan).catalog_fingerprint ^= std::uint64_t{1}
+                                                                         << r.range(0, 63);
+      c.reject("a plan of another kernel catalog (fingerprint forged)", {"plan"});
+    } else {
+      *plan = gpu::CascadePlan{};
+      c.reject("a default-constructed plan", {"plan"});
     }
-    if (f == 4) {
-      if (lp.decode || !c.touch("plan#tile_rows")) return false;
-      lp.tile_rows = static_cast<int>(r.pick<i64>({0, 32, -16, 256}));
-    }
-    if (f == 5) {
-      if (lp.decode) return false;
-      lp.max_splits = static_cast<int>(r.pick<i64>({0, -1, plan->num_slots + 1}));
-    }
-    c.reject("plan edited (" + std::to_string(f) + ", level " + std::to_string(l) + ")",
-             {"plan", "num_levels", "level", "workspace_bytes", "workspace"});
     return true;
   });
-  muts.push_back([&] {
-    if (!c.touch("plan#scale")) return false;
-    plan->scale = r.pick<float>({NAN, INFINITY, -INFINITY});
-    reject_unless_pending(c, kPendingCudaCascadePlanScale, "F6-plan-scale",
-                          "plan.scale = " + std::to_string(plan->scale), {"plan"});
-    return true;
-  });
-  muts.push_back([&] {  // the choices a plan made: wrong ones must stay memory-safe
-    if (!c.touch("plan#soft")) return false;
-    const int l = static_cast<int>(r.range(0, nl - 1));
-    gpu::CascadeLevelPlan& lp = plan->levels[l];
-    const int f = static_cast<int>(r.range(0, 6));
-    if (lp.decode && f <= 3) return false;
-    // one edit per field: a soft edit never undoes a hard one
-    if (f == 2 && !c.touch("plan#tile_rows")) return false;
-    if (f == 4 && !c.touch("lv#" + std::to_string(l))) return false;
-    if (f == 0) lp.chunk = static_cast<int>(r.pick<i64>({1, 16, 64, 100, 1 << 20}));
-    if (f == 1) lp.max_tiles = static_cast<int>(lp.max_tiles + r.range(-1, 3));
-    if (f == 2) lp.tile_rows = static_cast<int>(r.pick<i64>({16, 64, 128}));
-    if (f == 3) lp.wgmma = !lp.wgmma;
-    if (f == 4) lp.has_pages = !lp.has_pages;
-    if (f == 5) plan->overlap_levels = !plan->overlap_levels, plan->prefetch_pages = r.coin(50);
-    if (f == 6) plan->causal = !plan->causal;
-    soft(c, "plan choice edited (" + std::to_string(f) + ", level " + std::to_string(l) + ")",
-         {"plan", lvl(l, "page_indices"), "kv.page_indices", "levels", "seg_lens"});
+  muts.push_back([&] {  // the tunings that change no workspace: plans that must run
+    if (!c.touch("plan#hard")) return false;
+    gpu::CascadeTuning t = tu;
+    t.overlap_levels = r.coin(50);
+    t.prefetch_pages = r.coin(50);
+    *plan = gpu::plan_cascade(sh, host.data(), nl, opt, sms, t);
+    c.note("plan with overlap_levels " + std::to_string(t.overlap_levels) + ", prefetch_pages " +
+           std::to_string(t.prefetch_pages));
     return true;
   });
   if (call == CascadeCall::kRun) {
@@ -846,7 +817,11 @@ inline Built build_cuda_cascade(Ctx& c, int nmut, int num_sms, CascadeCall call,
     for (auto x : L.pix) s += " " + std::to_string(x);
     s += "; seg_lens";
     for (auto x : L.lens) s += " " + std::to_string(x);
-    const gpu::CascadeLevelPlan& lp = plan->levels[l];
+    if (l >= plan->num_levels()) {  // a plan no planner made
+      c.note(s + " (as drawn)");
+      continue;
+    }
+    const gpu::CascadeLevelPlan& lp = plan->level(l);
     s += " | plan: tile_rows " + std::to_string(lp.tile_rows) + ", chunk " +
          std::to_string(lp.chunk) + ", max_splits " + std::to_string(lp.max_splits) +
          (lp.decode ? ", decode" : "") + (lp.wgmma ? ", wgmma" : "");

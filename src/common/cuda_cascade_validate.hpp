@@ -36,7 +36,7 @@ inline void check_cascade_workspace(const char* func, std::size_t need, const vo
 /// of each KV pool.
 inline std::int64_t check_cascade_inputs(const char* func, const cuda::CascadeChoice& plan,
                                          const ConstTensorView& q, const PagedKvCache& kv) {
-  const cuda::CascadeShape& s = plan.shape;
+  const cuda::CascadeShape& s = plan.shape();
   const std::int64_t pool_bytes = check_cascade_pool(func, kv, MemorySpace::kDevice);
   if (kv.dtype != s.dtype)
     throw_argument(func, "kv.dtype", std::string("the planned ") + to_string(s.dtype),
@@ -85,18 +85,18 @@ inline std::int64_t check_cascade_inputs(const char* func, const cuda::CascadeCh
 /// page ids too when the planned level uses pages).
 inline void check_cascade_device_level(const char* func, const cuda::CascadeChoice& plan, int l,
                                        const CascadeLevel& lv) {
-  if (lv.num_segments != plan.levels[l].num_segments)
+  if (lv.num_segments != plan.level(l).num_segments)
     throw_argument(func, cascade_level_arg(l, "num_segments").c_str(),
-                   "the planned " + cascade_str(plan.levels[l].num_segments),
+                   "the planned " + cascade_str(plan.level(l).num_segments),
                    cascade_str(lv.num_segments));
-  check_level_arrays(func, l, lv, plan.levels[l].has_pages);
+  check_level_arrays(func, l, lv, plan.level(l).has_pages);
 }
 
 /// Checks the output view (and, when given, that it does not overlap the queries).
 inline void check_cascade_plan_out(const char* func, const cuda::CascadeChoice& plan,
                                    const StateView& out, const ConstTensorView* q = nullptr) {
-  check_cascade_out(func, out, plan.shape.batch * plan.shape.q_len, plan.shape.heads_q,
-                    plan.shape.head_dim, MemorySpace::kDevice, q);
+  check_cascade_out(func, out, plan.shape().batch * plan.shape().q_len, plan.shape().heads_q,
+                    plan.shape().head_dim, MemorySpace::kDevice, q);
 }
 
 }  // namespace detail

@@ -20,6 +20,7 @@
 #include "cuda/kernels/cascade/merge.cuh"
 #include "cuda/launch.hpp"
 #include "plan/cascade_plan.hpp"
+#include "plan/cascade_plan_access.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -36,18 +37,6 @@ using Kernel = CascadeLevelKernel;
 /// The caller named by the dispatch's errors (values the checks already accepted).
 constexpr const char* kCascadeFn = "attnstate::cuda::run_cascade";
 
-/// The plan's soft cap agrees with its decode level's (the cascade plan is a public struct: its
-/// decode plan may be another plan's).
-void check_plan_variant(const char* func, const CascadePlan& plan) {
-  if (plan.levels[plan.num_levels - 1].decode &&
-      (plan.last_decode.variant().logits_soft_cap != plan.logits_soft_cap ||
-       plan.last_decode.variant().window_left != kNoWindow))
-    throw_argument(
-        func, "plan.last_decode.variant",
-        "no window and the cap of plan.logits_soft_cap = " + std::to_string(plan.logits_soft_cap),
-        "another variant");
-}
-
 /// The partial states' outputs and LSEs in the workspace (fp32, `(num_slots, rows, ...)`).
 float* slots_o(void* workspace) { return static_cast<float*>(workspace); }
 float* slots_lse(const CascadePlan& plan, void* workspace) {
@@ -56,8 +45,8 @@ float* slots_lse(const CascadePlan& plan, void* workspace) {
 
 /// Bytes of the last level's decode workspace (0 unless that level runs on the decode).
 std::size_t decode_bytes(const CascadePlan& plan) {
-  return plan.num_levels > 0 && plan.levels[plan.num_levels - 1].decode
-             ? plan.last_decode.workspace_bytes()
+  return plan.num_levels() > 0 && plan.level(plan.num_levels() - 1).decode
+             ? plan.last_decode().workspace_bytes()
              : 0;
 }
 
@@ -86,7 +75,7 @@ struct DecodeLevelCall {
   DecodeLevelCall(const CascadePlan& plan, int l, const PagedKvCache& kv, const CascadeLevel& lv,
                   void* ws, DecodeLevelMode mode, const StateView* final_out,
                   const float* sinks = nullptr) {
-    const CascadeShape& s = plan.shape;
+    const CascadeShape& s = plan.shape();
     table = kv;
     table.page_indptr = lv.page_indptr;
     table.page_indices = lv.page_indices;
@@ -96,7 +85,7 @@ struct DecodeLevelCall {
     table.batch = s.batch;
     table.space = MemorySpace::kDevice;
     const std::int64_t rows = plan.rows();
-    const std::int64_t slot = plan.levels[l].slot_offset;
+    const std::int64_t slot = plan.level(l).slot_offset;
     workspace_bytes = decode_bytes(plan);
     workspace = workspace_bytes > 0 ? static_cast<char*>(ws) + plan::partials_bytes(plan) : nullptr;
     if (mode == DecodeLevelMode::kFold) {
@@ -116,18 +105,18 @@ struct DecodeLevelCall {
 
   /// Every check of the decode run, launching nothing (before the shared levels are queued).
   void check(const CascadePlan& plan, const ConstTensorView& q) const {
-    detail::check_decode_with_prior(plan.last_decode, q, table, out, workspace, workspace_bytes,
+    detail::check_decode_with_prior(plan.last_decode(), q, table, out, workspace, workspace_bytes,
                                     prior);
   }
   /// Zeroes the decode's tickets (one small memset: the cascade's workspace needs no
   /// initialisation).
   void zero_tickets(const CascadePlan& plan, cudaStream_t stream) const {
     if (workspace_bytes > 0)
-      init_decode_workspace(plan.last_decode, workspace, workspace_bytes, stream);
+      init_decode_workspace(plan.last_decode(), workspace, workspace_bytes, stream);
   }
   /// Launches the decode run (after `check`: its checks are not repeated).
   void launch(const CascadePlan& plan, const ConstTensorView& q, cudaStream_t stream) const {
-    detail::launch_decode_with_prior(plan.last_decode, q, table, out, workspace, prior, stream);
+    detail::launch_decode_with_prior(plan.last_decode(), q, table, out, workspace, prior, stream);
   }
 };
 
@@ -136,8 +125,8 @@ struct DecodeLevelCall {
 /// disjoint workspace slots; the merge waits for all).
 void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, const PagedKvCache& kv,
                   const CascadeLevel& lv, void* workspace, bool overlap, cudaStream_t stream) {
-  const CascadeShape& s = plan.shape;
-  const CascadeLevelPlan& lp = plan.levels[l];
+  const CascadeShape& s = plan.shape();
+  const CascadeLevelPlan& lp = plan.level(l);
   kernels::CascadeLevelParams p{};
   p.q = q.data;
   p.q_stride_b = q.stride[0];
@@ -151,7 +140,7 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.page_shift = -1;
   for (int b = 0; b < 31; ++b)
     if ((std::int64_t{1} << b) == kv.page_size) p.page_shift = b;
-  p.prefetch_pages = plan.prefetch_pages ? 1 : 0;
+  p.prefetch_pages = plan.prefetch_pages() ? 1 : 0;
   p.heads_kv = static_cast<int>(kv.heads_kv);
   p.hnd = kv.layout == KvLayout::kHND ? 1 : 0;
   p.request_indptr = lv.request_indptr;
@@ -166,10 +155,10 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.chunk = lp.chunk;
   p.max_splits = lp.max_splits;
   p.max_tiles = lp.max_tiles;
-  p.causal_tail = (plan.causal && s.q_len > 1 && l == plan.num_levels - 1) ? 1 : 0;
-  p.s2_scale = math::base2_score_scale(plan.scale);
-  p.scale = plan.scale;
-  p.soft_cap = plan.logits_soft_cap;
+  p.causal_tail = (plan.causal() && s.q_len > 1 && l == plan.num_levels() - 1) ? 1 : 0;
+  p.s2_scale = math::base2_score_scale(plan.scale());
+  p.scale = plan.scale();
+  p.soft_cap = plan.logits_soft_cap();
   p.ws_o = slots_o(workspace);
   p.ws_lse = slots_lse(plan, workspace);
   p.rows_total = plan.rows();
@@ -227,8 +216,8 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
   p.ws_o = slots_o(ws);
   p.ws_lse = slots_lse(plan, ws);
   p.rows = plan.rows();
-  p.num_slots = plan.num_slots;
-  p.heads_q = static_cast<int>(plan.shape.heads_q);
+  p.num_slots = plan.num_slots();
+  p.heads_q = static_cast<int>(plan.shape().heads_q);
   p.out_o = out.o;
   p.out_lse = out.lse;
   p.o_stride_token = out.o_stride_token;
@@ -243,15 +232,16 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
   cfg.block = dim3(32 * kernels::kCascadeMergeWarps);
   cfg.pdl = programmatic;
   cfg.stream = stream;
-  compiled::dispatch(
-      kCascadeFn, "shape.head_dim", plan.shape.head_dim, compiled::CascadeHeadDims{}, [&](auto d) {
-        compiled::dispatch_storage(
-            kCascadeFn, "out.dtype", out.dtype, compiled::MergeDTypes{}, [&](auto to) {
-              constexpr auto kernel =
-                  kernels::cascade_merge_kernel<decltype(d)::value, decltype(to)>;
-              detail::launch_kernel(cfg, kernel, "cascade_merge_kernel", p);
-            });
-      });
+  compiled::dispatch(kCascadeFn, "shape.head_dim", plan.shape().head_dim,
+                     compiled::CascadeHeadDims{}, [&](auto d) {
+                       compiled::dispatch_storage(
+                           kCascadeFn, "out.dtype", out.dtype, compiled::MergeDTypes{},
+                           [&](auto to) {
+                             constexpr auto kernel =
+                                 kernels::cascade_merge_kernel<decltype(d)::value, decltype(to)>;
+                             detail::launch_kernel(cfg, kernel, "cascade_merge_kernel", p);
+                           });
+                     });
 }
 
 }  // namespace
@@ -277,7 +267,7 @@ CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_lev
   static_cast<CascadeChoice&>(plan) =
       plan::plan_cascade("attnstate::cuda::plan_cascade", shape, host_levels, num_levels, options,
                          num_sms, tuning, facts, plan_decode_level);
-  plan.last_decode = decode;
+  detail::CascadePlanAccess::last_decode(plan) = decode;
   return plan;
 }
 
@@ -285,10 +275,9 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
                        const PagedKvCache& kv, const CascadeLevel& device_level, void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_level";
-  plan::check_cascade_plan(func, plan, plan.last_decode.problem());
-  check_plan_variant(func, plan);
-  if (level < 0 || level >= plan.num_levels)
-    throw_argument(func, "level", "0.." + cascade_str(plan.num_levels - 1), cascade_str(level));
+  plan::check_cascade_plan(func, plan);
+  if (level < 0 || level >= plan.num_levels())
+    throw_argument(func, "level", "0.." + cascade_str(plan.num_levels() - 1), cascade_str(level));
   const std::int64_t pool_bytes = check_cascade_inputs(func, plan, q, kv);
   check_cascade_device_level(func, plan, level, device_level);
   check_cascade_workspace(func, plan.workspace_bytes(), workspace, workspace_bytes, nullptr, &q);
@@ -298,7 +287,7 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
                                                  pool_bytes);
   ::attnstate::detail::check_disjoint_from_level(func, "workspace", workspace, ws_bytes, level,
                                                  device_level, false);
-  if (plan.levels[level].decode) {
+  if (plan.level(level).decode) {
     const DecodeLevelCall decode(plan, level, kv, device_level, workspace, DecodeLevelMode::kSlot,
                                  nullptr);
     decode.check(plan, q);
@@ -317,11 +306,10 @@ void run_cascade_merge(const CascadePlan& plan, StateView out, const void* works
 void run_cascade_merge(const CascadePlan& plan, const AttentionSinks& sinks, StateView out,
                        const void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade_merge";
-  plan::check_cascade_plan(func, plan, plan.last_decode.problem());
-  check_plan_variant(func, plan);
+  plan::check_cascade_plan(func, plan);
   check_cascade_plan_out(func, plan, out);
   check_cascade_workspace(func, plan.workspace_bytes(), workspace, workspace_bytes, &out);
-  detail::check_device_sinks(func, sinks, plan.shape.heads_q, out, workspace, workspace_bytes);
+  detail::check_device_sinks(func, sinks, plan.shape().heads_q, out, workspace, workspace_bytes);
   launch_merge(plan, out, workspace, false, sinks.logits, stream);
 }
 
@@ -336,12 +324,11 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
                  const CascadeLevel* device_levels, int num_levels, const AttentionSinks& sinks,
                  StateView out, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const char* func = "attnstate::cuda::run_cascade";
-  plan::check_cascade_plan(func, plan, plan.last_decode.problem());
-  check_plan_variant(func, plan);
+  plan::check_cascade_plan(func, plan);
   if (device_levels == nullptr)
     throw_argument(func, "device_levels", "a non-null pointer", "nullptr");
-  if (num_levels != plan.num_levels)
-    throw_argument(func, "num_levels", "the planned " + cascade_str(plan.num_levels),
+  if (num_levels != plan.num_levels())
+    throw_argument(func, "num_levels", "the planned " + cascade_str(plan.num_levels()),
                    cascade_str(num_levels));
   const std::int64_t pool_bytes = check_cascade_inputs(func, plan, q, kv);
   for (int l = 0; l < num_levels; ++l) check_cascade_device_level(func, plan, l, device_levels[l]);
@@ -355,28 +342,30 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   for (int l = 0; l < num_levels; ++l)
     ::attnstate::detail::check_disjoint_from_level(func, "workspace", workspace, ws_bytes, l,
                                                    device_levels[l], false);
-  detail::check_device_sinks(func, sinks, plan.shape.heads_q, out, workspace, workspace_bytes);
+  detail::check_device_sinks(func, sinks, plan.shape().heads_q, out, workspace, workspace_bytes);
   // A last level on the decode starts beside the last shared level: either it merges the other
   // levels' states itself (no merge launch) or it runs ahead into its workspace slot and the
   // merge follows as a programmatic launch. Its tickets are zeroed before the first level so
   // that nothing stands between the last shared level and the decode.
   const int last = num_levels - 1;
-  if (!plan.levels[last].decode) {
+  if (!plan.level(last).decode) {
     for (int l = 0; l < num_levels; ++l)
-      launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0,
+      launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels() && l > 0,
                    stream);
     launch_merge(plan, out, workspace, false, sinks.logits, stream);
     return;
   }
   const DecodeLevelCall decode(
       plan, last, kv, device_levels[last], workspace,
-      plan.decode_fold ? DecodeLevelMode::kFold : DecodeLevelMode::kSlotBeside, &out, sinks.logits);
+      plan.decode_fold() ? DecodeLevelMode::kFold : DecodeLevelMode::kSlotBeside, &out,
+      sinks.logits);
   decode.check(plan, q);  // the decode level's own checks before anything is queued
   decode.zero_tickets(plan, stream);
   for (int l = 0; l < last; ++l)
-    launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels && l > 0, stream);
+    launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels() && l > 0,
+                 stream);
   decode.launch(plan, q, stream);
-  if (!plan.decode_fold) launch_merge(plan, out, workspace, true, sinks.logits, stream);
+  if (!plan.decode_fold()) launch_merge(plan, out, workspace, true, sinks.logits, stream);
 }
 
 }  // namespace cuda

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "attnstate/core/error.hpp"
 #include "catalog/catalog.hpp"
 #include "common/cascade_validate.hpp"
+#include "plan/cascade_plan_access.hpp"
 #include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
@@ -22,6 +24,9 @@ using ::attnstate::detail::cascade_str;
 using ::attnstate::detail::throw_argument;
 using cuda::CascadeKernel;
 using Kernel = CascadeLevelKernel;
+/// The recorded choices the planner writes (`CascadeChoice`'s data).
+using Choice = cuda::detail::CascadeChoiceData;
+using Access = cuda::detail::CascadePlanAccess;
 
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -132,7 +137,7 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
 }
 
 /// Plans a unique last level on the split-KV decode (the level's plan).
-void plan_decode_level(CascadeChoice& plan, const CascadeLevel& lv, const CascadeTuning& tuning,
+void plan_decode_level(Choice& plan, const CascadeLevel& lv, const CascadeTuning& tuning,
                        int num_sms, const PlanDecodeLevelFn& plan_decode) {
   DecodeOptions dopt;
   dopt.scale = plan.scale;
@@ -155,7 +160,7 @@ void plan_decode_level(CascadeChoice& plan, const CascadeLevel& lv, const Cascad
 }
 
 /// CTAs of the last level's decode (its row tiles and splits recorded in its level plan).
-std::int64_t decode_ctas(const CascadeChoice& plan) {
+std::int64_t decode_ctas(const Choice& plan) {
   const CascadeLevelPlan& d = plan.levels[plan.num_levels - 1];
   return plan.shape.batch * plan.shape.heads_kv * d.max_tiles *
          std::max<std::int64_t>(1, d.max_splits);
@@ -165,8 +170,8 @@ std::int64_t decode_ctas(const CascadeChoice& plan) {
 /// automatically, enough for every decode CTA at once when they take at most half of the SMs
 /// and every shared segment is short (a latency-bound level loses little to fewer SMs, and the
 /// decode then runs entirely beside it instead of after it); else none.
-int reserved_sms(const CascadeChoice& plan, const CascadeLevel* host_levels,
-                 const CascadeTuning& tuning, int num_sms) {
+int reserved_sms(const Choice& plan, const CascadeLevel* host_levels, const CascadeTuning& tuning,
+                 int num_sms) {
   if (plan.num_levels < 2) return 0;  // no shared level to run beside
   if (tuning.decode_sms >= 0) return std::min(tuning.decode_sms, num_sms - 1);
   const std::int64_t need =
@@ -181,8 +186,8 @@ int reserved_sms(const CascadeChoice& plan, const CascadeLevel* host_levels,
 }
 
 /// Plans level `l` on a cascade level kernel: its tile, split, kernel and fallback.
-void plan_kernel_level(CascadeChoice& plan, int l, const CascadeLevel& lv,
-                       const CascadeTuning& tuning, const CascadeDeviceFacts& facts) {
+void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const CascadeTuning& tuning,
+                       const CascadeDeviceFacts& facts) {
   const CascadeShape& shape = plan.shape;
   CascadeLevelPlan& lp = plan.levels[l];
   const std::int64_t rows_per_req = shape.q_len * (shape.heads_q / shape.heads_kv);
@@ -341,7 +346,11 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   check_shape_and_tuning(func, shape, num_sms, tuning);
   ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
                                             options.causal, pool_of(shape), true);
-  CascadeChoice plan;
+  CascadeChoice choice;
+  Choice& plan = Access::data(choice);
+  plan.catalog_fingerprint = catalog::kFingerprint;
+  plan.overlap_levels = tuning.overlap_levels;
+  plan.prefetch_pages = tuning.prefetch_pages;
   plan.shape = shape;
   plan.num_levels = num_levels;
   plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
@@ -399,106 +408,37 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
                      Status::kNotSupported);
   }
   plan.num_slots = static_cast<int>(slots);
-  return plan;
+  return choice;
 }
 
-std::size_t partials_o_bytes(const CascadeChoice& plan) {
+std::size_t partials_o_bytes(const CascadeChoice& choice) {
+  const Choice& plan = Access::data(choice);
   return align_up(static_cast<std::size_t>(plan.num_slots) * static_cast<std::size_t>(plan.rows()) *
                   static_cast<std::size_t>(plan.shape.head_dim) * sizeof(float));
 }
 
-std::size_t partials_bytes(const CascadeChoice& plan) {
+std::size_t partials_bytes(const CascadeChoice& choice) {
+  const Choice& plan = Access::data(choice);
   const std::size_t slots_rows =
       static_cast<std::size_t>(plan.num_slots) * static_cast<std::size_t>(plan.rows());
-  return partials_o_bytes(plan) + align_up(slots_rows * sizeof(float));
+  return partials_o_bytes(choice) + align_up(slots_rows * sizeof(float));
 }
 
-void check_cascade_plan(const char* func, const CascadeChoice& plan,
-                        const DecodeProblem& decode_problem) {
-  if (plan.num_levels < 1 || plan.num_levels > kMaxCascadeLevels || plan.num_slots < 1 ||
-      plan.shape.batch < 1 || plan.scale == 0.f || !std::isfinite(plan.scale))
-    throw_argument(func, "plan", "a plan made by plan_cascade",
-                   "num_levels " + cascade_str(plan.num_levels) + ", num_slots " +
-                       cascade_str(plan.num_slots) + ", shape.batch " +
-                       cascade_str(plan.shape.batch) + ", scale " + std::to_string(plan.scale));
-  if (plan.ws_variant < 0 || plan.ws_variant > 4)
-    throw_argument(func, "plan.ws_variant", "0..4", cascade_str(plan.ws_variant));
-  if (plan.logits_soft_cap < 0.f || !std::isfinite(plan.logits_soft_cap))
-    throw_argument(func, "plan.logits_soft_cap", "0 or finite and > 0",
-                   std::to_string(plan.logits_soft_cap));
-  if (plan.decode_fold && plan.num_levels > 1 && plan.levels[plan.num_levels - 1].decode &&
-      !catalog::compiled(fold_query(plan.shape, plan.logits_soft_cap)))
-    throw_argument(func, "plan.decode_fold",
-                   "false with this variant (and more than one level): no " +
-                       catalog::not_supported_message(fold_query(plan.shape, plan.logits_soft_cap)),
-                   "true");
-  const CascadeShape& s = plan.shape;
-  // The plan is a public struct: its per-level fields must still describe slots inside the
-  // workspace and launchable kernels (checked before anything is queued).
-  int slots = 0;
-  for (int l = 0; l < plan.num_levels; ++l) {
-    const CascadeLevelPlan& lp = plan.levels[l];
-    const std::string prefix = "plan.levels[" + std::to_string(l) + "].";
-    const auto bad = [&](const char* field, const std::string& want, std::int64_t got) {
-      throw_argument(func, (prefix + field).c_str(), want, cascade_str(got));
-    };
-    if (lp.num_segments < 1) bad("num_segments", ">= 1", lp.num_segments);
-    if (lp.slot_offset != slots)
-      bad("slot_offset", "the slots of the levels before it = " + cascade_str(slots),
-          lp.slot_offset);
-    if (lp.decode != (lp.kernel == Kernel::kDecode))
-      bad("kernel", std::string("kDecode exactly when decode is ") + (lp.decode ? "true" : "false"),
-          static_cast<int>(lp.kernel));
-    if (lp.decode) {
-      if (l != plan.num_levels - 1) bad("decode", "false except on the last level", 1);
-      if (decode_problem.batch != s.batch || decode_problem.heads_q != s.heads_q ||
-          decode_problem.heads_kv != s.heads_kv || decode_problem.head_dim != s.head_dim ||
-          decode_problem.q_len != s.q_len)
-        throw_argument(func, "plan.last_decode.problem", "the shape of plan.shape",
-                       "a different batch, heads, head_dim or q_len");
-      slots += 1;
-      continue;
-    }
-    if (!cascade_tile_supported(lp.tile_rows)) bad("tile_rows", "16, 64 or 128", lp.tile_rows);
-    if (lp.chunk < 1) bad("chunk", ">= 1", lp.chunk);
-    if (lp.max_tiles < 1) bad("max_tiles", ">= 1", lp.max_tiles);
-    if (lp.max_splits < 1 || lp.max_splits > plan.num_slots - slots)
-      bad("max_splits", "1.." + cascade_str(plan.num_slots - slots) + " (slots left)",
-          lp.max_splits);
-    if (lp.num_segments * lp.max_tiles * lp.max_splits >= (std::int64_t{1} << 31))
-      bad("max_splits", "a grid of fewer than 2^31 blocks",
-          lp.num_segments * lp.max_tiles * lp.max_splits);
-    if (lp.stages != 2 && lp.stages != 3) bad("stages", "2 or 3", lp.stages);
-    // the wgmma kernels: the configurations the plan takes them for, on a device that has them
-    if (lp.kernel != Kernel::kMma) {
-      if (lp.kernel != Kernel::kWgmma && lp.kernel != Kernel::kWarpSpecialized)
-        bad("kernel", "kMma, kWgmma or kWarpSpecialized", static_cast<int>(lp.kernel));
-      const catalog::Query wgmma =
-          level_query(catalog::Family::kCascadeWgmma, s, lp.tile_rows,
-                      catalog::variants_of(kNoWindow, plan.logits_soft_cap));
-      if (!lp.wgmma || !plan.wgmma_available || !catalog::compiled(wgmma))
-        bad("kernel",
-            "kMma unless wgmma, plan.wgmma_available and " + catalog::not_supported_message(wgmma),
-            static_cast<int>(lp.kernel));
-    }
-    const bool ws = lp.kernel == Kernel::kWarpSpecialized;
-    if (lp.fallback != (ws ? Kernel::kWgmma : lp.kernel))
-      bad("fallback", ws ? "kWgmma" : "the level's kernel", static_cast<int>(lp.fallback));
-    if (ws) {
-      if (!plan.tensor_maps) bad("kernel", "not kWarpSpecialized without plan.tensor_maps", 2);
-      if (lp.ws_variant < 1 || lp.ws_variant > 4) bad("ws_variant", "1..4", lp.ws_variant);
-      if (lp.tma_box < 1 || lp.tma_box != tma_box_rows(s.page_size))
-        bad("tma_box", "the page size's box = " + cascade_str(tma_box_rows(s.page_size)),
-            lp.tma_box);
-      if (lp.tma_run != 0 && lp.tma_run != tma_run_keys(s.page_size))
-        bad("tma_run", "0 or the page size's run = " + cascade_str(tma_run_keys(s.page_size)),
-            lp.tma_run);
-    }
-    slots += lp.max_splits;
-  }
-  if (slots != plan.num_slots)
-    throw_argument(func, "plan.num_slots", "the slots of its levels = " + cascade_str(slots),
-                   cascade_str(plan.num_slots));
+void check_cascade_plan(const char* func, const CascadeChoice& choice) {
+  const Choice& plan = Access::data(choice);
+  if (plan.catalog_fingerprint == catalog::kFingerprint) return;
+  char want[24], got[24];
+  std::snprintf(want, sizeof want, "%016llx",
+                static_cast<unsigned long long>(catalog::kFingerprint));
+  std::snprintf(got, sizeof got, "%016llx",
+                static_cast<unsigned long long>(plan.catalog_fingerprint));
+  throw_argument(
+      func, "plan",
+      std::string("a plan from plan_cascade of this build (kernel catalog fingerprint ") + want +
+          ")",
+      plan.catalog_fingerprint == 0
+          ? std::string("a plan no planner made (default-constructed)")
+          : std::string("a plan of another kernel catalog (fingerprint ") + got + ")");
 }
 
 CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int run) {
@@ -546,8 +486,17 @@ CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int r
 
 namespace cuda {
 
-std::string to_string(const CascadeChoice& plan) {
+const CascadeLevelPlan& CascadeChoice::level(int l) const {
+  if (l < 0 || l >= d_.num_levels)
+    ::attnstate::detail::throw_argument("attnstate::cuda::CascadeChoice::level", "l",
+                                        "0.." + std::to_string(d_.num_levels - 1),
+                                        std::to_string(l));
+  return d_.levels[l];
+}
+
+std::string to_string(const CascadeChoice& choice) {
   using K = CascadeLevelKernel;
+  const detail::CascadeChoiceData& plan = ::attnstate::plan::Access::data(choice);
   const CascadeShape& s = plan.shape;
   std::string out =
       "cascade plan: batch " + std::to_string(s.batch) + ", " + std::to_string(s.heads_q) + "/" +

@@ -122,12 +122,10 @@ std::size_t partials_o_bytes(const CascadeChoice& plan);
 /// Bytes of the partial states and their LSEs: the offset of the decode level's workspace.
 std::size_t partials_bytes(const CascadeChoice& plan);
 
-/// Checks a plan before a run: the per-level fields must describe slots inside the workspace and
-/// launchable kernels (the plan is a public struct and may have been edited); a decode level's
-/// plan must be for the plan's shape (`decode_problem`, its `DecodePlan::problem`). Errors name
-/// `plan...` as `func`'s argument.
-void check_cascade_plan(const char* func, const CascadeChoice& plan,
-                        const DecodeProblem& decode_problem);
+/// Checks a plan before a run: one `plan_cascade` of this build made (the catalog's
+/// fingerprint; a default-constructed plan has none). The plan cannot be edited, so nothing else
+/// of it is checked again. Errors name `plan` as `func`'s argument.
+void check_cascade_plan(const char* func, const CascadeChoice& plan);
 
 /// How the warp-specialised kernel sees a KV pool: five dims (innermost first) with their byte
 /// strides (dims 1-4) and the boxes of its tensor maps (`kernels::CascadeTmaMaps`).

@@ -89,13 +89,13 @@ TEST(PlanCascadeLevels, PlannerTakesTheLevelsOfAPageTable) {
     const cuda::CascadeChoice p = plan::plan_cascade(
         "test", s, lv.levels(), lv.num_levels(), CascadeOptions{}, 132, cuda::CascadeTuning{},
         plan::CascadeDeviceFacts{true, true}, fake_decode);
-    ASSERT_EQ(p.num_levels, 3);
-    EXPECT_EQ(p.levels[0].tile_rows, 128);  // 64 requests x q_len x group 4 rows
+    ASSERT_EQ(p.num_levels(), 3);
+    EXPECT_EQ(p.level(0).tile_rows, 128);  // 64 requests x q_len x group 4 rows
     // 16 requests x q_len x 4 rows (a single empty segment of 32 requests would make 128)
-    EXPECT_EQ(p.levels[1].tile_rows, q_len == 1 ? 64 : 128);
-    EXPECT_EQ(p.levels[1].max_tiles, q_len == 1 ? 1 : 2);
-    EXPECT_TRUE(p.levels[2].decode);  // the remainders run on the split-KV decode
-    EXPECT_EQ(p.levels[2].kernel, cuda::CascadeLevelKernel::kDecode);
+    EXPECT_EQ(p.level(1).tile_rows, q_len == 1 ? 64 : 128);
+    EXPECT_EQ(p.level(1).max_tiles, q_len == 1 ? 1 : 2);
+    EXPECT_TRUE(p.level(2).decode);  // the remainders run on the split-KV decode
+    EXPECT_EQ(p.level(2).kernel, cuda::CascadeLevelKernel::kDecode);
   }
 }
 

@@ -35,15 +35,23 @@ namespace attnstate {
 namespace cuda {
 
 /// A cascade plan: everything `run_cascade` needs besides the tensors (a small host value): the
-/// choices (`CascadeChoice`) and the decode plan of a decode last level.
-struct CascadePlan : CascadeChoice {
+/// choices (`CascadeChoice`, read through its accessors) and the decode plan of a decode last
+/// level. Only `plan_cascade` makes one; `run_cascade` refuses a default-constructed plan and one
+/// of another kernel catalog (another build) by name.
+class CascadePlan : public CascadeChoice {
+ public:
   /// The decode plan of the last level when it runs on the split-KV decode (see
-  /// `CascadeTuning::decode_last_level`); its workspace follows the partial states.
-  DecodePlan last_decode;
+  /// `CascadeTuning::decode_last_level`; a default-constructed plan otherwise); its workspace
+  /// follows the partial states.
+  const DecodePlan& last_decode() const { return last_decode_; }
   /// Bytes of device workspace `run_cascade` needs: fp32 partial states
   /// `(num_slots, rows, head_dim)` and their LSEs `(num_slots, rows)`, then the workspace of
   /// `last_decode` when the last level runs on the decode; 256-byte aligned sections.
   std::size_t workspace_bytes() const;
+
+ private:
+  friend struct detail::CascadePlanAccess;
+  DecodePlan last_decode_;
 };
 
 /// Plans a cascade for the current device (host; reads the host level arrays). Its only CUDA

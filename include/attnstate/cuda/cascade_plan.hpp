@@ -75,6 +75,13 @@ struct CascadeTuning {
   /// in turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons; each is exact to
   /// rounding, and repeatable for a given plan).
   int ws_variant = -1;
+  /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
+  /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix)
+  /// (`CascadeChoice::overlap_levels`).
+  bool overlap_levels = true;
+  /// Fetch each KV tile's page ids one tile ahead of its copies (hides the page-table latency;
+  /// `CascadeChoice::prefetch_pages`).
+  bool prefetch_pages = true;
 };
 
 /// The kernel that runs a level, resolved by `plan_cascade` (see docs/internals.md, "Cascade").
@@ -97,7 +104,8 @@ enum class CascadeLastLevel : std::uint8_t {
   kOnlyShared = 5,  ///< A planner without a decode (the host planner's tests).
 };
 
-/// What the plan chose for one level.
+/// What the plan chose for one level: a record a plan hands out read-only
+/// (`CascadeChoice::level`).
 struct CascadeLevelPlan {
   std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
   int tile_rows = 0;              ///< Query rows per CTA tile (16, 64 or 128).
@@ -129,43 +137,87 @@ struct CascadeLevelPlan {
   int tma_run = 0;
 };
 
-/// What `plan_cascade` chose for every level and the run: all of `CascadePlan` (cascade.hpp)
-/// but the decode plan of a decode last level.
-struct CascadeChoice {
-  CascadeShape shape;                               ///< The planned shape.
-  int num_levels = 0;                               ///< Levels (1..kMaxCascadeLevels).
-  CascadeLevelPlan levels[kMaxCascadeLevels] = {};  ///< Per-level choices.
-  int num_slots = 0;                                ///< Partial states per query row.
-  float scale = 0.f;                                ///< Softmax scale (resolved, never 0).
-  bool causal = true;                               ///< Causal mask on the last level.
-  int num_sms = 0;                                  ///< SMs planned for.
-  /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
-  /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix).
+class CascadeChoice;
+
+namespace detail {
+
+struct CascadePlanAccess;
+
+/// What `plan_cascade` chose for every level and the run: the data behind `CascadeChoice`'s
+/// accessors, written by the planner only and read by the runner (through `CascadePlanAccess`,
+/// src/plan/cascade_plan_access.hpp).
+struct CascadeChoiceData {
+  CascadeShape shape;
+  int num_levels = 0;
+  CascadeLevelPlan levels[kMaxCascadeLevels] = {};
+  int num_slots = 0;
+  float scale = 0.f;
+  bool causal = true;
+  int num_sms = 0;
   bool overlap_levels = true;
-  /// Fetch each KV tile's page ids one tile ahead of its copies (hides the page-table latency).
   bool prefetch_pages = true;
+  int ws_variant = 1;
+  bool wgmma_available = false;
+  bool tensor_maps = false;
+  int decode_sms = 0;
+  bool decode_fold = true;
+  float logits_soft_cap = 0.f;
+  CascadeLastLevel last_level = CascadeLastLevel::kOnlyShared;
+  /// The catalog's fingerprint of the build that made the plan (0: no planner made it).
+  std::uint64_t catalog_fingerprint = 0;
+  /// Query rows `batch · q_len · heads_q`.
+  std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
+};
+
+}  // namespace detail
+
+/// What `plan_cascade` chose for every level and the run: all of `CascadePlan` (cascade.hpp)
+/// but the decode plan of a decode last level. Read-only: only the planner makes one (the
+/// choices a caller may make go through `CascadeTuning`, checked when planning), so a run
+/// checks only what can differ from the plan; a plan of another kernel catalog (another build)
+/// or a default-constructed one is refused by name.
+class CascadeChoice {
+ public:
+  const CascadeShape& shape() const { return d_.shape; }  ///< The planned shape.
+  int num_levels() const { return d_.num_levels; }        ///< Levels (1..kMaxCascadeLevels).
+  /// The choices of level `l` (`0 <= l < num_levels()`; others throw `kInvalidArgument`).
+  const CascadeLevelPlan& level(int l) const;
+  int num_slots() const { return d_.num_slots; }  ///< Partial states per query row.
+  float scale() const { return d_.scale; }        ///< Softmax scale (resolved, never 0).
+  bool causal() const { return d_.causal; }       ///< Causal mask on the last level.
+  int num_sms() const { return d_.num_sms; }      ///< SMs planned for.
+  /// Every level after the first launches as a programmatic dependent launch, so a memory-bound
+  /// level (unique suffixes) runs beside a compute-bound one (`CascadeTuning::overlap_levels`).
+  bool overlap_levels() const { return d_.overlap_levels; }
+  /// Each KV tile's page ids are fetched one tile ahead of its copies
+  /// (`CascadeTuning::prefetch_pages`).
+  bool prefetch_pages() const { return d_.prefetch_pages; }
   /// The warp-specialised kernel variant of the levels that take it (`CascadeTuning::ws_variant`
   /// resolved: 0 none, 1..4).
-  int ws_variant = 1;
+  int ws_variant() const { return d_.ws_variant; }
   /// The device facts the plan was made with (those of the device current at planning; run the
   /// plan there): the `wgmma` kernels run on it (an sm_90 part running code built for sm_90a).
-  bool wgmma_available = false;
+  bool wgmma_available() const { return d_.wgmma_available; }
   /// The driver encodes tensor maps (`cuTensorMapEncodeTiled`; see `wgmma_available`).
-  bool tensor_maps = false;
+  bool tensor_maps() const { return d_.tensor_maps; }
   /// SMs the shared levels' splits leave free for a decode last level
   /// (`CascadeTuning::decode_sms`).
-  int decode_sms = 0;
+  int decode_sms() const { return d_.decode_sms; }
   /// That decode folds the shared levels' states into its output (`CascadeTuning::decode_fold`);
   /// false: it writes its workspace slot beside the shared levels and a merge launch follows.
-  bool decode_fold = true;
+  bool decode_fold() const { return d_.decode_fold; }
   /// Logits soft cap of every level (`CascadeOptions::variant`; 0: none). Its levels run on the
   /// `mma.sync` kernel, and a decode last level on the decode's variant kernel into its own
   /// workspace slot (`decode_fold` false unless it is the only level).
-  float logits_soft_cap = 0.f;
+  float logits_soft_cap() const { return d_.logits_soft_cap; }
   /// Where the last level runs, and why (`to_string(const CascadeChoice&)` says it in words).
-  CascadeLastLevel last_level = CascadeLastLevel::kOnlyShared;
+  CascadeLastLevel last_level() const { return d_.last_level; }
   /// Query rows `batch · q_len · heads_q`.
-  std::int64_t rows() const { return shape.batch * shape.q_len * shape.heads_q; }
+  std::int64_t rows() const { return d_.rows(); }
+
+ private:
+  friend struct detail::CascadePlanAccess;
+  detail::CascadeChoiceData d_;
 };
 
 /// One line describing `plan` for logs: its shape, then per level the kernel it takes and why
