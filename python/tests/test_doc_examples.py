@@ -5,6 +5,11 @@ its marked region), so running the file runs the README's code."""
 import os
 import runpy
 
+import pytest
+
+import attnstate
+import attnstate.testing
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 
 
@@ -14,6 +19,7 @@ def test_readme_quickstart_runs_and_agrees_with_one_pass(capsys):
     assert "merge of the two halves == one pass" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(attnstate.testing._T is None, reason="built without the testing kit")
 def test_testing_kit_to_inputs_example_runs(capsys, monkeypatch):
     # docs/testing_kit.md, "From Python": check_kernel with to_inputs; the example asserts that
     # float16 draws reach the kernel as float16 arrays, and check_kernel raises on a broken law.

@@ -92,10 +92,12 @@ def test_errors_from_cuda_calls():
         attnstate.merge_state(mixed, a)
     with pytest.raises(attnstate.Error, match="argument 'stream'"):
         attnstate.merge_state(host, host, stream=torch.cuda.current_stream())
-    odd = rand_state(8, 2, 80, torch.bfloat16, "natural")
+    # an fp8 o mixed with another fp8 format is refused by name (the merges take any head dim)
+    f8 = attnstate.State(a.o.to(torch.float8_e4m3fn), a.lse, "natural")
+    f5 = attnstate.State(a.o.to(torch.float8_e5m2), a.lse, "natural")
     with pytest.raises(attnstate.Error) as e:
-        attnstate.merge_state(odd, odd)
-    assert e.value.status == attnstate.Status.NOT_SUPPORTED and "head_dim" in str(e.value)
+        attnstate.merge_state(f8, f5)
+    assert e.value.status == attnstate.Status.NOT_SUPPORTED and "dtype" in str(e.value)
 
 
 def paged_problem(batch=4, heads_q=32, heads_kv=8, d=128, page=16, lens=(1000, 17, 0, 300)):

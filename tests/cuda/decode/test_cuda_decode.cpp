@@ -154,7 +154,8 @@ TEST(CudaDecode, StreamedKernelMatchesReference) {
   // next item): every dtype, layout, page size, head dim, group and q_len of the shape table,
   // batches of ragged lengths (0, 1, page edges, several hundred keys), planned for 1 and 3 SMs
   // (each warp then takes many items: short ones, empty ones and long ones in a row) and for the
-  // device. Page sizes that are not multiples of 16 fall back to the split kernel.
+  // device. Page sizes that are not multiples of 16 fall back to the split kernel; head dim 256,
+  // which has no streamed kernel, is refused at plan time by name.
   ATTNSTATE_REQUIRE_GPU();
   struct Case {
     std::int64_t q_len, hq, hkv, D, page;
@@ -174,7 +175,13 @@ TEST(CudaDecode, StreamedKernelMatchesReference) {
       {4, 32, 2, 128, 5, KvLayout::kNHD, false, DType::kF16, DType::kBF16},
   };
   std::uint64_t seed = 150;
+  const std::vector<std::int64_t> decode_dims = attnstate_test::decode_head_dims();
+  const std::vector<std::int64_t> stream_dims = attnstate_test::stream_head_dims();
+  const auto has = [](const std::vector<std::int64_t>& v, std::int64_t x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
   for (const Case& c : cases) {
+    if (!has(decode_dims, c.D)) continue;  // a build of fewer head dims
     DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, c.bt, c.dt, c.dt);
     const std::int32_t pg = static_cast<std::int32_t>(c.page);
     cfg.seq_lens = {pg + 1, 0, 300, 3, 700, 1, pg - 1, pg, 0, 16, 17, 2 * pg + 1, 15, 481, 33};
@@ -182,6 +189,16 @@ TEST(CudaDecode, StreamedKernelMatchesReference) {
     for (int sms : {1, 3, num_sms()}) {
       DecodeOptions o = count_opts(1);
       o.kernel = DecodeKernel::kStreamed;
+      if (!has(stream_dims, c.D)) {  // the catalog holds no streamed kernel there: refused
+        try {
+          cuda::plan_decode(p.problem(), p.seq_lens.data(), o, sms);
+          ADD_FAILURE() << cfg.name() << ": kStreamed planned without a streamed kernel";
+        } catch (const attnstate::Error& e) {
+          EXPECT_EQ(e.status(), Status::kNotSupported) << e.what();
+          EXPECT_NE(std::string(e.what()).find("options.kernel"), std::string::npos) << e.what();
+        }
+        continue;
+      }
       const cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), o, sms);
       const GpuOut g = run_plan(p, plan, c.od, LseBase::kNatural);
       expect_matches_reference(
