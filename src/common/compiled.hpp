@@ -72,8 +72,10 @@ using MergeHeadDims = Built<IntList<64, 128, 256, 512>>::type;
 /// Head dims of the `merge_states` kernel for rows whose chunks (of 8 elements) are not a power
 /// of two in number (`merge_odd_kernel`, kernels/merge/odd.cuh: a power of two of threads per row,
 /// an odd count of chunks each). Not cut to the build's list: no other family compiles them, and
-/// at any other head dim the merges keep their general kernel.
-using MergeOddHeadDims = IntList<48, 80, 96, 112, 160, 192>;
+/// at any other head dim the merges keep their general kernel. Only the rows of 3 chunks a thread
+/// are listed: at 80, 112 and 160 (5 or 7 chunks a thread) and 48 the kernel was measured slower
+/// than the general kernel (bench/RESULTS.md).
+using MergeOddHeadDims = IntList<96, 192>;
 /// Head dims of the split-KV decode kernels.
 using DecodeHeadDims = Built<IntList<64, 128, 256>>::type;
 /// Head dims of the cascade kernels (its levels, its merge; its last level runs the decode).

@@ -1,10 +1,10 @@
 /// @file kernels/merge/odd.cuh
 /// @brief Kernel of `merge_states` for rows whose chunks of `o` are not a power of two in number
-///        (the head dims of `compiled::MergeOddHeadDims`: 80 = 10 chunks, 96 = 12, 192 = 24, ...)
-///        and allow 16-byte access: a row is merged by a power of two of threads, each an odd
-///        count of its chunks (80: 2 threads x 5 chunks, 96: 4 x 3, 192: 8 x 3), so no thread
-///        idles, where the general kernel rounds a row up to a power of two of one-chunk lanes
-///        (6 of 16 idle at 80). Each thread copies its chunks of `o` and its share of the row's
+///        (the head dims of `compiled::MergeOddHeadDims`: 96 = 12 chunks, 192 = 24) and allow
+///        16-byte access: a row is merged by a power of two of threads, each an odd count of
+///        its chunks (96: 4 threads x 3 chunks, 192: 8 x 3; the kernel also takes 80 = 2 x 5,
+///        measured slower there than the general kernel), so no thread idles, where the general
+///        kernel rounds a row up to a power of two of one-chunk lanes (4 of 16 idle at 96). Each thread copies its chunks of `o` and its share of the row's
 ///        LSEs into its own shared memory together (`cp.async`, one memory round trip per batch
 ///        of states), then merges from there.
 ///
