@@ -43,6 +43,7 @@ using attnstate::LseBase;
 using attnstate::MemorySpace;
 using attnstate::StateLayout;
 using attnstate::StateView;
+using attnstate::TokenMask;
 using i64 = std::int64_t;
 
 constexpr i64 kI64Max = std::numeric_limits<i64>::max();
@@ -130,6 +131,16 @@ class Ctx {
     if (bytes < 0 || off + bytes + 128 > size_)
       throw std::logic_error("fuzzer: arena exhausted (" + name + ")");
     used_ = off + bytes;
+    regions.push_back({name, off, bytes, input});
+    return off;
+  }
+  /// `bytes` (>= 0) ending exactly at the arena's last byte, so that a read past them leaves the
+  /// allocation (ASan, compute-sanitizer); no buffer can follow it.
+  i64 alloc_tail(const std::string& name, i64 bytes, bool input) {
+    const i64 off = size_ - bytes;
+    if (bytes < 0 || off < used_ + 16)
+      throw std::logic_error("fuzzer: arena exhausted (" + name + ")");
+    used_ = size_;
     regions.push_back({name, off, bytes, input});
     return off;
   }
@@ -334,11 +345,13 @@ inline StateArg make_state(Ctx& c, const std::string& name, i64 tokens, i64 head
   return s;
 }
 
-/// Marks the rows described by an output state writable (o too unless `lse_only`).
+/// Marks the rows described by an output state writable (o too unless `lse_only`); with
+/// `written`, only the rows of the tokens `t` with `written[t]` (a masked in-place update).
 inline void allow_state(Ctx& c, const StateLayout& v, const void* o, const float* lse,
-                        bool lse_only = false) {
+                        bool lse_only = false, const std::vector<bool>* written = nullptr) {
   for (i64 t = 0; t < v.tokens; ++t)
     for (i64 h = 0; h < v.heads; ++h) {
+      if (written != nullptr && !(*written)[static_cast<std::size_t>(t)]) continue;
       if (!lse_only)
         c.allow(c.off_of(o) + (t * v.o_stride_token + h * v.o_stride_head) * es(v.dtype),
                 v.head_dim * es(v.dtype));

@@ -100,6 +100,133 @@ inline bool alias_output(StateArg& out, const StateArg& in) {
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Token masks: `TokenMask{data, stride}`, any stride >= 0 (0 broadcasts one flag), disjoint from
+// the state the call writes; read-only inputs may hold it.
+
+/// A mask argument over `tokens` tokens (the tokens as drawn: a call whose shapes are mutated is
+/// rejected before its mask is looked at).
+struct MaskArg {
+  attnstate::TokenMask m;  ///< `m.data` null: no mask
+  i64 tokens = 0;
+  bool stride_bad = false;  ///< a mutation made the stride invalid (the call is rejected)
+  std::string at = "mask";  ///< the buffer holding it (for the log)
+};
+
+/// Bytes a mask over `t` tokens spans: 1 for stride 0, `(t - 1) * stride + 1` otherwise, 0
+/// without tokens (clamped to 2^63 - 1; 0 for a negative stride).
+inline i64 mask_span(i64 t, i64 stride) {
+  if (t <= 0 || stride < 0) return 0;
+  return clamp128(static_cast<i128>(t - 1) * stride + 1);
+}
+
+/// 0, 1, 2, 3 mostly, sometimes larger; one token reads only its flag whatever the stride.
+inline i64 draw_mask_stride(Rng& r, i64 t) {
+  const i64 k = r.range(0, 99);
+  if (k < 20) return 0;
+  if (k < 45) return 1;
+  if (k < 60) return 2;
+  if (k < 75) return 3;
+  if (t == 1 && k < 82) return r.pick<i64>({k2p62, kI64Max});
+  return r.pick<i64>({4, 7, 16, 64, 255, 1000});
+}
+
+/// In `pct`% of the cases a mask of a drawn stride, exactly its span allocated (a third of the
+/// time at the arena's end, so that reading past it leaves the allocation), flags 0, 1 or 2.
+inline MaskArg make_mask(Ctx& c, i64 t, int pct) {
+  MaskArg m;
+  m.tokens = t;
+  if (!c.rng.coin(pct)) return m;
+  m.m.stride = draw_mask_stride(c.rng, t);
+  const i64 bytes = mask_span(t, m.m.stride);
+  const i64 off =
+      t > 0 && c.rng.coin(33) ? c.alloc_tail("mask", bytes, true) : c.alloc("mask", bytes, true);
+  for (i64 i = 0; i < t; ++i)
+    c.put<std::uint8_t>(off + i * m.m.stride, static_cast<std::uint8_t>(c.rng.range(0, 2)));
+  m.m.data = static_cast<const std::uint8_t*>(c.ptr(off));
+  return m;
+}
+
+/// The region named `name`, or null.
+inline const Region* find_region(const Ctx& c, const std::string& name) {
+  for (const Region& g : c.regions)
+    if (g.name == name) return &g;
+  return nullptr;
+}
+
+/// The mask's hard mutations of its stride: negative, or a span past 2^62.
+inline bool mutate_mask_stride(Ctx& c, MaskArg& m) {
+  if (m.m.data == nullptr) return false;  // a null mask is no mask: its stride is never read
+  const bool negative = c.rng.coin(50);
+  if (!negative && m.tokens < 2) return false;  // one flag: any stride spans one byte
+  if (!c.touch("mask#stride")) return false;
+  m.m.stride = negative ? c.rng.pick<i64>({-1, -2, -1000, kI64Min})
+                        : c.rng.pick<i64>({k2p62, k2p62 + 1, kI64Max});
+  m.stride_bad = true;
+  c.reject("mask.stride = " + str(m.m.stride) + (negative ? "" : " (span overflows)"),
+           {"mask.stride"});
+  return true;
+}
+
+/// Moves the mask (drawing a stride when there was none) so that its span meets `out`'s o or
+/// lse; `settle_mask` then expects the rejection.
+inline bool mask_over_output(Ctx& c, MaskArg& m, const StateArg& out) {
+  if (out.v.tokens < 1 || m.tokens < 1) return false;
+  const i64 stride = m.m.data == nullptr ? draw_mask_stride(c.rng, m.tokens) : m.m.stride;
+  const bool on_o = c.rng.coin(50);
+  const Range r = on_o ? o_range(out.v, out.v.o) : lse_range(out.v, out.v.lse);
+  const i64 span = mask_span(m.tokens, stride);
+  if (r.p == nullptr || r.bytes < 1 || !c.in_arena(r.p, r.bytes) || span > c.size()) return false;
+  // the span starts up to span - 1 bytes before the buffer or anywhere inside it
+  const i64 lo = std::max<i64>(-(span - 1), -c.off_of(r.p));
+  const i64 delta = c.rng.range(lo, r.bytes - 1);
+  const void* p = reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(r.p) + delta);
+  if (!c.in_arena(p, span) || !c.touch("mask#ptr") || !c.touch(out.name + "#ptr")) return false;
+  m.m.stride = stride;
+  m.m.data = static_cast<const std::uint8_t*>(p);
+  m.at = out.name + (on_o ? ".o" : ".lse") + "+" + str(delta);
+  c.note("mask (stride " + str(m.m.stride) + ") placed over " + m.at);
+  return true;
+}
+
+/// Moves the mask inside the buffer of a read-only input (`in.o` or `in.lse` as allocated): no
+/// error, unless that memory is also the output's (`settle_mask` decides).
+inline bool mask_over_input(Ctx& c, MaskArg& m, const StateArg& in) {
+  if (m.tokens < 1) return false;
+  const i64 stride = m.m.data == nullptr ? draw_mask_stride(c.rng, m.tokens) : m.m.stride;
+  const std::string buf = in.name + (c.rng.coin(50) ? ".o" : ".lse");
+  const Region* g = find_region(c, buf);
+  const i64 span = mask_span(m.tokens, stride);
+  if (g == nullptr || g->bytes < span || !c.touch("mask#ptr")) return false;
+  m.m.stride = stride;
+  const i64 delta = c.rng.range(0, g->bytes - span);
+  m.m.data = static_cast<const std::uint8_t*>(c.ptr(g->off + delta));
+  m.at = buf + "+" + str(delta);
+  c.note("soft: mask (stride " + str(m.m.stride) + ") inside " + m.at);
+  return true;
+}
+
+/// After the mutations: a mask whose span meets the written state's o or lse (placed there, or
+/// inside an input the output aliases) must be rejected. Returns which tokens the call selects
+/// (every one without a mask), as the flags stand in the arena.
+inline std::vector<bool> settle_mask(Ctx& c, const MaskArg& m, const StateArg& out) {
+  std::vector<bool> sel(static_cast<std::size_t>(std::max<i64>(m.tokens, 0)), true);
+  if (m.m.data == nullptr || m.stride_bad) return sel;
+  const Range mr{m.m.data, mask_span(m.tokens, m.m.stride)};
+  if (overlap(mr, o_range(out.v, out.v.o)) || overlap(mr, lse_range(out.v, out.v.lse)))
+    c.reject("mask over " + out.name + " (at " + m.at + ")", {"mask", out.name}, false);
+  if (c.in_arena(mr.p, mr.bytes))
+    for (i64 t = 0; t < m.tokens; ++t)
+      sel[static_cast<std::size_t>(t)] = c.get<std::uint8_t>(m.m.data + t * m.m.stride) != 0;
+  return sel;
+}
+
+inline std::string describe(const MaskArg& m, const Ctx& c) {
+  if (m.m.data == nullptr) return "mask none (stride " + str(m.m.stride) + ")";
+  return "mask{@" + str(c.off_of(m.m.data)) + " (" + m.at + "), stride " + str(m.m.stride) +
+         ", tokens " + str(m.tokens) + "}";
+}
+
 template <class B>
 Built build_merge_state(Ctx& c, int nmut) {
   const i64 d = B::draw_dim(c.rng);
@@ -112,6 +239,10 @@ Built build_merge_state(Ctx& c, int nmut) {
   out->lse_optional = true;  // merge_state writes no LSE into an output without one
   if (c.rng.coin(15) && alias_output(*out, c.rng.coin(50) ? *a : *b))
     c.note("out aliases an input");
+  // the masked overload: with a mask, or without one (a null mask of any stride >= 0 is none)
+  auto* mask = new MaskArg(make_mask(c, t, 40));
+  bool masked = mask->m.data != nullptr || c.rng.coin(25);
+  if (masked && mask->m.data == nullptr) mask->m.stride = draw_mask_stride(c.rng, t);
   apply_mutations(c, nmut,
                   {[&] {
                      return mutate_state(c, *a, {"b", "out"});
@@ -129,15 +260,25 @@ Built build_merge_state(Ctx& c, int nmut) {
                      return mutate_mismatch(c, *out, {"a", "b"});
                    },
                    [&] { return overlap_state(c, *out, *a, true); },
-                   [&] { return overlap_state(c, *out, *b, true); }});
+                   [&] { return overlap_state(c, *out, *b, true); },
+                   [&] { return masked && mutate_mask_stride(c, *mask); },
+                   [&] { return mask_over_output(c, *mask, *out) && (masked = true); },
+                   [&] { return mask_over_input(c, *mask, *a) && (masked = true); },
+                   [&] { return mask_over_input(c, *mask, *b) && (masked = true); }});
+  settle_mask(c, *mask, *out);  // out = a where the mask leaves a token out: every row written
   maybe_wild(c, state_setters({a, b, out}));
   if (!c.expect_reject) allow_state(c, out->v, out->v.o, out->v.lse);
   c.note(describe(*a, c));
   c.note(describe(*b, c));
   c.note(describe(*out, c));
+  if (masked) c.note(describe(*mask, c));
   std::shared_ptr<StateArg> sa(a), sb(b), so(out);
+  std::shared_ptr<MaskArg> sm(mask);
+  if (!masked)
+    return {std::string(B::kPrefix) + "merge_state",
+            [sa, sb, so] { B::merge_state(sa->v, sb->v, so->v); }};
   return {std::string(B::kPrefix) + "merge_state",
-          [sa, sb, so] { B::merge_state(sa->v, sb->v, so->v); }};
+          [sa, sb, so, sm] { B::merge_state(sa->v, sb->v, so->v, sm->m); }};
 }
 
 template <class B>
@@ -153,40 +294,33 @@ Built build_merge_state_inplace(Ctx& c, int nmut) {
     other->v = acc->v;
     c.note("other aliases acc");
     c.uncertain = true;  // not said either way by the docs
+    // so a call rejected for another reason may be refused for the alias first
+    c.blame.push_back("acc");
+    c.blame.push_back("other");
   }
-  auto mask = std::make_shared<const std::uint8_t*>(nullptr);
-  if (c.rng.coin(60) && t > 0) {
-    const i64 off = c.alloc("mask", t, true);
-    for (i64 i = 0; i < t; ++i)
-      c.put<std::uint8_t>(off, static_cast<std::uint8_t>(c.rng.range(0, 2)));
-    *mask = static_cast<const std::uint8_t*>(c.ptr(off));
-  }
+  auto mask = std::make_shared<MaskArg>(make_mask(c, t, 60));
   apply_mutations(c, nmut,
                   {[&] { return mutate_state(c, *acc, {"other"}); },
                    [&] { return mutate_state(c, *other, {"acc"}); },
                    [&] { return mutate_mismatch(c, *other, {"acc"}); },
                    [&] { return overlap_state(c, *acc, *other, true); },
-                   [&] {  // the mask over the state it updates
-                     if (acc->v.tokens < 1 || !c.touch("acc#ptr")) return false;
-                     const Range r =
-                         c.rng.coin(50) ? o_range(acc->v, acc->v.o) : lse_range(acc->v, acc->v.lse);
-                     if (r.bytes < acc->v.tokens || !c.in_arena(r.p, r.bytes)) return false;
-                     *mask = static_cast<const std::uint8_t*>(r.p);
-                     c.reject("mask over acc", {"mask", "acc"}, false);
-                     return true;
-                   }});
+                   [&] { return mutate_mask_stride(c, *mask); },
+                   [&] { return mask_over_output(c, *mask, *acc); },
+                   [&] { return mask_over_input(c, *mask, *other); }});
+  // tokens the mask leaves out are not written
+  const std::vector<bool> written = settle_mask(c, *mask, *acc);
   {
     auto setters = state_setters({acc.get()});
     setters.push_back([other](void* p) { other->v.o = p; });
     setters.push_back([other](void* p) { other->v.lse = static_cast<float*>(p); });
     maybe_wild(c, setters);
   }
-  if (!c.expect_reject) allow_state(c, acc->v, acc->v.o, acc->v.lse);
+  if (!c.expect_reject) allow_state(c, acc->v, acc->v.o, acc->v.lse, false, &written);
   c.note(describe(*acc, c));
   c.note(describe(*other, c));
-  c.note("mask @" + str(*mask ? c.off_of(*mask) : -1));
+  c.note(describe(*mask, c));
   return {std::string(B::kPrefix) + "merge_state_inplace",
-          [acc, other, mask] { B::merge_state_inplace(acc->v, other->v, *mask); }};
+          [acc, other, mask] { B::merge_state_inplace(acc->v, other->v, mask->m); }};
 }
 
 struct StackArg {

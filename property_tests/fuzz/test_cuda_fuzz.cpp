@@ -92,7 +92,10 @@ struct CudaBackend {
   static void merge_state(ConstStateView a, ConstStateView b, StateView out) {
     gpu::merge_state(a, b, out);
   }
-  static void merge_state_inplace(StateView acc, ConstStateView o, const std::uint8_t* m) {
+  static void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask m) {
+    gpu::merge_state(a, b, out, m);
+  }
+  static void merge_state_inplace(StateView acc, ConstStateView o, TokenMask m) {
     gpu::merge_state_inplace(acc, o, m);
   }
   static void merge_states(ConstStateStackView s, StateView out) { gpu::merge_states(s, out); }
@@ -231,9 +234,9 @@ TEST(FuzzCuda, RunCascadeDeviceGrouping) {
 /// or accepts a call it must reject. The device oracle must flag each.
 struct BrokenCudaBackend : CudaBackend {
   static int mode;
-  static void merge_state(ConstStateView a, ConstStateView b, StateView out) {
+  static void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask m = {}) {
     if (mode == 2) return;  // accepts everything, writes nothing
-    gpu::merge_state(a, b, out);
+    gpu::merge_state(a, b, out, m);
     if (out.tokens == 0) return;
     if (mode == 0)
       ATTNSTATE_CUDA_CHECK(cudaMemset(out.lse + (out.tokens - 1) * out.lse_stride_token +

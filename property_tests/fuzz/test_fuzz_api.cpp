@@ -64,7 +64,10 @@ struct CpuBackend {
   static void merge_state(ConstStateView a, ConstStateView b, StateView out) {
     cpu::merge_state(a, b, out);
   }
-  static void merge_state_inplace(StateView acc, ConstStateView o, const std::uint8_t* m) {
+  static void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask m) {
+    cpu::merge_state(a, b, out, m);
+  }
+  static void merge_state_inplace(StateView acc, ConstStateView o, TokenMask m) {
     cpu::merge_state_inplace(acc, o, m);
   }
   static void merge_states(ConstStateStackView s, StateView out) { cpu::merge_states(s, out); }
@@ -495,14 +498,20 @@ TEST(FuzzKit, PublicConstructors) {
 /// a.o (an input), or accepts a call it must reject. The oracle must flag each.
 struct BrokenBackend : CpuBackend {
   static int mode;
-  static void merge_state(ConstStateView a, ConstStateView b, StateView out) {
+  static void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask m = {}) {
     if (mode == 2) return;  // accepts everything, writes nothing
-    cpu::merge_state(a, b, out);
+    cpu::merge_state(a, b, out, m);
     if (out.tokens == 0) return;
     if (mode == 0)
       out.lse[(out.tokens - 1) * out.lse_stride_token + (out.heads - 1) * out.lse_stride_head + 1 +
               4] = 1.f;
     if (mode == 1) *static_cast<std::uint8_t*>(const_cast<void*>(a.o)) ^= 0x5A;
+  }
+  /// Mode 3: reads a mask of stride >= 2 as a contiguous one (a wrong stride computation; it
+  /// then reads only inside the mask's span).
+  static void merge_state_inplace(StateView acc, ConstStateView o, TokenMask m) {
+    if (mode == 3 && m.stride > 1) m.stride = 1;
+    cpu::merge_state_inplace(acc, o, m);
   }
 };
 int BrokenBackend::mode = 0;
@@ -524,6 +533,23 @@ TEST(FuzzHarness, CatchesWritesOutsideOutputsAndAcceptedInvalidCalls) {
     EXPECT_GT(flagged, eligible / 2) << "mode " << mode;
     EXPECT_GT(eligible, 50) << "mode " << mode;
   }
+}
+
+/// A masked in-place merge that misreads a strided mask writes tokens the mask leaves out: the
+/// oracle, which allows only the selected tokens' rows, must flag it.
+TEST(FuzzHarness, CatchesAMaskReadWithTheWrongStride) {
+  BrokenBackend::mode = 3;
+  int flagged = 0, cases = 0;
+  for (std::uint64_t seed = 1; seed <= 1000; ++seed) {
+    Ctx c(arena().mem, kArenaBytes, reinterpret_cast<std::uintptr_t>(arena().mem), arena().wild,
+          MemorySpace::kHost, seed);
+    const Built b = build_merge_state_inplace<BrokenBackend>(c, 0);
+    ++cases;
+    if (!run_case<BrokenBackend>(c, b).empty()) ++flagged;
+  }
+  BrokenBackend::mode = 0;
+  // about 1 case in 12 has a mask of stride >= 2 over 2+ tokens whose misread flags differ
+  EXPECT_GT(flagged, cases / 50);
 }
 
 /// The error check itself: a wrong status, a message without ", got", an innocent argument.
