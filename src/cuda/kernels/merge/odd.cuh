@@ -4,9 +4,10 @@
 ///        16-byte access: a row is merged by a power of two of threads, each an odd count of
 ///        its chunks (96: 4 threads x 3 chunks, 192: 8 x 3; the kernel also takes 80 = 2 x 5,
 ///        measured slower there than the general kernel), so no thread idles, where the general
-///        kernel rounds a row up to a power of two of one-chunk lanes (4 of 16 idle at 96). Each thread copies its chunks of `o` and its share of the row's
-///        LSEs into its own shared memory together (`cp.async`, one memory round trip per batch
-///        of states), then merges from there.
+///        kernel rounds a row up to a power of two of one-chunk lanes (4 of 16 idle at 96). Each
+///        thread copies its chunks of `o` and its share of the row's LSEs into its own shared
+///        memory together (`cp.async`, one memory round trip per batch of states), then merges from
+///        there.
 ///
 /// The numerics are those of `merge_row` (tile/merge_row.cuh) operation for operation, so the
 /// result is bitwise the one of `merge_stack_kernel`: the LSE work is split over the general
