@@ -1,8 +1,6 @@
 /// @file merge.cu
 /// @brief CUDA backend: the pairwise merges `merge_state` and `merge_state_inplace`.
 #include <cstdint>
-#include <iterator>
-#include <type_traits>
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
@@ -10,6 +8,7 @@
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/launch.cuh"
 #include "cuda/kernels/merge/pair.cuh"
+#include "cuda/merge_units.hpp"
 #include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
@@ -30,31 +29,6 @@ int whole_chunks(const kernels::PairArgs& args, std::int64_t rows) {
     if (s.group * c == s.per_row && rows * s.group / kernels::kMinBlock < 0x7fffffff) return c;
   }
   return 0;
-}
-
-/// Launches the whole-row pairwise kernel of `kC` chunks per thread (`whole_chunks`) for `args`.
-template <class TA, class TB, class TO, int kC>
-void launch_whole(const kernels::PairArgs& args, std::int64_t rows, cudaStream_t stream) {
-  kernels::PairArgs w = args;
-  w.split = kernels::row_split(args.out.head_dim, kC);
-  const std::int64_t threads = rows * w.split.group;
-  int block = kernels::kMergeBlock;
-  while (block > kernels::kMinBlock && threads < kernels::sm_count() * std::int64_t{block}) {
-    block /= 2;
-  }
-  detail::LaunchConfig c;
-  c.grid = dim3(static_cast<unsigned>((threads + block - 1) / block));
-  c.block = dim3(static_cast<unsigned>(block));
-  c.stream = stream;
-  // Streaming the inputs past L1 pays for fp8 outputs and costs for the others (measured:
-  // bench/RESULTS.md); it needs inputs the kernel does not write.
-  if (kIsFp8<TO> && args.out.o != args.a.o && args.out.o != args.b.o) {
-    detail::launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, true>,
-                          "merge_pair_whole_kernel", w);
-  } else {
-    detail::launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, false>,
-                          "merge_pair_whole_kernel", w);
-  }
 }
 
 /// `PairArgs::aligned` for these views.
@@ -82,13 +56,7 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
     using TA = decltype(ta);
     using TB = decltype(tb);
     using TO = decltype(to);
-    static_assert(std::size(kernels::kWholeChunks) == 2, "the chunk counts below");
-    if (whole == kernels::kWholeChunks[0]) {
-      return launch_whole<TA, TB, TO, kernels::kWholeChunks[0]>(args, rows, stream);
-    }
-    if (whole == kernels::kWholeChunks[1]) {
-      return launch_whole<TA, TB, TO, kernels::kWholeChunks[1]>(args, rows, stream);
-    }
+    if (whole != 0) return detail::launch_pair_whole<TO>(func, args, whole, rows, stream);
     constexpr auto kernel = kernels::merge_pair_kernel<TA, TB, TO>;
     kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
   });

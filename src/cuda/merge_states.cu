@@ -9,13 +9,10 @@
 #include "attnstate/cuda/merge.hpp"
 #include "common/validate.hpp"
 #include "cuda/kernels/merge/dispatch.cuh"
-#include "cuda/kernels/merge/few.cuh"
 #include "cuda/kernels/merge/launch.cuh"
-#include "cuda/kernels/merge/odd.cuh"
 #include "cuda/kernels/merge/ragged.cuh"
-#include "cuda/kernels/merge/ring.cuh"
 #include "cuda/kernels/merge/stack.cuh"
-#include "plan/tuning_sm90.hpp"
+#include "cuda/merge_units.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -42,36 +39,6 @@ kernels::RowsArgs rows_args(const ConstStateStackView& in, const StateView& out)
   return args;
 }
 
-static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels::kFewMaxStates,
-              "the few-states kernel merges at most kFewMaxStates states");
-
-/// The kernels of `merge_states`, all giving the same bits.
-enum class StackKernel { kGeneral, kFew, kRing, kOdd };
-
-/// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
-/// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
-/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more
-/// than one chunk) or, with at least one block of work per SM, to the ring kernel at the head
-/// dims it is compiled for (`compiled::MergeHeadDims`) or to the odd-row kernel at the head dims
-/// whose rows are not a power of two of chunks (`compiled::MergeOddHeadDims`); everything else,
-/// and every stack or output with an fp8 `o` (their one compiled kernel), to the general kernel.
-template <class TIn, class TO>
-StackKernel pick_kernel(const kernels::RowsArgs& args) {
-  if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
-    return StackKernel::kGeneral;  // the one kernel compiled with an fp8 o
-  } else {
-    if (args.aligned && args.row_shift >= 1 && args.in.num_states >= 1 &&
-        args.in.num_states <= tuning::kMergeFewStates) {
-      return StackKernel::kFew;
-    }
-    if (kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())) {
-      return StackKernel::kRing;
-    }
-    return kernels::use_odd<TIn, TO>(args, kernels::sm_count()) ? StackKernel::kOdd
-                                                                : StackKernel::kGeneral;
-  }
-}
-
 }  // namespace
 
 namespace detail {
@@ -79,12 +46,11 @@ namespace detail {
 /// Test hook (declared in tests/cuda/merge/merge_test_support.hpp): true when `merge_states(states,
 /// out)` runs a fast kernel (not the general one) on the current device.
 bool merge_states_fast_path(const ConstStateStackView& states, const StateView& out) {
+  static const char* const kFunc = "attnstate::cuda::merge_states";
   bool fast = false;
-  kernels::dispatch_stack(
-      "attnstate::cuda::merge_states", states.dtype, out.dtype, [&](auto ti, auto to) {
-        fast = pick_kernel<decltype(ti), decltype(to)>(rows_args(states, out)) !=
-               StackKernel::kGeneral;
-      });
+  kernels::dispatch_stack(kFunc, states.dtype, out.dtype, [&](auto, auto to) {
+    fast = stack_fast_path<decltype(to)>(kFunc, states.dtype, out.dtype, rows_args(states, out));
+  });
   return fast;
 }
 
@@ -105,23 +71,8 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
   const std::int64_t rows = out.tokens * out.heads;
   if (rows == 0) return;
   const kernels::RowsArgs args = rows_args(states, out);
-  kernels::dispatch_stack(kFunc, states.dtype, out.dtype, [&](auto ti, auto to) {
-    using TI = decltype(ti);
-    using TO = decltype(to);
-    if constexpr (!kIsFp8<TI> && !kIsFp8<TO>) {
-      switch (pick_kernel<TI, TO>(args)) {
-        case StackKernel::kFew:
-          return kernels::launch_few<TI, TO>(args, stream);
-        case StackKernel::kRing:
-          return kernels::launch_ring<TI, TO, kernels::DefaultRingShape>(args, stream);
-        case StackKernel::kOdd:
-          return kernels::launch_odd<TI, TO>(args, stream);
-        case StackKernel::kGeneral:
-          break;
-      }
-    }
-    constexpr auto kernel = kernels::merge_stack_kernel<decltype(ti), decltype(to)>;
-    kernels::launch_grid_stride<kernel>(rows << args.row_shift, stream, "merge_stack_kernel", args);
+  kernels::dispatch_stack(kFunc, states.dtype, out.dtype, [&](auto, auto to) {
+    detail::launch_stack<decltype(to)>(kFunc, states.dtype, out.dtype, args, stream);
   });
 }
 

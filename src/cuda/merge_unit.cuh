@@ -1,0 +1,154 @@
+/// @file merge_unit.cuh
+/// @brief What each generated merge unit (cmake/merge_unit.cu.in, one per output dtype)
+///        compiles: the definitions of cuda/merge_units.hpp, instantiated for its output's storage
+///        type by `ATTNSTATE_MERGE_UNIT`. Included by those units only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <iterator>
+#include <type_traits>
+
+#include "attnstate/core/dtype.hpp"
+#include "cuda/kernels/merge/dispatch.cuh"
+#include "cuda/kernels/merge/few.cuh"
+#include "cuda/kernels/merge/launch.cuh"
+#include "cuda/kernels/merge/odd.cuh"
+#include "cuda/kernels/merge/pair.cuh"
+#include "cuda/kernels/merge/ring.cuh"
+#include "cuda/kernels/merge/stack.cuh"
+#include "cuda/launch.hpp"
+#include "cuda/merge_units.hpp"
+#include "plan/tuning_sm90.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Launches the whole-row pairwise kernel of `kC` chunks per thread for `args`.
+template <class TA, class TB, class TO, int kC>
+void launch_pair_whole_chunks(const kernels::PairArgs& args, std::int64_t rows,
+                              cudaStream_t stream) {
+  kernels::PairArgs w = args;
+  w.split = kernels::row_split(args.out.head_dim, kC);
+  const std::int64_t threads = rows * w.split.group;
+  int block = kernels::kMergeBlock;
+  while (block > kernels::kMinBlock && threads < kernels::sm_count() * std::int64_t{block}) {
+    block /= 2;
+  }
+  LaunchConfig c;
+  c.grid = dim3(static_cast<unsigned>((threads + block - 1) / block));
+  c.block = dim3(static_cast<unsigned>(block));
+  c.stream = stream;
+  // Streaming the inputs past L1 pays for fp8 outputs and costs for the others (measured:
+  // bench/RESULTS.md); it needs inputs the kernel does not write.
+  if constexpr (kIsFp8<TO>) {
+    if (args.out.o != args.a.o && args.out.o != args.b.o) {
+      return launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, true>,
+                           "merge_pair_whole_kernel", w);
+    }
+  }
+  launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, false>,
+                "merge_pair_whole_kernel", w);
+}
+
+template <class TOut>
+void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chunks,
+                       std::int64_t rows, cudaStream_t stream) {
+  kernels::dispatch_pair(
+      func, args.a.dtype, args.b.dtype, args.out.dtype, [&](auto ta, auto tb, auto to) {
+        using TA = decltype(ta);
+        using TB = decltype(tb);
+        using TO = decltype(to);
+        if constexpr (std::is_same_v<TO, TOut>) {
+          static_assert(std::size(kernels::kWholeChunks) == 2, "the chunk counts below");
+          constexpr int kC0 = kernels::kWholeChunks[0];
+          constexpr int kC1 = kernels::kWholeChunks[1];
+          if (chunks == kC0) {
+            launch_pair_whole_chunks<TA, TB, TO, kC0>(args, rows, stream);
+          } else if (chunks == kC1) {
+            launch_pair_whole_chunks<TA, TB, TO, kC1>(args, rows, stream);
+          }
+        }
+      });
+}
+
+static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels::kFewMaxStates,
+              "the few-states kernel merges at most kFewMaxStates states");
+
+/// The kernels of `merge_states`, all giving the same bits.
+enum class StackKernel { kGeneral, kFew, kRing, kOdd };
+
+/// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
+/// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
+/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more
+/// than one chunk) or, with at least one block of work per SM, to the ring kernel at the head
+/// dims it is compiled for (`compiled::MergeHeadDims`) or to the odd-row kernel at the head dims
+/// whose rows are not a power of two of chunks (`compiled::MergeOddHeadDims`); everything else,
+/// and every stack or output with an fp8 `o` (their one compiled kernel), to the general kernel.
+template <class TIn, class TO>
+StackKernel pick_stack_kernel(const kernels::RowsArgs& args) {
+  if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
+    return StackKernel::kGeneral;  // the one kernel compiled with an fp8 o
+  } else {
+    if (args.aligned && args.row_shift >= 1 && args.in.num_states >= 1 &&
+        args.in.num_states <= tuning::kMergeFewStates) {
+      return StackKernel::kFew;
+    }
+    if (kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())) {
+      return StackKernel::kRing;
+    }
+    return kernels::use_odd<TIn, TO>(args, kernels::sm_count()) ? StackKernel::kOdd
+                                                                : StackKernel::kGeneral;
+  }
+}
+
+template <class TOut>
+void launch_stack(const char* func, DType in, DType out, const kernels::RowsArgs& args,
+                  cudaStream_t stream) {
+  kernels::dispatch_stack(func, in, out, [&](auto ti, auto to) {
+    using TI = decltype(ti);
+    using TO = decltype(to);
+    if constexpr (std::is_same_v<TO, TOut>) {
+      if constexpr (!kIsFp8<TI> && !kIsFp8<TO>) {
+        switch (pick_stack_kernel<TI, TO>(args)) {
+          case StackKernel::kFew:
+            return kernels::launch_few<TI, TO>(args, stream);
+          case StackKernel::kRing:
+            return kernels::launch_ring<TI, TO, kernels::DefaultRingShape>(args, stream);
+          case StackKernel::kOdd:
+            return kernels::launch_odd<TI, TO>(args, stream);
+          case StackKernel::kGeneral:
+            break;
+        }
+      }
+      constexpr auto kernel = kernels::merge_stack_kernel<TI, TO>;
+      kernels::launch_grid_stride<kernel>((args.out.tokens * args.out.heads) << args.row_shift,
+                                          stream, "merge_stack_kernel", args);
+    }
+  });
+}
+
+template <class TOut>
+bool stack_fast_path(const char* func, DType in, DType out, const kernels::RowsArgs& args) {
+  bool fast = false;
+  kernels::dispatch_stack(func, in, out, [&](auto ti, auto to) {
+    if constexpr (std::is_same_v<decltype(to), TOut>) {
+      fast = pick_stack_kernel<decltype(ti), decltype(to)>(args) != StackKernel::kGeneral;
+    }
+  });
+  return fast;
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
+
+/// The instances of one output storage type `T` (in namespace attnstate::cuda::detail).
+#define ATTNSTATE_MERGE_UNIT(T)                                                                \
+  template void launch_pair_whole<T>(const char*, const kernels::PairArgs&, int, std::int64_t, \
+                                     cudaStream_t);                                            \
+  template void launch_stack<T>(const char*, DType, DType, const kernels::RowsArgs&,           \
+                                cudaStream_t);                                                 \
+  template bool stack_fast_path<T>(const char*, DType, DType, const kernels::RowsArgs&);
