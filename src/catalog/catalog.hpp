@@ -381,6 +381,18 @@ constexpr int find_id(const Query& q) {
   return r == nullptr ? -1 : static_cast<int>(r - kRows.data());
 }
 
+/// The needs checked when a plan runs (the others decided the plan).
+inline constexpr Needs kRunTimeNeeds = kNeedsPoolMap | kNeedsAlignedQ | kNeedsPageTileKeys;
+
+/// The fallback rule, the one for every family: the family whose row runs for a plan's row `r`,
+/// given the run-time needs the run meets (`met`) and the variants it asks (`asked`): `r`'s own
+/// when it meets every run-time need of `r` and `r` takes `asked`, else `r.fallback` (the plan
+/// holds that family's row for the problem). A row whose fallback is its own family has none.
+constexpr Family family_that_runs(const Row& r, Needs met, Variants asked = kPlain) {
+  return (r.needs & kRunTimeNeeds & ~met) == 0 && (r.variants & asked) == asked ? r.family
+                                                                                : r.fallback;
+}
+
 /// The variants of an attention variant (`window_left`, `logits_soft_cap`) as bits.
 constexpr Variants variants_of(std::int64_t window_left, float logits_soft_cap) {
   return static_cast<Variants>((window_left >= 0 ? kWindow : 0) |

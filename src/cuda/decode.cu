@@ -306,7 +306,7 @@ CheckedRun derive_run(const DecodePlanData& d, std::int64_t batch) {
   r.split.stages = d.split.stages;
   r.split.cluster = d.split.cluster;
   if (batch != d.problem.batch)
-    r.split = plan::resolve_split_launch(recorded_facts(d), d.problem.head_dim, d.splits, d.num_sms,
+    r.split = plan::resolve_split_launch(recorded_facts(d), d.split_ids, d.splits, d.num_sms,
                                          r.grid, d.forced_stages, d.forced_cluster);
   return r;
 }
@@ -371,7 +371,7 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   plan::DecodeChoice c = plan::resolve_decode(fn, problem, lens, options, num_sms, facts);
   if (c.grid > 0 && c.splits.max_splits > 1) {
     query_occupancy(problem.head_dim, problem.kv_dtype, problem.q_dtype, facts);
-    c.split = plan::resolve_split_launch(facts, problem.head_dim, c.splits, num_sms, c.grid,
+    c.split = plan::resolve_split_launch(facts, c.split_ids, c.splits, num_sms, c.grid,
                                          c.forced_stages, c.forced_cluster);
   }
   DecodePlan plan;
@@ -534,8 +534,11 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
 
   DecodeLaunch l;
   l.variants = catalog::variants_of(d.variant.window_left, d.variant.logits_soft_cap);
-  l.streamed = plan::streamed_runs(d.kernel == DecodeKernel::kStreamed, pr, l.variants, prior.count,
-                                   p.q_vec, kv.page_size);
+  // the catalog's fallback rule on the plan's row: a streamed row whose run-time needs the run
+  // cannot meet runs its fallback, the split row at the run's depth
+  const catalog::Family runs =
+      plan::decode_run_family(d.kernel_id, l.variants, prior.count, p.q_vec, kv.page_size);
+  l.streamed = runs == catalog::Family::kDecodeStream;
   l.stages = r.split.stages;
   l.grid = r.grid;
   l.num_sms = d.num_sms;

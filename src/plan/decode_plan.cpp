@@ -122,8 +122,8 @@ int decode_row_tiles(const DecodeProblem& problem, int tile_rows) {
   return static_cast<int>((rows + tile_rows - 1) / tile_rows);
 }
 
-bool short_candidate(const DecodeFacts& f, std::int64_t head_dim, const SplitLayout& splits) {
-  return head_dim == kDecodeShortHeadDim && f.short_tokens > 0 && f.short_stages != f.stages &&
+bool short_candidate(const DecodeFacts& f, const int (&split_ids)[2], const SplitLayout& splits) {
+  return split_ids[1] >= 0 && f.short_tokens > 0 && f.short_stages != f.stages &&
          splits.policy == SplitPolicy::kFixedSize && splits.split_size <= f.short_tokens;
 }
 
@@ -254,7 +254,7 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
   return l;
 }
 
-SplitLaunch resolve_split_launch(const DecodeFacts& f, std::int64_t head_dim,
+SplitLaunch resolve_split_launch(const DecodeFacts& f, const int (&split_ids)[2],
                                  const SplitLayout& splits, int num_sms, std::int64_t grid,
                                  int forced_stages, int forced_cluster) {
   const int S = splits.max_splits;
@@ -263,7 +263,7 @@ SplitLaunch resolve_split_launch(const DecodeFacts& f, std::int64_t head_dim,
   l.stages = f.stages;
   if (forced_stages != 0) {
     l.stages = forced_stages;
-  } else if (short_candidate(f, head_dim, splits)) {
+  } else if (short_candidate(f, split_ids, splits)) {
     // one more CTA per SM: when the grid exceeds one wave of the default depth, or when only it
     // keeps every cluster resident
     bool use_short = grid > static_cast<std::int64_t>(num_sms) * f.ctas_per_sm;
@@ -290,10 +290,9 @@ SplitLaunch resolve_split_launch(const DecodeFacts& f, std::int64_t head_dim,
   return l;
 }
 
-bool split_launch_valid(const DecodeFacts& f, std::int64_t head_dim, const SplitLayout& splits,
+bool split_launch_valid(const DecodeFacts& f, const int (&split_ids)[2], const SplitLayout& splits,
                         const SplitLaunch& launch, const char** why) {
-  const bool short_compiled = head_dim == kDecodeShortHeadDim && f.short_tokens > 0;
-  if (launch.stages != f.stages && !(short_compiled && launch.stages == f.short_stages)) {
+  if (launch.stages != f.stages && !(split_ids[1] >= 0 && launch.stages == f.short_stages)) {
     *why = "a compiled pipeline depth";
     return false;
   }
@@ -308,20 +307,32 @@ bool split_launch_valid(const DecodeFacts& f, std::int64_t head_dim, const Split
   return true;
 }
 
-bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variants variants,
-                   int prior_count, bool q_aligned, std::int64_t page_size) {
-  if (!streamed) return false;
-  catalog::Query q;
-  q.family = Family::kDecodeStream;
-  q.head_dim = problem.head_dim;
-  q.q = mask(problem.q_dtype);
-  q.kv = mask(problem.kv_dtype);
-  q.variants =
-      static_cast<catalog::Variants>(variants | (prior_count > 0 ? catalog::kPriorStates : 0));
-  const catalog::Row* r = catalog::find(q);
-  // the row's run-time needs: else the plan's split launch (the row's fallback)
-  return r != nullptr && ((r->needs & catalog::kNeedsAlignedQ) == 0 || q_aligned) &&
-         ((r->needs & catalog::kNeedsPageTileKeys) == 0 || page_size % r->tile_keys == 0);
+namespace {
+
+/// True when every streamed row falls back on the split kernel: the rows a decode plan holds
+/// for a fallback (`split_ids`).
+constexpr bool streamed_rows_fall_back_on_split() {
+  for (const catalog::Row& r : catalog::kRows)
+    if (r.family == Family::kDecodeStream && r.fallback != Family::kDecodeSplit) return false;
+  return true;
+}
+static_assert(streamed_rows_fall_back_on_split(),
+              "a decode plan holds split rows only for its streamed row's fallback");
+
+}  // namespace
+
+Family decode_run_family(int kernel_id, catalog::Variants variants, int prior_count, bool q_aligned,
+                         std::int64_t page_size) {
+  if (kernel_id < 0 || kernel_id >= catalog::kNumRows)
+    throw_argument("attnstate::plan::decode_run_family", "kernel_id",
+                   "a catalog row (0.." + str(catalog::kNumRows - 1) + ")", str(kernel_id));
+  const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(kernel_id)];
+  const catalog::Needs met = static_cast<catalog::Needs>(
+      (q_aligned ? catalog::kNeedsAlignedQ : 0) |
+      (r.tile_keys > 0 && page_size % r.tile_keys == 0 ? catalog::kNeedsPageTileKeys : 0));
+  return catalog::family_that_runs(
+      r, met,
+      static_cast<catalog::Variants>(variants | (prior_count > 0 ? catalog::kPriorStates : 0)));
 }
 
 const char* to_string(DecodeReason r) {
@@ -368,8 +379,8 @@ std::string kernel_str(DecodeKernel k) {
 
 /// Checks the split launch `options` asks for (`split_stages`, `split_cluster`; 0 = the rule's)
 /// against the compiled split rows (`c.split_ids`) and the layout, naming the field.
-void check_forced_launch(const char* fn, const DecodeOptions& options, const DecodeProblem& problem,
-                         const DecodeFacts& f, DecodeChoice& c) {
+void check_forced_launch(const char* fn, const DecodeOptions& options, const DecodeFacts& f,
+                         DecodeChoice& c) {
   if (options.split_stages != 0) {
     const bool ok = (options.split_stages == f.stages && c.split_ids[0] >= 0) ||
                     (options.split_stages == f.short_stages && c.split_ids[1] >= 0);
@@ -385,7 +396,7 @@ void check_forced_launch(const char* fn, const DecodeOptions& options, const Dec
     l.stages = c.forced_stages != 0 ? c.forced_stages : f.stages;
     l.cluster = options.split_cluster;
     const char* why = nullptr;
-    if (options.split_cluster < 0 || !split_launch_valid(f, problem.head_dim, c.splits, l, &why))
+    if (options.split_cluster < 0 || !split_launch_valid(f, c.split_ids, c.splits, l, &why))
       throw_argument(fn, "options.split_cluster",
                      std::string("0 (the planner's) or ") +
                          (why != nullptr ? why : "1, splits.max_splits or a divisor of it"),
@@ -463,9 +474,9 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
   }
   c.streamed = c.reason == DecodeReason::kStreamedAuto || c.reason == DecodeReason::kStreamedAsked;
   c.stream_id = c.streamed ? stream_id : -1;
-  check_forced_launch(fn, options, problem, f, c);
+  check_forced_launch(fn, options, f, c);
   c.grid = grid;
-  c.split = resolve_split_launch(f, problem.head_dim, c.splits, num_sms, grid, c.forced_stages,
+  c.split = resolve_split_launch(f, c.split_ids, c.splits, num_sms, grid, c.forced_stages,
                                  c.forced_cluster);
   return c;
 }

@@ -31,8 +31,6 @@ inline constexpr const auto& kDecodeHeadDims = compiled::Values<compiled::Decode
 /// The dtypes with compiled decode kernels (queries and KV the same dtype;
 /// `compiled::DecodeDTypes`).
 inline constexpr const auto& kDecodeDTypes = compiled::Values<compiled::DecodeDTypes>::value;
-/// The short-split configuration exists at this head dim only.
-inline constexpr std::int64_t kDecodeShortHeadDim = catalog::kDecodeShortHeadDim;
 
 /// True when `head_dim` is one of `kDecodeHeadDims`.
 bool decode_head_dim_supported(std::int64_t head_dim);
@@ -44,7 +42,7 @@ bool decode_dtype_supported(DType dt);
 struct DecodeFacts {
   int tile_rows = catalog::kDecodeTileRows;        ///< Query rows of a CTA tile.
   int stages = catalog::kDecodeStages;             ///< Default pipeline depth.
-  int short_stages = catalog::kDecodeShortStages;  ///< Short-split depth (its head dim only).
+  int short_stages = catalog::kDecodeShortStages;  ///< Short-split depth (where a row has it).
   std::int32_t short_tokens = catalog::kDecodeShortTokens;  ///< Longest short split (0: none).
   int max_cluster = catalog::kDecodeMaxCluster;             ///< Most splits merged in one cluster.
   int ws_group = catalog::kDecodeWsGroup;                   ///< Largest workspace-merge group.
@@ -119,10 +117,12 @@ void check_decode_problem(const char* fn, const DecodeProblem& problem);
 /// `ceil(q_len · group / tile_rows)`.
 int decode_row_tiles(const DecodeProblem& problem, int tile_rows);
 
-/// Whether a layout may run in the short-split configuration: head dim 128, the configuration
-/// compiled (`short_tokens > 0`, a different depth) and fixed-size splits of at most
-/// `short_tokens` tokens.
-bool short_candidate(const DecodeFacts& facts, std::int64_t head_dim, const SplitLayout& splits);
+/// Whether a layout may run in the short-split configuration: a split row compiled at its depth
+/// (`split_ids[1] >= 0`: `DecodeChoice::split_ids`, the rows at the default and the short-split
+/// depth, -1 where none), the configuration on (`short_tokens > 0`, a different depth) and
+/// fixed-size splits of at most `short_tokens` tokens.
+bool short_candidate(const DecodeFacts& facts, const int (&split_ids)[2],
+                     const SplitLayout& splits);
 
 /// Estimated time of the split kernel with fixed-size splits of `chunk` keys (at most
 /// `max_splits` per request) over the lengths `seq_lens` (`batch` of them), `ctas` CTAs per
@@ -165,23 +165,26 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
 /// `forced_stages` / `forced_cluster` (`DecodeOptions::split_stages` / `split_cluster`, checked
 /// by `resolve_decode`), when not 0, replace the depth (the cluster is then resolved at that
 /// depth) and the cluster.
-SplitLaunch resolve_split_launch(const DecodeFacts& facts, std::int64_t head_dim,
+SplitLaunch resolve_split_launch(const DecodeFacts& facts, const int (&split_ids)[2],
                                  const SplitLayout& splits, int num_sms, std::int64_t grid,
                                  int forced_stages = 0, int forced_cluster = 0);
 
-/// Whether a recorded split launch is one the kernels support for `splits` at `head_dim`: a
-/// compiled depth, and a cluster of 1, of the split count (at most `max_cluster`) or of a
-/// divisor of it up to `ws_group`. Says what is wrong in `why` when not.
-bool split_launch_valid(const DecodeFacts& facts, std::int64_t head_dim, const SplitLayout& splits,
-                        const SplitLaunch& launch, const char** why);
+/// Whether a recorded split launch is one the kernels support for `splits`: a compiled depth
+/// (the default, or the short-split one where `split_ids[1] >= 0`), and a cluster of 1, of the
+/// split count (at most `max_cluster`) or of a divisor of it up to `ws_group`. Says what is wrong
+/// in `why` when not.
+bool split_launch_valid(const DecodeFacts& facts, const int (&split_ids)[2],
+                        const SplitLayout& splits, const SplitLaunch& launch, const char** why);
 
-/// Whether a plan that chose the streamed kernel (`streamed`) runs on it, given what only the
-/// run knows; otherwise it falls back to its recorded split launch (the catalog row's fallback):
-/// no streamed row for the problem's head dim, dtypes and `variants` with the run's prior states
-/// folded in (`prior_count`: a cascade's fold), or a run-time need of the row unmet: query rows
-/// 16-byte aligned (`q_aligned`), a page size of whole key tiles.
-bool streamed_runs(bool streamed, const DecodeProblem& problem, catalog::Variants variants,
-                   int prior_count, bool q_aligned, std::int64_t page_size);
+/// The family whose row a decode run launches, by the catalog's fallback rule
+/// (`catalog::family_that_runs`) applied to the plan's row `kernel_id` (`DecodeChoice::kernel_id`)
+/// with what only the run knows: its run-time needs met or not (query rows 16-byte aligned,
+/// `q_aligned`; a page size of whole key tiles) and the run's variants (`variants`, prior states
+/// folded in when `prior_count > 0`: a cascade's fold). A streamed row's fallback is the split
+/// kernel: the run takes the plan's split row at its split launch's depth (`split_ids`). Throws
+/// `kInvalidArgument` for an id outside the catalog.
+catalog::Family decode_run_family(int kernel_id, catalog::Variants variants, int prior_count,
+                                  bool q_aligned, std::int64_t page_size);
 
 /// Resolves a decode plan (checks first, naming `fn`; `Status::kNotSupported` for a variant no
 /// compiled split kernel of the problem's dtypes takes, naming `options.variant`): the split

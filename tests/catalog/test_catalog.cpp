@@ -131,6 +131,35 @@ TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
   }
 }
 
+TEST(Catalog, TheFallbackRule) {
+  // a row runs where the run meets its run-time needs and it takes the variants asked, else its
+  // fallback; plan-time needs are never the run's to meet
+  int with_run_needs = 0;
+  for (const catalog::Row& r : catalog::kRows) {
+    const bool run_needs = (r.needs & catalog::kRunTimeNeeds) != 0;
+    with_run_needs += run_needs ? 1 : 0;
+    EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, r.variants), r.family);
+    EXPECT_EQ(catalog::family_that_runs(r, catalog::kNeedsNothing, r.variants),
+              run_needs ? r.fallback : r.family);
+    for (catalog::Needs n = 1; n <= catalog::kRunTimeNeeds;
+         n = static_cast<catalog::Needs>(n << 1)) {
+      if ((n & catalog::kRunTimeNeeds) == 0) continue;
+      EXPECT_EQ(catalog::family_that_runs(
+                    r, static_cast<catalog::Needs>(catalog::kRunTimeNeeds & ~n), r.variants),
+                (r.needs & n) != 0 ? r.fallback : r.family);
+    }
+    const auto missing = static_cast<catalog::Variants>(catalog::kAllVariants & ~r.variants);
+    if (missing != 0) {
+      EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, missing), r.fallback);
+    }
+    // a row with run-time needs has a fallback: a run that lacks one still runs
+    if (run_needs) {
+      EXPECT_NE(r.fallback, r.family) << catalog::to_string(r.family);
+    }
+  }
+  EXPECT_GT(with_run_needs, 0);
+}
+
 TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
   if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "head dim 128 not compiled";
   const catalog::Row* plain = catalog::find(query(Family::kDecodeSplit, 128));
@@ -255,7 +284,7 @@ TEST(Catalog, PlannerFactsAgreeWithTheRows) {
       const plan::DecodeFacts f = plan::decode_kernel_facts(r.head_dim, bytes);
       EXPECT_EQ(f.tile_rows, r.tile_rows);
       EXPECT_TRUE(r.stages == f.stages ||
-                  (r.stages == f.short_stages && r.head_dim == plan::kDecodeShortHeadDim))
+                  (r.stages == f.short_stages && r.head_dim == catalog::kDecodeShortHeadDim))
           << r.head_dim << " stages " << r.stages;
       EXPECT_EQ(f.ctas_per_sm, catalog::decode_ctas_per_sm(r.head_dim, f.stages, bytes));
       EXPECT_TRUE(plan::decode_head_dim_supported(r.head_dim));

@@ -51,6 +51,11 @@ DecodeProblem problem(std::int64_t batch, std::int64_t heads_kv, std::int64_t he
   return p;
 }
 
+/// Split rows of a plan (`DecodeChoice::split_ids`: the default and the short-split depth's; the
+/// launch rules ask only whether a short-split row exists): with one, and without.
+constexpr int kShortRow[2] = {0, 1};
+constexpr int kNoShortRow[2] = {0, -1};
+
 SplitLayout fixed_size(std::int32_t size, std::int32_t max_splits) {
   SplitLayout l;
   l.policy = SplitPolicy::kFixedSize;
@@ -112,21 +117,20 @@ TEST(PlanDecode, RowTilesAreSixteenRows) {
   EXPECT_EQ(plan::decode_row_tiles(problem(1, 1, 128, 16, 8), 16), 8);
 }
 
-TEST(PlanDecode, ShortCandidateIsHeadDim128FixedSizeUpTo256) {
+TEST(PlanDecode, ShortCandidateNeedsAShortRowAndFixedSizesUpTo256) {
   const plan::DecodeFacts f = facts();
-  EXPECT_TRUE(plan::short_candidate(f, 128, fixed_size(256, 4)));
-  EXPECT_TRUE(plan::short_candidate(f, 128, fixed_size(16, 1)));
-  EXPECT_FALSE(plan::short_candidate(f, 128, fixed_size(272, 4)));
-  EXPECT_FALSE(plan::short_candidate(f, 64, fixed_size(128, 4)));
-  EXPECT_FALSE(plan::short_candidate(f, 256, fixed_size(128, 4)));
+  EXPECT_TRUE(plan::short_candidate(f, kShortRow, fixed_size(256, 4)));
+  EXPECT_TRUE(plan::short_candidate(f, kShortRow, fixed_size(16, 1)));
+  EXPECT_FALSE(plan::short_candidate(f, kShortRow, fixed_size(272, 4)));
+  EXPECT_FALSE(plan::short_candidate(f, kNoShortRow, fixed_size(128, 4)));
   SplitLayout count;
   count.policy = SplitPolicy::kFixedCount;
   count.num_splits = 4;
   count.max_splits = 4;
-  EXPECT_FALSE(plan::short_candidate(f, 128, count));
+  EXPECT_FALSE(plan::short_candidate(f, kShortRow, count));
   plan::DecodeFacts off = f;
-  off.short_tokens = 0;  // the configuration not compiled
-  EXPECT_FALSE(plan::short_candidate(off, 128, fixed_size(256, 4)));
+  off.short_tokens = 0;  // the configuration off
+  EXPECT_FALSE(plan::short_candidate(off, kShortRow, fixed_size(256, 4)));
 }
 
 TEST(PlanDecode, AutoLayoutOfAShortRequestFitsOneCluster) {
@@ -164,17 +168,17 @@ TEST(PlanDecode, ClusterMergeWhenEveryClusterIsResident) {
   plan::DecodeFacts f = facts(0);
   f.resident_clusters[0][4] = 16;
   // 4 splits of 512 (not a short candidate), grid 64: 16 clusters of 4, all resident
-  const plan::SplitLaunch a = plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 64);
+  const plan::SplitLaunch a = plan::resolve_split_launch(f, kShortRow, fixed_size(512, 4), 132, 64);
   EXPECT_EQ(a.stages, f.stages);
   EXPECT_EQ(a.cluster, 4);
   // grid 80: 20 clusters, more than resident: the workspace merge; groups of 2 (3 does not
   // divide 4) need 40 resident clusters of 2
   f.resident_clusters[0][2] = 40;
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 80).cluster, 2);
+  EXPECT_EQ(plan::resolve_split_launch(f, kShortRow, fixed_size(512, 4), 132, 80).cluster, 2);
   f.resident_clusters[0][2] = 39;
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(512, 4), 132, 80).cluster, 1);
+  EXPECT_EQ(plan::resolve_split_launch(f, kShortRow, fixed_size(512, 4), 132, 80).cluster, 1);
   // one split: never a cluster
-  EXPECT_EQ(plan::resolve_split_launch(facts(), 128, fixed_size(512, 1), 132, 64).cluster, 1);
+  EXPECT_EQ(plan::resolve_split_launch(facts(), kShortRow, fixed_size(512, 1), 132, 64).cluster, 1);
 }
 
 TEST(PlanDecode, WorkspaceMergeGroupsOfManySplits) {
@@ -183,28 +187,32 @@ TEST(PlanDecode, WorkspaceMergeGroupsOfManySplits) {
   // cluster resident: 8 when 24 clusters of 8 fit, else 6 ...
   f.resident_clusters[0][8] = 24;
   f.resident_clusters[0][6] = 32;
-  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 24), 132, 192).cluster, 8);
+  EXPECT_EQ(plan::resolve_split_launch(f, kNoShortRow, fixed_size(1024, 24), 132, 192).cluster, 8);
   f.resident_clusters[0][8] = 23;
-  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 24), 132, 192).cluster, 6);
+  EXPECT_EQ(plan::resolve_split_launch(f, kNoShortRow, fixed_size(1024, 24), 132, 192).cluster, 6);
   f.resident_clusters[0][6] = 31;
-  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 24), 132, 192).cluster, 1);
+  EXPECT_EQ(plan::resolve_split_launch(f, kNoShortRow, fixed_size(1024, 24), 132, 192).cluster, 1);
   // 9 splits: 3 (the only divisor up to 8 besides 1)
   f.resident_clusters[0][3] = 100;
-  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(1024, 9), 132, 72).cluster, 3);
+  EXPECT_EQ(plan::resolve_split_launch(f, kNoShortRow, fixed_size(1024, 9), 132, 72).cluster, 3);
 }
 
 TEST(PlanDecode, ShortSplitDepthWhenTheGridExceedsOneWave) {
   const plan::DecodeFacts f = facts();
   // 132 SMs × 2 CTAs = 264: a grid of 265 short splits takes the short-split depth
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(f.short_tokens, 1), 132, 264).stages,
-            f.stages);
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(f.short_tokens, 1), 132, 265).stages,
-            f.short_stages);
-  // not a candidate: longer splits, or another head dim
-  EXPECT_EQ(plan::resolve_split_launch(f, 128, fixed_size(f.short_tokens + 16, 1), 132, 265).stages,
-            f.stages);
-  EXPECT_EQ(plan::resolve_split_launch(f, 64, fixed_size(f.short_tokens, 1), 132, 265).stages,
-            f.stages);
+  EXPECT_EQ(
+      plan::resolve_split_launch(f, kShortRow, fixed_size(f.short_tokens, 1), 132, 264).stages,
+      f.stages);
+  EXPECT_EQ(
+      plan::resolve_split_launch(f, kShortRow, fixed_size(f.short_tokens, 1), 132, 265).stages,
+      f.short_stages);
+  // not a candidate: longer splits, or no short-split row
+  EXPECT_EQ(
+      plan::resolve_split_launch(f, kShortRow, fixed_size(f.short_tokens + 16, 1), 132, 265).stages,
+      f.stages);
+  EXPECT_EQ(
+      plan::resolve_split_launch(f, kNoShortRow, fixed_size(f.short_tokens, 1), 132, 265).stages,
+      f.stages);
 }
 
 TEST(PlanDecode, ShortSplitDepthWhenOnlyItKeepsEveryClusterResident) {
@@ -212,14 +220,14 @@ TEST(PlanDecode, ShortSplitDepthWhenOnlyItKeepsEveryClusterResident) {
   f.resident_clusters[0][8] = 4;
   f.resident_clusters[1][8] = 10;
   // 8 clusters of 8 (grid 64, one wave): resident only at the short-split depth
-  plan::SplitLaunch l = plan::resolve_split_launch(f, 128, fixed_size(128, 8), 132, 64);
+  plan::SplitLaunch l = plan::resolve_split_launch(f, kShortRow, fixed_size(128, 8), 132, 64);
   EXPECT_EQ(l.stages, f.short_stages);
   EXPECT_EQ(l.cluster, 8);
   // resident at neither depth: the default depth and the workspace merge (groups of 4 if
   // 16 clusters of 4 fit)
   f.resident_clusters[1][8] = 6;
   f.resident_clusters[0][4] = 16;
-  l = plan::resolve_split_launch(f, 128, fixed_size(128, 8), 132, 64);
+  l = plan::resolve_split_launch(f, kShortRow, fixed_size(128, 8), 132, 64);
   EXPECT_EQ(l.stages, f.stages);
   EXPECT_EQ(l.cluster, 4);
 }
@@ -386,7 +394,7 @@ TEST(PlanDecode, HandChoicesAreCheckedByName) {
   EXPECT_EQ(c.split.cluster, 4);
   EXPECT_EQ(c.kernel_id(), c.split_ids[1]);
   const plan::SplitLaunch smaller = plan::resolve_split_launch(
-      facts(), 128, c.splits, 132, c.grid / 2, c.forced_stages, c.forced_cluster);
+      facts(), c.split_ids, c.splits, 132, c.grid / 2, c.forced_stages, c.forced_cluster);
   EXPECT_EQ(smaller.stages, facts().short_stages);
   EXPECT_EQ(smaller.cluster, 4);
   // without them the rule picks the cluster merge of all eight splits
@@ -396,23 +404,39 @@ TEST(PlanDecode, HandChoicesAreCheckedByName) {
 }
 
 TEST(PlanDecode, StreamedPlanFallsBackOnRunTimeConditions) {
-  const auto runs = [](bool streamed, std::int64_t d, int prior, bool aligned, std::int64_t page,
-                       attnstate::catalog::Variants v = attnstate::catalog::kPlain) {
-    return plan::streamed_runs(streamed, problem(1, 1, d), v, prior, aligned, page);
+  namespace catalog = attnstate::catalog;
+  using catalog::Family;
+  if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "needs head dim 128 compiled";
+  const auto row = [](Family family, std::int64_t d) {
+    catalog::Query q;
+    q.family = family;
+    q.head_dim = d;
+    q.q = q.kv = catalog::mask(DType::kBF16);
+    return catalog::find_id(q);
   };
-  if (!plan::decode_head_dim_supported(128) || !plan::decode_head_dim_supported(64))
-    GTEST_SKIP() << "needs head dims 64 and 128 compiled";
-  EXPECT_TRUE(runs(true, 128, 0, true, 16));
-  EXPECT_TRUE(runs(true, 64, 0, true, 32));
-  EXPECT_FALSE(runs(false, 128, 0, true, 16));                              // not chosen
-  EXPECT_FALSE(runs(true, 256, 0, true, 16));                               // no streamed kernel
-  EXPECT_FALSE(runs(true, 128, 2, true, 16));                               // prior states folded
-  EXPECT_FALSE(runs(true, 128, 0, false, 16));                              // q rows misaligned
-  EXPECT_FALSE(runs(true, 128, 0, true, 24));                               // pages of 24 tokens
-  EXPECT_FALSE(runs(true, 128, 0, true, 16, attnstate::catalog::kWindow));  // a variant
-  DecodeProblem fp8 = problem(1, 1, 128);
-  fp8.kv_dtype = DType::kE4M3;
-  EXPECT_FALSE(plan::streamed_runs(true, fp8, 0, 0, true, 16));  // an fp8 cache
+  const int stream = row(Family::kDecodeStream, 128);
+  ASSERT_GE(stream, 0);
+  const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(stream)];
+  ASSERT_NE(r.fallback, Family::kDecodeStream);
+  const auto runs = [](int id, int prior, bool aligned, std::int64_t page,
+                       catalog::Variants v = catalog::kPlain) {
+    return plan::decode_run_family(id, v, prior, aligned, page);
+  };
+  EXPECT_EQ(runs(stream, 0, true, 16), Family::kDecodeStream);
+  EXPECT_EQ(runs(stream, 0, true, 32), Family::kDecodeStream);
+  EXPECT_EQ(runs(stream, 2, true, 16), r.fallback);                    // prior states folded
+  EXPECT_EQ(runs(stream, 0, false, 16), r.fallback);                   // q rows misaligned
+  EXPECT_EQ(runs(stream, 0, true, 24), r.fallback);                    // pages of 24 tokens
+  EXPECT_EQ(runs(stream, 0, true, 16, catalog::kWindow), r.fallback);  // a variant
+  if (plan::decode_head_dim_supported(64)) {
+    EXPECT_EQ(runs(row(Family::kDecodeStream, 64), 0, true, 32), Family::kDecodeStream);
+  }
+  // a split row has no fallback: it runs with prior states, misaligned rows, any page size
+  const int split = row(Family::kDecodeSplit, 128);
+  ASSERT_GE(split, 0);
+  EXPECT_EQ(runs(split, 2, false, 24), Family::kDecodeSplit);
+  EXPECT_THROW(runs(-1, 0, true, 16), Error);
+  EXPECT_THROW(runs(catalog::kNumRows, 0, true, 16), Error);
 }
 
 TEST(PlanDecode, ResolvedLaunchIsTheRuleAtThePlannedGrid) {
@@ -423,24 +447,25 @@ TEST(PlanDecode, ResolvedLaunchIsTheRuleAtThePlannedGrid) {
       plan::resolve_decode(kFn, problem(2, 8, 128), lens.data(), DecodeOptions{}, 132, f);
   EXPECT_EQ(c.row_tiles, 1);
   const std::int64_t grid = 2 * 8 * c.splits.max_splits;
-  const plan::SplitLaunch l = plan::resolve_split_launch(f, 128, c.splits, 132, grid);
+  const plan::SplitLaunch l = plan::resolve_split_launch(f, c.split_ids, c.splits, 132, grid);
   EXPECT_EQ(c.split.stages, l.stages);
   EXPECT_EQ(c.split.cluster, l.cluster);
   const char* why = nullptr;
-  EXPECT_TRUE(plan::split_launch_valid(f, 128, c.splits, c.split, &why));
+  EXPECT_TRUE(plan::split_launch_valid(f, c.split_ids, c.splits, c.split, &why));
 }
 
 TEST(PlanDecode, RecordedLaunchIsChecked) {
   const plan::DecodeFacts f = facts();
   const char* why = nullptr;
-  EXPECT_TRUE(plan::split_launch_valid(f, 128, fixed_size(64, 8), {2, 8}, &why));
-  EXPECT_TRUE(plan::split_launch_valid(f, 64, fixed_size(64, 24), {3, 6}, &why));
-  EXPECT_TRUE(plan::split_launch_valid(f, 64, fixed_size(64, 1), {3, 1}, &why));
-  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 8), {2, 8}, &why));  // no depth 2
-  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 6), {3, 4}, &why));  // 4 ∤ 6
-  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 16), {3, 16}, &why));
-  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 1), {3, 2}, &why));
-  EXPECT_FALSE(plan::split_launch_valid(f, 64, fixed_size(64, 4), {3, 0}, &why));
+  EXPECT_TRUE(plan::split_launch_valid(f, kShortRow, fixed_size(64, 8), {2, 8}, &why));
+  EXPECT_TRUE(plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 24), {3, 6}, &why));
+  EXPECT_TRUE(plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 1), {3, 1}, &why));
+  EXPECT_FALSE(
+      plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 8), {2, 8}, &why));  // no depth 2
+  EXPECT_FALSE(plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 6), {3, 4}, &why));  // 4 ∤ 6
+  EXPECT_FALSE(plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 16), {3, 16}, &why));
+  EXPECT_FALSE(plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 1), {3, 2}, &why));
+  EXPECT_FALSE(plan::split_launch_valid(f, kNoShortRow, fixed_size(64, 4), {3, 0}, &why));
 }
 
 TEST(PlanDecode, LayoutCostTakesWavesLongestFirst) {
