@@ -179,8 +179,9 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
                         ? 1
                         : 0;
     // The pool's tensor maps: its layout and page stride are known only now, and the maps
-    // embed its addresses. A pool they cannot describe runs the recorded fallback (the same
-    // kernel for every run of that pool).
+    // embed its addresses. A pool they cannot describe (the row's run-time need unmet) runs the
+    // row's fallback, which the plan recorded by the catalog's fallback rule (the same kernel
+    // for every run of that pool).
     const plan::CascadeTmaLayout layout =
         plan::describe_cascade_kv_maps(kv, lp.tma_box, lp.tma_run);
     if (detail::encode_cascade_kv_maps(kv, layout, &maps.k, &maps.v, &maps.k_run, &maps.v_run,

@@ -63,6 +63,32 @@ bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant)
          tma_box_rows(s.page_size) > 0 && ws_variant != 0;
 }
 
+/// The catalog family of a level kernel (`kDecode` is no level row: the decode's own plan).
+catalog::Family family_of(Kernel k) {
+  return k == Kernel::kWarpSpecialized ? catalog::Family::kCascadeWs
+         : k == Kernel::kWgmma         ? catalog::Family::kCascadeWgmma
+                                       : catalog::Family::kCascadeMma;
+}
+
+/// The level kernel of a catalog family of cascade levels.
+Kernel kernel_of(catalog::Family f) {
+  return f == catalog::Family::kCascadeWs      ? Kernel::kWarpSpecialized
+         : f == catalog::Family::kCascadeWgmma ? Kernel::kWgmma
+                                               : Kernel::kMma;
+}
+
+/// The kernel a run of level plan `lp` takes when it cannot meet the run-time needs of its row
+/// (the catalog's fallback rule, `catalog::family_that_runs`, with none of them met): the row's
+/// fallback where it has run-time needs, else its own kernel.
+Kernel run_fallback(const CascadeShape& s, const CascadeLevelPlan& lp, float logits_soft_cap) {
+  const catalog::Variants variants = catalog::variants_of(kNoWindow, logits_soft_cap);
+  const catalog::Row* row =
+      catalog::find(level_query(family_of(lp.kernel), s, lp.tile_rows, variants));
+  return row != nullptr
+             ? kernel_of(catalog::family_that_runs(*row, catalog::kNeedsNothing, variants))
+             : lp.kernel;
+}
+
 /// The decode's split rows that fold prior states (a decode last level folding the shared
 /// levels) for this shape with its soft cap.
 catalog::Query fold_query(const CascadeShape& s, float logits_soft_cap) {
@@ -234,11 +260,11 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
   lp.stages = small_stages(lp.chunk);
   // The kernel: wgmma where the device runs it; the warp-specialised one also needs the driver's
   // tensor maps. The tensor map of a run's pool may still not exist (its layout and page stride
-  // are known only then): that run takes the recorded fallback.
+  // are known only then): that run takes the recorded fallback, the catalog row's.
   lp.kernel = Kernel::kMma;
   if (lp.wgmma && facts.wgmma)
     lp.kernel = ws && facts.tensor_maps ? Kernel::kWarpSpecialized : Kernel::kWgmma;
-  lp.fallback = lp.kernel == Kernel::kWarpSpecialized ? Kernel::kWgmma : lp.kernel;
+  lp.fallback = run_fallback(shape, lp, plan.logits_soft_cap);
   if (lp.kernel == Kernel::kWarpSpecialized) {
     lp.ws_variant = plan.ws_variant;
     lp.tma_box = tma_box_rows(shape.page_size);
