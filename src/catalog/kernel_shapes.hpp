@@ -111,8 +111,6 @@ ATTNSTATE_HOST_DEVICE constexpr std::int64_t stream_smem_bytes(int D) {
 /// Keys per KV tile of the cp.async level kernels (`CascadeTile::BN`, `CascadeWgmmaTile::BN`):
 /// the granule of a level's splits.
 inline constexpr int kCascadeKvTile = 64;
-/// Query rows per CTA of the cp.async level kernels (`CascadeTile::BM`), the planner's choices.
-inline constexpr int kCascadeTileRows[] = {16, 64, 128};
 /// Keys per KV tile of the warp-specialised kernel's default variant (the 64-key variants use
 /// `kCascadeKvTile`).
 inline constexpr int kCascadeWsKvTile = 128;

@@ -99,8 +99,6 @@ using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
 using CascadeWgmmaHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
 /// Dtypes of the cascade's queries and KV (the same dtype).
 using CascadeDTypes = DTypeList<DType::kF16, DType::kBF16>;
-/// Row tiles of the cascade level kernels.
-using CascadeTileRows = IntList<16, 64, 128>;
 
 static_assert(CascadeHeadDims::size() > 0 && MergeHeadDims::size() >= CascadeHeadDims::size() &&
                   DecodeHeadDims::size() >= CascadeHeadDims::size(),
