@@ -20,7 +20,7 @@ struct CascadeShape {
   std::int64_t q_len = 1;      ///< New tokens per request, 1..kMaxCascadeQueryLen.
   std::int64_t heads_q = 0;    ///< Query heads, a multiple of `heads_kv`, group ≤ 64.
   std::int64_t heads_kv = 0;   ///< KV heads.
-  std::int64_t head_dim = 0;   ///< 64 or 128 (others: `Status::kNotSupported`).
+  std::int64_t head_dim = 0;   ///< A head dim of the catalog's level rows (docs/catalog.md).
   std::int64_t page_size = 0;  ///< Tokens per page (any ≥ 1).
   std::int64_t num_pages = 0;  ///< Pages in the pool.
   DType dtype = DType::kBF16;  ///< Query and KV dtype: f16 or bf16 (others: `kNotSupported`).
@@ -28,11 +28,11 @@ struct CascadeShape {
 
 /// Which tensor-core instructions a level kernel uses.
 enum class CascadeKernel : std::uint8_t {
-  kAuto = 0,   ///< `wgmma` for bf16 tiles of 64 or 128 rows at head_dim 128 on sm_90, else
-               ///< `mma.sync`.
+  kAuto = 0,   ///< `wgmma` on sm_90 for the shapes and tiles the catalog compiles it for
+               ///< (docs/catalog.md), else `mma.sync`.
   kMma = 1,    ///< `mma.sync` m16n8k16 (any tile; every architecture the library builds for).
-  kWgmma = 2,  ///< Hopper `wgmma` where it applies (bf16, tiles of 64 or 128 rows, head_dim
-               ///< 128); other levels use `mma.sync`.
+  kWgmma = 2,  ///< Hopper `wgmma` where it applies (the catalog's wgmma rows,
+               ///< docs/catalog.md); other levels use `mma.sync`.
 };
 
 /// Overrides of the plan's choices (0 = automatic); for tests and tuning. `tile_rows`, `chunk`
@@ -69,11 +69,11 @@ struct CascadeTuning {
   /// two waves of CTAs, else the merge launch). With the unique level alone the decode always
   /// writes the output itself.
   int decode_fold = -1;
-  /// The warp-specialised (bulk-copy, `wgmma`) kernel of bf16 levels at head_dim 128 with tiles
-  /// of 64 or 128 rows: -1 = automatic (KV tiles of 128 keys), 0 = never (those levels run on
-  /// the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the warpgroups issuing
-  /// in turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons; each is exact to
-  /// rounding, and repeatable for a given plan).
+  /// The warp-specialised (bulk-copy, `wgmma`) kernel of the levels whose shape and tile the
+  /// catalog compiles it for (docs/catalog.md): -1 = automatic (KV tiles of 128 keys), 0 = never
+  /// (those levels run on the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the
+  /// warpgroups issuing in turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons;
+  /// each is exact to rounding, and repeatable for a given plan).
   int ws_variant = -1;
   /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
   /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix)
@@ -87,7 +87,7 @@ struct CascadeTuning {
 /// The kernel that runs a level, resolved by `plan_cascade` (see docs/internals.md, "Cascade").
 enum class CascadeLevelKernel : std::uint8_t {
   kMma = 0,              ///< `cp.async` + `mma.sync` m16n8k16 (any tile, any architecture).
-  kWgmma = 1,            ///< `cp.async` + Hopper `wgmma` (bf16, head_dim 128, 64 or 128 rows).
+  kWgmma = 1,            ///< `cp.async` + Hopper `wgmma` (the catalog's rows: docs/catalog.md).
   kWarpSpecialized = 2,  ///< Bulk tensor copies (TMA) + `wgmma`, warp-specialised (as kWgmma,
                          ///< and a page size with a bulk-copy box).
   kDecode = 3,           ///< The split-KV decode (`CascadePlan::last_decode`; the last level).
@@ -115,14 +115,16 @@ struct CascadeLevelPlan {
   int max_splits = 0;             ///< Most splits of any segment (planned lengths).
   int slot_offset = 0;            ///< First workspace slot of this level's partial states.
   bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
-  /// The shape and tuning take the `wgmma` kernels (bf16, head_dim 128, 64 or 128 rows, not
-  /// `CascadeKernel::kMma`); `kernel` says whether the planned device runs them.
+  /// The shape and tuning take the `wgmma` kernels (a catalog row for the shape and tile,
+  /// docs/catalog.md; not `CascadeKernel::kMma`); `kernel` says whether the planned device runs
+  /// them.
   bool wgmma = false;
   bool decode = false;  ///< Runs on the split-KV decode (`CascadePlan::last_decode`).
   /// The kernel `run_cascade` launches for this level.
   CascadeLevelKernel kernel = CascadeLevelKernel::kMma;
-  /// The kernel launched instead when the run's KV pool cannot be described as a tensor map
-  /// (`kWgmma` for `kWarpSpecialized`, else `kernel`); see `CascadePlan::tensor_maps`.
+  /// The kernel launched instead when the run's KV pool cannot be described as a tensor map:
+  /// the catalog row's fallback (`kWgmma` for `kWarpSpecialized`, else `kernel`); see
+  /// `CascadePlan::tensor_maps`.
   CascadeLevelKernel fallback = CascadeLevelKernel::kMma;
   /// `cp.async` stages of the 16-row tile (2, or 3 for splits of at least 512 keys); the 64-
   /// and 128-row tiles and the warp-specialised kernel have fixed pipelines. 0 on a decode level.
