@@ -384,13 +384,22 @@ constexpr int find_id(const Query& q) {
 /// The needs checked when a plan runs (the others decided the plan).
 inline constexpr Needs kRunTimeNeeds = kNeedsPoolMap | kNeedsAlignedQ | kNeedsPageTileKeys;
 
+/// The needs a plan decides: the device's facts (wgmma, tensor maps) and the shape's (a page size
+/// with a bulk-copy box, one split per request).
+inline constexpr Needs kPlanTimeNeeds =
+    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsOneSplit;
+
 /// The fallback rule, the one for every family: the family whose row runs for a plan's row `r`,
-/// given the run-time needs the run meets (`met`) and the variants it asks (`asked`): `r`'s own
-/// when it meets every run-time need of `r` and `r` takes `asked`, else `r.fallback` (the plan
+/// given the needs met (`met`) among those `checked` and the variants asked (`asked`): `r`'s own
+/// when it meets every checked need of `r` and `r` takes `asked`, else `r.fallback` (the plan
 /// holds that family's row for the problem). A row whose fallback is its own family has none.
-constexpr Family family_that_runs(const Row& r, Needs met, Variants asked = kPlain) {
-  return (r.needs & kRunTimeNeeds & ~met) == 0 && (r.variants & asked) == asked ? r.family
-                                                                                : r.fallback;
+/// A run checks the run-time needs (the default); a planner checks every need, with the
+/// device's facts and the shape's as the plan-time needs met and every run-time need counted as
+/// met (a run checks those again), and applies the rule again to the fallback row until the row
+/// runs.
+constexpr Family family_that_runs(const Row& r, Needs met, Variants asked = kPlain,
+                                  Needs checked = kRunTimeNeeds) {
+  return (r.needs & checked & ~met) == 0 && (r.variants & asked) == asked ? r.family : r.fallback;
 }
 
 /// The variants of an attention variant (`window_left`, `logits_soft_cap`) as bits.

@@ -89,6 +89,29 @@ Kernel run_fallback(const CascadeShape& s, const CascadeLevelPlan& lp, float log
              : lp.kernel;
 }
 
+/// The kernel a level plan `lp` preferring kernel `preferred` takes on a device of `facts`: the
+/// catalog's fallback rule (`catalog::family_that_runs`) checking every need, with the device's
+/// facts and the page size's bulk-copy box as the plan-time needs met (the run-time ones are
+/// checked when the plan runs: `run_fallback`), applied to each fallback row in turn until the
+/// row runs (the warp-specialised row falls back to wgmma, which falls back to mma.sync).
+Kernel device_kernel(const CascadeShape& s, const CascadeLevelPlan& lp, Kernel preferred,
+                     float logits_soft_cap, const CascadeDeviceFacts& facts) {
+  const catalog::Variants variants = catalog::variants_of(kNoWindow, logits_soft_cap);
+  const catalog::Needs met = static_cast<catalog::Needs>(
+      catalog::kRunTimeNeeds | (facts.wgmma ? catalog::kNeedsWgmma : 0) |
+      (facts.tensor_maps ? catalog::kNeedsTensorMaps : 0) |
+      (tma_box_rows(s.page_size) > 0 ? catalog::kNeedsTmaBox : 0));
+  constexpr catalog::Needs kEvery = catalog::kPlanTimeNeeds | catalog::kRunTimeNeeds;
+  catalog::Family f = family_of(preferred);
+  for (;;) {
+    const catalog::Row* row = catalog::find(level_query(f, s, lp.tile_rows, variants));
+    if (row == nullptr) return Kernel::kMma;  // no row: the mma.sync level kernels take any tile
+    const catalog::Family runs = catalog::family_that_runs(*row, met, variants, kEvery);
+    if (runs == f) return kernel_of(f);
+    f = runs;
+  }
+}
+
 /// The decode's split rows that fold prior states (a decode last level folding the shared
 /// levels) for this shape with its soft cap.
 catalog::Query fold_query(const CascadeShape& s, float logits_soft_cap) {
@@ -258,12 +281,14 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
                                 shape.head_dim, granule);
   lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
   lp.stages = small_stages(lp.chunk);
-  // The kernel: wgmma where the device runs it; the warp-specialised one also needs the driver's
-  // tensor maps. The tensor map of a run's pool may still not exist (its layout and page stride
-  // are known only then): that run takes the recorded fallback, the catalog row's.
-  lp.kernel = Kernel::kMma;
-  if (lp.wgmma && facts.wgmma)
-    lp.kernel = ws && facts.tensor_maps ? Kernel::kWarpSpecialized : Kernel::kWgmma;
+  // The kernel: the preferred row's, or the fallback the catalog's rule gives on this device.
+  // The tensor map of a run's pool may still not exist (its layout and page stride are known
+  // only then): that run takes the recorded fallback, the catalog row's.
+  lp.kernel = device_kernel(shape, lp,
+                            ws         ? Kernel::kWarpSpecialized
+                            : lp.wgmma ? Kernel::kWgmma
+                                       : Kernel::kMma,
+                            plan.logits_soft_cap, facts);
   lp.fallback = run_fallback(shape, lp, plan.logits_soft_cap);
   if (lp.kernel == Kernel::kWarpSpecialized) {
     lp.ws_variant = plan.ws_variant;

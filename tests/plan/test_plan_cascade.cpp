@@ -267,6 +267,48 @@ TEST(PlanCascade, KernelAndFallbackFromTheDeviceFacts) {
   EXPECT_EQ(lp.chunk, level0(16, sm90a()).chunk);
 }
 
+/// The level kernel of a catalog family of cascade levels.
+Kernel kernel_of(attnstate::catalog::Family f) {
+  using attnstate::catalog::Family;
+  return f == Family::kCascadeWs      ? Kernel::kWarpSpecialized
+         : f == Family::kCascadeWgmma ? Kernel::kWgmma
+                                      : Kernel::kMma;
+}
+
+TEST(PlanCascade, DeviceWithoutANeedTakesTheCatalogsFallbackRow) {
+  namespace catalog = attnstate::catalog;
+  const CascadeShape s = shape(64, 2, 4, 16);
+  const auto level0 = [&](plan::CascadeDeviceFacts f) {
+    return plan_levels(s, {Level({64}, {4096}, 16)}, {}, f).level(0);
+  };
+  const auto row_of = [&](catalog::Family f, int tile_rows) {
+    catalog::Query q;
+    q.family = f;
+    q.head_dim = s.head_dim;
+    q.q = q.kv = catalog::mask(s.dtype);
+    q.tile_rows = tile_rows;
+    return catalog::find(q);
+  };
+  const int tile = level0(sm90a()).tile_rows;
+  const catalog::Row* ws = row_of(catalog::Family::kCascadeWs, tile);
+  if (ws == nullptr) GTEST_SKIP() << "no warp-specialised row in this build";
+  ASSERT_EQ(level0(sm90a()).kernel, Kernel::kWarpSpecialized);
+  // no tensor maps: the warp-specialised row's fallback, which needs no tensor map
+  ASSERT_NE(ws->needs & catalog::kNeedsTensorMaps, 0);
+  const catalog::Row* no_maps = row_of(ws->fallback, tile);
+  ASSERT_NE(no_maps, nullptr);
+  EXPECT_EQ(no_maps->needs & catalog::kNeedsTensorMaps, 0);
+  EXPECT_EQ(level0({true, false}).kernel, kernel_of(no_maps->family));
+  // no wgmma: the fallbacks followed to the first row that needs no wgmma
+  const catalog::Row* r = ws;
+  while (r != nullptr && (r->needs & catalog::kNeedsWgmma) != 0 && r->fallback != r->family)
+    r = row_of(r->fallback, tile);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->needs & catalog::kNeedsWgmma, 0);
+  EXPECT_EQ(level0({false, true}).kernel, kernel_of(r->family));
+  EXPECT_EQ(level0({false, false}).kernel, kernel_of(r->family));
+}
+
 TEST(PlanCascade, DecodeLastLevelEligibility) {
   const CascadeShape s = shape(4, 2, 4, 16);
   const Level shared({4}, {1024}, 16), unique({1, 1, 1, 1}, {100, 200, 300, 400}, 16);
