@@ -121,6 +121,21 @@ catalog::Query fold_query(const CascadeShape& s, float logits_soft_cap) {
   return q;
 }
 
+/// The row tiles of the catalog's mma.sync level rows (`cascade_tile_supported`), ascending, as
+/// "16, 64 or 128".
+std::string level_tiles_string() {
+  std::vector<int> tiles;
+  for (const catalog::Row& r : catalog::kRows)
+    if (r.family == catalog::Family::kCascadeMma &&
+        std::find(tiles.begin(), tiles.end(), r.tile_rows) == tiles.end())
+      tiles.push_back(r.tile_rows);
+  std::sort(tiles.begin(), tiles.end());
+  std::string s;
+  for (std::size_t i = 0; i < tiles.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == tiles.size() ? " or " : ", ") + std::to_string(tiles[i]);
+  return s;
+}
+
 /// Checks `plan_cascade`'s scalar arguments (the shape, the SM count, the tuning).
 void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num_sms,
                             const CascadeTuning& tuning) {
@@ -157,7 +172,8 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
                    cascade_str(shape.head_dim), Status::kNotSupported);
   if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
   if (tuning.tile_rows != 0 && !cascade_tile_supported(tuning.tile_rows))
-    throw_argument(func, "tuning.tile_rows", "0, 16, 64 or 128", cascade_str(tuning.tile_rows));
+    throw_argument(func, "tuning.tile_rows", "0 (automatic), " + level_tiles_string(),
+                   cascade_str(tuning.tile_rows));
   if (tuning.kernel != CascadeKernel::kAuto && tuning.kernel != CascadeKernel::kMma &&
       tuning.kernel != CascadeKernel::kWgmma)
     throw_argument(func, "tuning.kernel", "kAuto, kMma or kWgmma",

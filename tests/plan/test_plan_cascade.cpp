@@ -309,6 +309,23 @@ TEST(PlanCascade, DeviceWithoutANeedTakesTheCatalogsFallbackRow) {
   EXPECT_EQ(level0({false, false}).kernel, kernel_of(r->family));
 }
 
+TEST(PlanCascade, TileRowsRefusedWithTheCatalogsTiles) {
+  CascadeTuning t;
+  t.tile_rows = 32;
+  const std::string msg =
+      error_of([&] { plan_levels(shape(4, 2, 4, 16), {Level({4}, {1024}, 16)}, t); });
+  EXPECT_NE(msg.find("tuning.tile_rows"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("32"), std::string::npos) << msg;
+  // every tile of the catalog's mma.sync level rows is named, and each is accepted
+  for (const attnstate::catalog::Row& r : attnstate::catalog::kRows) {
+    if (r.family != attnstate::catalog::Family::kCascadeMma) continue;
+    EXPECT_NE(msg.find(std::to_string(r.tile_rows)), std::string::npos) << msg;
+    t.tile_rows = r.tile_rows;
+    EXPECT_EQ(plan_levels(shape(4, 2, 4, 16), {Level({4}, {1024}, 16)}, t).level(0).tile_rows,
+              r.tile_rows);
+  }
+}
+
 TEST(PlanCascade, DecodeLastLevelEligibility) {
   const CascadeShape s = shape(4, 2, 4, 16);
   const Level shared({4}, {1024}, 16), unique({1, 1, 1, 1}, {100, 200, 300, 400}, 16);

@@ -39,8 +39,8 @@ enum class CascadeKernel : std::uint8_t {
 /// and `kernel` apply to the levels that run on cascade level kernels, not to a last level that
 /// runs on the split-KV decode (which plans its own splits).
 struct CascadeTuning {
-  int tile_rows = 0;                            ///< Query rows per CTA tile: 16, 64 or 128.
-  int chunk = 0;                                ///< KV tokens per split, a positive multiple of 64.
+  int tile_rows = 0;  ///< Query rows per CTA tile: a cascade level row's (docs/catalog.md).
+  int chunk = 0;      ///< KV tokens per split, a positive multiple of 64.
   CascadeKernel kernel = CascadeKernel::kAuto;  ///< Tensor-core instruction family.
   /// Run a last level whose segments each belong to one request (segment `b` to request `b`)
   /// with the library's split-KV decode (`run_decode`) instead of a cascade level kernel; it
@@ -108,7 +108,7 @@ enum class CascadeLastLevel : std::uint8_t {
 /// (`CascadeChoice::level`).
 struct CascadeLevelPlan {
   std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
-  int tile_rows = 0;              ///< Query rows per CTA tile (16, 64 or 128).
+  int tile_rows = 0;              ///< Query rows per CTA tile (a level row's: docs/catalog.md).
   int max_tiles = 0;              ///< Most row tiles of any segment.
   int chunk = 0;                  ///< KV tokens per split (a multiple of 64; a decode level:
                                   ///< the decode's split size, a multiple of 16).
