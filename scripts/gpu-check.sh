@@ -4,8 +4,9 @@
 #   2. runs every test with CTest (GPU tests included),
 #   3. runs compute-sanitizer memcheck and racecheck over the GPU test executables,
 #   4. runs the GPU benchmarks, each writing a CSV (bench_cascade also with --quick --lean
-#      --scatter: the shared prefix's pages scattered over the pool, and with --quick
-#      --soft-cap 50),
+#      --scatter: the shared prefix's pages scattered over the pool, with --quick
+#      --soft-cap 50, and with --sections: f16, head dims 64/256, soft cap, window and fp8 KV
+#      beside bf16 / D 128, each with its floor and the plain decode),
 # and leaves logs and CSVs in $OUT (default ./gpu-out): summary.txt plus gpu-check.tar.gz.
 #
 # Knobs (environment): GPU_TARGETS   build only these targets (default: all)
@@ -202,6 +203,13 @@ if [ "${GPU_BENCH:-}" != none ]; then
         say "bench $name --soft-cap 50: ok"; cat "$LOG/$name-softcap.txt" >>"$SUMMARY"
       else
         say "bench $name --soft-cap 50: FAILED"; tail -20 "$LOG/$name-softcap.txt" | tee -a "$SUMMARY"; status=1
+      fi
+      # the sections: dtypes, head dims and variants at 32k/256/128 and 4k/64/16 (a cascade the
+      # library refuses is a 'refused' row, not a failure)
+      if "$exe" --sections --csv "$LOG/$name-sections.csv" >"$LOG/$name-sections.txt" 2>&1; then
+        say "bench $name --sections: ok"; cat "$LOG/$name-sections.txt" >>"$SUMMARY"
+      else
+        say "bench $name --sections: FAILED"; tail -40 "$LOG/$name-sections.txt" | tee -a "$SUMMARY"; status=1
       fi
     fi
   done
