@@ -214,10 +214,16 @@ inline constexpr Group kGroups[] = {
                       Tile{16, kCascadeKvTile, 3}, Tile{16, kCascadeKvTile, 2},
                       Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
         compiled::CascadeHeadDims{}),
-    // cascade levels on wgmma (bf16): on devices without it, the plan takes mma.sync
+    // cascade levels on wgmma: plain, then the soft-capped instance; on devices without wgmma,
+    // the plan takes mma.sync
     detail::with_dims(
-        detail::tiles(detail::group(Family::kCascadeWgmma, mask(DType::kBF16), 0, mask(DType::kF32),
+        detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kPlain, kNeedsWgmma, Family::kCascadeMma),
+                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+        compiled::CascadeWgmmaHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit, 0, mask(DType::kF32),
+                                    false, kSoftCap, kNeedsWgmma, Family::kCascadeMma),
                       Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
         compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels (bf16): 128-key tiles (3 stages) and 64-key tiles (4 stages); a
@@ -229,7 +235,7 @@ inline constexpr Group kGroups[] = {
                           Family::kCascadeWgmma),
             Tile{64, kCascadeWsKvTile, 3}, Tile{128, kCascadeWsKvTile, 3},
             Tile{64, kCascadeKvTile, 4}, Tile{128, kCascadeKvTile, 4}),
-        compiled::CascadeWgmmaHeadDims{}),
+        compiled::CascadeWsHeadDims{}),
     // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMerge, mask(DType::kF32), 0, kStateDTypes, true,

@@ -100,16 +100,20 @@ void launch_mma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& 
   }
 }
 
-/// One wgmma tile.
+/// One wgmma tile: its soft-capped instance when `p.soft_cap` is set.
 template <DType T, int D, int kWarpgroups>
 void launch_wgmma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                   cudaStream_t stream) {
   // (the tile type is named only where the catalog holds it: it asserts its head dims)
-  if constexpr (holds<Family::kCascadeWgmma, D>(T, 64 * kWarpgroups, 0, catalog::kCascadeKvTile,
-                                                catalog::kPlain))
-    return kernels::launch_cascade_wgmma_tile<Storage<T>,
-                                              kernels::CascadeWgmmaTile<D, kWarpgroups>>(
-        p, l.grid, l.pdl, stream);
+  constexpr int kRows = 64 * kWarpgroups, kKeys = catalog::kCascadeKvTile;
+  using Tile = kernels::CascadeWgmmaTile<D, kWarpgroups>;
+  if (p.soft_cap != 0.f) {
+    if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, catalog::kSoftCap))
+      return kernels::launch_cascade_wgmma_tile<Storage<T>, Tile, true>(p, l.grid, l.pdl, stream);
+    not_compiled<Family::kCascadeWgmma, D>(l, catalog::kSoftCap);
+  }
+  if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, catalog::kPlain))
+    return kernels::launch_cascade_wgmma_tile<Storage<T>, Tile, false>(p, l.grid, l.pdl, stream);
   not_compiled<Family::kCascadeWgmma, D>(l, catalog::kPlain);
 }
 

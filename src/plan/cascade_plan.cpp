@@ -57,9 +57,11 @@ catalog::Query level_query(catalog::Family family, const CascadeShape& s, int ti
 }
 
 /// True when a `wgmma` level of this shape takes the warp-specialised kernel (a compiled row for
-/// its shape and tile, a page size with a bulk-copy box, the variant not 0).
-bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant) {
-  return lp.wgmma && catalog::compiled(level_query(catalog::Family::kCascadeWs, s, lp.tile_rows)) &&
+/// its shape, tile and variants, a page size with a bulk-copy box, the variant not 0).
+bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant,
+              catalog::Variants variants) {
+  return lp.wgmma &&
+         catalog::compiled(level_query(catalog::Family::kCascadeWs, s, lp.tile_rows, variants)) &&
          tma_box_rows(s.page_size) > 0 && ws_variant != 0;
 }
 
@@ -274,15 +276,16 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
     max_tiles = std::max(max_tiles, tiles[s]);
   }
   lp.max_tiles = static_cast<int>(max_tiles);
-  // wgmma where the catalog holds a wgmma row for the shape, the tile and the variant (bf16 at
-  // head_dim 128: the configurations validated on the H200); the others run on mma.sync
-  lp.wgmma = tuning.kernel != CascadeKernel::kMma &&
-             catalog::compiled(level_query(catalog::Family::kCascadeWgmma, shape, lp.tile_rows,
-                                           catalog::variants_of(kNoWindow, plan.logits_soft_cap)));
+  // wgmma where the catalog holds a wgmma row for the shape, the tile and the variant; the
+  // others run on mma.sync
+  const catalog::Variants variants = catalog::variants_of(kNoWindow, plan.logits_soft_cap);
+  lp.wgmma =
+      tuning.kernel != CascadeKernel::kMma &&
+      catalog::compiled(level_query(catalog::Family::kCascadeWgmma, shape, lp.tile_rows, variants));
   // The split is chosen for the kernel the shape takes on an sm_90a device, whatever the device
   // (so the splits, and the bits, of a plan do not depend on it): the warp-specialised kernel
   // holds one CTA per SM, the cp.async kernels one of 128 rows or two of fewer.
-  const bool ws = ws_level(shape, lp, plan.ws_variant);
+  const bool ws = ws_level(shape, lp, plan.ws_variant, variants);
   const int ctas_per_sm = ws || lp.tile_rows >= 128 ? 1 : 2;
   // splits of whole KV tiles of the kernel (128 keys for the warp-specialised 128-key tiles)
   const int v = plan.ws_variant;
@@ -595,7 +598,8 @@ std::string to_string(const CascadeChoice& choice) {
            : lp.kernel == K::kWgmma         ? "wgmma"
                                             : "mma.sync";
     if (lp.kernel == K::kMma && lp.wgmma) out += " (wgmma not on this device)";
-    if (lp.kernel == K::kMma && plan.logits_soft_cap != 0.f) out += " (the capped kernel)";
+    if (lp.kernel != K::kWarpSpecialized && plan.logits_soft_cap != 0.f)
+      out += " (the capped kernel)";
     out += ", " + std::to_string(lp.tile_rows) + "-row tiles, " + splits(lp.max_splits, lp.chunk);
     if (last) {
       static const char* const why[] = {"",

@@ -103,10 +103,10 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   const int tiles = tiles16 + static_cast<int>(std::size(kLaunchedTileRows)) - 1;
   EXPECT_EQ(rows_of(Family::kCascadeMma),
             static_cast<int>(compiled::CascadeHeadDims::size()) * cascade_dtypes * tiles * 2);
+  // wgmma: 64 and 128 rows, plain and soft-capped, every cascade dtype; warp-specialised: bf16
   EXPECT_EQ(rows_of(Family::kCascadeWgmma),
-            static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * 2);
-  EXPECT_EQ(rows_of(Family::kCascadeWs),
-            static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * 4);
+            static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * cascade_dtypes * 2 * 2);
+  EXPECT_EQ(rows_of(Family::kCascadeWs), static_cast<int>(compiled::CascadeWsHeadDims::size()) * 4);
   EXPECT_EQ(rows_of(Family::kCascadeMerge),
             static_cast<int>(compiled::CascadeHeadDims::size() *
                              std::size(compiled::Values<compiled::MergeDTypes>::value)));
@@ -186,10 +186,19 @@ TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
   EXPECT_TRUE(catalog::compiled(short_depth));
   short_depth.head_dim = 64;
   EXPECT_FALSE(catalog::compiled(short_depth));
-  // the cascade's wgmma rows: bf16 only, never f16, never soft-capped
-  EXPECT_FALSE(catalog::compiled(query(Family::kCascadeWgmma, 128, DType::kF16, DType::kF16)));
+  // the cascade's wgmma rows: f16 and bf16, the plain instance first, then the soft-capped one;
+  // the warp-specialised rows: bf16 only, never soft-capped
+  const catalog::Row* wg =
+      catalog::find(query(Family::kCascadeWgmma, 128, DType::kF16, DType::kF16));
+  ASSERT_NE(wg, nullptr);
+  EXPECT_EQ(wg->variants, catalog::kPlain);
+  const catalog::Row* wg_cap = catalog::find(
+      query(Family::kCascadeWgmma, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap));
+  ASSERT_NE(wg_cap, nullptr);
+  EXPECT_EQ(wg_cap->variants, catalog::kSoftCap);
+  EXPECT_FALSE(catalog::compiled(query(Family::kCascadeWs, 128, DType::kF16, DType::kF16)));
   EXPECT_FALSE(catalog::compiled(
-      query(Family::kCascadeWgmma, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap)));
+      query(Family::kCascadeWs, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap)));
   EXPECT_FALSE(catalog::compiled(
       query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16, catalog::kWindow)));
 }

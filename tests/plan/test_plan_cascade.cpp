@@ -208,17 +208,22 @@ TEST(PlanCascade, WgmmaEligibility) {
         .level(0);
   };
   EXPECT_TRUE(level0(shape(64, 2, 4, 16)).wgmma);
-  EXPECT_TRUE(level0(shape(16, 2, 4, 16)).wgmma);                // 64 rows
-  EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);                // 16 rows
-  EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);  // f16
-  if (plan::cascade_head_dim_supported(64)) {                    // (a build may leave it out)
-    EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);  // head_dim 64
+  EXPECT_TRUE(level0(shape(16, 2, 4, 16)).wgmma);                      // 64 rows
+  EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);                      // 16 rows
+  EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);         // f16
+  if (plan::cascade_head_dim_supported(64)) {                          // (a build may leave it out)
+    EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);  // head_dim 64
+    EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16, 64)).wgmma);
+    // no warp-specialised row at 64: the cp.async wgmma kernel
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).kernel, Kernel::kWgmma);
   }
   CascadeTuning mma;
   mma.kernel = CascadeKernel::kMma;
   EXPECT_FALSE(level0(shape(64, 2, 4, 16), mma).wgmma);
   EXPECT_EQ(level0(shape(64, 2, 4, 16), mma).kernel, Kernel::kMma);
-  EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16)).kernel, Kernel::kMma);
+  EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16), mma).kernel, Kernel::kMma);
+  // f16 has no warp-specialised row: the cp.async wgmma kernel
+  EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16)).kernel, Kernel::kWgmma);
 }
 
 TEST(PlanCascade, BulkCopyBoxesByPageSize) {
@@ -490,10 +495,10 @@ TEST(PlanCascade, ChecksOfAPlan) {
   EXPECT_NE(e.find("0..1"), std::string::npos) << e;
 }
 
-TEST(PlanCascade, SoftCapKeepsTheLevelsOnMmaAndTheDecodeOffTheFold) {
-  // A soft cap: the shared levels take the mma.sync kernel (its capped instance) where they would
-  // take wgmma or the warp-specialised kernel, a decode last level is planned with the cap (the
-  // decode's variant kernel) and writes its own slot; a plan that disagrees is refused.
+TEST(PlanCascade, SoftCapTakesTheCappedWgmmaLevelsAndKeepsTheDecodeOffTheFold) {
+  // A soft cap: the shared levels take the wgmma kernel's capped instance where they would take
+  // the warp-specialised kernel (which has none), a decode last level is planned with the cap
+  // (the decode's variant kernel) and writes its own slot; a plan that disagrees is refused.
   const std::vector<Level> levels = {
       Level({64}, {4096}, 16),
       Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
@@ -516,8 +521,9 @@ TEST(PlanCascade, SoftCapKeepsTheLevelsOnMmaAndTheDecodeOffTheFold) {
       plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, {}, sm90a(), decode);
   EXPECT_EQ(p.logits_soft_cap(), 30.f);
   EXPECT_EQ(decode_cap, 30.f);
-  EXPECT_EQ(p.level(0).kernel, Kernel::kMma);
-  EXPECT_FALSE(p.level(0).wgmma);
+  EXPECT_EQ(p.level(0).kernel, Kernel::kWgmma);
+  EXPECT_TRUE(p.level(0).wgmma);
+  EXPECT_EQ(p.level(0).fallback, Kernel::kWgmma);
   EXPECT_TRUE(p.level(1).decode);
   EXPECT_FALSE(p.decode_fold());
   EXPECT_EQ(error_of([&] { plan::check_cascade_plan(kFn, p); }), "");

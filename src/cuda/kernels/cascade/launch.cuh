@@ -42,11 +42,11 @@ void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, bool pdl, cudaS
                       Tile::smem_bytes(), pdl, stream, "cascade_level_kernel");
 }
 
-/// Launches one wgmma tile instance.
-template <class T, class Tile>
+/// Launches one wgmma tile instance (`kCap`: the soft-capped one).
+template <class T, class Tile, bool kCap>
 void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
                                cudaStream_t stream) {
-  launch_level_kernel(cascade_level_wgmma_kernel<T, Tile>, p, grid, Tile::kThreads,
+  launch_level_kernel(cascade_level_wgmma_kernel<T, Tile, kCap>, p, grid, Tile::kThreads,
                       Tile::smem_bytes(), pdl, stream, "cascade_level_wgmma_kernel");
 }
 

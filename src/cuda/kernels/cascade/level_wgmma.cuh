@@ -62,8 +62,9 @@ struct CascadeWgmmaTile {
   static_assert(D == 64 || D == 128, "wgmma path: head_dim 64 or 128");
 };
 
-/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`.
-template <class T, class Tile>
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kCap`: the
+/// instance that applies `p.soft_cap` to the scaled scores (`tile::VariantScores`, no window).
+template <class T, class Tile, bool kCap = false>
 __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const CascadeLevelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN;
@@ -96,6 +97,11 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   float acc[D / 8][4];
   tile::zero_frags(acc);
   math::OnlineSoftmax os[2];
+  tile::VariantScores capped;  // (the kCap instance only)
+  if constexpr (kCap) {
+    capped.set_map(p.scale, p.soft_cap);
+    capped.lo[0] = capped.lo[1] = 0;  // no window: every key from the segment's first
+  }
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     arch::cp_async_wait<kStages - 2>();
@@ -120,7 +126,11 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::fence_regs(s);
 
     // scale, mask, online softmax (rows g and g + 8)
-    tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane);
+    if constexpr (kCap)
+      tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane,
+                                       capped);
+    else
+      tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane);
 
     // O += P V (P from registers, V MN-major in shared memory)
     std::uint32_t pf[BN / 16][4];
