@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -547,6 +548,11 @@ std::string combination_name(const ::testing::TestParamInfo<Combination>& info) 
   n += c.soft_cap ? "_softcap" : "";
   n += c.window || c.soft_cap ? "" : "_plain";
   return n + "_kv_" + attnstate::to_string(c.kv);
+}
+
+/// Prints a combination by its test name (GoogleTest would print its bytes).
+void PrintTo(const Combination& c, std::ostream* os) {
+  *os << combination_name(::testing::TestParamInfo<Combination>(c, 0));
 }
 
 class CudaCascadeCatalogCombination : public ::testing::TestWithParam<Combination> {};
