@@ -235,7 +235,8 @@ class Cascade:
     Positions count each request's keys over its segments in level order (total of them): with
     causal, row t is at p = total - q_len + t, else every row at total - 1. `window_left=w` lets
     a row see the keys [max(0, p - w), p] across all the levels (a shared segment before the
-    window contributes nothing; CPU only for now: a CUDA plan refuses a window);
+    window contributes nothing; CPU and CUDA: a CUDA plan runs the shared levels' splits over
+    the keys some row's window reaches);
     `logits_soft_cap` as for Decode (CPU and CUDA). fp8 pools (CPU for now):
     `kv_dtype=` in plan, uint8 pools and `k_scale=`, `v_scale=` in run, as for Decode.
     `run(..., sinks=s)`: attention sinks merged once into every output row after all the levels,

@@ -253,9 +253,9 @@ Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
 }
 
 // The variant of a plan (window_left: -1 for none; logits_soft_cap: 0 for none), checked with
-// the Python keywords' names. `device_refuses`: a CUDA plan whose kernels take no window yet
-// (the cascade) refuses one: silently ignoring a window would return plain attention as if it
-// were the variant.
+// the Python keywords' names. `device_refuses`: a CUDA cascade plan refuses a window when the
+// catalog holds no level kernel taking one: silently ignoring a window would return plain
+// attention as if it were the variant.
 AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float logits_soft_cap,
                               bool device_refuses) {
   const auto number = [](float x) {
@@ -278,7 +278,7 @@ AttentionVariant plan_variant(const char* fn, std::int64_t window_left, float lo
   levels.variants = catalog::variants_of(window_left, 0.f);
   if (device_refuses && !catalog::compiled(levels))
     detail::throw_argument(fn, "window_left",
-                           "None on a CUDA device (the CUDA cascade has no sliding window yet: " +
+                           "None on a CUDA device (this build's CUDA cascade takes no window: " +
                                catalog::not_supported_message(levels) +
                                "; host arrays run it on the CPU)",
                            std::to_string(window_left), Status::kNotSupported);

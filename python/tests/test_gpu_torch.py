@@ -254,13 +254,21 @@ def test_cascade_on_the_gpu_matches_the_cpu_cascade(cap):
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
     np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
-    if cap is not None:  # the cap changed the result, and a window is refused on the GPU
+    if cap is not None:  # the cap changed the result; a window too, on the GPU as on the CPU
         plain = attnstate.Cascade().plan(levels, dtype="float32", **shape).run(
             q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(), levels)
         assert np.abs(plain.lse - ref.lse).max() > 1e-2
-        with pytest.raises(attnstate.Error, match="argument 'window_left'"):
-            attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, window_left=64,
-                                     **shape)
+        win = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=k, window_left=64,
+                                       logits_soft_cap=cap, **shape)
+        assert "window 64" in win.description
+        got = win.run(q, k, v, dev_levels, dtype=torch.float32)
+        want = attnstate.Cascade().plan(levels, dtype="float32", window_left=64,
+                                        logits_soft_cap=cap, **shape).run(
+            q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(), levels)
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(got.o.cpu().numpy(), want.o, atol=2e-2)
+        np.testing.assert_allclose(got.lse.cpu().numpy(), want.lse, atol=2e-2)
+        assert np.abs(want.lse - ref.lse).max() > 1e-2
 
 
 def test_decode_with_sinks_matches_the_cpu():

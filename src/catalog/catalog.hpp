@@ -201,7 +201,7 @@ inline constexpr Group kGroups[] = {
                       Tile{kDecodeTileRows, kDecodeTileRows, kDecodeStreamStages}),
         compiled::DecodeStreamHeadDims{}),
     // cascade levels on mma.sync: tiles of 16 rows (3 or 2 stages), 64 and 128 rows; plain, then
-    // the soft-capped instance; partial states in fp32
+    // the variant instance (soft cap, window); partial states in fp32
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kPlain, kNeedsNothing, Family::kCascadeMma),
@@ -210,12 +210,12 @@ inline constexpr Group kGroups[] = {
         compiled::CascadeHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
-                                    false, kSoftCap, kNeedsNothing, Family::kCascadeMma),
+                                    false, kSoftCap | kWindow, kNeedsNothing, Family::kCascadeMma),
                       Tile{16, kCascadeKvTile, 3}, Tile{16, kCascadeKvTile, 2},
                       Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
         compiled::CascadeHeadDims{}),
-    // cascade levels on wgmma: plain, then the soft-capped instance; on devices without wgmma,
-    // the plan takes mma.sync
+    // cascade levels on wgmma: plain, then the variant instance (soft cap, window); on devices
+    // without wgmma, the plan takes mma.sync
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kPlain, kNeedsWgmma, Family::kCascadeMma),
@@ -223,7 +223,7 @@ inline constexpr Group kGroups[] = {
         compiled::CascadeWgmmaHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit, 0, mask(DType::kF32),
-                                    false, kSoftCap, kNeedsWgmma, Family::kCascadeMma),
+                                    false, kSoftCap | kWindow, kNeedsWgmma, Family::kCascadeMma),
                       Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
         compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels (bf16): 128-key tiles (3 stages) and 64-key tiles (4 stages); a

@@ -2,6 +2,7 @@
 /// @brief CUDA cascade attention: `plan_cascade` (the host planner of plan/cascade_plan.hpp fed
 ///        with the device facts), and the run entry points: their checks, the level kernels'
 ///        parameters and launches, the bridge to the decode of a unique last level, the merge.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -18,6 +19,7 @@
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/cascade/level_ws.cuh"
 #include "cuda/kernels/cascade/merge.cuh"
+#include "cuda/kernels/cascade/tails.cuh"
 #include "cuda/launch.hpp"
 #include "plan/cascade_plan.hpp"
 #include "plan/cascade_plan_access.hpp"
@@ -48,6 +50,44 @@ std::size_t decode_bytes(const CascadePlan& plan) {
   return plan.num_levels() > 0 && plan.level(plan.num_levels() - 1).decode
              ? plan.last_decode().workspace_bytes()
              : 0;
+}
+
+/// Bytes of the decode workspace rounded to 256: the offset of a windowed plan's tails after it.
+std::size_t decode_bytes_aligned(const CascadePlan& plan) {
+  return (decode_bytes(plan) + 255) / 256 * 256;
+}
+
+/// A windowed plan's request tails in the workspace (`kernels::cascade_tails_kernel`; null
+/// without a window).
+std::int32_t* window_tails(const CascadePlan& plan, void* workspace) {
+  return plan.window_left() < 0 ? nullptr
+                                : reinterpret_cast<std::int32_t*>(static_cast<char*>(workspace) +
+                                                                  plan::partials_bytes(plan) +
+                                                                  decode_bytes_aligned(plan));
+}
+
+/// Launches the kernel writing a windowed plan's request tails from every level's device arrays
+/// (before the levels, which read them).
+void launch_tails(const CascadePlan& plan, const PagedKvCache& kv,
+                  const CascadeLevel* device_levels, void* workspace, cudaStream_t stream) {
+  kernels::CascadeTailsParams p{};
+  for (int l = 0; l < plan.num_levels(); ++l) {
+    p.request_indptr[l] = device_levels[l].request_indptr;
+    p.page_indptr[l] = device_levels[l].page_indptr;
+    p.seg_lens[l] = device_levels[l].seg_lens;
+    p.num_segments[l] = static_cast<int>(device_levels[l].num_segments);
+    p.has_pages[l] = device_levels[l].page_indices != nullptr ? 1 : 0;
+  }
+  p.num_levels = plan.num_levels();
+  p.batch = static_cast<int>(plan.shape().batch);
+  p.page_size = static_cast<int>(kv.page_size);
+  p.tails = window_tails(plan, workspace);
+  detail::LaunchConfig cfg;
+  cfg.grid = dim3(static_cast<unsigned>((p.batch + kernels::kCascadeTailsThreads - 1) /
+                                        kernels::kCascadeTailsThreads));
+  cfg.block = dim3(kernels::kCascadeTailsThreads);
+  cfg.stream = stream;
+  detail::launch_kernel(cfg, kernels::cascade_tails_kernel, "cascade_tails_kernel", p);
 }
 
 /// How the decode of a unique last level runs.
@@ -159,6 +199,10 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.s2_scale = math::base2_score_scale(plan.scale());
   p.scale = plan.scale();
   p.soft_cap = plan.logits_soft_cap();
+  p.window_left = static_cast<int>(std::min<std::int64_t>(plan.window_left(), 0x7FFFFFFF));
+  p.causal_pos = plan.causal() ? 1 : 0;
+  p.tails = window_tails(plan, workspace);
+  if (p.tails != nullptr) p.tails += static_cast<std::int64_t>(l) * s.batch;
   p.ws_o = slots_o(workspace);
   p.ws_lse = slots_lse(plan, workspace);
   p.rows_total = plan.rows();
@@ -248,7 +292,8 @@ void launch_merge(const CascadePlan& plan, StateView out, const void* workspace,
 }  // namespace
 
 std::size_t CascadePlan::workspace_bytes() const {
-  return plan::partials_bytes(*this) + (decode_bytes(*this) + 255) / 256 * 256;
+  return plan::partials_bytes(*this) + decode_bytes_aligned(*this) +
+         plan::window_tails_bytes(*this);
 }
 
 CascadePlan plan_cascade(const CascadeShape& shape, const CascadeLevel* host_levels, int num_levels,
@@ -288,6 +333,12 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
                                                  pool_bytes);
   ::attnstate::detail::check_disjoint_from_level(func, "workspace", workspace, ws_bytes, level,
                                                  device_level, false);
+  // a windowed level places its rows by every level's lengths (the tails run_cascade computes)
+  if (plan.window_left() >= 0 && !plan.level(level).decode)
+    throw_argument(func, "plan",
+                   "a plan without a window (a windowed plan's shared levels run through "
+                   "run_cascade, which reads every level's lengths)",
+                   "window_left " + cascade_str(plan.window_left()), Status::kNotSupported);
   if (plan.level(level).decode) {
     const DecodeLevelCall decode(plan, level, kv, device_level, workspace, DecodeLevelMode::kSlot,
                                  nullptr);
@@ -349,6 +400,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
   // merge follows as a programmatic launch. Its tickets are zeroed before the first level so
   // that nothing stands between the last shared level and the decode.
   const int last = num_levels - 1;
+  if (plan.window_left() >= 0) launch_tails(plan, kv, device_levels, workspace, stream);
   if (!plan.level(last).decode) {
     for (int l = 0; l < num_levels; ++l)
       launch_level(plan, l, q, kv, device_levels[l], workspace, plan.overlap_levels() && l > 0,

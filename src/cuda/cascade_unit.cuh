@@ -67,15 +67,21 @@ template <Family F, int D>
       Status::kNotSupported);
 }
 
-/// One mma.sync tile: its soft-capped instance when `p.soft_cap` is set.
+/// The variants a level launch asks for (its soft cap and window).
+inline catalog::Variants variants_of(const kernels::CascadeLevelParams& p) {
+  return catalog::variants_of(p.window_left, p.soft_cap);
+}
+
+/// One mma.sync tile: its variant instance when `p` has a soft cap or a window.
 template <DType T, int D, class Tile>
 void launch_mma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                 cudaStream_t stream) {
   constexpr int kKeys = Tile::BN, kRows = Tile::BM, kStages = Tile::kStages;
-  if (p.soft_cap != 0.f) {
-    if constexpr (holds<Family::kCascadeMma, D>(T, kRows, kStages, kKeys, catalog::kSoftCap))
+  constexpr catalog::Variants kVar = catalog::kSoftCap | catalog::kWindow;
+  if (const catalog::Variants v = variants_of(p); v != catalog::kPlain) {
+    if constexpr (holds<Family::kCascadeMma, D>(T, kRows, kStages, kKeys, kVar))
       return kernels::launch_cascade_tile<Storage<T>, Tile, true>(p, l.grid, l.pdl, stream);
-    not_compiled<Family::kCascadeMma, D>(l, catalog::kSoftCap);
+    not_compiled<Family::kCascadeMma, D>(l, v);
   }
   if constexpr (holds<Family::kCascadeMma, D>(T, kRows, kStages, kKeys, catalog::kPlain))
     return kernels::launch_cascade_tile<Storage<T>, Tile, false>(p, l.grid, l.pdl, stream);
@@ -100,17 +106,18 @@ void launch_mma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& 
   }
 }
 
-/// One wgmma tile: its soft-capped instance when `p.soft_cap` is set.
+/// One wgmma tile: its variant instance when `p` has a soft cap or a window.
 template <DType T, int D, int kWarpgroups>
 void launch_wgmma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                   cudaStream_t stream) {
   // (the tile type is named only where the catalog holds it: it asserts its head dims)
   constexpr int kRows = 64 * kWarpgroups, kKeys = catalog::kCascadeKvTile;
+  constexpr catalog::Variants kVar = catalog::kSoftCap | catalog::kWindow;
   using Tile = kernels::CascadeWgmmaTile<D, kWarpgroups>;
-  if (p.soft_cap != 0.f) {
-    if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, catalog::kSoftCap))
+  if (const catalog::Variants v = variants_of(p); v != catalog::kPlain) {
+    if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, kVar))
       return kernels::launch_cascade_wgmma_tile<Storage<T>, Tile, true>(p, l.grid, l.pdl, stream);
-    not_compiled<Family::kCascadeWgmma, D>(l, catalog::kSoftCap);
+    not_compiled<Family::kCascadeWgmma, D>(l, v);
   }
   if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, catalog::kPlain))
     return kernels::launch_cascade_wgmma_tile<Storage<T>, Tile, false>(p, l.grid, l.pdl, stream);

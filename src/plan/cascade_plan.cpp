@@ -82,8 +82,7 @@ Kernel kernel_of(catalog::Family f) {
 /// The kernel a run of level plan `lp` takes when it cannot meet the run-time needs of its row
 /// (the catalog's fallback rule, `catalog::family_that_runs`, with none of them met): the row's
 /// fallback where it has run-time needs, else its own kernel.
-Kernel run_fallback(const CascadeShape& s, const CascadeLevelPlan& lp, float logits_soft_cap) {
-  const catalog::Variants variants = catalog::variants_of(kNoWindow, logits_soft_cap);
+Kernel run_fallback(const CascadeShape& s, const CascadeLevelPlan& lp, catalog::Variants variants) {
   const catalog::Row* row =
       catalog::find(level_query(family_of(lp.kernel), s, lp.tile_rows, variants));
   return row != nullptr
@@ -97,8 +96,7 @@ Kernel run_fallback(const CascadeShape& s, const CascadeLevelPlan& lp, float log
 /// checked when the plan runs: `run_fallback`), applied to each fallback row in turn until the
 /// row runs (the warp-specialised row falls back to wgmma, which falls back to mma.sync).
 Kernel device_kernel(const CascadeShape& s, const CascadeLevelPlan& lp, Kernel preferred,
-                     float logits_soft_cap, const CascadeDeviceFacts& facts) {
-  const catalog::Variants variants = catalog::variants_of(kNoWindow, logits_soft_cap);
+                     catalog::Variants variants, const CascadeDeviceFacts& facts) {
   const catalog::Needs met = static_cast<catalog::Needs>(
       catalog::kRunTimeNeeds | (facts.wgmma ? catalog::kNeedsWgmma : 0) |
       (facts.tensor_maps ? catalog::kNeedsTensorMaps : 0) |
@@ -115,12 +113,53 @@ Kernel device_kernel(const CascadeShape& s, const CascadeLevelPlan& lp, Kernel p
 }
 
 /// The decode's split rows that fold prior states (a decode last level folding the shared
-/// levels) for this shape with its soft cap.
-catalog::Query fold_query(const CascadeShape& s, float logits_soft_cap) {
-  catalog::Query q =
-      level_query(catalog::Family::kDecodeSplit, s, 0,
-                  catalog::variants_of(kNoWindow, logits_soft_cap) | catalog::kPriorStates);
-  return q;
+/// levels) for this shape with its variants.
+catalog::Query fold_query(const CascadeShape& s, catalog::Variants variants) {
+  return level_query(catalog::Family::kDecodeSplit, s, 0, variants | catalog::kPriorStates);
+}
+
+/// The variants of a plan (its window and soft cap) as the catalog's bits.
+catalog::Variants plan_variants(const Choice& plan) {
+  return catalog::variants_of(plan.window_left, plan.logits_soft_cap);
+}
+
+/// Keys of each segment of level `l` that some row of it sees under the plan's window, counted
+/// back from the segment's end and rounded up to whole KV tiles (`tile::LevelBlock::
+/// narrow_to_window` drops the tiles before them); a request's position is that of its first row
+/// (the least), from `tails` (`(num_levels, batch)`: keys from each level's segment to the
+/// request's end).
+std::vector<std::int32_t> window_lens(const Choice& plan, const CascadeLevel& lv, int l,
+                                      const std::vector<std::int64_t>& tails) {
+  const CascadeShape& s = plan.shape;
+  std::vector<std::int32_t> lens(static_cast<std::size_t>(lv.num_segments), 0);
+  for (std::int64_t g = 0; g < lv.num_segments; ++g) {
+    const std::int64_t len = lv.seg_lens[g];
+    std::int64_t lo = len;
+    for (std::int64_t b = lv.request_indptr[g]; b < lv.request_indptr[g + 1]; ++b) {
+      const std::int64_t tail = tails[static_cast<std::size_t>(l * s.batch + b)];
+      const std::int64_t pos = plan.causal ? tail - s.q_len : tail - 1;
+      lo = std::min(lo, std::max<std::int64_t>(0, pos - plan.window_left));
+    }
+    lens[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(len - lo / kKvTile * kKvTile);
+  }
+  return lens;
+}
+
+/// Keys from each level's segment to each request's end, `(num_levels, batch)`, as
+/// `kernels::cascade_tails_kernel` computes them on the device.
+std::vector<std::int64_t> host_tails(const CascadeShape& s, const CascadeLevel* levels,
+                                     int num_levels) {
+  std::vector<std::int64_t> tails(static_cast<std::size_t>(num_levels * s.batch), 0);
+  std::vector<std::int64_t> sum(static_cast<std::size_t>(s.batch), 0);
+  for (int l = num_levels - 1; l >= 0; --l) {
+    const CascadeLevel& lv = levels[l];
+    for (std::int64_t g = 0; g < lv.num_segments; ++g)
+      for (std::int64_t b = lv.request_indptr[g]; b < lv.request_indptr[g + 1]; ++b)
+        sum[static_cast<std::size_t>(b)] += lv.seg_lens[g];
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      tails[static_cast<std::size_t>(l * s.batch + b)] = sum[static_cast<std::size_t>(b)];
+  }
+  return tails;
 }
 
 /// The row tiles of the catalog's mma.sync level rows (`cascade_tile_supported`), ascending, as
@@ -209,6 +248,7 @@ void plan_decode_level(Choice& plan, const CascadeLevel& lv, const CascadeTuning
   DecodeOptions dopt;
   dopt.scale = plan.scale;
   dopt.variant.logits_soft_cap = plan.logits_soft_cap;  // the decode's variant kernel
+  dopt.variant.window_left = plan.window_left;
   if (tuning.decode_splits > 0) {
     dopt.policy = SplitPolicy::kFixedCount;
     dopt.num_splits = tuning.decode_splits;
@@ -252,9 +292,10 @@ int reserved_sms(const Choice& plan, const CascadeLevel* host_levels, const Casc
   return static_cast<int>(need);
 }
 
-/// Plans level `l` on a cascade level kernel: its tile, split, kernel and fallback.
-void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const CascadeTuning& tuning,
-                       const CascadeDeviceFacts& facts) {
+/// Plans level `l` on a cascade level kernel: its tile, split, kernel and fallback; `lens`: the
+/// keys of each segment the splits cover (its length, or the part a window reaches).
+void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const std::int32_t* lens,
+                       const CascadeTuning& tuning, const CascadeDeviceFacts& facts) {
   const CascadeShape& shape = plan.shape;
   CascadeLevelPlan& lp = plan.levels[l];
   const std::int64_t rows_per_req = shape.q_len * (shape.heads_q / shape.heads_kv);
@@ -262,7 +303,7 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
   for (std::int64_t s = 0; s < lv.num_segments; ++s) {
     const std::int64_t rows = (lv.request_indptr[s + 1] - lv.request_indptr[s]) * rows_per_req;
     max_rows = std::max(max_rows, rows);
-    if (rows > 0) max_len = std::max<std::int64_t>(max_len, lv.seg_lens[s]);
+    if (rows > 0) max_len = std::max<std::int64_t>(max_len, lens[s]);
   }
   lp.tile_rows = tuning.tile_rows != 0 ? tuning.tile_rows
                  : max_rows <= 16      ? 16
@@ -278,7 +319,7 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
   lp.max_tiles = static_cast<int>(max_tiles);
   // wgmma where the catalog holds a wgmma row for the shape, the tile and the variant; the
   // others run on mma.sync
-  const catalog::Variants variants = catalog::variants_of(kNoWindow, plan.logits_soft_cap);
+  const catalog::Variants variants = plan_variants(plan);
   lp.wgmma =
       tuning.kernel != CascadeKernel::kMma &&
       catalog::compiled(level_query(catalog::Family::kCascadeWgmma, shape, lp.tile_rows, variants));
@@ -293,11 +334,11 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
                                        v != static_cast<int>(CascadeWsVariant::kKv64Turns)
                                    ? 2 * kKvTile
                                    : kKvTile;
-  lp.chunk = tuning.chunk != 0
-                 ? tuning.chunk
-                 : choose_chunk(tiles.data(), lv.seg_lens, lv.num_segments, max_len, shape.heads_kv,
-                                ctas_per_sm, plan.num_sms - plan.decode_sms, plan.rows(),
-                                shape.head_dim, granule);
+  lp.chunk =
+      tuning.chunk != 0
+          ? tuning.chunk
+          : choose_chunk(tiles.data(), lens, lv.num_segments, max_len, shape.heads_kv, ctas_per_sm,
+                         plan.num_sms - plan.decode_sms, plan.rows(), shape.head_dim, granule);
   lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
   lp.stages = small_stages(lp.chunk);
   // The kernel: the preferred row's, or the fallback the catalog's rule gives on this device.
@@ -307,8 +348,8 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const Cascad
                             ws         ? Kernel::kWarpSpecialized
                             : lp.wgmma ? Kernel::kWgmma
                                        : Kernel::kMma,
-                            plan.logits_soft_cap, facts);
-  lp.fallback = run_fallback(shape, lp, plan.logits_soft_cap);
+                            variants, facts);
+  lp.fallback = run_fallback(shape, lp, variants);
   if (lp.kernel == Kernel::kWarpSpecialized) {
     lp.ws_variant = plan.ws_variant;
     lp.tma_box = tma_box_rows(shape.page_size);
@@ -405,14 +446,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
                            const CascadeLevel* host_levels, int num_levels,
                            const CascadeOptions& options, int num_sms, const CascadeTuning& tuning,
                            const CascadeDeviceFacts& facts, const PlanDecodeLevelFn& plan_decode) {
-  // the level kernels take no window yet: refused, never ignored (the CPU cascade runs them)
   ::attnstate::detail::check_variant(func, "options.variant", options.variant);
-  catalog::Query window;
-  window.family = catalog::Family::kCascadeMma;
-  window.variants = catalog::variants_of(options.variant.window_left, 0.f);
-  if (!catalog::compiled(window))
-    throw_argument(func, "options.variant.window_left", catalog::not_supported_message(window),
-                   std::to_string(options.variant.window_left), Status::kNotSupported);
   check_shape_and_tuning(func, shape, num_sms, tuning);
   ::attnstate::detail::check_cascade_levels(func, host_levels, num_levels, shape.batch, shape.q_len,
                                             options.causal, pool_of(shape), true);
@@ -427,6 +461,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   plan.ws_variant = resolve_ws_variant(tuning.ws_variant);
   plan.causal = options.causal;
   plan.logits_soft_cap = options.variant.logits_soft_cap;
+  plan.window_left = options.variant.window_left;
   plan.num_sms = num_sms;
   plan.wgmma_available = facts.wgmma;
   plan.tensor_maps = facts.tensor_maps;
@@ -449,7 +484,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
                                  cuda::tuning::kCascadeReserveDecodeCtasPerSm * num_sms));
   // no decode instance of the variant folds prior states (the catalog): the decode writes its
   // own slot
-  const catalog::Query fold = fold_query(shape, plan.logits_soft_cap);
+  const catalog::Query fold = fold_query(shape, plan_variants(plan));
   if (decode_last && num_levels > 1 && !catalog::compiled(fold)) {
     if (tuning.decode_fold == 1)
       throw_argument(func, "tuning.decode_fold",
@@ -459,6 +494,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
     plan.decode_fold = false;
   }
   std::int64_t slots = 0;
+  std::vector<std::int64_t> tails;  // (a window's: the requests' keys from each level on)
   for (int l = 0; l < num_levels; ++l) {
     const CascadeLevel& lv = host_levels[l];
     CascadeLevelPlan& lp = plan.levels[l];
@@ -469,7 +505,13 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
       slots += 1;  // the decode merges its own splits: one state per row
       continue;
     }
-    plan_kernel_level(plan, l, lv, tuning, facts);
+    if (plan.window_left >= 0) {
+      if (tails.empty()) tails = host_tails(shape, host_levels, num_levels);
+      const std::vector<std::int32_t> lens = window_lens(plan, lv, l, tails);
+      plan_kernel_level(plan, l, lv, lens.data(), tuning, facts);
+    } else {
+      plan_kernel_level(plan, l, lv, lv.seg_lens, tuning, facts);
+    }
     slots += lp.max_splits;
     const std::int64_t grid = lv.num_segments * lp.max_tiles * lp.max_splits;
     if (grid >= (std::int64_t{1} << 31) || slots > (1 << 20))
@@ -492,6 +534,14 @@ std::size_t partials_bytes(const CascadeChoice& choice) {
   const std::size_t slots_rows =
       static_cast<std::size_t>(plan.num_slots) * static_cast<std::size_t>(plan.rows());
   return partials_o_bytes(choice) + align_up(slots_rows * sizeof(float));
+}
+
+std::size_t window_tails_bytes(const CascadeChoice& choice) {
+  const Choice& plan = Access::data(choice);
+  return plan.window_left < 0
+             ? 0
+             : align_up(static_cast<std::size_t>(plan.num_levels) *
+                        static_cast<std::size_t>(plan.shape.batch) * sizeof(std::int32_t));
 }
 
 void check_cascade_plan(const char* func, const CascadeChoice& choice) {
@@ -575,6 +625,7 @@ std::string to_string(const CascadeChoice& choice) {
       (s.q_len > 1 ? ", q_len " + std::to_string(s.q_len) : std::string()) +
       (plan.logits_soft_cap != 0.f ? ", soft cap " + std::to_string(plan.logits_soft_cap)
                                    : std::string()) +
+      (plan.window_left >= 0 ? ", window " + std::to_string(plan.window_left) : std::string()) +
       ", " + std::to_string(plan.num_levels) + " level" + (plan.num_levels > 1 ? "s" : "") + ", " +
       std::to_string(plan.num_sms) + " SMs";
   const auto splits = [](int n, int chunk) {
@@ -598,8 +649,9 @@ std::string to_string(const CascadeChoice& choice) {
            : lp.kernel == K::kWgmma         ? "wgmma"
                                             : "mma.sync";
     if (lp.kernel == K::kMma && lp.wgmma) out += " (wgmma not on this device)";
-    if (lp.kernel != K::kWarpSpecialized && plan.logits_soft_cap != 0.f)
-      out += " (the capped kernel)";
+    if (lp.kernel != K::kWarpSpecialized &&
+        catalog::variants_of(plan.window_left, plan.logits_soft_cap) != catalog::kPlain)
+      out += " (the variant kernel)";
     out += ", " + std::to_string(lp.tile_rows) + "-row tiles, " + splits(lp.max_splits, lp.chunk);
     if (last) {
       static const char* const why[] = {"",

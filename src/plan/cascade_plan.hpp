@@ -121,6 +121,9 @@ DecodeProblem cascade_decode_problem(const CascadeShape& shape);
 std::size_t partials_o_bytes(const CascadeChoice& plan);
 /// Bytes of the partial states and their LSEs: the offset of the decode level's workspace.
 std::size_t partials_bytes(const CascadeChoice& plan);
+/// Bytes of a windowed plan's request tails (`(num_levels, batch)` int32, after the decode
+/// level's workspace; `kernels::cascade_tails_kernel`), 0 without a window.
+std::size_t window_tails_bytes(const CascadeChoice& plan);
 
 /// Checks a plan before a run: one `plan_cascade` of this build made (the catalog's
 /// fingerprint; a default-constructed plan has none). The plan cannot be edited, so nothing else

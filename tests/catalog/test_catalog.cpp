@@ -195,11 +195,11 @@ TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
   const catalog::Row* wg_cap = catalog::find(
       query(Family::kCascadeWgmma, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap));
   ASSERT_NE(wg_cap, nullptr);
-  EXPECT_EQ(wg_cap->variants, catalog::kSoftCap);
+  EXPECT_EQ(wg_cap->variants, catalog::kSoftCap | catalog::kWindow);
   EXPECT_FALSE(catalog::compiled(query(Family::kCascadeWs, 128, DType::kF16, DType::kF16)));
   EXPECT_FALSE(catalog::compiled(
       query(Family::kCascadeWs, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap)));
-  EXPECT_FALSE(catalog::compiled(
+  EXPECT_TRUE(catalog::compiled(
       query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16, catalog::kWindow)));
 }
 
@@ -258,23 +258,16 @@ TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
         << what;
     EXPECT_NE(what.find("got soft cap"), std::string::npos) << what;
   }
-  // the cascade with a window: the host planner names options.variant.window_left
-  attnstate::cuda::CascadeShape s;
-  attnstate::CascadeOptions o;
-  o.variant.window_left = 64;
-  Status st = Status::kSuccess;
-  const std::string what = error_of(
-      [&] {
-        plan::plan_cascade("fn", s, nullptr, 1, o, 132, attnstate::cuda::CascadeTuning{},
-                           plan::CascadeDeviceFacts{}, nullptr);
-      },
-      &st);
-  EXPECT_EQ(st, Status::kNotSupported);
-  EXPECT_NE(what.find("'options.variant.window_left'"), std::string::npos) << what;
-  EXPECT_NE(what.find("a compiled cascade level (mma.sync) kernel (head dims " +
-                      catalog::head_dims_string(query(Family::kCascadeMma))),
-            std::string::npos)
-      << what;
+  // the cascade's level kernels take a window on their variant instances (mma.sync, wgmma),
+  // never on the warp-specialised kernel, whose rows fall back to wgmma for it
+  EXPECT_TRUE(catalog::compiled(query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16,
+                                      catalog::kWindow | catalog::kSoftCap)));
+  for (const catalog::Row& r : catalog::kRows)
+    if (r.family == Family::kCascadeWs) {
+      EXPECT_EQ(r.variants & catalog::kWindow, 0);
+      EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, catalog::kWindow),
+                Family::kCascadeWgmma);
+    }
 }
 
 TEST(Catalog, TheMessageNamesWhatIsCompiledAtTheRequest) {

@@ -47,9 +47,12 @@ struct CaseSpec {
   bool causal = true;
   float scale = 0.f;
   float soft_cap = 0.f;  ///< Logits soft cap of the options and the reference (0: none).
-  float q_amp = 1.f;     ///< Queries uniform in [-q_amp, q_amp].
-  int page_pad = 0;      ///< Extra elements between pages (a multiple of 8).
-  int extra_pages = 3;   ///< Unused pages in the pool (random garbage).
+  /// Sliding window of the options and the reference (-1: none): a query token at position `p`
+  /// of its request's concatenated keys sees those at `[max(0, p - window_left), p]`.
+  std::int64_t window_left = -1;
+  float q_amp = 1.f;    ///< Queries uniform in [-q_amp, q_amp].
+  int page_pad = 0;     ///< Extra elements between pages (a multiple of 8).
+  int extra_pages = 3;  ///< Unused pages in the pool (random garbage).
   /// NaN in every pool element no key of the problem owns: the slots past each segment's end
   /// in its last page, the padding between pages, the unused pages (none may ever be read).
   bool nan_outside = false;
@@ -248,6 +251,7 @@ struct CascadeCase {
     o.scale = spec.scale;
     o.causal = spec.causal;
     o.variant.logits_soft_cap = spec.soft_cap;
+    o.variant.window_left = spec.window_left;
     return o;
   }
 
@@ -276,7 +280,7 @@ struct CascadeCase {
 
   /// The pool slots each query token sees: its request's segments level after level, the last
   /// level causally masked when `spec.causal` (token `t` of `q_len` sees all but the last
-  /// `q_len - 1 - t` keys of it).
+  /// `q_len - 1 - t` keys of it), the keys before its window dropped.
   std::vector<std::vector<std::int64_t>> keys_per_token() const {
     const int L = static_cast<int>(levels.size());
     std::vector<std::vector<std::int64_t>> keys;
@@ -297,10 +301,15 @@ struct CascadeCase {
           shared += h.seg_lens[s];
         }
       }
+      const std::int64_t total = static_cast<std::int64_t>(slots.size());
       for (int t = 0; t < spec.q_len; ++t) {
-        std::int64_t n = static_cast<std::int64_t>(slots.size());
+        std::int64_t n = total;
         if (spec.causal) n = shared + std::max<std::int64_t>(0, last_len - (spec.q_len - 1 - t));
-        keys.emplace_back(slots.begin(), slots.begin() + n);
+        // the window: positions from p - window_left, p the token's (CascadeOptions::variant)
+        const std::int64_t p = spec.causal ? total - spec.q_len + t : total - 1;
+        const std::int64_t begin =
+            spec.window_left < 0 ? 0 : std::min(n, std::max<std::int64_t>(0, p - spec.window_left));
+        keys.emplace_back(slots.begin() + begin, slots.begin() + n);
       }
     }
     return keys;

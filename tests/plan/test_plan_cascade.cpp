@@ -111,6 +111,20 @@ CascadeChoice plan_levels(const CascadeShape& s, const std::vector<Level>& level
                             tuning, facts, decode);
 }
 
+/// A decode last level's planner that records the options it is asked with in `*seen` and plans
+/// one split of 256 keys per request.
+plan::PlanDecodeLevelFn one_split_decode(DecodeOptions* seen) {
+  return [seen](const DecodeProblem&, const std::int32_t*, const DecodeOptions& o, int) {
+    *seen = o;
+    plan::CascadeDecodeLevel d;
+    d.splits.policy = SplitPolicy::kFixedSize;
+    d.splits.split_size = 256;
+    d.splits.max_splits = 1;
+    d.row_tiles = 1;
+    return d;
+  };
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -224,6 +238,53 @@ TEST(PlanCascade, WgmmaEligibility) {
   EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16), mma).kernel, Kernel::kMma);
   // f16 has no warp-specialised row: the cp.async wgmma kernel
   EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16)).kernel, Kernel::kWgmma);
+}
+
+TEST(PlanCascade, AWindowTakesTheVariantLevelsAndSplitsOnlyTheKeysItReaches) {
+  // 64 requests share 8192 keys, then 100 keys each: with a window of 1000 a request's row (at
+  // position 8291) sees the prefix from key 7291 on, so the prefix level's splits cover its last
+  // 8192 - 7232 = 960 keys (whole 64-key tiles) instead of 8192; the level kernels' variant
+  // instances (wgmma: the warp-specialised kernel takes no window); the decode last level with
+  // the window, writing its own slot (no decode kernel folds prior states under a window).
+  const std::vector<Level> levels = {
+      Level({64}, {8192}, 16),
+      Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
+  std::vector<CascadeLevel> views;
+  for (const Level& l : levels) views.push_back(l.view());
+  DecodeOptions seen;
+  const plan::PlanDecodeLevelFn decode = one_split_decode(&seen);
+  CascadeOptions o;
+  o.variant.window_left = 1000;
+  CascadeTuning t;
+  t.chunk = 256;
+  const CascadeChoice p =
+      plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, t, sm90a(), decode);
+  EXPECT_EQ(p.window_left(), 1000);
+  EXPECT_EQ(seen.variant.window_left, 1000);
+  EXPECT_EQ(p.level(0).kernel, Kernel::kWgmma);
+  EXPECT_EQ(p.level(0).max_splits, 4);  // ceil(960 / 256), not 8192 / 256 = 32
+  EXPECT_TRUE(p.level(1).decode);
+  EXPECT_FALSE(p.decode_fold());
+  const std::string line = attnstate::cuda::to_string(p);
+  EXPECT_NE(line.find("window 1000"), std::string::npos) << line;
+  EXPECT_NE(line.find("wgmma (the variant kernel)"), std::string::npos) << line;
+  // past every key: the whole prefix; a window of 0: one tile (the row's own position is past it)
+  o.variant.window_left = 1 << 20;
+  EXPECT_EQ(
+      plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, t, sm90a(), decode)
+          .level(0)
+          .max_splits,
+      32);
+  o.variant.window_left = 0;
+  EXPECT_EQ(
+      plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, t, sm90a(), decode)
+          .level(0)
+          .max_splits,
+      1);
+  // without wgmma: the mma.sync variant instance
+  const CascadeChoice old =
+      plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, t, {}, decode);
+  EXPECT_EQ(old.level(0).kernel, Kernel::kMma);
 }
 
 TEST(PlanCascade, BulkCopyBoxesByPageSize) {
@@ -504,23 +565,15 @@ TEST(PlanCascade, SoftCapTakesTheCappedWgmmaLevelsAndKeepsTheDecodeOffTheFold) {
       Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
   std::vector<CascadeLevel> views;
   for (const Level& l : levels) views.push_back(l.view());
-  float decode_cap = -1.f;
-  const plan::PlanDecodeLevelFn decode = [&](const DecodeProblem&, const std::int32_t*,
-                                             const DecodeOptions& o, int) {
-    decode_cap = o.variant.logits_soft_cap;
-    plan::CascadeDecodeLevel d;
-    d.splits.policy = SplitPolicy::kFixedSize;
-    d.splits.split_size = 256;
-    d.splits.max_splits = 1;
-    d.row_tiles = 1;
-    return d;
-  };
+  DecodeOptions seen;
+  seen.variant.logits_soft_cap = -1.f;
+  const plan::PlanDecodeLevelFn decode = one_split_decode(&seen);
   CascadeOptions o;
   o.variant.logits_soft_cap = 30.f;
   const CascadeChoice p =
       plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, {}, sm90a(), decode);
   EXPECT_EQ(p.logits_soft_cap(), 30.f);
-  EXPECT_EQ(decode_cap, 30.f);
+  EXPECT_EQ(seen.variant.logits_soft_cap, 30.f);
   EXPECT_EQ(p.level(0).kernel, Kernel::kWgmma);
   EXPECT_TRUE(p.level(0).wgmma);
   EXPECT_EQ(p.level(0).fallback, Kernel::kWgmma);
@@ -530,7 +583,7 @@ TEST(PlanCascade, SoftCapTakesTheCappedWgmmaLevelsAndKeepsTheDecodeOffTheFold) {
   // the same levels without the cap: wgmma (warp-specialised) and the fold
   const CascadeChoice plain =
       plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, {}, 132, {}, sm90a(), decode);
-  EXPECT_EQ(decode_cap, 0.f);
+  EXPECT_EQ(seen.variant.logits_soft_cap, 0.f);
   EXPECT_EQ(plain.level(0).kernel, Kernel::kWarpSpecialized);
   EXPECT_TRUE(plain.decode_fold());
   // the fold asked for with a cap is refused, not ignored

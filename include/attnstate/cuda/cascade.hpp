@@ -114,7 +114,9 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
 /// One stage of `run_cascade`: the partial states of level `level` (for profiling). Every level
 /// followed by `run_cascade_merge` gives the result of `run_cascade` up to rounding (a decode
 /// level run alone writes its own state to its workspace slot, and the merge then folds it).
-/// Arguments as in `run_cascade`.
+/// Arguments as in `run_cascade`. A shared level of a windowed plan (`window_left() >= 0`) is
+/// refused (`kNotSupported`, naming `plan`): its rows are placed by every level's lengths, which
+/// `run_cascade` reads.
 void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView& q,
                        const PagedKvCache& kv, const CascadeLevel& device_level, void* workspace,
                        std::size_t workspace_bytes, cudaStream_t stream = nullptr);

@@ -164,6 +164,7 @@ struct CascadeChoiceData {
   int decode_sms = 0;
   bool decode_fold = true;
   float logits_soft_cap = 0.f;
+  std::int64_t window_left = -1;
   CascadeLastLevel last_level = CascadeLastLevel::kOnlyShared;
   /// The catalog's fingerprint of the build that made the plan (0: no planner made it).
   std::uint64_t catalog_fingerprint = 0;
@@ -209,9 +210,13 @@ class CascadeChoice {
   /// false: it writes its workspace slot beside the shared levels and a merge launch follows.
   bool decode_fold() const { return d_.decode_fold; }
   /// Logits soft cap of every level (`CascadeOptions::variant`; 0: none). Its levels run on the
-  /// `mma.sync` kernel, and a decode last level on the decode's variant kernel into its own
-  /// workspace slot (`decode_fold` false unless it is the only level).
+  /// level kernels' variant instances, and a decode last level on the decode's variant kernel
+  /// into its own workspace slot (`decode_fold` false unless it is the only level).
   float logits_soft_cap() const { return d_.logits_soft_cap; }
+  /// Sliding window of every level (`CascadeOptions::variant`; -1: none), on the same kernels as
+  /// a soft cap. A level's splits cover the keys its rows' windows reach; the run places the rows
+  /// by the lengths of every level (so only `run_cascade` runs a windowed plan's shared levels).
+  std::int64_t window_left() const { return d_.window_left; }
   /// Where the last level runs, and why (`to_string(const CascadeChoice&)` says it in words).
   CascadeLastLevel last_level() const { return d_.last_level; }
   /// Query rows `batch · q_len · heads_q`.

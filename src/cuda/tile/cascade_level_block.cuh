@@ -16,6 +16,7 @@
 #include "cuda/arch/mma.cuh"
 #include "cuda/kernels/cascade/params.cuh"
 #include "cuda/tile/paged_kv.cuh"
+#include "cuda/tile/softmax_step.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -91,6 +92,41 @@ struct LevelBlock {
     return true;
   }
 
+  /// The first key (from the segment's first) each of this thread's rows `rbase + lane/4` and 8
+  /// rows below sees under the window `p.window_left` (>= 0), in `lo`: `pos - window_left` at
+  /// least 0, `pos` the row's position (`p.tails`); a row past the segment's gets INT_MAX.
+  __device__ __forceinline__ void window_starts(const kernels::CascadeLevelParams& p, int rbase,
+                                                int lane, int (&lo)[2]) const {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int R = row0 + rbase + (lane >> 2) + rr * 8;
+      lo[rr] = 0x7FFFFFFF;
+      if (R < nrows) {
+        const int req = r0 + R / rows_per_req, t = (R % rows_per_req) / p.group;
+        const long long tail = p.tails[req];
+        const long long pos = p.causal_pos ? tail - p.q_len + t : tail - 1;
+        lo[rr] = static_cast<int>(min(max(pos - p.window_left, 0ll), static_cast<long long>(len)));
+      }
+    }
+  }
+
+  /// Narrows this CTA's split to the keys its rows' window reaches: the splits of `p.chunk`
+  /// keys cover `[lo_r, len)`, `lo_r` the KV tile (of `bn` keys) holding `lo_min` (the least first
+  /// key of the CTA's rows), the last split to `len` whatever the planned split count. Returns
+  /// false when this split holds none of those keys (the last one marked the later slots empty).
+  __device__ __forceinline__ bool narrow_to_window(const kernels::CascadeLevelParams& p, int lo_min,
+                                                   int bn) {
+    const int lo_r = min(lo_min, len) / bn * bn;
+    const int live = len - lo_r;
+    const int nsplit = live == 0 ? 0 : min((live + p.chunk - 1) / p.chunk, p.max_splits);
+    last = max(nsplit, 1) - 1;
+    if (split > last) return false;
+    kv_begin = nsplit == 0 ? len : lo_r + split * p.chunk;
+    kv_end = nsplit == 0 ? len : (split == last ? len : kv_begin + p.chunk);
+    n_tiles = (kv_end - kv_begin + bn - 1) / bn;
+    return true;
+  }
+
   /// The source of 16-byte chunk `c` of query row `R` (< `nrows`, counted from the segment's
   /// first row) of KV head `h_kv`'s group in the queries `q`.
   template <class T>
@@ -139,6 +175,25 @@ struct LevelBlock {
     }
   }
 };
+
+/// The variant instances' scores and split: the soft cap of `p` in `vs`; with a window, the first
+/// key of each of this thread's rows (warp rows `rbase..`) in `vs.lo` and the split narrowed to
+/// the keys the CTA's rows see (`LevelBlock::narrow_to_window` on their least first key, a
+/// block-wide minimum: every thread of the block calls this). Returns false when the split holds
+/// none of them (the whole block returns).
+__device__ __forceinline__ bool level_variant(const kernels::CascadeLevelParams& p, LevelBlock& lb,
+                                              int rbase, int lane, int bn, VariantScores& vs) {
+  vs.set_map(p.scale, p.soft_cap);
+  vs.lo[0] = vs.lo[1] = 0;
+  if (p.window_left < 0) return true;
+  __shared__ int s_lo;
+  if (threadIdx.x == 0) s_lo = 0x7FFFFFFF;
+  __syncthreads();
+  lb.window_starts(p, rbase, lane, vs.lo);
+  atomicMin(&s_lo, min(vs.lo[0], vs.lo[1]));
+  __syncthreads();
+  return lb.narrow_to_window(p, s_lo, bn);
+}
 
 /// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
 template <int D>

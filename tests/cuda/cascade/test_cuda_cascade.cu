@@ -203,12 +203,12 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
 }
 
 TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
-  // A logits soft cap in every level: the shared levels on the mma.sync kernel's capped instance
-  // (never wgmma), a decode last level on the decode's variant kernel writing its own slot
-  // (never folding), or every level on level kernels; whole runs and the stage-by-stage API, with
-  // and without sinks; caps that bite (5) and that barely do (30); bf16 and f16, head dim 128 and
-  // the build's first cascade head dim (64 by default), q_len 1 and 2. Against the double
-  // reference with the cap on the scaled scores.
+  // A logits soft cap in every level: the shared levels on a level kernel's variant instance
+  // (wgmma or mma.sync, never the warp-specialised kernel), a decode last level on the decode's
+  // variant kernel writing its own slot (never folding), or every level on level kernels; whole
+  // runs and the stage-by-stage API, with and without sinks; caps that bite (5) and that barely do
+  // (30); bf16 and f16, head dim 128 and the build's first cascade head dim (64 by default), q_len
+  // 1 and 2. Against the double reference with the cap on the scaled scores.
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec two = attnstate_test::two_level_spec(4, 300, 700, 81);
   two.heads_q = 16;
@@ -246,7 +246,8 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
         EXPECT_EQ(g.plan.level(last).decode, path != 0) << at;
         for (int l = 0; l < g.plan.num_levels(); ++l)
           if (!g.plan.level(l).decode)
-            EXPECT_EQ(g.plan.level(l).kernel, attnstate::cuda::CascadeLevelKernel::kMma) << at;
+            EXPECT_NE(g.plan.level(l).kernel, attnstate::cuda::CascadeLevelKernel::kWarpSpecialized)
+                << at;
         if (path != 0) {
           EXPECT_FALSE(g.plan.decode_fold()) << at;
           EXPECT_EQ(g.plan.last_decode().variant().logits_soft_cap, cap) << at;
@@ -260,6 +261,75 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
         EXPECT_TRUE(g.check(with)) << "sinks: " << at;
       }
     }
+}
+
+TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
+  // A sliding window over the concatenated levels: a row at position p sees [p - w, p], so a
+  // shared segment contributes only its last keys (or nothing) and each level's splits cover
+  // only the keys some row sees. Windows of 0, 1, a few tiles and past every key; with a soft
+  // cap; the shared levels on wgmma (64 and 128 rows) and mma.sync (16, 64 and 128 rows, forced),
+  // the last level on the decode or a level kernel; q_len 1 and 2, causal or not; bf16 and f16 at
+  // the build's head dims; with sinks. Against the double reference over the windowed keys.
+  ATTNSTATE_REQUIRE_GPU();
+  CaseSpec two = attnstate_test::two_level_spec(6, 700, 90, 91);
+  two.heads_q = 16;
+  two.heads_kv = 2;
+  CaseSpec three;
+  three.seed = 92;
+  three.q_len = 2;
+  three.dtype = DType::kF16;
+  three.head_dim = static_cast<int>(attnstate_test::cascade_head_dims().front());
+  three.levels = {
+      {{6, 530}}, {{2, 64}, {4, 17}}, {{1, 400}, {1, 3}, {1, 333}, {1, 2}, {1, 90}, {1, 5}}};
+  CaseSpec acausal = two;
+  acausal.seed = 93;
+  acausal.q_len = 3;
+  acausal.causal = false;
+  std::uint64_t seed = 9300;
+  using attnstate::cuda::CascadeKernel;
+  for (const CaseSpec& base_spec : {two, three, acausal})
+    for (std::int64_t w : {std::int64_t{0}, std::int64_t{1}, std::int64_t{150}, std::int64_t{333},
+                           std::int64_t{100000}})
+      for (float cap : {0.f, 20.f}) {
+        if (cap != 0.f && w != 150) continue;
+        CaseSpec spec = base_spec;
+        spec.window_left = w;
+        spec.soft_cap = cap;
+        CascadeCase c(spec);
+        const std::vector<float> sinks =
+            attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
+        attnstate_test::DeviceBuffer<float> dev(sinks);
+        CascadeCase with = c;
+        with.reference = attnstate::testing::apply_sinks(with.reference, sinks);
+        for (int path = 0; path < 6; ++path) {
+          CascadeTuning t;
+          t.decode_last_level = path % 2 == 1;
+          if (path >= 2) {  // mma.sync at each row tile
+            t.kernel = CascadeKernel::kMma;
+            t.tile_rows = path < 4 ? 16 : 64 + 64 * (path - 4);
+          }
+          GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
+          const std::string at = "window " + std::to_string(w) + " cap " + std::to_string(cap) +
+                                 " levels " + std::to_string(g.plan.num_levels()) + " path " +
+                                 std::to_string(path) + " d " + std::to_string(spec.head_dim);
+          EXPECT_EQ(g.plan.window_left(), w) << at;
+          for (int l = 0; l < g.plan.num_levels(); ++l)
+            if (!g.plan.level(l).decode)
+              EXPECT_NE(g.plan.level(l).kernel,
+                        attnstate::cuda::CascadeLevelKernel::kWarpSpecialized)
+                  << at;
+          const int last = g.plan.num_levels() - 1;
+          if (g.plan.level(last).decode) {
+            EXPECT_FALSE(g.plan.decode_fold()) << at;
+            EXPECT_EQ(g.plan.last_decode().variant().window_left, w) << at;
+          }
+          g.run();
+          EXPECT_TRUE(g.check(c)) << at;
+          g.sinks.logits = dev.get();
+          g.run();
+          EXPECT_TRUE(g.check(with)) << "sinks: " << at;
+        }
+      }
 }
 
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
@@ -595,8 +665,9 @@ TEST(CudaCascade, RepeatedRunsAreBitwiseIdentical) {
 
 /// Captures one cascade call in a graph, replays it, then replays it with new values, new page
 /// placement and shorter suffixes in the same buffers; `fold`: CascadeTuning::decode_fold.
-void replay_with_new_inputs(int fold) {
+void replay_with_new_inputs(int fold, std::int64_t window = -1) {
   CaseSpec s = attnstate_test::two_level_spec(10, 300, 60, 8);
+  s.window_left = window;
   CascadeCase c1(s);
   CascadeTuning t;
   t.decode_fold = fold;
@@ -651,6 +722,12 @@ TEST(CudaCascade, GraphCaptureReplaysWithNewInputsAndShorterSuffixes) {
   for (int fold : {0, 1}) {
     SCOPED_TRACE(fold);
     replay_with_new_inputs(fold);
+  }
+  // a window: the halved suffixes move every row's window further into the prefix, past the
+  // keys the plan's splits were sized for (its last split takes the rest)
+  for (std::int64_t w : {100, 250}) {
+    SCOPED_TRACE(w);
+    replay_with_new_inputs(0, w);
   }
 }
 
@@ -990,9 +1067,24 @@ TEST(CudaCascadeArgs, VariantsThePlanRefusesAndTheCapItRecords) {
                                          attnstate_test::device_sms(), t);
   };
   attnstate::CascadeOptions o = c.options();
-  o.variant.window_left = 100;  // no window on the GPU yet: refused, never ignored
-  expect_error(attnstate::Status::kNotSupported, "options.variant.window_left",
+  o.variant.window_left = -2;
+  expect_error(attnstate::Status::kInvalidArgument, "options.variant.window_left",
                [&] { plan(o, {}); });
+  // a window: the levels place their rows by every level's lengths, so a shared level of a
+  // windowed plan runs only through run_cascade (refused by name stage by stage)
+  o.variant.window_left = 100;
+  {
+    CascadeTuning levels_only;
+    levels_only.decode_last_level = false;
+    const attnstate::cuda::CascadePlan w = plan(o, levels_only);
+    EXPECT_EQ(w.window_left(), 100);
+    EXPECT_GT(w.workspace_bytes(), 0u);
+    attnstate_test::DeviceBuffer<std::uint8_t> ws(w.workspace_bytes());
+    expect_error(attnstate::Status::kNotSupported, "plan", [&] {
+      attnstate::cuda::run_cascade_level(w, 0, g.qv(), g.kv(), g.levels[0], ws.get(),
+                                         w.workspace_bytes());
+    });
+  }
   o = c.options();
   o.variant.logits_soft_cap = -2.f;
   expect_error(attnstate::Status::kInvalidArgument, "options.variant.logits_soft_cap",

@@ -35,18 +35,18 @@ void launch_level_kernel(void (*kernel)(CascadeLevelParams, Extra...), const Cas
   cuda::detail::launch_kernel(cfg, kernel, name, p, extra...);
 }
 
-/// Launches one mma.sync tile instance (`kCap`: the soft-capped one).
-template <class T, class Tile, bool kCap>
+/// Launches one mma.sync tile instance (`kVar`: the variant one: soft cap, window).
+template <class T, class Tile, bool kVar>
 void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, bool pdl, cudaStream_t stream) {
-  launch_level_kernel(cascade_level_kernel<T, Tile, kCap>, p, grid, Tile::kThreads,
+  launch_level_kernel(cascade_level_kernel<T, Tile, kVar>, p, grid, Tile::kThreads,
                       Tile::smem_bytes(), pdl, stream, "cascade_level_kernel");
 }
 
-/// Launches one wgmma tile instance (`kCap`: the soft-capped one).
-template <class T, class Tile, bool kCap>
+/// Launches one wgmma tile instance (`kVar`: the variant one: soft cap, window).
+template <class T, class Tile, bool kVar>
 void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
                                cudaStream_t stream) {
-  launch_level_kernel(cascade_level_wgmma_kernel<T, Tile, kCap>, p, grid, Tile::kThreads,
+  launch_level_kernel(cascade_level_wgmma_kernel<T, Tile, kVar>, p, grid, Tile::kThreads,
                       Tile::smem_bytes(), pdl, stream, "cascade_level_wgmma_kernel");
 }
 

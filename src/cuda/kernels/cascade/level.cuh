@@ -144,9 +144,10 @@ __device__ __forceinline__ bool level_merge_key_split(float (&acc)[D / 8][4],
 
 }  // namespace detail
 
-/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kCap`: the
-/// instance that applies `p.soft_cap` to the scaled scores (`tile::VariantScores`, no window).
-template <class T, class Tile, bool kCap = false>
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kVar`: the
+/// variant instance, which applies `p.soft_cap` to the scaled scores and the window
+/// `p.window_left` (`tile::VariantScores`, `tile::level_variant`).
+template <class T, class Tile, bool kVar = false>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     cascade_level_kernel(const CascadeLevelParams p) {
   constexpr int D = Tile::D, WM = Tile::WM, WN = Tile::WN, BM = Tile::BM, BN = Tile::BN;
@@ -163,6 +164,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   const int h_kv = blockIdx.y;
   tile::LevelBlock lb;
   if (!lb.locate(p, BM, BN)) return;
+  tile::VariantScores var;  // (the kVar instance only)
+  if constexpr (kVar) {
+    if (!tile::level_variant(p, lb, wm * 16, lane, BN, var)) return;
+  }
   using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::RowSwizzle<D>>;
   const Loader ld(p, lb, s_k, s_v, h_kv, tid);
   int pg[Loader::kLoadIters];
@@ -177,11 +182,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   float acc[D / 8][4];
   tile::zero_frags(acc);
   math::OnlineSoftmax os[2];
-  tile::VariantScores capped;  // (the kCap instance only)
-  if constexpr (kCap) {
-    capped.set_map(p.scale, p.soft_cap);
-    capped.lo[0] = capped.lo[1] = 0;  // no window: every key from the segment's first
-  }
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     arch::cp_async_wait<kStages - 2>();
@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     detail::level_qk<T, D, BNW>(s, qf, ks_tile, wn * BNW, lane);
     // scale, mask, online softmax (rows g and g + 8)
     const int t0 = kv_begin + kt * BN + wn * BNW;
-    if constexpr (kCap)
-      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane, capped);
+    if constexpr (kVar)
+      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane, var);
     else
       tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane);
     detail::level_pv<T, D, BNW>(acc, s, vs_tile, wn * BNW, lane);  // O += P V

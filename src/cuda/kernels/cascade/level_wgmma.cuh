@@ -62,9 +62,10 @@ struct CascadeWgmmaTile {
   static_assert(D == 64 || D == 128, "wgmma path: head_dim 64 or 128");
 };
 
-/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kCap`: the
-/// instance that applies `p.soft_cap` to the scaled scores (`tile::VariantScores`, no window).
-template <class T, class Tile, bool kCap = false>
+/// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kVar`: the
+/// variant instance, which applies `p.soft_cap` to the scaled scores and the window
+/// `p.window_left` (`tile::VariantScores`, `tile::level_variant`).
+template <class T, class Tile, bool kVar = false>
 __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const CascadeLevelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN;
@@ -83,6 +84,10 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   const int h_kv = blockIdx.y;
   tile::LevelBlock lb;
   if (!lb.locate(p, BM, BN)) return;
+  tile::VariantScores var;  // (the kVar instance only)
+  if constexpr (kVar) {
+    if (!tile::level_variant(p, lb, warp * 16, lane, BN, var)) return;
+  }
   using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::Swizzle128<BN>>;
   const Loader ld(p, lb, s_k, s_v, h_kv, tid);
   int pg[Loader::kLoadIters];
@@ -97,11 +102,6 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   float acc[D / 8][4];
   tile::zero_frags(acc);
   math::OnlineSoftmax os[2];
-  tile::VariantScores capped;  // (the kCap instance only)
-  if constexpr (kCap) {
-    capped.set_map(p.scale, p.soft_cap);
-    capped.lo[0] = capped.lo[1] = 0;  // no window: every key from the segment's first
-  }
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     arch::cp_async_wait<kStages - 2>();
@@ -126,9 +126,9 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::fence_regs(s);
 
     // scale, mask, online softmax (rows g and g + 8)
-    if constexpr (kCap)
+    if constexpr (kVar)
       tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane,
-                                       capped);
+                                       var);
     else
       tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane);
 

@@ -54,6 +54,14 @@ struct CascadeLevelParams {
   /// capped instance: the softmax scale and the cap of `cap · tanh(dot · scale / cap)`.
   float scale;
   float soft_cap;
+  /// Sliding window of the variant instances (`CascadeChoice::window_left`; -1: none): a row sees
+  /// the keys from `pos - window_left` on, `pos` its position counted from the segment's first
+  /// key, `tails[req] - q_len + t` with `causal_pos` (else `tails[req] - 1`).
+  int window_left = -1;
+  int causal_pos;
+  /// Keys from the segment's first to its request's last, per request (the window only; written
+  /// by `cascade_tails_kernel` before the levels run).
+  const std::int32_t* tails;
 };
 
 }  // namespace kernels
