@@ -332,6 +332,46 @@ TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
       }
 }
 
+TEST(CudaCascade, EveryLevelKernelMatchesAtEveryHeadDimAndDtype) {
+  // Each level kernel family forced (mma.sync, wgmma; the warp-specialised kernel where the
+  // catalog holds it) at every build head dim, f16 and bf16, 64- and 128-row tiles, plain and
+  // with a soft cap and a window; large and small scores. Against the double reference.
+  ATTNSTATE_REQUIRE_GPU();
+  using attnstate::cuda::CascadeKernel;
+  using attnstate::cuda::CascadeLevelKernel;
+  std::uint64_t seed = 9500;
+  for (std::int64_t d : attnstate_test::cascade_head_dims())
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (int rows : {64, 128})
+        for (CascadeKernel k : {CascadeKernel::kMma, CascadeKernel::kWgmma})
+          for (int variant = 0; variant < 3; ++variant) {
+            CaseSpec spec = attnstate_test::two_level_spec(rows == 64 ? 12 : 24, 611, 40, seed++);
+            spec.heads_q = 8;
+            spec.heads_kv = 2;
+            spec.head_dim = static_cast<int>(d);
+            spec.dtype = dt;
+            spec.q_amp = variant == 1 ? 3.f : 1.f;
+            if (variant == 1) spec.soft_cap = 20.f;
+            if (variant == 2) spec.window_left = 200;
+            CascadeCase c(spec);
+            CascadeTuning t;
+            t.kernel = k;
+            t.tile_rows = rows;
+            t.decode_last_level = false;
+            GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+            const std::string at =
+                "d " + std::to_string(d) + " " + attnstate::to_string(dt) + " rows " +
+                std::to_string(rows) + " kernel " + std::to_string(static_cast<int>(k)) +
+                " variant " + std::to_string(variant) + ": " + attnstate::cuda::to_string(g.plan);
+            if (k == CascadeKernel::kMma)
+              EXPECT_EQ(g.plan.level(0).kernel, CascadeLevelKernel::kMma) << at;
+            else
+              EXPECT_NE(g.plan.level(0).kernel, CascadeLevelKernel::kMma) << at;
+            g.run();
+            EXPECT_TRUE(g.check(c)) << at;
+          }
+}
+
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {
   ATTNSTATE_REQUIRE_GPU();
   for (int tile : {16, 64, 128})
