@@ -222,14 +222,13 @@ TEST(PlanCascade, WgmmaEligibility) {
         .level(0);
   };
   EXPECT_TRUE(level0(shape(64, 2, 4, 16)).wgmma);
-  EXPECT_TRUE(level0(shape(16, 2, 4, 16)).wgmma);                      // 64 rows
-  EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);                      // 16 rows
-  EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);         // f16
-  if (plan::cascade_head_dim_supported(64)) {                          // (a build may leave it out)
-    EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);  // head_dim 64
-    EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16, 64)).wgmma);
-    // no warp-specialised row at 64: the cp.async wgmma kernel
-    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).kernel, Kernel::kWgmma);
+  EXPECT_TRUE(level0(shape(16, 2, 4, 16)).wgmma);               // 64 rows
+  EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);               // 16 rows
+  EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);  // f16
+  if (plan::cascade_head_dim_supported(64)) {                   // (a build may leave it out)
+    // no wgmma row at head dim 64: mma.sync
+    EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).kernel, Kernel::kMma);
   }
   CascadeTuning mma;
   mma.kernel = CascadeKernel::kMma;

@@ -16,6 +16,7 @@
 #include "attnstate/cpu/cascade.hpp"
 #include "attnstate/cuda/cascade.hpp"
 #include "cascade_case.hpp"
+#include "catalog/catalog.hpp"
 #include "compiled_dims.hpp"
 #include "cuda_cascade_runner.hpp"
 #include "cuda_test_utils.hpp"
@@ -363,12 +364,55 @@ TEST(CudaCascade, EveryLevelKernelMatchesAtEveryHeadDimAndDtype) {
                 "d " + std::to_string(d) + " " + attnstate::to_string(dt) + " rows " +
                 std::to_string(rows) + " kernel " + std::to_string(static_cast<int>(k)) +
                 " variant " + std::to_string(variant) + ": " + attnstate::cuda::to_string(g.plan);
-            if (k == CascadeKernel::kMma)
+            attnstate::catalog::Query wq;
+            wq.family = attnstate::catalog::Family::kCascadeWgmma;
+            wq.head_dim = d;
+            wq.q = wq.kv = attnstate::catalog::mask(dt);
+            if (k == CascadeKernel::kMma || !attnstate::catalog::compiled(wq))
               EXPECT_EQ(g.plan.level(0).kernel, CascadeLevelKernel::kMma) << at;
             else
               EXPECT_NE(g.plan.level(0).kernel, CascadeLevelKernel::kMma) << at;
             g.run();
             EXPECT_TRUE(g.check(c)) << at;
+          }
+}
+
+TEST(CudaCascade, ShortSegmentsOfHndPagesInAWideTileMatchOnEveryKernel) {
+  // One level of short segments (some shorter than a KV tile, one serving no request) over HND
+  // pages of 32 with broken runs, few rows in a 128-row tile, splits of 192 keys: every kernel
+  // family, both layouts, both 16-bit dtypes, at every build head dim.
+  ATTNSTATE_REQUIRE_GPU();
+  using attnstate::cuda::CascadeKernel;
+  for (std::int64_t d : attnstate_test::cascade_head_dims())
+    for (DType dt : {DType::kF16, DType::kBF16})
+      for (attnstate::KvLayout layout : {attnstate::KvLayout::kHND, attnstate::KvLayout::kNHD})
+        for (CascadeKernel k : {CascadeKernel::kMma, CascadeKernel::kWgmma})
+          for (int rows : {64, 128}) {
+            CaseSpec spec;
+            spec.seed = 9700;
+            spec.heads_q = 4;
+            spec.heads_kv = 1;
+            spec.head_dim = static_cast<int>(d);
+            spec.page_size = 32;
+            spec.dtype = dt;
+            spec.layout = layout;
+            spec.causal = false;
+            spec.q_amp = 0.5f;
+            spec.placement = 2;
+            spec.levels = {{{3, 34}, {2, 35}, {1, 22}, {0, 7}, {2, 17}, {1, 4}, {1, 65}}};
+            CascadeCase c(spec);
+            CascadeTuning t;
+            t.kernel = k;
+            t.tile_rows = rows;
+            t.chunk = 192;
+            for (DType out : {DType::kF32, DType::kBF16}) {
+              GpuCascade g(c, out, LseBase::kNatural, t, 3);
+              g.run();
+              EXPECT_TRUE(g.check(c))
+                  << "d " << d << " " << attnstate::to_string(dt) << " layout "
+                  << static_cast<int>(layout) << " out " << attnstate::to_string(out) << ": "
+                  << attnstate::cuda::to_string(g.plan);
+            }
           }
 }
 
