@@ -226,15 +226,24 @@ inline constexpr Group kGroups[] = {
                                     false, kSoftCap | kWindow, kNeedsWgmma, Family::kCascadeMma),
                       Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
         compiled::CascadeWgmmaHeadDims{}),
-    // warp-specialised levels (bf16): 128-key tiles (3 stages) and 64-key tiles (4 stages); a
-    // pool no tensor map describes runs the wgmma kernel
+    // warp-specialised levels: 128-key tiles (3 stages) and 64-key tiles (4 stages); plain, then
+    // the variant instance (soft cap, window); a pool no tensor map describes runs the wgmma
+    // kernel
     detail::with_dims(
         detail::tiles(
-            detail::group(Family::kCascadeWs, mask(DType::kBF16), 0, mask(DType::kF32), false,
-                          kPlain, kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+            detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
+                          kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                           Family::kCascadeWgmma),
             Tile{64, kCascadeWsKvTile, 3}, Tile{128, kCascadeWsKvTile, 3},
             Tile{64, kCascadeKvTile, 4}, Tile{128, kCascadeKvTile, 4}),
+        compiled::CascadeWsHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
+                                    kSoftCap | kWindow,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeWgmma),
+                      Tile{64, kCascadeWsKvTile, 3}, Tile{128, kCascadeWsKvTile, 3},
+                      Tile{64, kCascadeKvTile, 4}, Tile{128, kCascadeKvTile, 4}),
         compiled::CascadeWsHeadDims{}),
     // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
     detail::with_dims(

@@ -99,7 +99,7 @@ using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
 /// levels of short segments came out beyond the tolerance on the GPU (bench/RESULTS.md), so that
 /// head dim keeps the mma.sync kernel.
 using CascadeWgmmaHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
-/// Head dims of the cascade's warp-specialised level kernels (bf16 only: 128).
+/// Head dims of the cascade's warp-specialised level kernels (f16 and bf16: 128).
 using CascadeWsHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
 /// Dtypes of the cascade's queries and KV (the same dtype).
 using CascadeDTypes = DTypeList<DType::kF16, DType::kBF16>;

@@ -48,6 +48,7 @@ bool encode_pair(const PagedKvCache& kv, const plan::CascadeTmaLayout& t, const 
   for (int i = 0; i < 4; ++i) strides[i] = static_cast<cuuint64_t>(t.strides[i]);
   const void* ptrs[2] = {kv.k, kv.v};
   CUtensorMap* out[2] = {k_map, v_map};
+  // (bf16 for f16 pools too: the copies move 16-bit elements without converting them)
   for (int i = 0; i < 2; ++i)
     if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(ptrs[i]), dims, strides,
            box_dims, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

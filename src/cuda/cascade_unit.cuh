@@ -124,16 +124,18 @@ void launch_wgmma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch
   not_compiled<Family::kCascadeWgmma, D>(l, catalog::kPlain);
 }
 
-/// One warp-specialised tile (bf16).
-template <int D, class Tile>
+/// One warp-specialised tile of dtype `T` (its plain or variant instance, `kVar`).
+template <DType T, int D, bool kVar, class Tile>
 void launch_ws(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                cudaStream_t stream) {
-  if constexpr (holds<Family::kCascadeWs, D>(DType::kBF16, Tile::BM, Tile::kStages, Tile::BN,
-                                             catalog::kPlain)) {
+  constexpr catalog::Variants kAsked =
+      kVar ? catalog::kSoftCap | catalog::kWindow : catalog::kPlain;
+  if constexpr (holds<Family::kCascadeWs, D>(T, Tile::BM, Tile::kStages, Tile::BN, kAsked)) {
     static_assert(Tile::D == D, "the warp-specialised tile's head dim");
+    static_assert(std::is_same_v<typename Tile::T, Storage<T>>, "the tile's operand type");
     return kernels::launch_cascade_ws_tile<Tile>(p, *l.maps, l.grid, l.pdl, stream);
   }
-  not_compiled<Family::kCascadeWs, D>(l, catalog::kPlain);
+  not_compiled<Family::kCascadeWs, D>(l, kAsked);
 }
 
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
@@ -176,31 +178,35 @@ bool launch_ws_probe(const kernels::CascadeLevelParams& p, const CascadeLevelLau
 }
 #endif
 
-/// The warp-specialised tiles: 64 or 128 rows; 128-key tiles (the default: the fast exponent,
-/// precomputed descriptors, branch-free row statistics, the accumulator rescaled after the
-/// previous PV) or 64-key tiles (4 stages, the plain options).
-template <int D>
+/// The warp-specialised tiles of dtype `T`: 64 or 128 rows; 128-key tiles (the default: the
+/// fast exponent, precomputed descriptors, branch-free row statistics, the accumulator rescaled
+/// after the previous PV) or 64-key tiles (4 stages, the plain options); the variant instance
+/// when `p` has a soft cap or a window.
+template <DType T, int D, bool kVar>
 void launch_ws(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                cudaStream_t stream) {
   using kernels::CascadeWsTile;
   using plan::CascadeWsVariant;
   const bool kv64 =
       l.ws_variant == CascadeWsVariant::kKv64 || l.ws_variant == CascadeWsVariant::kKv64Turns;
-  constexpr int kDefault =
-      kernels::kWsFastExp | kernels::kWsDescPre | kernels::kWsFlatStats | kernels::kWsRescaleLate;
+  constexpr int kX = (T == DType::kF16 ? kernels::kWsF16 : 0) | (kVar ? kernels::kWsVariant : 0);
+  constexpr int kDefault = kernels::kWsFastExp | kernels::kWsDescPre | kernels::kWsFlatStats |
+                           kernels::kWsRescaleLate | kX;
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
-  if constexpr (holds<Family::kCascadeWs, D>(DType::kBF16, 0, 0, 0, catalog::kPlain))
+  if constexpr (T == DType::kBF16 && !kVar &&
+                holds<Family::kCascadeWs, D>(DType::kBF16, 0, 0, 0, catalog::kPlain))
     if (!kv64 && launch_ws_probe<D>(p, l, stream)) return;
 #endif
   if (l.tile_rows == 64) {
-    if (kv64) return launch_ws<D, CascadeWsTile<1, 64, 4>>(p, l, stream);
-    return launch_ws<D, CascadeWsTile<1, 128, 3, kDefault>>(p, l, stream);
+    if (kv64) return launch_ws<T, D, kVar, CascadeWsTile<1, 64, 4, kX>>(p, l, stream);
+    return launch_ws<T, D, kVar, CascadeWsTile<1, 128, 3, kDefault>>(p, l, stream);
   }
   if (l.tile_rows == 128) {
-    if (kv64) return launch_ws<D, CascadeWsTile<2, 64, 4>>(p, l, stream);
-    return launch_ws<D, CascadeWsTile<2, 128, 3, kDefault>>(p, l, stream);
+    if (kv64) return launch_ws<T, D, kVar, CascadeWsTile<2, 64, 4, kX>>(p, l, stream);
+    return launch_ws<T, D, kVar, CascadeWsTile<2, 128, 3, kDefault>>(p, l, stream);
   }
-  not_compiled<Family::kCascadeWs, D>(l, catalog::kPlain);
+  not_compiled<Family::kCascadeWs, D>(
+      l, kVar ? catalog::kSoftCap | catalog::kWindow : catalog::kPlain);
 }
 
 }  // namespace cascade_unit
@@ -211,20 +217,19 @@ void cascade_unit_launch(const kernels::CascadeLevelParams& p, const CascadeLeve
   using namespace cascade_unit;
   static_assert(F == Family::kCascadeMma || F == Family::kCascadeWgmma || F == Family::kCascadeWs,
                 "a cascade level family");
-  if constexpr (F == Family::kCascadeWs) {
-    launch_ws<D>(p, l, stream);
-  } else {
-    compiled::dispatch(kFn, "plan.shape.dtype", l.dtype, compiled::CascadeDTypes{}, [&](auto t) {
-      constexpr DType T = decltype(t)::value;
-      if constexpr (F == Family::kCascadeMma) {
-        launch_mma<T, D>(p, l, stream);
-      } else {
-        if (l.tile_rows == 64) return launch_wgmma<T, D, 1>(p, l, stream);
-        if (l.tile_rows == 128) return launch_wgmma<T, D, 2>(p, l, stream);
-        not_compiled<F, D>(l, catalog::kPlain);
-      }
-    });
-  }
+  compiled::dispatch(kFn, "plan.shape.dtype", l.dtype, compiled::CascadeDTypes{}, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    if constexpr (F == Family::kCascadeWs) {
+      if (variants_of(p) != catalog::kPlain) return launch_ws<T, D, true>(p, l, stream);
+      launch_ws<T, D, false>(p, l, stream);
+    } else if constexpr (F == Family::kCascadeMma) {
+      launch_mma<T, D>(p, l, stream);
+    } else {
+      if (l.tile_rows == 64) return launch_wgmma<T, D, 1>(p, l, stream);
+      if (l.tile_rows == 128) return launch_wgmma<T, D, 2>(p, l, stream);
+      not_compiled<F, D>(l, catalog::kPlain);
+    }
+  });
 }
 
 /// The explicit instantiation of one unit (head dim `D`, catalog family `F`).

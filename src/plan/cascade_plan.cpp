@@ -649,8 +649,7 @@ std::string to_string(const CascadeChoice& choice) {
            : lp.kernel == K::kWgmma         ? "wgmma"
                                             : "mma.sync";
     if (lp.kernel == K::kMma && lp.wgmma) out += " (wgmma not on this device)";
-    if (lp.kernel != K::kWarpSpecialized &&
-        catalog::variants_of(plan.window_left, plan.logits_soft_cap) != catalog::kPlain)
+    if (catalog::variants_of(plan.window_left, plan.logits_soft_cap) != catalog::kPlain)
       out += " (the variant kernel)";
     out += ", " + std::to_string(lp.tile_rows) + "-row tiles, " + splits(lp.max_splits, lp.chunk);
     if (last) {

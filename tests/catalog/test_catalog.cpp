@@ -103,10 +103,12 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   const int tiles = tiles16 + static_cast<int>(std::size(kLaunchedTileRows)) - 1;
   EXPECT_EQ(rows_of(Family::kCascadeMma),
             static_cast<int>(compiled::CascadeHeadDims::size()) * cascade_dtypes * tiles * 2);
-  // wgmma: 64 and 128 rows, plain and soft-capped, every cascade dtype; warp-specialised: bf16
+  // wgmma: 64 and 128 rows, plain and variant, every cascade dtype; warp-specialised: four
+  // tiles, plain and variant, every cascade dtype
   EXPECT_EQ(rows_of(Family::kCascadeWgmma),
             static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * cascade_dtypes * 2 * 2);
-  EXPECT_EQ(rows_of(Family::kCascadeWs), static_cast<int>(compiled::CascadeWsHeadDims::size()) * 4);
+  EXPECT_EQ(rows_of(Family::kCascadeWs),
+            static_cast<int>(compiled::CascadeWsHeadDims::size()) * cascade_dtypes * 4 * 2);
   EXPECT_EQ(rows_of(Family::kCascadeMerge),
             static_cast<int>(compiled::CascadeHeadDims::size() *
                              std::size(compiled::Values<compiled::MergeDTypes>::value)));
@@ -186,8 +188,7 @@ TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
   EXPECT_TRUE(catalog::compiled(short_depth));
   short_depth.head_dim = 64;
   EXPECT_FALSE(catalog::compiled(short_depth));
-  // the cascade's wgmma rows: f16 and bf16, the plain instance first, then the soft-capped one;
-  // the warp-specialised rows: bf16 only, never soft-capped
+  // the cascade's wgmma rows: f16 and bf16, the plain instance first, then the variant one
   const catalog::Row* wg =
       catalog::find(query(Family::kCascadeWgmma, 128, DType::kF16, DType::kF16));
   ASSERT_NE(wg, nullptr);
@@ -196,9 +197,10 @@ TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
       query(Family::kCascadeWgmma, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap));
   ASSERT_NE(wg_cap, nullptr);
   EXPECT_EQ(wg_cap->variants, catalog::kSoftCap | catalog::kWindow);
-  EXPECT_FALSE(catalog::compiled(query(Family::kCascadeWs, 128, DType::kF16, DType::kF16)));
-  EXPECT_FALSE(catalog::compiled(
-      query(Family::kCascadeWs, 128, DType::kBF16, DType::kBF16, catalog::kSoftCap)));
+  // the warp-specialised rows: f16 and bf16, plain and variant
+  EXPECT_TRUE(catalog::compiled(query(Family::kCascadeWs, 128, DType::kF16, DType::kF16)));
+  EXPECT_TRUE(catalog::compiled(query(Family::kCascadeWs, 128, DType::kBF16, DType::kBF16,
+                                      catalog::kSoftCap | catalog::kWindow)));
   EXPECT_TRUE(catalog::compiled(
       query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16, catalog::kWindow)));
 }
@@ -258,16 +260,14 @@ TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
         << what;
     EXPECT_NE(what.find("got soft cap"), std::string::npos) << what;
   }
-  // the cascade's level kernels take a window on their variant instances (mma.sync, wgmma),
-  // never on the warp-specialised kernel, whose rows fall back to wgmma for it
+  // the cascade's level kernels take a window on their variant instances, the plain instances
+  // fall back for it (the warp-specialised one to wgmma, whose variant instance takes it)
   EXPECT_TRUE(catalog::compiled(query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16,
                                       catalog::kWindow | catalog::kSoftCap)));
   for (const catalog::Row& r : catalog::kRows)
-    if (r.family == Family::kCascadeWs) {
-      EXPECT_EQ(r.variants & catalog::kWindow, 0);
+    if (r.family == Family::kCascadeWs && (r.variants & catalog::kWindow) == 0)
       EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, catalog::kWindow),
                 Family::kCascadeWgmma);
-    }
 }
 
 TEST(Catalog, TheMessageNamesWhatIsCompiledAtTheRequest) {

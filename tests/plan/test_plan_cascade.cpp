@@ -235,16 +235,16 @@ TEST(PlanCascade, WgmmaEligibility) {
   EXPECT_FALSE(level0(shape(64, 2, 4, 16), mma).wgmma);
   EXPECT_EQ(level0(shape(64, 2, 4, 16), mma).kernel, Kernel::kMma);
   EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16), mma).kernel, Kernel::kMma);
-  // f16 has no warp-specialised row: the cp.async wgmma kernel
-  EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16)).kernel, Kernel::kWgmma);
+  // f16 takes the warp-specialised kernel as bf16 does
+  EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16)).kernel, Kernel::kWarpSpecialized);
 }
 
 TEST(PlanCascade, AWindowTakesTheVariantLevelsAndSplitsOnlyTheKeysItReaches) {
   // 64 requests share 8192 keys, then 100 keys each: with a window of 1000 a request's row (at
   // position 8291) sees the prefix from key 7291 on, so the prefix level's splits cover its last
   // 8192 - 7232 = 960 keys (whole 64-key tiles) instead of 8192; the level kernels' variant
-  // instances (wgmma: the warp-specialised kernel takes no window); the decode last level with
-  // the window, writing its own slot (no decode kernel folds prior states under a window).
+  // instances (the warp-specialised one, wgmma as its fallback); the decode last level with the
+  // window, writing its own slot (no decode kernel folds prior states under a window).
   const std::vector<Level> levels = {
       Level({64}, {8192}, 16),
       Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
@@ -260,13 +260,14 @@ TEST(PlanCascade, AWindowTakesTheVariantLevelsAndSplitsOnlyTheKeysItReaches) {
       plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, t, sm90a(), decode);
   EXPECT_EQ(p.window_left(), 1000);
   EXPECT_EQ(seen.variant.window_left, 1000);
-  EXPECT_EQ(p.level(0).kernel, Kernel::kWgmma);
+  EXPECT_EQ(p.level(0).kernel, Kernel::kWarpSpecialized);
+  EXPECT_EQ(p.level(0).fallback, Kernel::kWgmma);
   EXPECT_EQ(p.level(0).max_splits, 4);  // ceil(960 / 256), not 8192 / 256 = 32
   EXPECT_TRUE(p.level(1).decode);
   EXPECT_FALSE(p.decode_fold());
   const std::string line = attnstate::cuda::to_string(p);
   EXPECT_NE(line.find("window 1000"), std::string::npos) << line;
-  EXPECT_NE(line.find("wgmma (the variant kernel)"), std::string::npos) << line;
+  EXPECT_NE(line.find("warp-specialised wgmma (the variant kernel)"), std::string::npos) << line;
   // past every key: the whole prefix; a window of 0: one tile (the row's own position is past it)
   o.variant.window_left = 1 << 20;
   EXPECT_EQ(
@@ -555,10 +556,10 @@ TEST(PlanCascade, ChecksOfAPlan) {
   EXPECT_NE(e.find("0..1"), std::string::npos) << e;
 }
 
-TEST(PlanCascade, SoftCapTakesTheCappedWgmmaLevelsAndKeepsTheDecodeOffTheFold) {
-  // A soft cap: the shared levels take the wgmma kernel's capped instance where they would take
-  // the warp-specialised kernel (which has none), a decode last level is planned with the cap
-  // (the decode's variant kernel) and writes its own slot; a plan that disagrees is refused.
+TEST(PlanCascade, SoftCapTakesTheVariantLevelsAndKeepsTheDecodeOffTheFold) {
+  // A soft cap: the shared levels take the warp-specialised kernel's variant instance (wgmma's as
+  // its fallback), a decode last level is planned with the cap (the decode's variant kernel) and
+  // writes its own slot; a plan that disagrees is refused.
   const std::vector<Level> levels = {
       Level({64}, {4096}, 16),
       Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
@@ -573,7 +574,7 @@ TEST(PlanCascade, SoftCapTakesTheCappedWgmmaLevelsAndKeepsTheDecodeOffTheFold) {
       plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, {}, sm90a(), decode);
   EXPECT_EQ(p.logits_soft_cap(), 30.f);
   EXPECT_EQ(seen.variant.logits_soft_cap, 30.f);
-  EXPECT_EQ(p.level(0).kernel, Kernel::kWgmma);
+  EXPECT_EQ(p.level(0).kernel, Kernel::kWarpSpecialized);
   EXPECT_TRUE(p.level(0).wgmma);
   EXPECT_EQ(p.level(0).fallback, Kernel::kWgmma);
   EXPECT_TRUE(p.level(1).decode);

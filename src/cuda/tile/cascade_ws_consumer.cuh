@@ -30,7 +30,7 @@ template <class Tile>
 __device__ __forceinline__ void ws_load_q(const kernels::CascadeLevelParams& p,
                                           const LevelBlock& lb, int h_kv, std::uint32_t q_smem,
                                           int tid) {
-  using T = __nv_bfloat16;
+  using T = typename Tile::T;
   constexpr int kChunks = Tile::D / 8;
   const T* q = static_cast<const T*>(p.q);
   const int wg = tid >> 7, t = tid & 127;
@@ -86,8 +86,8 @@ __device__ __forceinline__ void ws_consumer_rows(const kernels::CascadeLevelPara
 /// softmax of tile t while `PV` runs, the stage of tile t-1 released on its "empty".
 template <class Tile>
 struct WsConsumer {
-  using T = __nv_bfloat16;
-  using Wg = arch::Wgmma<__nv_bfloat16>;
+  using T = typename Tile::T;
+  using Wg = arch::Wgmma<T>;
   static constexpr int D = Tile::D, BN = Tile::BN, kStages = Tile::kStages;
   static constexpr std::uint32_t kTileBytes = Tile::kTileBytes;
   static constexpr bool kDescPre = Tile::kDescPre;
@@ -110,6 +110,8 @@ struct WsConsumer {
   float (&alpha)[2];  ///< The rows' rescale factors of the last softmax step.
   float (&s)[BN / 8][4];
   std::uint32_t (&pf)[BN / 16][4];
+  /// The variant's scores (kWsVariant: the cap, each row's window start; else unused).
+  const VariantScores& var;
   /// Low descriptor words of stage 0 (kWsDescPre; + a stage's bytes >> 4 per stage, + the
   /// k-step's offset >> 4).
   const std::uint32_t kdesc0 = ((sm.k_smem & 0x3FFFFu) >> 4) | (1u << 16);
@@ -266,12 +268,29 @@ struct WsConsumer {
     }
   }
 
+  /// The variant instance's scores of the tile whose keys start at `jb` (this thread's first):
+  /// the soft cap `cap · tanh(dot · scale / cap)` in base 2 (the softmax then scales by 1), and
+  /// -inf before each row's window start.
+  __device__ __forceinline__ void apply_variant(int jb) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sv = s[n][2 * rr + e];
+          if (var.cap_out != 0.f) sv = var.cap_out * tanh_fast(sv * var.cap_in);
+          if (jb + n * 8 + e < var.lo[rr]) sv = math::neg_inf();
+        }
+  }
+
   /// Scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities);
   /// returns whether some row of the warp moved its max (the accumulator then needs `alpha`).
   __device__ __forceinline__ bool softmax(int kt) {
     const int t0 = lb.kv_begin + kt * BN;
     const int jb = t0 + 2 * (lane & 3);
     const bool masked = t0 + BN > limit_min;
+    if constexpr (Tile::kVariant) apply_variant(jb);
     bool moved = false;
     if constexpr (kFlat)
       softmax_flat(jb, masked, moved);

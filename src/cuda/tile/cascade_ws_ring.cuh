@@ -44,7 +44,7 @@ struct WsSmem {
   __device__ __forceinline__ explicit WsSmem(unsigned char* smem_raw) {
     unsigned char* smem_al = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
-    using T = __nv_bfloat16;
+    using T = typename Tile::T;
     T* s_q = reinterpret_cast<T*>(smem_al);
     T* s_k = s_q + Tile::BM * Tile::D;
     T* s_v = s_k + Tile::kStages * Tile::BN * Tile::D;
@@ -72,7 +72,7 @@ struct WsSmem {
 /// split's last, partial tile with `cp.async`.
 template <class Tile>
 struct WsProducer {
-  using T = __nv_bfloat16;
+  using T = typename Tile::T;
   static constexpr int D = Tile::D, BN = Tile::BN, kStages = Tile::kStages;
   static constexpr int kChunks = D / 8;
   static constexpr std::uint32_t kTileBytes = Tile::kTileBytes;

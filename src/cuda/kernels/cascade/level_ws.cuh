@@ -30,8 +30,10 @@
 
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
@@ -78,13 +80,22 @@ enum CascadeWsOpt : int {
   /// after the first ring's worth of tiles the producer copies nothing and only signals the
   /// stages (the consumers re-read stale tiles), to time the pipeline without the copies.
   kWsDiagNoCopy = 16,
+  /// f16 operands (else bf16): the same copies and products on the other 16-bit type.
+  kWsF16 = 32,
+  /// The variant instance: the soft cap `p.soft_cap` on the scores (then in base 2, the fast
+  /// exponent's scale 1) and the window `p.window_left` (`tile::level_variant`).
+  kWsVariant = 64,
 };
 
 /// Tile configuration: `NWG` consumer warpgroups of 64 rows, `BN` keys per KV tile, `Stages`
-/// K/V stages in the ring, the options `Opt` (`CascadeWsOpt` flags); head_dim 128.
+/// K/V stages in the ring, the options `Opt` (`CascadeWsOpt` flags: among them the operand type
+/// and the variant instance); head_dim 128.
 template <int NWG_, int BN_, int Stages_, int Opt_ = 0>
 struct CascadeWsTile {
   static constexpr int D = 128;
+  /// The 16-bit operand type (kWsF16).
+  using T = std::conditional_t<(Opt_ & kWsF16) != 0, __half, __nv_bfloat16>;
+  static constexpr bool kVariant = (Opt_ & kWsVariant) != 0;  ///< Option kWsVariant.
   static constexpr int NWG = NWG_;
   static constexpr int BM = 64 * NWG;  ///< Query rows per CTA.
   static constexpr int BN = BN_;       ///< Keys per KV tile.
@@ -136,6 +147,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const int h_kv = blockIdx.y;
   tile::LevelBlock lb;
   if (!lb.locate(p, BM, BN)) return;
+  tile::VariantScores var;  // (the kWsVariant instance only)
+  if constexpr (Tile::kVariant) {
+    // every thread, the producer warpgroup with the last consumer warp's rows
+    const int rw = warp < 4 * NWG ? warp : 4 * NWG - 1;
+    if (!tile::level_variant(p, lb, rw * 16, lane, BN, var)) return;
+  }
 
   if (tid == 0) sm.init_barriers();
   if (tid < Tile::kConsumers) tile::ws_load_q<Tile>(p, lb, h_kv, sm.q_smem, tid);
@@ -153,9 +170,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // ================= consumer warpgroups =================
   if constexpr (NWG == 2) arch::setmaxnreg_inc<Tile::kConsumerRegs>();
   const int wg = warp >> 2, wl = warp & 3;
-  // with the fast exponent a negative scale runs as |scale| on negated queries (exact)
-  const bool negate_q = Tile::kFastExp && p.s2_scale < 0.f;
-  const float sc = Tile::kFastExp ? fabsf(p.s2_scale) : p.s2_scale;
+  // with the fast exponent a negative scale runs as |scale| on negated queries (exact); capped
+  // scores are already base 2 (`WsConsumer::apply_variant`): scale 1
+  const bool capped = Tile::kVariant && p.soft_cap != 0.f;
+  const bool negate_q = Tile::kFastExp && !capped && p.s2_scale < 0.f;
+  const float sc = capped ? 1.f : Tile::kFastExp ? fabsf(p.s2_scale) : p.s2_scale;
   std::uint32_t qf[D / 16][4];
   int limit[2];
   tile::ws_consumer_rows<Tile>(p, lb, sm.q_smem, wg, wl, lane, negate_q, qf, limit);
@@ -167,7 +186,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   float alpha[2] = {1.f, 1.f};
   float s[BN / 8][4];
   std::uint32_t pf[BN / 16][4];
-  tile::WsConsumer<Tile> c{p, lb, sm, lane, wg, sc, qf, limit, limit_min, acc, os, alpha, s, pf};
+  tile::WsConsumer<Tile> c{p,         lb,  sm, lane,  wg, sc, qf, limit,
+                           limit_min, acc, os, alpha, s,  pf, var};
   // ping-pong: warpgroup w issues its products after barrier 3 + w, then lets the other go
   if (lb.n_tiles > 0) c.run(NWG == 2 && p.ws_pingpong != 0 && lb.n_tiles >= 2);
   c.finish();
