@@ -437,16 +437,19 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   if (cascade) try {
       row.cascade_us = timer.median_us(
           [&] { cuda::run_cascade(plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
-      row.prefix_us = timer.median_us(
-          [&] { cuda::run_cascade_level(plan, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
-      row.suffix_us = timer.median_us(
-          [&] { cuda::run_cascade_level(plan, 1, qv, kv, d_levels[1], ws, ws_bytes, stream); });
-      // staged: every level, then the merge launch, as separate calls (no overlap, no fold)
-      row.staged_us = timer.median_us([&] {
-        for (int l = 0; l < 2; ++l)
-          cuda::run_cascade_level(plan, l, qv, kv, d_levels[l], ws, ws_bytes, stream);
-        cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream);
-      });
+      // the stages alone (a windowed plan's shared level runs only inside run_cascade: -1)
+      if (plan.window_left() < 0) {
+        row.prefix_us = timer.median_us(
+            [&] { cuda::run_cascade_level(plan, 0, qv, kv, d_levels[0], ws, ws_bytes, stream); });
+        row.suffix_us = timer.median_us(
+            [&] { cuda::run_cascade_level(plan, 1, qv, kv, d_levels[1], ws, ws_bytes, stream); });
+        // staged: every level, then the merge launch, as separate calls (no overlap, no fold)
+        row.staged_us = timer.median_us([&] {
+          for (int l = 0; l < 2; ++l)
+            cuda::run_cascade_level(plan, l, qv, kv, d_levels[l], ws, ws_bytes, stream);
+          cuda::run_cascade_merge(plan, out_c, ws, ws_bytes, stream);
+        });
+      }
       if (!lean) {
         row.mma_us = timer.median_us(
             [&] { cuda::run_cascade(mma_plan, qv, kv, d_levels, 2, out_c, ws, ws_bytes, stream); });
