@@ -80,14 +80,19 @@ struct Row {
   int stages = 0;          ///< Pipeline depth (0: none).
   int tile_rows = 0;       ///< Query rows of a CTA tile (the merge: rows per CTA).
   int tile_keys = 0;       ///< Keys per K/V tile (0: none).
-  int kv_align = 0;        ///< Bytes the K/V pointers and page strides are multiples of.
-  Needs needs = 0;         ///< What it needs at plan or run time.
+  /// Resident CTAs per SM the kernel is built for (the register budget its launch bounds give
+  /// each thread), which the planners size their grids by; 0: set by its shared memory (the
+  /// decode: `decode_ctas_per_sm`) or none (the merge).
+  int ctas_per_sm = 0;
+  int kv_align = 0;  ///< Bytes the K/V pointers and page strides are multiples of.
+  Needs needs = 0;   ///< What it needs at plan or run time.
   Family fallback = Family::kDecodeSplit;  ///< Taken when a need fails (itself: none).
 };
 
 /// One pipeline configuration of a group (a row per head dim × dtype combination).
 struct Tile {
   int rows = 0, keys = 0, stages = 0;
+  int ctas = 0;  ///< `Row::ctas_per_sm`.
 };
 
 /// A group of rows: the kernels of a family compiled for every head dim of a list × every dtype
@@ -145,6 +150,20 @@ inline constexpr DTypeMask k16Bit = mask(DType::kF16) | mask(DType::kBF16);
 inline constexpr DTypeMask kFp8 = mask(DType::kE4M3) | mask(DType::kE5M2);
 inline constexpr Tile kDecodeTile{kDecodeTileRows, kDecodeTileRows, kDecodeStages};
 inline constexpr Tile kDecodeShortTile{kDecodeTileRows, kDecodeTileRows, kDecodeShortStages};
+// The cascade level tiles (rows, keys, stages, CTAs per SM). mma.sync: 16 rows at 3 stages
+// (two CTAs per SM) or 2 (four: more CTAs for short splits), 64 rows (two) and 128 (one);
+// wgmma: 64 rows (two) and 128 (one, with room for a 16-row CTA beside it); warp-specialised:
+// one CTA per SM, 128-key tiles at 3 stages or 64-key tiles at 4.
+inline constexpr Tile kMma16{16, kCascadeKvTile, 3, 2};
+inline constexpr Tile kMma16Short{16, kCascadeKvTile, 2, 4};
+inline constexpr Tile kMma64{64, kCascadeKvTile, 3, 2};
+inline constexpr Tile kMma128{128, kCascadeKvTile, 3, 1};
+inline constexpr Tile kWgmma64{64, kCascadeKvTile, 3, 2};
+inline constexpr Tile kWgmma128{128, kCascadeKvTile, 3, 1};
+inline constexpr Tile kWs64{64, kCascadeWsKvTile, 3, 1};
+inline constexpr Tile kWs128{128, kCascadeWsKvTile, 3, 1};
+inline constexpr Tile kWs64Kv64{64, kCascadeKvTile, 4, 1};
+inline constexpr Tile kWs128Kv64{128, kCascadeKvTile, 4, 1};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
@@ -205,26 +224,24 @@ inline constexpr Group kGroups[] = {
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kPlain, kNeedsNothing, Family::kCascadeMma),
-                      Tile{16, kCascadeKvTile, 3}, Tile{16, kCascadeKvTile, 2},
-                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+                      detail::kMma16, detail::kMma16Short, detail::kMma64, detail::kMma128),
         compiled::CascadeHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kSoftCap | kWindow, kNeedsNothing, Family::kCascadeMma),
-                      Tile{16, kCascadeKvTile, 3}, Tile{16, kCascadeKvTile, 2},
-                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+                      detail::kMma16, detail::kMma16Short, detail::kMma64, detail::kMma128),
         compiled::CascadeHeadDims{}),
     // cascade levels on wgmma: plain, then the variant instance (soft cap, window); on devices
     // without wgmma, the plan takes mma.sync
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kPlain, kNeedsWgmma, Family::kCascadeMma),
-                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+                      detail::kWgmma64, detail::kWgmma128),
         compiled::CascadeWgmmaHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kSoftCap | kWindow, kNeedsWgmma, Family::kCascadeMma),
-                      Tile{64, kCascadeKvTile, 3}, Tile{128, kCascadeKvTile, 3}),
+                      detail::kWgmma64, detail::kWgmma128),
         compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels: 128-key tiles (3 stages) and 64-key tiles (4 stages); plain, then
     // the variant instance (soft cap, window); a pool no tensor map describes runs the wgmma
@@ -234,16 +251,14 @@ inline constexpr Group kGroups[] = {
             detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
                           kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                           Family::kCascadeWgmma),
-            Tile{64, kCascadeWsKvTile, 3}, Tile{128, kCascadeWsKvTile, 3},
-            Tile{64, kCascadeKvTile, 4}, Tile{128, kCascadeKvTile, 4}),
+            detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
         compiled::CascadeWsHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
                                     kSoftCap | kWindow,
                                     kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                                     Family::kCascadeWgmma),
-                      Tile{64, kCascadeWsKvTile, 3}, Tile{128, kCascadeWsKvTile, 3},
-                      Tile{64, kCascadeKvTile, 4}, Tile{128, kCascadeKvTile, 4}),
+                      detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
         compiled::CascadeWsHeadDims{}),
     // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
     detail::with_dims(
@@ -305,6 +320,7 @@ constexpr std::array<Row, kNumRows> expand() {
               r.stages = g.tiles[t].stages;
               r.tile_rows = g.tiles[t].rows;
               r.tile_keys = g.tiles[t].keys;
+              r.ctas_per_sm = g.tiles[t].ctas;
               r.kv_align = g.kv_align;
               r.needs = g.needs;
               r.fallback = g.fallback;
@@ -341,6 +357,7 @@ constexpr std::uint64_t fingerprint() {
                                     static_cast<std::uint64_t>(r.stages),
                                     static_cast<std::uint64_t>(r.tile_rows),
                                     static_cast<std::uint64_t>(r.tile_keys),
+                                    static_cast<std::uint64_t>(r.ctas_per_sm),
                                     static_cast<std::uint64_t>(r.kv_align),
                                     r.needs,
                                     static_cast<std::uint64_t>(r.fallback)};

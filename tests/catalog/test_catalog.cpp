@@ -31,8 +31,8 @@ namespace compiled = attnstate::compiled;
 namespace plan = attnstate::plan;
 using catalog::Family;
 
-/// Row tiles of the cascade's mma.sync level kernels: those `launch_mma` of
-/// `cuda/cascade_unit.cuh` instantiates (the 16-row tile at two depths).
+/// Row tiles of the cascade's mma.sync level kernels (the 16-row tile at two depths), each
+/// instantiated by the launch table of `cuda/cascade_unit.cuh` from its row.
 constexpr int kLaunchedTileRows[] = {16, 64, 128};
 
 int rows_of(Family f) {
@@ -268,6 +268,31 @@ TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
     if (r.family == Family::kCascadeWs && (r.variants & catalog::kWindow) == 0)
       EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, catalog::kWindow),
                 Family::kCascadeWgmma);
+}
+
+TEST(Catalog, CascadeLevelRowsStateTheirCtasPerSm) {
+  // what the planner sizes a level's split by and the launch table builds the kernel for: at
+  // least one CTA per SM, one for the warp-specialised kernel (its launch bounds), and no fewer
+  // for a shallower pipeline of the same tile
+  const auto level = [](Family f) {
+    return f == Family::kCascadeMma || f == Family::kCascadeWgmma || f == Family::kCascadeWs;
+  };
+  int levels = 0;
+  for (const catalog::Row& r : catalog::kRows) {
+    if (!level(r.family)) {
+      EXPECT_EQ(r.ctas_per_sm, 0) << catalog::to_string(r.family);
+      continue;
+    }
+    ++levels;
+    EXPECT_GE(r.ctas_per_sm, 1) << catalog::to_string(r.family) << " " << r.tile_rows;
+    if (r.family == Family::kCascadeWs) EXPECT_EQ(r.ctas_per_sm, 1) << r.tile_rows;
+    for (const catalog::Row& o : catalog::kRows)
+      if (o.family == r.family && o.head_dim == r.head_dim && o.q == r.q &&
+          o.variants == r.variants && o.tile_rows == r.tile_rows && o.tile_keys == r.tile_keys &&
+          o.stages < r.stages)
+        EXPECT_GE(o.ctas_per_sm, r.ctas_per_sm) << r.tile_rows << " at " << o.stages;
+  }
+  EXPECT_GT(levels, 0);
 }
 
 TEST(Catalog, TheMessageNamesWhatIsCompiledAtTheRequest) {
