@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnstate/core/error.hpp"
@@ -56,20 +57,50 @@ catalog::Query level_query(catalog::Family family, const CascadeShape& s, int ti
   return q;
 }
 
-/// True when a `wgmma` level of this shape takes the warp-specialised kernel (a compiled row for
-/// its shape, tile and variants, a page size with a bulk-copy box, the variant not 0).
-bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant,
-              catalog::Variants variants) {
-  return lp.wgmma &&
-         catalog::compiled(level_query(catalog::Family::kCascadeWs, s, lp.tile_rows, variants)) &&
-         tma_box_rows(s.page_size) > 0 && ws_variant != 0;
+/// The kernel id of the row of `family` for a level of this shape with tiles of `tile_rows` rows
+/// taking `variants`, with K/V tiles of `keys` keys and `stages` stages as far as the family's
+/// rows hold them (the K/V tile before the depth; 0: any); -1 when the family holds no row.
+int level_row(catalog::Family family, const CascadeShape& s, int tile_rows,
+              catalog::Variants variants, int keys, int stages) {
+  catalog::Query q = level_query(family, s, tile_rows, variants);
+  for (const auto& [k, st] : {std::pair<int, int>{keys, stages}, {keys, 0}, {0, stages}, {0, 0}}) {
+    q.tile_keys = k;
+    q.stages = st;
+    const int id = catalog::find_id(q);
+    if (id >= 0) return id;
+  }
+  return -1;
 }
 
-/// The catalog family of a level kernel (`kDecode` is no level row: the decode's own plan).
-catalog::Family family_of(Kernel k) {
-  return k == Kernel::kWarpSpecialized ? catalog::Family::kCascadeWs
-         : k == Kernel::kWgmma         ? catalog::Family::kCascadeWgmma
-                                       : catalog::Family::kCascadeMma;
+/// The level tile for segments of at most `max_rows` query rows: the smallest tile of the
+/// shape's mma.sync rows taking `variants` (every level can run on them) that holds them, else
+/// their largest.
+int level_tile_rows(const CascadeShape& s, std::int64_t max_rows, catalog::Variants variants) {
+  const catalog::Query q = level_query(catalog::Family::kCascadeMma, s, 0, variants);
+  int fits = 0, largest = 0;
+  for (const catalog::Row& r : catalog::kRows) {
+    if (!catalog::matches(r, q)) continue;
+    largest = std::max(largest, r.tile_rows);
+    if (r.tile_rows >= max_rows && (fits == 0 || r.tile_rows < fits)) fits = r.tile_rows;
+  }
+  return fits != 0 ? fits : largest;
+}
+
+/// Keys per K/V tile of the warp-specialised rows a resolved `ws_variant` asks for.
+int ws_tile_keys(int ws_variant) {
+  return ws_variant == static_cast<int>(CascadeWsVariant::kKv64) ||
+                 ws_variant == static_cast<int>(CascadeWsVariant::kKv64Turns)
+             ? catalog::kCascadeKvTile
+             : catalog::kCascadeWsKvTile;
+}
+
+/// True when a `wgmma` level of this shape takes the warp-specialised kernel (a compiled row for
+/// its shape, tile, K/V tile and variants, a page size with a bulk-copy box, the variant not 0).
+bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant,
+              catalog::Variants variants) {
+  catalog::Query ws = level_query(catalog::Family::kCascadeWs, s, lp.tile_rows, variants);
+  ws.tile_keys = ws_tile_keys(ws_variant);
+  return lp.wgmma && ws_variant != 0 && catalog::compiled(ws) && tma_box_rows(s.page_size) > 0;
 }
 
 /// The level kernel of a catalog family of cascade levels.
@@ -79,35 +110,27 @@ Kernel kernel_of(catalog::Family f) {
                                                : Kernel::kMma;
 }
 
-/// The kernel a run of level plan `lp` takes when it cannot meet the run-time needs of its row
-/// (the catalog's fallback rule, `catalog::family_that_runs`, with none of them met): the row's
-/// fallback where it has run-time needs, else its own kernel.
-Kernel run_fallback(const CascadeShape& s, const CascadeLevelPlan& lp, catalog::Variants variants) {
-  const catalog::Row* row =
-      catalog::find(level_query(family_of(lp.kernel), s, lp.tile_rows, variants));
-  return row != nullptr
-             ? kernel_of(catalog::family_that_runs(*row, catalog::kNeedsNothing, variants))
-             : lp.kernel;
-}
-
-/// The kernel a level plan `lp` preferring kernel `preferred` takes on a device of `facts`: the
+/// The kernel id a level whose preferred row is `preferred` runs on a device of `facts`: the
 /// catalog's fallback rule (`catalog::family_that_runs`) checking every need, with the device's
 /// facts and the page size's bulk-copy box as the plan-time needs met (the run-time ones are
-/// checked when the plan runs: `run_fallback`), applied to each fallback row in turn until the
-/// row runs (the warp-specialised row falls back to wgmma, which falls back to mma.sync).
-Kernel device_kernel(const CascadeShape& s, const CascadeLevelPlan& lp, Kernel preferred,
-                     catalog::Variants variants, const CascadeDeviceFacts& facts) {
+/// checked when the plan runs: `CascadeLevelPlan::fallback_id`), applied to each fallback row in
+/// turn until the row runs (the warp-specialised row falls back to wgmma, which falls back to
+/// mma.sync); each row of the level's tile and variants, at the preferred row's K/V tile and
+/// depth `stages` where its family holds them. -1 when a family on the way holds no row.
+int device_row(const CascadeShape& s, const catalog::Row& preferred, int stages,
+               catalog::Variants variants, const CascadeDeviceFacts& facts) {
   const catalog::Needs met = static_cast<catalog::Needs>(
       catalog::kRunTimeNeeds | (facts.wgmma ? catalog::kNeedsWgmma : 0) |
       (facts.tensor_maps ? catalog::kNeedsTensorMaps : 0) |
       (tma_box_rows(s.page_size) > 0 ? catalog::kNeedsTmaBox : 0));
   constexpr catalog::Needs kEvery = catalog::kPlanTimeNeeds | catalog::kRunTimeNeeds;
-  catalog::Family f = family_of(preferred);
+  catalog::Family f = preferred.family;
   for (;;) {
-    const catalog::Row* row = catalog::find(level_query(f, s, lp.tile_rows, variants));
-    if (row == nullptr) return Kernel::kMma;  // no row: the mma.sync level kernels take any tile
-    const catalog::Family runs = catalog::family_that_runs(*row, met, variants, kEvery);
-    if (runs == f) return kernel_of(f);
+    const int id = level_row(f, s, preferred.tile_rows, variants, preferred.tile_keys, stages);
+    if (id < 0) return -1;
+    const catalog::Family runs = catalog::family_that_runs(
+        catalog::kRows[static_cast<std::size_t>(id)], met, variants, kEvery);
+    if (runs == f) return id;
     f = runs;
   }
 }
@@ -292,10 +315,23 @@ int reserved_sms(const Choice& plan, const CascadeLevel* host_levels, const Casc
   return static_cast<int>(need);
 }
 
-/// Plans level `l` on a cascade level kernel: its tile, split, kernel and fallback; `lens`: the
-/// keys of each segment the splits cover (its length, or the part a window reaches).
-void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const std::int32_t* lens,
-                       const CascadeTuning& tuning, const CascadeDeviceFacts& facts) {
+/// Throws `Status::kNotSupported` for a level whose kernel (of `family`, for the shape, tile
+/// and variants) the catalog does not hold.
+[[noreturn]] void no_level_row(const char* func, int l, catalog::Family family,
+                               const CascadeShape& s, int tile_rows, catalog::Variants variants) {
+  throw_argument(
+      func, ::attnstate::detail::cascade_level_arg(l, "num_segments").c_str(),
+      catalog::not_supported_message(level_query(family, s, tile_rows, variants)),
+      std::string(catalog::to_string(family)) + " with " + std::to_string(tile_rows) + "-row tiles",
+      Status::kNotSupported);
+}
+
+/// Plans level `l` on a cascade level kernel: its tile, split, kernel and fallback (catalog
+/// rows); `lens`: the keys of each segment the splits cover (its length, or the part a window
+/// reaches).
+void plan_kernel_level(const char* func, Choice& plan, int l, const CascadeLevel& lv,
+                       const std::int32_t* lens, const CascadeTuning& tuning,
+                       const CascadeDeviceFacts& facts) {
   const CascadeShape& shape = plan.shape;
   CascadeLevelPlan& lp = plan.levels[l];
   const std::int64_t rows_per_req = shape.q_len * (shape.heads_q / shape.heads_kv);
@@ -305,10 +341,9 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const std::i
     max_rows = std::max(max_rows, rows);
     if (rows > 0) max_len = std::max<std::int64_t>(max_len, lens[s]);
   }
-  lp.tile_rows = tuning.tile_rows != 0 ? tuning.tile_rows
-                 : max_rows <= 16      ? 16
-                 : max_rows <= 64      ? 64
-                                       : 128;
+  const catalog::Variants variants = plan_variants(plan);
+  lp.tile_rows =
+      tuning.tile_rows != 0 ? tuning.tile_rows : level_tile_rows(shape, max_rows, variants);
   std::vector<std::int64_t> tiles(static_cast<std::size_t>(lv.num_segments));
   std::int64_t max_tiles = 1;
   for (std::int64_t s = 0; s < lv.num_segments; ++s) {
@@ -319,37 +354,44 @@ void plan_kernel_level(Choice& plan, int l, const CascadeLevel& lv, const std::i
   lp.max_tiles = static_cast<int>(max_tiles);
   // wgmma where the catalog holds a wgmma row for the shape, the tile and the variant; the
   // others run on mma.sync
-  const catalog::Variants variants = plan_variants(plan);
   lp.wgmma =
       tuning.kernel != CascadeKernel::kMma &&
       catalog::compiled(level_query(catalog::Family::kCascadeWgmma, shape, lp.tile_rows, variants));
-  // The split is chosen for the kernel the shape takes on an sm_90a device, whatever the device
-  // (so the splits, and the bits, of a plan do not depend on it): the warp-specialised kernel
-  // holds one CTA per SM, the cp.async kernels one of 128 rows or two of fewer.
+  // The preferred row: the kernel the shape takes on an sm_90a device, whatever the device (so
+  // the splits, and the bits, of a plan do not depend on it). The split is sized for its CTAs
+  // per SM, in whole KV tiles of it (128 keys for the warp-specialised 128-key tiles).
   const bool ws = ws_level(shape, lp, plan.ws_variant, variants);
-  const int ctas_per_sm = ws || lp.tile_rows >= 128 ? 1 : 2;
-  // splits of whole KV tiles of the kernel (128 keys for the warp-specialised 128-key tiles)
-  const int v = plan.ws_variant;
-  const std::int64_t granule = ws && v != static_cast<int>(CascadeWsVariant::kKv64) &&
-                                       v != static_cast<int>(CascadeWsVariant::kKv64Turns)
-                                   ? 2 * kKvTile
-                                   : kKvTile;
-  lp.chunk =
-      tuning.chunk != 0
-          ? tuning.chunk
-          : choose_chunk(tiles.data(), lens, lv.num_segments, max_len, shape.heads_kv, ctas_per_sm,
-                         plan.num_sms - plan.decode_sms, plan.rows(), shape.head_dim, granule);
+  const catalog::Family preferred_family = ws         ? catalog::Family::kCascadeWs
+                                           : lp.wgmma ? catalog::Family::kCascadeWgmma
+                                                      : catalog::Family::kCascadeMma;
+  const int preferred_id = level_row(preferred_family, shape, lp.tile_rows, variants,
+                                     ws ? ws_tile_keys(plan.ws_variant) : 0, 0);
+  if (preferred_id < 0) no_level_row(func, l, preferred_family, shape, lp.tile_rows, variants);
+  const catalog::Row& preferred = catalog::kRows[static_cast<std::size_t>(preferred_id)];
+  lp.chunk = tuning.chunk != 0
+                 ? tuning.chunk
+                 : choose_chunk(tiles.data(), lens, lv.num_segments, max_len, shape.heads_kv,
+                                preferred.ctas_per_sm, plan.num_sms - plan.decode_sms, plan.rows(),
+                                shape.head_dim, preferred.tile_keys);
   lp.max_splits = static_cast<int>(std::max<std::int64_t>(1, ceil_div(max_len, lp.chunk)));
-  lp.stages = small_stages(lp.chunk);
-  // The kernel: the preferred row's, or the fallback the catalog's rule gives on this device.
-  // The tensor map of a run's pool may still not exist (its layout and page stride are known
-  // only then): that run takes the recorded fallback, the catalog row's.
-  lp.kernel = device_kernel(shape, lp,
-                            ws         ? Kernel::kWarpSpecialized
-                            : lp.wgmma ? Kernel::kWgmma
-                                       : Kernel::kMma,
-                            variants, facts);
-  lp.fallback = run_fallback(shape, lp, variants);
+  // The kernel: the preferred row's, or the fallback the catalog's rule gives on this device, at
+  // the depth the split asks for where its family holds it. The tensor map of a run's pool may
+  // still not exist (its layout and page stride are known only then): that run takes the row's
+  // fallback by the same rule, recorded here.
+  const int stages = small_stages(lp.chunk);
+  lp.kernel_id = device_row(shape, preferred, stages, variants, facts);
+  if (lp.kernel_id < 0)
+    no_level_row(func, l, catalog::Family::kCascadeMma, shape, lp.tile_rows, variants);
+  const catalog::Row& row = catalog::kRows[static_cast<std::size_t>(lp.kernel_id)];
+  const catalog::Family fallback = catalog::family_that_runs(row, catalog::kNeedsNothing, variants);
+  lp.fallback_id = fallback == row.family
+                       ? lp.kernel_id
+                       : level_row(fallback, shape, row.tile_rows, variants, row.tile_keys, stages);
+  if (lp.fallback_id < 0) no_level_row(func, l, fallback, shape, row.tile_rows, variants);
+  lp.kernel = kernel_of(row.family);
+  lp.fallback = kernel_of(catalog::kRows[static_cast<std::size_t>(lp.fallback_id)].family);
+  lp.tile_rows = row.tile_rows;
+  lp.stages = row.stages;
   if (lp.kernel == Kernel::kWarpSpecialized) {
     lp.ws_variant = plan.ws_variant;
     lp.tma_box = tma_box_rows(shape.page_size);
@@ -508,9 +550,9 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
     if (plan.window_left >= 0) {
       if (tails.empty()) tails = host_tails(shape, host_levels, num_levels);
       const std::vector<std::int32_t> lens = window_lens(plan, lv, l, tails);
-      plan_kernel_level(plan, l, lv, lens.data(), tuning, facts);
+      plan_kernel_level(func, plan, l, lv, lens.data(), tuning, facts);
     } else {
-      plan_kernel_level(plan, l, lv, lv.seg_lens, tuning, facts);
+      plan_kernel_level(func, plan, l, lv, lv.seg_lens, tuning, facts);
     }
     slots += lp.max_splits;
     const std::int64_t grid = lv.num_segments * lp.max_tiles * lp.max_splits;

@@ -596,6 +596,130 @@ TEST(PlanCascade, SoftCapTakesTheVariantLevelsAndKeepsTheDecodeOffTheFold) {
             std::string::npos);
 }
 
+TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {
+  // Every level on a cascade level kernel records the catalog row it runs and the row its run
+  // takes without the pool's tensor map; the plan's descriptions (kernel, fallback, tile,
+  // stages) are those rows', which answer the shape, the variants and the tuning.
+  namespace catalog = attnstate::catalog;
+  catalog::Query mma;
+  mma.family = catalog::Family::kCascadeMma;
+  int checked = 0;
+  for (const int head_dim : catalog::head_dims(mma))
+    for (const DType dt : {DType::kBF16, DType::kF16})
+      for (const int var : {0, 1, 2})
+        for (const plan::CascadeDeviceFacts f : {sm90a(), plan::CascadeDeviceFacts{true, false},
+                                                 plan::CascadeDeviceFacts{false, true}})
+          for (const std::int64_t page : {16, 12})
+            for (const int ws_variant : {-1, 0, 3})
+              for (const std::int64_t group : {2, 8, 64})
+                for (const int chunk : {0, 128, 1024}) {
+                  CascadeOptions o;
+                  if (var == 1) o.variant.logits_soft_cap = 30.f;
+                  if (var == 2) o.variant.window_left = 500;
+                  CascadeTuning t;
+                  t.ws_variant = ws_variant;
+                  t.chunk = chunk;
+                  const CascadeShape s = shape(4, 2, group, page, dt, head_dim);
+                  const std::vector<Level> levels = {Level({4}, {4096}, page),
+                                                     Level({1, 1, 1, 1}, {300, 20, 700, 64}, page)};
+                  std::vector<CascadeLevel> views;
+                  for (const Level& l : levels) views.push_back(l.view());
+                  DecodeOptions seen;
+                  const CascadeChoice c = plan::plan_cascade(kFn, s, views.data(), 2, o, 132, t, f,
+                                                             one_split_decode(&seen));
+                  EXPECT_TRUE(c.level(1).decode);
+                  EXPECT_EQ(c.level(1).kernel_id, -1);
+                  EXPECT_EQ(c.level(1).fallback_id, -1);
+                  const auto& lp = c.level(0);
+                  const std::string at =
+                      "d " + std::to_string(head_dim) + ", " + attnstate::to_string(dt) +
+                      ", variant " + std::to_string(var) + ", facts " + std::to_string(f.wgmma) +
+                      std::to_string(f.tensor_maps) + ", page " + std::to_string(page) + ", ws " +
+                      std::to_string(ws_variant) + ", group " + std::to_string(group) + ", chunk " +
+                      std::to_string(chunk);
+                  ASSERT_GE(lp.kernel_id, 0) << at;
+                  ASSERT_LT(lp.kernel_id, catalog::kNumRows) << at;
+                  ASSERT_GE(lp.fallback_id, 0) << at;
+                  ASSERT_LT(lp.fallback_id, catalog::kNumRows) << at;
+                  const catalog::Row& row = catalog::kRows[lp.kernel_id];
+                  const catalog::Row& fb = catalog::kRows[lp.fallback_id];
+                  const catalog::Variants v =
+                      catalog::variants_of(o.variant.window_left, o.variant.logits_soft_cap);
+                  for (const catalog::Row* r : {&row, &fb}) {
+                    EXPECT_EQ(r->head_dim, head_dim) << at;
+                    EXPECT_EQ(r->q, dt) << at;
+                    EXPECT_EQ(r->kv, dt) << at;
+                    EXPECT_EQ(r->variants & v, v) << at;
+                    EXPECT_EQ(r->tile_rows, lp.tile_rows) << at;
+                  }
+                  EXPECT_EQ(kernel_of(row.family), lp.kernel) << at;
+                  EXPECT_EQ(kernel_of(fb.family), lp.fallback) << at;
+                  EXPECT_EQ(row.stages, lp.stages) << at;
+                  // the fallback is the row's by the catalog's rule with no run-time need met
+                  EXPECT_EQ(catalog::family_that_runs(row, catalog::kNeedsNothing, v), fb.family)
+                      << at;
+                  // the preferred variant instance: the plain one without a variant
+                  if (v == catalog::kPlain)
+                    EXPECT_EQ(row.variants & (catalog::kSoftCap | catalog::kWindow), 0) << at;
+                  // the tile: the smallest mma.sync tile holding the level's 4 · group rows
+                  int smallest = 0;
+                  for (const catalog::Row& r : catalog::kRows)
+                    if (r.family == catalog::Family::kCascadeMma && r.tile_rows >= 4 * group &&
+                        (smallest == 0 || r.tile_rows < smallest))
+                      smallest = r.tile_rows;
+                  if (smallest != 0) EXPECT_EQ(lp.tile_rows, smallest) << at;
+                  if (lp.kernel == Kernel::kWarpSpecialized) {
+                    // the K/V tile of the resolved variant: 128 keys by default, 64 for variant 3
+                    EXPECT_EQ(row.tile_keys,
+                              ws_variant == 3 ? catalog::kCascadeKvTile : catalog::kCascadeWsKvTile)
+                        << at;
+                    EXPECT_NE(row.needs & catalog::kNeedsPoolMap, 0) << at;
+                  } else {
+                    EXPECT_EQ(lp.fallback_id, lp.kernel_id) << at;
+                  }
+                  // the 16-row mma.sync tile's depth follows the split
+                  if (lp.kernel == Kernel::kMma && lp.tile_rows == 16)
+                    EXPECT_EQ(row.stages, plan::small_stages(lp.chunk)) << at;
+                  ++checked;
+                }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(PlanCascade, TheSplitIsSizedForThePreferredRowsCtasPerSm) {
+  // The split of a level counts the preferred row's resident CTAs per SM: a row built for more
+  // CTAs per SM fills a wave with more (segment, tile, split) blocks, so the same level takes
+  // fewer or equal splits of at least as many keys.
+  namespace catalog = attnstate::catalog;
+  catalog::Query q16;
+  q16.family = catalog::Family::kCascadeMma;
+  q16.tile_rows = 16;
+  catalog::Query q128 = q16;
+  q128.tile_rows = 128;
+  const catalog::Row* r16 = catalog::find(q16);
+  const catalog::Row* r128 = catalog::find(q128);
+  ASSERT_NE(r16, nullptr);
+  ASSERT_NE(r128, nullptr);
+  ASSERT_GT(r16->ctas_per_sm, 0);
+  ASSERT_GT(r128->ctas_per_sm, 0);
+  std::int64_t tiles[] = {1};
+  std::int32_t lens[] = {8192};
+  // (the split differs between one and two CTAs per SM at this level)
+  ASSERT_NE(plan::choose_chunk(tiles, lens, 1, 8192, 8, 1, 132, 16, 128, 64),
+            plan::choose_chunk(tiles, lens, 1, 8192, 8, 2, 132, 16, 128, 64));
+  ASSERT_NE(r16->ctas_per_sm, r128->ctas_per_sm);
+  for (const catalog::Row* r : {r16, r128}) {
+    CascadeTuning t;
+    t.tile_rows = r->tile_rows;
+    t.kernel = CascadeKernel::kMma;
+    // one segment of 8192 keys, one row tile per KV head, 8 KV heads on 132 SMs
+    const CascadeChoice c = plan_levels(shape(1, 8, 2, 16), {Level({1}, {8192}, 16)}, t,
+                                        plan::CascadeDeviceFacts{false, false});
+    EXPECT_EQ(c.level(0).chunk, plan::choose_chunk(tiles, lens, 1, 8192, 8, r->ctas_per_sm, 132,
+                                                   c.rows(), 128, r->tile_keys))
+        << r->tile_rows;
+  }
+}
+
 TEST(PlanCascade, ThePlanSaysWhereEachLevelRunsAndWhy) {
   FakeDecode d;
   d.max_splits = 2;

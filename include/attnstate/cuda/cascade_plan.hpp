@@ -105,10 +105,12 @@ enum class CascadeLastLevel : std::uint8_t {
 };
 
 /// What the plan chose for one level: a record a plan hands out read-only
-/// (`CascadeChoice::level`).
+/// (`CascadeChoice::level`). A level on a cascade level kernel runs the kernel of the catalog
+/// row `kernel_id` (docs/catalog.md); `kernel`, `fallback`, `tile_rows` and `stages` describe
+/// that row and its fallback's.
 struct CascadeLevelPlan {
   std::int64_t num_segments = 0;  ///< Segments (must match the run's level).
-  int tile_rows = 0;              ///< Query rows per CTA tile (a level row's: docs/catalog.md).
+  int tile_rows = 0;              ///< Query rows per CTA tile (the row's).
   int max_tiles = 0;              ///< Most row tiles of any segment.
   int chunk = 0;                  ///< KV tokens per split (a multiple of 64; a decode level:
                                   ///< the decode's split size, a multiple of 16).
@@ -120,14 +122,14 @@ struct CascadeLevelPlan {
   /// them.
   bool wgmma = false;
   bool decode = false;  ///< Runs on the split-KV decode (`CascadePlan::last_decode`).
-  /// The kernel `run_cascade` launches for this level.
+  /// The kernel `run_cascade` launches for this level (the family of row `kernel_id`).
   CascadeLevelKernel kernel = CascadeLevelKernel::kMma;
-  /// The kernel launched instead when the run's KV pool cannot be described as a tensor map:
-  /// the catalog row's fallback (`kWgmma` for `kWarpSpecialized`, else `kernel`); see
+  /// The kernel launched instead when the run's KV pool cannot be described as a tensor map
+  /// (the family of row `fallback_id`: `kWgmma` for `kWarpSpecialized`, else `kernel`); see
   /// `CascadePlan::tensor_maps`.
   CascadeLevelKernel fallback = CascadeLevelKernel::kMma;
-  /// `cp.async` stages of the 16-row tile (2, or 3 for splits of at least 512 keys); the 64-
-  /// and 128-row tiles and the warp-specialised kernel have fixed pipelines. 0 on a decode level.
+  /// Pipeline stages of the row (the 16-row `mma.sync` tile: 2, or 3 for splits of at least 512
+  /// keys; the other tiles have one depth each). 0 on a decode level.
   int stages = 0;
   /// `kWarpSpecialized`: its variant (`CascadeTuning::ws_variant` resolved, 1..4), else 0.
   int ws_variant = 0;
@@ -137,6 +139,13 @@ struct CascadeLevelPlan {
   /// `kWarpSpecialized`: keys per run box (consecutive whole pages of an NHD pool copied as one
   /// box; 64 for pages shorter than 64 keys), else 0.
   int tma_run = 0;
+  /// The catalog row (kernel id: an index into the catalog of the build that made the plan) of
+  /// the level kernel a run launches; -1 on a decode level (its own plan holds its kernel).
+  int kernel_id = -1;
+  /// The catalog row a run launches when it cannot meet a run-time need of row `kernel_id` (the
+  /// pool's tensor map): that row's fallback, by the catalog's fallback rule (`kernel_id` when
+  /// the row has no run-time need); -1 on a decode level.
+  int fallback_id = -1;
 };
 
 class CascadeChoice;
