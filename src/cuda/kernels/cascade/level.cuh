@@ -68,6 +68,32 @@ __device__ __forceinline__ void level_qk(float (&s)[BNW / 8][4],
   }
 }
 
+/// `level_qk` with the query fragments read from the row-swizzled query tile `s_q` (the warp's
+/// rows `rbase..`) at each 16 of head_dim instead of held in registers: at head dim 256 those
+/// would be 64 registers a thread.
+template <class T, int D, int BNW>
+__device__ __forceinline__ void level_qk_smem(float (&s)[BNW / 8][4], const T* s_q, int rbase,
+                                              const T* ks_tile, int key0, int lane) {
+  using Mma = arch::Mma16816<T>;
+  tile::zero_frags(s);
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    std::uint32_t qf[4];
+    arch::ldmatrix_x4(
+        qf, arch::smem_addr(s_q + tile::swz<D>(rbase + (lane & 15), ks * 2 + (lane >> 4))));
+#pragma unroll
+    for (int np = 0; np < BNW / 16; ++np) {
+      const int mi = lane >> 3;
+      const int key = key0 + np * 16 + (mi >> 1) * 8 + (lane & 7);
+      const int c = ks * 2 + (mi & 1);
+      std::uint32_t b[4];
+      arch::ldmatrix_x4(b, arch::smem_addr(ks_tile + tile::swz<D>(key, c)));
+      Mma::mma(s[2 * np], qf, b[0], b[1]);
+      Mma::mma(s[2 * np + 1], qf, b[2], b[3]);
+    }
+  }
+}
+
 /// O += P V of a warp's 16 rows: the probabilities `s` of its `BNW` keys `key0..` times the
 /// row-swizzled V tile `vs_tile` (`mma.sync`, the B fragments transposed by `ldmatrix`).
 template <class T, int D, int BNW>
@@ -176,8 +202,15 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   int limit[2];
   ld.causal_limits(wm * 16, lane, limit);
   const int kv_begin = lb.kv_begin, n_tiles = lb.n_tiles;
-  std::uint32_t qf[D / 16][4];
-  ld.q_frags(qf, s_q, wm * 16, lane);
+  // query fragments in registers up to head dim 128; past it read from shared memory per use
+  constexpr bool kQInRegs = D <= 128;
+  std::uint32_t qf[kQInRegs ? D / 16 : 1][4];
+  if constexpr (kQInRegs) {
+    ld.q_frags(qf, s_q, wm * 16, lane);
+  } else {
+    arch::cp_async_wait<kStages - 1>();  // the query tile (the first commit group) landed
+    __syncthreads();
+  }
 
   float acc[D / 8][4];
   tile::zero_frags(acc);
@@ -191,7 +224,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     const T* vs_tile = s_v + (kt % kStages) * BN * D;
 
     float s[BNW / 8][4];  // S = Q Kᵀ over this warp's BNW keys
-    detail::level_qk<T, D, BNW>(s, qf, ks_tile, wn * BNW, lane);
+    if constexpr (kQInRegs)
+      detail::level_qk<T, D, BNW>(s, qf, ks_tile, wn * BNW, lane);
+    else
+      detail::level_qk_smem<T, D, BNW>(s, s_q, wm * 16, ks_tile, wn * BNW, lane);
     // scale, mask, online softmax (rows g and g + 8)
     const int t0 = kv_begin + kt * BN + wn * BNW;
     if constexpr (kVar)
