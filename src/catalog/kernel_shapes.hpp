@@ -114,6 +114,10 @@ inline constexpr int kCascadeKvTile = 64;
 /// Keys per KV tile of the warp-specialised kernel's default variant (the 64-key variants use
 /// `kCascadeKvTile`).
 inline constexpr int kCascadeWsKvTile = 128;
+/// Warps of the mma.sync level tile of `rows` query rows that split each KV tile's keys: the
+/// 16-row tile's four warps share its rows (16 keys each); a taller tile gives each warp 16 rows
+/// of its own and every key.
+ATTNSTATE_HOST_DEVICE constexpr int cascade_mma_key_warps(int rows) { return rows <= 16 ? 4 : 1; }
 /// Warps of the cascade merge kernel's CTA (one row per warp).
 inline constexpr int kCascadeMergeWarps = 4;
 

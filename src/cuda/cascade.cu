@@ -10,6 +10,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/cuda/cascade.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "catalog/catalog.hpp"
 #include "common/cascade_validate.hpp"
 #include "common/compiled.hpp"
 #include "common/cuda_cascade_validate.hpp"
@@ -34,7 +35,6 @@ using ::attnstate::detail::check_cascade_inputs;
 using ::attnstate::detail::check_cascade_plan_out;
 using ::attnstate::detail::check_cascade_workspace;
 using ::attnstate::detail::throw_argument;
-using Kernel = CascadeLevelKernel;
 
 /// The caller named by the dispatch's errors (values the checks already accepted).
 constexpr const char* kCascadeFn = "attnstate::cuda::run_cascade";
@@ -208,24 +208,27 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.rows_total = plan.rows();
   p.slot_offset = lp.slot_offset;
   p.small_stages = lp.stages;
+  // the plan's catalog rows (ids of this build's catalog: the plan's fingerprint was checked)
+  if (lp.kernel_id < 0 || lp.kernel_id >= catalog::kNumRows || lp.fallback_id < 0 ||
+      lp.fallback_id >= catalog::kNumRows)
+    throw_argument(kCascadeFn, "plan", "level kernel ids of the catalog",
+                   "ids " + cascade_str(lp.kernel_id) + " and " + cascade_str(lp.fallback_id),
+                   Status::kInternal);
+  const catalog::Row& row = catalog::kRows[static_cast<std::size_t>(lp.kernel_id)];
   detail::CascadeLevelLaunch u;
-  u.dtype = s.dtype;
-  u.tile_rows = lp.tile_rows;
   u.grid = dim3(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
                 static_cast<unsigned>(s.heads_kv));
   u.pdl = overlap;
-  Kernel kernel = lp.kernel;
+  catalog::Needs met = catalog::kNeedsNothing;
   kernels::CascadeTmaMaps maps;
-  if (kernel == Kernel::kWarpSpecialized) {
-    u.ws_variant = static_cast<plan::CascadeWsVariant>(lp.ws_variant);
-    p.ws_pingpong = u.ws_variant == plan::CascadeWsVariant::kKv128Turns ||
-                            u.ws_variant == plan::CascadeWsVariant::kKv64Turns
-                        ? 1
-                        : 0;
+  if ((row.needs & catalog::kNeedsPoolMap) != 0) {
+    const auto v = static_cast<plan::CascadeWsVariant>(lp.ws_variant);
+    p.ws_pingpong =
+        v == plan::CascadeWsVariant::kKv128Turns || v == plan::CascadeWsVariant::kKv64Turns ? 1 : 0;
     // The pool's tensor maps: its layout and page stride are known only now, and the maps
     // embed its addresses. A pool they cannot describe (the row's run-time need unmet) runs the
-    // row's fallback, which the plan recorded by the catalog's fallback rule (the same kernel
-    // for every run of that pool).
+    // row's fallback by the catalog's rule, which the plan recorded (the same kernel for every
+    // run of that pool).
     const plan::CascadeTmaLayout layout =
         plan::describe_cascade_kv_maps(kv, lp.tma_box, lp.tma_run);
     if (detail::encode_cascade_kv_maps(kv, layout, &maps.k, &maps.v, &maps.k_run, &maps.v_run,
@@ -233,21 +236,22 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
       p.tma_box = layout.box;
       p.tma_coords = layout.coords;
       u.maps = &maps;
-    } else {
-      kernel = lp.fallback;
+      met = catalog::kNeedsPoolMap;
     }
   }
-  // the unit of the head dim and the kernel's family (cascade_units.hpp)
+  const int id = catalog::family_that_runs(row, met) == row.family ? lp.kernel_id : lp.fallback_id;
+  const catalog::Row& runs = catalog::kRows[static_cast<std::size_t>(id)];
+  // the unit of the row's head dim and family (cascade_units.hpp), then its launch table
   using catalog::Family;
-  compiled::dispatch(kCascadeFn, "shape.head_dim", s.head_dim, compiled::CascadeHeadDims{},
-                     [&](auto d) {
-                       constexpr int D = decltype(d)::value;
-                       if (kernel == Kernel::kWarpSpecialized)
-                         return detail::cascade_unit_launch<D, Family::kCascadeWs>(p, u, stream);
-                       if (kernel == Kernel::kWgmma)
-                         return detail::cascade_unit_launch<D, Family::kCascadeWgmma>(p, u, stream);
-                       detail::cascade_unit_launch<D, Family::kCascadeMma>(p, u, stream);
-                     });
+  compiled::dispatch(
+      kCascadeFn, "shape.head_dim", runs.head_dim, compiled::CascadeHeadDims{}, [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        if (runs.family == Family::kCascadeWs)
+          return detail::cascade_unit_launch<D, Family::kCascadeWs>(id, p, u, stream);
+        if (runs.family == Family::kCascadeWgmma)
+          return detail::cascade_unit_launch<D, Family::kCascadeWgmma>(id, p, u, stream);
+        detail::cascade_unit_launch<D, Family::kCascadeMma>(id, p, u, stream);
+      });
 }
 
 /// Launches the merge of every level's and split's state into `out`, the attention `sinks`

@@ -1,21 +1,22 @@
 /// @file cascade_unit.cuh
-/// @brief The definition behind `cascade_units.hpp`: one unit's level kernels, the instances the
-///        catalog (`catalog/catalog.hpp`) holds for its family and head dim, each mapped to its
-///        tile type, and the launch of the one a level asks for. Included only by the generated
-///        units (`cmake/cascade_unit.cu.in`), each of which instantiates one head dim × family
-///        with `ATTNSTATE_CASCADE_UNIT`.
+/// @brief The definition behind `cascade_units.hpp`: one unit's level kernels, the catalog's
+///        rows (`catalog/catalog.hpp`) of its family and head dim, each row mapped to its kernel's
+///        template instance by its fields, with their launches by kernel id. Included only by the
+///        generated units (`cmake/cascade_unit.cu.in`), each of which instantiates one head dim ×
+///        family with `ATTNSTATE_CASCADE_UNIT`.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "attnstate/core/error.hpp"
 #include "catalog/catalog.hpp"
-#include "common/compiled.hpp"
 #include "cuda/cascade_units.hpp"
 #include "cuda/kernels/cascade/launch.cuh"
 
@@ -28,120 +29,39 @@ constexpr const char* kFn = "attnstate::cuda::run_cascade";
 
 using catalog::Family;
 
-/// The catalog query of a level kernel of family `F` at head dim `D` for the dtype, tile (0: any
-/// `stages` or `keys`) and variants.
-template <Family F, int D>
-constexpr catalog::Query query(DType dtype, int rows, int stages, int keys,
-                               catalog::Variants variants) {
-  catalog::Query q;
-  q.family = F;
-  q.head_dim = D;
-  q.q = catalog::mask(dtype);
-  q.kv = catalog::mask(dtype);
-  q.tile_rows = rows;
-  q.stages = stages;
-  q.tile_keys = keys;
-  q.variants = variants;
-  return q;
+/// True when catalog row `I` is a level row of family `F` at head dim `D` (the unit's).
+template <int D, Family F, std::size_t I>
+constexpr bool in_unit() {
+  constexpr catalog::Row r = catalog::kRows[I];
+  return r.family == F && r.head_dim == D;
 }
 
-/// True when the catalog holds that kernel.
-template <Family F, int D>
-constexpr bool holds(DType dtype, int rows, int stages, int keys, catalog::Variants variants) {
-  return catalog::compiled(query<F, D>(dtype, rows, stages, keys, variants));
-}
-
-/// The storage type of a level kernel's dtype.
+/// The storage type of a row's dtype.
 template <DType T>
 using Storage = std::conditional_t<T == DType::kBF16, __nv_bfloat16, __half>;
 
-/// Throws `Status::kNotSupported` for a level the catalog holds no kernel of family `F` for.
-template <Family F, int D>
-[[noreturn]] void not_compiled(const CascadeLevelLaunch& l, catalog::Variants variants) {
-  attnstate::detail::throw_argument(
-      kFn, "plan.levels",
-      catalog::not_supported_message(query<F, D>(l.dtype, l.tile_rows, 0, 0, variants)),
-      std::string(catalog::to_string(F)) + " at head dim " + std::to_string(D) + ", " +
-          to_string(l.dtype) + ", " + std::to_string(l.tile_rows) + " rows, " +
-          catalog::variants_string(variants),
-      Status::kNotSupported);
+/// True when a row is the variant instance of its tile (it takes a soft cap or a window).
+constexpr bool variant_instance(const catalog::Row& r) {
+  return (r.variants & (catalog::kSoftCap | catalog::kWindow)) != 0;
 }
 
-/// The variants a level launch asks for (its soft cap and window).
-inline catalog::Variants variants_of(const kernels::CascadeLevelParams& p) {
-  return catalog::variants_of(p.window_left, p.soft_cap);
-}
-
-/// One mma.sync tile: its variant instance when `p` has a soft cap or a window.
-template <DType T, int D, class Tile>
-void launch_mma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
-                cudaStream_t stream) {
-  constexpr int kKeys = Tile::BN, kRows = Tile::BM, kStages = Tile::kStages;
-  constexpr catalog::Variants kVar = catalog::kSoftCap | catalog::kWindow;
-  if (const catalog::Variants v = variants_of(p); v != catalog::kPlain) {
-    if constexpr (holds<Family::kCascadeMma, D>(T, kRows, kStages, kKeys, kVar))
-      return kernels::launch_cascade_tile<Storage<T>, Tile, true>(p, l.grid, l.pdl, stream);
-    not_compiled<Family::kCascadeMma, D>(l, v);
-  }
-  if constexpr (holds<Family::kCascadeMma, D>(T, kRows, kStages, kKeys, catalog::kPlain))
-    return kernels::launch_cascade_tile<Storage<T>, Tile, false>(p, l.grid, l.pdl, stream);
-  not_compiled<Family::kCascadeMma, D>(l, catalog::kPlain);
-}
-
-/// The mma.sync tiles: 16 rows at the level's depth (3 or 2 stages), 64 and 128 rows.
-template <DType T, int D>
-void launch_mma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
-                cudaStream_t stream) {
-  using kernels::CascadeTile;
-  switch (l.tile_rows) {
-    case 16:
-      if (p.small_stages == 3) return launch_mma<T, D, CascadeTile<D, 1, 4, 3, 2>>(p, l, stream);
-      return launch_mma<T, D, CascadeTile<D, 1, 4, 2, 4>>(p, l, stream);
-    case 64:
-      return launch_mma<T, D, CascadeTile<D, 4, 1>>(p, l, stream);
-    case 128:
-      return launch_mma<T, D, CascadeTile<D, 8, 1>>(p, l, stream);
-    default:
-      not_compiled<Family::kCascadeMma, D>(l, catalog::kPlain);
-  }
-}
-
-/// One wgmma tile: its variant instance when `p` has a soft cap or a window.
-template <DType T, int D, int kWarpgroups>
-void launch_wgmma(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
-                  cudaStream_t stream) {
-  // (the tile type is named only where the catalog holds it: it asserts its head dims)
-  constexpr int kRows = 64 * kWarpgroups, kKeys = catalog::kCascadeKvTile;
-  constexpr catalog::Variants kVar = catalog::kSoftCap | catalog::kWindow;
-  using Tile = kernels::CascadeWgmmaTile<D, kWarpgroups>;
-  if (const catalog::Variants v = variants_of(p); v != catalog::kPlain) {
-    if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, kVar))
-      return kernels::launch_cascade_wgmma_tile<Storage<T>, Tile, true>(p, l.grid, l.pdl, stream);
-    not_compiled<Family::kCascadeWgmma, D>(l, v);
-  }
-  if constexpr (holds<Family::kCascadeWgmma, D>(T, kRows, 0, kKeys, catalog::kPlain))
-    return kernels::launch_cascade_wgmma_tile<Storage<T>, Tile, false>(p, l.grid, l.pdl, stream);
-  not_compiled<Family::kCascadeWgmma, D>(l, catalog::kPlain);
-}
-
-/// One warp-specialised tile of dtype `T` (its plain or variant instance, `kVar`).
-template <DType T, int D, bool kVar, class Tile>
-void launch_ws(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
-               cudaStream_t stream) {
-  constexpr catalog::Variants kAsked =
-      kVar ? catalog::kSoftCap | catalog::kWindow : catalog::kPlain;
-  if constexpr (holds<Family::kCascadeWs, D>(T, Tile::BM, Tile::kStages, Tile::BN, kAsked)) {
-    static_assert(Tile::D == D, "the warp-specialised tile's head dim");
-    static_assert(std::is_same_v<typename Tile::T, Storage<T>>, "the tile's operand type");
-    return kernels::launch_cascade_ws_tile<Tile>(p, *l.maps, l.grid, l.pdl, stream);
-  }
-  not_compiled<Family::kCascadeWs, D>(l, kAsked);
+/// The option flags of a warp-specialised row's tile: on 128-key tiles the fast exponent,
+/// precomputed descriptors, branch-free row statistics and the accumulator rescaled after the
+/// previous PV; on 64-key tiles the plain options; f16 operands and the variant instance as the
+/// row says.
+constexpr int ws_options(const catalog::Row& r) {
+  return (r.tile_keys == catalog::kCascadeWsKvTile
+              ? kernels::kWsFastExp | kernels::kWsDescPre | kernels::kWsFlatStats |
+                    kernels::kWsRescaleLate
+              : 0) |
+         (r.q == DType::kF16 ? kernels::kWsF16 : 0) |
+         (variant_instance(r) ? kernels::kWsVariant : 0);
 }
 
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
-// Probe builds only (-DATTNSTATE_BUILD_PROBES=ON, off by default): the 128-key tiles of 64 and
-// 128 rows with the option set picked at run time by the environment variable
-// ATTNSTATE_PROBE_CASCADE_WS_OPT (an id below; unset or another id: the default), for A/B runs.
+// Probe builds only (-DATTNSTATE_BUILD_PROBES=ON, off by default): the bf16 128-key tiles of 64
+// and 128 rows with the option set picked at run time by the environment variable
+// ATTNSTATE_PROBE_CASCADE_WS_OPT (an id below; unset or another id: the row's), for A/B runs.
 inline int probe_opt() {
   static const int v = [] {
     const char* e = std::getenv("ATTNSTATE_PROBE_CASCADE_WS_OPT");
@@ -150,7 +70,7 @@ inline int probe_opt() {
   return v;
 }
 
-template <int D>
+template <int NWG>
 bool launch_ws_probe(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                      cudaStream_t stream) {
   using kernels::CascadeWsTile;
@@ -160,11 +80,7 @@ bool launch_ws_probe(const kernels::CascadeLevelParams& p, const CascadeLevelLau
   switch (probe_opt()) {
 #define ATTNSTATE_WS_PROBE_CASE(id, stages, opt)                                             \
   case id:                                                                                   \
-    if (l.tile_rows == 64)                                                                   \
-      kernels::launch_cascade_ws_tile<CascadeWsTile<1, 128, stages, (opt)>>(p, maps, l.grid, \
-                                                                            l.pdl, stream);  \
-    else                                                                                     \
-      kernels::launch_cascade_ws_tile<CascadeWsTile<2, 128, stages, (opt)>>(p, maps, l.grid, \
+    kernels::launch_cascade_ws_tile<CascadeWsTile<NWG, 128, stages, (opt)>>(p, maps, l.grid, \
                                                                             l.pdl, stream);  \
     return true;
     ATTNSTATE_WS_PROBE_CASE(2, 3, kF | kL)
@@ -178,64 +94,79 @@ bool launch_ws_probe(const kernels::CascadeLevelParams& p, const CascadeLevelLau
 }
 #endif
 
-/// The warp-specialised tiles of dtype `T`: 64 or 128 rows; 128-key tiles (the default: the
-/// fast exponent, precomputed descriptors, branch-free row statistics, the accumulator rescaled
-/// after the previous PV) or 64-key tiles (4 stages, the plain options); the variant instance
-/// when `p` has a soft cap or a window.
-template <DType T, int D, bool kVar>
-void launch_ws(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
-               cudaStream_t stream) {
-  using kernels::CascadeWsTile;
-  using plan::CascadeWsVariant;
-  const bool kv64 =
-      l.ws_variant == CascadeWsVariant::kKv64 || l.ws_variant == CascadeWsVariant::kKv64Turns;
-  constexpr int kX = (T == DType::kF16 ? kernels::kWsF16 : 0) | (kVar ? kernels::kWsVariant : 0);
-  constexpr int kDefault = kernels::kWsFastExp | kernels::kWsDescPre | kernels::kWsFlatStats |
-                           kernels::kWsRescaleLate | kX;
+/// Launches row `I`'s kernel when `id` is `I` and the row is the unit's (else false): its
+/// template instance from the row's fields (dtype, tile rows, K/V tile, stages, CTAs per SM,
+/// variant instance).
+template <int D, Family F, std::size_t I>
+bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
+                cudaStream_t stream) {
+  if constexpr (in_unit<D, F, I>()) {
+    if (id != static_cast<int>(I)) return false;
+    constexpr catalog::Row r = catalog::kRows[I];
+    using T = Storage<r.q>;
+    constexpr bool kVar = variant_instance(r);
+    if constexpr (F == Family::kCascadeMma) {
+      // warps of 16 rows, the 16-row tile's keys split over four; the registers fit the row's
+      // CTAs per SM
+      using Tile =
+          kernels::CascadeTile<D, r.tile_rows / 16, catalog::cascade_mma_key_warps(r.tile_rows),
+                               r.stages, r.ctas_per_sm>;
+      static_assert(Tile::BM == r.tile_rows && Tile::BN == r.tile_keys, "the row's tile");
+      kernels::launch_cascade_tile<T, Tile, kVar>(p, l.grid, l.pdl, stream);
+    } else if constexpr (F == Family::kCascadeWgmma) {
+      using Tile = kernels::CascadeWgmmaTile<D, r.tile_rows / 64>;
+      static_assert(Tile::BM == r.tile_rows && Tile::BN == r.tile_keys && Tile::kStages == r.stages,
+                    "the row's tile");
+      static_assert(Tile::kMaxRegs * Tile::kThreads * r.ctas_per_sm <= 65536,
+                    "the registers of the row's CTAs per SM");
+      kernels::launch_cascade_wgmma_tile<T, Tile, kVar>(p, l.grid, l.pdl, stream);
+    } else {
+      static_assert(F == Family::kCascadeWs, "a cascade level family");
+      using Tile = kernels::CascadeWsTile<r.tile_rows / 64, r.tile_keys, r.stages, ws_options(r)>;
+      static_assert(Tile::D == D && Tile::BM == r.tile_rows, "the row's tile");
+      static_assert(std::is_same_v<typename Tile::T, T>, "the tile's operand type");
+      static_assert(r.ctas_per_sm == 1, "one CTA per SM (its launch bounds)");
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
-  if constexpr (T == DType::kBF16 && !kVar &&
-                holds<Family::kCascadeWs, D>(DType::kBF16, 0, 0, 0, catalog::kPlain))
-    if (!kv64 && launch_ws_probe<D>(p, l, stream)) return;
+      if constexpr (r.q == DType::kBF16 && !kVar && r.tile_keys == catalog::kCascadeWsKvTile)
+        if (launch_ws_probe<Tile::NWG>(p, l, stream)) return true;
 #endif
-  if (l.tile_rows == 64) {
-    if (kv64) return launch_ws<T, D, kVar, CascadeWsTile<1, 64, 4, kX>>(p, l, stream);
-    return launch_ws<T, D, kVar, CascadeWsTile<1, 128, 3, kDefault>>(p, l, stream);
+      kernels::launch_cascade_ws_tile<Tile>(p, *l.maps, l.grid, l.pdl, stream);
+    }
+    return true;
+  } else {
+    return false;
   }
-  if (l.tile_rows == 128) {
-    if (kv64) return launch_ws<T, D, kVar, CascadeWsTile<2, 64, 4, kX>>(p, l, stream);
-    return launch_ws<T, D, kVar, CascadeWsTile<2, 128, 3, kDefault>>(p, l, stream);
-  }
-  not_compiled<Family::kCascadeWs, D>(
-      l, kVar ? catalog::kSoftCap | catalog::kWindow : catalog::kPlain);
+}
+
+/// Throws for a kernel id that is not the unit's (`cascade.cu` sends every id to its own unit).
+[[noreturn]] inline void not_in_unit(int id, Family f, int head_dim) {
+  attnstate::detail::throw_argument(
+      kFn, "kernel id",
+      std::string("a ") + catalog::to_string(f) + " row at head dim " + std::to_string(head_dim),
+      std::to_string(id), Status::kInternal);
+}
+
+template <int D, Family F, std::size_t... I>
+void launch_id(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
+               cudaStream_t stream, std::index_sequence<I...>) {
+  if (!(launch_row<D, F, I>(id, p, l, stream) || ...)) not_in_unit(id, F, D);
 }
 
 }  // namespace cascade_unit
 
 template <int D, catalog::Family F>
-void cascade_unit_launch(const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
+void cascade_unit_launch(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                          cudaStream_t stream) {
-  using namespace cascade_unit;
-  static_assert(F == Family::kCascadeMma || F == Family::kCascadeWgmma || F == Family::kCascadeWs,
+  static_assert(F == catalog::Family::kCascadeMma || F == catalog::Family::kCascadeWgmma ||
+                    F == catalog::Family::kCascadeWs,
                 "a cascade level family");
-  compiled::dispatch(kFn, "plan.shape.dtype", l.dtype, compiled::CascadeDTypes{}, [&](auto t) {
-    constexpr DType T = decltype(t)::value;
-    if constexpr (F == Family::kCascadeWs) {
-      if (variants_of(p) != catalog::kPlain) return launch_ws<T, D, true>(p, l, stream);
-      launch_ws<T, D, false>(p, l, stream);
-    } else if constexpr (F == Family::kCascadeMma) {
-      launch_mma<T, D>(p, l, stream);
-    } else {
-      if (l.tile_rows == 64) return launch_wgmma<T, D, 1>(p, l, stream);
-      if (l.tile_rows == 128) return launch_wgmma<T, D, 2>(p, l, stream);
-      not_compiled<F, D>(l, catalog::kPlain);
-    }
-  });
+  cascade_unit::launch_id<D, F>(id, p, l, stream, std::make_index_sequence<catalog::kNumRows>{});
 }
 
 /// The explicit instantiation of one unit (head dim `D`, catalog family `F`).
 #define ATTNSTATE_CASCADE_UNIT(D, F)                        \
   template void cascade_unit_launch<D, catalog::Family::F>( \
-      const kernels::CascadeLevelParams&, const CascadeLevelLaunch&, cudaStream_t);
+      int, const kernels::CascadeLevelParams&, const CascadeLevelLaunch&, cudaStream_t);
 
 }  // namespace detail
 }  // namespace cuda
