@@ -123,8 +123,9 @@ std::string not_supported_message(const Query& q) {
 
 std::string markdown_table() {
   std::string t =
-      "| family | head dim | q | K/V | out | variants | stages | tile (rows × keys) | needs | "
-      "fallback |\n|---|---|---|---|---|---|---|---|---|---|\n";
+      "| family | head dim | q | K/V | out | variants | stages | tile (rows × keys) | CTAs per SM "
+      "| "
+      "needs | fallback |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : kRows) {
     std::string out;
     for (int d = 0; d < 5; ++d)
@@ -134,7 +135,8 @@ std::string markdown_table() {
          attnstate::to_string(r.q) + " | " + attnstate::to_string(r.kv) + " | " + out + " | " +
          variants_string(r.variants) + " | " + (r.stages > 0 ? std::to_string(r.stages) : "-") +
          " | " + std::to_string(r.tile_rows) + " × " +
-         (r.tile_keys > 0 ? std::to_string(r.tile_keys) : "-") + " | " + needs_string(r.needs) +
+         (r.tile_keys > 0 ? std::to_string(r.tile_keys) : "-") + " | " +
+         (r.ctas_per_sm > 0 ? std::to_string(r.ctas_per_sm) : "-") + " | " + needs_string(r.needs) +
          " | " + (r.fallback == r.family ? std::string("-") : to_string(r.fallback)) + " |\n";
   }
   return t;

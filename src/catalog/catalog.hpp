@@ -1,7 +1,7 @@
 /// @file catalog/catalog.hpp
 /// @brief The catalog of compiled attention kernels: one row per kernel instance (family, head
-///        dim, dtypes, the variants it takes, pipeline depth, tile, run-time needs, fallback),
-///        expanded at compile time from a few groups over the build's head dims
+///        dim, dtypes, the variants it takes, pipeline depth, tile, CTAs per SM, run-time needs,
+///        fallback), expanded at compile time from a few groups over the build's head dims
 ///        (`common/compiled.hpp`, `ATTNSTATE_CUDA_HEAD_DIMS`). Plain C++ (no CUDA header).
 ///
 /// The planners and the checks ask it what is compiled (`find`, `compiled`) and name what it
