@@ -1,9 +1,9 @@
 /// @file cudart_stub.cpp
 /// @brief A host-only stand-in for the CUDA runtime, linked instead of cudart into
-///        `fi_cascade_dryrun` (CMake option FI_DRYRUN), for a dry run of fi_cascade on a machine
-///        without a GPU. Adapted from the stub of the FlashInfer decode harness
-///        (shared/peers/flashinfer/cudart_stub.cpp), with the driver entry point the FA3 kernels'
-///        TMA descriptors need (CUTLASS fetches cuTensorMapEncodeTiled through
+///        `fi_cascade_dryrun` and `fi_decode_dryrun` (CMake option FI_DRYRUN), for a dry run of
+///        the harnesses on a machine without a GPU. Adapted from the stub of the FlashInfer decode
+///        harness (shared/peers/flashinfer/cudart_stub.cpp), with the driver entry point the FA3
+///        kernels' TMA descriptors need (CUTLASS fetches cuTensorMapEncodeTiled through
 ///        cudaGetDriverEntryPoint[ByVersion]; here it fills nothing and succeeds).
 ///
 /// "Device" memory is host memory (mmap, untouched pages stay unbacked), copies and memsets are
@@ -11,10 +11,12 @@
 /// timing scaffolding issues and which are skipped), kernels are not run (a launch only counts),
 /// events report 1 µs. Device attributes are an H200's (132 SMs, sm_90, 227 KiB opt-in shared
 /// memory per block, 228 KiB per SM, 60 MiB L2). A dry run therefore shows the host side: the
-/// shapes, the plans FlashInfer's PrefillSM90Plan makes for 132 SMs, the control flow and the
-/// cost of the host reference. Outputs stay NaN-poisoned, so every check of a dry run FAILs.
-/// FIB_STUB_TRACE=1 prints every launch (kernel name, grid, block, shared memory);
-/// FIB_STUB_FILL=1 fills allocations of up to 2 GiB with random finite 16-bit values.
+/// shapes, the plans FlashInfer makes for 132 SMs (PrefillSM90Plan, PrefillPlan; DecodePlan also
+/// asks cudaOccupancyMaxActiveBlocksPerMultiprocessor, answered with FIB_STUB_BLOCKS_PER_SM,
+/// default 9), the control flow and the cost of the host reference. Outputs stay NaN-poisoned, so
+/// every check of a dry run FAILs. FIB_STUB_TRACE=1 prints every launch (kernel name, grid, block,
+/// shared memory); FIB_STUB_FILL=1 fills allocations of up to 2 GiB with random finite 16-bit
+/// values.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Unpacks what fi_cascade needs (~46 MB) from the FlashInfer 0.7.2.post1 wheel:
+# Unpacks what fi_cascade and fi_decode need (~46 MB) from the FlashInfer 0.7.2.post1 wheel:
 #   bash bench/peers/flashinfer/unpack-wheel.sh WHEEL [DEST]
 # WHEEL: flashinfer_python-0.7.2.post1-py3-none-any.whl (README.md gives the pip download
 # command); its sha256 is checked. DEST defaults to .peers/fi-0.7.2 at the repository root, where
@@ -27,7 +27,14 @@ unzip -q -o "$WHL" -d "$DEST" \
   'flashinfer/data/csrc/batch_prefill_sm90_customize_config.jinja' \
   'flashinfer/data/csrc/batch_prefill_paged_sm90_kernel_inst.jinja' \
   'flashinfer/data/csrc/cascade.cu' \
-  'flashinfer/cascade.py' 'flashinfer/prefill.py' 'flashinfer/utils.py' \
+  'flashinfer/data/csrc/batch_decode.cu' \
+  'flashinfer/data/csrc/batch_decode_customize_config.jinja' \
+  'flashinfer/data/csrc/batch_decode_kernel_inst.jinja' \
+  'flashinfer/data/csrc/batch_prefill.cu' \
+  'flashinfer/data/csrc/batch_prefill_paged.cuh' \
+  'flashinfer/data/csrc/batch_prefill_paged_kernel_inst.jinja' \
+  'flashinfer/data/csrc/batch_prefill_customize_config.jinja' \
+  'flashinfer/cascade.py' 'flashinfer/prefill.py' 'flashinfer/decode.py' 'flashinfer/utils.py' \
   'flashinfer/jit/core.py' 'flashinfer/jit/cpp_ext.py' 'flashinfer/jit/env.py' \
   'flashinfer/jit/attention/modules.py' 'flashinfer/jit/attention/utils.py' \
   'flashinfer/_build_meta.py' 'flashinfer/version.py' \
