@@ -66,34 +66,27 @@
 #include <vector>
 
 #include "fi_cascade.hpp"
+#include "fi_harness.cuh"
 
 namespace {
 
 using i64 = std::int64_t;
 using fic::DType;
+using fih::DevBuf;
+using fih::fill_randn;
+using fih::fmt;
+using fih::int_arg;
+using fih::lut;
+using fih::median;
+using fih::num;
+using fih::splitmix64;
+using fih::upload;
+using fih::worse;
 constexpr double kTolO = 2e-2;                    // max |o − o_ref|
 constexpr double kTolLse = 5e-3;                  // max |lse − lse_ref|, natural log
 constexpr double kLn2 = 0.693147180559945309417;  // FlashInfer's LSE is log2-based
 constexpr double kTensorFlops = 790e12;           // bench_cascade's dense bf16 wgmma throughput
 constexpr int kMaxChecked = 16;                   // requests checked against the CPU
-
-#define FIC_CUDA(call)                                                                            \
-  do {                                                                                            \
-    const cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess)                                                                        \
-      throw std::runtime_error(std::string(#call) + " failed: " + cudaGetErrorString(e_) + " (" + \
-                               __FILE__ + ":" + std::to_string(__LINE__) + ")");                  \
-  } while (0)
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char b[2048];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(b, sizeof b, f, ap);
-  va_end(ap);
-  return b;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Configuration and shapes
@@ -226,26 +219,6 @@ std::vector<int> checked_requests(int B) {
 // ---------------------------------------------------------------------------------------------
 // Host fp64 reference of the concatenated attention
 
-/// float value of every 16-bit pattern of the dtype
-const std::vector<float>& lut(DType dt) {
-  static std::vector<float> bf, hf;
-  std::vector<float>& t = dt == DType::kBF16 ? bf : hf;
-  if (t.empty()) {
-    t.resize(65536);
-    for (std::uint32_t u = 0; u < 65536; ++u) {
-      if (dt == DType::kBF16) {
-        const std::uint32_t bits = u << 16;
-        std::memcpy(&t[u], &bits, 4);
-      } else {
-        __half_raw r;
-        r.x = static_cast<std::uint16_t>(u);
-        t[u] = __half2float(__half(r));
-      }
-    }
-  }
-  return t;
-}
-
 /// The host copy of what the reference reads: the prefix pages, the checked requests' suffix
 /// pages (each request's in its page order) and every query.
 struct HostKV {
@@ -334,9 +307,6 @@ Reference reference(const Shape& s, const Config& c, const HostKV& h, double sca
   return r;
 }
 
-/// A NaN-propagating maximum (a NaN difference makes the check fail).
-double worse(double worst, double e) { return std::isnan(e) ? INFINITY : std::max(worst, e); }
-
 struct Output {
   std::vector<std::uint16_t> o;  // (B, hq, d)
   std::vector<float> lse;        // (B, hq), log2
@@ -368,130 +338,6 @@ Errors against_reference(const Config& c, const HostKV& h, const Output& g, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Device helpers
-
-struct DevBuf {
-  void* p = nullptr;
-  std::size_t bytes = 0;
-  explicit DevBuf(std::size_t n) : bytes(n) {
-    if (n > 0) FIC_CUDA(cudaMalloc(&p, n));
-  }
-  ~DevBuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <class T>
-std::unique_ptr<DevBuf> upload(const std::vector<T>& h) {
-  auto d = std::make_unique<DevBuf>(std::max<std::size_t>(1, h.size()) * sizeof(T));
-  if (!h.empty())
-    FIC_CUDA(cudaMemcpy(d->p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-__device__ std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/// p[i] = 0.5 · N(0, 1), Box–Muller on a counter hash of (seed, i), rounded to bf16 or f16.
-template <bool kBF16>
-__global__ void randn_kernel(std::uint16_t* p, std::size_t n, std::uint64_t seed) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
-    const std::uint64_t hsh = mix64((seed << 40) + i + 0x9E3779B97F4A7C15ull * (seed + 1));
-    const float u1 = (static_cast<float>(hsh >> 40) + 0.5f) * 0x1p-24f;  // (0, 1)
-    const float u2 = static_cast<float>(hsh & 0xFFFFFFu) * 0x1p-24f;     // [0, 1)
-    const float x = 0.5f * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
-    p[i] =
-        kBF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
-  }
-}
-
-void fill_randn(void* p, std::size_t n, DType dt, std::uint64_t seed, int sms, cudaStream_t s) {
-  auto* q = static_cast<std::uint16_t*>(p);
-  if (dt == DType::kBF16)
-    randn_kernel<true><<<sms * 8, 512, 0, s>>>(q, n, seed);
-  else
-    randn_kernel<false><<<sms * 8, 512, 0, s>>>(q, n, seed);
-  FIC_CUDA(cudaGetLastError());
-}
-
-/// Reads `n` int4 through the L2, leaving it holding clean lines of this buffer.
-__global__ void read_buffer(const int4* p, std::size_t n, int* sink) {
-  int acc = 0;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
-    const int4 v = __ldcg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x2F6B1D37) *sink = acc;  // keeps the loads
-}
-
-double median(const std::vector<double>& sorted) {
-  const std::size_t n = sorted.size();
-  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-}
-
-/// Event timing, optionally with an L2 flush before every call.
-struct Timer {
-  cudaStream_t stream = nullptr;
-  int sms = 1;
-  std::size_t flush_bytes = std::size_t{512} << 20;
-  std::unique_ptr<DevBuf> buf, sink;
-
-  void init(cudaStream_t s, int num_sms) {
-    stream = s;
-    sms = num_sms;
-    buf = std::make_unique<DevBuf>(flush_bytes);
-    sink = std::make_unique<DevBuf>(sizeof(int));
-    FIC_CUDA(cudaMemset(buf->p, 1, flush_bytes));
-  }
-  void flush() {
-    read_buffer<<<sms * 4, 512, 0, stream>>>(buf->as<const int4>(), flush_bytes / sizeof(int4),
-                                             sink->as<int>());
-    FIC_CUDA(cudaGetLastError());
-  }
-  /// Sorted µs of each of `reps` calls of `f`, after `warmup` untimed calls. The calls are queued
-  /// back to back and synchronised once; the flush before each call keeps the GPU busy while the
-  /// host queues that call, so no launch gap is timed.
-  template <class F>
-  std::vector<double> time(int reps, int warmup, bool flush_each, F&& f) {
-    std::vector<cudaEvent_t> ev(2 * static_cast<std::size_t>(reps));
-    for (cudaEvent_t& e : ev) FIC_CUDA(cudaEventCreate(&e));
-    for (int i = 0; i < warmup; ++i) {
-      if (flush_each) flush();
-      f();
-    }
-    for (int i = 0; i < reps; ++i) {
-      if (flush_each) flush();
-      FIC_CUDA(cudaEventRecord(ev[2 * i], stream));
-      f();
-      FIC_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
-    }
-    FIC_CUDA(cudaEventSynchronize(ev.back()));
-    std::vector<double> us(reps);
-    for (int i = 0; i < reps; ++i) {
-      float ms = 0;
-      FIC_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-      us[i] = 1000.0 * ms;
-    }
-    for (cudaEvent_t e : ev) cudaEventDestroy(e);
-    std::sort(us.begin(), us.end());
-    return us;
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
 // Rows
 
 struct Row {
@@ -500,13 +346,6 @@ struct Row {
   std::string check = "ERROR";
   std::string note;
 };
-
-std::string num(double x, const char* f) {
-  if (std::isnan(x)) return "";
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
-}
 
 std::string csv_line(const Shape& s, const Config& c, const Row& r) {
   std::string note = r.note;
@@ -523,7 +362,7 @@ struct Context {
   int sms = 1;
   double copy_bw = 0;  // bytes read + written per second
   cudaStream_t stream = nullptr;
-  Timer timer;
+  fih::Timer timer;
 };
 
 const fic::LevelEntry* find_level(const Config& c) {
@@ -603,7 +442,7 @@ Row run_shape(const Shape& s, Context& cx) {
        d_last0 = upload(t.last0);
   auto d_qo1 = upload(t.qo1), d_kvp1 = upload(t.kvp1), d_idx1 = upload(t.idx1),
        d_last1 = upload(t.last1);
-  FIC_CUDA(cudaStreamSynchronize(st));
+  FIH_CUDA(cudaStreamSynchronize(st));
 
   auto level = [&](int l) {
     fic::LevelProblem p;
@@ -662,34 +501,34 @@ Row run_shape(const Shape& s, Context& cx) {
     Output out;
     out.o.resize(q_elems);
     out.lse.resize(lse_elems);
-    FIC_CUDA(cudaMemcpy(out.o.data(), o1.p, q_elems * 2, cudaMemcpyDeviceToHost));
-    FIC_CUDA(cudaMemcpy(out.lse.data(), lse1.p, lse_elems * 4, cudaMemcpyDeviceToHost));
+    FIH_CUDA(cudaMemcpy(out.o.data(), o1.p, q_elems * 2, cudaMemcpyDeviceToHost));
+    FIH_CUDA(cudaMemcpy(out.lse.data(), lse1.p, lse_elems * 4, cudaMemcpyDeviceToHost));
     return out;
   };
 
   // 1. one call into poisoned outputs, checked
-  for (DevBuf* b : {&o1, &o0, &lse1, &lse0}) FIC_CUDA(cudaMemsetAsync(b->p, 0xFF, b->bytes, st));
+  for (DevBuf* b : {&o1, &o0, &lse1, &lse0}) FIH_CUDA(cudaMemsetAsync(b->p, 0xFF, b->bytes, st));
   cascade();
-  FIC_CUDA(cudaStreamSynchronize(st));
-  FIC_CUDA(cudaGetLastError());
+  FIH_CUDA(cudaStreamSynchronize(st));
+  FIH_CUDA(cudaGetLastError());
   const Output first = fetch();
   HostKV h;
   h.reqs = checked_requests(B);
   h.q.resize(q_elems);
-  FIC_CUDA(cudaMemcpy(h.q.data(), q.p, q_elems * 2, cudaMemcpyDeviceToHost));
+  FIH_CUDA(cudaMemcpy(h.q.data(), q.p, q_elems * 2, cudaMemcpyDeviceToHost));
   h.pk.resize(t.pp * page_elems);
   h.pv.resize(t.pp * page_elems);
-  FIC_CUDA(cudaMemcpy(h.pk.data(), k.p, h.pk.size() * 2, cudaMemcpyDeviceToHost));  // ids 0..pp-1
-  FIC_CUDA(cudaMemcpy(h.pv.data(), v.p, h.pv.size() * 2, cudaMemcpyDeviceToHost));
+  FIH_CUDA(cudaMemcpy(h.pk.data(), k.p, h.pk.size() * 2, cudaMemcpyDeviceToHost));  // ids 0..pp-1
+  FIH_CUDA(cudaMemcpy(h.pv.data(), v.p, h.pv.size() * 2, cudaMemcpyDeviceToHost));
   for (int b : h.reqs) {
     h.sk.emplace_back(t.sp * page_elems);
     h.sv.emplace_back(t.sp * page_elems);
     for (int j = 0; j < t.sp; ++j) {
       const std::size_t src =
           static_cast<std::size_t>(t.idx1[static_cast<std::size_t>(b) * t.sp + j]) * page_elems * 2;
-      FIC_CUDA(cudaMemcpy(h.sk.back().data() + j * page_elems, static_cast<char*>(k.p) + src,
+      FIH_CUDA(cudaMemcpy(h.sk.back().data() + j * page_elems, static_cast<char*>(k.p) + src,
                           page_elems * 2, cudaMemcpyDeviceToHost));
-      FIC_CUDA(cudaMemcpy(h.sv.back().data() + j * page_elems, static_cast<char*>(v.p) + src,
+      FIH_CUDA(cudaMemcpy(h.sv.back().data() + j * page_elems, static_cast<char*>(v.p) + src,
                           page_elems * 2, cudaMemcpyDeviceToHost));
     }
   }
@@ -739,13 +578,6 @@ Row run_shape(const Shape& s, Context& cx) {
 
 // ---------------------------------------------------------------------------------------------
 // --selftest: the reference against a brute force over dense keys, and the level-merge identity
-
-std::uint64_t splitmix64(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 /// Small cascades with dense random keys: (a) `reference` (paged, per level tables) against a
 /// brute force over the dense concatenated keys, with and without soft cap and window, pages of
@@ -924,16 +756,6 @@ const char* const kUsage =
     "  default shapes: the ANCHORS.md cascade table, then bench_cascade's grid {4k,32k} x "
     "{64,256,1024} x {16,64,256}\n";
 
-/// A whole-string integer in [lo, hi]; throws std::invalid_argument naming the option.
-long long int_arg(const char* opt, const char* text, long long lo, long long hi) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || v < lo || v > hi)
-    throw std::invalid_argument(
-        fmt("%s: expected an integer in [%lld, %lld], got '%s'", opt, lo, hi, text));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1034,20 +856,20 @@ int main(int argc, char** argv) {
   put("path,id,P,S,B,hq,hkv,d,dtype,median_us,min_us,floor_us,ratio_to_floor,check,note");
   try {
     int dev = 0, driver = 0, runtime = 0;
-    FIC_CUDA(cudaGetDevice(&dev));
+    FIH_CUDA(cudaGetDevice(&dev));
     cudaDeviceProp prop;
-    FIC_CUDA(cudaGetDeviceProperties(&prop, dev));
-    FIC_CUDA(cudaDeviceGetAttribute(&cx.sms, cudaDevAttrMultiProcessorCount, dev));
-    FIC_CUDA(cudaDriverGetVersion(&driver));
-    FIC_CUDA(cudaRuntimeGetVersion(&runtime));
-    FIC_CUDA(cudaStreamCreate(&cx.stream));  // blocking: ordered with cudaMemcpy
+    FIH_CUDA(cudaGetDeviceProperties(&prop, dev));
+    FIH_CUDA(cudaDeviceGetAttribute(&cx.sms, cudaDevAttrMultiProcessorCount, dev));
+    FIH_CUDA(cudaDriverGetVersion(&driver));
+    FIH_CUDA(cudaRuntimeGetVersion(&runtime));
+    FIH_CUDA(cudaStreamCreate(&cx.stream));  // blocking: ordered with cudaMemcpy
     cx.timer.init(cx.stream, cx.sms);
     // device-to-device copy of 2 GiB, bytes read + written over the median of 10 (bench_cascade)
     const std::size_t bytes = std::size_t{2} << 30;
     DevBuf a(bytes), b(bytes);
-    FIC_CUDA(cudaMemset(a.p, 1, bytes));
+    FIH_CUDA(cudaMemset(a.p, 1, bytes));
     const std::vector<double> us = cx.timer.time(10, 1, true, [&] {
-      FIC_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, cx.stream));
+      FIH_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, cx.stream));
     });
     cx.copy_bw = 2.0 * static_cast<double>(bytes) / (median(us) * 1e-6);
     const std::string dev_note =

@@ -103,90 +103,6 @@ std::string count_text(i64 n) {
   return n % 1024 == 0 ? std::to_string(n / 1024) + "k" : std::to_string(n);
 }
 
-/// A bench_decode point: H_q/8 heads, head dim 128, bf16, NHD pages of 16, `batch` requests of
-/// `ctx` tokens; id `u<H_q>-<B>x<ctx>` (what plot_decode.py draws).
-Shape uniform_shape(int hq, int batch, int ctx) {
-  return Shape{"u" + std::to_string(hq) + "-" + std::to_string(batch) + "x" + count_text(ctx),
-               hq,
-               8,
-               128,
-               16,
-               std::vector<std::int32_t>(batch, ctx)};
-}
-
-/// bench_decode's default sweep, or with `quick` its --quick sweep, in its order.
-std::vector<Shape> uniform_shapes(bool quick) {
-  const std::vector<int> batches =
-      quick ? std::vector<int>{1, 16, 64} : std::vector<int>{1, 4, 16, 64};
-  const std::vector<int> ctxs_k =
-      quick ? std::vector<int>{1, 32, 128} : std::vector<int>{1, 8, 32, 128};
-  std::vector<Shape> v;
-  for (int hq : {32, 64})
-    for (int batch : batches)
-      for (int ctx_k : ctxs_k) v.push_back(uniform_shape(hq, batch, ctx_k * 1024));
-  return v;
-}
-
-/// bench_decode's `--points hq:batch:ctx[,...]` (ctx in tokens or with a k suffix); throws
-/// std::invalid_argument naming the bad item.
-std::vector<Shape> parse_uniform_points(const std::string& arg) {
-  std::vector<Shape> out;
-  std::size_t at = 0;
-  while (at <= arg.size()) {
-    const std::size_t end = std::min(arg.find(',', at), arg.size());
-    const std::string item = arg.substr(at, end - at);
-    at = end + 1;
-    if (item.empty()) continue;
-    int hq = 0, batch = 0, ctx = 0, used = 0;
-    char unit = 0;
-    const int n = std::sscanf(item.c_str(), "%d:%d:%d%n%c", &hq, &batch, &ctx, &used, &unit);
-    const bool k =
-        n == 4 && (unit == 'k' || unit == 'K') && used + 1 == static_cast<int>(item.size());
-    if (n < 3 || (!k && used != static_cast<int>(item.size())))
-      throw std::invalid_argument("--uniform-points: '" + item +
-                                  "' is not hq:batch:ctx (ctx in tokens, or with a k suffix)");
-    if (k) ctx *= 1024;
-    if (hq < 8 || hq % 8 != 0 || hq > 256 || batch < 1 || batch > 65536 || ctx < 1 ||
-        ctx > (1 << 24))
-      throw std::invalid_argument("--uniform-points: '" + item +
-                                  "' needs hq a multiple of 8 in [8, 256] (8 KV heads), 1 <= batch "
-                                  "<= 65536 and 1 <= ctx <= 16777216");
-    out.push_back(uniform_shape(hq, batch, ctx));
-  }
-  if (out.empty()) throw std::invalid_argument("--uniform-points '" + arg + "' holds no point");
-  return out;
-}
-
-/// bench_decode_serving's `pages` and `shapes` sections (32/8 heads, head dim 128, pages of 16
-/// unless the section varies them), with its lengths and order; `quick` drops what its --quick
-/// drops. Its `ragged` section comes from the spec file its --fi-spec writes (--points-file).
-std::vector<Shape> serving_shapes(const std::string& sections, bool quick) {
-  std::vector<Shape> v;
-  for (const std::string& sec : {std::string("pages"), std::string("shapes")}) {
-    if (sections.find(sec) == std::string::npos) continue;
-    if (sec == "pages") {
-      for (int batch : {4, 16})
-        for (int page : {16, 1, 2, 4, 8, 32, 64, 128, 3, 5}) {
-          if (quick && page != 16 && page != 1 && page != 8) continue;
-          v.push_back(Shape{fmt("pages-%dx32k-p%d", batch, page), 32, 8, 128, page,
-                            std::vector<std::int32_t>(batch, 32768)});
-        }
-    } else {
-      const int shs[][2] = {{64, 4},  {256, 4}, {128, 1}, {128, 2},
-                            {128, 5}, {128, 7}, {128, 8}, {128, 16}};  // head dim, group
-      for (const auto& sh : shs)
-        for (int batch : {1, 16})
-          for (int ctx : {8192, 131072}) {
-            if (quick && ctx == 131072 && batch == 16) continue;
-            v.push_back(
-                Shape{fmt("shapes-d%d-g%d-%dx%s", sh[0], sh[1], batch, count_text(ctx).c_str()),
-                      8 * sh[1], 8, sh[0], 16, std::vector<std::int32_t>(batch, ctx)});
-          }
-    }
-  }
-  return v;
-}
-
 const char* const kPointsGrammar =
     "SPEC = hq:hkv:d:page:LENS[:flags]; LENS = BxCTX (B requests of CTX tokens; CTX may end in k "
     "= 1024) or a comma list of per-request lengths; flags, separated by ':', ',' or '+': hnd "
@@ -353,6 +269,86 @@ std::vector<Shape> parse_points(const std::string& arg) {
   }
   if (out.empty()) throw std::invalid_argument("--points '" + arg + "' holds no spec");
   return out;
+}
+
+/// A bench_decode point: H_q/8 heads, head dim 128, bf16, NHD pages of 16, `batch` requests of
+/// `ctx` tokens; id `u<H_q>-<B>x<ctx>` (what plot_decode.py draws).
+Shape uniform_shape(int hq, int batch, int ctx) {
+  return Shape{"u" + std::to_string(hq) + "-" + std::to_string(batch) + "x" + count_text(ctx),
+               hq,
+               8,
+               128,
+               16,
+               std::vector<std::int32_t>(batch, ctx)};
+}
+
+/// bench_decode's default sweep, or with `quick` its --quick sweep, in its order.
+std::vector<Shape> uniform_shapes(bool quick) {
+  const std::vector<int> batches =
+      quick ? std::vector<int>{1, 16, 64} : std::vector<int>{1, 4, 16, 64};
+  const std::vector<int> ctxs_k =
+      quick ? std::vector<int>{1, 32, 128} : std::vector<int>{1, 8, 32, 128};
+  std::vector<Shape> v;
+  for (int hq : {32, 64})
+    for (int batch : batches)
+      for (int ctx_k : ctxs_k) v.push_back(uniform_shape(hq, batch, ctx_k * 1024));
+  return v;
+}
+
+/// bench_decode's `--points hq:batch:ctx[,...]` (ctx in tokens or with a k suffix); throws
+/// std::invalid_argument naming the bad item.
+std::vector<Shape> parse_uniform_points(const std::string& arg) {
+  std::vector<Shape> out;
+  for (const std::string& item : split_on(arg, ",")) {
+    if (item.empty()) continue;
+    int hq = 0, batch = 0, ctx = 0, used = 0;
+    char unit = 0;
+    const int n = std::sscanf(item.c_str(), "%d:%d:%d%n%c", &hq, &batch, &ctx, &used, &unit);
+    const bool k =
+        n == 4 && (unit == 'k' || unit == 'K') && used + 1 == static_cast<int>(item.size());
+    if (n < 3 || (!k && used != static_cast<int>(item.size())))
+      throw std::invalid_argument("--uniform-points: '" + item +
+                                  "' is not hq:batch:ctx (ctx in tokens, or with a k suffix)");
+    if (k) ctx *= 1024;
+    if (hq < 8 || hq % 8 != 0 || hq > 256 || batch < 1 || batch > 65536 || ctx < 1 ||
+        ctx > (1 << 24))
+      throw std::invalid_argument("--uniform-points: '" + item +
+                                  "' needs hq a multiple of 8 in [8, 256] (8 KV heads), 1 <= batch "
+                                  "<= 65536 and 1 <= ctx <= 16777216");
+    out.push_back(uniform_shape(hq, batch, ctx));
+  }
+  if (out.empty()) throw std::invalid_argument("--uniform-points '" + arg + "' holds no point");
+  return out;
+}
+
+/// bench_decode_serving's `pages` and `shapes` sections (32/8 heads, head dim 128, pages of 16
+/// unless the section varies them), with its lengths and order; `quick` drops what its --quick
+/// drops. Its `ragged` section comes from the spec file its --fi-spec writes (--points-file).
+std::vector<Shape> serving_shapes(const std::string& sections, bool quick) {
+  std::vector<Shape> v;
+  for (const std::string& sec : {std::string("pages"), std::string("shapes")}) {
+    if (sections.find(sec) == std::string::npos) continue;
+    if (sec == "pages") {
+      for (int batch : {4, 16})
+        for (int page : {16, 1, 2, 4, 8, 32, 64, 128, 3, 5}) {
+          if (quick && page != 16 && page != 1 && page != 8) continue;
+          v.push_back(Shape{fmt("pages-%dx32k-p%d", batch, page), 32, 8, 128, page,
+                            std::vector<std::int32_t>(batch, 32768)});
+        }
+    } else {
+      const int shs[][2] = {{64, 4},  {256, 4}, {128, 1}, {128, 2},
+                            {128, 5}, {128, 7}, {128, 8}, {128, 16}};  // head dim, group
+      for (const auto& sh : shs)
+        for (int batch : {1, 16})
+          for (int ctx : {8192, 131072}) {
+            if (quick && ctx == 131072 && batch == 16) continue;
+            v.push_back(
+                Shape{fmt("shapes-d%d-g%d-%dx%s", sh[0], sh[1], batch, count_text(ctx).c_str()),
+                      8 * sh[1], 8, sh[0], 16, std::vector<std::int32_t>(batch, ctx)});
+          }
+    }
+  }
+  return v;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1011,7 +1007,8 @@ std::vector<Shape> expand_sources(const std::vector<std::pair<std::string, std::
       char buf[1 << 16];
       for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
       std::fclose(f);
-      std::replace(text.begin(), text.end(), '\n', ';');  // one spec a line is taken too
+      for (char& ch : text)  // one spec a line is taken too
+        if (ch == '\n' || ch == '\r') ch = ';';
       v = parse_points(text);
     } else {
       v = parse_points(arg);
