@@ -917,12 +917,9 @@ int selftest() {
         for (int h = 0; h < s.hq; ++h) {
           const std::size_t grow = static_cast<std::size_t>(r.reqs[ci]) * s.q_len + t;
           const std::size_t rrow = ci * s.q_len + t;
-          for (int e = 0; e < s.d; ++e) {
-            const float f = static_cast<float>(r.o[(rrow * s.hq + h) * s.d + e]);
-            g.o[(grow * s.hq + h) * s.d + e] = s.dtype == fid::DType::kBF16
-                                                   ? __bfloat16_as_ushort(__float2bfloat16_rn(f))
-                                                   : __half_as_ushort(__float2half_rn(f));
-          }
+          for (int e = 0; e < s.d; ++e)
+            g.o[(grow * s.hq + h) * s.d + e] =
+                fih::round16(static_cast<float>(r.o[(rrow * s.hq + h) * s.d + e]), s.dtype);
           g.lse[grow * s.hq + h] = static_cast<float>(r.lse[rrow * s.hq + h] / kLn2);
         }
     const Errors e = against_reference(s, g, r);
