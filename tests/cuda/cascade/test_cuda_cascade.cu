@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -406,6 +407,44 @@ TEST(CudaCascade, ShortSegmentsOfHndPagesInAWideTileMatchOnEveryKernel) {
                   << attnstate::cuda::to_string(g.plan);
             }
           }
+}
+
+TEST(CudaCascade, EveryWarpSpecialisedVariantTakesTheCapAndTheWindowAtEitherSign) {
+  // The warp-specialised kernel's variant instances at every ws_variant (128- and 64-key tiles,
+  // with and without turns), f16 and bf16, a soft cap or a window, a positive or a negative
+  // softmax scale (negated queries with the magnitude). Against the double reference.
+  ATTNSTATE_REQUIRE_GPU();
+  using attnstate::cuda::CascadeLevelKernel;
+  const std::vector<std::int64_t> dims = attnstate_test::cascade_head_dims();
+  if (std::find(dims.begin(), dims.end(), 128) == dims.end()) GTEST_SKIP() << "head dim 128";
+  std::uint64_t seed = 9900;
+  for (int ws = 1; ws <= 4; ++ws)
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (int variant = 0; variant < 2; ++variant)
+        for (float sign : {1.f, -1.f}) {
+          CaseSpec spec = attnstate_test::two_level_spec(24, 700, 40, seed++);
+          spec.heads_q = 8;
+          spec.heads_kv = 2;
+          spec.dtype = dt;
+          spec.scale = sign * 0.0884f;
+          if (variant == 0) {
+            spec.soft_cap = 20.f;
+            spec.q_amp = 3.f;
+          } else {
+            spec.window_left = 300;
+          }
+          CascadeCase c(spec);
+          CascadeTuning t;
+          t.ws_variant = ws;
+          t.decode_last_level = false;
+          GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+          const std::string at = "ws " + std::to_string(ws) + " " + attnstate::to_string(dt) +
+                                 " variant " + std::to_string(variant) + " sign " +
+                                 std::to_string(sign) + ": " + attnstate::cuda::to_string(g.plan);
+          EXPECT_EQ(g.plan.level(0).kernel, CascadeLevelKernel::kWarpSpecialized) << at;
+          g.run();
+          EXPECT_TRUE(g.check(c)) << at;
+        }
 }
 
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {

@@ -170,11 +170,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // ================= consumer warpgroups =================
   if constexpr (NWG == 2) arch::setmaxnreg_inc<Tile::kConsumerRegs>();
   const int wg = warp >> 2, wl = warp & 3;
-  // with the fast exponent a negative scale runs as |scale| on negated queries (exact); capped
-  // scores are already base 2 (`WsConsumer::apply_variant`): scale 1
+  // with the fast exponent, and in the variant instance, a negative scale runs as |scale| on
+  // negated queries (exact; the window's -inf scores stay -inf when scaled); capped scores are
+  // already base 2 (`WsConsumer::apply_variant`): scale 1
+  constexpr bool kAbsScale = Tile::kFastExp || Tile::kVariant;
   const bool capped = Tile::kVariant && p.soft_cap != 0.f;
-  const bool negate_q = Tile::kFastExp && !capped && p.s2_scale < 0.f;
-  const float sc = capped ? 1.f : Tile::kFastExp ? fabsf(p.s2_scale) : p.s2_scale;
+  const bool negate_q = kAbsScale && !capped && p.s2_scale < 0.f;
+  const float sc = capped ? 1.f : kAbsScale ? fabsf(p.s2_scale) : p.s2_scale;
   std::uint32_t qf[D / 16][4];
   int limit[2];
   tile::ws_consumer_rows<Tile>(p, lb, sm.q_smem, wg, wl, lane, negate_q, qf, limit);
