@@ -264,10 +264,12 @@ TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
   // fall back for it (the warp-specialised one to wgmma, whose variant instance takes it)
   EXPECT_TRUE(catalog::compiled(query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16,
                                       catalog::kWindow | catalog::kSoftCap)));
-  for (const catalog::Row& r : catalog::kRows)
-    if (r.family == Family::kCascadeWs && (r.variants & catalog::kWindow) == 0)
+  for (const catalog::Row& r : catalog::kRows) {
+    if (r.family == Family::kCascadeWs && (r.variants & catalog::kWindow) == 0) {
       EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, catalog::kWindow),
                 Family::kCascadeWgmma);
+    }
+  }
 }
 
 TEST(Catalog, CascadeLevelRowsStateTheirCtasPerSm) {
@@ -285,12 +287,16 @@ TEST(Catalog, CascadeLevelRowsStateTheirCtasPerSm) {
     }
     ++levels;
     EXPECT_GE(r.ctas_per_sm, 1) << catalog::to_string(r.family) << " " << r.tile_rows;
-    if (r.family == Family::kCascadeWs) EXPECT_EQ(r.ctas_per_sm, 1) << r.tile_rows;
-    for (const catalog::Row& o : catalog::kRows)
+    if (r.family == Family::kCascadeWs) {
+      EXPECT_EQ(r.ctas_per_sm, 1) << r.tile_rows;
+    }
+    for (const catalog::Row& o : catalog::kRows) {
       if (o.family == r.family && o.head_dim == r.head_dim && o.q == r.q &&
           o.variants == r.variants && o.tile_rows == r.tile_rows && o.tile_keys == r.tile_keys &&
-          o.stages < r.stages)
+          o.stages < r.stages) {
         EXPECT_GE(o.ctas_per_sm, r.ctas_per_sm) << r.tile_rows << " at " << o.stages;
+      }
+    }
   }
   EXPECT_GT(levels, 0);
 }

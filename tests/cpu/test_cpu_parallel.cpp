@@ -145,7 +145,7 @@ long long process_vm_bytes() {
 
 // In a fresh process (death-test style "threadsafe" re-runs the binary) whose address space is
 // capped just above its current size, so that the workers' stacks cannot be mapped.
-void run_with_no_room_for_threads() {
+[[maybe_unused]] void run_with_no_room_for_threads() {  // (unused under AddressSanitizer)
   rlimit lim{};
   lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(process_vm_bytes() + (16ll << 20));
   if (setrlimit(RLIMIT_AS, &lim) != 0) std::exit(3);

@@ -659,15 +659,18 @@ TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {
                   EXPECT_EQ(catalog::family_that_runs(row, catalog::kNeedsNothing, v), fb.family)
                       << at;
                   // the preferred variant instance: the plain one without a variant
-                  if (v == catalog::kPlain)
+                  if (v == catalog::kPlain) {
                     EXPECT_EQ(row.variants & (catalog::kSoftCap | catalog::kWindow), 0) << at;
+                  }
                   // the tile: the smallest mma.sync tile holding the level's 4 · group rows
                   int smallest = 0;
                   for (const catalog::Row& r : catalog::kRows)
                     if (r.family == catalog::Family::kCascadeMma && r.tile_rows >= 4 * group &&
                         (smallest == 0 || r.tile_rows < smallest))
                       smallest = r.tile_rows;
-                  if (smallest != 0) EXPECT_EQ(lp.tile_rows, smallest) << at;
+                  if (smallest != 0) {
+                    EXPECT_EQ(lp.tile_rows, smallest) << at;
+                  }
                   if (lp.kernel == Kernel::kWarpSpecialized) {
                     // the K/V tile of the resolved variant: 128 keys by default, 64 for variant 3
                     EXPECT_EQ(row.tile_keys,
@@ -678,8 +681,9 @@ TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {
                     EXPECT_EQ(lp.fallback_id, lp.kernel_id) << at;
                   }
                   // the 16-row mma.sync tile's depth follows the split
-                  if (lp.kernel == Kernel::kMma && lp.tile_rows == 16)
+                  if (lp.kernel == Kernel::kMma && lp.tile_rows == 16) {
                     EXPECT_EQ(row.stages, plan::small_stages(lp.chunk)) << at;
+                  }
                   ++checked;
                 }
   EXPECT_GT(checked, 0);

@@ -257,8 +257,12 @@ TEST(KitFp8Kv, GeneratedFp8CachesCoverFormatsScalesAndExtremes) {
     for (double x : real_keys(p)) k_max = std::max(k_max, std::fabs(x));
     for (double x : real_values(p)) v_max = std::max(v_max, std::fabs(x));
     for (float x : p.q.to_floats()) q_max = std::max(q_max, static_cast<double>(std::fabs(x)));
-    if (k_max > 1.0 / 256) EXPECT_LE(q_max * k_max, 45.0) << p;
-    if (v_max > 65504) EXPECT_NE(p.out_dtype, DType::kF16) << p;
+    if (k_max > 1.0 / 256) {
+      EXPECT_LE(q_max * k_max, 45.0) << p;
+    }
+    if (v_max > 65504) {
+      EXPECT_NE(p.out_dtype, DType::kF16) << p;
+    }
   }
   EXPECT_EQ(formats.size(), 2u);
   EXPECT_EQ(scales, (std::set<float>{1.f, 0x1p-10f, 0x1p8f}));
