@@ -56,6 +56,20 @@ using attnstate_test::SegmentSpec;
   return ::testing::AssertionSuccess();
 }
 
+/// Random attention sinks of a case (device logits) and the case with them merged into its
+/// reference.
+struct CaseSinks {
+  std::vector<float> logits;
+  attnstate_test::DeviceBuffer<float> dev;
+  CascadeCase with;
+  CaseSinks(const CascadeCase& c, std::uint64_t seed)
+      : logits(attnstate_test::random_sinks(c.spec.heads_q, -2.f, 9.f, seed)),
+        dev(logits),
+        with(c) {
+    with.reference = attnstate::testing::apply_sinks(with.reference, logits);
+  }
+};
+
 TEST(CudaCascade, TwoLevelsSharedPrefixMatchesConcatenation) {
   ATTNSTATE_REQUIRE_GPU();
   EXPECT_TRUE(gpu_matches(attnstate_test::two_level_spec(6, 100, 37, 11)));
@@ -173,10 +187,7 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
   std::uint64_t seed = 6300;
   for (const CaseSpec& spec : attnstate_test::sink_cascade_specs()) {
     CascadeCase c(spec);
-    const std::vector<float> sinks = attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
-    attnstate_test::DeviceBuffer<float> dev(sinks);
-    CascadeCase with = c;
-    with.reference = attnstate::testing::apply_sinks(with.reference, sinks);
+    const CaseSinks sinks(c, seed++);
     struct Path {
       bool decode;
       int splits, fold;
@@ -191,12 +202,13 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
       }
       GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
       ASSERT_EQ(g.plan.level(g.plan.num_levels() - 1).decode, path.decode);
-      g.sinks.logits = dev.get();
+      g.sinks.logits = sinks.dev.get();
       g.run();
-      EXPECT_TRUE(g.check(with)) << "decode " << path.decode << " splits " << path.splits
-                                 << " fold " << path.fold;
+      EXPECT_TRUE(g.check(sinks.with))
+          << "decode " << path.decode << " splits " << path.splits << " fold " << path.fold;
       g.run_stages();
-      EXPECT_TRUE(g.check(with)) << "stages: decode " << path.decode << " splits " << path.splits;
+      EXPECT_TRUE(g.check(sinks.with))
+          << "stages: decode " << path.decode << " splits " << path.splits;
       g.sinks = attnstate::AttentionSinks{};  // and without: the sink-free result
       g.run();
       EXPECT_TRUE(g.check(c)) << "no sinks: decode " << path.decode << " splits " << path.splits;
@@ -230,11 +242,7 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
       CaseSpec spec = base_spec;
       spec.soft_cap = cap;
       CascadeCase c(spec);
-      const std::vector<float> sinks =
-          attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
-      attnstate_test::DeviceBuffer<float> dev(sinks);
-      CascadeCase with = c;
-      with.reference = attnstate::testing::apply_sinks(with.reference, sinks);
+      const CaseSinks sinks(c, seed++);
       for (int path = 0; path < 3; ++path) {
         CascadeTuning t;
         t.decode_last_level = path != 0;
@@ -254,9 +262,9 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
         EXPECT_TRUE(g.check(c)) << at;
         g.run_stages();
         EXPECT_TRUE(g.check(c)) << "stages: " << at;
-        g.sinks.logits = dev.get();
+        g.sinks.logits = sinks.dev.get();
         g.run();
-        EXPECT_TRUE(g.check(with)) << "sinks: " << at;
+        EXPECT_TRUE(g.check(sinks.with)) << "sinks: " << at;
       }
     }
 }
@@ -295,11 +303,7 @@ TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
         spec.window_left = w;
         spec.soft_cap = cap;
         CascadeCase c(spec);
-        const std::vector<float> sinks =
-            attnstate_test::random_sinks(spec.heads_q, -2.f, 9.f, seed++);
-        attnstate_test::DeviceBuffer<float> dev(sinks);
-        CascadeCase with = c;
-        with.reference = attnstate::testing::apply_sinks(with.reference, sinks);
+        const CaseSinks sinks(c, seed++);
         for (int path = 0; path < 6; ++path) {
           CascadeTuning t;
           t.decode_last_level = path % 2 == 1;
@@ -319,9 +323,9 @@ TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
           }
           g.run();
           EXPECT_TRUE(g.check(c)) << at;
-          g.sinks.logits = dev.get();
+          g.sinks.logits = sinks.dev.get();
           g.run();
-          EXPECT_TRUE(g.check(with)) << "sinks: " << at;
+          EXPECT_TRUE(g.check(sinks.with)) << "sinks: " << at;
         }
       }
 }
