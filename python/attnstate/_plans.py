@@ -230,7 +230,7 @@ class Cascade:
     segment s serves requests [request_indptr[s], request_indptr[s+1]) and holds seg_lens[s]
     tokens in pages page_indices[page_indptr[s]:page_indptr[s+1]]. `plan` takes the levels as
     host arrays, `run` the same levels in the memory of q. Queries (batch, q_len, heads_q,
-    head_dim); pools as for Decode. CUDA: head_dim 64 or 128, float16/bfloat16, 1..8 levels.
+    head_dim); pools as for Decode. CUDA: head_dim 64, 128 or 256, float16/bfloat16, 1..8 levels.
 
     Positions count each request's keys over its segments in level order (total of them): with
     causal, row t is at p = total - q_len + t, else every row at total - 1. `window_left=w` lets

@@ -158,6 +158,9 @@ inline constexpr Tile kMma16{16, kCascadeKvTile, 3, 2};
 inline constexpr Tile kMma16Short{16, kCascadeKvTile, 2, 4};
 inline constexpr Tile kMma64{64, kCascadeKvTile, 3, 2};
 inline constexpr Tile kMma128{128, kCascadeKvTile, 3, 1};
+inline constexpr Tile kMmaWide16{16, kCascadeKvTile, 2, 1};
+inline constexpr Tile kMmaWide64{64, kCascadeKvTile, 2, 1};
+inline constexpr Tile kMmaWide128{128, kCascadeKvTile, 2, 1};
 inline constexpr Tile kWgmma64{64, kCascadeKvTile, 3, 2};
 inline constexpr Tile kWgmma128{128, kCascadeKvTile, 3, 1};
 inline constexpr Tile kWs64{64, kCascadeWsKvTile, 3, 1};
@@ -225,12 +228,23 @@ inline constexpr Group kGroups[] = {
         detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kPlain, kNeedsNothing, Family::kCascadeMma),
                       detail::kMma16, detail::kMma16Short, detail::kMma64, detail::kMma128),
-        compiled::CascadeHeadDims{}),
+        compiled::CascadeMmaHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
                                     false, kSoftCap | kWindow, kNeedsNothing, Family::kCascadeMma),
                       detail::kMma16, detail::kMma16Short, detail::kMma64, detail::kMma128),
-        compiled::CascadeHeadDims{}),
+        compiled::CascadeMmaHeadDims{}),
+    // the wide head dims on mma.sync: every tile at 2 stages, one CTA per SM (the shared memory)
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
+                                    false, kPlain, kNeedsNothing, Family::kCascadeMma),
+                      detail::kMmaWide16, detail::kMmaWide64, detail::kMmaWide128),
+        compiled::CascadeMmaWideHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeMma, detail::k16Bit, 0, mask(DType::kF32),
+                                    false, kSoftCap | kWindow, kNeedsNothing, Family::kCascadeMma),
+                      detail::kMmaWide16, detail::kMmaWide64, detail::kMmaWide128),
+        compiled::CascadeMmaWideHeadDims{}),
     // cascade levels on wgmma: plain, then the variant instance (soft cap, window); on devices
     // without wgmma, the plan takes mma.sync
     detail::with_dims(

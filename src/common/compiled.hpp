@@ -79,7 +79,12 @@ using MergeOddHeadDims = IntList<96, 192>;
 /// Head dims of the split-KV decode kernels.
 using DecodeHeadDims = Built<IntList<64, 128, 256>>::type;
 /// Head dims of the cascade kernels (its levels, its merge; its last level runs the decode).
-using CascadeHeadDims = Built<IntList<64, 128>>::type;
+using CascadeHeadDims = Built<IntList<64, 128, 256>>::type;
+/// Head dims of the cascade's mma.sync level tiles of 3 stages (16, 64 and 128 rows).
+using CascadeMmaHeadDims = Intersect<CascadeHeadDims, IntList<64, 128>>::type;
+/// Head dims of the cascade's wide mma.sync level tiles: 2 stages and one CTA per SM at every
+/// tile (a 3-stage tile of 64 rows at 256 would exceed an SM's shared memory).
+using CascadeMmaWideHeadDims = Intersect<CascadeHeadDims, IntList<256>>::type;
 
 /// Dtypes of each `o` of the merges (inputs and output independently).
 using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;

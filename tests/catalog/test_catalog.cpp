@@ -101,8 +101,11 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
       static_cast<int>(std::size(compiled::Values<compiled::CascadeDTypes>::value));
   const int tiles16 = 2;  // the 16-row tile at 3 and 2 stages
   const int tiles = tiles16 + static_cast<int>(std::size(kLaunchedTileRows)) - 1;
+  const int wide_tiles = static_cast<int>(std::size(kLaunchedTileRows));  // each at 2 stages
   EXPECT_EQ(rows_of(Family::kCascadeMma),
-            static_cast<int>(compiled::CascadeHeadDims::size()) * cascade_dtypes * tiles * 2);
+            (static_cast<int>(compiled::CascadeMmaHeadDims::size()) * tiles +
+             static_cast<int>(compiled::CascadeMmaWideHeadDims::size()) * wide_tiles) *
+                cascade_dtypes * 2);
   // wgmma: 64 and 128 rows, plain and variant, every cascade dtype; warp-specialised: four
   // tiles, plain and variant, every cascade dtype
   EXPECT_EQ(rows_of(Family::kCascadeWgmma),

@@ -680,8 +680,14 @@ TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {
                   } else {
                     EXPECT_EQ(lp.fallback_id, lp.kernel_id) << at;
                   }
-                  // the 16-row mma.sync tile's depth follows the split
-                  if (lp.kernel == Kernel::kMma && lp.tile_rows == 16) {
+                  // the 16-row mma.sync tile's depth follows the split where the head dim's
+                  // rows hold that depth (the wide head dims hold 2 stages only)
+                  catalog::Query depth;
+                  depth.family = catalog::Family::kCascadeMma;
+                  depth.head_dim = head_dim;
+                  depth.tile_rows = 16;
+                  depth.stages = plan::small_stages(lp.chunk);
+                  if (lp.kernel == Kernel::kMma && lp.tile_rows == 16 && catalog::compiled(depth)) {
                     EXPECT_EQ(row.stages, plan::small_stages(lp.chunk)) << at;
                   }
                   ++checked;
