@@ -18,6 +18,9 @@
 ///   rows' normalised columns from its accumulator fragments.
 /// - A warp computes one tile at a time with little instruction-level parallelism, so several
 ///   warps share each SM (8) and hide each other's latency; the shared memory is all ring.
+/// - The variant instance (`kVariant`) applies a sliding window and a soft cap as the split
+///   kernel's does (`tile::VariantScores` per tile), and starts each item at the tile of its
+///   request's first row's window start: the tiles wholly before it are never copied.
 /// - Requirements (else the launcher uses the split kernel): one split per request, head dim 64
 ///   or 128, page sizes that are multiples of 16, 16-byte aligned query rows, no prior states.
 #pragma once
@@ -25,11 +28,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/variant.hpp"
 #include "cuda/kernels/decode/split_kv.cuh"
 #include "cuda/tile/attention_tile.cuh"
+#include "cuda/tile/softmax_step.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -126,6 +132,21 @@ __device__ __forceinline__ void stream_fetch(const DecodeParams& p, StreamItem& 
   it.tiles = (it.len + kRows - 1) / kRows;
 }
 
+/// The item's first tile to read: 0, or with a sliding window (`kVariant`) the tile of its
+/// request's first row's window start (that row's position `len - q_len` minus `window_left`,
+/// rounded down to a tile, as the split kernel's `w0`): the tiles before it are masked for every
+/// row.
+template <bool kVariant>
+__device__ __forceinline__ int stream_first_tile(const DecodeParams& p, const StreamItem& it) {
+  if constexpr (kVariant) {
+    if (p.window_left >= 0) {
+      const std::int64_t first = static_cast<std::int64_t>(it.len) - p.q_len - p.window_left;
+      if (first > 0) return static_cast<int>(first / kDecodeTileRows);
+    }
+  }
+  return 0;
+}
+
 /// The A fragments of the item's query rows (rows lane/4 and lane/4 + 8, two columns per
 /// register, as ldmatrix would give them), straight from global memory; rows past the item's
 /// are zero. Only the item's coordinates are needed: no load stands before these.
@@ -206,8 +227,9 @@ __device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const i
 }
 
 /// Streamed decode kernel for head dim `D` (64 or 128); `kBF16` selects bf16 (else f16) queries
-/// and KV.
-template <int D, bool kBF16>
+/// and KV; `kVariant` applies `p`'s sliding window and soft cap (the items then start at their
+/// window's first tile, `stream_first_tile`).
+template <int D, bool kBF16, bool kVariant = false>
 __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     decode_stream_kernel(const DecodeParams p) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
@@ -241,6 +263,10 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     const int n_pages = it.tiles > 0 ? (it.len - 1) / p.page_size + 1 : 0;
     return idx < n_pages ? table[it.pt + idx] : 0;
   };
+  // The page-id window (of 32 pages) that holds tile `t` of an item.
+  auto win_of = [&](int t) -> int {
+    return static_cast<int>(static_cast<std::int64_t>(t) * kRows / p.page_size) >> 5;
+  };
   // Per-lane parts of the chunk addressing (see `copy_kv_tile_in_page`).
   const int lane_r0 = lane / kCpr;
   const int lane_col = lane % kCpr;
@@ -267,17 +293,31 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   stream_load_q<D>(p, lane, nxt, qn);
   stream_fetch(p, cur);
   stream_fetch(p, nxt);
-  int ld_sel = 0, ld_t = 0;
-  // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; window 0 of the next item in
-  // `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when its length and
-  // page-table start have arrived, or when the cursor needs it first).
-  int ld_pids = pid_window(cur, 0), ld_win = 0;
+  int ld_sel = 0, ld_t = 0, ld_win = 0;
+  if constexpr (kVariant) {  // (the variant's items start at their window's first tile)
+    ld_t = stream_first_tile<kVariant>(p, cur);
+    ld_win = win_of(ld_t);
+  }
+  // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; the window of the next item's
+  // first tile in `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when
+  // its length and page-table start have arrived, or when the cursor needs it first).
+  int ld_pids = pid_window(cur, ld_win);
   int nxt_pids = 0;
   bool nxt_ready = false;
   auto ensure_nxt = [&]() {
     if (!nxt_ready) {
-      nxt_pids = pid_window(nxt, 0);
+      int w = 0;
+      if constexpr (kVariant) w = win_of(stream_first_tile<kVariant>(p, nxt));
+      nxt_pids = pid_window(nxt, w);
       nxt_ready = true;
+    }
+  };
+  // The cursor's first tile of the next item, and its page-id window (after `ld_t = 0`,
+  // `ld_win = 0`).
+  auto nxt_first = [&]() {
+    if constexpr (kVariant) {
+      ld_t = stream_first_tile<kVariant>(p, nxt);
+      ld_win = win_of(ld_t);
     }
   };
   auto normalize = [&]() {
@@ -287,6 +327,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       ld_t = 0;
       ld_pids = nxt_pids;
       ld_win = 0;
+      nxt_first();
     }
     if (ld_sel == 1 && ld_t >= nxt.tiles) ld_sel = 2;
   };
@@ -321,6 +362,9 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const tile::LdmatrixLanes ldm(lane);
   const int a_row = ldm.a_row, b_row = ldm.b_row;
   int stage = 0;
+  // the scores of the variant instance (window starts set per item)
+  std::conditional_t<kVariant, tile::VariantScores, tile::PlainScores> scores;
+  if constexpr (kVariant) scores.set_map(p.scale, p.soft_cap);
 
 #pragma unroll 1
   while (cur.tiles >= 0) {
@@ -331,13 +375,24 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       const int r = (lane >> 2) + 8 * h;
       lim[h] = r < cur.rows ? min(cur.len, cur.len - p.q_len + (cur.row0 + r) / p.group + 1) : 0;
     }
+    int t_begin = 0;           // the item's first tile
+    if constexpr (kVariant) {  // the first tile, and each row's window start (`scores.lo`)
+      t_begin = stream_first_tile<kVariant>(p, cur);
+      scores.hi_rows = cur.rows > 8;  // (uniform: the warp skips the padding rows' scores)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = (cur.row0 + (lane >> 2) + 8 * h) / p.group;
+        const std::int64_t pos = static_cast<std::int64_t>(cur.len) - p.q_len + qi;
+        scores.lo[h] = static_cast<int>(window_begin(pos, p.window_left));
+      }
+    }
     float o_acc[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
     math::OnlineSoftmax os[2];
 
 #pragma unroll 1
-    for (int t = 0; t < cur.tiles; ++t) {
+    for (int t = t_begin; t < cur.tiles; ++t) {
       issue();
       // this tile's group is complete when at most `loaded - 1 - computed` (< kStages) groups
       // committed after it are pending
@@ -350,12 +405,16 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = t * kRows;
 
-      tile::attention_tile<D, kBF16>(
-          [&](int kk, std::uint32_t(&a)[4]) {
+      auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
-          },
-          k_lane, v_lane, ldm.a_x, ldm.b_x, t0, lim, p.s2_scale, os, o_acc);
+        for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
+      };
+      if constexpr (kVariant)
+        tile::attention_tile<D, kBF16>(q_frag, k_lane, v_lane, ldm.a_x, ldm.b_x, t0, lim,
+                                       p.s2_scale, os, o_acc, scores);
+      else
+        tile::attention_tile<D, kBF16>(q_frag, k_lane, v_lane, ldm.a_x, ldm.b_x, t0, lim,
+                                       p.s2_scale, os, o_acc);
       __syncwarp();
       ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
     }
@@ -381,6 +440,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       ld_t = 0;
       ld_pids = nxt_pids;
       ld_win = 0;
+      nxt_first();
       if (ld_t >= nxt.tiles) ld_sel = 2;
     }
   }
