@@ -150,6 +150,7 @@ inline constexpr DTypeMask k16Bit = mask(DType::kF16) | mask(DType::kBF16);
 inline constexpr DTypeMask kFp8 = mask(DType::kE4M3) | mask(DType::kE5M2);
 inline constexpr Tile kDecodeTile{kDecodeTileRows, kDecodeTileRows, kDecodeStages};
 inline constexpr Tile kDecodeShortTile{kDecodeTileRows, kDecodeTileRows, kDecodeShortStages};
+inline constexpr Tile kStreamTile{kDecodeTileRows, kDecodeTileRows, kDecodeStreamStages};
 // The cascade level tiles (rows, keys, stages, CTAs per SM). mma.sync: 16 rows at 3 stages
 // (two CTAs per SM) or 2 (four: more CTAs for short splits), 64 rows (two) and 128 (one);
 // wgmma: 64 rows (two) and 128 (one, with room for a 16-row CTA beside it); warp-specialised:
@@ -215,12 +216,20 @@ inline constexpr Group kGroups[] = {
             detail::kDecodeShortTile),
         detail::ShortFp8HeadDims{}),
     // streamed decode: one split per request, aligned query rows, pages of whole 16-key tiles,
-    // no prior states; else the plan's split launch
+    // no prior states; else the plan's split launch; plain (sinks), then the variant instance
+    // (window, soft cap, sinks)
     detail::with_dims(
         detail::tiles(detail::group(Family::kDecodeStream, detail::k16Bit, 0, kStateDTypes, false,
                                     kSinks, kNeedsOneSplit | kNeedsAlignedQ | kNeedsPageTileKeys,
                                     Family::kDecodeSplit),
-                      Tile{kDecodeTileRows, kDecodeTileRows, kDecodeStreamStages}),
+                      detail::kStreamTile),
+        compiled::DecodeStreamHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeStream, detail::k16Bit, 0, kStateDTypes, false,
+                                    kWindow | kSoftCap | kSinks,
+                                    kNeedsOneSplit | kNeedsAlignedQ | kNeedsPageTileKeys,
+                                    Family::kDecodeSplit),
+                      detail::kStreamTile),
         compiled::DecodeStreamHeadDims{}),
     // cascade levels on mma.sync: tiles of 16 rows (3 or 2 stages), 64 and 128 rows; plain, then
     // the variant instance (soft cap, window); partial states in fp32

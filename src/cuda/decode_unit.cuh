@@ -91,10 +91,11 @@ void launch_split(const DecodeParams& p, const DecodeLaunch& l, cudaStream_t str
   launch_kernel(c, kernel, "decode_split_kv_kernel", p);
 }
 
-/// The streamed kernel: one CTA per SM (fewer when there are fewer items).
-template <int D, bool kBF16>
+/// The streamed kernel (`kVariant`: its variant instance): one CTA per SM (fewer when there are
+/// fewer items).
+template <int D, bool kBF16, bool kVariant>
 void launch_stream(const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = decode_stream_kernel<D, kBF16>;
+  constexpr auto kernel = decode_stream_kernel<D, kBF16, kVariant>;
   const int smem = static_cast<int>(stream_smem_bytes(D));
   raise_smem_limit<kernel>(smem);
   LaunchConfig c;
@@ -114,7 +115,8 @@ bool launch_row(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream
     constexpr catalog::Row r = catalog::kRows[I];
     constexpr bool kBF16 = r.q == DType::kBF16;
     if constexpr (r.family == catalog::Family::kDecodeStream)
-      launch_stream<D, kBF16>(p, l, stream);
+      launch_stream<D, kBF16, (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0>(p, l,
+                                                                                          stream);
     else
       launch_split<D, kBF16, r.stages, U == DecodeUnit::kVariant, kv_arg(r.kv)>(p, l, stream);
     return true;

@@ -28,7 +28,7 @@ enum class DecodeUnit : int {
   kSplit = 0,    ///< The split kernel over 16-bit caches (both depths).
   kVariant = 1,  ///< Its variant instance (window, soft cap).
   kFp8 = 2,      ///< The split kernel over fp8 caches.
-  kStream = 3,   ///< The streamed kernel.
+  kStream = 3,   ///< The streamed kernel (plain and variant instances).
 };
 
 /// The group whose unit compiles a decode row's kernel.
@@ -46,7 +46,7 @@ struct DecodeLaunch {
   std::int64_t grid = 0;  ///< CTAs of the split kernel (items of the streamed kernel).
   int num_sms = 1;        ///< The plan's SMs (the streamed kernel's CTAs, at most).
   bool pdl = false;       ///< A programmatic dependent launch.
-  /// The variant (a window, a soft cap: the variant instance; never streamed).
+  /// The variant (a window, a soft cap: the split or streamed kernel's variant instance).
   catalog::Variants variants = catalog::kPlain;
 };
 

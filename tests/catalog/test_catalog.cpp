@@ -95,8 +95,8 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   const int split8 =
       static_cast<int>(compiled::DecodeFp8HeadDims::size() + ShortFp8::size()) * dtypes * fp8;
   EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain, variant; fp8 plain
-  EXPECT_EQ(rows_of(Family::kDecodeStream),
-            static_cast<int>(compiled::DecodeStreamHeadDims::size()) * dtypes);
+  EXPECT_EQ(rows_of(Family::kDecodeStream),                        // plain, variant
+            static_cast<int>(compiled::DecodeStreamHeadDims::size()) * dtypes * 2);
   const int cascade_dtypes =
       static_cast<int>(std::size(compiled::Values<compiled::CascadeDTypes>::value));
   const int tiles16 = 2;  // the 16-row tile at 3 and 2 stages
