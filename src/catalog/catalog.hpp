@@ -254,6 +254,21 @@ inline constexpr Group kGroups[] = {
                                     false, kSoftCap | kWindow, kNeedsNothing, Family::kCascadeMma),
                       detail::kMmaWide16, detail::kMmaWide64, detail::kMmaWide128),
         compiled::CascadeMmaWideHeadDims{}),
+    // cascade levels on mma.sync over fp8 caches (e4m3, e5m2) under 16-bit queries: the 16-bit
+    // tiles, each K/V tile converted to the queries' dtype in shared memory as it lands; plain,
+    // then the variant instance
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeMma, detail::k16Bit, detail::kFp8, mask(DType::kF32),
+                          false, kPlain, kNeedsNothing, Family::kCascadeMma),
+            detail::kMma16, detail::kMma16Short, detail::kMma64, detail::kMma128),
+        compiled::CascadeMmaFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeMma, detail::k16Bit, detail::kFp8, mask(DType::kF32),
+                          false, kSoftCap | kWindow, kNeedsNothing, Family::kCascadeMma),
+            detail::kMma16, detail::kMma16Short, detail::kMma64, detail::kMma128),
+        compiled::CascadeMmaFp8HeadDims{}),
     // cascade levels on wgmma: plain, then the variant instance (soft cap, window); on devices
     // without wgmma, the plan takes mma.sync
     detail::with_dims(

@@ -85,6 +85,9 @@ using CascadeMmaHeadDims = Intersect<CascadeHeadDims, IntList<64, 128>>::type;
 /// Head dims of the cascade's wide mma.sync level tiles: 2 stages and one CTA per SM at every
 /// tile (a 3-stage tile of 64 rows at 256 would exceed an SM's shared memory).
 using CascadeMmaWideHeadDims = Intersect<CascadeHeadDims, IntList<256>>::type;
+/// Head dims of the cascade's mma.sync level tiles over fp8 caches (the tiles of
+/// `CascadeMmaHeadDims`).
+using CascadeMmaFp8HeadDims = CascadeMmaHeadDims;
 
 /// Dtypes of each `o` of the merges (inputs and output independently).
 using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;

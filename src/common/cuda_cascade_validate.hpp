@@ -38,8 +38,8 @@ inline std::int64_t check_cascade_inputs(const char* func, const cuda::CascadeCh
                                          const ConstTensorView& q, const PagedKvCache& kv) {
   const cuda::CascadeShape& s = plan.shape();
   const std::int64_t pool_bytes = check_cascade_pool(func, kv, MemorySpace::kDevice);
-  if (kv.dtype != s.dtype)
-    throw_argument(func, "kv.dtype", std::string("the planned ") + to_string(s.dtype),
+  if (kv.dtype != s.pool_dtype())
+    throw_argument(func, "kv.dtype", std::string("the planned ") + to_string(s.pool_dtype()),
                    to_string(kv.dtype));
   if (kv.page_size != s.page_size)
     throw_argument(func, "kv.page_size", "the planned " + cascade_str(s.page_size),
@@ -59,9 +59,12 @@ inline std::int64_t check_cascade_inputs(const char* func, const cuda::CascadeCh
                    cascade_str(kv.num_pages));
   check_aligned(func, "kv.k", kv.k, 16);  // the kernels' 16-byte copies
   check_aligned(func, "kv.v", kv.v, 16);
-  if (kv.page_elems() % 8 != 0)
-    throw_argument(func, "kv.page_stride", "a page stride that is a multiple of 8 elements",
-                   cascade_str(kv.page_elems()));
+  const std::int64_t chunk = 16 / static_cast<std::int64_t>(size_of(kv.dtype));
+  if (kv.page_elems() % chunk != 0)
+    throw_argument(
+        func, "kv.page_stride",
+        "a page stride that is a multiple of " + cascade_str(chunk) + " elements (16 bytes)",
+        cascade_str(kv.page_elems()));
   check_cascade_query(func, q, kv, MemorySpace::kDevice);
   if (q.dtype != s.dtype)
     throw_argument(func, "q.dtype", std::string("the planned ") + to_string(s.dtype),

@@ -219,6 +219,8 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   u.grid = dim3(static_cast<unsigned>(lp.num_segments * lp.max_tiles * lp.max_splits),
                 static_cast<unsigned>(s.heads_kv));
   u.pdl = overlap;
+  u.k_scale = kv.k_scale;
+  u.v_scale = kv.v_scale;
   catalog::Needs met = catalog::kNeedsNothing;
   kernels::CascadeTmaMaps maps;
   if ((row.needs & catalog::kNeedsPoolMap) != 0) {
@@ -241,16 +243,21 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   }
   const int id = catalog::family_that_runs(row, met) == row.family ? lp.kernel_id : lp.fallback_id;
   const catalog::Row& runs = catalog::kRows[static_cast<std::size_t>(id)];
-  // the unit of the row's head dim and family (cascade_units.hpp), then its launch table
-  using catalog::Family;
+  // the unit of the row's head dim (cascade_units.hpp), then its launch table
+  using detail::CascadeUnit;
   compiled::dispatch(
       kCascadeFn, "shape.head_dim", runs.head_dim, compiled::CascadeHeadDims{}, [&](auto d) {
         constexpr int D = decltype(d)::value;
-        if (runs.family == Family::kCascadeWs)
-          return detail::cascade_unit_launch<D, Family::kCascadeWs>(id, p, u, stream);
-        if (runs.family == Family::kCascadeWgmma)
-          return detail::cascade_unit_launch<D, Family::kCascadeWgmma>(id, p, u, stream);
-        detail::cascade_unit_launch<D, Family::kCascadeMma>(id, p, u, stream);
+        switch (detail::unit_of(runs)) {
+          case CascadeUnit::kWs:
+            return detail::cascade_unit_launch<D, CascadeUnit::kWs>(id, p, u, stream);
+          case CascadeUnit::kWgmma:
+            return detail::cascade_unit_launch<D, CascadeUnit::kWgmma>(id, p, u, stream);
+          case CascadeUnit::kMmaFp8:
+            return detail::cascade_unit_launch<D, CascadeUnit::kMmaFp8>(id, p, u, stream);
+          default:
+            return detail::cascade_unit_launch<D, CascadeUnit::kMma>(id, p, u, stream);
+        }
       });
 }
 
@@ -329,6 +336,7 @@ void run_cascade_level(const CascadePlan& plan, int level, const ConstTensorView
   if (level < 0 || level >= plan.num_levels())
     throw_argument(func, "level", "0.." + cascade_str(plan.num_levels() - 1), cascade_str(level));
   const std::int64_t pool_bytes = check_cascade_inputs(func, plan, q, kv);
+  detail::check_kv_scales_readable(func, kv);
   check_cascade_device_level(func, plan, level, device_level);
   check_cascade_workspace(func, plan.workspace_bytes(), workspace, workspace_bytes, nullptr, &q);
   // the level writes its partial states into the workspace while it reads the cache and tables
@@ -387,6 +395,7 @@ void run_cascade(const CascadePlan& plan, const ConstTensorView& q, const PagedK
     throw_argument(func, "num_levels", "the planned " + cascade_str(plan.num_levels()),
                    cascade_str(num_levels));
   const std::int64_t pool_bytes = check_cascade_inputs(func, plan, q, kv);
+  detail::check_kv_scales_readable(func, kv);
   for (int l = 0; l < num_levels; ++l) check_cascade_device_level(func, plan, l, device_levels[l]);
   check_cascade_plan_out(func, plan, out, &q);
   ::attnstate::detail::check_disjoint_from_pool(func, "out", out, kv, pool_bytes);

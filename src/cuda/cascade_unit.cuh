@@ -1,9 +1,9 @@
 /// @file cascade_unit.cuh
 /// @brief The definition behind `cascade_units.hpp`: one unit's level kernels, the catalog's
-///        rows (`catalog/catalog.hpp`) of its family and head dim, each row mapped to its kernel's
+///        rows (`catalog/catalog.hpp`) of its unit and head dim, each row mapped to its kernel's
 ///        template instance by its fields, with their launches by kernel id. Included only by the
 ///        generated units (`cmake/cascade_unit.cu.in`), each of which instantiates one head dim ×
-///        family with `ATTNSTATE_CASCADE_UNIT`.
+///        unit (`CascadeUnit`) with `ATTNSTATE_CASCADE_UNIT`.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,11 +29,11 @@ constexpr const char* kFn = "attnstate::cuda::run_cascade";
 
 using catalog::Family;
 
-/// True when catalog row `I` is a level row of family `F` at head dim `D` (the unit's).
-template <int D, Family F, std::size_t I>
+/// True when catalog row `I` is a level row of unit `U` at head dim `D` (the unit's).
+template <int D, CascadeUnit U, std::size_t I>
 constexpr bool in_unit() {
   constexpr catalog::Row r = catalog::kRows[I];
-  return r.family == F && r.head_dim == D;
+  return unit_of(r) == U && r.head_dim == D;
 }
 
 /// The storage type of a row's dtype.
@@ -95,14 +95,15 @@ bool launch_ws_probe(const kernels::CascadeLevelParams& p, const CascadeLevelLau
 #endif
 
 /// Launches row `I`'s kernel when `id` is `I` and the row is the unit's (else false): its
-/// template instance from the row's fields (dtype, tile rows, K/V tile, stages, CTAs per SM,
-/// variant instance).
-template <int D, Family F, std::size_t I>
+/// template instance from the row's fields (dtype, K/V dtype, tile rows, K/V tile, stages, CTAs
+/// per SM, variant instance).
+template <int D, CascadeUnit U, std::size_t I>
 bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                 cudaStream_t stream) {
-  if constexpr (in_unit<D, F, I>()) {
+  if constexpr (in_unit<D, U, I>()) {
     if (id != static_cast<int>(I)) return false;
     constexpr catalog::Row r = catalog::kRows[I];
+    constexpr Family F = r.family;
     using T = Storage<r.q>;
     constexpr bool kVar = variant_instance(r);
     if constexpr (F == Family::kCascadeMma) {
@@ -112,8 +113,10 @@ bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevel
           kernels::CascadeTile<D, r.tile_rows / 16, catalog::cascade_mma_key_warps(r.tile_rows),
                                r.stages, r.ctas_per_sm>;
       static_assert(Tile::BM == r.tile_rows && Tile::BN == r.tile_keys, "the row's tile");
-      kernels::launch_cascade_tile<T, Tile, kVar>(p, l.grid, l.pdl, stream);
+      kernels::launch_cascade_tile<T, Tile, kVar, tile::kv_policy(r.kv)>(p, l.grid, l.pdl, stream,
+                                                                         l.k_scale, l.v_scale);
     } else if constexpr (F == Family::kCascadeWgmma) {
+      static_assert(r.kv == r.q, "K/V of the queries' dtype");
       using Tile = kernels::CascadeWgmmaTile<D, r.tile_rows / 64>;
       static_assert(Tile::BM == r.tile_rows && Tile::BN == r.tile_keys && Tile::kStages == r.stages,
                     "the row's tile");
@@ -121,7 +124,7 @@ bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevel
                     "the registers of the row's CTAs per SM");
       kernels::launch_cascade_wgmma_tile<T, Tile, kVar>(p, l.grid, l.pdl, stream);
     } else {
-      static_assert(F == Family::kCascadeWs, "a cascade level family");
+      static_assert(F == Family::kCascadeWs && r.kv == r.q, "a cascade level family, 16-bit K/V");
       using Tile = kernels::CascadeWsTile<r.tile_rows / 64, r.tile_keys, r.stages, ws_options(r)>;
       static_assert(Tile::D == D && Tile::BM == r.tile_rows, "the row's tile");
       static_assert(std::is_same_v<typename Tile::T, T>, "the tile's operand type");
@@ -139,34 +142,32 @@ bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevel
 }
 
 /// Throws for a kernel id that is not the unit's (`cascade.cu` sends every id to its own unit).
-[[noreturn]] inline void not_in_unit(int id, Family f, int head_dim) {
+[[noreturn]] inline void not_in_unit(int id, int unit, int head_dim) {
   attnstate::detail::throw_argument(
       kFn, "kernel id",
-      std::string("a ") + catalog::to_string(f) + " row at head dim " + std::to_string(head_dim),
+      "a row of level unit " + std::to_string(unit) + " at head dim " + std::to_string(head_dim),
       std::to_string(id), Status::kInternal);
 }
 
-template <int D, Family F, std::size_t... I>
+template <int D, CascadeUnit U, std::size_t... I>
 void launch_id(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                cudaStream_t stream, std::index_sequence<I...>) {
-  if (!(launch_row<D, F, I>(id, p, l, stream) || ...)) not_in_unit(id, F, D);
+  if (!(launch_row<D, U, I>(id, p, l, stream) || ...)) not_in_unit(id, static_cast<int>(U), D);
 }
 
 }  // namespace cascade_unit
 
-template <int D, catalog::Family F>
+template <int D, CascadeUnit U>
 void cascade_unit_launch(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                          cudaStream_t stream) {
-  static_assert(F == catalog::Family::kCascadeMma || F == catalog::Family::kCascadeWgmma ||
-                    F == catalog::Family::kCascadeWs,
-                "a cascade level family");
-  cascade_unit::launch_id<D, F>(id, p, l, stream, std::make_index_sequence<catalog::kNumRows>{});
+  static_assert(U != CascadeUnit::kNone, "a cascade level unit");
+  cascade_unit::launch_id<D, U>(id, p, l, stream, std::make_index_sequence<catalog::kNumRows>{});
 }
 
-/// The explicit instantiation of one unit (head dim `D`, catalog family `F`).
-#define ATTNSTATE_CASCADE_UNIT(D, F)                        \
-  template void cascade_unit_launch<D, catalog::Family::F>( \
-      int, const kernels::CascadeLevelParams&, const CascadeLevelLaunch&, cudaStream_t);
+/// The explicit instantiation of one unit (head dim `D`, unit `U`).
+#define ATTNSTATE_CASCADE_UNIT(D, U)                                                            \
+  template void cascade_unit_launch<D, CascadeUnit::U>(int, const kernels::CascadeLevelParams&, \
+                                                       const CascadeLevelLaunch&, cudaStream_t);
 
 }  // namespace detail
 }  // namespace cuda

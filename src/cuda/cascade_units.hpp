@@ -1,13 +1,14 @@
 /// @file cascade_units.hpp
-/// @brief The cascade level kernels' instantiation units: the launch entry point of one catalog
-///        family of level kernels (mma.sync, wgmma, warp-specialised) at one head dim. Each is
-///        defined in its own translation unit, which CMake generates from
-///        `cmake/cascade_unit.cu.in` (one per build head dim × family, `src/CMakeLists.txt`), so
+/// @brief The cascade level kernels' instantiation units: the launch entry point of one unit of
+///        level kernels (mma.sync over 16-bit or fp8 caches, wgmma, warp-specialised) at one head
+///        dim. Each is defined in its own translation unit, which CMake generates from
+///        `cmake/cascade_unit.cu.in` (one per build head dim × unit, `src/CMakeLists.txt`), so
 ///        the kernels compile in parallel; `cascade.cu` calls the unit of a plan's kernel id.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include "attnstate/core/paged_kv.hpp"
 #include "catalog/catalog.hpp"
 #include "cuda/kernels/cascade/params.cuh"
 
@@ -23,12 +24,37 @@ struct CascadeLevelLaunch {
   const kernels::CascadeTmaMaps* maps = nullptr;  ///< The pool's tensor maps (warp-specialised).
   dim3 grid;
   bool pdl = false;  ///< A programmatic dependent launch.
+  KvScale k_scale;   ///< An fp8 pool's dequantisation scales (the fp8 rows' kernels).
+  KvScale v_scale;
 };
 
-/// Launches the kernel of catalog row `id`, a row of family `F` (`kCascadeMma`, `kCascadeWgmma`
-/// or `kCascadeWs`) at head dim `D`: the unit's launch table, keyed by kernel id. Throws
-/// `Status::kInternal` for an id that is no row of the unit.
-template <int D, catalog::Family F>
+/// The instantiation units of the level kernels at a head dim: the catalog families, the
+/// mma.sync rows over fp8 caches in their own unit (so the units compile in parallel).
+enum class CascadeUnit : int {
+  kNone = 0,  ///< Not a level row.
+  kMma,       ///< `kCascadeMma` over 16-bit caches.
+  kMmaFp8,    ///< `kCascadeMma` over fp8 caches.
+  kWgmma,     ///< `kCascadeWgmma`.
+  kWs,        ///< `kCascadeWs`.
+};
+
+/// The unit that compiles catalog row `r`.
+constexpr CascadeUnit unit_of(const catalog::Row& r) {
+  switch (r.family) {
+    case catalog::Family::kCascadeMma:
+      return is_fp8(r.kv) ? CascadeUnit::kMmaFp8 : CascadeUnit::kMma;
+    case catalog::Family::kCascadeWgmma:
+      return CascadeUnit::kWgmma;
+    case catalog::Family::kCascadeWs:
+      return CascadeUnit::kWs;
+    default:
+      return CascadeUnit::kNone;
+  }
+}
+
+/// Launches the kernel of catalog row `id`, a row of unit `U` at head dim `D`: the unit's launch
+/// table, keyed by kernel id. Throws `Status::kInternal` for an id that is no row of the unit.
+template <int D, CascadeUnit U>
 void cascade_unit_launch(int id, const kernels::CascadeLevelParams& p, const CascadeLevelLaunch& l,
                          cudaStream_t stream);
 

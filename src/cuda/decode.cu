@@ -429,6 +429,11 @@ void run_decode(const DecodePlan& plan, const ConstTensorView& q, const PagedKvC
   detail::run_decode_with_prior(plan, q, kv, out, workspace, workspace_bytes, prior, stream);
 }
 
+void detail::check_kv_scales_readable(const char* fn, const PagedKvCache& kv) {
+  check_scale_memory(fn, "kv.k_scale.data", kv.k_scale.data);
+  check_scale_memory(fn, "kv.v_scale.data", kv.v_scale.data);
+}
+
 void detail::check_device_sinks(const char* fn, const AttentionSinks& sinks, std::int64_t heads_q,
                                 const StateView& out, const void* workspace,
                                 std::size_t workspace_bytes) {

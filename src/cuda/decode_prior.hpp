@@ -40,6 +40,10 @@ struct PriorStates {
 void check_device_sinks(const char* fn, const AttentionSinks& sinks, std::int64_t heads_q,
                         const StateView& out, const void* workspace, std::size_t workspace_bytes);
 
+/// Throws (naming `fn` and `kv.k_scale.data` or `kv.v_scale.data`) unless each scale pointer of
+/// `kv` is null or device or managed memory: the fp8 kernels read the scales when they run.
+void check_kv_scales_readable(const char* fn, const PagedKvCache& kv);
+
 /// Every check of `run_decode_with_prior` with the same arguments, in the same order, and no
 /// launch: lets the cascade find a bad decode level before it queues its shared levels.
 /// @throws Error as `run_decode_with_prior` would.

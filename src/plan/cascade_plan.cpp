@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <utility>
@@ -40,18 +41,19 @@ PagedKvCache pool_of(const CascadeShape& s) {
   kv.num_pages = s.num_pages;
   kv.heads_kv = s.heads_kv;
   kv.head_dim = s.head_dim;
-  kv.dtype = s.dtype;
+  kv.dtype = s.pool_dtype();
   return kv;
 }
 
-/// The catalog's rows of `family` for a level of this shape (its head dim and dtype) with tiles
+/// The catalog's rows of `family` for a level of this shape (its head dim and dtypes) with tiles
 /// of `tile_rows` rows (0: any) taking `variants`.
 catalog::Query level_query(catalog::Family family, const CascadeShape& s, int tile_rows,
                            catalog::Variants variants = catalog::kPlain) {
   catalog::Query q;
   q.family = family;
   q.head_dim = s.head_dim;
-  q.q = q.kv = catalog::mask(s.dtype);
+  q.q = catalog::mask(s.dtype);
+  q.kv = catalog::mask(s.pool_dtype());
   q.tile_rows = tile_rows;
   q.variants = variants;
   return q;
@@ -234,6 +236,23 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
   if (!cascade_head_dim_supported(shape.head_dim))
     throw_argument(func, "shape.head_dim", catalog::head_dims_string(levels),
                    cascade_str(shape.head_dim), Status::kNotSupported);
+  // a K/V dtype of its own: one the catalog's mma.sync level rows take under the queries' dtype
+  // at the head dim (every level can run on them)
+  if (shape.kv_dtype.has_value() && *shape.kv_dtype != shape.dtype) {
+    levels.q = catalog::mask(shape.dtype);
+    levels.kv = catalog::kAnyDType;
+    levels.head_dim = static_cast<int>(shape.head_dim);
+    const catalog::DTypeMask kv = catalog::dtypes(levels, true);
+    if (!is_valid(*shape.kv_dtype) || (kv & catalog::mask(*shape.kv_dtype)) == 0)
+      throw_argument(
+          func, "shape.kv_dtype",
+          "unset, " + std::string(to_string(shape.dtype)) + " or " +
+              catalog::dtypes_string(kv & ~catalog::mask(shape.dtype)) + " under " +
+              to_string(shape.dtype) + " queries at head dim " + cascade_str(shape.head_dim),
+          is_valid(*shape.kv_dtype) ? std::string(to_string(*shape.kv_dtype))
+                                    : "value " + cascade_str(static_cast<int>(*shape.kv_dtype)),
+          Status::kNotSupported);
+  }
   if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
   if (tuning.tile_rows != 0 && !cascade_tile_supported(tuning.tile_rows))
     throw_argument(func, "tuning.tile_rows", "0 (automatic), " + level_tiles_string(),
@@ -463,6 +482,10 @@ cuda::CascadeLastLevel last_level_choice(const CascadeShape& shape, const Cascad
     if (lv.request_indptr[s] != s) return W::kShared;
   if (shape.q_len > 1 && !options.causal) return W::kNotCausal;
   if (lv.page_indptr[lv.num_segments] <= 0) return W::kNoPages;
+  const catalog::Variants variants =
+      catalog::variants_of(options.variant.window_left, options.variant.logits_soft_cap);
+  if (!catalog::compiled(level_query(catalog::Family::kDecodeSplit, shape, 0, variants)))
+    return W::kNoDecodeKernel;
   return W::kDecode;
 }
 
@@ -480,7 +503,7 @@ DecodeProblem cascade_decode_problem(const CascadeShape& shape) {
   dp.heads_kv = shape.heads_kv;
   dp.head_dim = shape.head_dim;
   dp.q_dtype = shape.dtype;
-  dp.kv_dtype = shape.dtype;
+  dp.kv_dtype = shape.pool_dtype();
   return dp;
 }
 
@@ -664,6 +687,8 @@ std::string to_string(const CascadeChoice& choice) {
       "cascade plan: batch " + std::to_string(s.batch) + ", " + std::to_string(s.heads_q) + "/" +
       std::to_string(s.heads_kv) + " heads, d " + std::to_string(s.head_dim) + ", " +
       attnstate::to_string(s.dtype) +
+      (s.pool_dtype() != s.dtype ? std::string(", K/V ") + attnstate::to_string(s.pool_dtype())
+                                 : std::string()) +
       (s.q_len > 1 ? ", q_len " + std::to_string(s.q_len) : std::string()) +
       (plan.logits_soft_cap != 0.f ? ", soft cap " + std::to_string(plan.logits_soft_cap)
                                    : std::string()) +
@@ -700,9 +725,11 @@ std::string to_string(const CascadeChoice& choice) {
                                         "not the decode: a segment serves several requests",
                                         "not the decode: q_len > 1 without the causal mask",
                                         "not the decode: no pages",
-                                        "not the decode: planned without one"};
+                                        "not the decode: planned without one",
+                                        "not the decode: no decode kernel for its dtypes and "
+                                        "variant"};
       const int w = static_cast<int>(plan.last_level);
-      if (w > 0 && w < 6) out += std::string(", ") + why[w];
+      if (w > 0 && w < static_cast<int>(std::size(why))) out += std::string(", ") + why[w];
     }
   }
   return out;

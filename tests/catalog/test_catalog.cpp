@@ -102,9 +102,11 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   const int tiles16 = 2;  // the 16-row tile at 3 and 2 stages
   const int tiles = tiles16 + static_cast<int>(std::size(kLaunchedTileRows)) - 1;
   const int wide_tiles = static_cast<int>(std::size(kLaunchedTileRows));  // each at 2 stages
+  // mma.sync: plain and variant, every cascade dtype, with 16-bit K/V and with each fp8 K/V
   EXPECT_EQ(rows_of(Family::kCascadeMma),
-            (static_cast<int>(compiled::CascadeMmaHeadDims::size()) * tiles +
-             static_cast<int>(compiled::CascadeMmaWideHeadDims::size()) * wide_tiles) *
+            ((static_cast<int>(compiled::CascadeMmaHeadDims::size()) * tiles +
+              static_cast<int>(compiled::CascadeMmaWideHeadDims::size()) * wide_tiles) +
+             static_cast<int>(compiled::CascadeMmaFp8HeadDims::size()) * tiles * fp8) *
                 cascade_dtypes * 2);
   // wgmma: 64 and 128 rows, plain and variant, every cascade dtype; warp-specialised: four
   // tiles, plain and variant, every cascade dtype

@@ -810,3 +810,67 @@ TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
 }
 
 }  // namespace
+
+TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8MmaRows) {
+  // fp8 K/V under 16-bit queries: every level on the catalog's mma.sync rows of that K/V dtype
+  // (no wgmma or warp-specialised row takes fp8), the last level on the decode's fp8 kernel where
+  // it has one; with a window or a soft cap the decode has no fp8 kernel, so the last level stays
+  // on a level kernel.
+  for (const DType kv : {DType::kE4M3, DType::kE5M2})
+    for (const DType q : {DType::kBF16, DType::kF16}) {
+      CascadeShape s = shape(64, 2, 4, 16, q);
+      s.kv_dtype = kv;
+      const std::string at = std::string(attnstate::to_string(q)) + "/" + attnstate::to_string(kv);
+      FakeDecode d;
+      const std::vector<Level> two = {
+          Level({64}, {32768}, 16),
+          Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 300), 16)};
+      const CascadeChoice p = plan_levels(s, two, {}, sm90a(), 132, d.fn());
+      EXPECT_EQ(p.last_level(), attnstate::cuda::CascadeLastLevel::kDecode) << at;
+      const auto& row = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).kernel_id)];
+      EXPECT_EQ(p.level(0).kernel, Kernel::kMma) << at;
+      EXPECT_EQ(row.kv, kv) << at;
+      EXPECT_EQ(row.q, q) << at;
+      EXPECT_NE(
+          attnstate::cuda::to_string(p).find(std::string(", K/V ") + attnstate::to_string(kv)),
+          std::string::npos)
+          << attnstate::cuda::to_string(p);
+      // a soft cap: the fp8 variant rows, and no decode last level
+      std::vector<CascadeLevel> views;
+      for (const Level& l : two) views.push_back(l.view());
+      CascadeOptions capped;
+      capped.variant.logits_soft_cap = 30.f;
+      const CascadeChoice c =
+          plan::plan_cascade(kFn, s, views.data(), 2, capped, 132, {}, sm90a(), d.fn());
+      EXPECT_EQ(c.last_level(), attnstate::cuda::CascadeLastLevel::kNoDecodeKernel) << at;
+      EXPECT_NE(attnstate::cuda::to_string(c).find("no decode kernel for its dtypes and variant"),
+                std::string::npos);
+      for (int l = 0; l < 2; ++l) {
+        const auto& r = attnstate::catalog::kRows[static_cast<std::size_t>(c.level(l).kernel_id)];
+        EXPECT_EQ(r.kv, kv) << at << " level " << l;
+        EXPECT_NE(r.variants & attnstate::catalog::kSoftCap, 0) << at << " level " << l;
+        EXPECT_EQ(c.level(l).kernel, Kernel::kMma) << at << " level " << l;
+      }
+    }
+}
+
+TEST(PlanCascade, KvDtypesOutsideTheCatalogAreRefusedNamingIt) {
+  // f32 K/V, fp8 K/V at a head dim without fp8 level rows, and a value that is no dtype: refused
+  // naming shape.kv_dtype with what the catalog takes; the queries' own dtype is the default
+  CascadeShape s = shape(4, 2, 4, 16);
+  s.kv_dtype = DType::kBF16;
+  EXPECT_NO_THROW(plan_levels(s, {Level({4}, {1024}, 16)}));
+  for (const int bad : {static_cast<int>(DType::kF32), 17}) {
+    s.kv_dtype = static_cast<DType>(bad);
+    const std::string err = error_of([&] { plan_levels(s, {Level({4}, {1024}, 16)}); });
+    EXPECT_NE(err.find("argument 'shape.kv_dtype'"), std::string::npos) << err;
+    EXPECT_NE(err.find("e4m3"), std::string::npos) << err;
+  }
+  if (attnstate::compiled::contains(attnstate::compiled::CascadeHeadDims{}, 256)) {
+    CascadeShape w = shape(4, 2, 4, 16, DType::kBF16, 256);
+    w.kv_dtype = DType::kE4M3;
+    const std::string err = error_of([&] { plan_levels(w, {Level({4}, {1024}, 16)}); });
+    EXPECT_NE(err.find("argument 'shape.kv_dtype'"), std::string::npos) << err;
+    EXPECT_NE(err.find("at head dim 256"), std::string::npos) << err;
+  }
+}

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "attnstate/core/cascade.hpp"
@@ -23,7 +24,15 @@ struct CascadeShape {
   std::int64_t head_dim = 0;   ///< A head dim of the catalog's level rows (docs/catalog.md).
   std::int64_t page_size = 0;  ///< Tokens per page (any ≥ 1).
   std::int64_t num_pages = 0;  ///< Pages in the pool.
-  DType dtype = DType::kBF16;  ///< Query and KV dtype: f16 or bf16 (others: `kNotSupported`).
+  DType dtype = DType::kBF16;  ///< Query dtype (and KV dtype unless `kv_dtype` is set): f16 or
+                               ///< bf16 (others: `kNotSupported`).
+  /// KV pool dtype when it differs from `dtype`: fp8 e4m3 or e5m2 (the pools' bytes, read as
+  /// `stored · k_scale` / `v_scale`, `KvScale`), on the catalog's fp8 level rows
+  /// (docs/catalog.md); unset: `dtype`.
+  std::optional<DType> kv_dtype;
+
+  /// The KV pools' dtype: `kv_dtype`, else `dtype`.
+  DType pool_dtype() const { return kv_dtype.value_or(dtype); }
 };
 
 /// Which tensor-core instructions a level kernel uses.
@@ -102,6 +111,9 @@ enum class CascadeLastLevel : std::uint8_t {
   kNotCausal = 3,   ///< `q_len > 1` without the causal mask (the decode's rule is causal).
   kNoPages = 4,     ///< The level holds no page.
   kOnlyShared = 5,  ///< A planner without a decode (the host planner's tests).
+  /// The catalog holds no split-KV decode kernel for the shape's head dim, dtypes and variant
+  /// (fp8 K/V with a window or a soft cap).
+  kNoDecodeKernel = 6,
 };
 
 /// What the plan chose for one level: a record a plan hands out read-only

@@ -6,7 +6,11 @@
 ///        row sums; the online-softmax step is tile/softmax_step.cuh's).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "attnstate/core/lse_base.hpp"
 #include "attnstate/core/merge_math.hpp"
@@ -15,6 +19,7 @@
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/kernels/cascade/params.cuh"
+#include "cuda/tile/fp8_kv.cuh"
 #include "cuda/tile/paged_kv.cuh"
 #include "cuda/tile/softmax_step.cuh"
 
@@ -267,36 +272,73 @@ __device__ __forceinline__ void quad_row_sums(math::OnlineSoftmax (&os)[2]) {
   }
 }
 
+/// The layout of a stage of fp8 K/V rows as stored (`D` bytes a row, 16-byte chunk `c` of row `r`
+/// at byte `r · D + 16 c`): only the thread that copied a chunk reads it back (`LevelLoader::
+/// convert`), so no swizzle is needed.
+template <int D>
+struct Fp8Rows {
+  __device__ static __forceinline__ int at(int r, int c) { return r * D + c * 16; }
+};
+
+/// Four fp8 values of `x` (format `kKv`, lowest byte first) as four `T` (f16 or bf16) in two
+/// 32-bit words: exact, every e4m3 and e5m2 value being an f16 and a bf16 value.
+template <class T, int kKv>
+__device__ __forceinline__ void fp8x4_to(std::uint32_t x, std::uint32_t& lo, std::uint32_t& hi) {
+  const std::uint32_t a = fp8x2_to_f16x2<kKv>(x & 0xFFFFu), b = fp8x2_to_f16x2<kKv>(x >> 16);
+  if constexpr (std::is_same_v<T, __half>) {
+    lo = a;
+    hi = b;
+  } else {
+    const auto bf = [](std::uint32_t h2) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+      const __nv_bfloat162 r = __float22bfloat162_rn(f);
+      return *reinterpret_cast<const std::uint32_t*>(&r);
+    };
+    lo = bf(a);
+    hi = bf(b);
+  }
+}
+
 /// The copies of a cp.async level kernel (`mma.sync` and `wgmma`): the query tile, the KV tiles
 /// of `BN` keys through a `kStages`-deep pipeline into `KvLayout`-swizzled stages, with their page
 /// ids fetched one tile ahead of the copies (so the dependent page-table loads overlap the math
 /// instead of stalling every copy), and the rows' causal key limits. Thread `tid` of `kThreads`
 /// copies 16-byte chunk `c_ld` of rows `r_ld + it · kRowStep` of each KV tile.
-template <class T, int D, int BN, int kThreads, int kStages, class KvLayout>
+///
+/// The KV loader policy `kKv`: K/V of the queries' dtype `T` (`kKvSame`), or fp8 (`kKvE4M3`,
+/// `kKvE5M2`, with `KvLayout` = `Fp8Rows<D>`): the stages then hold the stored bytes, and
+/// `convert` turns a landed stage into the 16-bit row-swizzled tiles the matrix steps read.
+template <class T, int D, int BN, int kThreads, int kStages, class KvLayout, int kKv = kKvSame>
 struct LevelLoader {
-  static constexpr int kChunks = D / 8;  ///< 16-byte chunks per row.
-  static constexpr int kLoadIters = BN * kChunks / kThreads;
-  static constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && (BN * kChunks) % kThreads == 0, "load mapping");
+  static constexpr bool kFp8 = kKv != kKvSame;
+  /// An element of the K/V stages and pools.
+  using KvStore = std::conditional_t<kFp8, unsigned char, T>;
+  static constexpr int kChunks = D / 8;  ///< 16-byte chunks per query row.
+  static constexpr int kKvChunks = D * static_cast<int>(sizeof(KvStore)) / 16;  ///< Per KV row.
+  static constexpr int kKvChunkElems = 16 / static_cast<int>(sizeof(KvStore));
+  static constexpr int kLoadIters = BN * kKvChunks / kThreads;
+  static constexpr int kRowStep = kThreads / kKvChunks;
+  static_assert(kThreads % kKvChunks == 0 && (BN * kKvChunks) % kThreads == 0, "load mapping");
+  static_assert(!kFp8 || sizeof(T) == 2, "fp8 K/V under 16-bit queries");
 
   const kernels::CascadeLevelParams& p;
   const LevelBlock& lb;
-  T* s_k;    ///< The K stages, `kStages × BN × D`.
-  T* s_v;    ///< The V stages.
-  int h_kv;  ///< This CTA's KV head.
-  int c_ld;  ///< This thread's chunk of a KV row.
-  int r_ld;  ///< This thread's first KV row.
+  KvStore* s_k;  ///< The K stages, `kStages × BN × D`.
+  KvStore* s_v;  ///< The V stages.
+  int h_kv;      ///< This CTA's KV head.
+  int c_ld;      ///< This thread's chunk of a KV row.
+  int r_ld;      ///< This thread's first KV row.
 
   __device__ __forceinline__ LevelLoader(const kernels::CascadeLevelParams& p_,
-                                         const LevelBlock& lb_, T* s_k_, T* s_v_, int h_kv_,
-                                         int tid)
+                                         const LevelBlock& lb_, KvStore* s_k_, KvStore* s_v_,
+                                         int h_kv_, int tid)
       : p(p_),
         lb(lb_),
         s_k(s_k_),
         s_v(s_v_),
         h_kv(h_kv_),
-        c_ld(tid % kChunks),
-        r_ld(tid / kChunks) {}
+        c_ld(tid % kKvChunks),
+        r_ld(tid / kKvChunks) {}
 
   /// Issues the copies of the query tile of `BM` rows into `s_q` (row-swizzled; rows past the
   /// segment's are zero) and commits them as one group.
@@ -330,17 +372,17 @@ struct LevelLoader {
   /// Issues this thread's copies of KV tile `kt` into stage `stage` (keys past the split's end
   /// zero-filled).
   __device__ __forceinline__ void issue(int kt, int stage, const int (&pg)[kLoadIters]) const {
-    const T* kpool = static_cast<const T*>(p.k);
-    const T* vpool = static_cast<const T*>(p.v);
-    T* dk = s_k + stage * BN * D;
-    T* dv = s_v + stage * BN * D;
+    const KvStore* kpool = static_cast<const KvStore*>(p.k);
+    const KvStore* vpool = static_cast<const KvStore*>(p.v);
+    KvStore* dk = s_k + stage * BN * D;
+    KvStore* dv = s_v + stage * BN * D;
     const int jb = lb.kv_begin + kt * BN;
 #pragma unroll
     for (int it = 0; it < kLoadIters; ++it) {
       const int r = r_ld + it * kRowStep, c = c_ld;
       const int j = jb + r;
-      const T* ks = kpool;
-      const T* vs = vpool;
+      const KvStore* ks = kpool;
+      const KvStore* vs = vpool;
       int bytes = 0;
       if (j < lb.kv_end) {
         const std::int64_t page = clamp_page(pg[it], p.num_pages);
@@ -349,13 +391,41 @@ struct LevelLoader {
                                  (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
                                         : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
                                      D +
-                                 c * 8;
+                                 c * kKvChunkElems;
         ks = kpool + off;
         vs = vpool + off;
         bytes = 16;
       }
       arch::cp_async_16_zfill(arch::smem_addr(dk + KvLayout::at(r, c)), ks, bytes);
       arch::cp_async_16_zfill(arch::smem_addr(dv + KvLayout::at(r, c)), vs, bytes);
+    }
+  }
+
+  /// fp8 only: converts this thread's chunks of stage `stage` (its own copies: landed once its
+  /// wait for the stage returned) into the 16-bit row-swizzled K and V tiles `dk`, `dv` of `BN`
+  /// keys (free: every warp is past its reads of the previous tile).
+  __device__ __forceinline__ void convert(int stage, T* dk, T* dv) const {
+    static_assert(kFp8, "the fp8 loader policy");
+    const KvStore* sk = s_k + stage * BN * D;
+    const KvStore* sv = s_v + stage * BN * D;
+#pragma unroll
+    for (int it = 0; it < kLoadIters; ++it) {
+      const int r = r_ld + it * kRowStep, c = c_ld;
+      const uint4 k8 = *reinterpret_cast<const uint4*>(sk + KvLayout::at(r, c));
+      const uint4 v8 = *reinterpret_cast<const uint4*>(sv + KvLayout::at(r, c));
+      uint4 k0, k1, v0, v1;
+      fp8x4_to<T, kKv>(k8.x, k0.x, k0.y);
+      fp8x4_to<T, kKv>(k8.y, k0.z, k0.w);
+      fp8x4_to<T, kKv>(k8.z, k1.x, k1.y);
+      fp8x4_to<T, kKv>(k8.w, k1.z, k1.w);
+      fp8x4_to<T, kKv>(v8.x, v0.x, v0.y);
+      fp8x4_to<T, kKv>(v8.y, v0.z, v0.w);
+      fp8x4_to<T, kKv>(v8.z, v1.x, v1.y);
+      fp8x4_to<T, kKv>(v8.w, v1.z, v1.w);
+      *reinterpret_cast<uint4*>(dk + swz<D>(r, 2 * c)) = k0;
+      *reinterpret_cast<uint4*>(dk + swz<D>(r, 2 * c + 1)) = k1;
+      *reinterpret_cast<uint4*>(dv + swz<D>(r, 2 * c)) = v0;
+      *reinterpret_cast<uint4*>(dv + swz<D>(r, 2 * c + 1)) = v1;
     }
   }
 

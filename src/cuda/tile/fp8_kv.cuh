@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "attnstate/core/dtype.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/mma.cuh"
 #include "cuda/tile/attention_tile.cuh"
@@ -39,6 +40,11 @@ enum Fp8Kv : int {
   kKvE4M3 = 1,
   kKvE5M2 = 2,
 };
+
+/// The KV loader policy (`Fp8Kv`) of a catalog row's K/V dtype.
+constexpr int kv_policy(DType kv) {
+  return kv == DType::kE4M3 ? kKvE4M3 : kv == DType::kE5M2 ? kKvE5M2 : kKvSame;
+}
 
 /// Two fp8 values (the low and high byte of `x`) as an f16x2 register, low byte in the low half.
 template <int kKv>

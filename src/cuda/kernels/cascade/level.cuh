@@ -9,9 +9,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/paged_kv.hpp"
 #include "catalog/kernel_shapes.hpp"
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
@@ -39,6 +41,9 @@ struct CascadeTile {
   static constexpr int kMinBlocks = MinBlocks_;  ///< CTAs per SM the registers must allow.
   /// Dynamic shared memory in bytes.
   static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2; }
+  /// Dynamic shared memory in bytes of the fp8 loader policy: the query tile, one 16-bit K and V
+  /// tile, and the stages of stored fp8 rows.
+  static constexpr int smem_bytes_fp8() { return (BM + 2 * BN) * D * 2 + 2 * kStages * BN * D; }
   static_assert(BNW % 16 == 0, "each warp needs whole 16-key steps");
   static_assert(D % 16 == 0 && D >= 64, "head_dim must be a multiple of 16, at least 64");
 };
@@ -170,19 +175,42 @@ __device__ __forceinline__ bool level_merge_key_split(float (&acc)[D / 8][4],
 
 }  // namespace detail
 
+/// Dynamic shared memory of the `mma.sync` level kernel of tile `Tile` under KV loader policy
+/// `kKv`.
+template <class Tile, int kKv>
+constexpr int cascade_level_smem_bytes() {
+  return kKv == tile::kKvSame ? Tile::smem_bytes() : Tile::smem_bytes_fp8();
+}
+
 /// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kVar`: the
 /// variant instance, which applies `p.soft_cap` to the scaled scores and the window
-/// `p.window_left` (`tile::VariantScores`, `tile::level_variant`).
-template <class T, class Tile, bool kVar = false>
-__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
-    cascade_level_kernel(const CascadeLevelParams p) {
+/// `p.window_left` (`tile::VariantScores`, `tile::level_variant`). `kKv`: the KV loader policy,
+/// K/V of the queries' dtype or fp8 (e4m3, e5m2) converted per tile (`tile::LevelLoader`), their
+/// dequantisation scales `k_scale` (joining the score scale) and `v_scale` (on the output).
+template <class T, class Tile, bool kVar, int kKv>
+__device__ __forceinline__ void cascade_level_body(const CascadeLevelParams& p,
+                                                   const KvScale& k_scale_of,
+                                                   const KvScale& v_scale_of) {
   constexpr int D = Tile::D, WM = Tile::WM, WN = Tile::WN, BM = Tile::BM, BN = Tile::BN;
   constexpr int BNW = Tile::BNW, kStages = Tile::kStages, kThreads = Tile::kThreads;
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  // the key-split warps' merge reuses the K/V shared memory
+  static_assert(
+      WN == 1 || cascade_level_smem_bytes<Tile, kKv>() - BM * D * 2 >= WN * WM * 16 * (D + 2) * 4,
+      "the key-split merge fits the K/V shared memory");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  // 16-bit K/V: the stages; fp8: one converted K and V tile, then the stages of stored rows
   T* s_q = reinterpret_cast<T*>(smem_raw);
   T* s_k = s_q + BM * D;
-  T* s_v = s_k + kStages * BN * D;
+  T* s_v = s_k + (kFp8 ? 1 : kStages) * BN * D;
+  using Loader =
+      tile::LevelLoader<T, D, BN, kThreads, kStages,
+                        std::conditional_t<kFp8, tile::Fp8Rows<D>, tile::RowSwizzle<D>>, kKv>;
+  using KvStore = typename Loader::KvStore;
+  KvStore* st_k = reinterpret_cast<KvStore*>(kFp8 ? reinterpret_cast<unsigned char*>(s_v + BN * D)
+                                                  : reinterpret_cast<unsigned char*>(s_k));
+  KvStore* st_v = st_k + kStages * BN * D;
 
   const tile::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -194,8 +222,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
   if constexpr (kVar) {
     if (!tile::level_variant(p, lb, wm * 16, lane, BN, var)) return;
   }
-  using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::RowSwizzle<D>>;
-  const Loader ld(p, lb, s_k, s_v, h_kv, tid);
+  // fp8: K's dequantisation scale joins the score scale
+  float s2_scale = p.s2_scale;
+  if constexpr (kFp8) {
+    const float k_scale = k_scale_of.at(h_kv);
+    s2_scale *= k_scale;
+    if constexpr (kVar) var.set_map(p.scale * k_scale, p.soft_cap);
+  }
+  const Loader ld(p, lb, st_k, st_v, h_kv, tid);
   int pg[Loader::kLoadIters];
   ld.template start_with_q<BM>(s_q, tid, pg);
   // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
@@ -220,8 +254,12 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     arch::cp_async_wait<kStages - 2>();
     __syncthreads();
     ld.advance(kt, pg);
-    const T* ks_tile = s_k + (kt % kStages) * BN * D;
-    const T* vs_tile = s_v + (kt % kStages) * BN * D;
+    const T* ks_tile = s_k + (kFp8 ? 0 : (kt % kStages) * BN * D);
+    const T* vs_tile = s_v + (kFp8 ? 0 : (kt % kStages) * BN * D);
+    if constexpr (kFp8) {
+      ld.convert(kt % kStages, s_k, s_v);
+      __syncthreads();
+    }
 
     float s[BNW / 8][4];  // S = Q Kᵀ over this warp's BNW keys
     if constexpr (kQInRegs)
@@ -231,9 +269,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     // scale, mask, online softmax (rows g and g + 8)
     const int t0 = kv_begin + kt * BN + wn * BNW;
     if constexpr (kVar)
-      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane, var);
+      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, s2_scale, lane, var);
     else
-      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, p.s2_scale, lane);
+      tile::online_softmax_step<BNW, D>(s, s, acc, os, limit, t0, s2_scale, lane);
     detail::level_pv<T, D, BNW>(acc, s, vs_tile, wn * BNW, lane);  // O += P V
   }
   arch::cp_async_wait<0>();
@@ -244,8 +282,33 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     if (!detail::level_merge_key_split<D, WM, WN>(acc, os, s_k, wm, wn, lane)) return;
   }
 
+  // fp8: V's dequantisation scale on the output
+  if constexpr (kFp8) {
+    const float v_scale = v_scale_of.at(h_kv);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[n][e] *= v_scale;
+  }
   // partial state → workspace slot (slot_offset + split); later slots of this segment are empty
   lb.store_partial<D>(p, h_kv, wm * 16, acc, os);
+}
+
+/// The level kernel over K/V of the queries' dtype (`cascade_level_body`).
+template <class T, class Tile, bool kVar = false>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    cascade_level_kernel(const CascadeLevelParams p) {
+  cascade_level_body<T, Tile, kVar, tile::kKvSame>(p, KvScale{}, KvScale{});
+}
+
+/// The level kernel over fp8 K/V (`kKv`: e4m3 or e5m2) with their dequantisation scales
+/// (`cascade_level_body`).
+template <class T, class Tile, bool kVar, int kKv>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+    cascade_level_fp8_kernel(const CascadeLevelParams p, const KvScale k_scale,
+                             const KvScale v_scale) {
+  static_assert(kKv != tile::kKvSame, "an fp8 loader policy");
+  cascade_level_body<T, Tile, kVar, kKv>(p, k_scale, v_scale);
 }
 
 }  // namespace kernels
