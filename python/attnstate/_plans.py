@@ -237,8 +237,10 @@ class Cascade:
     a row see the keys [max(0, p - w), p] across all the levels (a shared segment before the
     window contributes nothing; CPU and CUDA: a CUDA plan runs the shared levels' splits over
     the keys some row's window reaches);
-    `logits_soft_cap` as for Decode (CPU and CUDA). fp8 pools (CPU for now):
-    `kv_dtype=` in plan, uint8 pools and `k_scale=`, `v_scale=` in run, as for Decode.
+    `logits_soft_cap` as for Decode (CPU and CUDA). fp8 pools (CPU; CUDA under float16/bfloat16
+    queries at the head dims of the catalog's fp8 level rows, docs/catalog.md, with windows and
+    soft caps too): `kv_dtype=` in plan, uint8 pools and `k_scale=`, `v_scale=` in run, as for
+    Decode.
     `run(..., sinks=s)`: attention sinks merged once into every output row after all the levels,
     as for Decode.
     """

@@ -461,8 +461,9 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
 #if defined(ATTNSTATE_HAS_CUDA)
   if (p.device) {
     if (num_sms <= 0) num_sms = device_sms(device);
-    const cuda::CascadeShape shape{batch,    q_len,     heads_q,   heads_kv,
-                                   head_dim, page_size, num_pages, dtype};
+    cuda::CascadeShape shape{batch,    q_len,     heads_q,   heads_kv,
+                             head_dim, page_size, num_pages, dtype};
+    if (kv_dtype != dtype) shape.kv_dtype = kv_dtype;
     p.plan = cuda::plan_cascade(shape, host.data(), p.num_levels, p.options, num_sms);
   }
 #else

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,6 +68,14 @@ struct CaseSpec {
   int nan_key = -1;
   std::uint64_t seed = 1;
   std::vector<std::vector<SegmentSpec>> levels;  ///< Level-major segment lists.
+  /// fp8 pools (e4m3, e5m2; unset: `dtype`): each K/V element stored as the fp8 rounding of a
+  /// uniform value over its scale, read as `stored · scale` (`k_scale` / `v_scale`: one value
+  /// or one per KV head).
+  std::optional<attnstate::DType> kv_dtype;
+  std::vector<float> k_scale{1.f}, v_scale{1.f};
+
+  /// The pools' dtype.
+  attnstate::DType pool_dtype() const { return kv_dtype.value_or(dtype); }
 };
 
 /// Host arrays of one level.
@@ -96,7 +105,15 @@ inline std::int64_t needed_pages(const CaseSpec& s) {
 inline std::vector<std::uint8_t> encode(std::vector<float>& vals, attnstate::DType dt) {
   std::vector<std::uint8_t> raw(vals.size() * attnstate::size_of(dt));
   for (std::size_t i = 0; i < vals.size(); ++i) {
-    if (dt == attnstate::DType::kBF16) {
+    if (dt == attnstate::DType::kE4M3) {
+      const auto x = attnstate::from_float<attnstate::float8_e4m3_t>(vals[i]);
+      vals[i] = attnstate::to_float(x);
+      raw[i] = x.bits;
+    } else if (dt == attnstate::DType::kE5M2) {
+      const auto x = attnstate::from_float<attnstate::float8_e5m2_t>(vals[i]);
+      vals[i] = attnstate::to_float(x);
+      raw[i] = x.bits;
+    } else if (dt == attnstate::DType::kBF16) {
       const auto x = attnstate::from_float<attnstate::bfloat16_t>(vals[i]);
       vals[i] = attnstate::to_float(x);
       std::memcpy(&raw[2 * i], &x, 2);
@@ -131,7 +148,9 @@ struct CascadeCase {
   std::int64_t batch = 0;
   std::int64_t num_pages = 0;
   std::int64_t page_elems = 0;
-  std::vector<float> q, k, v;                     ///< Values (already rounded to the dtype).
+  /// Values (already rounded to the dtype); of fp8 pools the stored values (times the scales:
+  /// the real ones).
+  std::vector<float> q, k, v;
   std::vector<std::uint8_t> q_raw, k_raw, v_raw;  ///< Stored bytes.
   std::vector<HostLevel> levels;
   /// The reference (the testing kit's): `(batch·q_len, heads_q, head_dim)`, natural log.
@@ -177,6 +196,13 @@ struct CascadeCase {
     v.resize(k.size());
     for (float& x : k) x = uni(rng);
     for (float& x : v) x = uni(rng);
+    if (attnstate::is_fp8(s.pool_dtype())) {  // stored = the real value over its head's scale
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        const std::int64_t h = head_of(static_cast<std::int64_t>(i));
+        k[i] /= scale_at(s.k_scale, h);
+        v[i] /= scale_at(s.v_scale, h);
+      }
+    }
     if (s.nan_outside) poison_outside();
     if (s.nan_key >= 0) {
       const HostLevel& h = levels.at(0);
@@ -186,8 +212,8 @@ struct CascadeCase {
           std::numeric_limits<float>::quiet_NaN();
     }
     q_raw = encode(q, s.dtype);
-    k_raw = encode(k, s.dtype);
-    v_raw = encode(v, s.dtype);
+    k_raw = encode(k, s.pool_dtype());
+    v_raw = encode(v, s.pool_dtype());
     compute_reference();
   }
 
@@ -209,6 +235,17 @@ struct CascadeCase {
       if (!owned[i]) k[i] = v[i] = nan;
   }
 
+  /// The scale of KV head `h` in a list of one value or one per head.
+  static float scale_at(const std::vector<float>& scales, std::int64_t h) {
+    return scales.size() == 1 ? scales[0] : scales.at(static_cast<std::size_t>(h));
+  }
+  /// The KV head of pool element `i` (any head for the padding between pages).
+  std::int64_t head_of(std::int64_t i) const {
+    const std::int64_t in = i % page_elems, row = in / spec.head_dim;
+    if (in >= static_cast<std::int64_t>(spec.page_size) * spec.heads_kv * spec.head_dim) return 0;
+    return spec.layout == attnstate::KvLayout::kNHD ? row % spec.heads_kv : row / spec.page_size;
+  }
+
   std::int64_t tokens() const { return batch * spec.q_len; }
   std::int64_t out_elems() const { return tokens() * spec.heads_q * spec.head_dim; }
   std::int64_t lse_elems() const { return tokens() * spec.heads_q; }
@@ -220,12 +257,23 @@ struct CascadeCase {
                                                     : (h * spec.page_size + slot) * spec.head_dim;
   }
 
-  /// The pool description over `k`/`v` pointers in `space`.
-  attnstate::PagedKvCache pool(const void* kp, const void* vp, attnstate::MemorySpace space) const {
+  /// The pool description over `k`/`v` pointers in `space`; of an fp8 pool with one scale per KV
+  /// head, those scales at `k_scales` / `v_scales` in `space` (the spec's own on the host).
+  attnstate::PagedKvCache pool(const void* kp, const void* vp, attnstate::MemorySpace space,
+                               const float* k_scales = nullptr,
+                               const float* v_scales = nullptr) const {
     attnstate::PagedKvCache kv;
+    if (attnstate::is_fp8(spec.pool_dtype())) {
+      const auto scale = [&](const std::vector<float>& s, const float* at) {
+        if (s.size() == 1) return attnstate::KvScale::per_tensor(s[0]);
+        return attnstate::KvScale::per_head(at != nullptr ? at : s.data());
+      };
+      kv.k_scale = scale(spec.k_scale, k_scales);
+      kv.v_scale = scale(spec.v_scale, v_scales);
+    }
     kv.k = kp;
     kv.v = vp;
-    kv.dtype = spec.dtype;
+    kv.dtype = spec.pool_dtype();
     kv.layout = spec.layout;
     kv.num_pages = num_pages;
     kv.page_size = spec.page_size;
@@ -271,8 +319,14 @@ struct CascadeCase {
         }
     attnstate::testing::AttentionProblem p;
     p.q = attnstate::testing::HostTensor::from_floats(spec.dtype, {tokens(), spec.heads_q, D}, q);
-    p.k = attnstate::testing::HostTensor::from_floats(spec.dtype, {slots, spec.heads_kv, D}, ks);
-    p.v = attnstate::testing::HostTensor::from_floats(spec.dtype, {slots, spec.heads_kv, D}, vs);
+    p.k = attnstate::testing::HostTensor::from_floats(spec.pool_dtype(), {slots, spec.heads_kv, D},
+                                                      ks);
+    p.v = attnstate::testing::HostTensor::from_floats(spec.pool_dtype(), {slots, spec.heads_kv, D},
+                                                      vs);
+    if (attnstate::is_fp8(spec.pool_dtype())) {
+      p.k_scale = spec.k_scale;
+      p.v_scale = spec.v_scale;
+    }
     p.scale = scale();
     p.variant.logits_soft_cap = spec.soft_cap;
     return p;

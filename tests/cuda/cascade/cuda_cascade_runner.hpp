@@ -26,6 +26,7 @@ struct GpuCascade {
   attnstate::DType out_dtype;
   attnstate::LseBase out_base;
   attnstate::AttentionSinks sinks;  ///< Device sink logits for `launch`/`run_stages` (or none).
+  DeviceBuffer<float> k_scales, v_scales;  ///< An fp8 case's per-head scales (device copies).
 
   GpuCascade(const CascadeCase& cc, attnstate::DType out_dt, attnstate::LseBase base,
              const attnstate::cuda::CascadeTuning& tuning = {}, int num_sms = 0)
@@ -38,6 +39,8 @@ struct GpuCascade {
         out_dtype(out_dt),
         out_base(base) {
     upload_levels(cc);
+    if (cc.spec.k_scale.size() > 1) k_scales = DeviceBuffer<float>(cc.spec.k_scale);
+    if (cc.spec.v_scale.size() > 1) v_scales = DeviceBuffer<float>(cc.spec.v_scale);
     if (num_sms == 0) {
       int dev = 0;
       ATTNSTATE_CUDA_CHECK(cudaGetDevice(&dev));
@@ -82,13 +85,15 @@ struct GpuCascade {
     s.page_size = c->spec.page_size;
     s.num_pages = c->num_pages;
     s.dtype = c->spec.dtype;
+    s.kv_dtype = c->spec.kv_dtype;
     return s;
   }
   attnstate::ConstTensorView qv() const {
     return c->query(q.get(), attnstate::MemorySpace::kDevice);
   }
   attnstate::PagedKvCache kv() const {
-    return c->pool(k.get(), v.get(), attnstate::MemorySpace::kDevice);
+    return c->pool(k.get(), v.get(), attnstate::MemorySpace::kDevice, k_scales.get(),
+                   v_scales.get());
   }
   attnstate::StateView out() {
     return attnstate::make_state_view(o.get(), out_dtype, lse.get(), c->tokens(), c->spec.heads_q,
