@@ -39,11 +39,6 @@ constexpr bool in_unit() {
          r.head_dim == D && unit_of(r) == U;
 }
 
-/// The split kernel's K/V template argument of a row (`tile::Fp8Kv`).
-constexpr int kv_arg(DType kv) {
-  return kv == DType::kE4M3 ? tile::kKvE4M3 : kv == DType::kE5M2 ? tile::kKvE5M2 : tile::kKvSame;
-}
-
 /// Clusters of each size (index 2..8) of one split-kernel instance resident at once on the
 /// current device: its dynamic shared-memory limit raised, then one occupancy query per size,
 /// once per device.
@@ -118,7 +113,8 @@ bool launch_row(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream
       launch_stream<D, kBF16, (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0>(p, l,
                                                                                           stream);
     else
-      launch_split<D, kBF16, r.stages, U == DecodeUnit::kVariant, kv_arg(r.kv)>(p, l, stream);
+      launch_split<D, kBF16, r.stages, U == DecodeUnit::kVariant, tile::kv_policy(r.kv)>(p, l,
+                                                                                         stream);
     return true;
   } else {
     return false;
@@ -132,7 +128,7 @@ const ResidentClusters* clusters_row(int id) {
   if constexpr (in_unit<D, U, I>() && (U == DecodeUnit::kSplit || U == DecodeUnit::kFp8)) {
     if (id != static_cast<int>(I)) return nullptr;
     constexpr catalog::Row r = catalog::kRows[I];
-    return &resident_clusters<D, r.q == DType::kBF16, r.stages, kv_arg(r.kv)>();
+    return &resident_clusters<D, r.q == DType::kBF16, r.stages, tile::kv_policy(r.kv)>();
   } else {
     return nullptr;
   }
