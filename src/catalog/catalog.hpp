@@ -281,6 +281,20 @@ inline constexpr Group kGroups[] = {
                                     false, kSoftCap | kWindow, kNeedsWgmma, Family::kCascadeMma),
                       detail::kWgmma64, detail::kWgmma128),
         compiled::CascadeWgmmaHeadDims{}),
+    // cascade levels on wgmma over fp8 caches (e4m3, e5m2) under 16-bit queries: each K/V tile
+    // converted to the queries' dtype in shared memory as it lands; plain, then the variant
+    // instance; on devices without wgmma, the fp8 mma.sync rows
+    detail::with_dims(detail::tiles(detail::group(Family::kCascadeWgmma, detail::k16Bit,
+                                                  detail::kFp8, mask(DType::kF32), false, kPlain,
+                                                  kNeedsWgmma, Family::kCascadeMma),
+                                    detail::kWgmma64, detail::kWgmma128),
+                      compiled::CascadeWgmmaHeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeWgmma, detail::k16Bit, detail::kFp8, mask(DType::kF32),
+                          false, kSoftCap | kWindow, kNeedsWgmma, Family::kCascadeMma),
+            detail::kWgmma64, detail::kWgmma128),
+        compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels: 128-key tiles (3 stages) and 64-key tiles (4 stages); plain, then
     // the variant instance (soft cap, window); a pool no tensor map describes runs the wgmma
     // kernel

@@ -116,13 +116,13 @@ bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevel
       kernels::launch_cascade_tile<T, Tile, kVar, tile::kv_policy(r.kv)>(p, l.grid, l.pdl, stream,
                                                                          l.k_scale, l.v_scale);
     } else if constexpr (F == Family::kCascadeWgmma) {
-      static_assert(r.kv == r.q, "K/V of the queries' dtype");
       using Tile = kernels::CascadeWgmmaTile<D, r.tile_rows / 64>;
       static_assert(Tile::BM == r.tile_rows && Tile::BN == r.tile_keys && Tile::kStages == r.stages,
                     "the row's tile");
       static_assert(Tile::kMaxRegs * Tile::kThreads * r.ctas_per_sm <= 65536,
                     "the registers of the row's CTAs per SM");
-      kernels::launch_cascade_wgmma_tile<T, Tile, kVar>(p, l.grid, l.pdl, stream);
+      kernels::launch_cascade_wgmma_tile<T, Tile, kVar, tile::kv_policy(r.kv)>(
+          p, l.grid, l.pdl, stream, l.k_scale, l.v_scale);
     } else {
       static_assert(F == Family::kCascadeWs && r.kv == r.q, "a cascade level family, 16-bit K/V");
       using Tile = kernels::CascadeWsTile<r.tile_rows / 64, r.tile_keys, r.stages, ws_options(r)>;

@@ -28,14 +28,15 @@ struct CascadeLevelLaunch {
   KvScale v_scale;
 };
 
-/// The instantiation units of the level kernels at a head dim: the catalog families, the
-/// mma.sync rows over fp8 caches in their own unit (so the units compile in parallel).
+/// The instantiation units of the level kernels at a head dim: the catalog families, the rows
+/// over fp8 caches of each in their own unit (so the units compile in parallel).
 enum class CascadeUnit : int {
   kNone = 0,  ///< Not a level row.
   kMma,       ///< `kCascadeMma` over 16-bit caches.
   kMmaFp8,    ///< `kCascadeMma` over fp8 caches.
-  kWgmma,     ///< `kCascadeWgmma`.
+  kWgmma,     ///< `kCascadeWgmma` over 16-bit caches.
   kWs,        ///< `kCascadeWs`.
+  kWgmmaFp8,  ///< `kCascadeWgmma` over fp8 caches.
 };
 
 /// The unit that compiles catalog row `r`.
@@ -44,7 +45,7 @@ constexpr CascadeUnit unit_of(const catalog::Row& r) {
     case catalog::Family::kCascadeMma:
       return is_fp8(r.kv) ? CascadeUnit::kMmaFp8 : CascadeUnit::kMma;
     case catalog::Family::kCascadeWgmma:
-      return CascadeUnit::kWgmma;
+      return is_fp8(r.kv) ? CascadeUnit::kWgmmaFp8 : CascadeUnit::kWgmma;
     case catalog::Family::kCascadeWs:
       return CascadeUnit::kWs;
     default:

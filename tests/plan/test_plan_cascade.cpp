@@ -811,11 +811,11 @@ TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
 
 }  // namespace
 
-TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8MmaRows) {
-  // fp8 K/V under 16-bit queries: every level on the catalog's mma.sync rows of that K/V dtype
-  // (no wgmma or warp-specialised row takes fp8), the last level on the decode's fp8 kernel where
-  // it has one; with a window or a soft cap the decode has no fp8 kernel, so the last level stays
-  // on a level kernel.
+TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
+  // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (wgmma for
+  // the wide tiles where it holds fp8 rows, else mma.sync; no warp-specialised row takes fp8), the
+  // last level on the decode's fp8 kernel where it has one; with a window or a soft cap the decode
+  // has no fp8 kernel, so the last level stays on a level kernel.
   for (const DType kv : {DType::kE4M3, DType::kE5M2})
     for (const DType q : {DType::kBF16, DType::kF16}) {
       CascadeShape s = shape(64, 2, 4, 16, q);
@@ -828,8 +828,19 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8MmaRows) {
       const CascadeChoice p = plan_levels(s, two, {}, sm90a(), 132, d.fn());
       EXPECT_EQ(p.last_level(), attnstate::cuda::CascadeLastLevel::kDecode) << at;
       const auto& row = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).kernel_id)];
-      EXPECT_EQ(p.level(0).kernel, Kernel::kMma) << at;
+      EXPECT_NE(p.level(0).kernel, Kernel::kWarpSpecialized) << at;
       EXPECT_EQ(row.kv, kv) << at;
+      attnstate::catalog::Query wq;
+      wq.family = attnstate::catalog::Family::kCascadeWgmma;
+      wq.head_dim = s.head_dim;
+      wq.q = attnstate::catalog::mask(q);
+      wq.kv = attnstate::catalog::mask(kv);
+      wq.tile_rows = p.level(0).tile_rows;
+      EXPECT_EQ(p.level(0).kernel, attnstate::catalog::compiled(wq) ? Kernel::kWgmma : Kernel::kMma)
+          << at;
+      // the fallback of a wgmma row on a device without wgmma: the fp8 mma.sync row
+      const auto& fb = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).fallback_id)];
+      EXPECT_EQ(fb.kv, kv) << at;
       EXPECT_EQ(row.q, q) << at;
       EXPECT_NE(
           attnstate::cuda::to_string(p).find(std::string(", K/V ") + attnstate::to_string(kv)),
@@ -849,7 +860,7 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8MmaRows) {
         const auto& r = attnstate::catalog::kRows[static_cast<std::size_t>(c.level(l).kernel_id)];
         EXPECT_EQ(r.kv, kv) << at << " level " << l;
         EXPECT_NE(r.variants & attnstate::catalog::kSoftCap, 0) << at << " level " << l;
-        EXPECT_EQ(c.level(l).kernel, Kernel::kMma) << at << " level " << l;
+        EXPECT_NE(c.level(l).kernel, Kernel::kWarpSpecialized) << at << " level " << l;
       }
     }
 }

@@ -402,8 +402,10 @@ struct LevelLoader {
   }
 
   /// fp8 only: converts this thread's chunks of stage `stage` (its own copies: landed once its
-  /// wait for the stage returned) into the 16-bit row-swizzled K and V tiles `dk`, `dv` of `BN`
-  /// keys (free: every warp is past its reads of the previous tile).
+  /// wait for the stage returned) into the 16-bit K and V tiles `dk`, `dv` of `BN` keys in the
+  /// layout the matrix steps read (`DstLayout`: `RowSwizzle<D>` for mma.sync, `Swizzle128<BN>`
+  /// for wgmma; free: every warp is past its reads of the previous tile).
+  template <class DstLayout = RowSwizzle<D>>
   __device__ __forceinline__ void convert(int stage, T* dk, T* dv) const {
     static_assert(kFp8, "the fp8 loader policy");
     const KvStore* sk = s_k + stage * BN * D;
@@ -422,10 +424,10 @@ struct LevelLoader {
       fp8x4_to<T, kKv>(v8.y, v0.z, v0.w);
       fp8x4_to<T, kKv>(v8.z, v1.x, v1.y);
       fp8x4_to<T, kKv>(v8.w, v1.z, v1.w);
-      *reinterpret_cast<uint4*>(dk + swz<D>(r, 2 * c)) = k0;
-      *reinterpret_cast<uint4*>(dk + swz<D>(r, 2 * c + 1)) = k1;
-      *reinterpret_cast<uint4*>(dv + swz<D>(r, 2 * c)) = v0;
-      *reinterpret_cast<uint4*>(dv + swz<D>(r, 2 * c + 1)) = v1;
+      *reinterpret_cast<uint4*>(dk + DstLayout::at(r, 2 * c)) = k0;
+      *reinterpret_cast<uint4*>(dk + DstLayout::at(r, 2 * c + 1)) = k1;
+      *reinterpret_cast<uint4*>(dv + DstLayout::at(r, 2 * c)) = v0;
+      *reinterpret_cast<uint4*>(dv + DstLayout::at(r, 2 * c + 1)) = v1;
     }
   }
 

@@ -376,12 +376,14 @@ TEST(CudaCascade, EveryLevelKernelMatchesAtEveryHeadDimAndDtype) {
 
 TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
   // fp8 K/V (e4m3, e5m2) under bf16 and f16 queries at every head dim the catalog's fp8 level
-  // rows hold: the 16-, 64- and 128-row tiles; scales per tensor and per KV head (not powers of
+  // rows hold: the 16-, 64- and 128-row tiles on mma.sync, and on wgmma where the catalog holds
+  // it; scales per tensor and per KV head (not powers of
   // two); plain (its last level on the decode's fp8 kernel where the catalog holds one, else on a
   // level kernel), with a soft cap and with a window; also level by level. Against the double
   // reference over the dequantised cache, the output poisoned first.
   ATTNSTATE_REQUIRE_GPU();
   namespace catalog = attnstate::catalog;
+  using attnstate::cuda::CascadeKernel;
   std::uint64_t seed = 9900;
   int ran = 0;
   for (std::int64_t d : attnstate_test::cascade_head_dims())
@@ -394,39 +396,51 @@ TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
         fq.kv = catalog::mask(kv);
         if (!catalog::compiled(fq)) continue;
         for (int rows : {16, 64, 128})
-          for (int variant = 0; variant < 3; ++variant) {
-            CaseSpec spec = attnstate_test::two_level_spec(rows / 4 + 2, 611, 40, seed++);
-            spec.heads_q = 8;
-            spec.heads_kv = 2;
-            spec.head_dim = static_cast<int>(d);
-            spec.dtype = dt;
-            spec.kv_dtype = kv;
-            spec.k_scale = variant == 1 ? std::vector<float>{0.3f} : std::vector<float>{0.7f, 1.9f};
-            spec.v_scale =
-                variant == 1 ? std::vector<float>{1.6f} : std::vector<float>{0.45f, 1.3f};
-            spec.q_amp = variant == 1 ? 3.f : 1.f;
-            if (variant == 1) spec.soft_cap = 20.f;
-            if (variant == 2) spec.window_left = 200;
-            CascadeCase c(spec);
-            CascadeTuning t;
-            t.tile_rows = rows;
-            GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
-            const std::string at = "d " + std::to_string(d) + " " + attnstate::to_string(dt) + "/" +
-                                   attnstate::to_string(kv) + " rows " + std::to_string(rows) +
-                                   " variant " + std::to_string(variant) + ": " +
-                                   attnstate::cuda::to_string(g.plan);
-            const catalog::Row& row =
-                catalog::kRows[static_cast<std::size_t>(g.plan.level(0).kernel_id)];
-            EXPECT_EQ(row.kv, kv) << at;
-            EXPECT_EQ(row.tile_rows, rows) << at;
-            g.run();
-            EXPECT_TRUE(g.check(c)) << at;
-            if (variant == 0) {
-              g.run_stages();
-              EXPECT_TRUE(g.check(c)) << "stage by stage, " << at;
+          for (int variant = 0; variant < 3; ++variant)
+            for (CascadeKernel k : {CascadeKernel::kMma, CascadeKernel::kWgmma}) {
+              if (rows == 16 && k == CascadeKernel::kWgmma) continue;
+              CaseSpec spec = attnstate_test::two_level_spec(rows / 4 + 2, 611, 40, seed++);
+              spec.heads_q = 8;
+              spec.heads_kv = 2;
+              spec.head_dim = static_cast<int>(d);
+              spec.dtype = dt;
+              spec.kv_dtype = kv;
+              spec.k_scale =
+                  variant == 1 ? std::vector<float>{0.3f} : std::vector<float>{0.7f, 1.9f};
+              spec.v_scale =
+                  variant == 1 ? std::vector<float>{1.6f} : std::vector<float>{0.45f, 1.3f};
+              spec.q_amp = variant == 1 ? 3.f : 1.f;
+              if (variant == 1) spec.soft_cap = 20.f;
+              if (variant == 2) spec.window_left = 200;
+              CascadeCase c(spec);
+              CascadeTuning t;
+              t.tile_rows = rows;
+              t.kernel = k;
+              GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+              const std::string at =
+                  "d " + std::to_string(d) + " " + attnstate::to_string(dt) + "/" +
+                  attnstate::to_string(kv) + " rows " + std::to_string(rows) + " kernel " +
+                  std::to_string(static_cast<int>(k)) + " variant " + std::to_string(variant) +
+                  ": " + attnstate::cuda::to_string(g.plan);
+              const catalog::Row& row =
+                  catalog::kRows[static_cast<std::size_t>(g.plan.level(0).kernel_id)];
+              EXPECT_EQ(row.kv, kv) << at;
+              EXPECT_EQ(row.tile_rows, rows) << at;
+              catalog::Query wq = fq;
+              wq.family = catalog::Family::kCascadeWgmma;
+              wq.tile_rows = rows;
+              const bool wgmma = k == CascadeKernel::kWgmma && catalog::compiled(wq);
+              EXPECT_EQ(row.family,
+                        wgmma ? catalog::Family::kCascadeWgmma : catalog::Family::kCascadeMma)
+                  << at;
+              g.run();
+              EXPECT_TRUE(g.check(c)) << at;
+              if (variant == 0) {
+                g.run_stages();
+                EXPECT_TRUE(g.check(c)) << "stage by stage, " << at;
+              }
+              ++ran;
             }
-            ++ran;
-          }
       }
   if (ran == 0) GTEST_SKIP() << "no fp8 cascade level rows in this build";
 }

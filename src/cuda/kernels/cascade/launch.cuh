@@ -49,12 +49,19 @@ void launch_cascade_tile(const CascadeLevelParams& p, dim3 grid, bool pdl, cudaS
                         "cascade_level_fp8_kernel", k_scale, v_scale);
 }
 
-/// Launches one wgmma tile instance (`kVar`: the variant one: soft cap, window).
-template <class T, class Tile, bool kVar>
+/// Launches one wgmma tile instance (`kVar`: the variant one: soft cap, window; `kKv`: the KV
+/// loader policy, 16-bit or fp8 with the pool's scales `k_scale`, `v_scale`).
+template <class T, class Tile, bool kVar, int kKv = tile::kKvSame>
 void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
-                               cudaStream_t stream) {
-  launch_level_kernel(cascade_level_wgmma_kernel<T, Tile, kVar>, p, grid, Tile::kThreads,
-                      Tile::smem_bytes(), pdl, stream, "cascade_level_wgmma_kernel");
+                               cudaStream_t stream, const KvScale& k_scale = {},
+                               const KvScale& v_scale = {}) {
+  if constexpr (kKv == tile::kKvSame)
+    launch_level_kernel(cascade_level_wgmma_kernel<T, Tile, kVar>, p, grid, Tile::kThreads,
+                        Tile::smem_bytes(), pdl, stream, "cascade_level_wgmma_kernel");
+  else
+    launch_level_kernel(cascade_level_wgmma_fp8_kernel<T, Tile, kVar, kKv>, p, grid, Tile::kThreads,
+                        cascade_level_wgmma_smem_bytes<Tile, kKv>(), pdl, stream,
+                        "cascade_level_wgmma_fp8_kernel", k_scale, v_scale);
 }
 
 /// Launches one warp-specialised tile instance over the pool's tensor maps.

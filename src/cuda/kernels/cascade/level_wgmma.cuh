@@ -59,25 +59,50 @@ struct CascadeWgmmaTile {
   static constexpr int kMaxRegs = NWG >= 2 ? 192 : 224;
   /// Dynamic shared memory in bytes (+1 KiB to align the swizzle atoms to 1024 bytes).
   static constexpr int smem_bytes() { return (BM + 2 * kStages * BN) * D * 2 + 1024; }
+  /// Dynamic shared memory in bytes of the fp8 loader policy: the query tile, one 16-bit K and V
+  /// tile, the stages of stored fp8 rows.
+  static constexpr int smem_bytes_fp8() {
+    return (BM + 2 * BN) * D * 2 + 2 * kStages * BN * D + 1024;
+  }
   static_assert(D == 64 || D == 128, "wgmma path: head_dim 64 or 128");
 };
 
+/// Dynamic shared memory of the wgmma level kernel of tile `Tile` under KV loader policy `kKv`.
+template <class Tile, int kKv>
+constexpr int cascade_level_wgmma_smem_bytes() {
+  return kKv == tile::kKvSame ? Tile::smem_bytes() : Tile::smem_bytes_fp8();
+}
+
 /// One CTA: (segment, row tile, split) from `blockIdx.x`, KV head `blockIdx.y`. `kVar`: the
 /// variant instance, which applies `p.soft_cap` to the scaled scores and the window
-/// `p.window_left` (`tile::VariantScores`, `tile::level_variant`).
-template <class T, class Tile, bool kVar = false>
-__global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const CascadeLevelParams p) {
+/// `p.window_left` (`tile::VariantScores`, `tile::level_variant`). `kKv`: the KV loader policy,
+/// K/V of the queries' dtype or fp8 converted per tile into the 128-byte-swizzled 16-bit tiles
+/// the tensor cores read (`tile::LevelLoader::convert`), with their dequantisation scales
+/// `k_scale_of` (joining the score scale) and `v_scale_of` (on the output).
+template <class T, class Tile, bool kVar, int kKv>
+__device__ __forceinline__ void cascade_level_wgmma_body(const CascadeLevelParams& p,
+                                                         const KvScale& k_scale_of,
+                                                         const KvScale& v_scale_of) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Tile::D, BM = Tile::BM, BN = Tile::BN;
   constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads;
+  constexpr bool kFp8 = kKv != tile::kKvSame;
   using Wg = detail::WgmmaType<T>;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem_al = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
+  // 16-bit K/V: the stages; fp8: one converted K and V tile, then the stages of stored rows
   T* s_q = reinterpret_cast<T*>(smem_al);
   T* s_k = s_q + BM * D;
-  T* s_v = s_k + kStages * BN * D;
+  T* s_v = s_k + (kFp8 ? 1 : kStages) * BN * D;
+  using Loader =
+      tile::LevelLoader<T, D, BN, kThreads, kStages,
+                        std::conditional_t<kFp8, tile::Fp8Rows<D>, tile::Swizzle128<BN>>, kKv>;
+  using KvStore = typename Loader::KvStore;
+  KvStore* st_k = reinterpret_cast<KvStore*>(kFp8 ? reinterpret_cast<unsigned char*>(s_v + BN * D)
+                                                  : reinterpret_cast<unsigned char*>(s_k));
+  KvStore* st_v = st_k + kStages * BN * D;
 
   const tile::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -88,8 +113,14 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   if constexpr (kVar) {
     if (!tile::level_variant(p, lb, warp * 16, lane, BN, var)) return;
   }
-  using Loader = tile::LevelLoader<T, D, BN, kThreads, kStages, tile::Swizzle128<BN>>;
-  const Loader ld(p, lb, s_k, s_v, h_kv, tid);
+  // fp8: K's dequantisation scale joins the score scale
+  float s2_scale = p.s2_scale;
+  if constexpr (kFp8) {
+    const float k_scale = k_scale_of.at(h_kv);
+    s2_scale *= k_scale;
+    if constexpr (kVar) var.set_map(p.scale * k_scale, p.soft_cap);
+  }
+  const Loader ld(p, lb, st_k, st_v, h_kv, tid);
   int pg[Loader::kLoadIters];
   ld.template start_with_q<BM>(s_q, tid, pg);
   // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
@@ -108,8 +139,13 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
     arch::fence_proxy_async();
     __syncthreads();
     ld.advance(kt, pg);
-    const std::uint32_t k_base = arch::smem_addr(s_k + (kt % kStages) * BN * D);
-    const std::uint32_t v_base = arch::smem_addr(s_v + (kt % kStages) * BN * D);
+    const std::uint32_t k_base = arch::smem_addr(s_k + (kFp8 ? 0 : (kt % kStages) * BN * D));
+    const std::uint32_t v_base = arch::smem_addr(s_v + (kFp8 ? 0 : (kt % kStages) * BN * D));
+    if constexpr (kFp8) {  // the converted tiles, written by threads, read by the tensor cores
+      ld.template convert<tile::Swizzle128<BN>>(kt % kStages, s_k, s_v);
+      arch::fence_proxy_async();
+      __syncthreads();
+    }
 
     // S = Q Kᵀ (64 rows of this warpgroup × 64 keys)
     float s[BN / 8][4];
@@ -127,10 +163,10 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
 
     // scale, mask, online softmax (rows g and g + 8)
     if constexpr (kVar)
-      tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane,
+      tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, s2_scale, lane,
                                        var);
     else
-      tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, p.s2_scale, lane);
+      tile::online_softmax_step<BN, D>(s, s, acc, os, limit, kv_begin + kt * BN, s2_scale, lane);
 
     // O += P V (P from registers, V MN-major in shared memory)
     std::uint32_t pf[BN / 16][4];
@@ -152,10 +188,34 @@ __global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const Cas
   arch::cp_async_wait<0>();
   tile::quad_row_sums(os);
 
+  // fp8: V's dequantisation scale on the output
+  if constexpr (kFp8) {
+    const float v_scale = v_scale_of.at(h_kv);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[n][e] *= v_scale;
+  }
   lb.store_partial<D>(p, h_kv, warp * 16, acc, os);
 #elif defined(__CUDA_ARCH__)
   __trap();  // not built for sm_90a: the plan never picks it (DeviceFacts::wgmma())
 #endif
+}
+
+/// The wgmma level kernel over K/V of the queries' dtype (`cascade_level_wgmma_body`).
+template <class T, class Tile, bool kVar = false>
+__global__ void __maxnreg__(Tile::kMaxRegs) cascade_level_wgmma_kernel(const CascadeLevelParams p) {
+  cascade_level_wgmma_body<T, Tile, kVar, tile::kKvSame>(p, KvScale{}, KvScale{});
+}
+
+/// The wgmma level kernel over fp8 K/V (`kKv`: e4m3 or e5m2) with their dequantisation scales
+/// (`cascade_level_wgmma_body`).
+template <class T, class Tile, bool kVar, int kKv>
+__global__ void __maxnreg__(Tile::kMaxRegs)
+    cascade_level_wgmma_fp8_kernel(const CascadeLevelParams p, const KvScale k_scale,
+                                   const KvScale v_scale) {
+  static_assert(kKv != tile::kKvSame, "an fp8 loader policy");
+  cascade_level_wgmma_body<T, Tile, kVar, kKv>(p, k_scale, v_scale);
 }
 
 }  // namespace kernels
