@@ -48,6 +48,8 @@
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/arch/special.cuh"
+#include "cuda/kernels/decode/common.cuh"
+#include "cuda/kernels/decode/epilogue.cuh"
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/tile/attention_tile.cuh"
@@ -59,86 +61,6 @@
 namespace attnstate {
 namespace cuda {
 namespace detail {
-
-// The shared-memory layout and occupancy (`catalog/kernel_shapes.hpp`, read by the planner too).
-using catalog::decode_body_bytes;
-using catalog::decode_ctas_per_sm;
-using catalog::decode_ow_stride;
-using catalog::decode_smem_bytes;
-
-/// The decode kernels' start in a programmatic dependent launch: beside the previous kernel
-/// (`p.beside_previous`) every CTA lets the next kernel launch and the grid's last CTA waits for
-/// the previous one; chained (`p.programmatic`) every CTA does both. A no-op otherwise.
-__device__ __forceinline__ void decode_grid_dependency(const DecodeParams& p) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  if (p.beside_previous != 0 || p.programmatic != 0) {
-    arch::launch_dependent_grids();
-    if (p.programmatic != 0 || blockIdx.x == gridDim.x - 1) arch::wait_on_dependent_grids();
-  }
-#else
-  (void)p;
-#endif
-}
-
-#if ATTNSTATE_PROBES
-/// Probe timeline: per CTA, globaltimer at start (0), partial state done (1), merge decision
-/// (2), merge end (3), length known (4), first tile in shared memory (5), main loop done (6);
-/// a CTA that runs the workspace merge overwrites 4..7 with SM clock values (cycles) at the
-/// decision, the copies issued, the LSEs landed and the weights done.
-// (one copy per translation unit: each decode unit's kernels stamp their own, read back by
-// `decode_unit_timeline`)
-static __device__ unsigned long long g_decode_timeline[kDecodeTimelineCtas * 8];
-__device__ __forceinline__ void decode_mark(int slot) {
-  if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
-    g_decode_timeline[blockIdx.x * 8 + slot] = arch::globaltimer();
-  }
-}
-/// As `decode_mark`, after `dep` is available.
-__device__ __forceinline__ void decode_mark_dep(int slot, int dep) {
-  if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas)) {
-    g_decode_timeline[blockIdx.x * 8 + slot] = arch::globaltimer_after(dep);
-  }
-}
-/// As `decode_mark`, the SM clock instead (cycles; the workspace merge's sub-phases).
-__device__ __forceinline__ void decode_mark_clock(int slot) {
-  if (threadIdx.x == 0 && blockIdx.x < static_cast<unsigned>(kDecodeTimelineCtas))
-    g_decode_timeline[blockIdx.x * 8 + slot] = clock64();
-}
-#define ATTNSTATE_DECODE_MARK(slot) decode_mark(slot)
-#define ATTNSTATE_DECODE_MARK_DEP(slot, dep) decode_mark_dep(slot, dep)
-#define ATTNSTATE_DECODE_MARK_CLOCK(slot) decode_mark_clock(slot)
-#else
-#define ATTNSTATE_DECODE_MARK(slot) ((void)0)
-#define ATTNSTATE_DECODE_MARK_DEP(slot, dep) ((void)0)
-#define ATTNSTATE_DECODE_MARK_CLOCK(slot) ((void)0)
-#endif
-
-/// Stores four merged columns (from `4 · d4`) of query row `rg` of (request `b`, KV head `hkv`)
-/// as the output state, with the prior states folded in first when there are any and the head's
-/// attention sink merged in last when there are sinks.
-/// `grouped`: the calling lanes come in aligned groups of min(32, D / 4) active lanes that hold
-/// the quads of one row (then the fold shares its per-row work across the group).
-template <int D>
-__device__ __forceinline__ void store_row_columns(const DecodeParams& p, int b, int hkv, int rg,
-                                                  int d4, MergedColumns mc, bool grouped) {
-  const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
-  const std::int64_t hq = static_cast<std::int64_t>(hkv) * p.group + rg % p.group;
-  if (p.prior_count > 0) {
-    constexpr int kGroup = D / 4 < 32 ? D / 4 : 32;
-    if (grouped)
-      mc = fold_prior_group<D, kGroup>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
-                                       token * p.heads_q + hq, d4, mc);
-    else
-      mc = fold_prior<D>(p.prior_o, p.prior_lse, p.prior_count, p.prior_rows,
-                         token * p.heads_q + hq, d4, mc);
-  }
-  if (p.sinks != nullptr) mc = tile::merge_sink(mc, p.sinks[hq]);  // once, after everything else
-  store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + hq * p.o_stride_head + 4 * d4, mc.o,
-            p.out_vec4);
-  if (d4 == 0)
-    p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
-        math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
-}
 
 /// Split-KV decode kernel for head dim `D` and pipeline depth `kStages`; `kBF16` selects bf16
 /// (else f16) queries, and KV of the same dtype unless `kKv` names an fp8 format
@@ -478,66 +400,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     arch::cp_async_wait<0>();
     ATTNSTATE_DECODE_MARK(6);
 
-    // ---- merge the warps' states (fixed warp order) ----
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = os[h].l;
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      os[h].l = l;
-    }
-    __syncthreads();  // every warp is done with the pipeline buffers
-    if constexpr (kFp8)
-      tile::store_warp_state_fp8<D, kOw>(ow, mw, lw, warp, lane, o_acc, os, p.v_scale.at(hkv));
-    else
-      tile::store_warp_state<D, kOw>(ow, mw, lw, warp, lane, o_acc, os);
-    __syncthreads();
-
-    // Each thread: four columns of one row, the warps' factors recomputed per row (same order).
-    const std::int64_t part0 = (tile_id * S + s) * kRows;
-#pragma unroll 1
-    for (int e = tid; e < rows_here * kD4; e += kThreads) {
-      const int r = e / kD4;
-      const int d4 = e % kD4;
-      float m = math::neg_inf();
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = math::nan_max(m, mw[w * kRows + r]);
-      float f[kWarps];
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mwv = mw[w * kRows + r];
-        f[w] = math::is_empty_lse(mwv) ? 0.f : math::merge_weight(LseBase::kBase2, mwv, m);
-        sum += f[w] * lw[w * kRows + r];
-      }
-      const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        if (!math::is_empty_lse(mw[w * kRows + r])) {
-          const float4 x = *reinterpret_cast<const float4*>(ow + (w * kRows + r) * kOw + 4 * d4);
-          acc.x += f[w] * x.x;
-          acc.y += f[w] * x.y;
-          acc.z += f[w] * x.z;
-          acc.w += f[w] * x.w;
-        }
-      }
-      const float4 o = make_float4(acc.x * res.inv_sum, acc.y * res.inv_sum, acc.z * res.inv_sum,
-                                   acc.w * res.inv_sum);
-      if (single) {
-        // (each row's kD4 items are consecutive threads, rows in whole groups: grouped)
-        MergedColumns mc;
-        mc.o = o;
-        mc.lse = res.lse;
-        store_merged(r, d4, mc, true);
-      } else if (clustered) {
-        *reinterpret_cast<float4*>(pub_o + r * D + 4 * d4) = o;
-        if (d4 == 0) pub_lse[r] = res.lse;
-      } else {
-        *reinterpret_cast<float4*>(p.ws_o + (part0 + r) * D + 4 * d4) = o;
-        if (d4 == 0) p.ws_lse[part0 + r] = res.lse;
-      }
-    }
+    // ---- merge the warps' states (fixed warp order) into the split's slot ----
+    split_warp_merge<D, kOw, kFp8>(p, tid, warp, lane, hkv, rows_here, o_acc, os, ow, mw, lw,
+                                   tile_id, S, s, SplitSlot{single, clustered, pub_o, pub_lse},
+                                   store_merged);
   }
   ATTNSTATE_DECODE_MARK(1);
   if (single) return;
@@ -549,31 +415,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
   const int items = rows_here * kD4;
 
   if (clustered) {
-    // ---- cluster merge: CTA s merges a contiguous share of the tile's columns, reading the
-    //      published states of the request's splits from their CTAs' shared memory ----
-    arch::cluster_sync();
-    const int share = (items + p.cluster - 1) / p.cluster;
-    const int e_end = min(items, (s + 1) * share);
-    const std::uint32_t o_addr = arch::smem_addr(pub_o);
-    const std::uint32_t l_addr = arch::smem_addr(pub_lse);
-    // (a fixed trip count, unrolled: no loop state lives across the output calls; a cluster has
-    // at least two CTAs)
-    constexpr int kIters = (kRows * kD4 / 2 + kThreads - 1) / kThreads;
-#pragma unroll
-    for (int k = 0; k < kIters; ++k) {
-      const int e = s * share + tid + k * kThreads;
-      if (e >= e_end) break;
-      const int r = e / kD4;
-      const int d4 = e % kD4;
-      auto lse_at = [&](int i) { return arch::ld_cluster(arch::cluster_map(l_addr + 4 * r, i)); };
-      auto o_at = [&](int i) {
-        return arch::ld_cluster4(arch::cluster_map(o_addr + 4 * (r * D + 4 * d4), i));
-      };
-      store_merged(r, d4,
-                   split_merge<kDecodeMaxCluster, kDecodeClusterBatch>(n_splits, lse_at, o_at));
-    }
-    arch::cluster_sync();  // peers may still read this CTA's state until here
-    ATTNSTATE_DECODE_MARK(3);
+    split_cluster_merge<D>(p, tid, s, n_splits, items, pub_o, pub_lse, store_merged);
     return;
   }
 
@@ -582,43 +424,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
   //      every CTA of the cluster group holding it, merges the splits (a group's CTAs share the
   //      columns) ----
   int e_begin = 0, e_end = items;
-  {
-    const int C = p.cluster;  // 1, or groups of C consecutive splits in a cluster
-    const int g = s / C;
-    if (g * C >= n_splits) {  // the whole group (cluster): no split of the request in it
-      if (C > 1) arch::cluster_wait();
-      return;
-    }
-    const int rank = s - g * C;
-    __syncthreads();  // every thread's partial-state stores precede the release below
-    if (C > 1) arch::cluster_wait();  // every CTA of the group runs: its flags may be written
-    if (tid == 0) {
-      const int ticket = active ? arch::atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) : -1;
-      const int last = ticket == n_splits - 1;
-      if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
-      if (C > 1) {
-        // this CTA's slot in every CTA of the group
-        const std::uint32_t slot = arch::smem_addr(is_last + rank);
-#pragma unroll 1
-        for (int c = 0; c < C; ++c)
-          arch::st_cluster(arch::cluster_map(slot, static_cast<std::uint32_t>(c)), last);
-      } else {
-        *is_last = last;
-      }
-    }
-    if (C > 1)
-      arch::cluster_sync();  // every slot is written; no remote access after this
-    else
-      __syncthreads();
-    ATTNSTATE_DECODE_MARK(2);
-    int last = 0;
-#pragma unroll 1
-    for (int c = 0; c < C; ++c) last |= is_last[c];
-    if (!last) return;
-    const int share = (items + C - 1) / C;
-    e_begin = min(items, rank * share);
-    e_end = min(items, e_begin + share);
-  }
+  if (!split_ticket(p, tid, s, n_splits, active, tile_id, is_last, items, e_begin, e_end)) return;
 
   // Shared memory: every split's LSE, then its weight (-1: empty) [split][16 rows]; at the
   // body's end the merged columns of the items and each row's max. The splits' `o` columns are
