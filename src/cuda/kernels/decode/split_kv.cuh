@@ -51,6 +51,7 @@
 #include "cuda/kernels/decode/common.cuh"
 #include "cuda/kernels/decode/epilogue.cuh"
 #include "cuda/kernels/decode/params.cuh"
+#include "cuda/kernels/decode/scores.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/fp8_kv.cuh"
@@ -247,13 +248,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     tile::VariantScores scores;  // (the variant kernel only)
     if constexpr (kVariant) {
       scores.set_map(p.scale, p.soft_cap);
-      scores.hi_rows = rows_here > 8;  // (uniform: the warp skips the padding rows' scores)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int qi = (row0 + (lane >> 2) + 8 * h) / p.group;
-        const std::int64_t pos = static_cast<std::int64_t>(len) - p.q_len + qi;
-        scores.lo[h] = static_cast<int>(window_begin(pos, p.window_left));
-      }
+      decode_window_rows(p, lane, rows_here, row0, len, scores);
     }
 
     // ---- this warp's tiles of the split ----

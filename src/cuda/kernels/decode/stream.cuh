@@ -33,6 +33,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/variant.hpp"
+#include "cuda/kernels/decode/scores.cuh"
 #include "cuda/kernels/decode/split_kv.cuh"
 #include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/softmax_step.cuh"
@@ -378,13 +379,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     int t_begin = 0;           // the item's first tile
     if constexpr (kVariant) {  // the first tile, and each row's window start (`scores.lo`)
       t_begin = stream_first_tile<kVariant>(p, cur);
-      scores.hi_rows = cur.rows > 8;  // (uniform: the warp skips the padding rows' scores)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int qi = (cur.row0 + (lane >> 2) + 8 * h) / p.group;
-        const std::int64_t pos = static_cast<std::int64_t>(cur.len) - p.q_len + qi;
-        scores.lo[h] = static_cast<int>(window_begin(pos, p.window_left));
-      }
+      decode_window_rows(p, lane, cur.rows, cur.row0, cur.len, scores);
     }
     float o_acc[kNT][4];
 #pragma unroll
