@@ -53,6 +53,7 @@
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/kernels/decode/scores.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
+#include "cuda/kernels/decode/tile_step.cuh"
 #include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/fp8_kv.cuh"
 #include "cuda/tile/paged_kv.cuh"
@@ -367,29 +368,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
 #endif
 
       const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
-      const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
-      const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = range.begin + (warp + kWarps * it) * kRows;
-
-      if constexpr (kFp8) {
-        tile::attention_tile_fp8<D, kKv>(
-            [&](int kk, std::uint32_t(&a)[4]) {
-              arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
-            },
-            ks, ks + kTileBytes, t0, lim, p.s2_scale, os, o_acc, row_scores);
-      } else if constexpr (kVariant) {
-        tile::attention_tile<D, kBF16>(
-            [&](int kk, std::uint32_t(&a)[4]) {
-              arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
-            },
-            k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc, scores);
-      } else {
-        tile::attention_tile<D, kBF16>(
-            [&](int kk, std::uint32_t(&a)[4]) {
-              arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
-            },
-            k_lane, v_lane, a_x, b_x, t0, lim, p.s2_scale, os, o_acc);
-      }
+      auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
+        arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
+      };
+      if constexpr (kFp8)
+        tile::attention_tile_fp8<D, kKv>(q_frag, ks, ks + kTileBytes, t0, lim, p.s2_scale, os,
+                                         o_acc, row_scores);
+      else
+        decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, a_x, b_x, t0, lim, p.s2_scale, os,
+                                        o_acc, scores);
       __syncwarp();
     }
     arch::cp_async_wait<0>();

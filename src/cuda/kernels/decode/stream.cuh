@@ -35,6 +35,7 @@
 #include "attnstate/core/variant.hpp"
 #include "cuda/kernels/decode/scores.cuh"
 #include "cuda/kernels/decode/split_kv.cuh"
+#include "cuda/kernels/decode/tile_step.cuh"
 #include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/softmax_step.cuh"
 
@@ -396,20 +397,13 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       __syncwarp();
       const std::uint32_t ks = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
       stage = stage + 1 == kStages ? 0 : stage + 1;
-      const std::uint32_t k_lane = ks + static_cast<std::uint32_t>(b_row * D * 2);
-      const std::uint32_t v_lane = ks + kTileBytes + static_cast<std::uint32_t>(a_row * D * 2);
       const int t0 = t * kRows;
-
       auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
       };
-      if constexpr (kVariant)
-        tile::attention_tile<D, kBF16>(q_frag, k_lane, v_lane, ldm.a_x, ldm.b_x, t0, lim,
-                                       p.s2_scale, os, o_acc, scores);
-      else
-        tile::attention_tile<D, kBF16>(q_frag, k_lane, v_lane, ldm.a_x, ldm.b_x, t0, lim,
-                                       p.s2_scale, os, o_acc);
+      decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, ldm.a_x, ldm.b_x, t0, lim,
+                                      p.s2_scale, os, o_acc, scores);
       __syncwarp();
       ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
     }
