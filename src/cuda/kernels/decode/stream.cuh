@@ -176,6 +176,58 @@ __device__ __forceinline__ void stream_load_q(const DecodeParams& p, const int& 
   }
 }
 
+/// The page ids of pages [32·w, 32·w + 32) of item `it`, one per lane (0 past the item's
+/// pages), from `table` (the block table, or the CSR page ids). (References, as the kernel's
+/// lambda captured them: so the machine code stays the same.)
+__device__ __forceinline__ int stream_pid_window(const DecodeParams& p,
+                                                 const std::int32_t* const& table, const int& lane,
+                                                 const StreamItem& it, int w) {
+  const int idx = 32 * w + lane;
+  const int n_pages = it.tiles > 0 ? (it.len - 1) / p.page_size + 1 : 0;
+  return idx < n_pages ? table[it.pt + idx] : 0;
+}
+
+/// The scheduler's start of a warp: its first item (index `x_cur`) and the one `stride` items
+/// after it, their query fragments (`qa`, `qn`), lengths and page-table starts requested.
+template <int D>
+__device__ __forceinline__ void stream_first_items(const DecodeParams& p, const int& lane,
+                                                   const std::int64_t& items,
+                                                   const std::int64_t& stride,
+                                                   const std::int64_t& x_cur, StreamItem& cur,
+                                                   StreamItem& nxt, std::uint32_t (&qa)[D / 16][4],
+                                                   std::uint32_t (&qn)[D / 16][4]) {
+  cur = stream_coords(p, items, x_cur);
+  nxt = stream_coords(p, items, x_cur + stride);
+  stream_load_q<D>(p, lane, cur, qa);
+  stream_load_q<D>(p, lane, nxt, qn);
+  stream_fetch(p, cur);
+  stream_fetch(p, nxt);
+}
+
+/// The scheduler's step of a warp: the next item (`nxt`, its query fragments `qn`) becomes the
+/// current one (`cur`, `qa`), and the item `stride` items after it (`x_cur` the current item's
+/// index) becomes the next one, its query fragments, length and page-table start requested.
+/// (References, as the kernel's code used the values in place: so the machine code stays the
+/// same.)
+template <int D>
+__device__ __forceinline__ void stream_next_item(const DecodeParams& p, const int& lane,
+                                                 const std::int64_t& items,
+                                                 const std::int64_t& stride, std::int64_t& x_cur,
+                                                 StreamItem& cur, StreamItem& nxt,
+                                                 std::uint32_t (&qa)[D / 16][4],
+                                                 std::uint32_t (&qn)[D / 16][4]) {
+  constexpr int kKS = D / 16;
+  cur = nxt;
+  x_cur += stride;
+#pragma unroll
+  for (int kk = 0; kk < kKS; ++kk)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) qa[kk][u] = qn[kk][u];
+  nxt = stream_coords(p, items, x_cur + stride);
+  stream_load_q<D>(p, lane, nxt, qn);
+  stream_fetch(p, nxt);
+}
+
 /// Stores the item's state: each thread its two rows' normalised columns from its accumulator
 /// fragments and their LSEs (the split kernel's warp merge with one warp).
 template <int D>
@@ -258,14 +310,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const Elem* vpool = static_cast<const Elem*>(p.v);
   const std::uint64_t policy = arch::l2_evict_first_policy();  // the cache is streamed once
 
-  // Page ids of pages [32·w, 32·w + 32) of an item, one per lane (0 past the item's pages).
   const std::int32_t* table = p.block_table != nullptr ? p.block_table : p.page_indices;
-  auto pid_window = [&](const StreamItem& it, int w) -> int {
-    const int idx = 32 * w + lane;
-    const int n_pages = it.tiles > 0 ? (it.len - 1) / p.page_size + 1 : 0;
-    return idx < n_pages ? table[it.pt + idx] : 0;
-  };
-  // The page-id window (of 32 pages) that holds tile `t` of an item.
+  // The page-id window (of 32 pages, `stream_pid_window`) that holds tile `t` of an item.
   auto win_of = [&](int t) -> int {
     return static_cast<int>(static_cast<std::int64_t>(t) * kRows / p.page_size) >> 5;
   };
@@ -289,12 +335,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   //      of the current item (ld_sel 0) or of the next one (1); 2: none until the next item ----
   std::int64_t x_cur = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
   std::uint32_t qa[kKS][4], qn[kKS][4];  // query fragments of the current and the next item
-  StreamItem cur = stream_coords(p, items, x_cur);
-  StreamItem nxt = stream_coords(p, items, x_cur + stride);
-  stream_load_q<D>(p, lane, cur, qa);
-  stream_load_q<D>(p, lane, nxt, qn);
-  stream_fetch(p, cur);
-  stream_fetch(p, nxt);
+  StreamItem cur, nxt;
+  stream_first_items<D>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);
   int ld_sel = 0, ld_t = 0, ld_win = 0;
   if constexpr (kVariant) {  // (the variant's items start at their window's first tile)
     ld_t = stream_first_tile<kVariant>(p, cur);
@@ -303,14 +345,14 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; the window of the next item's
   // first tile in `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when
   // its length and page-table start have arrived, or when the cursor needs it first).
-  int ld_pids = pid_window(cur, ld_win);
+  int ld_pids = stream_pid_window(p, table, lane, cur, ld_win);
   int nxt_pids = 0;
   bool nxt_ready = false;
   auto ensure_nxt = [&]() {
     if (!nxt_ready) {
       int w = 0;
       if constexpr (kVariant) w = win_of(stream_first_tile<kVariant>(p, nxt));
-      nxt_pids = pid_window(nxt, w);
+      nxt_pids = stream_pid_window(p, table, lane, nxt, w);
       nxt_ready = true;
     }
   };
@@ -345,7 +387,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
       const int pidx = static_cast<int>(static_cast<std::int64_t>(ld_t) * kRows / p.page_size);
       if ((pidx >> 5) != ld_win) {  // the next window of a long item (warp-uniform)
         ld_win = pidx >> 5;
-        ld_pids = pid_window(it, ld_win);
+        ld_pids = stream_pid_window(p, table, lane, it, ld_win);
       }
       const std::int64_t pid =
           tile::clamp_page(__shfl_sync(0xffffffffu, ld_pids, pidx & 31), p.num_pages);
@@ -411,15 +453,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     stream_store_rows<D>(p, lane, cur, o_acc, os);
 
     // ---- the next item becomes current; the one after it is fetched ----
-    cur = nxt;
-    x_cur += stride;
-#pragma unroll
-    for (int kk = 0; kk < kKS; ++kk)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) qa[kk][u] = qn[kk][u];
-    nxt = stream_coords(p, items, x_cur + stride);
-    stream_load_q<D>(p, lane, nxt, qn);
-    stream_fetch(p, nxt);
+    stream_next_item<D>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);
     nxt_ready = false;
     if (ld_sel == 1) {
       ld_sel = 0;
