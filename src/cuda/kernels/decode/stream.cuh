@@ -149,6 +149,27 @@ __device__ __forceinline__ int stream_first_tile(const DecodeParams& p, const St
   return 0;
 }
 
+/// The scores policy of item `it` for this thread's rows lane/4 and lane/4 + 8: their exclusive
+/// key ends `lim` and, in the variant instance, their window starts (`decode_window_rows`).
+/// Returns the item's first tile (`stream_first_tile`). (References, as the kernel's code used
+/// the values in place: so the machine code stays the same.)
+template <bool kVariant, class Scores>
+__device__ __forceinline__ int stream_item_rows(const DecodeParams& p, const int& lane,
+                                                const StreamItem& it, int (&lim)[2],
+                                                Scores& scores) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (lane >> 2) + 8 * h;
+    lim[h] = r < it.rows ? min(it.len, it.len - p.q_len + (it.row0 + r) / p.group + 1) : 0;
+  }
+  int t_begin = 0;
+  if constexpr (kVariant) {
+    t_begin = stream_first_tile<kVariant>(p, it);
+    decode_window_rows(p, lane, it.rows, it.row0, it.len, scores);
+  }
+  return t_begin;
+}
+
 /// The A fragments of the item's query rows (rows lane/4 and lane/4 + 8, two columns per
 /// register, as ldmatrix would give them), straight from global memory; rows past the item's
 /// are zero. Only the item's coordinates are needed: no load stands before these.
@@ -412,18 +433,8 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
 
 #pragma unroll 1
   while (cur.tiles >= 0) {
-    // per-thread row limits (exclusive key end) for rows lane/4 and lane/4 + 8
     int lim[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = (lane >> 2) + 8 * h;
-      lim[h] = r < cur.rows ? min(cur.len, cur.len - p.q_len + (cur.row0 + r) / p.group + 1) : 0;
-    }
-    int t_begin = 0;           // the item's first tile
-    if constexpr (kVariant) {  // the first tile, and each row's window start (`scores.lo`)
-      t_begin = stream_first_tile<kVariant>(p, cur);
-      decode_window_rows(p, lane, cur.rows, cur.row0, cur.len, scores);
-    }
+    const int t_begin = stream_item_rows<kVariant>(p, lane, cur, lim, scores);
     float o_acc[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
