@@ -208,6 +208,84 @@ __device__ __forceinline__ int stream_pid_window(const DecodeParams& p,
   return idx < n_pages ? table[it.pt + idx] : 0;
 }
 
+/// Copies tile `t` of item `it` (page `pid`) into stage `stage` of the warp's ring at `ring`
+/// (keys past the item's length zero-filled; the lane's chunk addressing `lane_r0`, `lane_col`,
+/// `row_stride` of `tile::copy_kv_tile_in_page`, L2 `policy`). (References, as the kernel's
+/// lambda captured them: so the machine code stays the same.)
+template <int D>
+__device__ __forceinline__ void stream_load_tile(const DecodeParams& p, const std::uint32_t& ring,
+                                                 const std::uint16_t* const& kpool,
+                                                 const std::uint16_t* const& vpool,
+                                                 const int& lane_r0, const int& lane_col,
+                                                 const std::int64_t& row_stride,
+                                                 const std::uint64_t& policy, const StreamItem& it,
+                                                 int t, int stage, std::int64_t pid) {
+  constexpr int kRows = kDecodeTileRows;
+  constexpr std::uint32_t kTileBytes = kRows * D * 2;
+  constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
+  const int t0 = t * kRows;
+  const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
+  const std::int64_t base = pid * p.page_elems +
+                            tile::kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) +
+                            lane_col * 8;
+  tile::copy_kv_tile_in_page<D, kRows>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0,
+                                       it.len, policy);
+}
+
+/// Moves the load cursor on when the current item has no more tiles to copy (`ld_sel` 0 → 1: the
+/// next item's first tile, `ld_t` 0 or, in the variant instance, its window's first tile by
+/// `nxt_first`, and its page-id window, `ensure_nxt`) or the next item neither (1 → 2: none
+/// until the next item). (References, as the kernel's lambda captured them: so the machine code
+/// stays the same.)
+template <class EnsureNext, class NextFirst>
+__device__ __forceinline__ void stream_normalize(const StreamItem& cur, const StreamItem& nxt,
+                                                 int& ld_sel, int& ld_t, int& ld_win, int& ld_pids,
+                                                 const int& nxt_pids, EnsureNext& ensure_nxt,
+                                                 NextFirst& nxt_first) {
+  if (ld_sel == 0 && ld_t >= cur.tiles) {
+    ensure_nxt();
+    ld_sel = 1;
+    ld_t = 0;
+    ld_pids = nxt_pids;
+    ld_win = 0;
+    nxt_first();
+  }
+  if (ld_sel == 1 && ld_t >= nxt.tiles) ld_sel = 2;
+}
+
+/// The load cursor's step (the streamed kernel's mainloop producer): when there is a tile to
+/// copy (`ld_sel` 0: tile `ld_t` of the current item `cur`, 1: of the next item `nxt`; 2: none
+/// until the next item) it copies that tile into ring stage `ld_stage` as one commit group
+/// (`load_tile`; its page id shuffled from the lanes' page-id window `ld_pids`, window `ld_win`,
+/// reloaded when the item's tiles move to the next window) and moves the cursor (`normalize`).
+/// Nothing to copy: no group (a tile's group is then found by the count `loaded`).
+/// (References, as the kernel's lambda captured them: so the machine code stays the same.)
+template <int kStages, class LoadTile, class Normalize>
+__device__ __forceinline__ void stream_issue(const DecodeParams& p,
+                                             const std::int32_t* const& table, const int& lane,
+                                             const StreamItem& cur, const StreamItem& nxt,
+                                             int& ld_sel, int& ld_t, int& ld_win, int& ld_pids,
+                                             int& ld_stage, int& loaded, LoadTile& load_tile,
+                                             Normalize& normalize) {
+  if (ld_sel < 2) {
+    const StreamItem it = ld_sel == 0 ? cur : nxt;
+    const int pidx =
+        static_cast<int>(static_cast<std::int64_t>(ld_t) * kDecodeTileRows / p.page_size);
+    if ((pidx >> 5) != ld_win) {  // the next window of a long item (warp-uniform)
+      ld_win = pidx >> 5;
+      ld_pids = stream_pid_window(p, table, lane, it, ld_win);
+    }
+    const std::int64_t pid =
+        tile::clamp_page(__shfl_sync(0xffffffffu, ld_pids, pidx & 31), p.num_pages);
+    load_tile(it, ld_t, ld_stage, pid);
+    arch::cp_async_commit();
+    ++loaded;
+    ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
+    ++ld_t;
+    normalize();
+  }
+}
+
 /// The scheduler's start of a warp: its first item (index `x_cur`) and the one `stride` items
 /// after it, their query fragments (`qa`, `qn`), lengths and page-table starts requested.
 template <int D>
@@ -341,15 +419,9 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const int lane_col = lane % kCpr;
   const std::int64_t row_stride =
       p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
-  // Tile `t` of item `it` (page `pid`) → ring stage `stage` (keys past the length zero-filled).
   auto load_tile = [&](const StreamItem& it, int t, int stage, std::int64_t pid) {
-    const int t0 = t * kRows;
-    const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
-    const std::int64_t base = pid * p.page_elems +
-                              tile::kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) +
-                              lane_col * 8;
-    tile::copy_kv_tile_in_page<D, kRows>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0,
-                                         it.len, policy);
+    stream_load_tile<D>(p, ring, kpool, vpool, lane_r0, lane_col, row_stride, policy, it, t, stage,
+                        pid);
   };
 
   // ---- the warp's first two items, and the load cursor: the next tile to copy is tile `ld_t`
@@ -386,40 +458,17 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     }
   };
   auto normalize = [&]() {
-    if (ld_sel == 0 && ld_t >= cur.tiles) {
-      ensure_nxt();
-      ld_sel = 1;
-      ld_t = 0;
-      ld_pids = nxt_pids;
-      ld_win = 0;
-      nxt_first();
-    }
-    if (ld_sel == 1 && ld_t >= nxt.tiles) ld_sel = 2;
+    stream_normalize(cur, nxt, ld_sel, ld_t, ld_win, ld_pids, nxt_pids, ensure_nxt, nxt_first);
   };
   normalize();
   int ld_stage = 0;
   int loaded = 0;  // tiles copied so far (one commit group each), `computed` computed
   int computed = 0;
-  // Copies the tile at the cursor as one commit group, then moves the cursor. Nothing to copy:
-  // no group (a tile's group is then found by count).
-  auto issue = [&]() {
-    if (ld_sel < 2) {
-      const StreamItem it = ld_sel == 0 ? cur : nxt;
-      const int pidx = static_cast<int>(static_cast<std::int64_t>(ld_t) * kRows / p.page_size);
-      if ((pidx >> 5) != ld_win) {  // the next window of a long item (warp-uniform)
-        ld_win = pidx >> 5;
-        ld_pids = stream_pid_window(p, table, lane, it, ld_win);
-      }
-      const std::int64_t pid =
-          tile::clamp_page(__shfl_sync(0xffffffffu, ld_pids, pidx & 31), p.num_pages);
-      load_tile(it, ld_t, ld_stage, pid);
-      arch::cp_async_commit();
-      ++loaded;
-      ld_stage = ld_stage + 1 == kStages ? 0 : ld_stage + 1;
-      ++ld_t;
-      normalize();
-    }
+  auto issue = [&]() {  // the tile at the cursor, if any, then the cursor moves
+    stream_issue<kStages>(p, table, lane, cur, nxt, ld_sel, ld_t, ld_win, ld_pids, ld_stage, loaded,
+                          load_tile, normalize);
   };
+
 #pragma unroll 1
   for (int st = 0; st < kStages - 1; ++st) issue();
 
