@@ -13,6 +13,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/variant.hpp"
+#include "common/cascade_positions.hpp"
 #include "common/cascade_validate.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
@@ -41,26 +42,9 @@ struct WorkItem {
 
 constexpr std::int64_t kRowsPerItem = 16;  // query rows sharing one pass over a key block
 
-/// Where each request's keys lie in the concatenation of its segments (level order), and the
-/// position and first visible key of its rows: what the causal rule and the window need.
-struct Positions {
-  std::vector<std::int64_t> base;   ///< `(num_levels, batch)`: keys of the earlier levels.
-  std::vector<std::int64_t> total;  ///< `(batch)`: keys over all the levels.
-};
-
-Positions request_positions(const CascadeLevel* levels, int num_levels, std::int64_t batch) {
-  Positions p;
-  // at most kMaxCascadeLevels entries per request, fewer than the rows of out already checked
-  p.base.assign(static_cast<std::size_t>(num_levels * batch), 0);
-  p.total.assign(static_cast<std::size_t>(batch), 0);
-  for (int l = 0; l < num_levels; ++l)
-    for (std::int64_t s = 0; s < levels[l].num_segments; ++s)
-      for (std::int64_t b = levels[l].request_indptr[s]; b < levels[l].request_indptr[s + 1]; ++b) {
-        p.base[l * batch + b] = p.total[b];
-        p.total[b] += levels[l].seg_lens[s];
-      }
-  return p;
-}
+/// Where each request's keys lie in the concatenation of its segments (level order): the position
+/// and first visible key of its rows, what the causal rule and the window need.
+using Positions = ::attnstate::detail::CascadePositions;
 
 /// The states (o normalised, lse in base 2) of the rows of `w` over their segment: every block
 /// of keys is converted to fp32 once and used by all the rows of the item (the shared segment is
@@ -163,7 +147,7 @@ void cascade_attention(const ConstTensorView& q, const PagedKvCache& kv, const C
   if (batch == 0) return;  // an empty batch: nothing to read or write (levels unused)
   v::check_cascade_levels(kFunc, levels, num_levels, batch, q_len, options.causal, kv, false);
   v::check_out_disjoint_from_levels(kFunc, out, levels, num_levels, true);
-  const Positions pos = request_positions(levels, num_levels, batch);
+  const Positions pos = ::attnstate::detail::cascade_positions(levels, num_levels, batch);
   const HeadScales kv_scales(kv, true);  // batch > 0 here
 
   // every level's state of every row, computed per (level, segment, KV head, row chunk)

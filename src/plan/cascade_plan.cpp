@@ -14,6 +14,7 @@
 
 #include "attnstate/core/error.hpp"
 #include "catalog/catalog.hpp"
+#include "common/cascade_positions.hpp"
 #include "common/cascade_validate.hpp"
 #include "plan/cascade_plan_access.hpp"
 #include "plan/tuning_sm90.hpp"
@@ -151,40 +152,23 @@ catalog::Variants plan_variants(const Choice& plan) {
 /// Keys of each segment of level `l` that some row of it sees under the plan's window, counted
 /// back from the segment's end and rounded up to whole KV tiles (`tile::LevelBlock::
 /// narrow_to_window` drops the tiles before them); a request's position is that of its first row
-/// (the least), from `tails` (`(num_levels, batch)`: keys from each level's segment to the
-/// request's end).
+/// (the least), from the keys from each level's segment to the request's end (`pos`, as
+/// `kernels::cascade_tails_kernel` computes them on the device).
 std::vector<std::int32_t> window_lens(const Choice& plan, const CascadeLevel& lv, int l,
-                                      const std::vector<std::int64_t>& tails) {
+                                      const ::attnstate::detail::CascadePositions& pos) {
   const CascadeShape& s = plan.shape;
   std::vector<std::int32_t> lens(static_cast<std::size_t>(lv.num_segments), 0);
   for (std::int64_t g = 0; g < lv.num_segments; ++g) {
     const std::int64_t len = lv.seg_lens[g];
     std::int64_t lo = len;
     for (std::int64_t b = lv.request_indptr[g]; b < lv.request_indptr[g + 1]; ++b) {
-      const std::int64_t tail = tails[static_cast<std::size_t>(l * s.batch + b)];
-      const std::int64_t pos = plan.causal ? tail - s.q_len : tail - 1;
-      lo = std::min(lo, std::max<std::int64_t>(0, pos - plan.window_left));
+      const std::int64_t tail = pos.tail(l, b, s.batch);
+      const std::int64_t p = plan.causal ? tail - s.q_len : tail - 1;
+      lo = std::min(lo, std::max<std::int64_t>(0, p - plan.window_left));
     }
     lens[static_cast<std::size_t>(g)] = static_cast<std::int32_t>(len - lo / kKvTile * kKvTile);
   }
   return lens;
-}
-
-/// Keys from each level's segment to each request's end, `(num_levels, batch)`, as
-/// `kernels::cascade_tails_kernel` computes them on the device.
-std::vector<std::int64_t> host_tails(const CascadeShape& s, const CascadeLevel* levels,
-                                     int num_levels) {
-  std::vector<std::int64_t> tails(static_cast<std::size_t>(num_levels * s.batch), 0);
-  std::vector<std::int64_t> sum(static_cast<std::size_t>(s.batch), 0);
-  for (int l = num_levels - 1; l >= 0; --l) {
-    const CascadeLevel& lv = levels[l];
-    for (std::int64_t g = 0; g < lv.num_segments; ++g)
-      for (std::int64_t b = lv.request_indptr[g]; b < lv.request_indptr[g + 1]; ++b)
-        sum[static_cast<std::size_t>(b)] += lv.seg_lens[g];
-    for (std::int64_t b = 0; b < s.batch; ++b)
-      tails[static_cast<std::size_t>(l * s.batch + b)] = sum[static_cast<std::size_t>(b)];
-  }
-  return tails;
 }
 
 /// The row tiles of the catalog's mma.sync level rows (`cascade_tile_supported`), ascending, as
@@ -559,7 +543,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
     plan.decode_fold = false;
   }
   std::int64_t slots = 0;
-  std::vector<std::int64_t> tails;  // (a window's: the requests' keys from each level on)
+  ::attnstate::detail::CascadePositions pos;  // (a window's: where the requests' keys lie)
   for (int l = 0; l < num_levels; ++l) {
     const CascadeLevel& lv = host_levels[l];
     CascadeLevelPlan& lp = plan.levels[l];
@@ -571,8 +555,9 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
       continue;
     }
     if (plan.window_left >= 0) {
-      if (tails.empty()) tails = host_tails(shape, host_levels, num_levels);
-      const std::vector<std::int32_t> lens = window_lens(plan, lv, l, tails);
+      if (pos.total.empty())
+        pos = ::attnstate::detail::cascade_positions(host_levels, num_levels, shape.batch);
+      const std::vector<std::int32_t> lens = window_lens(plan, lv, l, pos);
       plan_kernel_level(func, plan, l, lv, lens.data(), tuning, facts);
     } else {
       plan_kernel_level(func, plan, l, lv, lv.seg_lens, tuning, facts);
