@@ -52,6 +52,7 @@
 #include "cuda/kernels/decode/epilogue.cuh"
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/kernels/decode/scores.cuh"
+#include "cuda/kernels/decode/split_loader.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/kernels/decode/tile_step.cuh"
 #include "cuda/tile/attention_tile.cuh"
@@ -269,27 +270,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
                               p.num_pages);
     };
     auto in_page = [&](std::int64_t slot) { return tile::kv_in_page<D>(p, hkv, slot); };
-    // Where this warp's tile `it` lies: its one page's id when it lies in one page, else this
-    // lane's `lane_row_offset` (the tile's page ids in one parallel load, shuffled by the copy).
     auto tile_pid = [&](int it) -> std::int64_t {
-      const int t0 = range.begin + (warp + kWarps * it) * kRows;
-      if (it >= my_tiles) return 0;
-      if (!tile_in_page)
-        return tile::lane_row_offset<kRows>(p, page_id, in_page, lane, t0, range.end);
-      return page_id(t0 / p.page_size);
+      return split_tile_pid(p, range, warp, lane, my_tiles, tile_in_page, page_id, in_page, it);
     };
-    // As `tile_pid` for one of the first tiles, from the speculative load when it applies (the
-    // split starts where the speculation assumed; the id clamped like `page_id`).
     auto first_pid = [&](int it) -> std::int64_t {
-#pragma unroll
-      for (int k = 0; k < kSpec; ++k) {
-        if (k == it && tile_in_page && it < my_tiles && spec_pid[k] >= 0 &&
-            static_cast<std::uint32_t>(range.begin + warp * kRows) == spec_t0) {
-          const std::int64_t id = spec_pid[k];  // >= 0: only the upper clamp can apply
-          return id < p.num_pages ? id : p.num_pages - 1;
-        }
-      }
-      return tile_pid(it);
+      return split_first_pid(p, range, warp, my_tiles, tile_in_page, spec_pid, spec_t0, tile_pid,
+                             it);
     };
     // Per-lane constants of the chunk addressing (see `copy_kv_tile_in_page`): inside one page a
     // lane's source offsets are one base plus compile-time multiples of the row stride. The
@@ -317,19 +303,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     const std::uint32_t b_x = static_cast<std::uint32_t>((((lane >> 3) & 1) ^ (lane & 7)) << 4);
     const std::uint32_t q_lane = arch::smem_addr(q_s) + static_cast<std::uint32_t>(a_row * D * 2);
     auto load_tile = [&](int it, int stage, std::int64_t pid) {
-      const int t0 = range.begin + (warp + kWarps * it) * kRows;
-      const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
-      const std::uint32_t vd = kd + kTileBytes;
-      if (tile_in_page) {  // per-lane source offsets precomputed: one page holds the tile
-        const std::int64_t base =
-            units(pid * p.page_elems + in_page(t0 % p.page_size + lane_r0)) + lane_col * 8;
-        tile::copy_kv_tile_in_page<kDu, kRows>(kd, vd, kpool, vpool, base, row_stride, t0,
-                                               range.end, policy);
-        return;
-      }
-      // Any page size: each chunk's offset from the lane of its row.
-      tile::copy_kv_tile_any_page<kDu, kRows>(kd, vd, kpool, vpool, policy, units(pid), lane, t0,
-                                              range.end);
+      split_load_tile<D, kStages, kKv>(p, range, warp, lane, ring, tile_in_page, in_page, units,
+                                       lane_r0, lane_col, kpool, vpool, row_stride, policy, it,
+                                       stage, pid);
     };
 
     float o_acc[kNT][4];
