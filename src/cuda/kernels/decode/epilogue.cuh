@@ -225,6 +225,23 @@ __device__ __forceinline__ bool split_ticket(const DecodeParams& p, const int& t
   return true;
 }
 
+/// The workspace merge's batch of columns in flight: item `it` (from `e_begin`) of splits
+/// [`i0`, `i0 + kB`) clamped to the last of the `n` splits, from the partial states of tile row
+/// `split0` (split 0, row 0) into `v`. (References, as the kernel's lambda captured them: so the
+/// machine code stays the same.)
+template <int D, int kB>
+__device__ __forceinline__ void split_load_batch(const DecodeParams& p, const std::int64_t& split0,
+                                                 const int& e_begin, const int& n, float4 (&v)[kB],
+                                                 int it, int i0) {
+  const float* src = p.ws_o + split0 * D + 4 * (e_begin + it);
+#pragma unroll
+  for (int u = 0; u < kB; ++u) {
+    const int i = i0 + u < n ? i0 + u : n - 1;
+    v[u] = __ldcg(
+        reinterpret_cast<const float4*>(src + static_cast<std::int64_t>(i) * kDecodeTileRows * D));
+  }
+}
+
 }  // namespace detail
 }  // namespace cuda
 }  // namespace attnstate

@@ -263,12 +263,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     const bool tile_in_page = (p.page_size % kRows) == 0;
     const std::uint64_t policy = arch::l2_evict_first_policy();
 
-    auto page_id = [&](std::int64_t pidx) -> std::int64_t {
-      return tile::clamp_page(p.block_table != nullptr
-                                  ? p.block_table[b * p.block_table_stride + pidx]
-                                  : p.page_indices[csr_base + pidx],
-                              p.num_pages);
-    };
+    auto page_id = [&](std::int64_t pidx) { return split_page_id(p, b, csr_base, pidx); };
     auto in_page = [&](std::int64_t slot) { return tile::kv_in_page<D>(p, hkv, slot); };
     auto tile_pid = [&](int it) -> std::int64_t {
       return split_tile_pid(p, range, warp, lane, my_tiles, tile_in_page, page_id, in_page, it);
@@ -403,13 +398,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
   // the first batch of this thread's first item is requested before the weights).
   float4 v[kB];
   auto load_batch = [&](int it, int i0) {
-    const float* src = p.ws_o + split0 * D + 4 * (e_begin + it);
-#pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const int i = i0 + u < n ? i0 + u : n - 1;
-      v[u] =
-          __ldcg(reinterpret_cast<const float4*>(src + static_cast<std::int64_t>(i) * kRows * D));
-    }
+    split_load_batch<D, kB>(p, split0, e_begin, n, v, it, i0);
   };
   ATTNSTATE_DECODE_MARK_CLOCK(4);
   // The LSEs, and the first batch of this thread's first item, in flight together.

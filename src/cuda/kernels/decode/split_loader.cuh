@@ -17,6 +17,17 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
+/// The id of page `pidx` of request `b` (its block-table row, or its CSR page ids from
+/// `csr_base`), clamped to the pool. (References, as the kernel's lambda captured them: so the
+/// machine code stays the same.)
+__device__ __forceinline__ std::int64_t split_page_id(const DecodeParams& p, const int& b,
+                                                      const std::int64_t& csr_base,
+                                                      std::int64_t pidx) {
+  return tile::clamp_page(p.block_table != nullptr ? p.block_table[b * p.block_table_stride + pidx]
+                                                   : p.page_indices[csr_base + pidx],
+                          p.num_pages);
+}
+
 /// Where warp `warp`'s tile `it` of the token `range` lies (0 past its `my_tiles` tiles): its
 /// one page's id (`page_id` of its page index) when pages hold whole tiles (`tile_in_page`),
 /// else this lane's `lane_row_offset` (the tile's page ids in one parallel load, shuffled by the
