@@ -15,6 +15,7 @@
 #include "attnstate/core/lse_base.hpp"
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/paged_kv.hpp"
 #include "cuda/arch/grid_dependency.cuh"
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
@@ -200,6 +201,30 @@ __device__ __forceinline__ bool level_variant(const kernels::CascadeLevelParams&
   return lb.narrow_to_window(p, s_lo, bn);
 }
 
+/// The base-2 score scale of a level CTA of KV head `h_kv`: `p.s2_scale`, with an fp8 pool's K
+/// dequantisation scale `k_scale` folded in (`kFp8`; in the variant's map too, `kVar`).
+template <bool kFp8, bool kVar>
+__device__ __forceinline__ float level_score_scale(const kernels::CascadeLevelParams& p,
+                                                   const KvScale& k_scale, int h_kv,
+                                                   VariantScores& var) {
+  float s2_scale = p.s2_scale;
+  if constexpr (kFp8) {
+    const float k = k_scale.at(h_kv);
+    s2_scale *= k;
+    if constexpr (kVar) var.set_map(p.scale * k, p.soft_cap);
+  }
+  return s2_scale;
+}
+
+/// Multiplies an accumulator fragment by `s` (an fp8 pool's V dequantisation scale).
+template <int N>
+__device__ __forceinline__ void scale_frags(float (&f)[N][4], float s) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[n][e] *= s;
+}
+
 /// Element offset of 16-byte chunk `c` of row `r` in a swizzled `[rows][D]` 16-bit tile.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
@@ -328,6 +353,26 @@ struct LevelLoader {
   int h_kv;      ///< This CTA's KV head.
   int c_ld;      ///< This thread's chunk of a KV row.
   int r_ld;      ///< This thread's first KV row.
+
+  /// The K/V shared memory of a level kernel from `base` (after its query tile): 16-bit K/V, the
+  /// K then the V stages, which the matrix steps read (`tile_k` = `stage_k`); fp8, one converted
+  /// 16-bit K and V tile (`tile_k`, `tile_v`), then the K and V stages of stored rows.
+  struct Smem {
+    T* tile_k;
+    T* tile_v;
+    KvStore* stage_k;
+    KvStore* stage_v;
+  };
+  __device__ static __forceinline__ Smem smem(T* base) {
+    Smem m;
+    m.tile_k = base;
+    m.tile_v = base + (kFp8 ? 1 : kStages) * BN * D;
+    m.stage_k =
+        reinterpret_cast<KvStore*>(kFp8 ? reinterpret_cast<unsigned char*>(m.tile_v + BN * D)
+                                        : reinterpret_cast<unsigned char*>(m.tile_k));
+    m.stage_v = m.stage_k + kStages * BN * D;
+    return m;
+  }
 
   __device__ __forceinline__ LevelLoader(const kernels::CascadeLevelParams& p_,
                                          const LevelBlock& lb_, KvStore* s_k_, KvStore* s_v_,

@@ -94,15 +94,12 @@ __device__ __forceinline__ void cascade_level_wgmma_body(const CascadeLevelParam
       (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
   // 16-bit K/V: the stages; fp8: one converted K and V tile, then the stages of stored rows
   T* s_q = reinterpret_cast<T*>(smem_al);
-  T* s_k = s_q + BM * D;
-  T* s_v = s_k + (kFp8 ? 1 : kStages) * BN * D;
   using Loader =
       tile::LevelLoader<T, D, BN, kThreads, kStages,
                         std::conditional_t<kFp8, tile::Fp8Rows<D>, tile::Swizzle128<BN>>, kKv>;
-  using KvStore = typename Loader::KvStore;
-  KvStore* st_k = reinterpret_cast<KvStore*>(kFp8 ? reinterpret_cast<unsigned char*>(s_v + BN * D)
-                                                  : reinterpret_cast<unsigned char*>(s_k));
-  KvStore* st_v = st_k + kStages * BN * D;
+  const typename Loader::Smem kv = Loader::smem(s_q + BM * D);
+  T* s_k = kv.tile_k;
+  T* s_v = kv.tile_v;
 
   const tile::PdlScope pdl;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -114,13 +111,8 @@ __device__ __forceinline__ void cascade_level_wgmma_body(const CascadeLevelParam
     if (!tile::level_variant(p, lb, warp * 16, lane, BN, var)) return;
   }
   // fp8: K's dequantisation scale joins the score scale
-  float s2_scale = p.s2_scale;
-  if constexpr (kFp8) {
-    const float k_scale = k_scale_of.at(h_kv);
-    s2_scale *= k_scale;
-    if constexpr (kVar) var.set_map(p.scale * k_scale, p.soft_cap);
-  }
-  const Loader ld(p, lb, st_k, st_v, h_kv, tid);
+  const float s2_scale = tile::level_score_scale<kFp8, kVar>(p, k_scale_of, h_kv, var);
+  const Loader ld(p, lb, kv.stage_k, kv.stage_v, h_kv, tid);
   int pg[Loader::kLoadIters];
   ld.template start_with_q<BM>(s_q, tid, pg);
   // --- per-thread rows: g = lane/4 and g + 8 of the warp's 16; their key limits (causal)
@@ -189,13 +181,7 @@ __device__ __forceinline__ void cascade_level_wgmma_body(const CascadeLevelParam
   tile::quad_row_sums(os);
 
   // fp8: V's dequantisation scale on the output
-  if constexpr (kFp8) {
-    const float v_scale = v_scale_of.at(h_kv);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[n][e] *= v_scale;
-  }
+  if constexpr (kFp8) tile::scale_frags(acc, v_scale_of.at(h_kv));
   lb.store_partial<D>(p, h_kv, warp * 16, acc, os);
 #elif defined(__CUDA_ARCH__)
   __trap();  // not built for sm_90a: the plan never picks it (DeviceFacts::wgmma())
