@@ -21,8 +21,7 @@
 ///        prefix's pages in a random order of the pool (by default they are in id order, so
 ///        every KV tile of the prefix is one run of consecutive pages); `--stream n` plans a
 ///        one-split suffix decode again with `CascadeTuning::decode_kernel = kStreamed` (1) or
-///        `kSplit` (0) (the streamed kernel takes no fp8 pool, nor a window or soft cap until its
-///        variant rows are in the catalog: then kept as planned).
+///        `kSplit` (0) (the streamed kernel takes no fp8 pool: then kept as planned).
 ///        `--dtype f16|bf16` (queries, output and KV), `--head-dim 64|128|256`, `--window w`
 ///        (`variant.window_left` of the cascade and of the plain decode), `--soft-cap c` and
 ///        `--kv-dtype e4m3|e5m2` (an fp8 KV pool, one scale per tensor, queries in `--dtype`)
@@ -383,7 +382,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   try {
     plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
     if (g_stream >= 0 && plan.level(1).decode && plan.last_decode().splits().max_splits == 1 &&
-        (g_stream == 0 || (copt.variant.is_plain() && !is_fp8(cfg.kv_dtype)))) {
+        (g_stream == 0 || !is_fp8(cfg.kv_dtype))) {
       tuning.decode_kernel = g_stream == 1 ? DecodeKernel::kStreamed : DecodeKernel::kSplit;
       plan = cuda::plan_cascade(shape, h_levels, 2, copt, num_sms, tuning);
     }

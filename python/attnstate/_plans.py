@@ -230,16 +230,17 @@ class Cascade:
     segment s serves requests [request_indptr[s], request_indptr[s+1]) and holds seg_lens[s]
     tokens in pages page_indices[page_indptr[s]:page_indptr[s+1]]. `plan` takes the levels as
     host arrays, `run` the same levels in the memory of q. Queries (batch, q_len, heads_q,
-    head_dim); pools as for Decode. CUDA: head_dim 64 or 128, float16/bfloat16, 1..8 levels.
+    head_dim); pools as for Decode. CUDA: head_dim 64, 128 or 256, float16/bfloat16, 1..8 levels.
 
     Positions count each request's keys over its segments in level order (total of them): with
     causal, row t is at p = total - q_len + t, else every row at total - 1. `window_left=w` lets
     a row see the keys [max(0, p - w), p] across all the levels (a shared segment before the
     window contributes nothing; CPU and CUDA: a CUDA plan runs the shared levels' splits over
     the keys some row's window reaches);
-    `logits_soft_cap` as for Decode (CPU and CUDA). fp8 pools (CPU; CUDA where the catalog
-    holds fp8 level rows, docs/catalog.md): `kv_dtype=` in plan, uint8 pools and `k_scale=`,
-    `v_scale=` in run, as for Decode.
+    `logits_soft_cap` as for Decode (CPU and CUDA). fp8 pools (CPU; CUDA under float16/bfloat16
+    queries at the head dims of the catalog's fp8 level rows, docs/catalog.md, with windows and
+    soft caps too): `kv_dtype=` in plan, uint8 pools and `k_scale=`, `v_scale=` in run, as for
+    Decode.
     `run(..., sinks=s)`: attention sinks merged once into every output row after all the levels,
     as for Decode.
     """

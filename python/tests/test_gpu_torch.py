@@ -271,6 +271,34 @@ def test_cascade_on_the_gpu_matches_the_cpu_cascade(cap):
         assert np.abs(want.lse - ref.lse).max() > 1e-2
 
 
+@pytest.mark.parametrize("fmt,cap", [("e4m3", None), ("e5m2", 5.0)])
+def test_fp8_cascade_on_the_gpu_matches_the_cpu_cascade(fmt, cap):
+    # fp8 pools as torch float8 tensors and as their uint8 bytes, bf16 queries: the CUDA cascade
+    # (the catalog's fp8 level rows) against the CPU cascade over the same bytes and scales
+    heads_q, heads_kv, d, page = 16, 4, 128, 16
+    levels, total, _ = shared_prefix_levels(300, [37, 5, 64], page)
+    tdt = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+    k = (torch.rand(total, page, heads_kv, d, device="cuda") * 4 - 2).to(tdt)
+    v = (torch.rand(total, page, heads_kv, d, device="cuda") * 4 - 2).to(tdt)
+    q = torch.randn(3, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
+    shape = dict(batch=3, heads_q=heads_q, heads_kv=heads_kv, head_dim=d, page_size=page,
+                 num_pages=total, kv_dtype=fmt, logits_soft_cap=cap)
+    cas = attnstate.Cascade().plan(levels, dtype=torch.bfloat16, like=q, **shape)
+    assert f"K/V {fmt}" in cas.description, cas.description
+    dev_levels = [tuple(torch.from_numpy(a).cuda() for a in level) for level in levels]
+    scales = dict(k_scale=0.37, v_scale=1.9)
+    out = cas.run(q, k, v, dev_levels, dtype=torch.float32, **scales)
+    raw = cas.run(q, k.view(torch.uint8), v.view(torch.uint8), dev_levels, dtype=torch.float32,
+                  **scales)
+    host = attnstate.Cascade().plan(levels, dtype="float32", **shape)
+    kb, vb = k.view(torch.uint8).cpu().numpy(), v.view(torch.uint8).cpu().numpy()
+    ref = host.run(q.float().cpu().numpy(), kb, vb, levels, **scales)
+    torch.cuda.synchronize()
+    assert torch.equal(out.o, raw.o) and torch.equal(out.lse, raw.lse)
+    np.testing.assert_allclose(out.o.cpu().numpy(), ref.o, atol=2e-2)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), ref.lse, atol=2e-2)
+
+
 def test_decode_with_sinks_matches_the_cpu():
     q, k, v, seq, indptr, indices = paged_problem()  # request 2 has no key
     sinks = torch.rand(32, device="cuda") * 8 - 3

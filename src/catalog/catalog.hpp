@@ -230,7 +230,7 @@ inline constexpr Group kGroups[] = {
                                     kNeedsOneSplit | kNeedsAlignedQ | kNeedsPageTileKeys,
                                     Family::kDecodeSplit),
                       detail::kStreamTile),
-        compiled::DecodeStreamVariantHeadDims{}),
+        compiled::DecodeStreamHeadDims{}),
     // cascade levels on mma.sync: tiles of 16 rows (3 or 2 stages), 64 and 128 rows; plain, then
     // the variant instance (soft cap, window); partial states in fp32
     detail::with_dims(
@@ -288,13 +288,13 @@ inline constexpr Group kGroups[] = {
                                                   detail::kFp8, mask(DType::kF32), false, kPlain,
                                                   kNeedsWgmma, Family::kCascadeMma),
                                     detail::kWgmma64, detail::kWgmma128),
-                      compiled::CascadeWgmmaFp8HeadDims{}),
+                      compiled::CascadeWgmmaHeadDims{}),
     detail::with_dims(
         detail::tiles(
             detail::group(Family::kCascadeWgmma, detail::k16Bit, detail::kFp8, mask(DType::kF32),
                           false, kSoftCap | kWindow, kNeedsWgmma, Family::kCascadeMma),
             detail::kWgmma64, detail::kWgmma128),
-        compiled::CascadeWgmmaFp8HeadDims{}),
+        compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels: 128-key tiles (3 stages) and 64-key tiles (4 stages); plain, then
     // the variant instance (soft cap, window); a pool no tensor map describes runs the wgmma
     // kernel

@@ -78,23 +78,16 @@ using MergeHeadDims = Built<IntList<64, 128, 256, 512>>::type;
 using MergeOddHeadDims = IntList<96, 192>;
 /// Head dims of the split-KV decode kernels.
 using DecodeHeadDims = Built<IntList<64, 128, 256>>::type;
-/// Kernels whose GPU tests have not run yet are not compiled into the catalog: each list of
-/// them below is empty, its intended head dims in a `...Pending` list beside it (the kernels
-/// and their tests are in the tree; a build that sets the list to its pending one compiles and
-/// plans them, and the GPU tests of the session that runs them decide).
 /// Head dims of the cascade kernels (its levels, its merge; its last level runs the decode).
-/// Pending: 256 (the wide mma.sync level rows).
-using CascadeHeadDims = Built<IntList<64, 128>>::type;
-using CascadeHeadDimsPending = Built<IntList<64, 128, 256>>::type;
+using CascadeHeadDims = Built<IntList<64, 128, 256>>::type;
 /// Head dims of the cascade's mma.sync level tiles of 3 stages (16, 64 and 128 rows).
 using CascadeMmaHeadDims = Intersect<CascadeHeadDims, IntList<64, 128>>::type;
 /// Head dims of the cascade's wide mma.sync level tiles: 2 stages and one CTA per SM at every
 /// tile (a 3-stage tile of 64 rows at 256 would exceed an SM's shared memory).
 using CascadeMmaWideHeadDims = Intersect<CascadeHeadDims, IntList<256>>::type;
 /// Head dims of the cascade's mma.sync level tiles over fp8 caches (the tiles of
-/// `CascadeMmaHeadDims`). Pending.
-using CascadeMmaFp8HeadDims = IntList<>;
-using CascadeMmaFp8HeadDimsPending = CascadeMmaHeadDims;
+/// `CascadeMmaHeadDims`).
+using CascadeMmaFp8HeadDims = CascadeMmaHeadDims;
 
 /// Dtypes of each `o` of the merges (inputs and output independently).
 using MergeDTypes = DTypeList<DType::kF32, DType::kF16, DType::kBF16>;
@@ -110,16 +103,10 @@ using DecodeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
 using DecodeFp8HeadDims = Built<IntList<128, 256>>::type;
 /// Head dims of the streamed decode kernel (`decode_stream_kernel`: 64 and 128).
 using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
-/// Head dims of the streamed decode kernel's variant instance (window, soft cap). Pending.
-using DecodeStreamVariantHeadDims = IntList<>;
-using DecodeStreamVariantHeadDimsPending = DecodeStreamHeadDims;
 /// Head dims of the cascade's wgmma level kernels (f16 and bf16). Not 64: its tile compiles, but
 /// levels of short segments came out beyond the tolerance on the GPU (bench/RESULTS.md), so that
 /// head dim keeps the mma.sync kernel.
 using CascadeWgmmaHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
-/// Head dims of the cascade's wgmma level kernels over fp8 caches. Pending.
-using CascadeWgmmaFp8HeadDims = IntList<>;
-using CascadeWgmmaFp8HeadDimsPending = CascadeWgmmaHeadDims;
 /// Head dims of the cascade's warp-specialised level kernels (f16 and bf16: 128).
 using CascadeWsHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
 /// Dtypes of the cascade's queries and KV (the same dtype).

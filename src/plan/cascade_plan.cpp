@@ -227,17 +227,15 @@ void check_shape_and_tuning(const char* func, const CascadeShape& shape, int num
     levels.kv = catalog::kAnyDType;
     levels.head_dim = static_cast<int>(shape.head_dim);
     const catalog::DTypeMask kv = catalog::dtypes(levels, true);
-    const catalog::DTypeMask other = kv & ~catalog::mask(shape.dtype);
     if (!is_valid(*shape.kv_dtype) || (kv & catalog::mask(*shape.kv_dtype)) == 0)
-      throw_argument(func, "shape.kv_dtype",
-                     "unset or " + std::string(to_string(shape.dtype)) +
-                         (other != 0 ? ", or " + catalog::dtypes_string(other) : std::string()) +
-                         " under " + to_string(shape.dtype) + " queries at head dim " +
-                         cascade_str(shape.head_dim) + " (the catalog's level rows)",
-                     is_valid(*shape.kv_dtype)
-                         ? std::string(to_string(*shape.kv_dtype))
-                         : "value " + cascade_str(static_cast<int>(*shape.kv_dtype)),
-                     Status::kNotSupported);
+      throw_argument(
+          func, "shape.kv_dtype",
+          "unset, " + std::string(to_string(shape.dtype)) + " or " +
+              catalog::dtypes_string(kv & ~catalog::mask(shape.dtype)) + " under " +
+              to_string(shape.dtype) + " queries at head dim " + cascade_str(shape.head_dim),
+          is_valid(*shape.kv_dtype) ? std::string(to_string(*shape.kv_dtype))
+                                    : "value " + cascade_str(static_cast<int>(*shape.kv_dtype)),
+          Status::kNotSupported);
   }
   if (num_sms < 1) throw_argument(func, "num_sms", ">= 1", cascade_str(num_sms));
   if (tuning.tile_rows != 0 && !cascade_tile_supported(tuning.tile_rows))

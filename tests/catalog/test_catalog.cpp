@@ -96,9 +96,7 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
       static_cast<int>(compiled::DecodeFp8HeadDims::size() + ShortFp8::size()) * dtypes * fp8;
   EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain, variant; fp8 plain
   EXPECT_EQ(rows_of(Family::kDecodeStream),                        // plain, variant
-            static_cast<int>(compiled::DecodeStreamHeadDims::size() +
-                             compiled::DecodeStreamVariantHeadDims::size()) *
-                dtypes);
+            static_cast<int>(compiled::DecodeStreamHeadDims::size()) * dtypes * 2);
   const int cascade_dtypes =
       static_cast<int>(std::size(compiled::Values<compiled::CascadeDTypes>::value));
   const int tiles16 = 2;  // the 16-row tile at 3 and 2 stages
@@ -114,9 +112,8 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   // warp-specialised: four
   // tiles, plain and variant, every cascade dtype
   EXPECT_EQ(rows_of(Family::kCascadeWgmma),
-            static_cast<int>(compiled::CascadeWgmmaHeadDims::size() +
-                             compiled::CascadeWgmmaFp8HeadDims::size() * fp8) *
-                cascade_dtypes * 2 * 2);
+            static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * cascade_dtypes * 2 * 2 *
+                (1 + fp8));
   EXPECT_EQ(rows_of(Family::kCascadeWs),
             static_cast<int>(compiled::CascadeWsHeadDims::size()) * cascade_dtypes * 4 * 2);
   EXPECT_EQ(rows_of(Family::kCascadeMerge),

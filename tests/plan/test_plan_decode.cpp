@@ -303,9 +303,14 @@ TEST(PlanDecode, KernelChoiceAndItsReason) {
   count.policy = SplitPolicy::kFixedCount;
   count.num_splits = 1;
   EXPECT_EQ(resolve(200, count, lens).reason, plan::DecodeReason::kSplitPolicy);
+  if (plan::decode_head_dim_supported(256)) {  // no streamed kernel at head dim 256
+    EXPECT_EQ(
+        plan::resolve_decode(kFn, problem(200, 8, 256), lens.data(), DecodeOptions{}, 132, facts())
+            .reason,
+        plan::DecodeReason::kSplitNoStreamed);
+  }
   DecodeOptions window;
   window.variant.window_left = 64;
-  EXPECT_EQ(resolve(200, window, lens).reason, plan::DecodeReason::kSplitNoStreamed);
   // asked for: the streamed kernel under a fixed single split, the split kernel where the rule
   // would stream
   DecodeOptions asked = count;
@@ -329,9 +334,27 @@ TEST(PlanDecode, KernelChoiceAndItsReason) {
   EXPECT_EQ(kr.kv, DType::kBF16);
   ASSERT_GE(k.split_ids[0], 0);
   EXPECT_EQ(catalog::kRows[static_cast<std::size_t>(k.split_ids[0])].stages, facts().stages);
-  // the variant's plan names the variant instance
-  const plan::DecodeChoice w = resolve(200, window, lens);
-  EXPECT_NE(catalog::kRows[static_cast<std::size_t>(w.kernel_id())].variants & catalog::kWindow, 0);
+  // the variant's plan names the variant instances: the streamed one (the rule streams a window
+  // and a soft cap as it does plain attention), and the split one as its fallback
+  for (int v = 0; v < 3; ++v) {
+    DecodeOptions o;
+    if (v != 1) o.variant.window_left = 64;
+    if (v != 0) o.variant.logits_soft_cap = 30.f;
+    const catalog::Variants want =
+        catalog::variants_of(o.variant.window_left, o.variant.logits_soft_cap);
+    const plan::DecodeChoice w = resolve(200, o, lens);
+    EXPECT_TRUE(w.streamed) << "variant " << v;
+    EXPECT_EQ(w.reason, plan::DecodeReason::kStreamedAuto) << "variant " << v;
+    const catalog::Row& wr = catalog::kRows[static_cast<std::size_t>(w.kernel_id())];
+    EXPECT_EQ(wr.family, catalog::Family::kDecodeStream) << "variant " << v;
+    EXPECT_EQ(wr.variants & want, want) << "variant " << v;
+    ASSERT_GE(w.split_ids[0], 0);
+    const catalog::Row& fr = catalog::kRows[static_cast<std::size_t>(w.split_ids[0])];
+    EXPECT_EQ(fr.family, catalog::Family::kDecodeSplit) << "variant " << v;
+    EXPECT_EQ(fr.variants & want, want) << "variant " << v;
+  }
+  // plain attention keeps the plain streamed instance
+  EXPECT_EQ(sr.variants & (catalog::kWindow | catalog::kSoftCap), 0);
   // every reason has its own words
   std::vector<std::string> words;
   for (int r = 0; r <= static_cast<int>(plan::DecodeReason::kSplitLongRequest); ++r) {
@@ -362,8 +385,14 @@ TEST(PlanDecode, HandChoicesAreCheckedByName) {
   o.policy = SplitPolicy::kFixedCount;
   o.num_splits = 1;
   o.kernel = attnstate::DecodeKernel::kStreamed;
-  o.variant.logits_soft_cap = 30.f;  // no streamed instance takes a soft cap
-  refused(o, Status::kNotSupported, "options.kernel");
+  o.variant.logits_soft_cap = 30.f;  // the streamed variant instance takes a soft cap
+  EXPECT_TRUE(plan::resolve_decode(kFn, problem(2, 8, 128), lens.data(), o, 132, facts()).streamed);
+  if (plan::decode_head_dim_supported(256)) {  // no streamed kernel at head dim 256
+    const Error e = error_of(
+        [&] { plan::resolve_decode(kFn, problem(2, 8, 256), lens.data(), o, 132, facts()); });
+    EXPECT_EQ(e.status(), Status::kNotSupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("options.kernel"), std::string::npos) << e.what();
+  }
   o = eight;
   o.kernel = static_cast<attnstate::DecodeKernel>(7);
   refused(o, Status::kInvalidArgument, "options.kernel");
@@ -428,6 +457,21 @@ TEST(PlanDecode, StreamedPlanFallsBackOnRunTimeConditions) {
   EXPECT_EQ(runs(stream, 0, false, 16), r.fallback);                   // q rows misaligned
   EXPECT_EQ(runs(stream, 0, true, 24), r.fallback);                    // pages of 24 tokens
   EXPECT_EQ(runs(stream, 0, true, 16, catalog::kWindow), r.fallback);  // a variant
+  // the variant instance: a window and a soft cap stream; the same run-time fallbacks
+  catalog::Query vq;
+  vq.family = Family::kDecodeStream;
+  vq.head_dim = 128;
+  vq.q = vq.kv = catalog::mask(DType::kBF16);
+  vq.variants = catalog::kWindow | catalog::kSoftCap | catalog::kSinks;
+  const int variant = catalog::find_id(vq);
+  ASSERT_GE(variant, 0);
+  EXPECT_NE(variant, stream);
+  const catalog::Variants both = catalog::kWindow | catalog::kSoftCap;
+  EXPECT_EQ(runs(variant, 0, true, 16, both), Family::kDecodeStream);
+  EXPECT_EQ(runs(variant, 0, true, 32, catalog::kSoftCap), Family::kDecodeStream);
+  EXPECT_EQ(runs(variant, 2, true, 16, both), r.fallback);   // prior states folded
+  EXPECT_EQ(runs(variant, 0, false, 16, both), r.fallback);  // q rows misaligned
+  EXPECT_EQ(runs(variant, 0, true, 24, both), r.fallback);   // pages of 24 tokens
   if (plan::decode_head_dim_supported(64)) {
     EXPECT_EQ(runs(row(Family::kDecodeStream, 64), 0, true, 32), Family::kDecodeStream);
   }

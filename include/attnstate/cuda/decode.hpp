@@ -121,13 +121,14 @@ class DecodePlan {
   /// KV head, row tile) items in turn, copying the next item's first tiles while it computes
   /// the current one's last (the per-request start-up of the split kernel is paid once per
   /// warp); chosen by the automatic policy when no request is split, the catalog holds a
-  /// streamed instance for the problem (head dim 64 or 128, 16-bit caches, no variant), no
-  /// request is longer than 2048 keys and there are at least 6 items per SM, or asked for with
-  /// `DecodeOptions::kernel`. Results differ from the split kernel's only by rounding (one warp
-  /// sums a request's tiles in key order); repeatable for a given plan. A run it does not apply
-  /// to falls back to the split kernel as `split_launch` says: query rows not 16-byte aligned,
-  /// page sizes that are not multiples of 16, or prior states folded in (a cascade's fold). It
-  /// runs one CTA per SM (`num_sms`, fewer when there are fewer items).
+  /// streamed instance for the problem (head dim 64 or 128, 16-bit caches; plain, or its variant
+  /// instance for a window and a soft cap), no request is longer than 2048 keys (with a window:
+  /// counted from its first row's window start) and there are at least 6 items per SM, or asked
+  /// for with `DecodeOptions::kernel`. Results differ from the split kernel's only by rounding (one
+  /// warp sums a request's tiles in key order); repeatable for a given plan. A run it does not
+  /// apply to falls back to the split kernel as `split_launch` says: query rows not 16-byte
+  /// aligned, page sizes that are not multiples of 16, or prior states folded in (a cascade's
+  /// fold). It runs one CTA per SM (`num_sms`, fewer when there are fewer items).
   DecodeKernel kernel() const { return d_.kernel; }
   /// The catalog row (kernel id) that runs at the planned batch (docs/catalog.md).
   int kernel_id() const { return d_.kernel_id; }

@@ -21,6 +21,7 @@
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
 #include "decode_problem.hpp"
+#include "plan/decode_plan.hpp"
 #include "plan/decode_plan_access.hpp"
 #include "random_sinks.hpp"
 
@@ -1364,6 +1365,107 @@ TEST(CudaDecode, BadSinksAreNamed) {
                        Status::kInvalidArgument, "workspace");
   run(dev.get(), out.view);  // valid
   ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(CudaDecode, StreamedVariantMatchesTheCpuDecode) {
+  // The streamed kernel's variant instance: windows (0, 1, 37, 300, longer than any request),
+  // soft caps (30, 50) and both together, with sinks, at every streamed head dim, both 16-bit
+  // dtypes, q_len 1 (one row tile of 4 rows) and 3 (row tiles of 16 and 8 rows), ragged lengths
+  // (empty, one key, tile and page edges, long requests whose windows start many tiles and
+  // several 32-page windows of page ids in), planned for 1 SM (each warp takes many items in a
+  // row, its copies running from one item's window into the next) and for the device. Against
+  // the CPU decode of the same variant with the sinks merged in double, outputs poisoned first.
+  // Every plan must name the streamed variant row and every run must keep it (aligned rows,
+  // pages of whole tiles, no prior states): else this would check the split kernel.
+  ATTNSTATE_REQUIRE_GPU();
+  namespace catalog = attnstate::catalog;
+  const std::vector<std::int64_t> dims = attnstate_test::stream_head_dims();
+  if (dims.empty()) GTEST_SKIP() << "no streamed kernel compiled";
+  struct Variant {
+    std::int64_t window;
+    float cap;
+  };
+  const Variant variants[] = {{0, 0.f},      {1, 0.f},    {37, 0.f},     {300, 0.f},
+                              {100000, 0.f}, {-1, 30.f},  {-1, 50.f},    {37, 30.f},
+                              {0, 50.f},     {300, 50.f}, {100000, 30.f}};
+  std::uint64_t seed = 5400;
+  for (std::int64_t D : dims)
+    for (DType dt : {DType::kF16, DType::kBF16})
+      for (std::int64_t q_len : {1, 3}) {
+        // q_len 1: NHD pages of 16 behind a block table; q_len 3: HND pages of 64 in CSR
+        const bool one = q_len == 1;
+        const std::int64_t page = one ? 16 : 64;
+        DecodeConfig cfg = shape_config(q_len, one ? 32 : 16, one ? 8 : 2, D, page,
+                                        one ? KvLayout::kNHD : KvLayout::kHND, one, dt, dt);
+        cfg.q_gain = 4.f;  // large scores, so that the cap matters
+        const std::int32_t pg = static_cast<std::int32_t>(page);
+        cfg.seq_lens = {0, 1, 15, 16, 17, pg - 1, pg + 1, 300, 700, 2000, 3, 3000, 33, 1029};
+        const SinkProblem sp(cfg, seed, -3.f, 9.f);
+        seed += 2;
+        const DecodeProblemHost& p = sp.p;
+        const DType od = one ? DType::kF32 : dt;
+        const LseBase base = one ? LseBase::kNatural : LseBase::kBase2;
+        for (const Variant& v : variants)
+          for (int sms : {1, num_sms()}) {
+            DecodeOptions o = count_opts(1);
+            o.kernel = DecodeKernel::kStreamed;
+            o.variant.window_left = v.window;
+            o.variant.logits_soft_cap = v.cap;
+            const std::string what = cfg.name() + " window " + std::to_string(v.window) + " cap " +
+                                     std::to_string(v.cap) + " planned for " + std::to_string(sms) +
+                                     " SMs";
+            const cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), o, sms);
+            ASSERT_EQ(plan.kernel(), DecodeKernel::kStreamed) << what;
+            const catalog::Variants want = catalog::variants_of(v.window, v.cap);
+            ASSERT_GE(plan.kernel_id(), 0) << what;
+            const catalog::Row& row = catalog::kRows[static_cast<std::size_t>(plan.kernel_id())];
+            ASSERT_EQ(row.family, catalog::Family::kDecodeStream) << what;
+            ASSERT_EQ(row.variants & want, want) << what;
+            ASSERT_EQ(attnstate::plan::decode_run_family(plan.kernel_id(), want, 0, true, page),
+                      catalog::Family::kDecodeStream)
+                << what;
+            const GpuOut g = run_plan(p, plan, od, base, sp.as);
+            const HostState c = cpu_variant(p, g.plan.splits(), g.plan.scale(), o.variant);
+            attnstate::testing::ReferenceState ref = attnstate::testing::to_reference(
+                attnstate::testing::HostState::from_view(attnstate::ConstStateView(c.view)));
+            ref = attnstate::testing::apply_sinks(ref, sp.sinks);
+            EXPECT_EQ(compare_decode(ref, g.o.data(), od, g.lse.data(), base,
+                                     decode_tolerance(o_tol(dt, od), 2e-4)),
+                      "")
+                << what;
+          }
+      }
+}
+
+TEST(CudaDecode, StreamedVariantIsChosenAutomatically) {
+  // Many short requests with a window and a soft cap: the automatic policy streams them (the
+  // variant instance), and the result matches the CPU decode of the same variant.
+  ATTNSTATE_REQUIRE_GPU();
+  namespace catalog = attnstate::catalog;
+  const std::vector<std::int64_t> dims = attnstate_test::stream_head_dims();
+  if (std::find(dims.begin(), dims.end(), 128) == dims.end())
+    GTEST_SKIP() << "needs the streamed kernel at head dim 128";
+  DecodeConfig cfg;
+  cfg.heads_q = 32;
+  cfg.heads_kv = 8;
+  cfg.head_dim = 128;
+  cfg.block_table = true;
+  cfg.q_gain = 4.f;
+  const int sms = num_sms();
+  cfg.seq_lens.resize(static_cast<std::size_t>(sms));
+  for (std::size_t i = 0; i < cfg.seq_lens.size(); ++i)
+    cfg.seq_lens[i] = static_cast<std::int32_t>(100 + (i * 37) % 400);  // 8 items per SM
+  const DecodeProblemHost p = make_decode_problem(cfg, 5500);
+  DecodeOptions o;
+  o.variant.window_left = 64;
+  o.variant.logits_soft_cap = 30.f;
+  const cuda::DecodePlan plan = cuda::plan_decode(p.problem(), p.seq_lens.data(), o, sms);
+  ASSERT_EQ(plan.kernel(), DecodeKernel::kStreamed) << plan.to_string();
+  const catalog::Row& row = catalog::kRows[static_cast<std::size_t>(plan.kernel_id())];
+  EXPECT_EQ(row.variants & (catalog::kWindow | catalog::kSoftCap),
+            catalog::kWindow | catalog::kSoftCap);
+  const GpuOut g = run_plan(p, plan, DType::kF32, LseBase::kNatural);
+  expect_near_cpu(g, cpu_variant(p, plan.splits(), plan.scale(), o.variant), "automatic");
 }
 
 }  // namespace
