@@ -52,8 +52,8 @@ TEST(Compiled, EachOperationCompilesWhatItSupportsOfTheBuildList) {
     const bool built = compiled::contains(compiled::BuildHeadDims{}, d);
     EXPECT_EQ(compiled::contains(compiled::MergeHeadDims{}, d), built) << d;
     EXPECT_EQ(compiled::contains(compiled::DecodeHeadDims{}, d), built && d <= 256) << d;
-    EXPECT_EQ(compiled::contains(compiled::CascadeHeadDims{}, d), built && d <= 128) << d;
-    EXPECT_EQ(plan::cascade_head_dim_supported(d), built && d <= 128) << d;
+    EXPECT_EQ(compiled::contains(compiled::CascadeHeadDims{}, d), built && d <= 256) << d;
+    EXPECT_EQ(plan::cascade_head_dim_supported(d), built && d <= 256) << d;
     EXPECT_EQ(plan::decode_head_dim_supported(d), built && d <= 256) << d;
   }
   EXPECT_EQ(std::size(plan::kDecodeHeadDims), compiled::DecodeHeadDims::size());
