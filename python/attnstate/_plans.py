@@ -132,8 +132,8 @@ class Decode:
     further. CUDA: head_dim 64/128/256, q and KV both float16 or both bfloat16, q_len 1..8; CPU:
     any head_dim, float32/16/bfloat16.
 
-    fp8 KV caches (CPU; CUDA at head_dim 128/256 with float16/bfloat16 q, no window or soft
-    cap): plan with kv_dtype="e4m3" or "e5m2" and pass k, v as uint8
+    fp8 KV caches (CPU; CUDA at head_dim 128/256 with float16/bfloat16 q, windows and soft
+    caps too): plan with kv_dtype="e4m3" or "e5m2" and pass k, v as uint8
     arrays of the stored bytes (torch: `k.view(torch.uint8)`) with `k_scale=`, `v_scale=` floats
     to run: a stored element's real value is its fp8 value times the scale.
 

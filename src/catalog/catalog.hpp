@@ -172,6 +172,8 @@ using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
     compiled::Intersect<compiled::DecodeFp8HeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
+using ShortFp8VariantHeadDims = compiled::Intersect<compiled::DecodeFp8VariantHeadDims,
+                                                    compiled::IntList<kDecodeShortHeadDim>>::type;
 
 }  // namespace detail
 
@@ -202,7 +204,8 @@ inline constexpr Group kGroups[] = {
                                                   kNeedsNothing, Family::kDecodeSplit),
                                     detail::kDecodeShortTile),
                       detail::ShortHeadDims{}),
-    // split-KV decode over fp8 caches (16-bit queries): plain only
+    // split-KV decode over fp8 caches (16-bit queries): plain (sinks, prior states) at both
+    // depths, then the variant instance (window, soft cap, sinks)
     detail::with_dims(
         detail::tiles(
             detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
@@ -215,6 +218,18 @@ inline constexpr Group kGroups[] = {
                           kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
             detail::kDecodeShortTile),
         detail::ShortFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
+                          kWindow | kSoftCap | kSinks, kNeedsNothing, Family::kDecodeSplit),
+            detail::kDecodeTile),
+        compiled::DecodeFp8VariantHeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
+                          kWindow | kSoftCap | kSinks, kNeedsNothing, Family::kDecodeSplit),
+            detail::kDecodeShortTile),
+        detail::ShortFp8VariantHeadDims{}),
     // streamed decode: one split per request, aligned query rows, pages of whole 16-key tiles,
     // no prior states; else the plan's split launch; plain (sinks), then the variant instance
     // (window, soft cap, sinks)

@@ -101,6 +101,8 @@ using DecodeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 /// (rows of at least 8 chunks of 16 bytes: the fp8 tile's swizzle).
 using DecodeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
 using DecodeFp8HeadDims = Built<IntList<128, 256>>::type;
+/// Head dims of the split decode's variant instance over fp8 caches (window, soft cap).
+using DecodeFp8VariantHeadDims = DecodeFp8HeadDims;
 /// Head dims of the streamed decode kernel (`decode_stream_kernel`: 64 and 128).
 using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
 /// Head dims of the cascade's wgmma level kernels (f16 and bf16). Not 64: its tile compiles, but

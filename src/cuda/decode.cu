@@ -556,7 +556,7 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
 
 #if ATTNSTATE_PROBES
 namespace {
-/// Folds every unit's timeline (all four groups at each build head dim) into `host`.
+/// Folds every unit's timeline (every group at each build head dim) into `host`.
 template <int... D>
 void fold_timelines(unsigned long long* host, int ctas, std::integer_sequence<int, D...>) {
   using attnstate::cuda::detail::decode_unit_timeline;
@@ -564,7 +564,8 @@ void fold_timelines(unsigned long long* host, int ctas, std::integer_sequence<in
   ((decode_unit_timeline<D, DecodeUnit::kSplit>(host, ctas),
     decode_unit_timeline<D, DecodeUnit::kVariant>(host, ctas),
     decode_unit_timeline<D, DecodeUnit::kFp8>(host, ctas),
-    decode_unit_timeline<D, DecodeUnit::kStream>(host, ctas)),
+    decode_unit_timeline<D, DecodeUnit::kStream>(host, ctas),
+    decode_unit_timeline<D, DecodeUnit::kFp8Variant>(host, ctas)),
    ...);
 }
 }  // namespace

@@ -109,12 +109,11 @@ bool launch_row(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream
     if (id != static_cast<int>(I)) return false;
     constexpr catalog::Row r = catalog::kRows[I];
     constexpr bool kBF16 = r.q == DType::kBF16;
+    constexpr bool kVariant = (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0;
     if constexpr (r.family == catalog::Family::kDecodeStream)
-      launch_stream<D, kBF16, (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0>(p, l,
-                                                                                          stream);
+      launch_stream<D, kBF16, kVariant>(p, l, stream);
     else
-      launch_split<D, kBF16, r.stages, U == DecodeUnit::kVariant, tile::kv_policy(r.kv)>(p, l,
-                                                                                         stream);
+      launch_split<D, kBF16, r.stages, kVariant, tile::kv_policy(r.kv)>(p, l, stream);
     return true;
   } else {
     return false;

@@ -1,10 +1,10 @@
 /// @file decode_units.hpp
 /// @brief The decode's instantiation units: the launch and occupancy entry points of one catalog
-///        group of decode kernels (plain split, variant split, fp8 split, streamed) at one head
-///        dim, by kernel id (`catalog::find_id`). Each is defined in its own translation unit,
-///        which CMake generates from `cmake/decode_unit.cu.in` (one per head dim × group,
-///        `src/CMakeLists.txt`), so the kernels compile in parallel; `decode.cu` holds the launch
-///        table that maps a kernel id to its unit (never in a unit: taking the entry points'
+///        group of decode kernels (plain split, variant split, fp8 split and its variant, streamed)
+///        at one head dim, by kernel id (`catalog::find_id`). Each is defined in its own
+///        translation unit, which CMake generates from `cmake/decode_unit.cu.in` (one per head dim
+///        × group, `src/CMakeLists.txt`), so the kernels compile in parallel; `decode.cu` holds the
+///        launch table that maps a kernel id to its unit (never in a unit: taking the entry points'
 ///        addresses there would instantiate every unit's kernels).
 #pragma once
 
@@ -25,18 +25,19 @@ namespace detail {
 /// The groups of decode kernels, one instantiation unit each per head dim (the catalog's decode
 /// groups: `catalog/catalog.hpp`).
 enum class DecodeUnit : int {
-  kSplit = 0,    ///< The split kernel over 16-bit caches (both depths).
-  kVariant = 1,  ///< Its variant instance (window, soft cap).
-  kFp8 = 2,      ///< The split kernel over fp8 caches.
-  kStream = 3,   ///< The streamed kernel (plain and variant instances).
+  kSplit = 0,       ///< The split kernel over 16-bit caches (both depths).
+  kVariant = 1,     ///< Its variant instance (window, soft cap).
+  kFp8 = 2,         ///< The split kernel over fp8 caches.
+  kStream = 3,      ///< The streamed kernel (plain and variant instances).
+  kFp8Variant = 4,  ///< The split kernel's variant instance over fp8 caches.
 };
 
 /// The group whose unit compiles a decode row's kernel.
 constexpr DecodeUnit unit_of(const catalog::Row& r) {
   if (r.family == catalog::Family::kDecodeStream) return DecodeUnit::kStream;
-  if (is_fp8(r.kv)) return DecodeUnit::kFp8;
-  return (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0 ? DecodeUnit::kVariant
-                                                                    : DecodeUnit::kSplit;
+  const bool variant = (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0;
+  if (is_fp8(r.kv)) return variant ? DecodeUnit::kFp8Variant : DecodeUnit::kFp8;
+  return variant ? DecodeUnit::kVariant : DecodeUnit::kSplit;
 }
 
 /// What a run resolved: the launch of the kernel the plan records.

@@ -412,7 +412,7 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             int num_sms, const DecodeFacts& f) {
   check_decode_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", str(num_sms));
-  // a variant some split instance of these dtypes takes (none over fp8 caches)
+  // a variant some split instance of these dtypes takes
   const catalog::Variants variants =
       catalog::variants_of(options.variant.window_left, options.variant.logits_soft_cap);
   const catalog::Query split =

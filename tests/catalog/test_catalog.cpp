@@ -92,9 +92,14 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   const int dtypes = static_cast<int>(std::size(compiled::Values<compiled::DecodeDTypes>::value));
   const int fp8 = static_cast<int>(std::size(compiled::Values<compiled::DecodeFp8DTypes>::value));
   const int split16 = static_cast<int>(compiled::DecodeHeadDims::size() + Short::size()) * dtypes;
+  using ShortFp8Variant =
+      compiled::Intersect<compiled::DecodeFp8VariantHeadDims,
+                          compiled::IntList<catalog::kDecodeShortHeadDim>>::type;
   const int split8 =
-      static_cast<int>(compiled::DecodeFp8HeadDims::size() + ShortFp8::size()) * dtypes * fp8;
-  EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain, variant; fp8 plain
+      static_cast<int>(compiled::DecodeFp8HeadDims::size() + ShortFp8::size() +
+                       compiled::DecodeFp8VariantHeadDims::size() + ShortFp8Variant::size()) *
+      dtypes * fp8;
+  EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain and variant, each K/V
   EXPECT_EQ(rows_of(Family::kDecodeStream),                        // plain, variant
             static_cast<int>(compiled::DecodeStreamHeadDims::size()) * dtypes * 2);
   const int cascade_dtypes =
@@ -185,11 +190,20 @@ TEST(Catalog, FindPrefersThePlainInstanceAtTheDefaultDepth) {
   ASSERT_NE(window, nullptr);
   EXPECT_NE(window, plain);
   EXPECT_TRUE((window->variants & catalog::kSoftCap) != 0);
-  // no instance takes a window and prior states, nor a variant over fp8
-  EXPECT_FALSE(catalog::compiled(query(Family::kDecodeSplit, 128, DType::kBF16, DType::kBF16,
-                                       catalog::kWindow | catalog::kPriorStates)));
-  EXPECT_FALSE(catalog::compiled(
-      query(Family::kDecodeSplit, 128, DType::kBF16, DType::kE4M3, catalog::kSoftCap)));
+  // no instance takes a window and prior states, over 16-bit or fp8 caches; over fp8, the
+  // variant instance takes the window and the soft cap
+  for (const DType kv : {DType::kBF16, DType::kE4M3}) {
+    EXPECT_FALSE(catalog::compiled(query(Family::kDecodeSplit, 128, DType::kBF16, kv,
+                                         catalog::kWindow | catalog::kPriorStates)));
+  }
+  if (compiled::contains(compiled::DecodeFp8VariantHeadDims{}, 128)) {
+    const catalog::Row* fp8_cap = catalog::find(
+        query(Family::kDecodeSplit, 128, DType::kBF16, DType::kE4M3, catalog::kSoftCap));
+    ASSERT_NE(fp8_cap, nullptr);
+    EXPECT_EQ(fp8_cap->stages, catalog::kDecodeStages);
+    EXPECT_NE(fp8_cap->variants & catalog::kWindow, 0);
+    EXPECT_EQ(fp8_cap->variants & catalog::kPriorStates, 0);
+  }
   catalog::Query short_depth = query(Family::kDecodeSplit, 128);
   short_depth.stages = catalog::kDecodeShortStages;
   EXPECT_TRUE(catalog::compiled(short_depth));
@@ -245,28 +259,34 @@ TEST(Catalog, UncompiledHeadDimsAreRefusedNamingTheCatalog) {
 }
 
 TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
-  // the decode over an fp8 cache with a soft cap: resolve_decode names options.variant
-  if (compiled::DecodeFp8HeadDims::size() > 0) {
-    const std::int64_t d = compiled::Values<compiled::DecodeFp8HeadDims>::value[0];
-    DecodeOptions o;
-    o.variant.logits_soft_cap = 30.f;
-    const std::int32_t len = 100;
-    plan::DecodeFacts f = plan::decode_kernel_facts(d, 1);
-    Status st = Status::kSuccess;
-    const std::string what = error_of(
-        [&] {
-          plan::resolve_decode("fn", decode_problem(d, DType::kBF16, DType::kE4M3), &len, o, 132,
-                               f);
-        },
-        &st);
-    EXPECT_EQ(st, Status::kNotSupported);
-    EXPECT_NE(what.find("'options.variant'"), std::string::npos) << what;
-    EXPECT_NE(what.find(catalog::not_supported_message(
-                  query(Family::kDecodeSplit, d, DType::kBF16, DType::kE4M3, catalog::kSoftCap))),
-              std::string::npos)
-        << what;
-    EXPECT_NE(what.find("got soft cap"), std::string::npos) << what;
-  }
+  // the decode with a soft cap, over each K/V dtype of its split rows: planned on the variant
+  // instance where the catalog holds one, else refused by resolve_decode naming options.variant
+  int refused = 0, planned = 0;
+  for (const std::int64_t d : {64, 128, 256})
+    for (const DType kv : {DType::kBF16, DType::kE4M3}) {
+      if (!catalog::compiled(query(Family::kDecodeSplit, d, DType::kBF16, kv))) continue;
+      const catalog::Query capped =
+          query(Family::kDecodeSplit, d, DType::kBF16, kv, catalog::kSoftCap);
+      DecodeOptions o;
+      o.variant.logits_soft_cap = 30.f;
+      const std::int32_t len = 100;
+      plan::DecodeFacts f = plan::decode_kernel_facts(d, is_fp8(kv) ? 1 : 2);
+      Status st = Status::kSuccess;
+      const std::string what = error_of(
+          [&] { plan::resolve_decode("fn", decode_problem(d, DType::kBF16, kv), &len, o, 132, f); },
+          &st);
+      if (catalog::compiled(capped)) {
+        ++planned;
+        EXPECT_EQ(st, Status::kSuccess) << what;
+        continue;
+      }
+      ++refused;
+      EXPECT_EQ(st, Status::kNotSupported);
+      EXPECT_NE(what.find("'options.variant'"), std::string::npos) << what;
+      EXPECT_NE(what.find(catalog::not_supported_message(capped)), std::string::npos) << what;
+      EXPECT_NE(what.find("got soft cap"), std::string::npos) << what;
+    }
+  EXPECT_GT(planned + refused, 0);
   // the cascade's level kernels take a window on their variant instances, the plain instances
   // fall back for it (the warp-specialised one to wgmma, whose variant instance takes it)
   EXPECT_TRUE(catalog::compiled(query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16,

@@ -814,55 +814,73 @@ TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
 TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
   // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (wgmma for
   // the wide tiles where it holds fp8 rows, else mma.sync; no warp-specialised row takes fp8), the
-  // last level on the decode's fp8 kernel where it has one; with a window or a soft cap the decode
-  // has no fp8 kernel, so the last level stays on a level kernel.
-  for (const DType kv : {DType::kE4M3, DType::kE5M2})
-    for (const DType q : {DType::kBF16, DType::kF16}) {
-      CascadeShape s = shape(64, 2, 4, 16, q);
-      s.kv_dtype = kv;
-      const std::string at = std::string(attnstate::to_string(q)) + "/" + attnstate::to_string(kv);
-      FakeDecode d;
-      const std::vector<Level> two = {
-          Level({64}, {32768}, 16),
-          Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 300), 16)};
-      const CascadeChoice p = plan_levels(s, two, {}, sm90a(), 132, d.fn());
-      EXPECT_EQ(p.last_level(), attnstate::cuda::CascadeLastLevel::kDecode) << at;
-      const auto& row = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).kernel_id)];
-      EXPECT_NE(p.level(0).kernel, Kernel::kWarpSpecialized) << at;
-      EXPECT_EQ(row.kv, kv) << at;
-      attnstate::catalog::Query wq;
-      wq.family = attnstate::catalog::Family::kCascadeWgmma;
-      wq.head_dim = s.head_dim;
-      wq.q = attnstate::catalog::mask(q);
-      wq.kv = attnstate::catalog::mask(kv);
-      wq.tile_rows = p.level(0).tile_rows;
-      EXPECT_EQ(p.level(0).kernel, attnstate::catalog::compiled(wq) ? Kernel::kWgmma : Kernel::kMma)
-          << at;
-      // the fallback of a wgmma row on a device without wgmma: the fp8 mma.sync row
-      const auto& fb = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).fallback_id)];
-      EXPECT_EQ(fb.kv, kv) << at;
-      EXPECT_EQ(row.q, q) << at;
-      EXPECT_NE(
-          attnstate::cuda::to_string(p).find(std::string(", K/V ") + attnstate::to_string(kv)),
-          std::string::npos)
-          << attnstate::cuda::to_string(p);
-      // a soft cap: the fp8 variant rows, and no decode last level
-      std::vector<CascadeLevel> views;
-      for (const Level& l : two) views.push_back(l.view());
-      CascadeOptions capped;
-      capped.variant.logits_soft_cap = 30.f;
-      const CascadeChoice c =
-          plan::plan_cascade(kFn, s, views.data(), 2, capped, 132, {}, sm90a(), d.fn());
-      EXPECT_EQ(c.last_level(), attnstate::cuda::CascadeLastLevel::kNoDecodeKernel) << at;
-      EXPECT_NE(attnstate::cuda::to_string(c).find("no decode kernel for its dtypes and variant"),
-                std::string::npos);
-      for (int l = 0; l < 2; ++l) {
-        const auto& r = attnstate::catalog::kRows[static_cast<std::size_t>(c.level(l).kernel_id)];
-        EXPECT_EQ(r.kv, kv) << at << " level " << l;
-        EXPECT_NE(r.variants & attnstate::catalog::kSoftCap, 0) << at << " level " << l;
-        EXPECT_NE(c.level(l).kernel, Kernel::kWarpSpecialized) << at << " level " << l;
+  // last level on the decode's fp8 kernel where it has one (its variant instance with a window or
+  // a soft cap); at a head dim without fp8 decode rows, the last level stays on a level kernel.
+  for (const std::int64_t head_dim : {128, 64})
+    for (const DType kv : {DType::kE4M3, DType::kE5M2})
+      for (const DType q : {DType::kBF16, DType::kF16}) {
+        if (!attnstate::compiled::contains(attnstate::compiled::CascadeMmaFp8HeadDims{}, head_dim))
+          continue;
+        const bool decode_fp8 =
+            attnstate::compiled::contains(attnstate::compiled::DecodeFp8HeadDims{}, head_dim);
+        const bool decode_fp8_variant = attnstate::compiled::contains(
+            attnstate::compiled::DecodeFp8VariantHeadDims{}, head_dim);
+        CascadeShape s = shape(64, 2, 4, 16, q, head_dim);
+        s.kv_dtype = kv;
+        const std::string at = std::string(attnstate::to_string(q)) + "/" +
+                               attnstate::to_string(kv) + " d" + std::to_string(head_dim);
+        FakeDecode d;
+        const std::vector<Level> two = {
+            Level({64}, {32768}, 16),
+            Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 300), 16)};
+        const CascadeChoice p = plan_levels(s, two, {}, sm90a(), 132, d.fn());
+        EXPECT_EQ(p.last_level(), decode_fp8 ? attnstate::cuda::CascadeLastLevel::kDecode
+                                             : attnstate::cuda::CascadeLastLevel::kNoDecodeKernel)
+            << at;
+        const auto& row = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).kernel_id)];
+        EXPECT_NE(p.level(0).kernel, Kernel::kWarpSpecialized) << at;
+        EXPECT_EQ(row.kv, kv) << at;
+        attnstate::catalog::Query wq;
+        wq.family = attnstate::catalog::Family::kCascadeWgmma;
+        wq.head_dim = s.head_dim;
+        wq.q = attnstate::catalog::mask(q);
+        wq.kv = attnstate::catalog::mask(kv);
+        wq.tile_rows = p.level(0).tile_rows;
+        EXPECT_EQ(p.level(0).kernel,
+                  attnstate::catalog::compiled(wq) ? Kernel::kWgmma : Kernel::kMma)
+            << at;
+        // the fallback of a wgmma row on a device without wgmma: the fp8 mma.sync row
+        const auto& fb =
+            attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).fallback_id)];
+        EXPECT_EQ(fb.kv, kv) << at;
+        EXPECT_EQ(row.q, q) << at;
+        EXPECT_NE(
+            attnstate::cuda::to_string(p).find(std::string(", K/V ") + attnstate::to_string(kv)),
+            std::string::npos)
+            << attnstate::cuda::to_string(p);
+        // a soft cap: the fp8 variant rows, the last level on the decode's fp8 variant instance
+        // where it has one
+        std::vector<CascadeLevel> views;
+        for (const Level& l : two) views.push_back(l.view());
+        CascadeOptions capped;
+        capped.variant.logits_soft_cap = 30.f;
+        const CascadeChoice c =
+            plan::plan_cascade(kFn, s, views.data(), 2, capped, 132, {}, sm90a(), d.fn());
+        if (decode_fp8_variant) {
+          EXPECT_EQ(c.last_level(), attnstate::cuda::CascadeLastLevel::kDecode) << at;
+        } else {
+          EXPECT_EQ(c.last_level(), attnstate::cuda::CascadeLastLevel::kNoDecodeKernel) << at;
+          EXPECT_NE(
+              attnstate::cuda::to_string(c).find("no decode kernel for its dtypes and variant"),
+              std::string::npos);
+        }
+        for (int l = 0; l < (decode_fp8_variant ? 1 : 2); ++l) {
+          const auto& r = attnstate::catalog::kRows[static_cast<std::size_t>(c.level(l).kernel_id)];
+          EXPECT_EQ(r.kv, kv) << at << " level " << l;
+          EXPECT_NE(r.variants & attnstate::catalog::kSoftCap, 0) << at << " level " << l;
+          EXPECT_NE(c.level(l).kernel, Kernel::kWarpSpecialized) << at << " level " << l;
+        }
       }
-    }
 }
 
 TEST(PlanCascade, KvDtypesOutsideTheCatalogAreRefusedNamingIt) {

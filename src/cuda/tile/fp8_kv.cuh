@@ -201,6 +201,17 @@ struct RowScaledScores {
   }
 };
 
+/// The variant's scores over fp8 K/V (window, soft cap: `VariantScores`), of the dot products
+/// as the 16-bit kernel sees them: each row's fp8 dot product times `s2[h]` (the K scale over the
+/// query row's scaling, `queries_to_f16`) before the variant's map.
+struct RowScaledVariantScores : VariantScores {
+  float s2[2];
+  __device__ __forceinline__ float operator()(float dot, float scale, int t, int h) const {
+    const float d = dot * s2[h];
+    return VariantScores::operator()(d, scale, t, h);
+  }
+};
+
 }  // namespace tile
 }  // namespace cuda
 }  // namespace attnstate

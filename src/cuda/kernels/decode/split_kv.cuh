@@ -39,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/merge_math.hpp"
@@ -77,7 +78,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     decode_split_kv_kernel(const DecodeParams p) {
   using Elem = std::uint16_t;
   constexpr bool kFp8 = kKv != tile::kKvSame;
-  static_assert(!(kFp8 && kVariant), "the fp8 kernel has no variant instance");
   constexpr int kKvBytes = kFp8 ? 1 : 2;
   constexpr int kWarps = kDecodeWarps;
   constexpr int kRows = kDecodeTileRows;
@@ -240,7 +240,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
       if constexpr (kFp8) {
         const float f = tile::queries_to_f16<kBF16, kCpr>(qreg[i]);  // 2^k: the row's scaling
         qreg[i] = tile::permute_q_columns(qreg[i], col);
-        if (col == 0) row_s2[r] = p.s2_scale * p.k_scale.at(hkv) / f;
+        // the row's factor on its dot products: with the score scale folded in (plain), or
+        // alone, for the variant's scores to map the true dot product (soft cap, window)
+        if (col == 0) {
+          if constexpr (kVariant)
+            row_s2[r] = p.k_scale.at(hkv) / f;
+          else
+            row_s2[r] = p.s2_scale * p.k_scale.at(hkv) / f;
+        }
       }
       *reinterpret_cast<uint4*>(q_s + r * D + ((col ^ (r & 7)) << 3)) = qreg[i];
     }
@@ -319,9 +326,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     // smaller than a tile need a fresh read per tile).
     std::int64_t pid_next = first_pid(kStages - 1);
     std::int64_t pid_after = first_pid(kStages);
-    __syncthreads();                   // queries in shared memory
-    tile::RowScaledScores row_scores;  // (the fp8 kernel only)
+    __syncthreads();  // queries in shared memory
+    // the fp8 kernel's scores: each row's factor (`row_s2`), then the variant's map
+    std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores> row_scores;
     if constexpr (kFp8) {
+      if constexpr (kVariant) static_cast<tile::VariantScores&>(row_scores) = scores;
 #pragma unroll
       for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
     }
