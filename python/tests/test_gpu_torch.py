@@ -143,14 +143,19 @@ def test_decode_matches_the_cpu_decode_and_replays_in_a_graph():
     assert torch.equal(static.o, out.o) and torch.equal(static.lse, out.lse)
 
 
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_fp8_decode_on_the_gpu_matches_the_cpu(fmt):
+@pytest.mark.parametrize("fmt,window_left,cap",
+                         [("e4m3", None, None), ("e5m2", None, None), ("e4m3", 37, None),
+                          ("e5m2", None, 5.0), ("e4m3", 300, 30.0)])
+def test_fp8_decode_on_the_gpu_matches_the_cpu(fmt, window_left, cap):
     q, k, v, seq, indptr, indices = paged_problem()
+    if cap is not None:
+        q = q * 4  # large scores, so that the cap matters
     tdt = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
     k_scale, v_scale = 0.05, 0.02
     k8 = (k.float() / k_scale).to(tdt).view(torch.uint8)  # the stored bytes
     v8 = (v.float() / v_scale).to(tdt).view(torch.uint8)
-    opts = dict(heads_q=32, heads_kv=8, head_dim=128, kv_dtype=fmt)
+    opts = dict(heads_q=32, heads_kv=8, head_dim=128, kv_dtype=fmt, window_left=window_left,
+                logits_soft_cap=cap)
     dec = attnstate.Decode().plan(seq.numpy(), dtype=torch.bfloat16, like=k, **opts)
     out = dec.run(q, k8, v8, seq.cuda(), page_indptr=indptr.cuda(), page_indices=indices.cuda(),
                   dtype=torch.float32, k_scale=k_scale, v_scale=v_scale)
