@@ -25,9 +25,15 @@ std::string needs_string(Needs n) {
                                       "one split per request",
                                       "a pool a tensor map describes",
                                       "16-byte aligned query rows",
-                                      "page sizes of whole key tiles"};
+                                      "page sizes of whole key tiles",
+                                      "rows of whole chunks in vector-aligned views",
+                                      "rows of 2^k threads of its chunks",
+                                      "an output that aliases no input",
+                                      "a block of work per SM",
+                                      "its shared memory on the device",
+                                      "rows of more than one chunk"};
   std::string s;
-  for (int b = 0; b < 7; ++b)
+  for (int b = 0; b < static_cast<int>(sizeof(names) / sizeof(names[0])); ++b)
     if ((n & (1u << b)) != 0) s += std::string(s.empty() ? "" : ", ") + names[b];
   return s.empty() ? "-" : s;
 }
@@ -48,6 +54,26 @@ const char* to_string(Family f) {
       return "cascade level (warp-specialised)";
     case Family::kCascadeMerge:
       return "cascade merge";
+    case Family::kMergePair:
+      return "pairwise merge";
+    case Family::kMergePairWhole:
+      return "pairwise merge (whole rows)";
+    case Family::kMergePairStream:
+      return "pairwise merge (whole rows, streamed inputs)";
+    case Family::kMergeStack:
+      return "n-ary merge";
+    case Family::kMergeFew:
+      return "n-ary merge (few states)";
+    case Family::kMergeRing:
+      return "n-ary merge (ring)";
+    case Family::kMergeOdd:
+      return "n-ary merge (odd rows)";
+    case Family::kMergeRagged:
+      return "ragged merge";
+    case Family::kMergeRebase:
+      return "rebase";
+    case Family::kMergeMarkEmpty:
+      return "mark empty rows";
   }
   return "unknown family";
 }
@@ -79,7 +105,7 @@ std::vector<int> head_dims(Query q) {
 
 std::string head_dims_string(const Query& q) {
   std::vector<std::string> items;
-  for (int d : head_dims(q)) items.push_back(std::to_string(d));
+  for (int d : head_dims(q)) items.push_back(d == 0 ? std::string("any") : std::to_string(d));
   return or_list(items);
 }
 
@@ -121,16 +147,46 @@ std::string not_supported_message(const Query& q) {
   return s + ")";
 }
 
+namespace {
+
+std::string out_string(DTypeMask m) {
+  std::string out;
+  for (int d = 0; d < 5; ++d)
+    if ((m & (1u << d)) != 0)
+      out += std::string(out.empty() ? "" : ", ") + attnstate::to_string(static_cast<DType>(d));
+  return out;
+}
+
+std::string count_string(int n) { return n > 0 ? std::to_string(n) : "-"; }
+
+/// The merges' rows: their own columns (no tile of keys, variants or depth; chunks and states).
+std::string merge_table() {
+  std::string t =
+      "| family | head dim | in (a) | b | out | chunks per thread | states | threads per CTA | "
+      "needs | fallback |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const Row& r : kRows) {
+    if (!is_merge(r.family)) continue;
+    t += std::string("| ") + to_string(r.family) + " | " +
+         (r.head_dim > 0 ? std::to_string(r.head_dim) : "any") + " | " + attnstate::to_string(r.q) +
+         " | " + attnstate::to_string(r.kv) + " | " + out_string(r.out) + " | " +
+         count_string(r.chunks) + " | " +
+         (r.states > 0 ? "1 to " + std::to_string(r.states) : std::string("any")) + " | " +
+         std::to_string(r.tile_rows) + " | " + needs_string(r.needs) + " | " +
+         (r.fallback == r.family ? std::string("-") : to_string(r.fallback)) + " |\n";
+  }
+  return t;
+}
+
+}  // namespace
+
 std::string markdown_table() {
   std::string t =
       "| family | head dim | q | K/V | out | variants | stages | tile (rows × keys) | CTAs per SM "
       "| "
       "needs | fallback |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : kRows) {
-    std::string out;
-    for (int d = 0; d < 5; ++d)
-      if ((r.out & (1u << d)) != 0)
-        out += std::string(out.empty() ? "" : ", ") + attnstate::to_string(static_cast<DType>(d));
+    if (is_merge(r.family)) continue;
+    const std::string out = out_string(r.out);
     t += std::string("| ") + to_string(r.family) + " | " + std::to_string(r.head_dim) + " | " +
          attnstate::to_string(r.q) + " | " + attnstate::to_string(r.kv) + " | " + out + " | " +
          variants_string(r.variants) + " | " + (r.stages > 0 ? std::to_string(r.stages) : "-") +
@@ -139,7 +195,7 @@ std::string markdown_table() {
          (r.ctas_per_sm > 0 ? std::to_string(r.ctas_per_sm) : "-") + " | " + needs_string(r.needs) +
          " | " + (r.fallback == r.family ? std::string("-") : to_string(r.fallback)) + " |\n";
   }
-  return t;
+  return t + "\nThe merges:\n\n" + merge_table();
 }
 
 }  // namespace catalog

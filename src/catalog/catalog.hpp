@@ -1,8 +1,9 @@
 /// @file catalog/catalog.hpp
-/// @brief The catalog of compiled attention kernels: one row per kernel instance (family, head
-///        dim, dtypes, the variants it takes, pipeline depth, tile, CTAs per SM, run-time needs,
-///        fallback), expanded at compile time from a few groups over the build's head dims
-///        (`common/compiled.hpp`, `ATTNSTATE_CUDA_HEAD_DIMS`). Plain C++ (no CUDA header).
+/// @brief The catalog of compiled kernels: one row per kernel instance (family, head dim, dtypes,
+///        the variants it takes, pipeline depth, tile, CTAs per SM, run-time needs, fallback),
+///        expanded at compile time from a few groups over the build's head dims
+///        (`common/compiled.hpp`, `ATTNSTATE_CUDA_HEAD_DIMS`): the attention kernels and the
+///        merges (`merge_state`, `merge_states`, `rebase`, ...). Plain C++ (no CUDA header).
 ///
 /// The planners and the checks ask it what is compiled (`find`, `compiled`) and name what it
 /// holds when a request is outside it (`not_supported_message`); the tests and
@@ -32,9 +33,27 @@ enum class Family : std::uint8_t {
   kCascadeWgmma = 3,  ///< `cascade_level_wgmma_kernel`: cp.async + Hopper wgmma level tiles.
   kCascadeWs = 4,     ///< `cascade_level_ws_kernel`: bulk tensor copies + wgmma, warp-specialised.
   kCascadeMerge = 5,  ///< `cascade_merge_kernel`: every level's and split's state into `out`.
+  // The merges (cuda/kernels/merge/). Head dim 0: the kernel is not specialised on the head dim
+  // (it takes any head dim >= 1 that its needs allow). `q` and `kv` are the inputs' dtypes (the
+  // pairwise merge: `a` and `b`; the others: the one input), `tile_rows` the threads of a CTA
+  // (at most: the grid-stride launches halve it for small problems), `chunks` the chunks of 8
+  // elements a thread merges (0: as many as the head dim asks), `states` the most states.
+  kMergePair = 6,        ///< `merge_pair_kernel`: `merge_state(_inplace)`, any row.
+  kMergePairWhole = 7,   ///< `merge_pair_whole_kernel`: rows of whole chunks, no idle lane.
+  kMergePairStream = 8,  ///< `merge_pair_whole_kernel` streaming its inputs past L1 (fp8 out).
+  kMergeStack = 9,       ///< `merge_stack_kernel`: `merge_states`, any stack.
+  kMergeFew = 10,        ///< `merge_few_kernel`: `merge_states` of a few states.
+  kMergeRing = 11,       ///< `merge_ring_kernel`: `merge_states` through shared-memory rings.
+  kMergeOdd = 12,        ///< `merge_odd_kernel`: `merge_states`, rows not a power of two.
+  kMergeRagged = 13,     ///< `merge_ragged_kernel`: `merge_states_ragged`.
+  kMergeRebase = 14,     ///< `rebase_kernel`: `rebase`.
+  kMergeMarkEmpty = 15,  ///< `mark_empty_rows_kernel`: `mark_empty_rows` (LSEs only).
 };
 /// Number of families.
-inline constexpr int kFamilies = 6;
+inline constexpr int kFamilies = 16;
+
+/// True for the merges' families.
+constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6; }
 
 /// Variants a kernel takes (a bit set).
 using Variants = std::uint8_t;
@@ -57,6 +76,13 @@ inline constexpr Needs kNeedsOneSplit = 8;       ///< Plan time: one split per r
 inline constexpr Needs kNeedsPoolMap = 16;       ///< Run time: the pool fits a tensor map.
 inline constexpr Needs kNeedsAlignedQ = 32;      ///< Run time: 16-byte aligned query rows.
 inline constexpr Needs kNeedsPageTileKeys = 64;  ///< Run time: page sizes of whole key tiles.
+// The merges' needs, all checked at run time (a merge has no plan).
+inline constexpr Needs kNeedsChunkedRows = 128;  ///< Rows of whole chunks, vector-aligned views.
+inline constexpr Needs kNeedsWholeSplit = 256;   ///< Rows of 2^k threads of `chunks` chunks each.
+inline constexpr Needs kNeedsDistinctOut = 512;  ///< An output that aliases no input.
+inline constexpr Needs kNeedsFullGrid = 1024;    ///< At least a block of work per SM.
+inline constexpr Needs kNeedsSmemFit = 2048;     ///< Its shared memory granted on the device.
+inline constexpr Needs kNeedsMultiChunk = 4096;  ///< Rows of more than one chunk.
 
 /// A set of dtypes (bit `1 << dtype`).
 using DTypeMask = std::uint8_t;
@@ -87,12 +113,16 @@ struct Row {
   int kv_align = 0;  ///< Bytes the K/V pointers and page strides are multiples of.
   Needs needs = 0;   ///< What it needs at plan or run time.
   Family fallback = Family::kDecodeSplit;  ///< Taken when a need fails (itself: none).
+  int chunks = 0;  ///< The merges: chunks of 8 elements a thread merges (0: as the row asks).
+  int states = 0;  ///< The merges: most states it merges (0: any number).
 };
 
 /// One pipeline configuration of a group (a row per head dim × dtype combination).
 struct Tile {
   int rows = 0, keys = 0, stages = 0;
-  int ctas = 0;  ///< `Row::ctas_per_sm`.
+  int ctas = 0;    ///< `Row::ctas_per_sm`.
+  int chunks = 0;  ///< `Row::chunks`.
+  int states = 0;  ///< `Row::states`.
 };
 
 /// A group of rows: the kernels of a family compiled for every head dim of a list × every dtype
@@ -111,6 +141,10 @@ struct Group {
   int kv_align = 16;
   Needs needs = 0;
   Family fallback = Family::kDecodeSplit;
+  bool out_is_q = false;  ///< The output's dtype is the queries' (one row each; `out` unused).
+  /// The most states are the row's LSE slots at its head dim (`merge_slot_states`) where fewer
+  /// than the tile's.
+  bool states_by_slots = false;
 };
 
 namespace detail {
@@ -174,6 +208,86 @@ using ShortFp8HeadDims =
     compiled::Intersect<compiled::DecodeFp8HeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8VariantHeadDims = compiled::Intersect<compiled::DecodeFp8VariantHeadDims,
                                                     compiled::IntList<kDecodeShortHeadDim>>::type;
+
+}  // namespace detail
+
+namespace detail {
+
+// The merges' groups (kernels/merge/dispatch.cuh instantiates these dtypes): `kMergeIn` the
+// dtypes of every `o` without fp8; `merge_group` the group of a merge family.
+inline constexpr DTypeMask kMergeIn = mask(DType::kF32) | mask(DType::kF16) | mask(DType::kBF16);
+constexpr Group merge_group(Family f, DTypeMask q, DTypeMask kv, DTypeMask out, bool out_is_q,
+                            Tile tile, Needs needs, Family fallback) {
+  Group g = tiles(group(f, q, kv, out, true, kPlain, needs, fallback), tile);
+  g.out_is_q = out_is_q;
+  g.head_dims[0] = 0;  // any head dim
+  g.num_head_dims = 1;
+  return g;
+}
+/// Of a group specialised on the head dims of `List` (the ring and odd-row kernels).
+template <int... V>
+constexpr Group merge_dims(Group g, compiled::IntList<V...> list) {
+  g = with_dims(g, list);
+  g.states_by_slots = true;
+  return g;
+}
+// The pairwise merges' (a, b, out) dtypes (`dispatch_pair`): every combination without fp8,
+// and with one fp8 format F: (F, F, any but the other format), (x, x, F) and, in place,
+// (F, x, F) and (x, F, x) for x without fp8. Five groups (the fp8 ones over both formats: a
+// group's row never mixes them). `kPairDTypes` lists their (q, kv, out, out_is_q).
+struct PairDTypes {
+  DTypeMask q, kv, out;
+  bool out_is_q;
+};
+inline constexpr PairDTypes kPairDTypes[] = {{kMergeIn, kMergeIn, kMergeIn, false},
+                                             {kFp8, 0, kMergeIn, false},
+                                             {kFp8, 0, 0, true},
+                                             {kMergeIn, 0, kFp8, false},
+                                             {kFp8, kMergeIn, 0, true},
+                                             {kMergeIn, kFp8, 0, true}};
+// The n-ary merges' (in, out) dtypes (`dispatch_stack`): every combination without fp8, and
+// with one fp8 format F: (F, any but the other format), (x, F).
+inline constexpr PairDTypes kStackDTypes[] = {{kMergeIn, 0, kMergeIn, false},
+                                              {kFp8, 0, kMergeIn, false},
+                                              {kFp8, 0, 0, true},
+                                              {kMergeIn, 0, kFp8, false}};
+inline constexpr Tile kMergeTile{kMergeBlock, 0, 0, 0, 0, 0};
+inline constexpr Tile kMergeRowTile{kMergeBlock, 0, 0, 0, 1, 0};  // one chunk a thread
+constexpr Tile whole_tile(int chunks) { return Tile{kMergeBlock, 0, 0, 0, chunks, 0}; }
+constexpr Tile few_tile(int states) {
+  return Tile{kMergeFewBlock, 0, 0, 0, merge_few_chunks(states), states};
+}
+inline constexpr Tile kRingTile{kMergeRingThreads, 0, 0, 0, kMergeRingChunks, kMergeRingMaxStates};
+inline constexpr Tile kOddTile{kMergeOddThreads, 0, 0, 0, kMergeOddChunks, kMergeRingMaxStates};
+/// `mark_empty_rows_kernel`: one instance, the LSEs (f32) of a state of any dtype.
+constexpr Group mark_empty_group() {
+  Group g = merge_group(Family::kMergeMarkEmpty, mask(DType::kF32), 0, kAnyDType, false, kMergeTile,
+                        kNeedsNothing, Family::kMergeMarkEmpty);
+  g.row_per_out = false;
+  return g;
+}
+inline constexpr Needs kWholeNeeds = kNeedsChunkedRows | kNeedsWholeSplit;
+inline constexpr Needs kSlotNeeds = kNeedsChunkedRows | kNeedsFullGrid | kNeedsSmemFit;
+/// The pairwise group `i` of `kPairDTypes`: the general kernel's rows (family `f`, tile `t`).
+constexpr Group pair(int i, Family f = Family::kMergePair, Tile t = kMergeTile,
+                     Needs n = kNeedsNothing, Family fallback = Family::kMergePair) {
+  return merge_group(f, kPairDTypes[i].q, kPairDTypes[i].kv, kPairDTypes[i].out,
+                     kPairDTypes[i].out_is_q, t, n, fallback);
+}
+/// The whole-row rows of pairwise group `i`, one per chunk count: those of the streamed
+/// instance (`kMergePairStream`: an output no input shares, else the plain instance) or the
+/// plain one (else the general kernel).
+constexpr Group whole(int i, Family f = Family::kMergePairWhole) {
+  const bool streamed = f == Family::kMergePairStream;
+  return tiles(pair(i, f, {}, kWholeNeeds | (streamed ? kNeedsDistinctOut : kNeedsNothing),
+                    streamed ? Family::kMergePairWhole : Family::kMergePair),
+               whole_tile(kMergeWholeChunks[0]), whole_tile(kMergeWholeChunks[1]));
+}
+constexpr Group stack(int i, Family f, Tile t, Needs n = kNeedsNothing,
+                      Family fallback = Family::kMergeStack) {
+  return merge_group(f, kStackDTypes[i].q, kStackDTypes[i].kv, kStackDTypes[i].out,
+                     kStackDTypes[i].out_is_q, t, n, fallback);
+}
 
 }  // namespace detail
 
@@ -333,6 +447,51 @@ inline constexpr Group kGroups[] = {
                                     kSinks, kNeedsNothing, Family::kCascadeMerge),
                       Tile{kCascadeMergeWarps, 0, 0}),
         compiled::CascadeHeadDims{}),
+    // ---- the merges (cuda/merge*.cu, the generated merge units) ----
+    // pairwise: the general kernel at every (a, b, out) of `dispatch_pair`; the whole-row kernel
+    // at each chunk count (2, then 3) where the rows split into 2^k threads of them, else the
+    // general one; with an fp8 output whose memory no input shares, the whole-row kernel's
+    // instance streaming its inputs past L1
+    detail::pair(0),
+    detail::pair(1),
+    detail::pair(2),
+    detail::pair(3),
+    detail::pair(4),
+    detail::pair(5),
+    detail::whole(0),
+    detail::whole(1),
+    detail::whole(2),
+    detail::whole(3),
+    detail::whole(4),
+    detail::whole(5),
+    // the streamed instances: an fp8 output (F, F, F), (x, x, F), (F, x, F)
+    detail::whole(2, Family::kMergePairStream),
+    detail::whole(3, Family::kMergePairStream),
+    detail::whole(4, Family::kMergePairStream),
+    // n-ary: the general kernel at every (in, out) of `dispatch_stack` (one chunk a thread); the
+    // few-states kernel (one instance per state count), the ring kernel and the odd-row kernel
+    // (specialised on the head dim) without fp8, where their needs hold, else the general one
+    detail::stack(0, Family::kMergeStack, detail::kMergeRowTile, kNeedsNothing,
+                  Family::kMergeStack),
+    detail::stack(1, Family::kMergeStack, detail::kMergeRowTile, kNeedsNothing,
+                  Family::kMergeStack),
+    detail::stack(2, Family::kMergeStack, detail::kMergeRowTile, kNeedsNothing,
+                  Family::kMergeStack),
+    detail::stack(3, Family::kMergeStack, detail::kMergeRowTile, kNeedsNothing,
+                  Family::kMergeStack),
+    detail::tiles(detail::stack(0, Family::kMergeFew, {}, kNeedsChunkedRows | kNeedsMultiChunk),
+                  detail::few_tile(1), detail::few_tile(2), detail::few_tile(3),
+                  detail::few_tile(4)),
+    detail::merge_dims(detail::stack(0, Family::kMergeRing, detail::kRingTile, detail::kSlotNeeds),
+                       compiled::MergeHeadDims{}),
+    detail::merge_dims(detail::stack(0, Family::kMergeOdd, detail::kOddTile, detail::kSlotNeeds),
+                       compiled::MergeOddHeadDims{}),
+    // ragged rows and rebase: every (in, out) without fp8; marking empty rows: the LSEs of a
+    // state of any dtype
+    detail::stack(0, Family::kMergeRagged, detail::kMergeRowTile, kNeedsNothing,
+                  Family::kMergeRagged),
+    detail::stack(0, Family::kMergeRebase, detail::kMergeTile, kNeedsNothing, Family::kMergeRebase),
+    detail::mark_empty_group(),
 };
 
 namespace detail {
@@ -346,7 +505,7 @@ constexpr int popcount(unsigned m) {
 /// Rows of one group.
 constexpr int group_rows(const Group& g) {
   const int kv = g.kv == 0 ? 1 : popcount(g.kv);
-  const int out = g.row_per_out ? popcount(g.out) : 1;
+  const int out = g.row_per_out && !g.out_is_q ? popcount(g.out) : 1;
   return g.num_head_dims * popcount(g.q) * kv * out * g.num_tiles;
 }
 
@@ -375,14 +534,14 @@ constexpr std::array<Row, kNumRows> expand() {
           const DTypeMask kv_set = g.kv == 0 ? static_cast<DTypeMask>(1u << q) : g.kv;
           if ((kv_set & (1u << kv)) == 0) continue;
           for (int o = 0; o < 5; ++o) {
-            if (g.row_per_out ? (g.out & (1u << o)) == 0 : o > 0) continue;
+            if (g.out_is_q ? o != q : g.row_per_out ? (g.out & (1u << o)) == 0 : o > 0) continue;
             for (int t = 0; t < g.num_tiles; ++t) {
               Row& r = rows[static_cast<std::size_t>(n++)];
               r.family = g.family;
               r.head_dim = g.head_dims[h];
               r.q = static_cast<DType>(q);
               r.kv = static_cast<DType>(kv);
-              r.out = g.row_per_out ? static_cast<DTypeMask>(1u << o) : g.out;
+              r.out = g.row_per_out || g.out_is_q ? static_cast<DTypeMask>(1u << o) : g.out;
               r.variants = g.variants;
               r.stages = g.tiles[t].stages;
               r.tile_rows = g.tiles[t].rows;
@@ -391,6 +550,10 @@ constexpr std::array<Row, kNumRows> expand() {
               r.kv_align = g.kv_align;
               r.needs = g.needs;
               r.fallback = g.fallback;
+              r.chunks = g.tiles[t].chunks;
+              r.states = g.tiles[t].states;
+              if (g.states_by_slots && merge_slot_states(r.head_dim) < r.states)
+                r.states = merge_slot_states(r.head_dim);
             }
           }
         }
@@ -427,7 +590,9 @@ constexpr std::uint64_t fingerprint() {
                                     static_cast<std::uint64_t>(r.ctas_per_sm),
                                     static_cast<std::uint64_t>(r.kv_align),
                                     r.needs,
-                                    static_cast<std::uint64_t>(r.fallback)};
+                                    static_cast<std::uint64_t>(r.fallback),
+                                    static_cast<std::uint64_t>(r.chunks),
+                                    static_cast<std::uint64_t>(r.states)};
     for (std::uint64_t f : fields) h = hash(h, f);
   }
   return h;
@@ -452,22 +617,70 @@ struct Query {
   int stages = 0;              ///< 0: any.
   int tile_rows = 0;           ///< 0: any.
   int tile_keys = 0;           ///< 0: any.
+  std::int64_t states = 0;     ///< The merges: states to merge (0: any).
+  int chunks = 0;              ///< The merges: chunks per thread (0: any).
 };
 
-/// True when `r` answers `q`.
+/// True when `r` answers `q` (a row of head dim 0 answers every head dim).
 constexpr bool matches(const Row& r, const Query& q) {
-  return r.family == q.family && (q.head_dim == 0 || r.head_dim == q.head_dim) &&
-         (q.q & mask(r.q)) != 0 && (q.kv & mask(r.kv)) != 0 && (r.out & q.out) == q.out &&
+  return r.family == q.family && (q.head_dim == 0 || r.head_dim == 0 || r.head_dim == q.head_dim) &&
+         (q.states == 0 || r.states == 0 || q.states <= r.states) &&
+         (q.chunks == 0 || r.chunks == q.chunks) && (q.q & mask(r.q)) != 0 &&
+         (q.kv & mask(r.kv)) != 0 && (r.out & q.out) == q.out &&
          (r.variants & q.variants) == q.variants && (q.stages == 0 || r.stages == q.stages) &&
          (q.tile_rows == 0 || r.tile_rows == q.tile_rows) &&
          (q.tile_keys == 0 || r.tile_keys == q.tile_keys);
 }
 
-/// The first row answering `q` (the preferred instance), or null when none is compiled.
-constexpr const Row* find(const Query& q) {
-  for (const Row& r : kRows)
-    if (matches(r, q)) return &r;
+namespace detail {
+
+/// The rows' ids by family (each family's in row order), and where each family's start.
+struct FamilyIndex {
+  std::array<int, kNumRows> ids{};
+  std::array<int, kFamilies + 1> begin{};
+};
+
+constexpr FamilyIndex index_families() {
+  FamilyIndex x;
+  for (const Row& r : kRows) ++x.begin[static_cast<std::size_t>(r.family) + 1];
+  for (int f = 0; f < kFamilies; ++f) x.begin[f + 1] += x.begin[f];
+  std::array<int, kFamilies> next{};
+  for (int i = 0; i < kNumRows; ++i) {
+    const auto f = static_cast<std::size_t>(kRows[static_cast<std::size_t>(i)].family);
+    x.ids[static_cast<std::size_t>(x.begin[f] + next[f]++)] = i;
+  }
+  return x;
+}
+
+}  // namespace detail
+
+/// The rows of each family (`kFamilyIndex.ids[begin[f], begin[f + 1])`), so a lookup reads only
+/// its family's rows.
+inline constexpr detail::FamilyIndex kFamilyIndex = detail::index_families();
+
+/// The first row after `prev` (null: from the first; else a row `find` or this returned)
+/// answering `q`, or null: the candidates of a request in the order its family prefers them.
+constexpr const Row* find_next(const Query& q, const Row* prev) {
+  const auto f = static_cast<std::size_t>(q.family);
+  bool after = prev == nullptr;
+  for (int i = kFamilyIndex.begin[f]; i < kFamilyIndex.begin[f + 1]; ++i) {
+    const Row& r = kRows[static_cast<std::size_t>(kFamilyIndex.ids[static_cast<std::size_t>(i)])];
+    if (after && matches(r, q)) return &r;
+    after = after || &r == prev;
+  }
   return nullptr;
+}
+
+/// The first row answering `q` (the preferred instance), or null when none is compiled.
+constexpr const Row* find(const Query& q) { return find_next(q, nullptr); }
+
+/// True when some row of family `f` reads or writes an fp8 dtype (the merges' argument checks
+/// accept fp8 views by it).
+constexpr bool takes_fp8(Family f) {
+  constexpr DTypeMask fp8 = mask(DType::kE4M3) | mask(DType::kE5M2);
+  for (const Row& r : kRows)
+    if (r.family == f && ((mask(r.q) | mask(r.kv) | r.out) & fp8) != 0) return true;
+  return false;
 }
 
 /// True when some compiled kernel answers `q`.
@@ -480,8 +693,10 @@ constexpr int find_id(const Query& q) {
   return r == nullptr ? -1 : static_cast<int>(r - kRows.data());
 }
 
-/// The needs checked when a plan runs (the others decided the plan).
-inline constexpr Needs kRunTimeNeeds = kNeedsPoolMap | kNeedsAlignedQ | kNeedsPageTileKeys;
+/// The needs checked when a plan runs (the others decided the plan), and when a merge runs.
+inline constexpr Needs kRunTimeNeeds = kNeedsPoolMap | kNeedsAlignedQ | kNeedsPageTileKeys |
+                                       kNeedsChunkedRows | kNeedsWholeSplit | kNeedsDistinctOut |
+                                       kNeedsFullGrid | kNeedsSmemFit | kNeedsMultiChunk;
 
 /// The needs a plan decides: the device's facts (wgmma, tensor maps) and the shape's (a page size
 /// with a bulk-copy box, one split per request).

@@ -121,5 +121,53 @@ ATTNSTATE_HOST_DEVICE constexpr int cascade_mma_key_warps(int rows) { return row
 /// Warps of the cascade merge kernel's CTA (one row per warp).
 inline constexpr int kCascadeMergeWarps = 4;
 
+// ---- merges (cuda/kernels/merge/) ----
+
+/// Elements of a chunk of a row of `o`, the unit every merge kernel loads and stores
+/// (`cuda/tile/vec.cuh`: `kChunk`): 16 bytes of a 16-bit dtype.
+inline constexpr int kMergeChunk = 8;
+/// Threads per block of the grid-stride merge kernels (fewer when the problem does not fill the
+/// GPU: halved down to `kMergeMinBlock`).
+inline constexpr int kMergeBlock = 256;
+/// Smallest block of the grid-stride merge kernels.
+inline constexpr int kMergeMinBlock = 64;
+/// Chunks per thread of the whole-row pairwise kernel's instances, in the order the pairwise
+/// merge prefers them: rows of `2^k · 2` or `2^k · 3` chunks (head dims 16 · 2^k, 24 · 2^k).
+inline constexpr int kMergeWholeChunks[] = {2, 3};
+/// Threads per block of the few-states kernel, and the most states it merges (one instance per
+/// state count).
+inline constexpr int kMergeFewBlock = 256;
+inline constexpr int kMergeFewMaxStates = 4;
+/// Chunks per thread of the few-states instance of `states` states: two up to two states (half
+/// the per-row work per byte), one above.
+ATTNSTATE_HOST_DEVICE constexpr int merge_few_chunks(int states) { return states <= 2 ? 2 : 1; }
+/// Threads per block of the ring kernel and its most chunks per thread (a row of fewer chunks
+/// than the shape asks takes one a thread).
+inline constexpr int kMergeRingThreads = 128;
+inline constexpr int kMergeRingChunks = 2;
+/// LSE slots per lane of a row's LSE work in the ring and odd-row kernels, and the most states
+/// either merges.
+inline constexpr int kMergeLsePerLane = 4;
+inline constexpr int kMergeRingMaxStates = 64;
+/// Most threads per block of the odd-row kernel (its launch picks 32, 64 or this) and its chunks
+/// per thread (the head dims of `compiled::MergeOddHeadDims` are rows of 3 chunks a thread).
+inline constexpr int kMergeOddThreads = 128;
+inline constexpr int kMergeOddChunks = 3;
+
+/// Lanes sharing a row's LSE work in the n-ary merges at head dim `head_dim` (>= 1): its chunks
+/// rounded up to a power of two, at most a warp.
+ATTNSTATE_HOST_DEVICE constexpr int merge_lanes(std::int64_t head_dim) {
+  const std::int64_t per_row = (head_dim + kMergeChunk - 1) / kMergeChunk;
+  int lanes = 1;
+  while (lanes < per_row && lanes < 32) lanes *= 2;
+  return lanes;
+}
+/// Most states the ring and odd-row kernels merge at head dim `head_dim`: the row's LSE slots,
+/// at most `kMergeRingMaxStates`.
+ATTNSTATE_HOST_DEVICE constexpr int merge_slot_states(std::int64_t head_dim) {
+  const int slots = merge_lanes(head_dim) * kMergeLsePerLane;
+  return slots < kMergeRingMaxStates ? slots : kMergeRingMaxStates;
+}
+
 }  // namespace catalog
 }  // namespace attnstate

@@ -130,21 +130,31 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
 }
 
 TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
-  std::set<std::tuple<int, int, int, int, int, int, int, int, int>> seen;
+  std::set<std::tuple<int, int, int, int, int, int, int, int, int, int, int>> seen;
   for (const catalog::Row& r : catalog::kRows) {
-    EXPECT_TRUE(compiled::contains(compiled::BuildHeadDims{}, r.head_dim))
+    // the merges: any head dim (0), or the head dims of the kernels specialised on it
+    const bool merge_dim = r.head_dim == 0 ||
+                           (r.family == Family::kMergeRing &&
+                            compiled::contains(compiled::MergeHeadDims{}, r.head_dim)) ||
+                           (r.family == Family::kMergeOdd &&
+                            compiled::contains(compiled::MergeOddHeadDims{}, r.head_dim));
+    EXPECT_TRUE(catalog::is_merge(r.family)
+                    ? merge_dim
+                    : compiled::contains(compiled::BuildHeadDims{}, r.head_dim))
         << catalog::to_string(r.family) << " at head dim " << r.head_dim;
     EXPECT_NE(r.out, 0);
     EXPECT_GT(r.tile_rows, 0);
-    const bool fresh =
-        seen.insert({static_cast<int>(r.family), r.head_dim, static_cast<int>(r.q),
-                     static_cast<int>(r.kv), r.out, r.variants, r.stages, r.tile_rows, r.tile_keys})
-            .second;
+    const bool fresh = seen.insert({static_cast<int>(r.family), r.head_dim, static_cast<int>(r.q),
+                                    static_cast<int>(r.kv), r.out, r.variants, r.stages,
+                                    r.tile_rows, r.tile_keys, r.chunks, r.states})
+                           .second;
     EXPECT_TRUE(fresh) << "a row twice: " << catalog::to_string(r.family) << " " << r.head_dim;
     // a fallback is another family (or none), and never a kernel the catalog lacks
     if (r.fallback != r.family) {
       catalog::Query f = query(r.fallback, r.head_dim, r.q, r.kv);
-      f.tile_rows = r.family == Family::kDecodeStream ? 0 : r.tile_rows;
+      f.out = r.out;
+      f.tile_rows =
+          r.family == Family::kDecodeStream || catalog::is_merge(r.family) ? 0 : r.tile_rows;
       EXPECT_TRUE(catalog::compiled(f)) << catalog::to_string(r.family) << " " << r.head_dim;
     }
   }
@@ -371,6 +381,204 @@ TEST(Catalog, PlannerFactsAgreeWithTheRows) {
     EXPECT_TRUE(catalog::compiled(q)) << rows;
   }
   EXPECT_EQ(plan::kMaxCluster, catalog::kDecodeMaxWsGroup);
+}
+
+// ---- the merges ----
+
+/// Entries of a compile-time list.
+template <class List>
+int count_of() {
+  return static_cast<int>(std::size(compiled::Values<List>::value));
+}
+
+/// The query that names row `r` exactly (family, head dim, dtypes, chunks, states).
+catalog::Query merge_query(const catalog::Row& r) {
+  catalog::Query q = query(r.family, r.head_dim, r.q, r.kv);
+  q.out = r.out;
+  q.chunks = r.chunks;
+  q.states = r.states;
+  return q;
+}
+
+TEST(CatalogMerges, RowsExpandAsTheMergeDispatchInstantiates) {
+  // counted from the lists of common/compiled.hpp and the combination rules of
+  // kernels/merge/dispatch.cuh: every (a, b, out) of M = MergeDTypes; with each of the fp8
+  // formats F, over L = M and F, (x, x, y) and, in place, (x, y, x) for x, y in L, less those
+  // without F (already counted)
+  const int m = count_of<compiled::MergeDTypes>();
+  const int f = count_of<compiled::MergeFp8DTypes>();
+  const int l = m + 1;
+  const int pair = m * m * m + f * ((2 * l * l - l) - (2 * m * m - m));
+  const int chunk_counts = static_cast<int>(std::size(catalog::kMergeWholeChunks));
+  EXPECT_EQ(rows_of(Family::kMergePair), pair);
+  EXPECT_EQ(rows_of(Family::kMergePairWhole), pair * chunk_counts);
+  // the streamed instances: an fp8 output, (x, x, F) and (F, y, F) for x, y in L
+  EXPECT_EQ(rows_of(Family::kMergePairStream), f * (2 * l - 1) * chunk_counts);
+  // the n-ary merges: every (in, out) of M, and with each F every pair of L less those of M
+  EXPECT_EQ(rows_of(Family::kMergeStack), m * m + f * (l * l - m * m));
+  EXPECT_EQ(rows_of(Family::kMergeFew), m * m * catalog::kMergeFewMaxStates);
+  EXPECT_EQ(rows_of(Family::kMergeRing), m * m * static_cast<int>(compiled::MergeHeadDims::size()));
+  EXPECT_EQ(rows_of(Family::kMergeOdd),
+            m * m * static_cast<int>(compiled::MergeOddHeadDims::size()));
+  EXPECT_EQ(rows_of(Family::kMergeRagged), m * m);
+  EXPECT_EQ(rows_of(Family::kMergeRebase), m * m);
+  EXPECT_EQ(rows_of(Family::kMergeMarkEmpty), 1);
+}
+
+TEST(CatalogMerges, EachRowIsFoundByItsQuery) {
+  int merges = 0;
+  for (const catalog::Row& r : catalog::kRows) {
+    if (!catalog::is_merge(r.family)) continue;
+    ++merges;
+    EXPECT_EQ(catalog::find(merge_query(r)), &r)
+        << catalog::to_string(r.family) << " " << r.head_dim << " " << attnstate::to_string(r.q)
+        << " " << attnstate::to_string(r.kv) << " " << catalog::dtypes_string(r.out);
+    EXPECT_EQ(r.variants, catalog::kPlain);
+    EXPECT_EQ(r.needs & ~catalog::kRunTimeNeeds, 0) << "a merge has no plan";
+    // a head-dim-generic row answers every head dim, a specialised one only its own
+    catalog::Query other = merge_query(r);
+    other.head_dim = r.head_dim == 0 ? 200 : r.head_dim + 8;
+    EXPECT_EQ(catalog::matches(r, other), r.head_dim == 0);
+  }
+  EXPECT_GT(merges, 0);
+}
+
+TEST(CatalogMerges, FastKernelsFallBackOnTheGeneralOnes) {
+  // streamed → whole rows → the general pairwise kernel; few, ring, odd → the general stack
+  for (const catalog::Row& r : catalog::kRows) {
+    switch (r.family) {
+      case Family::kMergePairStream:
+        EXPECT_EQ(r.fallback, Family::kMergePairWhole);
+        EXPECT_TRUE(attnstate::is_fp8(static_cast<DType>(__builtin_ctz(r.out))));
+        EXPECT_NE(r.needs & catalog::kNeedsDistinctOut, 0);
+        break;
+      case Family::kMergePairWhole:
+        EXPECT_EQ(r.fallback, Family::kMergePair);
+        EXPECT_NE(r.needs & catalog::kNeedsWholeSplit, 0);
+        EXPECT_NE(std::find(std::begin(catalog::kMergeWholeChunks),
+                            std::end(catalog::kMergeWholeChunks), r.chunks),
+                  std::end(catalog::kMergeWholeChunks));
+        break;
+      case Family::kMergeFew:
+      case Family::kMergeRing:
+      case Family::kMergeOdd:
+        EXPECT_EQ(r.fallback, Family::kMergeStack);
+        EXPECT_NE(r.needs & catalog::kNeedsChunkedRows, 0);
+        // no fp8 instance: their dtypes are those of the general kernel without fp8
+        EXPECT_FALSE(attnstate::is_fp8(r.q) || attnstate::is_fp8(r.kv));
+        EXPECT_FALSE((r.out & (catalog::mask(DType::kE4M3) | catalog::mask(DType::kE5M2))) != 0);
+        EXPECT_GE(r.states, 1);
+        break;
+      case Family::kMergePair:
+      case Family::kMergeStack:
+      case Family::kMergeRagged:
+      case Family::kMergeRebase:
+      case Family::kMergeMarkEmpty:
+        EXPECT_EQ(r.fallback, r.family);
+        EXPECT_EQ(r.needs, catalog::kNeedsNothing);
+        EXPECT_EQ(r.head_dim, 0);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+TEST(CatalogMerges, StatesAndChunksOfTheFastRows) {
+  for (const catalog::Row& r : catalog::kRows) {
+    if (r.family == Family::kMergeFew) {
+      EXPECT_EQ(r.chunks, catalog::merge_few_chunks(r.states));
+      EXPECT_LE(r.states, catalog::kMergeFewMaxStates);
+    } else if (r.family == Family::kMergeRing || r.family == Family::kMergeOdd) {
+      // the row's LSE slots: a lane of a row's LSE work per chunk, at most a warp
+      int lanes = 1;
+      while (lanes < r.head_dim / catalog::kMergeChunk) lanes *= 2;
+      lanes = std::min(lanes, 32);
+      EXPECT_EQ(r.states, std::min(lanes * catalog::kMergeLsePerLane, catalog::kMergeRingMaxStates))
+          << r.head_dim;
+    }
+  }
+  // the few-states instance of S states is the first that takes S
+  for (int s = 1; s <= catalog::kMergeFewMaxStates; ++s) {
+    catalog::Query q = query(Family::kMergeFew, 128, DType::kF16, DType::kF16);
+    q.out = catalog::mask(DType::kBF16);
+    q.states = s;
+    const catalog::Row* r = catalog::find(q);
+    ASSERT_NE(r, nullptr) << s;
+    EXPECT_EQ(r->states, s);
+  }
+  catalog::Query q = query(Family::kMergeFew, 128, DType::kF32, DType::kF32);
+  q.states = catalog::kMergeFewMaxStates + 1;
+  EXPECT_FALSE(catalog::compiled(q));
+  // the ring at head dim 64 merges at most its 8 lanes' slots
+  if (compiled::contains(compiled::MergeHeadDims{}, 64)) {
+    catalog::Query ring = query(Family::kMergeRing, 64, DType::kF16, DType::kF16);
+    ring.states = 8 * catalog::kMergeLsePerLane;
+    EXPECT_TRUE(catalog::compiled(ring));
+    ring.states += 1;
+    EXPECT_FALSE(catalog::compiled(ring));
+  }
+  // the odd-row kernel only at its head dims; no fast n-ary kernel with an fp8 o
+  for (std::int64_t d = 8; d <= 512; d += 8) {
+    EXPECT_EQ(catalog::compiled(query(Family::kMergeOdd, d, DType::kF16, DType::kF16)),
+              compiled::contains(compiled::MergeOddHeadDims{}, d))
+        << d;
+  }
+  EXPECT_FALSE(catalog::compiled(query(Family::kMergeRing, 128, DType::kE4M3, DType::kE4M3)));
+  EXPECT_TRUE(catalog::compiled(query(Family::kMergeStack, 128, DType::kE4M3, DType::kE4M3)));
+}
+
+TEST(CatalogMerges, PairwiseDTypeCombinations) {
+  const auto pair = [](DType a, DType b, DType out) {
+    catalog::Query q = query(Family::kMergePair, 0, a, b);
+    q.out = catalog::mask(out);
+    return catalog::compiled(q);
+  };
+  const DType all[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kE4M3, DType::kE5M2};
+  for (DType a : all)
+    for (DType b : all)
+      for (DType out : all) {
+        // dispatch_pair: one fp8 format per call; with one, a and b of one dtype, or a of out's
+        int formats = 0;
+        DType fmt = DType::kF32;
+        for (DType d : {a, b, out}) {
+          if (attnstate::is_fp8(d) && d != fmt) {
+            formats += 1;
+            fmt = d;
+          }
+        }
+        const bool fp8 = formats > 0;
+        const bool expected = formats <= 1 && (!fp8 || a == b || a == out);
+        EXPECT_EQ(pair(a, b, out), expected)
+            << attnstate::to_string(a) << " " << attnstate::to_string(b) << " "
+            << attnstate::to_string(out);
+        // the whole-row kernel has an instance wherever the general one has
+        catalog::Query whole = query(Family::kMergePairWhole, 0, a, b);
+        whole.out = catalog::mask(out);
+        EXPECT_EQ(catalog::compiled(whole), expected);
+      }
+  // the checks take fp8 views where a family's rows read or write fp8
+  const bool fp8 = count_of<compiled::MergeFp8DTypes>() > 0;
+  EXPECT_EQ(catalog::takes_fp8(Family::kMergePair), fp8);
+  EXPECT_EQ(catalog::takes_fp8(Family::kMergeStack), fp8);
+  EXPECT_FALSE(catalog::takes_fp8(Family::kMergeRagged));
+  EXPECT_FALSE(catalog::takes_fp8(Family::kMergeRebase));
+  // the not-supported message names the family
+  catalog::Query q = query(Family::kMergePair, 0, DType::kBF16, DType::kF16);
+  q.out = catalog::mask(DType::kE4M3);
+  EXPECT_NE(catalog::not_supported_message(q).find("a compiled pairwise merge kernel (head dims "
+                                                   "any"),
+            std::string::npos)
+      << catalog::not_supported_message(q);
+}
+
+TEST(CatalogMerges, TheKernelShapesAgree) {
+  EXPECT_EQ(catalog::merge_lanes(64), 8);
+  EXPECT_EQ(catalog::merge_lanes(96), 16);
+  EXPECT_EQ(catalog::merge_lanes(512), 32);
+  EXPECT_EQ(catalog::merge_lanes(1), 1);
+  EXPECT_EQ(catalog::merge_slot_states(64), 32);
+  EXPECT_EQ(catalog::merge_slot_states(1024), catalog::kMergeRingMaxStates);
 }
 
 }  // namespace
