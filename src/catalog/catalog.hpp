@@ -360,6 +360,21 @@ inline constexpr Group kGroups[] = {
                                     Family::kDecodeSplit),
                       detail::kStreamTile),
         compiled::DecodeStreamHeadDims{}),
+    // the streamed decode over fp8 caches (16-bit queries): plain, then the variant instance
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kDecodeStream, detail::k16Bit, detail::kFp8, kStateDTypes, false,
+                          kSinks, kNeedsOneSplit | kNeedsAlignedQ | kNeedsPageTileKeys,
+                          Family::kDecodeSplit),
+            detail::kStreamTile),
+        compiled::DecodeStreamFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeStream, detail::k16Bit, detail::kFp8,
+                                    kStateDTypes, false, kWindow | kSoftCap | kSinks,
+                                    kNeedsOneSplit | kNeedsAlignedQ | kNeedsPageTileKeys,
+                                    Family::kDecodeSplit),
+                      detail::kStreamTile),
+        compiled::DecodeStreamFp8HeadDims{}),
     // cascade levels on mma.sync: tiles of 16 rows (3 or 2 stages), 64 and 128 rows; plain, then
     // the variant instance (soft cap, window); partial states in fp32
     detail::with_dims(

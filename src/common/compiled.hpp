@@ -103,8 +103,10 @@ using DecodeFp8DTypes = DTypeList<DType::kE4M3, DType::kE5M2>;
 using DecodeFp8HeadDims = Built<IntList<128, 256>>::type;
 /// Head dims of the split decode's variant instance over fp8 caches (window, soft cap).
 using DecodeFp8VariantHeadDims = DecodeFp8HeadDims;
-/// Head dims of the streamed decode kernel (`decode_stream_kernel`: 64 and 128).
+/// Head dims of the streamed decode kernel (`decode_stream_kernel`: 64 and 128), and over fp8
+/// caches (128: rows of at least 8 chunks of 16 bytes).
 using DecodeStreamHeadDims = Intersect<DecodeHeadDims, IntList<64, 128>>::type;
+using DecodeStreamFp8HeadDims = Intersect<DecodeFp8HeadDims, IntList<128>>::type;
 /// Head dims of the cascade's wgmma level kernels (f16 and bf16). Not 64: its tile compiles, but
 /// levels of short segments came out beyond the tolerance on the GPU (bench/RESULTS.md), so that
 /// head dim keeps the mma.sync kernel.

@@ -565,7 +565,8 @@ void fold_timelines(unsigned long long* host, int ctas, std::integer_sequence<in
     decode_unit_timeline<D, DecodeUnit::kVariant>(host, ctas),
     decode_unit_timeline<D, DecodeUnit::kFp8>(host, ctas),
     decode_unit_timeline<D, DecodeUnit::kStream>(host, ctas),
-    decode_unit_timeline<D, DecodeUnit::kFp8Variant>(host, ctas)),
+    decode_unit_timeline<D, DecodeUnit::kFp8Variant>(host, ctas),
+    decode_unit_timeline<D, DecodeUnit::kStreamFp8>(host, ctas)),
    ...);
 }
 }  // namespace

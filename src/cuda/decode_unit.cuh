@@ -86,11 +86,11 @@ void launch_split(const DecodeParams& p, const DecodeLaunch& l, cudaStream_t str
   launch_kernel(c, kernel, "decode_split_kv_kernel", p);
 }
 
-/// The streamed kernel (`kVariant`: its variant instance): one CTA per SM (fewer when there are
-/// fewer items).
-template <int D, bool kBF16, bool kVariant>
+/// The streamed kernel (`kVariant`: its variant instance; `kKv`: its K/V policy): one CTA per SM
+/// (fewer when there are fewer items).
+template <int D, bool kBF16, bool kVariant, int kKv>
 void launch_stream(const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = decode_stream_kernel<D, kBF16, kVariant>;
+  constexpr auto kernel = decode_stream_kernel<D, kBF16, kVariant, kKv>;
   const int smem = static_cast<int>(stream_smem_bytes(D));
   raise_smem_limit<kernel>(smem);
   LaunchConfig c;
@@ -111,7 +111,7 @@ bool launch_row(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream
     constexpr bool kBF16 = r.q == DType::kBF16;
     constexpr bool kVariant = (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0;
     if constexpr (r.family == catalog::Family::kDecodeStream)
-      launch_stream<D, kBF16, kVariant>(p, l, stream);
+      launch_stream<D, kBF16, kVariant, tile::kv_policy(r.kv)>(p, l, stream);
     else
       launch_split<D, kBF16, r.stages, kVariant, tile::kv_policy(r.kv)>(p, l, stream);
     return true;

@@ -1,11 +1,11 @@
 /// @file decode_units.hpp
 /// @brief The decode's instantiation units: the launch and occupancy entry points of one catalog
-///        group of decode kernels (plain split, variant split, fp8 split and its variant, streamed)
-///        at one head dim, by kernel id (`catalog::find_id`). Each is defined in its own
-///        translation unit, which CMake generates from `cmake/decode_unit.cu.in` (one per head dim
-///        × group, `src/CMakeLists.txt`), so the kernels compile in parallel; `decode.cu` holds the
-///        launch table that maps a kernel id to its unit (never in a unit: taking the entry points'
-///        addresses there would instantiate every unit's kernels).
+///        group of decode kernels (plain split, variant split, fp8 split and its variant, streamed,
+///        fp8 streamed) at one head dim, by kernel id (`catalog::find_id`). Each is defined in its
+///        own translation unit, which CMake generates from `cmake/decode_unit.cu.in` (one per head
+///        dim × group, `src/CMakeLists.txt`), so the kernels compile in parallel; `decode.cu` holds
+///        the launch table that maps a kernel id to its unit (never in a unit: taking the entry
+///        points' addresses there would instantiate every unit's kernels).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,11 +30,13 @@ enum class DecodeUnit : int {
   kFp8 = 2,         ///< The split kernel over fp8 caches.
   kStream = 3,      ///< The streamed kernel (plain and variant instances).
   kFp8Variant = 4,  ///< The split kernel's variant instance over fp8 caches.
+  kStreamFp8 = 5,   ///< The streamed kernel over fp8 caches (plain and variant instances).
 };
 
 /// The group whose unit compiles a decode row's kernel.
 constexpr DecodeUnit unit_of(const catalog::Row& r) {
-  if (r.family == catalog::Family::kDecodeStream) return DecodeUnit::kStream;
+  if (r.family == catalog::Family::kDecodeStream)
+    return is_fp8(r.kv) ? DecodeUnit::kStreamFp8 : DecodeUnit::kStream;
   const bool variant = (r.variants & (catalog::kWindow | catalog::kSoftCap)) != 0;
   if (is_fp8(r.kv)) return variant ? DecodeUnit::kFp8Variant : DecodeUnit::kFp8;
   return variant ? DecodeUnit::kVariant : DecodeUnit::kSplit;

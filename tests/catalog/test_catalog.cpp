@@ -100,8 +100,10 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
                        compiled::DecodeFp8VariantHeadDims::size() + ShortFp8Variant::size()) *
       dtypes * fp8;
   EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain and variant, each K/V
-  EXPECT_EQ(rows_of(Family::kDecodeStream),                        // plain, variant
-            static_cast<int>(compiled::DecodeStreamHeadDims::size()) * dtypes * 2);
+  EXPECT_EQ(rows_of(Family::kDecodeStream),  // plain, variant; 16-bit and each fp8 K/V
+            (static_cast<int>(compiled::DecodeStreamHeadDims::size()) +
+             static_cast<int>(compiled::DecodeStreamFp8HeadDims::size()) * fp8) *
+                dtypes * 2);
   const int cascade_dtypes =
       static_cast<int>(std::size(compiled::Values<compiled::CascadeDTypes>::value));
   const int tiles16 = 2;  // the 16-row tile at 3 and 2 stages

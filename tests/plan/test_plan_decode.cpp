@@ -281,6 +281,38 @@ Error error_of(F&& f) {
   return Error(Status::kSuccess, "none");
 }
 
+TEST(PlanDecode, Fp8CachesTakeTheStreamedKernelWhereTheCatalogHoldsIt) {
+  // many short requests over an fp8 cache, plain or with a variant: the automatic policy's
+  // streamed kernel (the catalog's fp8 streamed rows), else the split kernel, for its reason
+  namespace catalog = attnstate::catalog;
+  if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "needs head dim 128 compiled";
+  std::vector<std::int32_t> lens(128);
+  for (std::size_t b = 0; b < lens.size(); ++b) lens[b] = static_cast<std::int32_t>(b * 5 % 701);
+  for (const DType kv : {DType::kE4M3, DType::kE5M2})
+    for (const float cap : {0.f, 30.f}) {
+      DecodeProblem pr = problem(128, 8, 128, 4, 2);
+      pr.kv_dtype = kv;
+      DecodeOptions o;
+      o.variant.logits_soft_cap = cap;
+      plan::DecodeFacts f = plan::decode_kernel_facts(128, 1);
+      f.ctas_per_sm = 1;
+      const plan::DecodeChoice c = plan::resolve_decode(kFn, pr, lens.data(), o, 132, f);
+      catalog::Query q;
+      q.family = catalog::Family::kDecodeStream;
+      q.head_dim = 128;
+      q.q = catalog::mask(DType::kBF16);
+      q.kv = catalog::mask(kv);
+      q.variants = catalog::variants_of(attnstate::kNoWindow, cap);
+      const bool compiled = catalog::compiled(q);
+      EXPECT_EQ(c.streamed, compiled) << attnstate::to_string(kv) << " cap " << cap;
+      EXPECT_EQ(c.reason, compiled ? plan::DecodeReason::kStreamedAuto
+                                   : plan::DecodeReason::kSplitNoStreamed);
+      if (compiled) {
+        EXPECT_EQ(catalog::kRows[static_cast<std::size_t>(c.stream_id)].kv, kv);
+      }
+    }
+}
+
 TEST(PlanDecode, KernelChoiceAndItsReason) {
   if (!plan::decode_head_dim_supported(128)) GTEST_SKIP() << "needs head dim 128 compiled";
   namespace catalog = attnstate::catalog;

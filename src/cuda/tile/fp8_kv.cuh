@@ -80,6 +80,31 @@ __device__ __forceinline__ uint4 permute_q_columns(uint4 own, int col) {
   return odd ? make_uint4(got0, got1, own.y, own.w) : make_uint4(own.x, own.z, got0, got1);
 }
 
+/// The bf16 pairs `w` (`N` registers of one query row, the rest of the row in the `kLanes`
+/// lanes `lane ^ o`, `kFirst <= o < kFirst · kLanes`) as f16 pairs, scaled by the power of two
+/// `2^k` that brings the row's largest magnitude to [2^14, 2^15) (see `queries_to_f16`); returns
+/// `2^k`. Every lane of the warp must call this.
+template <int N, int kFirst, int kLanes>
+__device__ __forceinline__ float bf16_rows_to_f16(std::uint32_t (&w)[N]) {
+  std::uint32_t mx = 0;  // largest magnitude of the row as bf16 bits (ordered like the values)
+#pragma unroll
+  for (int i = 0; i < N; ++i) mx = max(mx, max(w[i] & 0x7FFFu, (w[i] >> 16) & 0x7FFFu));
+#pragma unroll
+  for (int o = kFirst; o < kFirst * kLanes; o <<= 1)
+    mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int e = static_cast<int>(mx >> 7);  // biased exponent of the largest magnitude
+  int k = mx == 0 ? 0 : 141 - e;            // 2^(e - 127) · 2^k = 2^14
+  k = k < -110 ? -110 : (k > 110 ? 110 : k);
+  const float f = __int_as_float((127 + k) << 23);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float lo = __uint_as_float(w[i] << 16) * f;
+    const float hi = __uint_as_float(w[i] & 0xFFFF0000u) * f;
+    w[i] = arch::Mma16816<__half>::pack(lo, hi);
+  }
+  return f;
+}
+
 /// The query chunk `q` (8 columns of a row whose `kCpr` chunks sit in `kCpr` consecutive lanes,
 /// aligned; every lane of the warp calls this) as f16 for the f16 MMAs over fp8 K/V. bf16 rows
 /// (`kBF16`) are multiplied by the power of two `2^k` that brings the row's largest magnitude to
@@ -92,21 +117,7 @@ __device__ __forceinline__ float queries_to_f16(uint4& q) {
     return 1.f;
   } else {
     std::uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    std::uint32_t mx = 0;  // largest magnitude of the row as bf16 bits (ordered like the values)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) mx = max(mx, max(w[i] & 0x7FFFu, (w[i] >> 16) & 0x7FFFu));
-#pragma unroll
-    for (int o = 1; o < kCpr; o <<= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const int e = static_cast<int>(mx >> 7);  // biased exponent of the largest magnitude
-    int k = mx == 0 ? 0 : 141 - e;            // 2^(e - 127) · 2^k = 2^14
-    k = k < -110 ? -110 : (k > 110 ? 110 : k);
-    const float f = __int_as_float((127 + k) << 23);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float lo = __uint_as_float(w[i] << 16) * f;
-      const float hi = __uint_as_float(w[i] & 0xFFFF0000u) * f;
-      w[i] = arch::Mma16816<__half>::pack(lo, hi);
-    }
+    const float f = bf16_rows_to_f16<4, 1, kCpr>(w);
     q = make_uint4(w[0], w[1], w[2], w[3]);
     return f;
   }

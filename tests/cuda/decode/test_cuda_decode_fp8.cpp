@@ -201,6 +201,25 @@ std::string check_case(const Fp8Problem& p, ScaleKind kind, const DecodeOptions&
                         got.second.data(), LseBase::kNatural, decode_tolerance(kOTol, 5e-5));
 }
 
+/// As `check_case` against the CPU decode of the dequantised cache with `opt`'s variant (the
+/// plan's split layout and scale); `kernel`: the kernel the plan must hold.
+std::string check_variant_case(const Fp8Problem& p, ScaleKind kind, const DecodeOptions& opt,
+                               attnstate::DecodeKernel kernel) {
+  Fp8Run r(p, kind, opt);
+  if (r.plan.kernel() != kernel) return "the plan holds another kernel";
+  const auto got = r.run();
+  const auto again = r.run();
+  if (got.first != again.first || got.second != again.second) return "not bitwise repeatable";
+  HostState c(p.real.tokens(), p.real.cfg.heads_q, p.real.cfg.head_dim, DType::kF32,
+              LseBase::kNatural);
+  attnstate::cpu::decode(p.real.q_view(), p.real.kv_view(), r.plan.splits(), r.plan.scale(),
+                         opt.variant, c.view);
+  const attnstate::testing::ReferenceState ref = attnstate::testing::to_reference(
+      attnstate::testing::HostState::from_view(attnstate::ConstStateView(c.view)));
+  return compare_decode(ref, got.first.data(), DType::kF32, got.second.data(), LseBase::kNatural,
+                        decode_tolerance(kOTol, 2e-4));
+}
+
 DecodeOptions policy(SplitPolicy pol, int n) {
   DecodeOptions o;
   o.policy = pol;
@@ -288,20 +307,61 @@ TEST(CudaDecodeFp8, WindowsAndSoftCapsMatchTheCpuDecodeOfTheDequantisedCache) {
               SCOPED_TRACE(p.fp8.cfg.name() + " window " + std::to_string(window) + " cap " +
                            std::to_string(cap) + " policy " +
                            std::to_string(static_cast<int>(opt.policy)));
-              Fp8Run r(p, ScaleKind::kPerHead, opt);
-              const auto got = r.run();
-              HostState c(p.real.tokens(), cfg.heads_q, D, DType::kF32, LseBase::kNatural);
-              attnstate::cpu::decode(p.real.q_view(), p.real.kv_view(), r.plan.splits(),
-                                     r.plan.scale(), opt.variant, c.view);
-              const attnstate::testing::ReferenceState ref = attnstate::testing::to_reference(
-                  attnstate::testing::HostState::from_view(attnstate::ConstStateView(c.view)));
-              EXPECT_EQ(compare_decode(ref, got.first.data(), DType::kF32, got.second.data(),
-                                       LseBase::kNatural, decode_tolerance(kOTol, 2e-4)),
-                        "");
+              EXPECT_EQ(
+                  check_variant_case(p, ScaleKind::kPerHead, opt, attnstate::DecodeKernel::kSplit),
+                  "");
             }
           }
       }
   }
+}
+
+TEST(CudaDecodeFp8, TheStreamedKernelMatchesTheCpuDecode) {
+  // The streamed kernel over fp8 caches (head dim 128): many short requests, one split each
+  // (asked for, and chosen by the automatic plan of a batch wide enough), both formats, bf16 and
+  // f16 queries, the three kinds of scale, q_len 1 and 2, block-table NHD pages of 16 and CSR HND
+  // pages of 32, plain, windowed and capped: against the CPU decode of the dequantised cache,
+  // outputs poisoned first.
+  ATTNSTATE_REQUIRE_GPU();
+  if (!attnstate::compiled::contains(attnstate::compiled::DecodeStreamFp8HeadDims{}, 128))
+    GTEST_SKIP() << "no streamed fp8 kernel compiled";
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 gen(seed);
+  int n = 0;
+  for (DType fmt : {DType::kE4M3, DType::kE5M2})
+    for (DType qd : {DType::kBF16, DType::kF16}) {
+      const bool nhd = n % 2 == 0;
+      DecodeConfig cfg = shape_config(nhd ? 1 : 2, 32, 8, 128, nhd ? 16 : 32,
+                                      nhd ? attnstate::KvLayout::kNHD : attnstate::KvLayout::kHND,
+                                      nhd, qd, DType::kF32);
+      cfg.q_gain = 4.f;  // large scores, so that the cap matters
+      cfg.seq_lens.clear();
+      for (int b = 0; b < 128; ++b)
+        cfg.seq_lens.push_back(b == 0   ? 0
+                               : b == 1 ? 1
+                                        : static_cast<std::int32_t>(gen() % 700 + 2));
+      const ScaleKind kind = static_cast<ScaleKind>(n % 3);
+      const Fp8Problem p =
+          make_fp8_problem(cfg, fmt, n % 2 == 0 ? 0x1p-4f : 0x1p3f, kind, false, gen());
+      ++n;
+      for (const auto& v : {std::pair<std::int64_t, float>{attnstate::kNoWindow, 0.f},
+                            {37, 0.f},
+                            {attnstate::kNoWindow, 30.f},
+                            {300, 5.f}}) {
+        for (const bool automatic : {true, false}) {
+          DecodeOptions opt =
+              automatic ? policy(SplitPolicy::kAuto, 0) : policy(SplitPolicy::kFixedCount, 1);
+          if (!automatic) opt.kernel = attnstate::DecodeKernel::kStreamed;
+          opt.variant.window_left = v.first;
+          opt.variant.logits_soft_cap = v.second;
+          SCOPED_TRACE(p.fp8.cfg.name() + " kind " + std::to_string(static_cast<int>(kind)) +
+                       " window " + std::to_string(v.first) + " cap " + std::to_string(v.second) +
+                       (automatic ? " automatic" : " asked"));
+          EXPECT_EQ(check_variant_case(p, kind, opt, attnstate::DecodeKernel::kStreamed), "");
+        }
+      }
+    }
 }
 
 TEST(CudaDecodeFp8, NanEncodingsPropagateToTheRowsThatSeeThem) {

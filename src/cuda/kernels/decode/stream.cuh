@@ -22,7 +22,8 @@
 ///   kernel's does (`tile::VariantScores` per tile), and starts each item at the tile of its
 ///   request's first row's window start: the tiles wholly before it are never copied.
 /// - Requirements (else the launcher uses the split kernel): one split per request, head dim 64
-///   or 128, page sizes that are multiples of 16, 16-byte aligned query rows, no prior states.
+///   or 128 (fp8 caches: 128), page sizes that are multiples of 16, 16-byte aligned query rows, no
+///   prior states.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -172,8 +173,11 @@ __device__ __forceinline__ int stream_item_rows(const DecodeParams& p, const int
 
 /// The A fragments of the item's query rows (rows lane/4 and lane/4 + 8, two columns per
 /// register, as ldmatrix would give them), straight from global memory; rows past the item's
-/// are zero. Only the item's coordinates are needed: no load stands before these.
-template <int D>
+/// are zero. Only the item's coordinates are needed: no load stands before these. Over an fp8
+/// cache (`kFp8`) in the column order of `tile::attention_tile_fp8`: k-slots 2c, 2c + 1 and
+/// 2c + 8, 2c + 9 of lane c = lane % 4 hold the 4 consecutive columns 4c .. 4c + 3 of the
+/// k-step (one 8-byte load; converted to f16 when the item starts, `stream_item_queries`).
+template <int D, bool kFp8 = false>
 __device__ __forceinline__ void stream_load_q(const DecodeParams& p, const int& lane,
                                               const StreamItem& it,
                                               std::uint32_t (&qf)[D / 16][4]) {
@@ -186,14 +190,54 @@ __device__ __forceinline__ void stream_load_q(const DecodeParams& p, const int& 
     const std::uint32_t* src = static_cast<const std::uint32_t*>(p.q);
     if (r < it.rows) {
       const std::int64_t e = it.b * p.q_stride_b + (rg / p.group) * p.q_stride_t +
-                             (it.hkv * p.group + rg % p.group) * p.q_stride_h + 2 * (lane & 3);
+                             (it.hkv * p.group + rg % p.group) * p.q_stride_h +
+                             (kFp8 ? 4 : 2) * (lane & 3);
       src += e / 2;
     }
 #pragma unroll
     for (int kk = 0; kk < kKS; ++kk) {
-      qf[kk][h] = r < it.rows ? __ldg(src + 8 * kk) : 0u;
-      qf[kk][h + 2] = r < it.rows ? __ldg(src + 8 * kk + 4) : 0u;
+      if constexpr (kFp8) {
+        const uint2 x =
+            r < it.rows ? __ldg(reinterpret_cast<const uint2*>(src + 8 * kk)) : make_uint2(0, 0);
+        qf[kk][h] = x.x;
+        qf[kk][h + 2] = x.y;
+      } else {
+        qf[kk][h] = r < it.rows ? __ldg(src + 8 * kk) : 0u;
+        qf[kk][h + 2] = r < it.rows ? __ldg(src + 8 * kk + 4) : 0u;
+      }
     }
+  }
+}
+
+/// Over an fp8 cache: the current item's query fragments `qa` (`stream_load_q`'s column order) as
+/// f16 (bf16 rows scaled by a power of two into the f16 range, `tile::bf16_rows_to_f16`), and
+/// each of this thread's rows' factor on its dot products `s2` (`tile::RowScaledScores`; the
+/// score scale folded in unless `kVariant`, whose scores map the dot product themselves). Every
+/// lane of the warp must call this.
+template <int D, bool kBF16, bool kVariant>
+__device__ __forceinline__ void stream_item_queries(const DecodeParams& p, const StreamItem& it,
+                                                    std::uint32_t (&qa)[D / 16][4],
+                                                    float (&s2)[2]) {
+  constexpr int kKS = D / 16;
+  const float k_scale = p.k_scale.at(it.hkv) * (kVariant ? 1.f : p.s2_scale);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float f = 1.f;
+    if constexpr (kBF16) {
+      std::uint32_t w[2 * kKS];
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk) {
+        w[2 * kk] = qa[kk][h];
+        w[2 * kk + 1] = qa[kk][h + 2];
+      }
+      f = tile::bf16_rows_to_f16<2 * kKS, 1, 4>(w);  // the row is spread over the quad
+#pragma unroll
+      for (int kk = 0; kk < kKS; ++kk) {
+        qa[kk][h] = w[2 * kk];
+        qa[kk][h + 2] = w[2 * kk + 1];
+      }
+    }
+    s2[h] = k_scale / f;
   }
 }
 
@@ -212,7 +256,7 @@ __device__ __forceinline__ int stream_pid_window(const DecodeParams& p,
 /// (keys past the item's length zero-filled; the lane's chunk addressing `lane_r0`, `lane_col`,
 /// `row_stride` of `tile::copy_kv_tile_in_page`, L2 `policy`). (References, as the kernel's
 /// lambda captured them: so the machine code stays the same.)
-template <int D>
+template <int D, int kKvBytes = 2>
 __device__ __forceinline__ void stream_load_tile(const DecodeParams& p, const std::uint32_t& ring,
                                                  const std::uint16_t* const& kpool,
                                                  const std::uint16_t* const& vpool,
@@ -221,15 +265,24 @@ __device__ __forceinline__ void stream_load_tile(const DecodeParams& p, const st
                                                  const std::uint64_t& policy, const StreamItem& it,
                                                  int t, int stage, std::int64_t pid) {
   constexpr int kRows = kDecodeTileRows;
-  constexpr std::uint32_t kTileBytes = kRows * D * 2;
+  constexpr std::uint32_t kTileBytes = kRows * D * kKvBytes;
   constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
   const int t0 = t * kRows;
   const std::uint32_t kd = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
-  const std::int64_t base = pid * p.page_elems +
-                            tile::kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) +
-                            lane_col * 8;
-  tile::copy_kv_tile_in_page<D, kRows>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0,
-                                       it.len, policy);
+  if constexpr (kKvBytes == 2) {
+    const std::int64_t base = pid * p.page_elems +
+                              tile::kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0) +
+                              lane_col * 8;
+    tile::copy_kv_tile_in_page<D, kRows>(kd, kd + kTileBytes, kpool, vpool, base, row_stride, t0,
+                                         it.len, policy);
+  } else {
+    // fp8 rows of D bytes moved as D / 2 16-bit units (every fp8 offset is even)
+    const std::int64_t base =
+        ((pid * p.page_elems + tile::kv_in_page<D>(p, it.hkv, t0 % p.page_size + lane_r0)) >> 1) +
+        lane_col * 8;
+    tile::copy_kv_tile_in_page<D / 2, kRows>(kd, kd + kTileBytes, kpool, vpool, base, row_stride,
+                                             t0, it.len, policy);
+  }
 }
 
 /// Moves the load cursor on when the current item has no more tiles to copy (`ld_sel` 0 → 1: the
@@ -288,7 +341,7 @@ __device__ __forceinline__ void stream_issue(const DecodeParams& p,
 
 /// The scheduler's start of a warp: its first item (index `x_cur`) and the one `stride` items
 /// after it, their query fragments (`qa`, `qn`), lengths and page-table starts requested.
-template <int D>
+template <int D, bool kFp8 = false>
 __device__ __forceinline__ void stream_first_items(const DecodeParams& p, const int& lane,
                                                    const std::int64_t& items,
                                                    const std::int64_t& stride,
@@ -297,8 +350,8 @@ __device__ __forceinline__ void stream_first_items(const DecodeParams& p, const 
                                                    std::uint32_t (&qn)[D / 16][4]) {
   cur = stream_coords(p, items, x_cur);
   nxt = stream_coords(p, items, x_cur + stride);
-  stream_load_q<D>(p, lane, cur, qa);
-  stream_load_q<D>(p, lane, nxt, qn);
+  stream_load_q<D, kFp8>(p, lane, cur, qa);
+  stream_load_q<D, kFp8>(p, lane, nxt, qn);
   stream_fetch(p, cur);
   stream_fetch(p, nxt);
 }
@@ -308,7 +361,7 @@ __device__ __forceinline__ void stream_first_items(const DecodeParams& p, const 
 /// index) becomes the next one, its query fragments, length and page-table start requested.
 /// (References, as the kernel's code used the values in place: so the machine code stays the
 /// same.)
-template <int D>
+template <int D, bool kFp8 = false>
 __device__ __forceinline__ void stream_next_item(const DecodeParams& p, const int& lane,
                                                  const std::int64_t& items,
                                                  const std::int64_t& stride, std::int64_t& x_cur,
@@ -323,18 +376,27 @@ __device__ __forceinline__ void stream_next_item(const DecodeParams& p, const in
 #pragma unroll
     for (int u = 0; u < 4; ++u) qa[kk][u] = qn[kk][u];
   nxt = stream_coords(p, items, x_cur + stride);
-  stream_load_q<D>(p, lane, nxt, qn);
+  stream_load_q<D, kFp8>(p, lane, nxt, qn);
   stream_fetch(p, nxt);
 }
 
 /// Stores the item's state: each thread its two rows' normalised columns from its accumulator
-/// fragments and their LSEs (the split kernel's warp merge with one warp).
-template <int D>
+/// fragments and their LSEs (the split kernel's warp merge with one warp). Over an fp8 cache
+/// (`kFp8`) the fragments are in the column order of `tile::attention_tile_fp8` (n-tiles 2g and
+/// 2g + 1: the even and odd columns of 16g + 4 (lane % 4) .. + 3) and V's scale multiplies them.
+template <int D, bool kFp8 = false>
 __device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const int& lane,
                                                   const StreamItem& cur,
                                                   const float (&o_acc)[D / 8][4],
                                                   const math::OnlineSoftmax (&os)[2]) {
   constexpr int kNT = D / 8;
+  // element pair j of this thread's row h: columns `col(j)`, `col(j) + 1`, from `acc(j, h, e)`
+  auto col = [&](int j) {
+    return kFp8 ? 16 * (j / 2) + 4 * (lane & 3) + 2 * (j % 2) : j * 8 + 2 * (lane & 3);
+  };
+  auto acc = [&](int j, int h, int e) {
+    return kFp8 ? o_acc[2 * (j / 2) + e][2 * h + j % 2] : o_acc[j][2 * h + e];
+  };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = os[h].l;
@@ -346,6 +408,7 @@ __device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const i
     const bool empty = math::is_empty_lse(m);
     const float f = empty ? 0.f : math::merge_weight(LseBase::kBase2, m, m);
     const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, f * l);
+    const float fo = kFp8 ? f * p.v_scale.at(cur.hkv) : f;  // (V's scale joins the weight)
     const int rg = cur.row0 + r;
     const std::int64_t token = static_cast<std::int64_t>(cur.b) * p.q_len + rg / p.group;
     const std::int64_t hq = static_cast<std::int64_t>(cur.hkv) * p.group + rg % p.group;
@@ -354,24 +417,23 @@ __device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const i
     if (p.sinks == nullptr) {
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        const float x = empty ? 0.f : f * o_acc[j][2 * h];
-        const float y = empty ? 0.f : f * o_acc[j][2 * h + 1];
-        store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x * res.inv_sum,
-                  y * res.inv_sum, p.out_vec4);
+        const float x = empty ? 0.f : fo * acc(j, h, 0);
+        const float y = empty ? 0.f : fo * acc(j, h, 1);
+        store2_as(p.out_o, p.out_dtype, o_row + col(j), x * res.inv_sum, y * res.inv_sum,
+                  p.out_vec4);
       }
     } else {
       // the head's sink merged into the normalised row, once (tile::merge_sink)
       float x[2 * kNT];
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        x[2 * j] = (empty ? 0.f : f * o_acc[j][2 * h]) * res.inv_sum;
-        x[2 * j + 1] = (empty ? 0.f : f * o_acc[j][2 * h + 1]) * res.inv_sum;
+        x[2 * j] = (empty ? 0.f : fo * acc(j, h, 0)) * res.inv_sum;
+        x[2 * j + 1] = (empty ? 0.f : fo * acc(j, h, 1)) * res.inv_sum;
       }
       lse = tile::merge_sink(x, lse, p.sinks[hq]);
 #pragma unroll
       for (int j = 0; j < kNT; ++j)
-        store2_as(p.out_o, p.out_dtype, o_row + j * 8 + 2 * (lane & 3), x[2 * j], x[2 * j + 1],
-                  p.out_vec4);
+        store2_as(p.out_o, p.out_dtype, o_row + col(j), x[2 * j], x[2 * j + 1], p.out_vec4);
     }
     if ((lane & 3) == 0)
       p.out_lse[token * p.lse_stride_token + hq * p.lse_stride_head] =
@@ -379,21 +441,40 @@ __device__ __forceinline__ void stream_store_rows(const DecodeParams& p, const i
   }
 }
 
-/// Streamed decode kernel for head dim `D` (64 or 128); `kBF16` selects bf16 (else f16) queries
-/// and KV; `kVariant` applies `p`'s sliding window and soft cap (the items then start at their
-/// window's first tile, `stream_first_tile`).
-template <int D, bool kBF16, bool kVariant = false>
+/// The K/V row stride of `p`'s layout in the copies' 16-bit units (an fp8 row is D / 2 of them).
+template <int D, int kKvBytes>
+__device__ __forceinline__ std::int64_t stream_row_stride(const DecodeParams& p) {
+  return (p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D) >>
+         (2 - kKvBytes);
+}
+
+/// The streamed kernel's scores policy: the variant's (`kVariant`) or the plain one, over fp8
+/// caches (`kFp8`) after each row's factor (`stream_item_queries`).
+template <bool kFp8, bool kVariant>
+using StreamScores = std::conditional_t<
+    kFp8, std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores>,
+    std::conditional_t<kVariant, tile::VariantScores, tile::PlainScores>>;
+
+/// Streamed decode kernel for head dim `D` (64 or 128); `kBF16` selects bf16 (else f16) queries,
+/// and KV of the same dtype unless `kKv` names an fp8 format (the split kernel's fp8 tile,
+/// `tile::attention_tile_fp8`, with the queries in f16 and the scales of `p.k_scale` /
+/// `p.v_scale`); `kVariant` applies `p`'s sliding window and soft cap (the items then start at
+/// their window's first tile, `stream_first_tile`).
+template <int D, bool kBF16, bool kVariant = false, int kKv = tile::kKvSame>
 __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     decode_stream_kernel(const DecodeParams p) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  static_assert(!kFp8 || D == 128, "fp8 rows of at least 8 chunks (the tile's swizzle)");
+  constexpr int kKvBytes = kFp8 ? 1 : 2;
   using Elem = std::uint16_t;
   constexpr int kWarps = stream_warps(D);
   constexpr int kStages = kDecodeStreamStages;
   constexpr int kRows = kDecodeTileRows;
-  constexpr int kCpr = D / 8;  // 16-byte chunks per row
-  constexpr int kNT = D / 8;   // n-tiles of the output
-  constexpr int kKS = D / 16;  // k-steps of Q Kᵀ
-  constexpr std::uint32_t kTileBytes = kRows * D * 2;
+  constexpr int kCpr = D * kKvBytes / 16;  // 16-byte chunks per K/V row
+  constexpr int kNT = D / 8;               // n-tiles of the output
+  constexpr int kKS = D / 16;              // k-steps of Q Kᵀ
+  constexpr std::uint32_t kTileBytes = kRows * D * kKvBytes;
   constexpr std::uint32_t kStageBytes = 2 * kTileBytes;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -417,11 +498,10 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   // Per-lane parts of the chunk addressing (see `copy_kv_tile_in_page`).
   const int lane_r0 = lane / kCpr;
   const int lane_col = lane % kCpr;
-  const std::int64_t row_stride =
-      p.layout_hnd ? std::int64_t{D} : static_cast<std::int64_t>(p.heads_kv) * D;
+  const std::int64_t row_stride = stream_row_stride<D, kKvBytes>(p);
   auto load_tile = [&](const StreamItem& it, int t, int stage, std::int64_t pid) {
-    stream_load_tile<D>(p, ring, kpool, vpool, lane_r0, lane_col, row_stride, policy, it, t, stage,
-                        pid);
+    stream_load_tile<D, kKvBytes>(p, ring, kpool, vpool, lane_r0, lane_col, row_stride, policy, it,
+                                  t, stage, pid);
   };
 
   // ---- the warp's first two items, and the load cursor: the next tile to copy is tile `ld_t`
@@ -429,7 +509,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   std::int64_t x_cur = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
   std::uint32_t qa[kKS][4], qn[kKS][4];  // query fragments of the current and the next item
   StreamItem cur, nxt;
-  stream_first_items<D>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);
+  stream_first_items<D, kFp8>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);
   int ld_sel = 0, ld_t = 0, ld_win = 0;
   if constexpr (kVariant) {  // (the variant's items start at their window's first tile)
     ld_t = stream_first_tile<kVariant>(p, cur);
@@ -477,12 +557,13 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const int a_row = ldm.a_row, b_row = ldm.b_row;
   int stage = 0;
   // the scores of the variant instance (window starts set per item)
-  std::conditional_t<kVariant, tile::VariantScores, tile::PlainScores> scores;
+  StreamScores<kFp8, kVariant> scores;
   if constexpr (kVariant) scores.set_map(p.scale, p.soft_cap);
 
 #pragma unroll 1
   while (cur.tiles >= 0) {
     int lim[2];
+    if constexpr (kFp8) stream_item_queries<D, kBF16, kVariant>(p, cur, qa, scores.s2);
     const int t_begin = stream_item_rows<kVariant>(p, lane, cur, lim, scores);
     float o_acc[kNT][4];
 #pragma unroll
@@ -504,16 +585,20 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
 #pragma unroll
         for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
       };
-      decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, ldm.a_x, ldm.b_x, t0, lim,
-                                      p.s2_scale, os, o_acc, scores);
+      if constexpr (kFp8)
+        tile::attention_tile_fp8<D, kKv>(q_frag, ks, ks + kTileBytes, t0, lim, p.s2_scale, os,
+                                         o_acc, scores);
+      else
+        decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, ldm.a_x, ldm.b_x, t0, lim,
+                                        p.s2_scale, os, o_acc, scores);
       __syncwarp();
       ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
     }
 
-    stream_store_rows<D>(p, lane, cur, o_acc, os);
+    stream_store_rows<D, kFp8>(p, lane, cur, o_acc, os);
 
     // ---- the next item becomes current; the one after it is fetched ----
-    stream_next_item<D>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);
+    stream_next_item<D, kFp8>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);
     nxt_ready = false;
     if (ld_sel == 1) {
       ld_sel = 0;
