@@ -1,9 +1,11 @@
 /// @file merge.cu
 /// @brief CUDA backend: the pairwise merges `merge_state` and `merge_state_inplace`.
 #include <cstdint>
+#include <string>
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "catalog/catalog.hpp"
 #include "common/validate.hpp"
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/launch.cuh"
@@ -19,16 +21,73 @@ namespace v = attnstate::detail;
 
 constexpr MemorySpace kDevice = MemorySpace::kDevice;
 
-/// Chunks per thread of the whole-row pairwise kernel for `args` (`args.aligned` rows): the
-/// first of `kernels::kWholeChunks` that splits a row into a power of two of threads, 0 when
-/// none does (or its covering grid would exceed the grid limit): then the general kernel runs.
-int whole_chunks(const kernels::PairArgs& args, std::int64_t rows) {
-  if (!args.aligned) return 0;
-  for (int c : kernels::kWholeChunks) {
-    const kernels::RowSplit s = kernels::row_split(args.out.head_dim, c);
-    if (s.group * c == s.per_row && rows * s.group / kernels::kMinBlock < 0x7fffffff) return c;
+/// The run-time needs of the catalog's pairwise rows of `chunks` chunks a thread (0: none) that
+/// the merge of `args` over `rows` rows meets: `args.aligned` rows, a row split into a power of
+/// two of threads of `chunks` chunks whose covering grid stays within the grid limit, an output
+/// whose memory no input shares.
+catalog::Needs pair_needs_met(const kernels::PairArgs& args, std::int64_t rows, int chunks) {
+  catalog::Needs met = catalog::kNeedsNothing;
+  if (args.aligned) met |= catalog::kNeedsChunkedRows;
+  if (args.out.o != args.a.o && args.out.o != args.b.o) met |= catalog::kNeedsDistinctOut;
+  if (chunks > 0) {
+    const kernels::RowSplit s = kernels::row_split(args.out.head_dim, chunks);
+    if (s.group * chunks == s.per_row && rows * s.group / kernels::kMinBlock < 0x7fffffff) {
+      met |= catalog::kNeedsWholeSplit;
+    }
   }
-  return 0;
+  return met;
+}
+
+/// The catalog's query of a pairwise merge of these dtypes (family `f`).
+catalog::Query pair_query(catalog::Family f, DType a, DType b, DType out) {
+  catalog::Query q;
+  q.family = f;
+  q.q = catalog::mask(a);
+  q.kv = catalog::mask(b);
+  q.out = catalog::mask(out);
+  return q;
+}
+
+/// The kernel of a pairwise merge, from the catalog: the first row of the streamed, then the
+/// whole-row family for the dtypes of `args` (each in its order of chunk counts) whose run-time
+/// needs the merge meets (`catalog::family_that_runs`), else the general kernel's row (null when
+/// the catalog holds none for the dtypes).
+const catalog::Row* pick_pair_kernel(const kernels::PairArgs& args, std::int64_t rows) {
+  using catalog::Family;
+  for (const Family f : {Family::kMergePairStream, Family::kMergePairWhole}) {
+    const catalog::Query q = pair_query(f, args.a.dtype, args.b.dtype, args.out.dtype);
+    for (const catalog::Row* r = catalog::find(q); r != nullptr; r = catalog::find_next(q, r)) {
+      if (catalog::family_that_runs(*r, pair_needs_met(args, rows, r->chunks)) == f) return r;
+    }
+  }
+  return catalog::find(pair_query(Family::kMergePair, args.a.dtype, args.b.dtype, args.out.dtype));
+}
+
+/// Throws `kNotSupported` when the catalog holds no pairwise kernel for these dtypes: a second
+/// fp8 format named by `kernels::fp8_format` (one format per call), else `b` with, as expected,
+/// what the catalog holds for `a`'s dtype.
+void check_pair_compiled(const char* func, DType a, DType b, DType out) {
+  const catalog::Query q = pair_query(catalog::Family::kMergePair, a, b, out);
+  if (catalog::compiled(q)) return;
+  kernels::fp8_format(func, {{"out.dtype", out}, {"a.dtype", a}, {"b.dtype", b}});  // one format
+  catalog::Query at_a = q;
+  at_a.out = 0;
+  std::string held;  // per dtype of b, the outputs compiled with a's dtype
+  for (int d = 0; d < 5; ++d) {
+    at_a.kv = catalog::mask(static_cast<DType>(d));
+    catalog::DTypeMask outs = 0;
+    for (const catalog::Row& r : catalog::kRows) {
+      if (catalog::matches(r, at_a)) outs = static_cast<catalog::DTypeMask>(outs | r.out);
+    }
+    if (outs == 0) continue;
+    held += std::string(held.empty() ? "" : "; ") + "b of " + to_string(static_cast<DType>(d)) +
+            " into " + catalog::dtypes_string(outs);
+  }
+  attnstate::detail::throw_argument(func, "b.dtype",
+                                    catalog::not_supported_message(q) + ": with a of " +
+                                        to_string(a) + ", " +
+                                        (held.empty() ? std::string("none") : held),
+                                    to_string(b), Status::kNotSupported);
 }
 
 /// `PairArgs::aligned` for these views.
@@ -51,12 +110,15 @@ void launch_pair(const char* func, const ConstStateView& a, const ConstStateView
   args.in_place = in_place;
   args.split = kernels::row_split(out.head_dim, tuning::kMergePairChunks);
   args.aligned = pair_aligned(a, b, out);
-  const int whole = whole_chunks(args, rows);
+  check_pair_compiled(func, a.dtype, b.dtype, out.dtype);
+  const catalog::Row* k = pick_pair_kernel(args, rows);
+  const bool whole = k != nullptr && k->family != catalog::Family::kMergePair;
+  const bool stream_in = whole && k->family == catalog::Family::kMergePairStream;
   kernels::dispatch_pair(func, a.dtype, b.dtype, out.dtype, [&](auto ta, auto tb, auto to) {
     using TA = decltype(ta);
     using TB = decltype(tb);
     using TO = decltype(to);
-    if (whole != 0) return detail::launch_pair_whole<TO>(func, args, whole, rows, stream);
+    if (whole) return detail::launch_pair_whole<TO>(func, args, k->chunks, stream_in, rows, stream);
     constexpr auto kernel = kernels::merge_pair_kernel<TA, TB, TO>;
     kernels::launch_grid_stride<kernel>(rows * args.split.group, stream, "merge_pair_kernel", args);
   });
@@ -73,7 +135,8 @@ bool merge_state_whole_path(const ConstStateView& a, const ConstStateView& b,
   args.b = b;
   args.out = out;
   args.aligned = pair_aligned(a, b, out);
-  return whole_chunks(args, out.tokens * out.heads) != 0;
+  const catalog::Row* k = pick_pair_kernel(args, out.tokens * out.heads);
+  return k != nullptr && k->family != catalog::Family::kMergePair;
 }
 
 }  // namespace detail
@@ -85,7 +148,7 @@ void merge_state(ConstStateView a, ConstStateView b, StateView out, cudaStream_t
 void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask mask,
                  cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_state";
-  constexpr bool kFp8 = true;  // the dtypes compiled with fp8: kernels/merge/dispatch.cuh
+  constexpr bool kFp8 = catalog::takes_fp8(catalog::Family::kMergePair);
   constexpr bool kLseOptional = true;
   v::check_state(kFunc, "a", a, kDevice, kFp8);
   v::check_state(kFunc, "b", b, kDevice, kFp8);
@@ -100,7 +163,7 @@ void merge_state(ConstStateView a, ConstStateView b, StateView out, TokenMask ma
 
 void merge_state_inplace(StateView acc, ConstStateView other, TokenMask mask, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_state_inplace";
-  constexpr bool kFp8 = true;
+  constexpr bool kFp8 = catalog::takes_fp8(catalog::Family::kMergePair);
   v::check_output_state(kFunc, "acc", acc, kDevice, kFp8);
   v::check_state(kFunc, "other", other, kDevice, kFp8);
   v::check_same_shape(kFunc, "acc", acc, "other", other);

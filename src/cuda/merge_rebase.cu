@@ -4,6 +4,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "catalog/catalog.hpp"
 #include "common/validate.hpp"
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/launch.cuh"
@@ -15,8 +16,9 @@ namespace cuda {
 void rebase(ConstStateView in, StateView out, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::rebase";
   namespace v = attnstate::detail;
-  v::check_state(kFunc, "in", in, MemorySpace::kDevice);
-  v::check_output_state(kFunc, "out", out, MemorySpace::kDevice);
+  constexpr bool kFp8 = catalog::takes_fp8(catalog::Family::kMergeRebase);
+  v::check_state(kFunc, "in", in, MemorySpace::kDevice, kFp8);
+  v::check_output_state(kFunc, "out", out, MemorySpace::kDevice, kFp8);
   v::check_same_shape(kFunc, "in", in, "out", out);
   v::check_alias(kFunc, "out", out, "in", in);
   const std::int64_t rows = out.tokens * out.heads;

@@ -7,6 +7,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "catalog/catalog.hpp"
 #include "common/validate.hpp"
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/launch.cuh"
@@ -58,7 +59,7 @@ bool merge_states_fast_path(const ConstStateStackView& states, const StateView& 
 
 void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_states";
-  constexpr bool kFp8 = true;  // the dtypes compiled with fp8: kernels/merge/dispatch.cuh
+  constexpr bool kFp8 = catalog::takes_fp8(catalog::Family::kMergeStack);
   constexpr bool kLseOptional = true;
   v::check_stack(kFunc, "states", states, kDevice, kFp8, /*min_states=*/0);
   v::check_output_state(kFunc, "out", out, kDevice, kFp8, kLseOptional);
@@ -79,8 +80,9 @@ void merge_states(ConstStateStackView states, StateView out, cudaStream_t stream
 void merge_states_ragged(ConstStateView rows, const std::int32_t* indptr, StateView out,
                          cudaStream_t stream) {
   static const char* const kFunc = "attnstate::cuda::merge_states_ragged";
-  v::check_state(kFunc, "rows", rows, kDevice);
-  v::check_output_state(kFunc, "out", out, kDevice, /*fp8=*/false, /*lse_optional=*/true);
+  constexpr bool kFp8 = catalog::takes_fp8(catalog::Family::kMergeRagged);
+  v::check_state(kFunc, "rows", rows, kDevice, kFp8);
+  v::check_output_state(kFunc, "out", out, kDevice, kFp8, /*lse_optional=*/true);
   if (rows.heads != out.heads) {
     v::throw_argument(kFunc, "rows.heads", std::to_string(out.heads) + " (as out.heads)",
                       std::to_string(rows.heads));

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "attnstate/core/dtype.hpp"
+#include "catalog/catalog.hpp"
 #include "cuda/kernels/merge/dispatch.cuh"
 #include "cuda/kernels/merge/few.cuh"
 #include "cuda/kernels/merge/launch.cuh"
@@ -26,9 +27,11 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// Launches the whole-row pairwise kernel of `kC` chunks per thread for `args`.
+/// Launches the whole-row pairwise kernel of `kC` chunks per thread for `args`, its instance
+/// streaming the inputs past L1 where `stream` (the catalog's `kMergePairStream` rows: fp8
+/// outputs only).
 template <class TA, class TB, class TO, int kC>
-void launch_pair_whole_chunks(const kernels::PairArgs& args, std::int64_t rows,
+void launch_pair_whole_chunks(const kernels::PairArgs& args, bool stream_in, std::int64_t rows,
                               cudaStream_t stream) {
   kernels::PairArgs w = args;
   w.split = kernels::row_split(args.out.head_dim, kC);
@@ -44,7 +47,7 @@ void launch_pair_whole_chunks(const kernels::PairArgs& args, std::int64_t rows,
   // Streaming the inputs past L1 pays for fp8 outputs and costs for the others (measured:
   // bench/RESULTS.md); it needs inputs the kernel does not write.
   if constexpr (kIsFp8<TO>) {
-    if (args.out.o != args.a.o && args.out.o != args.b.o) {
+    if (stream_in) {
       return launch_kernel(c, kernels::merge_pair_whole_kernel<TA, TB, TO, kC, true>,
                            "merge_pair_whole_kernel", w);
     }
@@ -54,7 +57,7 @@ void launch_pair_whole_chunks(const kernels::PairArgs& args, std::int64_t rows,
 }
 
 template <class TOut>
-void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chunks,
+void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chunks, bool stream_in,
                        std::int64_t rows, cudaStream_t stream) {
   kernels::dispatch_pair(
       func, args.a.dtype, args.b.dtype, args.out.dtype, [&](auto ta, auto tb, auto to) {
@@ -66,9 +69,9 @@ void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chun
           constexpr int kC0 = kernels::kWholeChunks[0];
           constexpr int kC1 = kernels::kWholeChunks[1];
           if (chunks == kC0) {
-            launch_pair_whole_chunks<TA, TB, TO, kC0>(args, rows, stream);
+            launch_pair_whole_chunks<TA, TB, TO, kC0>(args, stream_in, rows, stream);
           } else if (chunks == kC1) {
-            launch_pair_whole_chunks<TA, TB, TO, kC1>(args, rows, stream);
+            launch_pair_whole_chunks<TA, TB, TO, kC1>(args, stream_in, rows, stream);
           }
         }
       });
@@ -77,31 +80,49 @@ void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chun
 static_assert(tuning::kMergeFewStates >= 0 && tuning::kMergeFewStates <= kernels::kFewMaxStates,
               "the few-states kernel merges at most kFewMaxStates states");
 
-/// The kernels of `merge_states`, all giving the same bits.
-enum class StackKernel { kGeneral, kFew, kRing, kOdd };
+/// The run-time needs of the catalog's row of family `f` (a fast kernel of `merge_states`) that
+/// the merge of `args` meets: the rows' alignment and chunks, then the kernel's own grid and
+/// shared-memory needs (the ring and odd-row kernels, which no fp8 dtype instantiates).
+template <class TIn, class TO>
+catalog::Needs stack_needs_met(catalog::Family f, const kernels::RowsArgs& args) {
+  catalog::Needs met = catalog::kNeedsNothing;
+  if (args.aligned) met |= catalog::kNeedsChunkedRows;
+  if (args.row_shift >= 1) met |= catalog::kNeedsMultiChunk;
+  if constexpr (!kIsFp8<TIn> && !kIsFp8<TO>) {
+    if (f == catalog::Family::kMergeRing) {
+      met |= kernels::ring_needs<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count());
+    } else if (f == catalog::Family::kMergeOdd) {
+      met |= kernels::odd_needs<TIn, TO>(args, kernels::sm_count());
+    }
+  }
+  return met;
+}
 
 /// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
-/// dtypes and head dim become template arguments in the one dispatch): stacks with 16-byte access
-/// to `o` go to the few-states kernel (at most `tuning::kMergeFewStates` states, rows of more
-/// than one chunk) or, with at least one block of work per SM, to the ring kernel at the head
-/// dims it is compiled for (`compiled::MergeHeadDims`) or to the odd-row kernel at the head dims
-/// whose rows are not a power of two of chunks (`compiled::MergeOddHeadDims`); everything else,
-/// and every stack or output with an fp8 `o` (their one compiled kernel), to the general kernel.
+/// dtypes and head dim become template arguments in the one dispatch) from the catalog: the
+/// first of the few-states (at most `tuning::kMergeFewStates` states), ring and odd-row families
+/// with a row for the stack's dtypes, head dim and state count whose run-time needs the stack
+/// meets (`catalog::family_that_runs`), else the general kernel (`kMergeStack`, the rows'
+/// fallback; the one kernel compiled with an fp8 `o`).
 template <class TIn, class TO>
-StackKernel pick_stack_kernel(const kernels::RowsArgs& args) {
-  if constexpr (kIsFp8<TIn> || kIsFp8<TO>) {
-    return StackKernel::kGeneral;  // the one kernel compiled with an fp8 o
-  } else {
-    if (args.aligned && args.row_shift >= 1 && args.in.num_states >= 1 &&
-        args.in.num_states <= tuning::kMergeFewStates) {
-      return StackKernel::kFew;
+catalog::Family pick_stack_kernel(const kernels::RowsArgs& args) {
+  using catalog::Family;
+  if (args.in.num_states < 1) return Family::kMergeStack;
+  catalog::Query q;
+  q.head_dim = args.out.head_dim;
+  q.q = catalog::mask(args.in.dtype);
+  q.kv = q.q;
+  q.out = catalog::mask(args.out.dtype);
+  q.states = args.in.num_states;
+  for (const Family f : {Family::kMergeFew, Family::kMergeRing, Family::kMergeOdd}) {
+    if (f == Family::kMergeFew && args.in.num_states > tuning::kMergeFewStates) continue;
+    q.family = f;
+    const catalog::Row* r = catalog::find(q);
+    if (r != nullptr && catalog::family_that_runs(*r, stack_needs_met<TIn, TO>(f, args)) == f) {
+      return f;
     }
-    if (kernels::use_ring<TIn, TO, kernels::DefaultRingShape>(args, kernels::sm_count())) {
-      return StackKernel::kRing;
-    }
-    return kernels::use_odd<TIn, TO>(args, kernels::sm_count()) ? StackKernel::kOdd
-                                                                : StackKernel::kGeneral;
   }
+  return Family::kMergeStack;
 }
 
 template <class TOut>
@@ -113,13 +134,13 @@ void launch_stack(const char* func, DType in, DType out, const kernels::RowsArgs
     if constexpr (std::is_same_v<TO, TOut>) {
       if constexpr (!kIsFp8<TI> && !kIsFp8<TO>) {
         switch (pick_stack_kernel<TI, TO>(args)) {
-          case StackKernel::kFew:
+          case catalog::Family::kMergeFew:
             return kernels::launch_few<TI, TO>(args, stream);
-          case StackKernel::kRing:
+          case catalog::Family::kMergeRing:
             return kernels::launch_ring<TI, TO, kernels::DefaultRingShape>(args, stream);
-          case StackKernel::kOdd:
+          case catalog::Family::kMergeOdd:
             return kernels::launch_odd<TI, TO>(args, stream);
-          case StackKernel::kGeneral:
+          default:
             break;
         }
       }
@@ -135,7 +156,7 @@ bool stack_fast_path(const char* func, DType in, DType out, const kernels::RowsA
   bool fast = false;
   kernels::dispatch_stack(func, in, out, [&](auto ti, auto to) {
     if constexpr (std::is_same_v<decltype(to), TOut>) {
-      fast = pick_stack_kernel<decltype(ti), decltype(to)>(args) != StackKernel::kGeneral;
+      fast = pick_stack_kernel<decltype(ti), decltype(to)>(args) != catalog::Family::kMergeStack;
     }
   });
   return fast;
@@ -146,9 +167,9 @@ bool stack_fast_path(const char* func, DType in, DType out, const kernels::RowsA
 }  // namespace attnstate
 
 /// The instances of one output storage type `T` (in namespace attnstate::cuda::detail).
-#define ATTNSTATE_MERGE_UNIT(T)                                                                \
-  template void launch_pair_whole<T>(const char*, const kernels::PairArgs&, int, std::int64_t, \
-                                     cudaStream_t);                                            \
-  template void launch_stack<T>(const char*, DType, DType, const kernels::RowsArgs&,           \
-                                cudaStream_t);                                                 \
+#define ATTNSTATE_MERGE_UNIT(T)                                                        \
+  template void launch_pair_whole<T>(const char*, const kernels::PairArgs&, int, bool, \
+                                     std::int64_t, cudaStream_t);                      \
+  template void launch_stack<T>(const char*, DType, DType, const kernels::RowsArgs&,   \
+                                cudaStream_t);                                         \
   template bool stack_fast_path<T>(const char*, DType, DType, const kernels::RowsArgs&);

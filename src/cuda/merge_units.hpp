@@ -18,9 +18,10 @@ namespace cuda {
 namespace detail {
 
 /// Launches the whole-row pairwise kernel of `chunks` chunks per thread for `args` (an output of
-/// storage type `TO`; `a` and `b` of any dtype `dispatch_pair` takes) on `stream`.
+/// storage type `TO`; `a` and `b` of any dtype `dispatch_pair` takes) on `stream`: the catalog's
+/// row the pairwise merge picked (`kMergePairWhole`, or `kMergePairStream` where `stream_in`).
 template <class TO>
-void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chunks,
+void launch_pair_whole(const char* func, const kernels::PairArgs& args, int chunks, bool stream_in,
                        std::int64_t rows, cudaStream_t stream);
 
 /// Launches the kernel of `merge_states` that `args` takes (the few-states, ring, odd-row or

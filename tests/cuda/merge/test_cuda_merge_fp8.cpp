@@ -22,6 +22,7 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "catalog/catalog.hpp"
 #include "compiled_dims.hpp"
 #include "cuda_test_utils.hpp"
 #include "fp8_state.hpp"
@@ -31,6 +32,7 @@ namespace {
 
 namespace cpu = attnstate::cpu;
 namespace gpu = attnstate::cuda;
+namespace catalog = attnstate::catalog;
 using attnstate::ConstStateStackView;
 using attnstate::ConstStateView;
 using attnstate::DType;
@@ -404,10 +406,26 @@ StateView fake(DType dt, std::uintptr_t at, float scale = 1.f) {
 TEST(CudaMergeFp8, CombinationsNotCompiledAndBadScalesAreNamed) {
   using attnstate::Status;
   const std::uintptr_t a = 1u << 24, b = 2u << 24, o = 3u << 24;
-  // a and b of different dtypes, a not of out's dtype.
+  // a and b of different dtypes, a not of out's dtype: refused naming what the catalog holds
   expect_error(
       [&] { gpu::merge_state(fake(DType::kBF16, a), fake(DType::kF16, b), fake(DType::kE4M3, o)); },
       Status::kNotSupported, "b.dtype");
+  {
+    catalog::Query q;
+    q.family = catalog::Family::kMergePair;
+    q.q = catalog::mask(DType::kBF16);
+    q.kv = catalog::mask(DType::kF16);
+    q.out = catalog::mask(DType::kE4M3);
+    ASSERT_FALSE(catalog::compiled(q));
+    std::string what;
+    try {
+      gpu::merge_state(fake(DType::kBF16, a), fake(DType::kF16, b), fake(DType::kE4M3, o));
+    } catch (const attnstate::Error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(catalog::not_supported_message(q)), std::string::npos) << what;
+    EXPECT_NE(what.find("b of bf16 into"), std::string::npos) << what;
+  }
   // Two fp8 formats in one call.
   expect_error(
       [&] {

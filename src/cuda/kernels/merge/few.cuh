@@ -36,14 +36,14 @@ namespace kernels {
 
 /// Most states the few-states kernel merges (the closed form of the butterflies above holds for
 /// at most 4 inputs on groups of at least 4 lanes).
-constexpr int kFewMaxStates = 4;
+constexpr int kFewMaxStates = catalog::kMergeFewMaxStates;
 /// Threads per block of the few-states kernel.
-constexpr int kFewBlock = 256;
+constexpr int kFewBlock = catalog::kMergeFewBlock;
 
 /// Chunks of a row each thread of the few-states kernel merges for `S` states: two for S ≤ 2
 /// (half the per-row work — index arithmetic, LSEs, max and weights — per byte), one above, as
 /// measured (bench/RESULTS.md).
-constexpr int few_chunks(int states) { return states <= 2 ? 2 : 1; }
+constexpr int few_chunks(int states) { return catalog::merge_few_chunks(states); }
 
 /// `out[t, h] = ⊕_s in[t, s, h]` for `S = args.in.num_states ≤ kS`: thread `g` of a row's
 /// `2^row_shift / few_chunks(kS)` threads merges its chunks `g + c · threads` that exist (see the

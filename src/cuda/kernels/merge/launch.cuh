@@ -10,6 +10,7 @@
 #include <initializer_list>
 
 #include "attnstate/cuda/check.hpp"
+#include "catalog/kernel_shapes.hpp"
 #include "cuda/device_cache.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/tile/vec.cuh"
@@ -19,9 +20,10 @@ namespace cuda {
 namespace kernels {
 
 /// Threads per block of the merge kernels (fewer when the problem does not fill the GPU).
-constexpr int kMergeBlock = 256;
+constexpr int kMergeBlock = catalog::kMergeBlock;
 /// Smallest block used for small problems (spreads a few rows over more SMs).
-constexpr int kMinBlock = 64;
+constexpr int kMinBlock = catalog::kMergeMinBlock;
+static_assert(kChunk == catalog::kMergeChunk, "the catalog's chunk is the kernels'");
 
 /// Number of SMs of the current device (`detail::device_facts`: cached per device, capture-safe).
 inline int sm_count() { return detail::device_facts().sm_count; }

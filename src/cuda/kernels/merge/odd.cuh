@@ -31,6 +31,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "catalog/catalog.hpp"
 #include "common/compiled.hpp"
 #include "cuda/arch/memory.cuh"
 #include "cuda/kernels/merge/launch.cuh"
@@ -44,7 +45,7 @@ namespace cuda {
 namespace kernels {
 
 /// Most threads per block of the odd-row kernel (the launch picks 32, 64 or this).
-constexpr int kOddMaxThreads = 128;
+constexpr int kOddMaxThreads = catalog::kMergeOddThreads;
 /// Blocks of kOddMaxThreads per SM its registers are sized for (at most 128 registers a thread:
 /// shared memory, not registers, bounds its residency).
 constexpr int kOddMinBlocks = 4;
@@ -308,30 +309,34 @@ OddLaunch odd_launch() {
   return best;
 }
 
-/// True when the odd-row kernel runs the merge of `args` (built by `rows_args` of the stack):
-/// 16-byte access to every `o` view, a head dim of `compiled::MergeOddHeadDims` split as the
-/// general kernel splits it (`args.group`), 1 to `OddGeometry::kMaxStates` states, at least
-/// `min_blocks` blocks of kOddMaxThreads threads of work, a device of sm_80 or newer and a
-/// kernel built for one.
+/// The run-time needs of the catalog's odd-row rows (`catalog::Family::kMergeOdd`: a head dim of
+/// `compiled::MergeOddHeadDims`, 1 to `catalog::merge_slot_states` states) that the merge of
+/// `args` (built by `rows_args` of the stack, so split as the general kernel splits it,
+/// `args.group`) meets: 16-byte access to every `o` view (`kNeedsChunkedRows`), then at least
+/// `min_blocks` blocks of kOddMaxThreads threads of work (`kNeedsFullGrid`), then its shared
+/// memory granted: a device of sm_80 or newer and a kernel built for one (`kNeedsSmemFit`).
 template <class TIn, class TO>
-bool use_odd(const RowsArgs& args, std::int64_t min_blocks) {
-  const std::int64_t S = args.in.num_states;
-  const std::int64_t D = args.out.head_dim;
-  if (!args.aligned || S < 1) return false;
-  if (!compiled::contains(compiled::MergeOddHeadDims{}, D)) return false;
-  bool ok = false;
-  dispatch_odd_head_dim(D, [&](auto d) {
+catalog::Needs odd_needs(const RowsArgs& args, std::int64_t min_blocks) {
+  catalog::Needs met = catalog::kNeedsNothing;
+  if (!args.aligned) return met;
+  met |= catalog::kNeedsChunkedRows;
+  dispatch_odd_head_dim(args.out.head_dim, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     using G = OddGeometry<TIn, kD>;
+    static_assert(
+        G::kMaxStates == catalog::merge_slot_states(kD) && G::kChunks == catalog::kMergeOddChunks,
+        "the states and chunks of the catalog's odd-row rows");
     const std::int64_t threads = args.out.tokens * args.out.heads * G::kThreadsPerRow;
-    ok = S <= G::kMaxStates && args.group == G::kGroup && threads >= min_blocks * kOddMaxThreads &&
-         odd_launch<TIn, TO, kD>().usable;
+    if (args.group != G::kGroup || threads < min_blocks * kOddMaxThreads) return;
+    met |= catalog::kNeedsFullGrid;
+    if (odd_launch<TIn, TO, kD>().usable) met |= catalog::kNeedsSmemFit;
   });
-  return ok;
+  return met;
 }
 
-/// Launches the odd-row kernel on `stream` (after use_odd returned true): a grid covering every
-/// row, each block `steps` times its rows (1 unless the grid would pass 2^31 - 1 blocks).
+/// Launches the odd-row kernel on `stream` (after odd_needs met every need of its row): a grid
+/// covering every row, each block `steps` times its rows (1 unless the grid would pass 2^31 - 1
+/// blocks).
 template <class TIn, class TO>
 void launch_odd(const RowsArgs& args, cudaStream_t stream) {
   dispatch_odd_head_dim(args.out.head_dim, [&](auto d) {

@@ -148,6 +148,10 @@ __global__ void __launch_bounds__(kMergeBlock) merge_pair_kernel(PairArgs args) 
 /// Chunks per thread of the whole-row pairwise kernel: rows of `group · kC` whole chunks with
 /// `group` a power of two (head dims 64 · 2^k with 2, 96 · 2^k with 3), so no lane idles.
 constexpr int kWholeChunks[] = {2, 3};
+static_assert(kWholeChunks[0] == catalog::kMergeWholeChunks[0] &&
+                  kWholeChunks[1] == catalog::kMergeWholeChunks[1] &&
+                  sizeof(kWholeChunks) == sizeof(catalog::kMergeWholeChunks),
+              "the instances the catalog's whole-row rows name");
 
 /// `merge_pair_kernel` for rows of whole chunks that every view allows to access as vectors
 /// (`PairArgs::aligned`), split into exactly `split.group` threads of `kC` chunks each (no partial

@@ -26,6 +26,7 @@
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "attnstate/cuda/check.hpp"
+#include "catalog/catalog.hpp"
 #include "common/compiled.hpp"
 #include "cuda/arch/memory.cuh"
 #include "cuda/kernels/merge/launch.cuh"
@@ -39,9 +40,9 @@ namespace cuda {
 namespace kernels {
 
 /// LSE slots per virtual lane and stage (so at most `group * kRingLsePerLane` states).
-constexpr int kRingLsePerLane = 4;
+constexpr int kRingLsePerLane = catalog::kMergeLsePerLane;
 /// Most states the ring kernel merges (more go to `merge_stack_kernel`).
-constexpr int kRingMaxStates = 64;
+constexpr int kRingMaxStates = catalog::kMergeRingMaxStates;
 
 /// Compile-time shape of the ring kernel.
 template <int kThreadsT, int kStagesT, int kBatchT, int kChunksT, int kMinBlocksT, int kWavesT = 0>
@@ -60,7 +61,8 @@ struct RingShape {
 /// The shape `merge_states` uses: threads per block, stages, states per stage (16-bit `o`),
 /// chunks per thread, blocks per SM, and the grid field (`RingShape::kWaves`; -1: each thread
 /// merges one row and the grid covers every row).
-using DefaultRingShape = RingShape<128, 1, 8, 2, 6, -1>;
+using DefaultRingShape =
+    RingShape<catalog::kMergeRingThreads, 1, 8, catalog::kMergeRingChunks, 6, -1>;
 
 /// How the ring kernel of `Shape` lays a row of `kHeadDim` elements of `TIn` over threads.
 template <class TIn, int kHeadDim, class Shape>
@@ -364,31 +366,36 @@ void dispatch_head_dim(std::int64_t head_dim, F&& f) {
                      compiled::MergeHeadDims{}, f);
 }
 
-/// True when the ring kernel of `Shape` runs the merge of `args` (built by `rows_args` of the
-/// stack): 16-byte access to every `o` view, a supported head_dim, at most
-/// `group * kRingLsePerLane` (and kRingMaxStates) states, at least `min_blocks` blocks of work,
-/// a device of sm_80 or newer and a kernel built for one.
+/// The run-time needs of the catalog's ring rows (`catalog::Family::kMergeRing`: a head dim of
+/// `compiled::MergeHeadDims`, 1 to `catalog::merge_slot_states` states) that the merge of `args`
+/// (built by `rows_args` of the stack) meets with the kernel of `Shape`: 16-byte access to every
+/// `o` view (`kNeedsChunkedRows`), then at least `min_blocks` blocks of work (`kNeedsFullGrid`),
+/// then its shared memory granted: a device of sm_80 or newer and a kernel built for one
+/// (`kNeedsSmemFit`).
 template <class TIn, class TO, class Shape>
-bool use_ring(const RowsArgs& args, std::int64_t min_blocks) {
-  const std::int64_t S = args.in.num_states;
-  const std::int64_t D = args.out.head_dim;
-  if (!args.aligned || S < 1 || S > kRingMaxStates) return false;
-  if (!compiled::contains(compiled::MergeHeadDims{}, D)) return false;
-  bool ok = false;
-  dispatch_head_dim(D, [&](auto d) {
-    using G = RingGeometry<TIn, decltype(d)::value, Shape>;
+catalog::Needs ring_needs(const RowsArgs& args, std::int64_t min_blocks) {
+  catalog::Needs met = catalog::kNeedsNothing;
+  if (!args.aligned) return met;
+  met |= catalog::kNeedsChunkedRows;
+  dispatch_head_dim(args.out.head_dim, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    using G = RingGeometry<TIn, kD, Shape>;
+    static_assert(
+        std::min(G::kGroup * kRingLsePerLane, kRingMaxStates) == catalog::merge_slot_states(kD),
+        "the states of the catalog's ring rows");
     const std::int64_t threads = args.out.tokens * args.out.heads * G::kThreadsPerRow;
-    ok = S <= static_cast<std::int64_t>(G::kGroup) * kRingLsePerLane &&
-         threads >= min_blocks * Shape::kThreads && G::kSmem <= smem_limits().per_block &&
-         prepare_smem_kernel<merge_ring_kernel<TIn, TO, decltype(d)::value, Shape>>(Shape::kThreads,
-                                                                                    80)
-             .usable;
+    if (threads < min_blocks * Shape::kThreads) return;
+    met |= catalog::kNeedsFullGrid;
+    if (G::kSmem <= smem_limits().per_block &&
+        prepare_smem_kernel<merge_ring_kernel<TIn, TO, kD, Shape>>(Shape::kThreads, 80).usable) {
+      met |= catalog::kNeedsSmemFit;
+    }
   });
-  return ok;
+  return met;
 }
 
-/// Launches the ring kernel on `stream` (after use_ring returned true): at most as many blocks
-/// as are resident at once.
+/// Launches the ring kernel on `stream` (after ring_needs met every need of its row): at most as
+/// many blocks as are resident at once.
 template <class TIn, class TO, class Shape>
 void launch_ring(const RowsArgs& args, cudaStream_t stream) {
   dispatch_head_dim(args.out.head_dim, [&](auto d) {
