@@ -18,6 +18,7 @@
 #include "cuda/kernels/cascade/params.cuh"
 #include "cuda/tile/cascade_level_block.cuh"
 #include "cuda/tile/cascade_ws_ring.cuh"
+#include "cuda/tile/warp_reduce.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -249,8 +250,7 @@ struct WsConsumer {
           }
       }
       // (a NaN score is left out of the max but its probability is NaN: the row ends NaN)
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 1));
-      bmax = math::nan_max(bmax, __shfl_xor_sync(0xffffffffu, bmax, 2));
+      bmax = butterfly_reduce<1, 2>(bmax, math::nan_max);
       alpha[rr] = os[rr].rescale(bmax);
       moved |= alpha[rr] != 1.f;
       // OnlineSoftmax::prob: 2^{s - m}, and 0 for -inf scores, also while m is still -inf

@@ -13,6 +13,7 @@
 #include "catalog/kernel_shapes.hpp"
 #include "cuda/arch/grid_dependency.cuh"
 #include "cuda/tile/split_merge.cuh"
+#include "cuda/tile/warp_reduce.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -56,8 +57,7 @@ __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
   // m = max of the LSEs: lanes read the slots in parallel, then a butterfly reduction
   float m = math::neg_inf();
   for (int s = lane; s < p.num_slots; s += 32) m = math::nan_max(m, p.ws_lse[s * p.rows + row]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+  m = tile::butterfly_reduce<16, 1>(m, math::nan_max);
 
   float acc[kPer];
 #pragma unroll
@@ -100,8 +100,7 @@ __global__ void __launch_bounds__(32 * kCascadeMergeWarps)
       }
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  sum = tile::butterfly_reduce<16, 1>(sum, [](float a, float b) { return a + b; });
   const math::MergeResult r = math::merge_finalize(LseBase::kBase2, m, sum);
   const std::int64_t token = row / p.heads_q, head = row % p.heads_q;
 #pragma unroll
