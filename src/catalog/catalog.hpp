@@ -689,6 +689,25 @@ constexpr const Row* find_next(const Query& q, const Row* prev) {
 /// The first row answering `q` (the preferred instance), or null when none is compiled.
 constexpr const Row* find(const Query& q) { return find_next(q, nullptr); }
 
+/// Up to `N` rows (their ids, in `find`'s order): a launcher's candidates for a request, listed
+/// once (at compile time, per dtype combination) so a call reads only those.
+template <int N>
+struct Candidates {
+  int ids[N] = {};
+  int count = 0;
+};
+
+/// `c` followed by the rows answering `q` in `find`'s order; a compile error (in a constant
+/// expression) when more than `N` in all.
+template <int N>
+constexpr Candidates<N> candidates(const Query& q, Candidates<N> c = {}) {
+  for (const Row* r = find(q); r != nullptr; r = find_next(q, r)) {
+    if (c.count == N) throw "catalog::candidates: more rows than the list holds";
+    c.ids[c.count++] = static_cast<int>(r - kRows.data());
+  }
+  return c;
+}
+
 /// True when some row of family `f` reads or writes an fp8 dtype (the merges' argument checks
 /// accept fp8 views by it).
 constexpr bool takes_fp8(Family f) {

@@ -1,5 +1,7 @@
 /// @file merge.cu
 /// @brief CUDA backend: the pairwise merges `merge_state` and `merge_state_inplace`.
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -39,7 +41,7 @@ catalog::Needs pair_needs_met(const kernels::PairArgs& args, std::int64_t rows, 
 }
 
 /// The catalog's query of a pairwise merge of these dtypes (family `f`).
-catalog::Query pair_query(catalog::Family f, DType a, DType b, DType out) {
+constexpr catalog::Query pair_query(catalog::Family f, DType a, DType b, DType out) {
   catalog::Query q;
   q.family = f;
   q.q = catalog::mask(a);
@@ -48,27 +50,57 @@ catalog::Query pair_query(catalog::Family f, DType a, DType b, DType out) {
   return q;
 }
 
+constexpr int kDTypes = 5;  // DType's values, 0 to 4
+
+/// The catalog's pairwise rows of one (a, b, out) dtype triple: the streamed, then the whole-row
+/// rows (each family in its order of chunk counts), and the general kernel's (-1: none).
+struct PairRows {
+  catalog::Candidates<8> fast;
+  int general = -1;
+};
+
+/// `PairRows` of every dtype triple (index `(a * kDTypes + b) * kDTypes + out`), listed at
+/// compile time so that a call reads only its candidates.
+constexpr std::array<PairRows, kDTypes * kDTypes * kDTypes> pair_rows() {
+  using catalog::Family;
+  std::array<PairRows, kDTypes * kDTypes * kDTypes> t{};
+  for (int i = 0; i < kDTypes * kDTypes * kDTypes; ++i) {
+    const auto a = static_cast<DType>(i / (kDTypes * kDTypes));
+    const auto b = static_cast<DType>(i / kDTypes % kDTypes);
+    const auto out = static_cast<DType>(i % kDTypes);
+    PairRows& p = t[static_cast<std::size_t>(i)];
+    p.fast = catalog::candidates(pair_query(Family::kMergePairStream, a, b, out), p.fast);
+    p.fast = catalog::candidates(pair_query(Family::kMergePairWhole, a, b, out), p.fast);
+    p.general = catalog::find_id(pair_query(Family::kMergePair, a, b, out));
+  }
+  return t;
+}
+constexpr std::array<PairRows, kDTypes* kDTypes* kDTypes> kPairRows = pair_rows();
+
+const PairRows& pair_rows(DType a, DType b, DType out) {
+  return kPairRows[static_cast<std::size_t>(
+      (static_cast<int>(a) * kDTypes + static_cast<int>(b)) * kDTypes + static_cast<int>(out))];
+}
+
 /// The kernel of a pairwise merge, from the catalog: the first row of the streamed, then the
 /// whole-row family for the dtypes of `args` (each in its order of chunk counts) whose run-time
 /// needs the merge meets (`catalog::family_that_runs`), else the general kernel's row (null when
 /// the catalog holds none for the dtypes).
 const catalog::Row* pick_pair_kernel(const kernels::PairArgs& args, std::int64_t rows) {
-  using catalog::Family;
-  for (const Family f : {Family::kMergePairStream, Family::kMergePairWhole}) {
-    const catalog::Query q = pair_query(f, args.a.dtype, args.b.dtype, args.out.dtype);
-    for (const catalog::Row* r = catalog::find(q); r != nullptr; r = catalog::find_next(q, r)) {
-      if (catalog::family_that_runs(*r, pair_needs_met(args, rows, r->chunks)) == f) return r;
-    }
+  const PairRows& p = pair_rows(args.a.dtype, args.b.dtype, args.out.dtype);
+  for (int i = 0; i < p.fast.count; ++i) {
+    const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(p.fast.ids[i])];
+    if (catalog::family_that_runs(r, pair_needs_met(args, rows, r.chunks)) == r.family) return &r;
   }
-  return catalog::find(pair_query(Family::kMergePair, args.a.dtype, args.b.dtype, args.out.dtype));
+  return p.general < 0 ? nullptr : &catalog::kRows[static_cast<std::size_t>(p.general)];
 }
 
 /// Throws `kNotSupported` when the catalog holds no pairwise kernel for these dtypes: a second
 /// fp8 format named by `kernels::fp8_format` (one format per call), else `b` with, as expected,
 /// what the catalog holds for `a`'s dtype.
 void check_pair_compiled(const char* func, DType a, DType b, DType out) {
+  if (pair_rows(a, b, out).general >= 0) return;
   const catalog::Query q = pair_query(catalog::Family::kMergePair, a, b, out);
-  if (catalog::compiled(q)) return;
   kernels::fp8_format(func, {{"out.dtype", out}, {"a.dtype", a}, {"b.dtype", b}});  // one format
   catalog::Query at_a = q;
   at_a.out = 0;

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <type_traits>
@@ -98,6 +100,31 @@ catalog::Needs stack_needs_met(catalog::Family f, const kernels::RowsArgs& args)
   return met;
 }
 
+constexpr int kStackDTypes = 5;  // DType's values, 0 to 4
+/// The catalog's rows of the fast kernels of `merge_states` for one (in, out) dtype pair, in the
+/// order it prefers them: few-states, ring, odd-row (each family in its row order).
+using StackRows = catalog::Candidates<32>;
+
+/// `StackRows` of every dtype pair (index `in * kStackDTypes + out`), listed at compile time so
+/// that a call reads only its candidates.
+constexpr std::array<StackRows, kStackDTypes * kStackDTypes> stack_rows() {
+  std::array<StackRows, kStackDTypes * kStackDTypes> t{};
+  for (int i = 0; i < kStackDTypes * kStackDTypes; ++i) {
+    catalog::Query q;
+    q.q = catalog::mask(static_cast<DType>(i / kStackDTypes));
+    q.kv = q.q;
+    q.out = catalog::mask(static_cast<DType>(i % kStackDTypes));
+    StackRows& c = t[static_cast<std::size_t>(i)];
+    for (const catalog::Family f :
+         {catalog::Family::kMergeFew, catalog::Family::kMergeRing, catalog::Family::kMergeOdd}) {
+      q.family = f;
+      c = catalog::candidates(q, c);
+    }
+  }
+  return t;
+}
+inline constexpr std::array<StackRows, kStackDTypes* kStackDTypes> kStackRows = stack_rows();
+
 /// Picks the kernel of `merge_states` (a choice between kernels, all giving the same bits; the
 /// dtypes and head dim become template arguments in the one dispatch) from the catalog: the
 /// first of the few-states (at most `tuning::kMergeFewStates` states), ring and odd-row families
@@ -114,12 +141,15 @@ catalog::Family pick_stack_kernel(const kernels::RowsArgs& args) {
   q.kv = q.q;
   q.out = catalog::mask(args.out.dtype);
   q.states = args.in.num_states;
-  for (const Family f : {Family::kMergeFew, Family::kMergeRing, Family::kMergeOdd}) {
-    if (f == Family::kMergeFew && args.in.num_states > tuning::kMergeFewStates) continue;
-    q.family = f;
-    const catalog::Row* r = catalog::find(q);
-    if (r != nullptr && catalog::family_that_runs(*r, stack_needs_met<TIn, TO>(f, args)) == f) {
-      return f;
+  const StackRows& c = kStackRows[static_cast<std::size_t>(
+      static_cast<int>(args.in.dtype) * kStackDTypes + static_cast<int>(args.out.dtype))];
+  for (int i = 0; i < c.count; ++i) {
+    const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(c.ids[i])];
+    q.family = r.family;
+    if (!catalog::matches(r, q)) continue;
+    if (r.family == Family::kMergeFew && args.in.num_states > tuning::kMergeFewStates) continue;
+    if (catalog::family_that_runs(r, stack_needs_met<TIn, TO>(r.family, args)) == r.family) {
+      return r.family;
     }
   }
   return Family::kMergeStack;

@@ -445,6 +445,26 @@ TEST(CatalogMerges, EachRowIsFoundByItsQuery) {
   EXPECT_GT(merges, 0);
 }
 
+TEST(CatalogMerges, CandidatesListARequestsRowsInOrder) {
+  // the launchers' compile-time lists: the rows find and find_next walk, in their order
+  catalog::Query q = query(Family::kMergePairWhole, 0, DType::kBF16, DType::kBF16);
+  q.out = catalog::mask(DType::kF16);
+  constexpr catalog::Candidates<4> kNone{};
+  const catalog::Candidates<4> c = catalog::candidates(q, kNone);
+  int n = 0;
+  for (const catalog::Row* r = catalog::find(q); r != nullptr; r = catalog::find_next(q, r), ++n) {
+    ASSERT_LT(n, c.count);
+    EXPECT_EQ(&catalog::kRows[static_cast<std::size_t>(c.ids[n])], r);
+  }
+  EXPECT_EQ(n, c.count);
+  EXPECT_EQ(n, static_cast<int>(std::size(catalog::kMergeWholeChunks)));
+  // appended: a second request's rows follow the first's
+  q.family = Family::kMergePair;
+  const catalog::Candidates<4> both = catalog::candidates(q, c);
+  ASSERT_EQ(both.count, c.count + 1);
+  EXPECT_EQ(both.ids[c.count], catalog::find_id(q));
+}
+
 TEST(CatalogMerges, FastKernelsFallBackOnTheGeneralOnes) {
   // streamed → whole rows → the general pairwise kernel; few, ring, odd → the general stack
   for (const catalog::Row& r : catalog::kRows) {
