@@ -1,8 +1,7 @@
 /// @file compiled_dims.hpp
 /// @brief The head dims this build compiles, for the tests' parameter lists: the kernel catalog's
-///        rows of a family (src/catalog/catalog.hpp) and the merges' list
-///        (src/common/compiled.hpp), so that a build with fewer `ATTNSTATE_CUDA_HEAD_DIMS` never
-///        asks for an uncompiled one.
+///        rows of a family (src/catalog/catalog.hpp), so that a build with fewer
+///        `ATTNSTATE_CUDA_HEAD_DIMS` never asks for an uncompiled one.
 #pragma once
 
 #include <algorithm>
@@ -42,9 +41,14 @@ std::vector<std::int64_t> list_values(attnstate::compiled::IntList<V...>) {
   return {V...};
 }
 
-/// Head dims of the merge kernels.
+/// Head dims of the merge kernels specialised on the head dim: the ring kernel's rows (the
+/// merges take every head dim through their other kernels).
 inline std::vector<std::int64_t> merge_head_dims() {
-  return list_values(attnstate::compiled::MergeHeadDims{});
+  return catalog_head_dims(attnstate::catalog::Family::kMergeRing);
+}
+/// Head dims of the odd-row kernel of `merge_states` (rows not a power of two of chunks).
+inline std::vector<std::int64_t> merge_odd_head_dims() {
+  return catalog_head_dims(attnstate::catalog::Family::kMergeOdd);
 }
 
 /// The entries of `xs` (a literal list, repeats kept: they weight a draw) that `dims` holds.

@@ -30,10 +30,8 @@ using attnstate::cuda::detail::merge_states_fast_path;
 
 void sync() { ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
-/// The head dims of the odd-row kernel.
-std::vector<std::int64_t> odd_head_dims() {
-  return list_values(attnstate::compiled::MergeOddHeadDims{});
-}
+/// The head dims of the odd-row kernel (the catalog's rows).
+std::vector<std::int64_t> odd_head_dims() { return attnstate_test::merge_odd_head_dims(); }
 
 /// A dense stack and an output of this shape over no memory (16-byte aligned): only shapes,
 /// strides and alignment matter to the choice of kernel.
