@@ -61,6 +61,7 @@
 #include "cuda/tile/paged_kv.cuh"
 #include "cuda/tile/partial_state.cuh"
 #include "cuda/tile/softmax_step.cuh"
+#include "cuda/tile/warp_reduce.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -430,9 +431,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     float m = math::neg_inf();
 #pragma unroll 1
     for (int i = j; i < n; i += 8) m = math::nan_max(m, st_w[i * kRows + r]);
-#pragma unroll
-    for (int off = 4; off > 0; off >>= 1)
-      m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    m = tile::butterfly_reduce<4, 1>(m, math::nan_max);
     if (r < rows_here) {
 #pragma unroll 1
       for (int i = j; i < n; i += 8) {
