@@ -73,6 +73,8 @@ namespace {
 using i64 = std::int64_t;
 using fic::DType;
 using fih::DevBuf;
+using fih::DeviceCopy;
+using fih::open_device;
 using fih::fill_randn;
 using fih::fmt;
 using fih::int_arg;
@@ -855,32 +857,16 @@ int main(int argc, char** argv) {
   };
   put("path,id,P,S,B,hq,hkv,d,dtype,median_us,min_us,floor_us,ratio_to_floor,check,note");
   try {
-    int dev = 0, driver = 0, runtime = 0;
-    FIH_CUDA(cudaGetDevice(&dev));
-    cudaDeviceProp prop;
-    FIH_CUDA(cudaGetDeviceProperties(&prop, dev));
-    FIH_CUDA(cudaDeviceGetAttribute(&cx.sms, cudaDevAttrMultiProcessorCount, dev));
-    FIH_CUDA(cudaDriverGetVersion(&driver));
-    FIH_CUDA(cudaRuntimeGetVersion(&runtime));
-    FIH_CUDA(cudaStreamCreate(&cx.stream));  // blocking: ordered with cudaMemcpy
-    cx.timer.init(cx.stream, cx.sms);
     // device-to-device copy of 2 GiB, bytes read + written over the median of 10 (bench_cascade)
-    const std::size_t bytes = std::size_t{2} << 30;
-    DevBuf a(bytes), b(bytes);
-    FIH_CUDA(cudaMemset(a.p, 1, bytes));
-    const std::vector<double> us = cx.timer.time(10, 1, true, [&] {
-      FIH_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, cx.stream));
-    });
-    cx.copy_bw = 2.0 * static_cast<double>(bytes) / (median(us) * 1e-6);
-    const std::string dev_note =
-        fmt("%s sm_%d%d %d SMs L2 %d MiB driver %d runtime %d", prop.name, prop.major, prop.minor,
-            cx.sms, prop.l2CacheSize >> 20, driver, runtime);
+    const DeviceCopy copy = open_device(cx.sms, cx.stream, cx.timer, std::size_t{2} << 30, 1, true);
+    cx.copy_bw = copy.bytes_per_s;
+    const std::string& dev_note = copy.device_note;
     std::string note =
         fmt("device-to-device cudaMemcpy of 2 GiB; %.1f GB/s = bytes read + written / median of 10 "
             "(the floor's bandwidth); %s; FlashInfer 0.7.2.post1 headers",
             cx.copy_bw / 1e9, dev_note.c_str());
     std::replace(note.begin(), note.end(), ',', ';');
-    put(fmt("memcpy,d2d-2GiB,,,,,,,,%.2f,%.2f,,,-,%s", median(us), us.front(), note.c_str()));
+    put(fmt("memcpy,d2d-2GiB,,,,,,,,%.2f,%.2f,,,-,%s", copy.median_us, copy.min_us, note.c_str()));
     std::fprintf(stderr,
                  "# %s; copy %.0f GB/s (read + written); floor: %.0f TFLOP/s\n# timing: %d "
                  "warm-up + %d timed calls per shape, L2 flushed before each (%zu MiB read); "

@@ -62,6 +62,8 @@ using i64 = std::int64_t;
 using fic::dtype_name;
 using fid::DType;
 using fih::DevBuf;
+using fih::DeviceCopy;
+using fih::open_device;
 using fih::fill_randn;
 using fih::fmt;
 using fih::lut;
@@ -1134,32 +1136,18 @@ int main(int argc, char** argv) {
   Row copy_row;
   std::string device_note;
   try {
-    int dev = 0, driver = 0, runtime = 0;
-    FIH_CUDA(cudaGetDevice(&dev));
-    cudaDeviceProp prop;
-    FIH_CUDA(cudaGetDeviceProperties(&prop, dev));
-    FIH_CUDA(cudaDeviceGetAttribute(&cx.sms, cudaDevAttrMultiProcessorCount, dev));
-    FIH_CUDA(cudaDriverGetVersion(&driver));
-    FIH_CUDA(cudaRuntimeGetVersion(&runtime));
-    FIH_CUDA(cudaStreamCreate(&cx.stream));  // blocking: ordered with cudaMemcpy
-    cx.timer.init(cx.stream, cx.sms);
     {  // device-to-device copy of 4 GiB: bytes read + written over the median of 10
-      const std::size_t bytes = std::size_t{4} << 30;
-      DevBuf a(bytes), b(bytes);
-      FIH_CUDA(cudaMemset(a.p, 1, bytes));
-      const std::vector<double> us = cx.timer.time(10, 2, false, [&] {
-        FIH_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, cx.stream));
-      });
-      cx.copy_gbps = 2.0 * static_cast<double>(bytes) / (median(us) * 1e-6) / 1e9;
+      const DeviceCopy copy =
+          open_device(cx.sms, cx.stream, cx.timer, std::size_t{4} << 30, 2, false);
+      cx.copy_gbps = copy.bytes_per_s / 1e9;
       copy_row.path = "memcpy";
-      copy_row.kv_bytes = static_cast<i64>(bytes);
-      copy_row.median_us = median(us);
-      copy_row.min_us = us.front();
+      copy_row.kv_bytes = static_cast<i64>(std::size_t{4} << 30);
+      copy_row.median_us = copy.median_us;
+      copy_row.min_us = copy.min_us;
       copy_row.gbps = cx.copy_gbps;
       copy_row.frac = 1.0;
       copy_row.check = "-";
-      device_note = fmt("%s sm_%d%d %d SMs L2 %d MiB driver %d runtime %d", prop.name, prop.major,
-                        prop.minor, cx.sms, prop.l2CacheSize >> 20, driver, runtime);
+      device_note = copy.device_note;
       copy_row.note =
           "device-to-device cudaMemcpy of 4 GiB; gbps = bytes read + written / median of 10; " +
           device_note + "; FlashInfer 0.7.2.post1 headers";

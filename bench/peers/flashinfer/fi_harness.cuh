@@ -223,4 +223,39 @@ struct Timer {
   }
 };
 
+/// The device every harness times on and the copy bandwidth that sets its floors.
+struct DeviceCopy {
+  std::string device_note;  ///< Name, sm, SMs, L2, driver and runtime versions.
+  double median_us = 0, min_us = 0;
+  double bytes_per_s = 0;  ///< Bytes read + written over the median.
+};
+
+/// Opens the current device (its SMs into `sms`, a blocking stream into `stream`, ordered with
+/// cudaMemcpy, and `timer` on it), then times 10 device-to-device copies of `bytes` (`warmup`
+/// untimed first; the L2 flushed before each when `flush_each`).
+inline DeviceCopy open_device(int& sms, cudaStream_t& stream, Timer& timer, std::size_t bytes,
+                              int warmup, bool flush_each) {
+  int dev = 0, driver = 0, runtime = 0;
+  FIH_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  FIH_CUDA(cudaGetDeviceProperties(&prop, dev));
+  FIH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  FIH_CUDA(cudaDriverGetVersion(&driver));
+  FIH_CUDA(cudaRuntimeGetVersion(&runtime));
+  FIH_CUDA(cudaStreamCreate(&stream));
+  timer.init(stream, sms);
+  DevBuf a(bytes), b(bytes);
+  FIH_CUDA(cudaMemset(a.p, 1, bytes));
+  const std::vector<double> us = timer.time(10, warmup, flush_each, [&] {
+    FIH_CUDA(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  DeviceCopy c;
+  c.median_us = median(us);
+  c.min_us = us.front();
+  c.bytes_per_s = 2.0 * static_cast<double>(bytes) / (c.median_us * 1e-6);
+  c.device_note = fmt("%s sm_%d%d %d SMs L2 %d MiB driver %d runtime %d", prop.name, prop.major,
+                      prop.minor, sms, prop.l2CacheSize >> 20, driver, runtime);
+  return c;
+}
+
 }  // namespace fih
