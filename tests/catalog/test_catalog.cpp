@@ -16,6 +16,7 @@
 #include "catalog/catalog.hpp"
 #include "catalog/kernel_shapes.hpp"
 #include "common/compiled.hpp"
+#include "cuda/kernels/merge/dispatch.cuh"
 #include "plan/cascade_plan.hpp"
 #include "plan/decode_plan.hpp"
 
@@ -592,6 +593,42 @@ TEST(CatalogMerges, PairwiseDTypeCombinations) {
                                                    "any"),
             std::string::npos)
       << catalog::not_supported_message(q);
+}
+
+TEST(CatalogMerges, TheRowsAreTheDtypesTheDispatchInstantiates) {
+  // the pairwise and n-ary rows hold exactly the dtype combinations for which the merges'
+  // dispatch (kernels/merge/dispatch.cuh, which instantiates the kernels) has an instance
+  namespace mk = attnstate::cuda::kernels;
+  const auto accepts = [](auto&& dispatch) {
+    try {
+      dispatch();
+      return true;
+    } catch (const attnstate::Error&) {
+      return false;
+    }
+  };
+  const DType all[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kE4M3, DType::kE5M2};
+  int instances = 0;
+  for (DType a : all)
+    for (DType out : all) {
+      catalog::Query stack = query(Family::kMergeStack, 0, a, a);
+      stack.out = catalog::mask(out);
+      const bool n_ary =
+          accepts([&] { mk::dispatch_stack("merge_states", a, out, [](auto, auto) {}); });
+      EXPECT_EQ(catalog::compiled(stack), n_ary)
+          << "merge_states " << attnstate::to_string(a) << " -> " << attnstate::to_string(out);
+      for (DType b : all) {
+        catalog::Query pair = query(Family::kMergePair, 0, a, b);
+        pair.out = catalog::mask(out);
+        const bool pairwise =
+            accepts([&] { mk::dispatch_pair("merge_state", a, b, out, [](auto, auto, auto) {}); });
+        instances += pairwise ? 1 : 0;
+        EXPECT_EQ(catalog::compiled(pair), pairwise)
+            << "merge_state " << attnstate::to_string(a) << " " << attnstate::to_string(b) << " -> "
+            << attnstate::to_string(out);
+      }
+    }
+  EXPECT_GT(instances, 0);
 }
 
 TEST(CatalogMerges, TheKernelShapesAgree) {
