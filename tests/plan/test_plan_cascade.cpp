@@ -903,3 +903,50 @@ TEST(PlanCascade, KvDtypesOutsideTheCatalogAreRefusedNamingIt) {
     EXPECT_NE(err.find("at head dim 256"), std::string::npos) << err;
   }
 }
+
+TEST(PlanCascade, TuningReachesEveryLevelRowOfTheCatalog) {
+  // Every cascade level row (family, head dim, query and K/V dtype, tile, stages, KV tile,
+  // variant instance) is the plan of a shared level under the tuning that names it: the kernel
+  // family, the tile rows, a split size of the row's depth (the 16-row tile's 2 stages are those
+  // of short splits), the warp-specialised KV tile; a soft cap and a window for the variant rows.
+  // The GPU test of every row (CudaCascade.EveryCatalogLevelRowMatches) runs these plans.
+  namespace catalog = attnstate::catalog;
+  int reached = 0, rows = 0;
+  for (std::size_t i = 0; i < catalog::kRows.size(); ++i) {
+    const catalog::Row& r = catalog::kRows[i];
+    if (r.family != catalog::Family::kCascadeMma && r.family != catalog::Family::kCascadeWgmma &&
+        r.family != catalog::Family::kCascadeWs)
+      continue;
+    ++rows;
+    const int batch = r.tile_rows / 4 + 2;  // (the GPU test's shape: a 1500-key shared prefix)
+    CascadeShape s = shape(batch, 2, 4, 16, r.q, r.head_dim);
+    if (r.kv != r.q) s.kv_dtype = r.kv;
+    CascadeTuning t;
+    t.tile_rows = r.tile_rows;
+    t.decode_last_level = false;
+    t.chunk = r.tile_rows == 16 && r.stages == 2 ? 448 : 1024;
+    t.kernel = r.family == catalog::Family::kCascadeMma ? attnstate::cuda::CascadeKernel::kMma
+                                                        : attnstate::cuda::CascadeKernel::kWgmma;
+    t.ws_variant = r.family != catalog::Family::kCascadeWs ? 0 : r.tile_keys == 128 ? 1 : 3;
+    CascadeOptions o;
+    if ((r.variants & (catalog::kSoftCap | catalog::kWindow)) != 0) {
+      o.variant.logits_soft_cap = 20.f;
+      o.variant.window_left = 1200;
+    }
+    const std::vector<Level> levels = {Level({batch}, {1500}, 16)};
+    std::vector<CascadeLevel> views;
+    for (const Level& l : levels) views.push_back(l.view());
+    const std::string at =
+        std::string(catalog::to_string(r.family)) + " d" + std::to_string(r.head_dim) + " " +
+        attnstate::to_string(r.q) + "/" + attnstate::to_string(r.kv) + " " +
+        std::to_string(r.tile_rows) + " rows, " + std::to_string(r.tile_keys) + " keys, " +
+        std::to_string(r.stages) + " stages, variants " + std::to_string(r.variants);
+    const CascadeChoice c =
+        plan::plan_cascade(kFn, s, views.data(), 1, o, 132, t, sm90a(), nullptr);
+    EXPECT_EQ(c.level(0).kernel_id, static_cast<int>(i))
+        << at << ": " << attnstate::cuda::to_string(c);
+    reached += c.level(0).kernel_id == static_cast<int>(i) ? 1 : 0;
+  }
+  EXPECT_EQ(reached, rows);
+  EXPECT_GT(rows, 0);
+}

@@ -445,6 +445,63 @@ TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
   if (ran == 0) GTEST_SKIP() << "no fp8 cascade level rows in this build";
 }
 
+TEST(CudaCascade, EveryCatalogLevelRowMatches) {
+  // Every cascade level row of the catalog (family, head dim, query and K/V dtype, tile, stages,
+  // KV tile, variant instance), planned onto that very row for the shared level by the tuning
+  // that names it (PlanCascade.TuningReachesEveryLevelRowOfTheCatalog checks the planning on the
+  // CPU), then run: against the double reference, a soft cap and a window on the variant rows,
+  // scales per KV head on the fp8 rows, the output poisoned first.
+  ATTNSTATE_REQUIRE_GPU();
+  namespace catalog = attnstate::catalog;
+  using attnstate::cuda::CascadeKernel;
+  std::uint64_t seed = 12100;
+  int ran = 0, rows = 0;
+  for (std::size_t i = 0; i < catalog::kRows.size(); ++i) {
+    const catalog::Row& r = catalog::kRows[i];
+    if (r.family != catalog::Family::kCascadeMma && r.family != catalog::Family::kCascadeWgmma &&
+        r.family != catalog::Family::kCascadeWs)
+      continue;
+    ++rows;
+    const bool variant = (r.variants & (catalog::kSoftCap | catalog::kWindow)) != 0;
+    CaseSpec spec = attnstate_test::two_level_spec(r.tile_rows / 4 + 2, 1500, 40, seed++);
+    spec.heads_q = 8;
+    spec.heads_kv = 2;
+    spec.head_dim = r.head_dim;
+    spec.dtype = r.q;
+    if (r.kv != r.q) {
+      spec.kv_dtype = r.kv;
+      spec.k_scale = {0.7f, 1.9f};
+      spec.v_scale = {0.45f, 1.3f};
+    }
+    if (variant) {
+      spec.q_amp = 3.f;
+      spec.soft_cap = 20.f;
+      spec.window_left = 1200;
+    }
+    CascadeCase c(spec);
+    CascadeTuning t;
+    t.tile_rows = r.tile_rows;
+    t.decode_last_level = false;
+    t.chunk = r.tile_rows == 16 && r.stages == 2 ? 448 : 1024;
+    t.kernel =
+        r.family == catalog::Family::kCascadeMma ? CascadeKernel::kMma : CascadeKernel::kWgmma;
+    t.ws_variant = r.family != catalog::Family::kCascadeWs ? 0 : r.tile_keys == 128 ? 1 : 3;
+    GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+    const std::string at = "row " + std::to_string(i) + " (" + catalog::to_string(r.family) + " d" +
+                           std::to_string(r.head_dim) + " " + attnstate::to_string(r.q) + "/" +
+                           attnstate::to_string(r.kv) + " " + std::to_string(r.tile_rows) +
+                           " rows, " + std::to_string(r.tile_keys) + " keys, " +
+                           std::to_string(r.stages) + " stages" + (variant ? ", variant" : "") +
+                           "): " + attnstate::cuda::to_string(g.plan);
+    ASSERT_EQ(g.plan.level(0).kernel_id, static_cast<int>(i)) << at;
+    g.run();
+    EXPECT_TRUE(g.check(c)) << at;
+    ++ran;
+  }
+  EXPECT_EQ(ran, rows);
+  EXPECT_GT(rows, 0);
+}
+
 TEST(CudaCascade, ShortSegmentsOfHndPagesInAWideTileMatchOnEveryKernel) {
   // One level of short segments (some shorter than a KV tile, one serving no request) over HND
   // pages of 32 with broken runs, few rows in a 128-row tile, splits of 192 keys: every kernel
