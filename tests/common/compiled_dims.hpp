@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "attnstate/cuda/cascade_plan.hpp"
 #include "catalog/catalog.hpp"
 #include "common/compiled.hpp"
 
@@ -58,6 +59,29 @@ inline std::vector<std::int64_t> only_compiled(std::initializer_list<std::int64_
   for (std::int64_t x : xs)
     if (std::find(dims.begin(), dims.end(), x) != dims.end()) out.push_back(x);
   return out;
+}
+
+/// True for a cascade level row (mma.sync, wgmma, warp-specialised).
+inline bool is_cascade_level(const attnstate::catalog::Row& r) {
+  using attnstate::catalog::Family;
+  return r.family == Family::kCascadeMma || r.family == Family::kCascadeWgmma ||
+         r.family == Family::kCascadeWs;
+}
+
+/// The tuning that plans a shared cascade level onto level row `r`: its kernel family, tile rows,
+/// a split size of its depth (the 16-row tile's 2 stages are those of short splits) and its
+/// warp-specialised KV tile; no decode last level. (The tests of every level row:
+/// PlanCascade.TuningReachesEveryLevelRowOfTheCatalog, CudaCascade.EveryCatalogLevelRowMatches.)
+inline attnstate::cuda::CascadeTuning tuning_for_level_row(const attnstate::catalog::Row& r) {
+  using attnstate::catalog::Family;
+  attnstate::cuda::CascadeTuning t;
+  t.tile_rows = r.tile_rows;
+  t.decode_last_level = false;
+  t.chunk = r.tile_rows == 16 && r.stages == 2 ? 448 : 1024;
+  t.kernel = r.family == Family::kCascadeMma ? attnstate::cuda::CascadeKernel::kMma
+                                             : attnstate::cuda::CascadeKernel::kWgmma;
+  t.ws_variant = r.family != Family::kCascadeWs ? 0 : r.tile_keys == 128 ? 1 : 3;
+  return t;
 }
 
 }  // namespace attnstate_test

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnstate/core/error.hpp"
+#include "compiled_dims.hpp"
 #include "plan/cascade_plan.hpp"
 #include "plan/cascade_plan_access.hpp"
 
@@ -914,20 +915,12 @@ TEST(PlanCascade, TuningReachesEveryLevelRowOfTheCatalog) {
   int reached = 0, rows = 0;
   for (std::size_t i = 0; i < catalog::kRows.size(); ++i) {
     const catalog::Row& r = catalog::kRows[i];
-    if (r.family != catalog::Family::kCascadeMma && r.family != catalog::Family::kCascadeWgmma &&
-        r.family != catalog::Family::kCascadeWs)
-      continue;
+    if (!attnstate_test::is_cascade_level(r)) continue;
     ++rows;
     const int batch = r.tile_rows / 4 + 2;  // (the GPU test's shape: a 1500-key shared prefix)
     CascadeShape s = shape(batch, 2, 4, 16, r.q, r.head_dim);
     if (r.kv != r.q) s.kv_dtype = r.kv;
-    CascadeTuning t;
-    t.tile_rows = r.tile_rows;
-    t.decode_last_level = false;
-    t.chunk = r.tile_rows == 16 && r.stages == 2 ? 448 : 1024;
-    t.kernel = r.family == catalog::Family::kCascadeMma ? attnstate::cuda::CascadeKernel::kMma
-                                                        : attnstate::cuda::CascadeKernel::kWgmma;
-    t.ws_variant = r.family != catalog::Family::kCascadeWs ? 0 : r.tile_keys == 128 ? 1 : 3;
+    const CascadeTuning t = attnstate_test::tuning_for_level_row(r);
     CascadeOptions o;
     if ((r.variants & (catalog::kSoftCap | catalog::kWindow)) != 0) {
       o.variant.logits_soft_cap = 20.f;

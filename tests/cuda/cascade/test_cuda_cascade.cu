@@ -453,14 +453,11 @@ TEST(CudaCascade, EveryCatalogLevelRowMatches) {
   // scales per KV head on the fp8 rows, the output poisoned first.
   ATTNSTATE_REQUIRE_GPU();
   namespace catalog = attnstate::catalog;
-  using attnstate::cuda::CascadeKernel;
   std::uint64_t seed = 12100;
   int ran = 0, rows = 0;
   for (std::size_t i = 0; i < catalog::kRows.size(); ++i) {
     const catalog::Row& r = catalog::kRows[i];
-    if (r.family != catalog::Family::kCascadeMma && r.family != catalog::Family::kCascadeWgmma &&
-        r.family != catalog::Family::kCascadeWs)
-      continue;
+    if (!attnstate_test::is_cascade_level(r)) continue;
     ++rows;
     const bool variant = (r.variants & (catalog::kSoftCap | catalog::kWindow)) != 0;
     CaseSpec spec = attnstate_test::two_level_spec(r.tile_rows / 4 + 2, 1500, 40, seed++);
@@ -479,14 +476,7 @@ TEST(CudaCascade, EveryCatalogLevelRowMatches) {
       spec.window_left = 1200;
     }
     CascadeCase c(spec);
-    CascadeTuning t;
-    t.tile_rows = r.tile_rows;
-    t.decode_last_level = false;
-    t.chunk = r.tile_rows == 16 && r.stages == 2 ? 448 : 1024;
-    t.kernel =
-        r.family == catalog::Family::kCascadeMma ? CascadeKernel::kMma : CascadeKernel::kWgmma;
-    t.ws_variant = r.family != catalog::Family::kCascadeWs ? 0 : r.tile_keys == 128 ? 1 : 3;
-    GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+    GpuCascade g(c, DType::kF32, LseBase::kNatural, attnstate_test::tuning_for_level_row(r));
     const std::string at = "row " + std::to_string(i) + " (" + catalog::to_string(r.family) + " d" +
                            std::to_string(r.head_dim) + " " + attnstate::to_string(r.q) + "/" +
                            attnstate::to_string(r.kv) + " " + std::to_string(r.tile_rows) +
