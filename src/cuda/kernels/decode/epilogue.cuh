@@ -1,10 +1,10 @@
 /// @file kernels/decode/epilogue.cuh
 /// @brief The epilogues of the split decode kernel (internal): the merge of a CTA's warps into
 ///        its split state and that state's slot (direct store, cluster publication or workspace
-///        partial state), the cluster merge and the tickets; and the direct store of an output
-///        row with its prior fold and sink (`store_row_columns`), which every output path ends
-///        in. Each is a part of the kernel's composition (`decode_split_kv_kernel`), inlined
-///        there.
+///        partial state), the cluster merge, the tickets and the workspace merge after them; and
+///        the direct store of an output row with its prior fold and sink (`store_row_columns`),
+///        which every output path ends in. Each is a part of the kernel's composition
+///        (`decode_split_kv_kernel`), inlined there.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +21,7 @@
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/tile/fp8_kv.cuh"
 #include "cuda/tile/partial_state.cuh"
+#include "cuda/tile/warp_reduce.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -239,6 +240,91 @@ __device__ __forceinline__ void split_load_batch(const DecodeParams& p, const st
     const int i = i0 + u < n ? i0 + u : n - 1;
     v[u] = __ldcg(
         reinterpret_cast<const float4*>(src + static_cast<std::int64_t>(i) * kDecodeTileRows * D));
+  }
+}
+
+/// The workspace merge's row max (`split_ws_row_max`, `split_ws_weight`, `split_ws_sum_splits`
+/// and `split_ws_store` are its parts, in the kernel's order; see `decode_split_kv_kernel`): the
+/// max over the `n` splits' LSEs of row `r` in `st_w` [split][16 rows], lane `j` of the row's 8
+/// taking splits `j, j + 8, ...`, then reduced over the 8 lanes by shuffles.
+__device__ __forceinline__ float split_ws_row_max(const int& j, const int& r, const int& n,
+                                                  float* st_w) {
+  constexpr int kRows = kDecodeTileRows;
+  float m = math::neg_inf();
+#pragma unroll 1
+  for (int i = j; i < n; i += 8) m = math::nan_max(m, st_w[i * kRows + r]);
+  m = tile::butterfly_reduce<4, 1>(m, math::nan_max);
+  return m;
+}
+
+/// Split `i`'s weight of row `r` in place of its LSE in `st_w` (row max `m`; -1 marks an empty
+/// split: merge weights are never negative).
+__device__ __forceinline__ void split_ws_weight(int i, int r, float m, float* st_w) {
+  constexpr int kRows = kDecodeTileRows;
+  const float l = st_w[i * kRows + r];
+  st_w[i * kRows + r] = math::is_empty_lse(l) ? -1.f : math::merge_weight(LseBase::kBase2, l, m);
+}
+
+/// The weighted sums of item `it` (from `e_begin`: four columns of one row) over splits
+/// [`c0`, `c1`) of the `n` splits, into `acc` and `sum` (started from the item's running sums in
+/// `acc_s` / `sum_s` after the first chunk of splits): batches of `kB` splits, every load of a
+/// batch in flight (`split_load_batch` into `v`; the first batch of this thread's first item,
+/// `it == tid`, already requested) before the adds in split order, the weights from `st_w`
+/// through `w`. (The kernel's variables and by-value indices: the register order, and so the
+/// machine code, of this code when it was written in the kernel.)
+template <int D, int kB>
+__device__ __forceinline__ void split_ws_sum_splits(const DecodeParams& p,
+                                                    const std::int64_t& split0, int it, int tid,
+                                                    int c0, int c1, const int& n,
+                                                    const int& e_begin, float* st_w, float4* acc_s,
+                                                    float* sum_s, float4 (&v)[kB], float4& acc,
+                                                    float& sum, float (&w)[kB]) {
+  constexpr int kD4 = D / 4;
+  constexpr int kRows = kDecodeTileRows;
+  const int r = (e_begin + it) / kD4;
+  acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  sum = 0.f;
+  if (c0 > 0) {
+    acc = acc_s[it];
+    sum = sum_s[it];
+  }
+  // batches of splits: every load of a batch in flight before the adds (in split order)
+#pragma unroll 1
+  for (int i0 = c0; i0 < c1; i0 += kB) {
+    if (i0 > 0 || it != tid) split_load_batch<D, kB>(p, split0, e_begin, n, v, it, i0);
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int i = i0 + u < c1 ? i0 + u : c1 - 1;
+      w[u] = i0 + u < c1 ? st_w[i * kRows + r] : -1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      if (w[u] != -1.f) {
+        sum += w[u];
+        acc.x += w[u] * v[u].x;
+        acc.y += w[u] * v[u].y;
+        acc.z += w[u] * v[u].z;
+        acc.w += w[u] * v[u].w;
+      }
+    }
+  }
+}
+
+/// The workspace merge's outputs: this thread's `ne` items (from `e_begin`) of merged columns
+/// (`acc_s`, `sum_s`: `o` and the base-2 LSE) stored by `store_merged(r, d4, mc)`, after the
+/// merge's loops (little state lives across the output calls).
+template <int D, class StoreMerged>
+__device__ __forceinline__ void split_ws_store(int tid, int ne, int e_begin, float4* acc_s,
+                                               float* sum_s, StoreMerged& store_merged) {
+  constexpr int kD4 = D / 4;
+  constexpr int kThreads = kDecodeWarps * 32;
+#pragma unroll 1
+  for (int it = tid; it < ne; it += kThreads) {
+    const int e = e_begin + it;
+    MergedColumns mc;
+    mc.o = acc_s[it];
+    mc.lse = sum_s[it];
+    store_merged(e / kD4, e % kD4, mc);
   }
 }
 
