@@ -433,7 +433,7 @@ struct LevelLoader {
         const std::int64_t page = clamp_page(pg[it], p.num_pages);
         const int slot = slot_of(p, j);
         const std::int64_t off = page * p.page_elems +
-                                 (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
+                                 (p.layout_hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
                                         : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
                                      D +
                                  c * kKvChunkElems;
