@@ -176,8 +176,9 @@ struct WsProducer {
         std::int64_t page = p.page_indices[lb.pbeg + page_of(p, j)];
         page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
         const int sl = slot_of(p, j);
-        off = page * p.page_elems + (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
-                                           : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
+        off = page * p.page_elems + (p.layout_hnd
+                                         ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
+                                         : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
                                         D;
         bytes = 16;
       }
