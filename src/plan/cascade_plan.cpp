@@ -416,8 +416,10 @@ int tma_run_keys(std::int64_t page_size) {
   return box > 0 && box < keys && keys % box == 0 && kKvTile % keys == 0 ? keys : 0;
 }
 
-int resolve_ws_variant(int asked) {
-  return asked < 0 ? static_cast<int>(CascadeWsVariant::kKv128) : asked;
+int resolve_ws_variant(int asked, bool fp8_pool) {
+  if (asked >= 0) return asked;
+  // the warp-specialised rows over fp8 caches have 64-key tiles only (catalog.hpp)
+  return static_cast<int>(fp8_pool ? CascadeWsVariant::kKv64 : CascadeWsVariant::kKv128);
 }
 
 int small_stages(int chunk) {
@@ -507,7 +509,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   plan.shape = shape;
   plan.num_levels = num_levels;
   plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
-  plan.ws_variant = resolve_ws_variant(tuning.ws_variant);
+  plan.ws_variant = resolve_ws_variant(tuning.ws_variant, is_fp8(shape.pool_dtype()));
   plan.causal = options.causal;
   plan.logits_soft_cap = options.variant.logits_soft_cap;
   plan.window_left = options.variant.window_left;
@@ -619,7 +621,8 @@ CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int r
   if (!catalog::compiled(ws) || kv.page_size % 8 != 0 ||
       kv.num_pages > std::numeric_limits<std::int32_t>::max())
     return t;
-  const std::int64_t e = 2;  // bytes per element (bf16)
+  // bytes per element: 16-bit, or an fp8 pool's bytes (copied as they are; the kernel converts)
+  const std::int64_t e = is_fp8(kv.dtype) ? 1 : 2;
   const std::int64_t S = kv.page_size, H = kv.heads_kv, D = kv.head_dim, P = kv.num_pages;
   const std::int64_t page_bytes = kv.page_elems() * e;
   t.box = box;

@@ -813,10 +813,11 @@ TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
 }  // namespace
 
 TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
-  // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (wgmma for
-  // the wide tiles where it holds fp8 rows, else mma.sync; no warp-specialised row takes fp8), the
-  // last level on the decode's fp8 kernel where it has one (its variant instance with a window or
-  // a soft cap); at a head dim without fp8 decode rows, the last level stays on a level kernel.
+  // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (the
+  // warp-specialised 64-key tiles where it holds fp8 rows for the tile, else wgmma for the wide
+  // tiles where it holds them, else mma.sync), the last level on the decode's fp8 kernel where it
+  // has one (its variant instance with a window or a soft cap); at a head dim without fp8 decode
+  // rows, the last level stays on a level kernel.
   for (const std::int64_t head_dim : {128, 64})
     for (const DType kv : {DType::kE4M3, DType::kE5M2})
       for (const DType q : {DType::kBF16, DType::kF16}) {
@@ -839,18 +840,26 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
                                              : attnstate::cuda::CascadeLastLevel::kNoDecodeKernel)
             << at;
         const auto& row = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).kernel_id)];
-        EXPECT_NE(p.level(0).kernel, Kernel::kWarpSpecialized) << at;
         EXPECT_EQ(row.kv, kv) << at;
-        attnstate::catalog::Query wq;
-        wq.family = attnstate::catalog::Family::kCascadeWgmma;
-        wq.head_dim = s.head_dim;
-        wq.q = attnstate::catalog::mask(q);
-        wq.kv = attnstate::catalog::mask(kv);
-        wq.tile_rows = p.level(0).tile_rows;
-        EXPECT_EQ(p.level(0).kernel,
-                  attnstate::catalog::compiled(wq) ? Kernel::kWgmma : Kernel::kMma)
+        // the kernel the catalog's rows for the level's tile give (`variants`)
+        const auto expected = [&](int tile_rows, attnstate::catalog::Variants variants) {
+          attnstate::catalog::Query wq;
+          wq.family = attnstate::catalog::Family::kCascadeWgmma;
+          wq.head_dim = s.head_dim;
+          wq.q = attnstate::catalog::mask(q);
+          wq.kv = attnstate::catalog::mask(kv);
+          wq.tile_rows = tile_rows;
+          wq.variants = variants;
+          if (!attnstate::catalog::compiled(wq)) return Kernel::kMma;
+          wq.family = attnstate::catalog::Family::kCascadeWs;
+          wq.tile_keys = attnstate::catalog::kCascadeKvTile;
+          return attnstate::catalog::compiled(wq) ? Kernel::kWarpSpecialized : Kernel::kWgmma;
+        };
+        EXPECT_EQ(p.level(0).kernel, expected(p.level(0).tile_rows, attnstate::catalog::kPlain))
             << at;
-        // the fallback of a wgmma row on a device without wgmma: the fp8 mma.sync row
+        if (p.level(0).kernel == Kernel::kWarpSpecialized) EXPECT_EQ(row.tile_keys, 64) << at;
+        // the fallback of a warp-specialised row (a pool no tensor map describes): the fp8
+        // wgmma row; of a wgmma row on a device without wgmma: the fp8 mma.sync row
         const auto& fb =
             attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).fallback_id)];
         EXPECT_EQ(fb.kv, kv) << at;
@@ -879,7 +888,8 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
           const auto& r = attnstate::catalog::kRows[static_cast<std::size_t>(c.level(l).kernel_id)];
           EXPECT_EQ(r.kv, kv) << at << " level " << l;
           EXPECT_NE(r.variants & attnstate::catalog::kSoftCap, 0) << at << " level " << l;
-          EXPECT_NE(c.level(l).kernel, Kernel::kWarpSpecialized) << at << " level " << l;
+          EXPECT_EQ(c.level(l).kernel, expected(c.level(l).tile_rows, attnstate::catalog::kSoftCap))
+              << at << " level " << l;
         }
       }
 }
