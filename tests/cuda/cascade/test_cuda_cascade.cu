@@ -21,6 +21,7 @@
 #include "compiled_dims.hpp"
 #include "cuda_cascade_runner.hpp"
 #include "cuda_test_utils.hpp"
+#include "plan/cascade_plan.hpp"
 #include "plan/cascade_plan_access.hpp"
 #include "random_sinks.hpp"
 
@@ -376,11 +377,11 @@ TEST(CudaCascade, EveryLevelKernelMatchesAtEveryHeadDimAndDtype) {
 
 TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
   // fp8 K/V (e4m3, e5m2) under bf16 and f16 queries at every head dim the catalog's fp8 level
-  // rows hold: the 16-, 64- and 128-row tiles on mma.sync, and on wgmma where the catalog holds
-  // it; scales per tensor and per KV head (not powers of
-  // two); plain (its last level on the decode's fp8 kernel where the catalog holds one, else on a
-  // level kernel), with a soft cap and with a window; also level by level. Against the double
-  // reference over the dequantised cache, the output poisoned first.
+  // rows hold: the 16-, 64- and 128-row tiles on mma.sync, and on wgmma (or its warp-specialised
+  // kernel where the page size has a bulk-copy box) where the catalog holds it; scales per tensor
+  // and per KV head (not powers of two); plain (its last level on the decode's fp8 kernel where the
+  // catalog holds one, else on a level kernel), with a soft cap and with a window; also level by
+  // level. Against the double reference over the dequantised cache, the output poisoned first.
   ATTNSTATE_REQUIRE_GPU();
   namespace catalog = attnstate::catalog;
   using attnstate::cuda::CascadeKernel;
@@ -430,8 +431,14 @@ TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
               wq.family = catalog::Family::kCascadeWgmma;
               wq.tile_rows = rows;
               const bool wgmma = k == CascadeKernel::kWgmma && catalog::compiled(wq);
-              EXPECT_EQ(row.family,
-                        wgmma ? catalog::Family::kCascadeWgmma : catalog::Family::kCascadeMma)
+              catalog::Query sq = wq;
+              sq.family = catalog::Family::kCascadeWs;
+              sq.tile_keys = catalog::kCascadeKvTile;
+              const bool ws = wgmma && catalog::compiled(sq) &&
+                              attnstate::plan::tma_box_rows(spec.page_size) > 0;
+              EXPECT_EQ(row.family, ws      ? catalog::Family::kCascadeWs
+                                    : wgmma ? catalog::Family::kCascadeWgmma
+                                            : catalog::Family::kCascadeMma)
                   << at;
               g.run();
               EXPECT_TRUE(g.check(c)) << at;
