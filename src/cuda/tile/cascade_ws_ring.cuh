@@ -269,27 +269,59 @@ struct WsProducer {
     }
   }
 
-  /// fp8: producer warp `pw` (0..3) converts its quarter of stored tile `kt` into the 16-bit
-  /// stage the consumers read, once the tile landed and the consumers released the stage; then
-  /// the 16-bit stage's "full" and the stored stage's "empty" arrivals. Each 16-byte chunk of
-  /// the stored tile (16 head-dim elements of one key, read in order) becomes chunks 2c, 2c + 1
-  /// of its key in the swizzled layout (`kv_tile_offset`; 8 consecutive lanes write two keys'
-  /// even or odd chunks: distinct banks).
+  /// fp8: the 16 stored bytes of chunk `c` (head-dim elements 16 c..) of key `j` (zero past
+  /// the split's end) straight from the pool: the split's last, partial tile.
+  __device__ __forceinline__ void load_partial_chunk(int j, int c, uint4& k8, uint4& v8) const {
+    k8 = v8 = make_uint4(0u, 0u, 0u, 0u);
+    if (j >= lb.kv_end) return;
+    std::int64_t page = p.page_indices[lb.pbeg + page_of(p, j)];
+    page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+    const int sl = slot_of(p, j);
+    const std::int64_t off = page * p.page_elems +
+                             (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
+                                    : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
+                                 D +
+                             c * kChunkElems;
+    k8 = *reinterpret_cast<const uint4*>(kpool + off);
+    v8 = *reinterpret_cast<const uint4*>(vpool + off);
+  }
+
+  /// fp8: producer warp `pw` (0..3) converts its quarter of tile `kt` into the 16-bit stage the
+  /// consumers read, once they released it: a whole tile from its stored stage once it landed
+  /// (then the stored stage's "empty" arrival), the split's last, partial tile straight from the
+  /// pool (it takes no stored stage, so the stored ring only ever holds bulk copies); then the
+  /// 16-bit stage's "full" arrival. Each 16-byte chunk of the stored tile (16 head-dim elements
+  /// of one key, read in order) becomes chunks 2c, 2c + 1 of its key in the swizzled layout
+  /// (`kv_tile_offset`; 8 consecutive lanes write two keys' even or odd chunks: distinct banks).
   __device__ __forceinline__ void convert(const WsSmem<Tile>& sm, int kt, int pw) const {
     constexpr int F = Tile::kFp8Stages;
     constexpr int kIters = static_cast<int>(kStoredBytes) / 16 / 128;
     static_assert(kIters * 16 * 128 == static_cast<int>(kStoredBytes), "chunks per thread");
     const int fs = kt % F, st = kt % kStages;
-    arch::mbar_wait(sm.full8_0 + 8 * fs, (kt / F) & 1);
+    const int j0 = lb.kv_begin + kt * BN;
+    const bool whole = j0 + BN <= lb.kv_end;
+    if (whole) arch::mbar_wait(sm.full8_0 + 8 * fs, (kt / F) & 1);
     if (kt >= kStages) arch::mbar_wait(sm.empty0 + 8 * st, ((kt / kStages) - 1) & 1);
     const std::uint32_t sk = sm.k8_smem + fs * kStoredBytes, sv = sm.v8_smem + fs * kStoredBytes;
     const std::uint32_t dk = sm.k_smem + st * kTileBytes, dv = sm.v_smem + st * kTileBytes;
     const int t = pw * 32 + lane;
+    // chunk q of the stored layout: group q / 64, half (q / 32) % 2, key (q / 4) % 8 of its
+    // group, chunk q % 4 of the half (fp8_tile_offset)
+    const auto key_of = [](int q) { return (q >> 6) * 8 + ((q >> 2) & 7); };
+    const auto chunk_of = [](int q) { return ((q >> 5) & 1) * 4 + (q & 3); };
     uint4 k8[kIters], v8[kIters];
+    if (whole) {
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      k8[i] = arch::ld_shared_v4(sk + 16 * (i * 128 + t));
-      v8[i] = arch::ld_shared_v4(sv + 16 * (i * 128 + t));
+      for (int i = 0; i < kIters; ++i) {
+        k8[i] = arch::ld_shared_v4(sk + 16 * (i * 128 + t));
+        v8[i] = arch::ld_shared_v4(sv + 16 * (i * 128 + t));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int q = i * 128 + t;
+        load_partial_chunk(j0 + key_of(q), chunk_of(q), k8[i], v8[i]);
+      }
     }
     const auto put = [](std::uint32_t dst, int r, int c, const uint4& w) {
       uint4 a, b;
@@ -302,29 +334,28 @@ struct WsProducer {
     };
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      // chunk q at byte 16 q: group q / 64, half (q / 32) % 2, key (q / 4) % 8 of its group,
-      // chunk q % 4 of the half (fp8_tile_offset)
       const int q = i * 128 + t;
-      const int r = (q >> 6) * 8 + ((q >> 2) & 7), c = ((q >> 5) & 1) * 4 + (q & 3);
-      put(dk, r, c, k8[i]);
-      put(dv, r, c, v8[i]);
+      put(dk, key_of(q), chunk_of(q), k8[i]);
+      put(dv, key_of(q), chunk_of(q), v8[i]);
     }
     arch::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
     __syncwarp();
     if (lane == 0) {
       arch::mbar_arrive(sm.full0 + 8 * st);
-      arch::mbar_arrive(sm.empty8_0 + 8 * fs);
+      if (whole) arch::mbar_arrive(sm.empty8_0 + 8 * fs);
     }
   }
 
   /// fp8 (`Tile::kFp8`): the split's `lb.n_tiles` (> 0) tiles, as producer warp `pw` (0..3) of
-  /// the group. Warp 0 keeps the copies of the stored ring `kFp8Stages - 1` tiles ahead of the
-  /// conversions (bulk tensor copies of the pool's bytes as `run` makes them; the split's last,
-  /// partial tile with cp.async); every warp converts its quarter of each tile (`convert`).
+  /// the group. Warp 0 keeps the bulk copies of the whole tiles into the stored ring
+  /// `kFp8Stages - 1` tiles ahead of the conversions; every warp converts its quarter of each
+  /// tile (`convert`).
   __device__ __forceinline__ void run_fp8(const WsSmem<Tile>& sm, int pw) const {
     static_assert(kFp8, "the fp8 loader policy");
     constexpr int F = Tile::kFp8Stages;
     const int n_tiles = lb.n_tiles;
+    // the tiles that are whole (the last one may be partial: it takes no copy)
+    const int n_whole = lb.kv_begin + n_tiles * BN <= lb.kv_end ? n_tiles : n_tiles - 1;
     int ki = 0;  // warp 0: the next tile to copy, its window of page ids and runs
     int win_cur = 0, win_next = 0;
     unsigned runs = 0u;
@@ -337,7 +368,7 @@ struct WsProducer {
     for (int kt = 0; kt < n_tiles; ++kt) {
       // warp 0: the copies up to tile kt + F - 1, whose stored stage tile kt - 1's conversion
       // released
-      for (; pw == 0 && ki < n_tiles && ki < kt + F; ++ki) {
+      for (; pw == 0 && ki < n_whole && ki < kt + F; ++ki) {
         if (ki > 0 && ki % per_win == 0) {
           win_cur = win_next;
           win_next = load_window(ki / per_win + 1);
@@ -347,19 +378,13 @@ struct WsProducer {
         const int fs = ki % F;
         if (ki >= F) arch::mbar_wait(sm.empty8_0 + 8 * fs, ((ki / F) - 1) & 1);
         const std::uint32_t full = sm.full8_0 + 8 * fs;
-        const std::uint32_t dk = sm.k8_smem + fs * kStoredBytes;
-        const std::uint32_t dv = sm.v8_smem + fs * kStoredBytes;
+        const unsigned bits = granule_bits << ((ki % per_win) * nb);
+        const bool run = per_run > 1 && (runs & bits) == bits;
         const int j0 = lb.kv_begin + ki * BN;
-        if (j0 + BN <= lb.kv_end) {
-          const unsigned bits = granule_bits << ((ki % per_win) * nb);
-          const bool run = per_run > 1 && (runs & bits) == bits;
-          if (lane == 0) arch::mbar_arrive_expect_tx(full, 2 * kStoredBytes);
-          __syncwarp();
-          copy_boxes(dk, tm_k, tm_k_run, run, full, j0, page);
-          copy_boxes(dv, tm_v, tm_v_run, run, full, j0, page);
-        } else {
-          copy_partial(dk, dv, j0, full);
-        }
+        if (lane == 0) arch::mbar_arrive_expect_tx(full, 2 * kStoredBytes);
+        __syncwarp();
+        copy_boxes(sm.k8_smem + fs * kStoredBytes, tm_k, tm_k_run, run, full, j0, page);
+        copy_boxes(sm.v8_smem + fs * kStoredBytes, tm_v, tm_v_run, run, full, j0, page);
       }
       convert(sm, kt, pw);
     }

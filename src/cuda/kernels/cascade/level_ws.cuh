@@ -123,7 +123,7 @@ struct CascadeWsTile {
   /// Registers per thread after `setmaxnreg`: the launch gives every thread
   /// 65536 / kThreads (rounded down to 8); the producer warpgroup drops to kProducerRegs and the
   /// consumers take the rest.
-  static constexpr int kProducerRegs = kFp8 ? 80 : 56;  // (fp8: the producer warps convert)
+  static constexpr int kProducerRegs = kFp8 ? 96 : 56;  // (fp8: the producer warps convert)
   static constexpr int kConsumerRegs =
       ((65536 / kThreads / 8 * 8 * kThreads - 128 * kProducerRegs) / kConsumers) / 8 * 8 > 240
           ? 240
