@@ -144,11 +144,11 @@ struct CascadeTmaLayout {
   std::int64_t run_box[5] = {};
 };
 
-/// The tensor-map layout of `kv` (16-bit or fp8, head_dim 128) for a level planned with boxes of
-/// `box` and runs of `run` keys (`CascadeLevelPlan::tma_box`, `tma_run`). Not describable when the
-/// pool's dims or strides exceed what a tensor map holds (more than 2^31 - 1 pages, strides of
-/// 2^40 bytes or more, strides not multiples of 16 bytes) or the page size is not a multiple
-/// of 8.
+/// The tensor-map layout of `kv` (16-bit at head_dim 64 or 128, fp8 at 128) for a level planned
+/// with boxes of `box` and runs of `run` keys (`CascadeLevelPlan::tma_box`, `tma_run`). Not
+/// describable when the pool's dims or strides exceed what a tensor map holds (more than 2^31 - 1
+/// pages, strides of 2^40 bytes or more, strides not multiples of 16 bytes) or the page size is not
+/// a multiple of 8.
 CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int run);
 
 }  // namespace plan

@@ -227,9 +227,15 @@ TEST(PlanCascade, WgmmaEligibility) {
   EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);               // 16 rows
   EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);  // f16
   if (plan::cascade_head_dim_supported(64)) {                   // (a build may leave it out)
-    // no wgmma row at head dim 64: mma.sync
-    EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);
-    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).kernel, Kernel::kMma);
+    // no wgmma row at head dim 64, but warp-specialised ones (falling back to mma.sync); the
+    // 16-row tile and the tuning kMma run mma.sync
+    EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).kernel, Kernel::kWarpSpecialized);
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).fallback, Kernel::kMma);
+    EXPECT_EQ(level0(shape(4, 2, 4, 16, DType::kBF16, 64)).kernel, Kernel::kMma);
+    CascadeTuning no_wgmma;
+    no_wgmma.kernel = CascadeKernel::kMma;
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kBF16, 64), no_wgmma).kernel, Kernel::kMma);
   }
   CascadeTuning mma;
   mma.kernel = CascadeKernel::kMma;
@@ -523,8 +529,22 @@ TEST(PlanCascade, TensorMapLayouts) {
   big.layout = KvLayout::kNHD;
   big.page_stride = std::int64_t{1} << 40;  // a page stride of 2^41 bytes
   EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+  // head dim 64 (one 64-wide part a key) where the catalog holds its warp-specialised rows; 256
+  // has none
+  PagedKvCache d64 = kv;
+  d64.layout = KvLayout::kNHD;
+  d64.page_stride = 0;
+  d64.head_dim = 64;
+  t = plan::describe_cascade_kv_maps(d64, 16, 64);
+  EXPECT_EQ(t.describable, attnstate::compiled::contains(
+                               attnstate::compiled::CascadeWsHeadDims{}, std::int64_t{64}));
+  if (t.describable) {
+    EXPECT_EQ(t.dims[2], 8);  // KV head (one part)
+    EXPECT_EQ(t.strides[0], 8 * 64 * 2);
+    EXPECT_EQ(t.page_box[2], 1);
+  }
   big = kv;
-  big.head_dim = 64;
+  big.head_dim = 256;
   EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
 }
 

@@ -130,9 +130,9 @@ struct CascadeLevelPlan {
   int max_splits = 0;             ///< Most splits of any segment (planned lengths).
   int slot_offset = 0;            ///< First workspace slot of this level's partial states.
   bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
-  /// The shape and tuning take the `wgmma` kernels (a catalog row for the shape and tile,
-  /// docs/catalog.md; not `CascadeKernel::kMma`); `kernel` says whether the planned device runs
-  /// them.
+  /// The shape and tuning take the `wgmma` kernels, the warp-specialised one included (a catalog
+  /// row for the shape and tile, docs/catalog.md; not `CascadeKernel::kMma`); `kernel` says
+  /// whether the planned device runs them.
   bool wgmma = false;
   bool decode = false;  ///< Runs on the split-KV decode (`CascadePlan::last_decode`).
   /// The kernel `run_cascade` launches for this level (the family of row `kernel_id`).

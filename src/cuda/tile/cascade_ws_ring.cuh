@@ -21,13 +21,20 @@ namespace attnstate {
 namespace cuda {
 namespace tile {
 
-/// KV tile layout in shared memory (head_dim 128, 16-bit): groups of 8 keys, each the first then
-/// the second 64-wide half of head_dim for its 8 keys (rows of 128 bytes, 128-byte swizzled).
-constexpr std::uint32_t kKvHalfBytes = 8 * 128;            ///< One half of a group.
-constexpr std::uint32_t kKvGroupBytes = 2 * kKvHalfBytes;  ///< One group of 8 keys.
-/// Byte offset of 16-byte chunk `c` (0..15) of key `r` in a KV tile.
+/// KV tile layout in shared memory (16-bit, head_dim `D` = 64 or 128): groups of 8 keys, each the
+/// 64-wide parts ("halves") of head_dim in order for its 8 keys (rows of 128 bytes, 128-byte
+/// swizzled).
+constexpr std::uint32_t kKvHalfBytes = 8 * 128;  ///< One 64-wide part of a group.
+/// One group of 8 keys.
+template <int D>
+constexpr std::uint32_t kv_group_bytes() {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  return (D / 64) * kKvHalfBytes;
+}
+/// Byte offset of 16-byte chunk `c` (0..D/8-1) of key `r` in a KV tile.
+template <int D>
 __device__ __forceinline__ std::uint32_t kv_tile_offset(int r, int c) {
-  return static_cast<std::uint32_t>((r >> 3) * kKvGroupBytes + (c >> 3) * kKvHalfBytes +
+  return static_cast<std::uint32_t>((r >> 3) * kv_group_bytes<D>() + (c >> 3) * kKvHalfBytes +
                                     (r & 7) * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
@@ -106,6 +113,7 @@ struct WsProducer {
   using KvStore = typename Tile::KvStore;
   static constexpr int D = Tile::D, BN = Tile::BN, kStages = Tile::kStages;
   static constexpr bool kFp8 = Tile::kFp8;
+  static_assert(!kFp8 || D == 128, "the stored fp8 layout: head_dim 128");
   /// 16-byte chunks of a stored key, and its bytes.
   static constexpr int kChunks = D * static_cast<int>(sizeof(KvStore)) / 16;
   static constexpr int kKeyBytes = D * static_cast<int>(sizeof(KvStore));
@@ -189,8 +197,8 @@ struct WsProducer {
                                              std::uint32_t full, int j0, int page) const {
     if (lane >= nb || (run && (b & (per_run - 1)) != 0)) return;
     const int slot = slot_of(p, j0 + b * G);
-    int c1 = 0, c2 = 2 * h_kv, c3 = slot >> 3, c4 = page;  // NHD
-    if (p.tma_coords == 1) {                               // unpadded HND
+    int c1 = 0, c2 = (D / 64) * h_kv, c3 = slot >> 3, c4 = page;  // NHD
+    if (p.tma_coords == 1) {                                      // unpadded HND
       c2 = 0;
       c4 = page * p.heads_kv + h_kv;
     } else if (p.tma_coords == 2) {  // padded HND (boxes of 8 slots)
@@ -220,7 +228,7 @@ struct WsProducer {
       }
 #pragma unroll 4
       for (int c = 0; c < kChunks; ++c) {
-        const std::uint32_t o = kFp8 ? fp8_tile_offset(r, c) : kv_tile_offset(r, c);
+        const std::uint32_t o = kFp8 ? fp8_tile_offset(r, c) : kv_tile_offset<D>(r, c);
         arch::cp_async_16_zfill(dk + o, kpool + off + c * kChunkElems, bytes);
         arch::cp_async_16_zfill(dv + o, vpool + off + c * kChunkElems, bytes);
       }
@@ -329,8 +337,8 @@ struct WsProducer {
       fp8x4_to<T, Tile::kKv>(w.y, a.z, a.w);
       fp8x4_to<T, Tile::kKv>(w.z, b.x, b.y);
       fp8x4_to<T, Tile::kKv>(w.w, b.z, b.w);
-      arch::st_shared_v4(dst + kv_tile_offset(r, 2 * c), a);
-      arch::st_shared_v4(dst + kv_tile_offset(r, 2 * c + 1), b);
+      arch::st_shared_v4(dst + kv_tile_offset<D>(r, 2 * c), a);
+      arch::st_shared_v4(dst + kv_tile_offset<D>(r, 2 * c + 1), b);
     };
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {

@@ -94,10 +94,10 @@ enum CascadeWsOpt : int {
 
 /// Tile configuration: `NWG` consumer warpgroups of 64 rows, `BN` keys per KV tile, `Stages`
 /// K/V stages in the ring, the options `Opt` (`CascadeWsOpt` flags: among them the operand type
-/// and the variant instance); head_dim 128.
-template <int NWG_, int BN_, int Stages_, int Opt_ = 0>
+/// and the variant instance); head_dim `D` (64 or 128).
+template <int NWG_, int BN_, int Stages_, int Opt_ = 0, int D_ = 128>
 struct CascadeWsTile {
-  static constexpr int D = 128;
+  static constexpr int D = D_;
   /// The 16-bit operand type (kWsF16).
   using T = std::conditional_t<(Opt_ & kWsF16) != 0, __half, __nv_bfloat16>;
   static constexpr bool kVariant = (Opt_ & kWsVariant) != 0;  ///< Option kWsVariant.
@@ -149,6 +149,7 @@ struct CascadeWsTile {
   }
   static_assert(BN == 64 || BN == 128, "KV tile of 64 or 128 keys");
   static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128 (64-wide parts of 128-byte rows)");
   static_assert(!kFp8 || kFp8Stages >= 2, "fp8: two stored stages beside the 16-bit ring");
   static_assert(smem_bytes() <= 232448, "the shared memory of one sm_90 CTA");
   static_assert(!kFastExp || (Opt_ & kWsFlatStats) != 0,
