@@ -536,8 +536,8 @@ TEST(PlanCascade, TensorMapLayouts) {
   d64.page_stride = 0;
   d64.head_dim = 64;
   t = plan::describe_cascade_kv_maps(d64, 16, 64);
-  EXPECT_EQ(t.describable, attnstate::compiled::contains(
-                               attnstate::compiled::CascadeWsHeadDims{}, std::int64_t{64}));
+  EXPECT_EQ(t.describable, attnstate::compiled::contains(attnstate::compiled::CascadeWsHeadDims{},
+                                                         std::int64_t{64}));
   if (t.describable) {
     EXPECT_EQ(t.dims[2], 8);  // KV head (one part)
     EXPECT_EQ(t.strides[0], 8 * 64 * 2);
