@@ -441,21 +441,53 @@ inline constexpr Group kGroups[] = {
         compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels: 128-key tiles (3 stages) and 64-key tiles (4 stages); plain, then
     // the variant instance (soft cap, window); a pool no tensor map describes runs the wgmma
-    // kernel
+    // kernel, at a head dim without wgmma rows (64) the mma.sync one
     detail::with_dims(
         detail::tiles(
             detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
                           kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                           Family::kCascadeWgmma),
             detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
-        compiled::CascadeWsHeadDims{}),
+        compiled::CascadeWsOverWgmmaHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
                                     kSoftCap | kWindow,
                                     kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                                     Family::kCascadeWgmma),
                       detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
-        compiled::CascadeWsHeadDims{}),
+        compiled::CascadeWsOverWgmmaHeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
+                          kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                          Family::kCascadeMma),
+            detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsOverMmaHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
+                                    kSoftCap | kWindow,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeMma),
+                      detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsOverMmaHeadDims{}),
+    // warp-specialised levels over fp8 caches (e4m3, e5m2) under 16-bit queries: the copies land
+    // in a ring of stored tiles, the producer warpgroup converts each into the 16-bit ring; the
+    // 64-key tiles (the 128-key ones leave no room for the stored ring); plain, then the variant
+    // instance; a pool no tensor map describes runs the fp8 wgmma kernel
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, detail::kFp8,
+                                    mask(DType::kF32), false, kPlain,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeWgmma),
+                      detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, detail::kFp8,
+                                    mask(DType::kF32), false, kSoftCap | kWindow,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeWgmma),
+                      detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsFp8HeadDims{}),
     // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMerge, mask(DType::kF32), 0, kStateDTypes, true,

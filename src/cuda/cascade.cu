@@ -239,6 +239,8 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
             return detail::cascade_unit_launch<D, CascadeUnit::kMmaFp8>(id, p, u, stream);
           case CascadeUnit::kWgmmaFp8:
             return detail::cascade_unit_launch<D, CascadeUnit::kWgmmaFp8>(id, p, u, stream);
+          case CascadeUnit::kWsFp8:
+            return detail::cascade_unit_launch<D, CascadeUnit::kWsFp8>(id, p, u, stream);
           default:
             return detail::cascade_unit_launch<D, CascadeUnit::kMma>(id, p, u, stream);
         }

@@ -96,7 +96,8 @@ struct WsConsumer {
   static constexpr bool kLate = Tile::kRescaleLate;
   /// Descriptors (kWsDescPre): high words constant (groups of 8 keys 2048 bytes apart, 128-byte
   /// swizzle).
-  static constexpr std::uint32_t kDescHi = (kKvGroupBytes >> 4) | (1u << 30);
+  static constexpr std::uint32_t kGroupBytes = kv_group_bytes<D>();  ///< One group of 8 keys.
+  static constexpr std::uint32_t kDescHi = (kGroupBytes >> 4) | (1u << 30);
 
   const kernels::CascadeLevelParams& p;
   const LevelBlock& lb;
@@ -126,10 +127,10 @@ struct WsConsumer {
     arch::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kKvGroupBytes apart)
+      // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kGroupBytes apart)
       const std::uint32_t koff = (ks >> 2) * kKvHalfBytes + (ks & 3) * 32;
       const std::uint64_t desc = kDescPre ? arch::desc_join(kd + (koff >> 4), kDescHi)
-                                          : arch::wgmma_desc(kb + koff, 16, kKvGroupBytes);
+                                          : arch::wgmma_desc(kb + koff, 16, kGroupBytes);
       if constexpr (BN == 64) {
         if (ks == 0)
           Wg::mma_s64<0>(s, qf[ks], desc);
@@ -152,12 +153,16 @@ struct WsConsumer {
     arch::fence_regs(acc);
     arch::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      Wg::mma_o128<1>(
-          acc, pf[kk],
-          // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
-          kDescPre ? arch::desc_join(vd + kk * ((2 * kKvGroupBytes) >> 4), kDescHi)
-                   : arch::wgmma_desc(vb + kk * 2 * kKvGroupBytes, kKvHalfBytes, kKvGroupBytes));
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
+      const std::uint64_t desc =
+          kDescPre ? arch::desc_join(vd + kk * ((2 * kGroupBytes) >> 4), kDescHi)
+                   : arch::wgmma_desc(vb + kk * 2 * kGroupBytes, kKvHalfBytes, kGroupBytes);
+      if constexpr (D == 64)
+        Wg::mma_o64<1>(acc, pf[kk], desc);
+      else
+        Wg::mma_o128<1>(acc, pf[kk], desc);
+    }
     arch::wgmma_commit();
   }
 
