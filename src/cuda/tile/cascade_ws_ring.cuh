@@ -287,8 +287,8 @@ struct WsProducer {
     page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
     const int sl = slot_of(p, j);
     const std::int64_t off = page * p.page_elems +
-                             (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
-                                    : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
+                             (p.layout_hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + sl)
+                                           : (static_cast<std::int64_t>(sl) * p.heads_kv + h_kv)) *
                                  D +
                              c * kChunkElems;
     k8 = *reinterpret_cast<const uint4*>(kpool + off);
