@@ -13,6 +13,11 @@
 # several old units regrouped into new ones as OLD_1+OLD_2+...=NEW_1+NEW_2+... (an absolute OLD
 # path, e.g. a unit generated from a template both revisions share, is compiled with REV's
 # headers).
+#
+# A change that renames kernels (a template parameter added with its old value as default)
+# compares them under their new names with CUBIN_DIFF_RENAME='REGEX=>REPLACEMENT' (Python `re`
+# syntax, applied to each old kernel name), e.g. for a fifth parameter of value 128:
+#   CUBIN_DIFF_RENAME='(CascadeWsTileILi\d+ELi\d+ELi\d+ELi\d+E)EE=>\1Li128EEE'
 set -euo pipefail
 rev=${1:?usage: cubin-diff.sh REV file.cu...}
 shift
@@ -45,7 +50,7 @@ for spec in "$@"; do
   done
   python3 - "${#old_cubins[@]}" "${old_cubins[@]}" "$new_src" "${new_cubins[@]}" <<'EOF' \
     || status=1
-import re, struct, sys
+import os, re, struct, sys
 
 # a kernel in an anonymous namespace carries a hash of its file's path: the same kernel in the
 # old worktree and in the tree differs only there
@@ -84,6 +89,10 @@ def union(paths, side):
     return out
 
 old = union(sys.argv[2:2 + n_old], "old")
+rename = os.environ.get("CUBIN_DIFF_RENAME", "")
+if rename:
+    pattern, _, replacement = rename.partition("=>")
+    old = {re.sub(pattern, replacement, k): v for k, v in old.items()}
 new = union(sys.argv[3 + n_old:], "new")
 for k in sorted(set(old) | set(new)):
     if k not in new:
