@@ -529,8 +529,8 @@ TEST(PlanCascade, TensorMapLayouts) {
   big.layout = KvLayout::kNHD;
   big.page_stride = std::int64_t{1} << 40;  // a page stride of 2^41 bytes
   EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
-  // head dim 64 (one 64-wide part a key) where the catalog holds its warp-specialised rows; 256
-  // has none
+  // head dims 64 (one 64-wide part a key) and 256 (four) where the catalog holds their
+  // warp-specialised rows
   PagedKvCache d64 = kv;
   d64.layout = KvLayout::kNHD;
   d64.page_stride = 0;
@@ -543,9 +543,19 @@ TEST(PlanCascade, TensorMapLayouts) {
     EXPECT_EQ(t.strides[0], 8 * 64 * 2);
     EXPECT_EQ(t.page_box[2], 1);
   }
+  // head dim 256: four 64-wide parts
   big = kv;
   big.head_dim = 256;
-  EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+  big.layout = KvLayout::kNHD;
+  big.page_stride = 0;
+  t = plan::describe_cascade_kv_maps(big, 16, 64);
+  EXPECT_EQ(t.describable, attnstate::compiled::contains(attnstate::compiled::CascadeWsHeadDims{},
+                                                         std::int64_t{256}));
+  if (t.describable) {
+    EXPECT_EQ(t.dims[2], 4 * big.heads_kv);  // KV head · 4 + part
+    EXPECT_EQ(t.strides[0], big.heads_kv * 256 * 2);
+    EXPECT_EQ(t.page_box[2], 4);
+  }
 }
 
 TEST(PlanCascade, ChecksOfAPlan) {
@@ -693,9 +703,11 @@ TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {
                     EXPECT_EQ(lp.tile_rows, smallest) << at;
                   }
                   if (lp.kernel == Kernel::kWarpSpecialized) {
-                    // the K/V tile of the resolved variant: 128 keys by default, 64 for variant 3
-                    EXPECT_EQ(row.tile_keys,
-                              ws_variant == 3 ? catalog::kCascadeKvTile : catalog::kCascadeWsKvTile)
+                    // the K/V tile of the resolved variant: 128 keys by default (64 at head
+                    // dim 256), 64 for variant 3
+                    EXPECT_EQ(row.tile_keys, ws_variant == 3 || head_dim > 128
+                                                 ? catalog::kCascadeKvTile
+                                                 : catalog::kCascadeWsKvTile)
                         << at;
                     EXPECT_NE(row.needs & catalog::kNeedsPoolMap, 0) << at;
                   } else {

@@ -21,14 +21,14 @@ namespace attnstate {
 namespace cuda {
 namespace tile {
 
-/// KV tile layout in shared memory (16-bit, head_dim `D` = 64 or 128): groups of 8 keys, each the
-/// 64-wide parts ("halves") of head_dim in order for its 8 keys (rows of 128 bytes, 128-byte
+/// KV tile layout in shared memory (16-bit, head_dim `D` = 64, 128 or 256): groups of 8 keys, each
+/// the 64-wide parts ("halves") of head_dim in order for its 8 keys (rows of 128 bytes, 128-byte
 /// swizzled).
 constexpr std::uint32_t kKvHalfBytes = 8 * 128;  ///< One 64-wide part of a group.
 /// One group of 8 keys.
 template <int D>
 constexpr std::uint32_t kv_group_bytes() {
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   return (D / 64) * kKvHalfBytes;
 }
 /// Byte offset of 16-byte chunk `c` (0..D/8-1) of key `r` in a KV tile.

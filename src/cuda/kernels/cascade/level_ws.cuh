@@ -1,5 +1,6 @@
 /// @file kernels/cascade/level_ws.cuh
-/// @brief The warp-specialised cascade level kernel (sm_90a, bf16, head_dim 128): the work and
+/// @brief The warp-specialised cascade level kernel (sm_90a; bf16 or f16; head_dim 64, 128 or 256;
+///        16-bit or fp8 K/V): the work and
 ///        the results of level_wgmma.cuh (one CTA = a tile of stacked query rows × one KV
 ///        split of a segment, online softmax in fp32, the partial state to the workspace), laid
 ///        out as a FlashAttention-3 style pipeline. One producer warp fills a ring of K/V stages
@@ -8,10 +9,11 @@
 ///        consecutive pages; the tile laid out in groups of 8 keys, `tile::kv_tile_offset`, so
 ///        that a box is one contiguous piece of it); one or two consumer warpgroups of 64 rows each
 ///        wait on "full", issue `QKᵀ` of tile t and `PV` of tile t-1 back to back (`wgmma`, queries
-///        and probabilities from registers), run the softmax of tile t while `PV` runs on the
-///        tensor cores, and release the stage on its "empty" mbarrier; with two warpgroups one's
-///        softmax overlaps the other's matrix products (optionally in strict turns through named
-///        barriers, `ws_pingpong`). No block-wide barrier in the main loop.
+///        and probabilities from registers; at head_dim 256 the queries from shared memory), run
+///        the softmax of tile t while `PV` runs on the tensor cores, and release the stage on its
+///        "empty" mbarrier; with two warpgroups one's softmax overlaps the other's matrix products
+///        (optionally in strict turns through named barriers, `ws_pingpong`). No block-wide barrier
+///        in the main loop.
 ///
 ///        Numerics as everywhere in the library: fp32 scores and accumulators, max-subtracted
 ///        base-2 online softmax (`math::OnlineSoftmax`), the accumulator rescaled between two
@@ -94,10 +96,16 @@ enum CascadeWsOpt : int {
 
 /// Tile configuration: `NWG` consumer warpgroups of 64 rows, `BN` keys per KV tile, `Stages`
 /// K/V stages in the ring, the options `Opt` (`CascadeWsOpt` flags: among them the operand type
-/// and the variant instance); head_dim `D` (64 or 128).
+/// and the variant instance); head_dim `D` (64, 128 or 256: at 256 the queries stay in shared
+/// memory, `kQSmem`, since their fragments do not fit in registers beside the accumulator).
 template <int NWG_, int BN_, int Stages_, int Opt_ = 0, int D_ = 128>
 struct CascadeWsTile {
   static constexpr int D = D_;
+  /// `S = Q Kᵀ` reads the queries from shared memory (wgmma with both operands from shared
+  /// memory) instead of register fragments.
+  static constexpr bool kQSmem = D > 128;
+  /// k-steps of the query fragments held in registers (1, unused, with kQSmem).
+  static constexpr int kQFragSteps = kQSmem ? 1 : D / 16;
   /// The 16-bit operand type (kWsF16).
   using T = std::conditional_t<(Opt_ & kWsF16) != 0, __half, __nv_bfloat16>;
   static constexpr bool kVariant = (Opt_ & kWsVariant) != 0;  ///< Option kWsVariant.
@@ -149,7 +157,9 @@ struct CascadeWsTile {
   }
   static_assert(BN == 64 || BN == 128, "KV tile of 64 or 128 keys");
   static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128 (64-wide parts of 128-byte rows)");
+  static_assert(D == 64 || D == 128 || D == 256,
+                "head_dim 64, 128 or 256 (64-wide parts of 128-byte rows)");
+  static_assert(!kQSmem || (!kFp8 && BN == 64), "head_dim 256: 16-bit K/V tiles of 64 keys");
   static_assert(!kFp8 || kFp8Stages >= 2, "fp8: two stored stages beside the 16-bit ring");
   static_assert(smem_bytes() <= 232448, "the shared memory of one sm_90 CTA");
   static_assert(!kFastExp || (Opt_ & kWsFlatStats) != 0,
@@ -213,7 +223,7 @@ __device__ __forceinline__ void cascade_level_ws_body(
   const float s2_scale = tile::level_score_scale<Tile::kFp8, Tile::kVariant>(p, k_scale, h_kv, var);
   const bool negate_q = kAbsScale && !capped && s2_scale < 0.f;
   const float sc = capped ? 1.f : kAbsScale ? fabsf(s2_scale) : s2_scale;
-  std::uint32_t qf[D / 16][4];
+  std::uint32_t qf[Tile::kQFragSteps][4];
   int limit[2];
   tile::ws_consumer_rows<Tile>(p, lb, sm.q_smem, wg, wl, lane, negate_q, qf, limit);
   const int limit_min = min(limit[0], limit[1]);
