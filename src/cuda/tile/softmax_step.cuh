@@ -54,17 +54,8 @@ struct PlainScores {
 /// instructions and the slow path of `tanhf`; ±1 for large |x| (the reciprocal of +inf is 0),
 /// NaN stays NaN.
 __device__ __forceinline__ float tanh_fast(float x) {
-  // The reciprocal on the FMA pipe (a bit-pattern first guess, within 12.5%, and three Newton
-  // steps, within 2^-23): a capped score then takes two special-function operations (this `ex2`
-  // and the softmax's) instead of three, the unit that bounds the capped kernels. `e` is kept
-  // at or below 2^24 (tanh within 2^-23 of 1 there), where the guess holds; NaN passes through.
-  float y = x * (2.f * constants::kLog2e);
-  y = y > 24.f ? 24.f : y;
-  const float d = 1.f + arch::ex2_approx_ftz(y);
-  float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
-#pragma unroll
-  for (int i = 0; i < 3; ++i) r = fmaf(r, fmaf(-d, r, 1.f), r);
-  return fmaf(-2.f, r, 1.f);
+  const float e = arch::ex2_approx_ftz(x * (2.f * constants::kLog2e));
+  return 1.f - __fdividef(2.f, 1.f + e);
 }
 
 /// Scores of an attention variant (core/variant.hpp): the soft cap on the scaled score,
