@@ -153,6 +153,18 @@ __device__ __forceinline__ void setmaxnreg_inc() {
       : ATTNSTATE_WGMMA_ACC32                                                                   \
       : "l"(desc_a), "l"(desc_b), "n"(kScaleD))
 
+#define ATTNSTATE_WGMMA_M64N128_SS(TY)                                                             \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, "                                             \
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
+      : ATTNSTATE_WGMMA_ACC64                                                                      \
+      : "l"(desc_a), "l"(desc_b), "n"(kScaleD))
+
 /// The `wgmma` shapes of the cascade kernels for bf16 or f16 operands `T` (fp32 accumulators, A
 /// from registers; `kScaleD` 0 makes the instruction overwrite the accumulator instead of adding
 /// to it; `kTransB` 0 reads B K-major as in `S = Q Kᵀ`, 1 MN-major as in `O = P V`).
@@ -214,6 +226,15 @@ struct Wgmma {
     else
       ATTNSTATE_WGMMA_M64N64_SS("bf16");
   }
+  /// S (+)= A Bᵀ, m64n128k16 with A too from shared memory (as `mma_s64_ss`).
+  template <int kScaleD>
+  __device__ static __forceinline__ void mma_s128_ss(float (&d)[16][4], std::uint64_t desc_a,
+                                                     std::uint64_t desc_b) {
+    if constexpr (kF16)
+      ATTNSTATE_WGMMA_M64N128_SS("f16");
+    else
+      ATTNSTATE_WGMMA_M64N128_SS("bf16");
+  }
   /// O (+)= P V, m64n256k16 (head_dim 256): B (values) MN-major.
   template <int kScaleD>
   __device__ static __forceinline__ void mma_o256(float (&d)[32][4], const std::uint32_t (&a)[4],
@@ -229,6 +250,7 @@ struct Wgmma {
 };
 
 #undef ATTNSTATE_WGMMA_M64N64_SS
+#undef ATTNSTATE_WGMMA_M64N128_SS
 #undef ATTNSTATE_WGMMA_M64N256
 #undef ATTNSTATE_WGMMA_M64N128
 #undef ATTNSTATE_WGMMA_M64N64

@@ -154,11 +154,17 @@ struct WsConsumer {
         // the warpgroup's 64 query rows of part ks / 4: 8-row groups 1024 bytes apart
         const std::uint64_t qdesc = arch::wgmma_desc(
             sm.q_smem + (ks >> 2) * (Tile::BM * 128) + wg * (64 * 128) + (ks & 3) * 32, 16, 1024);
-        static_assert(BN == 64, "queries from shared memory: 64-key tiles");
-        if (ks == 0)
-          Wg::mma_s64_ss<0>(s, qdesc, desc);
-        else
-          Wg::mma_s64_ss<1>(s, qdesc, desc);
+        if constexpr (BN == 64) {
+          if (ks == 0)
+            Wg::mma_s64_ss<0>(s, qdesc, desc);
+          else
+            Wg::mma_s64_ss<1>(s, qdesc, desc);
+        } else {
+          if (ks == 0)
+            Wg::mma_s128_ss<0>(s, qdesc, desc);
+          else
+            Wg::mma_s128_ss<1>(s, qdesc, desc);
+        }
       } else if constexpr (BN == 64) {
         if (ks == 0)
           Wg::mma_s64<0>(s, qf[ks], desc);

@@ -102,8 +102,11 @@ template <int NWG_, int BN_, int Stages_, int Opt_ = 0, int D_ = 128>
 struct CascadeWsTile {
   static constexpr int D = D_;
   /// `S = Q Kᵀ` reads the queries from shared memory (wgmma with both operands from shared
-  /// memory) instead of register fragments.
-  static constexpr bool kQSmem = D > 128;
+  /// memory) instead of register fragments: at head_dim 256, and in the variant instance of two
+  /// warpgroups on 128-key tiles at head_dim 128 (whose fragments spill beside the scores of 128
+  /// keys).
+  static constexpr bool kQSmem = D > 128 ||
+                                 ((Opt_ & kWsVariant) != 0 && NWG_ == 2 && BN_ == 128 && D == 128);
   /// k-steps of the query fragments held in registers (1, unused, with kQSmem).
   static constexpr int kQFragSteps = kQSmem ? 1 : D / 16;
   /// The 16-bit operand type (kWsF16).
@@ -159,7 +162,7 @@ struct CascadeWsTile {
   static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
   static_assert(D == 64 || D == 128 || D == 256,
                 "head_dim 64, 128 or 256 (64-wide parts of 128-byte rows)");
-  static_assert(!kQSmem || (!kFp8 && BN == 64), "head_dim 256: 16-bit K/V tiles of 64 keys");
+  static_assert(D <= 128 || (!kFp8 && BN == 64), "head_dim 256: 16-bit K/V tiles of 64 keys");
   static_assert(!kFp8 || kFp8Stages >= 2, "fp8: two stored stages beside the 16-bit ring");
   static_assert(smem_bytes() <= 232448, "the shared memory of one sm_90 CTA");
   static_assert(!kFastExp || (Opt_ & kWsFlatStats) != 0,
