@@ -21,7 +21,9 @@
 ///        prefix's pages in a random order of the pool (by default they are in id order, so
 ///        every KV tile of the prefix is one run of consecutive pages); `--stream n` plans a
 ///        one-split suffix decode again with `CascadeTuning::decode_kernel = kStreamed` (1) or
-///        `kSplit` (0) (the streamed kernel takes no fp8 pool: then kept as planned).
+///        `kSplit` (0) (the streamed kernel takes no fp8 pool: then kept as planned);
+///        `--ws-variant n` and `--tile-rows n` set `CascadeTuning::ws_variant` (-1 automatic)
+///        and `CascadeTuning::tile_rows` (0 automatic) of the cascade's plans.
 ///        `--dtype f16|bf16` (queries, output and KV), `--head-dim 64|128|256`, `--window w`
 ///        (`variant.window_left` of the cascade and of the plain decode), `--soft-cap c` and
 ///        `--kv-dtype e4m3|e5m2` (an fp8 KV pool, one scale per tensor, queries in `--dtype`)
@@ -268,6 +270,10 @@ int g_decode_fold = -1;
 /// `--stream n`: a one-split decode level planned on the streamed (1) or the split (0) kernel
 /// (`CascadeTuning::decode_kernel`; -1: the automatic choice).
 int g_stream = -1;
+/// `CascadeTuning::ws_variant` of every plan (`--ws-variant`; -1 automatic).
+int g_ws_variant = -1;
+/// `CascadeTuning::tile_rows` of every plan (`--tile-rows`; 0 automatic).
+int g_tile_rows = 0;
 
 /// Times one shape under `cfg`. `lean`: the cascade, its levels and the merge only (plus the
 /// plain decode when `decode`).
@@ -368,6 +374,8 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   cuda::CascadeTuning tuning;
   tuning.decode_sms = g_decode_sms;
   tuning.decode_fold = g_decode_fold;
+  tuning.ws_variant = g_ws_variant;
+  tuning.tile_rows = g_tile_rows;
   CascadeOptions copt;
   copt.variant.logits_soft_cap = cfg.soft_cap;
   copt.variant.window_left = cfg.window;
@@ -640,6 +648,10 @@ int main(int argc, char** argv) {
       g_decode_fold = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc)
       g_stream = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ws-variant") && i + 1 < argc)
+      g_ws_variant = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--tile-rows") && i + 1 < argc)
+      g_tile_rows = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--lean"))
       lean = true;
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc)
@@ -663,7 +675,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...] "
-                   "[--decode-sms n] [--decode-fold n] [--page n] [--scatter] [--soft-cap c] "
+                   "[--decode-sms n] [--decode-fold n] [--ws-variant n] [--tile-rows n] "
+                   "[--page n] [--scatter] [--soft-cap c] "
                    "[--dtype f16|bf16] [--kv-dtype e4m3|e5m2] [--head-dim 64|128|256] "
                    "[--window w] [--sections]\n",
                    argv[0]);

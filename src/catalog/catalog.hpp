@@ -188,7 +188,8 @@ inline constexpr Tile kStreamTile{kDecodeTileRows, kDecodeTileRows, kDecodeStrea
 // The cascade level tiles (rows, keys, stages, CTAs per SM). mma.sync: 16 rows at 3 stages
 // (two CTAs per SM) or 2 (four: more CTAs for short splits), 64 rows (two) and 128 (one);
 // wgmma: 64 rows (two) and 128 (one, with room for a 16-row CTA beside it); warp-specialised:
-// one CTA per SM, 128-key tiles at 3 stages or 64-key tiles at 4.
+// one CTA per SM, 128-key tiles at 3 stages or 64-key tiles at 4; at head dim 256 (K/V tiles
+// of 32 KiB) 64-key tiles only, at 3 stages for 64 rows and 2 for 128.
 inline constexpr Tile kMma16{16, kCascadeKvTile, 3, 2};
 inline constexpr Tile kMma16Short{16, kCascadeKvTile, 2, 4};
 inline constexpr Tile kMma64{64, kCascadeKvTile, 3, 2};
@@ -202,6 +203,8 @@ inline constexpr Tile kWs64{64, kCascadeWsKvTile, 3, 1};
 inline constexpr Tile kWs128{128, kCascadeWsKvTile, 3, 1};
 inline constexpr Tile kWs64Kv64{64, kCascadeKvTile, 4, 1};
 inline constexpr Tile kWs128Kv64{128, kCascadeKvTile, 4, 1};
+inline constexpr Tile kWsWide64Kv64{64, kCascadeKvTile, 3, 1};
+inline constexpr Tile kWsWide128Kv64{128, kCascadeKvTile, 2, 1};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
@@ -441,21 +444,68 @@ inline constexpr Group kGroups[] = {
         compiled::CascadeWgmmaHeadDims{}),
     // warp-specialised levels: 128-key tiles (3 stages) and 64-key tiles (4 stages); plain, then
     // the variant instance (soft cap, window); a pool no tensor map describes runs the wgmma
-    // kernel
+    // kernel, at a head dim without wgmma rows (64, 256) the mma.sync one
     detail::with_dims(
         detail::tiles(
             detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
                           kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                           Family::kCascadeWgmma),
             detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
-        compiled::CascadeWsHeadDims{}),
+        compiled::CascadeWsOverWgmmaHeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
                                     kSoftCap | kWindow,
                                     kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                                     Family::kCascadeWgmma),
                       detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
-        compiled::CascadeWsHeadDims{}),
+        compiled::CascadeWsOverWgmmaHeadDims{}),
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
+                          kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                          Family::kCascadeMma),
+            detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsOverMmaHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
+                                    kSoftCap | kWindow,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeMma),
+                      detail::kWs64, detail::kWs128, detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsOverMmaHeadDims{}),
+    // head dim 256: the queries read from shared memory, 64-key tiles
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false, kPlain,
+                          kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                          Family::kCascadeMma),
+            detail::kWsWide64Kv64, detail::kWsWide128Kv64),
+        compiled::CascadeWsWideHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, 0, mask(DType::kF32), false,
+                                    kSoftCap | kWindow,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeMma),
+                      detail::kWsWide64Kv64, detail::kWsWide128Kv64),
+        compiled::CascadeWsWideHeadDims{}),
+    // warp-specialised levels over fp8 caches (e4m3, e5m2) under 16-bit queries: the copies land
+    // in a ring of stored tiles, the producer warpgroup converts each into the 16-bit ring; the
+    // 64-key tiles (the 128-key ones leave no room for the stored ring); plain, then the variant
+    // instance; a pool no tensor map describes runs the fp8 wgmma kernel
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, detail::kFp8,
+                                    mask(DType::kF32), false, kPlain,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeWgmma),
+                      detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, detail::kFp8,
+                                    mask(DType::kF32), false, kSoftCap | kWindow,
+                                    kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
+                                    Family::kCascadeWgmma),
+                      detail::kWs64Kv64, detail::kWs128Kv64),
+        compiled::CascadeWsFp8HeadDims{}),
     // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeMerge, mask(DType::kF32), 0, kStateDTypes, true,

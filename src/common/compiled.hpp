@@ -111,8 +111,15 @@ using DecodeStreamFp8HeadDims = Intersect<DecodeFp8HeadDims, IntList<128>>::type
 /// levels of short segments came out beyond the tolerance on the GPU (bench/RESULTS.md), so that
 /// head dim keeps the mma.sync kernel.
 using CascadeWgmmaHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
-/// Head dims of the cascade's warp-specialised level kernels (f16 and bf16: 128).
-using CascadeWsHeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
+/// Head dims of the cascade's warp-specialised level kernels over 16-bit caches (f16 and bf16:
+/// 64, 128 and 256, rows of whole 64-wide parts); those where the wgmma kernel is the fallback
+/// (its head dims); 64, where the fallback is mma.sync; 256 ("wide": queries read from shared
+/// memory, 64-key tiles only), whose fallback is mma.sync; over fp8 caches (128).
+using CascadeWsHeadDims = Intersect<CascadeHeadDims, IntList<64, 128, 256>>::type;
+using CascadeWsOverWgmmaHeadDims = Intersect<CascadeWsHeadDims, CascadeWgmmaHeadDims>::type;
+using CascadeWsOverMmaHeadDims = Intersect<CascadeWsHeadDims, IntList<64>>::type;
+using CascadeWsWideHeadDims = Intersect<CascadeWsHeadDims, IntList<256>>::type;
+using CascadeWsFp8HeadDims = Intersect<CascadeHeadDims, IntList<128>>::type;
 /// Dtypes of the cascade's queries and KV (the same dtype).
 using CascadeDTypes = DTypeList<DType::kF16, DType::kBF16>;
 

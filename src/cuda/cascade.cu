@@ -168,38 +168,21 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   const CascadeShape& s = plan.shape();
   const CascadeLevelPlan& lp = plan.level(l);
   kernels::CascadeLevelParams p{};
-  p.q = q.data;
-  p.q_stride_b = q.stride[0];
-  p.q_stride_t = q.stride[1];
-  p.q_stride_h = q.stride[2];
-  p.k = kv.k;
-  p.v = kv.v;
-  p.page_elems = kv.page_elems();
-  p.num_pages = kv.num_pages;
-  p.page_size = static_cast<int>(kv.page_size);
+  fill_attention_params(p, q, kv, s.batch, s.q_len, s.heads_q, plan.scale(), plan.logits_soft_cap(),
+                        plan.window_left());
   p.page_shift = -1;
   for (int b = 0; b < 31; ++b)
     if ((std::int64_t{1} << b) == kv.page_size) p.page_shift = b;
   p.prefetch_pages = plan.prefetch_pages() ? 1 : 0;
-  p.heads_kv = static_cast<int>(kv.heads_kv);
-  p.hnd = kv.layout == KvLayout::kHND ? 1 : 0;
   p.request_indptr = lv.request_indptr;
   p.page_indptr = lv.page_indptr;
   p.page_indices = lv.page_indices;
   p.seg_lens = lv.seg_lens;
   p.num_segments = static_cast<int>(lp.num_segments);
-  p.batch = static_cast<int>(s.batch);
-  p.q_len = static_cast<int>(s.q_len);
-  p.group = static_cast<int>(s.heads_q / s.heads_kv);
-  p.heads_q = static_cast<int>(s.heads_q);
   p.chunk = lp.chunk;
   p.max_splits = lp.max_splits;
   p.max_tiles = lp.max_tiles;
   p.causal_tail = (plan.causal() && s.q_len > 1 && l == plan.num_levels() - 1) ? 1 : 0;
-  p.s2_scale = math::base2_score_scale(plan.scale());
-  p.scale = plan.scale();
-  p.soft_cap = plan.logits_soft_cap();
-  p.window_left = static_cast<int>(std::min<std::int64_t>(plan.window_left(), 0x7FFFFFFF));
   p.causal_pos = plan.causal() ? 1 : 0;
   p.tails = window_tails(plan, workspace);
   if (p.tails != nullptr) p.tails += static_cast<std::int64_t>(l) * s.batch;
@@ -207,7 +190,6 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
   p.ws_lse = slots_lse(plan, workspace);
   p.rows_total = plan.rows();
   p.slot_offset = lp.slot_offset;
-  p.small_stages = lp.stages;
   // the plan's catalog rows (ids of this build's catalog: the plan's fingerprint was checked)
   if (lp.kernel_id < 0 || lp.kernel_id >= catalog::kNumRows || lp.fallback_id < 0 ||
       lp.fallback_id >= catalog::kNumRows)
@@ -257,6 +239,8 @@ void launch_level(const CascadePlan& plan, int l, const ConstTensorView& q, cons
             return detail::cascade_unit_launch<D, CascadeUnit::kMmaFp8>(id, p, u, stream);
           case CascadeUnit::kWgmmaFp8:
             return detail::cascade_unit_launch<D, CascadeUnit::kWgmmaFp8>(id, p, u, stream);
+          case CascadeUnit::kWsFp8:
+            return detail::cascade_unit_launch<D, CascadeUnit::kWsFp8>(id, p, u, stream);
           default:
             return detail::cascade_unit_launch<D, CascadeUnit::kMma>(id, p, u, stream);
         }

@@ -33,7 +33,8 @@ EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-/// Encodes K and V (bf16, 5 dims, 128-byte swizzle) with boxes `bx` into `k_map`, `v_map`.
+/// Encodes K and V (5 dims; 16-bit with the 128-byte swizzle, fp8 as bytes unswizzled: the
+/// kernel converts them into its swizzled tiles) with boxes `bx` into `k_map`, `v_map`.
 bool encode_pair(const PagedKvCache& kv, const plan::CascadeTmaLayout& t, const std::int64_t* bx,
                  CUtensorMap* k_map, CUtensorMap* v_map) {
   const EncodeTiledFn fn = encode_tiled_fn();
@@ -49,9 +50,12 @@ bool encode_pair(const PagedKvCache& kv, const plan::CascadeTmaLayout& t, const 
   const void* ptrs[2] = {kv.k, kv.v};
   CUtensorMap* out[2] = {k_map, v_map};
   // (bf16 for f16 pools too: the copies move 16-bit elements without converting them)
+  const bool fp8 = is_fp8(kv.dtype);
   for (int i = 0; i < 2; ++i)
-    if (fn(out[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(ptrs[i]), dims, strides,
-           box_dims, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+    if (fn(out[i], fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5,
+           const_cast<void*>(ptrs[i]), dims, strides, box_dims, elem_strides,
+           CU_TENSOR_MAP_INTERLEAVE_NONE,
+           fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
   return true;

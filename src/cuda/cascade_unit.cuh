@@ -55,7 +55,10 @@ constexpr int ws_options(const catalog::Row& r) {
                     kernels::kWsRescaleLate
               : 0) |
          (r.q == DType::kF16 ? kernels::kWsF16 : 0) |
-         (variant_instance(r) ? kernels::kWsVariant : 0);
+         (variant_instance(r) ? kernels::kWsVariant : 0) |
+         (r.kv == DType::kE4M3   ? kernels::kWsE4M3
+          : r.kv == DType::kE5M2 ? kernels::kWsE5M2
+                                 : 0);
 }
 
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
@@ -124,16 +127,20 @@ bool launch_row(int id, const kernels::CascadeLevelParams& p, const CascadeLevel
       kernels::launch_cascade_wgmma_tile<T, Tile, kVar, tile::kv_policy(r.kv)>(
           p, l.grid, l.pdl, stream, l.k_scale, l.v_scale);
     } else {
-      static_assert(F == Family::kCascadeWs && r.kv == r.q, "a cascade level family, 16-bit K/V");
-      using Tile = kernels::CascadeWsTile<r.tile_rows / 64, r.tile_keys, r.stages, ws_options(r)>;
+      static_assert(F == Family::kCascadeWs, "a cascade level family");
+      using Tile = kernels::CascadeWsTile<r.tile_rows / 64, r.tile_keys, r.stages, ws_options(r),
+                                          static_cast<int>(r.head_dim)>;
       static_assert(Tile::D == D && Tile::BM == r.tile_rows, "the row's tile");
-      static_assert(std::is_same_v<typename Tile::T, T>, "the tile's operand type");
+      static_assert(std::is_same_v<typename Tile::T, T> && Tile::kKv == tile::kv_policy(r.kv),
+                    "the tile's operand type and K/V policy");
       static_assert(r.ctas_per_sm == 1, "one CTA per SM (its launch bounds)");
 #if defined(ATTNSTATE_CASCADE_WS_PROBE)
-      if constexpr (r.q == DType::kBF16 && !kVar && r.tile_keys == catalog::kCascadeWsKvTile)
+      if constexpr (D == 128 && r.q == DType::kBF16 && !kVar &&
+                    r.tile_keys == catalog::kCascadeWsKvTile)
         if (launch_ws_probe<Tile::NWG>(p, l, stream)) return true;
 #endif
-      kernels::launch_cascade_ws_tile<Tile>(p, *l.maps, l.grid, l.pdl, stream);
+      kernels::launch_cascade_ws_tile<Tile>(p, *l.maps, l.grid, l.pdl, stream, l.k_scale,
+                                            l.v_scale);
     }
     return true;
   } else {

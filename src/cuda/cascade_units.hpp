@@ -1,7 +1,7 @@
 /// @file cascade_units.hpp
 /// @brief The cascade level kernels' instantiation units: the launch entry point of one unit of
-///        level kernels (mma.sync over 16-bit or fp8 caches, wgmma, warp-specialised) at one head
-///        dim. Each is defined in its own translation unit, which CMake generates from
+///        level kernels (mma.sync, wgmma, warp-specialised, each over 16-bit or fp8 caches) at one
+///        head dim. Each is defined in its own translation unit, which CMake generates from
 ///        `cmake/cascade_unit.cu.in` (one per build head dim × unit, `src/CMakeLists.txt`), so
 ///        the kernels compile in parallel; `cascade.cu` calls the unit of a plan's kernel id.
 #pragma once
@@ -37,6 +37,7 @@ enum class CascadeUnit : int {
   kWgmma,     ///< `kCascadeWgmma` over 16-bit caches.
   kWs,        ///< `kCascadeWs`.
   kWgmmaFp8,  ///< `kCascadeWgmma` over fp8 caches.
+  kWsFp8,     ///< `kCascadeWs` over fp8 caches.
 };
 
 /// The unit that compiles catalog row `r`.
@@ -47,7 +48,7 @@ constexpr CascadeUnit unit_of(const catalog::Row& r) {
     case catalog::Family::kCascadeWgmma:
       return is_fp8(r.kv) ? CascadeUnit::kWgmmaFp8 : CascadeUnit::kWgmma;
     case catalog::Family::kCascadeWs:
-      return CascadeUnit::kWs;
+      return is_fp8(r.kv) ? CascadeUnit::kWsFp8 : CascadeUnit::kWs;
     default:
       return CascadeUnit::kNone;
   }

@@ -477,38 +477,16 @@ void detail::launch_decode_with_prior(const DecodePlan& plan, const ConstTensorV
   const WorkspaceLayout& w = r.w;
 
   detail::DecodeParams p{};
-  p.q = q.data;
-  p.q_stride_b = q.stride[0];
-  p.q_stride_t = q.stride[1];
-  p.q_stride_h = q.stride[2];
-  p.k = kv.k;
-  p.v = kv.v;
-  p.page_elems = kv.page_elems();
-  p.num_pages = kv.num_pages;
-  p.page_size = static_cast<std::int32_t>(kv.page_size);
-  p.heads_kv = static_cast<std::int32_t>(kv.heads_kv);
-  p.layout_hnd = kv.layout == KvLayout::kHND ? 1 : 0;
-  p.page_indptr = kv.page_indptr;
-  p.page_indices = kv.page_indices;
+  fill_attention_params(p, q, kv, kv.batch, pr.q_len, pr.heads_q, r.scale,
+                        d.variant.logits_soft_cap, d.variant.window_left);
   p.block_table = kv.block_table;
   p.block_table_stride = kv.block_table_stride;
   p.seq_lens = kv.seq_lens;
-  p.batch = static_cast<std::int32_t>(kv.batch);
-  p.q_len = static_cast<std::int32_t>(pr.q_len);
-  p.heads_q = static_cast<std::int32_t>(pr.heads_q);
-  p.group = static_cast<std::int32_t>(pr.group());
   p.rows = p.q_len * p.group;
   p.row_tiles = d.row_tiles;
   p.splits = d.splits;
-  p.s2_scale = math::base2_score_scale(r.scale);
-  p.scale = r.scale;
-  p.soft_cap = d.variant.logits_soft_cap;
-  // windows past any int32 length are no window
   p.k_scale = kv.k_scale;
   p.v_scale = kv.v_scale;
-  p.window_left = d.variant.window_left >= 0 && d.variant.window_left <= 0x7FFFFFFF
-                      ? static_cast<std::int32_t>(d.variant.window_left)
-                      : -1;
   p.out_o = out.o;
   p.out_lse = out.lse;
   p.o_stride_token = out.o_stride_token;

@@ -97,13 +97,14 @@ int ws_tile_keys(int ws_variant) {
              : catalog::kCascadeWsKvTile;
 }
 
-/// True when a `wgmma` level of this shape takes the warp-specialised kernel (a compiled row for
-/// its shape, tile, K/V tile and variants, a page size with a bulk-copy box, the variant not 0).
+/// True when a level of this shape takes the warp-specialised kernel: the tuning takes the
+/// sm_90a kernels (`wgmma_kernels`), a compiled row for its shape, tile, K/V tile and variants
+/// (at a head dim without wgmma rows too), a page size with a bulk-copy box, the variant not 0.
 bool ws_level(const CascadeShape& s, const CascadeLevelPlan& lp, int ws_variant,
-              catalog::Variants variants) {
+              catalog::Variants variants, bool wgmma_kernels) {
   catalog::Query ws = level_query(catalog::Family::kCascadeWs, s, lp.tile_rows, variants);
   ws.tile_keys = ws_tile_keys(ws_variant);
-  return lp.wgmma && ws_variant != 0 && catalog::compiled(ws) && tma_box_rows(s.page_size) > 0;
+  return wgmma_kernels && ws_variant != 0 && catalog::compiled(ws) && tma_box_rows(s.page_size) > 0;
 }
 
 /// The level kernel of a catalog family of cascade levels.
@@ -363,7 +364,9 @@ void plan_kernel_level(const char* func, Choice& plan, int l, const CascadeLevel
   // The preferred row: the kernel the shape takes on an sm_90a device, whatever the device (so
   // the splits, and the bits, of a plan do not depend on it). The split is sized for its CTAs
   // per SM, in whole KV tiles of it (128 keys for the warp-specialised 128-key tiles).
-  const bool ws = ws_level(shape, lp, plan.ws_variant, variants);
+  const bool ws =
+      ws_level(shape, lp, plan.ws_variant, variants, tuning.kernel != CascadeKernel::kMma);
+  lp.wgmma = lp.wgmma || ws;
   const catalog::Family preferred_family = ws         ? catalog::Family::kCascadeWs
                                            : lp.wgmma ? catalog::Family::kCascadeWgmma
                                                       : catalog::Family::kCascadeMma;
@@ -416,8 +419,12 @@ int tma_run_keys(std::int64_t page_size) {
   return box > 0 && box < keys && keys % box == 0 && kKvTile % keys == 0 ? keys : 0;
 }
 
-int resolve_ws_variant(int asked) {
-  return asked < 0 ? static_cast<int>(CascadeWsVariant::kKv128) : asked;
+int resolve_ws_variant(int asked, bool fp8_pool, std::int64_t head_dim) {
+  if (asked >= 0) return asked;
+  // the warp-specialised rows over fp8 caches, and at head dim 256, have 64-key tiles only
+  // (catalog.hpp)
+  return static_cast<int>(fp8_pool || head_dim > 128 ? CascadeWsVariant::kKv64
+                                                     : CascadeWsVariant::kKv128);
 }
 
 int small_stages(int chunk) {
@@ -507,7 +514,8 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   plan.shape = shape;
   plan.num_levels = num_levels;
   plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
-  plan.ws_variant = resolve_ws_variant(tuning.ws_variant);
+  plan.ws_variant =
+      resolve_ws_variant(tuning.ws_variant, is_fp8(shape.pool_dtype()), shape.head_dim);
   plan.causal = options.causal;
   plan.logits_soft_cap = options.variant.logits_soft_cap;
   plan.window_left = options.variant.window_left;
@@ -619,9 +627,11 @@ CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int r
   if (!catalog::compiled(ws) || kv.page_size % 8 != 0 ||
       kv.num_pages > std::numeric_limits<std::int32_t>::max())
     return t;
-  const std::int64_t e = 2;  // bytes per element (bf16)
+  // bytes per element: 16-bit, or an fp8 pool's bytes (copied as they are; the kernel converts)
+  const std::int64_t e = is_fp8(kv.dtype) ? 1 : 2;
   const std::int64_t S = kv.page_size, H = kv.heads_kv, D = kv.head_dim, P = kv.num_pages;
   const std::int64_t page_bytes = kv.page_elems() * e;
+  const std::int64_t Hf = D / 64;  // the 64-wide parts of head_dim ("halves" at 128)
   t.box = box;
   t.run = run;
   const auto set = [&t](const std::int64_t(&d)[5], const std::int64_t(&st)[4]) {
@@ -629,23 +639,23 @@ CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int r
     std::copy(st, st + 4, t.strides);
   };
   if (kv.layout == KvLayout::kNHD) {
-    t.coords = 0;  // (64 of head_dim, 8 slots, KV head · 2 + half, slot / 8, page)
-    set({64, 8, 2 * H, S / 8, P}, {H * D * e, 64 * e, 8 * H * D * e, page_bytes});
+    t.coords = 0;  // (64 of head_dim, 8 slots, KV head · Hf + half, slot / 8, page)
+    set({64, 8, Hf * H, S / 8, P}, {H * D * e, 64 * e, 8 * H * D * e, page_bytes});
   } else if (page_bytes == H * S * D * e && P * H <= std::numeric_limits<std::int32_t>::max()) {
     t.coords = 1;  // (64, 8 slots, half, slot / 8, page · heads_kv + KV head)
     t.run = 0;
-    set({64, 8, 2, S / 8, P * H}, {D * e, 64 * e, 8 * D * e, S * D * e});
+    set({64, 8, Hf, S / 8, P * H}, {D * e, 64 * e, 8 * D * e, S * D * e});
   } else {
     t.coords = 2;  // (64, slot, half, KV head, page): boxes of 8 slots
     t.box = 8;
     t.run = 0;
-    set({64, S, 2, H, P}, {D * e, 64 * e, S * D * e, page_bytes});
+    set({64, S, Hf, H, P}, {D * e, 64 * e, S * D * e, page_bytes});
   }
   for (const std::int64_t st : t.strides)
     if (st % 16 != 0 || st >= (std::int64_t{1} << 40)) return t;
   const std::int64_t G = t.box;
-  const std::int64_t page_box[5] = {64, 8, 2, t.coords == 2 ? 1 : G / 8, 1};
-  const std::int64_t run_box[5] = {64, 8, 2, G / 8, t.run / G};
+  const std::int64_t page_box[5] = {64, 8, Hf, t.coords == 2 ? 1 : G / 8, 1};
+  const std::int64_t run_box[5] = {64, 8, Hf, G / 8, t.run / G};
   std::copy(page_box, page_box + 5, t.page_box);
   std::copy(run_box, run_box + 5, t.run_box);
   t.describable = true;

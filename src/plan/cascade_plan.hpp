@@ -81,8 +81,10 @@ int tma_box_rows(std::int64_t page_size);
 /// Keys per run box of the warp-specialised kernel for a page size (0: no run boxes): pages
 /// shorter than 64 keys whose ids follow one another are copied 64 keys per box.
 int tma_run_keys(std::int64_t page_size);
-/// The warp-specialised variant a tuning asks for (-1, the default, is 1: 128-key tiles).
-int resolve_ws_variant(int asked);
+/// The warp-specialised variant a tuning asks for (-1, the default, is 1: 128-key tiles; over
+/// an fp8 pool, `fp8_pool`, or at a head dim above 128, 3: 64-key tiles, the only ones their
+/// rows have).
+int resolve_ws_variant(int asked, bool fp8_pool, std::int64_t head_dim);
 /// Stages of the 16-row cp.async tile for a level whose splits hold `chunk` keys: 3 when a CTA
 /// streams many KV tiles (a long unique suffix), else 2 (more CTAs per SM for short ones).
 int small_stages(int chunk);
@@ -143,11 +145,11 @@ struct CascadeTmaLayout {
   std::int64_t run_box[5] = {};
 };
 
-/// The tensor-map layout of `kv` (bf16, head_dim 128) for a level planned with boxes of `box`
-/// and runs of `run` keys (`CascadeLevelPlan::tma_box`, `tma_run`). Not describable when the
-/// pool's dims or strides exceed what a tensor map holds (more than 2^31 - 1 pages, strides of
-/// 2^40 bytes or more, strides not multiples of 16 bytes) or the page size is not a multiple
-/// of 8.
+/// The tensor-map layout of `kv` (16-bit at head_dim 64 or 128, fp8 at 128) for a level planned
+/// with boxes of `box` and runs of `run` keys (`CascadeLevelPlan::tma_box`, `tma_run`). Not
+/// describable when the pool's dims or strides exceed what a tensor map holds (more than 2^31 - 1
+/// pages, strides of 2^40 bytes or more, strides not multiples of 16 bytes) or the page size is not
+/// a multiple of 8.
 CascadeTmaLayout describe_cascade_kv_maps(const PagedKvCache& kv, int box, int run);
 
 }  // namespace plan

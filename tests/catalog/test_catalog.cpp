@@ -117,13 +117,16 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
              static_cast<int>(compiled::CascadeMmaFp8HeadDims::size()) * tiles * fp8) *
                 cascade_dtypes * 2);
   // wgmma: 64 and 128 rows, plain and variant, every cascade dtype, 16-bit and each fp8 K/V;
-  // warp-specialised: four
-  // tiles, plain and variant, every cascade dtype
+  // warp-specialised: four tiles with 16-bit K/V (the two 64-key ones at head dim 256), the two
+  // 64-key ones with each fp8 K/V, plain and variant, every cascade dtype
   EXPECT_EQ(rows_of(Family::kCascadeWgmma),
             static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * cascade_dtypes * 2 * 2 *
                 (1 + fp8));
   EXPECT_EQ(rows_of(Family::kCascadeWs),
-            static_cast<int>(compiled::CascadeWsHeadDims::size()) * cascade_dtypes * 4 * 2);
+            (static_cast<int>(compiled::CascadeWsHeadDims::size()) * 4 -
+             static_cast<int>(compiled::CascadeWsWideHeadDims::size()) * 2 +
+             static_cast<int>(compiled::CascadeWsFp8HeadDims::size()) * 2 * fp8) *
+                cascade_dtypes * 2);
   EXPECT_EQ(rows_of(Family::kCascadeMerge),
             static_cast<int>(compiled::CascadeHeadDims::size() *
                              std::size(compiled::Values<compiled::MergeDTypes>::value)));
@@ -301,13 +304,16 @@ TEST(Catalog, UncompiledVariantsAreRefusedNamingTheCatalog) {
     }
   EXPECT_GT(planned + refused, 0);
   // the cascade's level kernels take a window on their variant instances, the plain instances
-  // fall back for it (the warp-specialised one to wgmma, whose variant instance takes it)
+  // fall back for it (the warp-specialised one to wgmma, whose variant instance takes it; at a
+  // head dim without wgmma rows, to mma.sync)
   EXPECT_TRUE(catalog::compiled(query(Family::kCascadeMma, 0, DType::kBF16, DType::kBF16,
                                       catalog::kWindow | catalog::kSoftCap)));
   for (const catalog::Row& r : catalog::kRows) {
     if (r.family == Family::kCascadeWs && (r.variants & catalog::kWindow) == 0) {
       EXPECT_EQ(catalog::family_that_runs(r, catalog::kRunTimeNeeds, catalog::kWindow),
-                Family::kCascadeWgmma);
+                compiled::contains(compiled::CascadeWgmmaHeadDims{}, r.head_dim)
+                    ? Family::kCascadeWgmma
+                    : Family::kCascadeMma);
     }
   }
 }

@@ -227,9 +227,15 @@ TEST(PlanCascade, WgmmaEligibility) {
   EXPECT_FALSE(level0(shape(4, 2, 4, 16)).wgmma);               // 16 rows
   EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kF16)).wgmma);  // f16
   if (plan::cascade_head_dim_supported(64)) {                   // (a build may leave it out)
-    // no wgmma row at head dim 64: mma.sync
-    EXPECT_FALSE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);
-    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).kernel, Kernel::kMma);
+    // no wgmma row at head dim 64, but warp-specialised ones (falling back to mma.sync); the
+    // 16-row tile and the tuning kMma run mma.sync
+    EXPECT_TRUE(level0(shape(64, 2, 4, 16, DType::kBF16, 64)).wgmma);
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).kernel, Kernel::kWarpSpecialized);
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kF16, 64)).fallback, Kernel::kMma);
+    EXPECT_EQ(level0(shape(4, 2, 4, 16, DType::kBF16, 64)).kernel, Kernel::kMma);
+    CascadeTuning no_wgmma;
+    no_wgmma.kernel = CascadeKernel::kMma;
+    EXPECT_EQ(level0(shape(64, 2, 4, 16, DType::kBF16, 64), no_wgmma).kernel, Kernel::kMma);
   }
   CascadeTuning mma;
   mma.kernel = CascadeKernel::kMma;
@@ -523,9 +529,33 @@ TEST(PlanCascade, TensorMapLayouts) {
   big.layout = KvLayout::kNHD;
   big.page_stride = std::int64_t{1} << 40;  // a page stride of 2^41 bytes
   EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+  // head dims 64 (one 64-wide part a key) and 256 (four) where the catalog holds their
+  // warp-specialised rows
+  PagedKvCache d64 = kv;
+  d64.layout = KvLayout::kNHD;
+  d64.page_stride = 0;
+  d64.head_dim = 64;
+  t = plan::describe_cascade_kv_maps(d64, 16, 64);
+  EXPECT_EQ(t.describable, attnstate::compiled::contains(attnstate::compiled::CascadeWsHeadDims{},
+                                                         std::int64_t{64}));
+  if (t.describable) {
+    EXPECT_EQ(t.dims[2], 8);  // KV head (one part)
+    EXPECT_EQ(t.strides[0], 8 * 64 * 2);
+    EXPECT_EQ(t.page_box[2], 1);
+  }
+  // head dim 256: four 64-wide parts
   big = kv;
-  big.head_dim = 64;
-  EXPECT_FALSE(plan::describe_cascade_kv_maps(big, 16, 64).describable);
+  big.head_dim = 256;
+  big.layout = KvLayout::kNHD;
+  big.page_stride = 0;
+  t = plan::describe_cascade_kv_maps(big, 16, 64);
+  EXPECT_EQ(t.describable, attnstate::compiled::contains(attnstate::compiled::CascadeWsHeadDims{},
+                                                         std::int64_t{256}));
+  if (t.describable) {
+    EXPECT_EQ(t.dims[2], 4 * big.heads_kv);  // KV head · 4 + part
+    EXPECT_EQ(t.strides[0], big.heads_kv * 256 * 2);
+    EXPECT_EQ(t.page_box[2], 4);
+  }
 }
 
 TEST(PlanCascade, ChecksOfAPlan) {
@@ -673,9 +703,11 @@ TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {
                     EXPECT_EQ(lp.tile_rows, smallest) << at;
                   }
                   if (lp.kernel == Kernel::kWarpSpecialized) {
-                    // the K/V tile of the resolved variant: 128 keys by default, 64 for variant 3
-                    EXPECT_EQ(row.tile_keys,
-                              ws_variant == 3 ? catalog::kCascadeKvTile : catalog::kCascadeWsKvTile)
+                    // the K/V tile of the resolved variant: 128 keys by default (64 at head
+                    // dim 256), 64 for variant 3
+                    EXPECT_EQ(row.tile_keys, ws_variant == 3 || head_dim > 128
+                                                 ? catalog::kCascadeKvTile
+                                                 : catalog::kCascadeWsKvTile)
                         << at;
                     EXPECT_NE(row.needs & catalog::kNeedsPoolMap, 0) << at;
                   } else {
@@ -813,10 +845,11 @@ TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
 }  // namespace
 
 TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
-  // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (wgmma for
-  // the wide tiles where it holds fp8 rows, else mma.sync; no warp-specialised row takes fp8), the
-  // last level on the decode's fp8 kernel where it has one (its variant instance with a window or
-  // a soft cap); at a head dim without fp8 decode rows, the last level stays on a level kernel.
+  // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (the
+  // warp-specialised 64-key tiles where it holds fp8 rows for the tile, else wgmma for the wide
+  // tiles where it holds them, else mma.sync), the last level on the decode's fp8 kernel where it
+  // has one (its variant instance with a window or a soft cap); at a head dim without fp8 decode
+  // rows, the last level stays on a level kernel.
   for (const std::int64_t head_dim : {128, 64})
     for (const DType kv : {DType::kE4M3, DType::kE5M2})
       for (const DType q : {DType::kBF16, DType::kF16}) {
@@ -839,18 +872,26 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
                                              : attnstate::cuda::CascadeLastLevel::kNoDecodeKernel)
             << at;
         const auto& row = attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).kernel_id)];
-        EXPECT_NE(p.level(0).kernel, Kernel::kWarpSpecialized) << at;
         EXPECT_EQ(row.kv, kv) << at;
-        attnstate::catalog::Query wq;
-        wq.family = attnstate::catalog::Family::kCascadeWgmma;
-        wq.head_dim = s.head_dim;
-        wq.q = attnstate::catalog::mask(q);
-        wq.kv = attnstate::catalog::mask(kv);
-        wq.tile_rows = p.level(0).tile_rows;
-        EXPECT_EQ(p.level(0).kernel,
-                  attnstate::catalog::compiled(wq) ? Kernel::kWgmma : Kernel::kMma)
+        // the kernel the catalog's rows for the level's tile give (`variants`)
+        const auto expected = [&](int tile_rows, attnstate::catalog::Variants variants) {
+          attnstate::catalog::Query wq;
+          wq.family = attnstate::catalog::Family::kCascadeWgmma;
+          wq.head_dim = s.head_dim;
+          wq.q = attnstate::catalog::mask(q);
+          wq.kv = attnstate::catalog::mask(kv);
+          wq.tile_rows = tile_rows;
+          wq.variants = variants;
+          if (!attnstate::catalog::compiled(wq)) return Kernel::kMma;
+          wq.family = attnstate::catalog::Family::kCascadeWs;
+          wq.tile_keys = attnstate::catalog::kCascadeKvTile;
+          return attnstate::catalog::compiled(wq) ? Kernel::kWarpSpecialized : Kernel::kWgmma;
+        };
+        EXPECT_EQ(p.level(0).kernel, expected(p.level(0).tile_rows, attnstate::catalog::kPlain))
             << at;
-        // the fallback of a wgmma row on a device without wgmma: the fp8 mma.sync row
+        if (p.level(0).kernel == Kernel::kWarpSpecialized) EXPECT_EQ(row.tile_keys, 64) << at;
+        // the fallback of a warp-specialised row (a pool no tensor map describes): the fp8
+        // wgmma row; of a wgmma row on a device without wgmma: the fp8 mma.sync row
         const auto& fb =
             attnstate::catalog::kRows[static_cast<std::size_t>(p.level(0).fallback_id)];
         EXPECT_EQ(fb.kv, kv) << at;
@@ -879,7 +920,8 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
           const auto& r = attnstate::catalog::kRows[static_cast<std::size_t>(c.level(l).kernel_id)];
           EXPECT_EQ(r.kv, kv) << at << " level " << l;
           EXPECT_NE(r.variants & attnstate::catalog::kSoftCap, 0) << at << " level " << l;
-          EXPECT_NE(c.level(l).kernel, Kernel::kWarpSpecialized) << at << " level " << l;
+          EXPECT_EQ(c.level(l).kernel, expected(c.level(l).tile_rows, attnstate::catalog::kSoftCap))
+              << at << " level " << l;
         }
       }
 }

@@ -79,10 +79,11 @@ struct CascadeTuning {
   /// writes the output itself.
   int decode_fold = -1;
   /// The warp-specialised (bulk-copy, `wgmma`) kernel of the levels whose shape and tile the
-  /// catalog compiles it for (docs/catalog.md): -1 = automatic (KV tiles of 128 keys), 0 = never
-  /// (those levels run on the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the
-  /// warpgroups issuing in turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons;
-  /// each is exact to rounding, and repeatable for a given plan).
+  /// catalog compiles it for (docs/catalog.md): -1 = automatic (KV tiles of 128 keys; of 64 over
+  /// an fp8 pool or at head dim 256, the only ones those rows have), 0 = never (those levels run on
+  /// the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the warpgroups issuing in
+  /// turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons; each is exact to
+  /// rounding, and repeatable for a given plan).
   int ws_variant = -1;
   /// Launch every level after the first as a programmatic dependent launch, so a memory-bound
   /// level (unique suffixes) runs beside a compute-bound one (a long shared prefix)
@@ -129,9 +130,9 @@ struct CascadeLevelPlan {
   int max_splits = 0;             ///< Most splits of any segment (planned lengths).
   int slot_offset = 0;            ///< First workspace slot of this level's partial states.
   bool has_pages = false;         ///< The planned level uses pages (`page_indices` required).
-  /// The shape and tuning take the `wgmma` kernels (a catalog row for the shape and tile,
-  /// docs/catalog.md; not `CascadeKernel::kMma`); `kernel` says whether the planned device runs
-  /// them.
+  /// The shape and tuning take the `wgmma` kernels, the warp-specialised one included (a catalog
+  /// row for the shape and tile, docs/catalog.md; not `CascadeKernel::kMma`); `kernel` says
+  /// whether the planned device runs them.
   bool wgmma = false;
   bool decode = false;  ///< Runs on the split-KV decode (`CascadePlan::last_decode`).
   /// The kernel `run_cascade` launches for this level (the family of row `kernel_id`).

@@ -107,6 +107,24 @@ __device__ __forceinline__ uint4 ld_global_nc_no_allocate(const void* p) {
   return w;
 }
 
+/// 16 bytes of shared memory at shared address `addr` (16-byte aligned). Volatile: the
+/// producer warps read what mbarriers ordered, which the compiler cannot see.
+__device__ __forceinline__ uint4 ld_shared_v4(std::uint32_t addr) {
+  uint4 w;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+               : "r"(addr)
+               : "memory");
+  return w;
+}
+
+/// Stores 16 bytes to shared memory at shared address `addr` (16-byte aligned).
+__device__ __forceinline__ void st_shared_v4(std::uint32_t addr, uint4 w) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w.x), "r"(w.y),
+               "r"(w.z), "r"(w.w)
+               : "memory");
+}
+
 /// Asks the L2 to fetch the line of `p` (no registers held while it is in flight).
 __device__ __forceinline__ void prefetch_global_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

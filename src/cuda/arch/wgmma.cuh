@@ -1,8 +1,9 @@
 /// @file wgmma.cuh
 /// @brief PTX wrappers of Hopper's warpgroup MMA (sm_90a): the `wgmma.mma_async` shapes of the
-///        cascade kernels (`m64n64k16`, `m64n128k16`; bf16 or f16 operands, A from registers, B
-///        from a shared-memory descriptor), their fence / commit / wait, the register and
-///        async-proxy fences around them, descriptors, and `setmaxnreg`.
+///        cascade kernels (`m64n64k16`, `m64n128k16`, `m64n256k16`; bf16 or f16 operands, A from
+///        registers, or from a shared-memory descriptor, B from a shared-memory descriptor), their
+///        fence / commit / wait, the register and async-proxy fences around them, descriptors, and
+///        `setmaxnreg`.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -113,6 +114,57 @@ __device__ __forceinline__ void setmaxnreg_inc() {
       : ATTNSTATE_WGMMA_ACC64                                                                      \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD), "n"(kTransB))
 
+#define ATTNSTATE_WGMMA_ACC128                                                           \
+  ATTNSTATE_WGMMA_ACC64, "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
+      "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]),    \
+      "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),    \
+      "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]),    \
+      "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),    \
+      "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]),    \
+      "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]),    \
+      "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]),    \
+      "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),    \
+      "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]),    \
+      "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]),    \
+      "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]),    \
+      "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+#define ATTNSTATE_WGMMA_M64N256(TY)                                                                \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, " \
+      "%73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, " \
+      "%91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, "    \
+      "%107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, " \
+      "%122, %123, %124, %125, %126, %127}, "                                                      \
+      "{%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"                                        \
+      : ATTNSTATE_WGMMA_ACC128                                                                     \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kScaleD), "n"(kTransB))
+#define ATTNSTATE_WGMMA_M64N64_SS(TY)                                                           \
+  asm volatile(                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                   \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                      \
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                           \
+      : ATTNSTATE_WGMMA_ACC32                                                                   \
+      : "l"(desc_a), "l"(desc_b), "n"(kScaleD))
+
+#define ATTNSTATE_WGMMA_M64N128_SS(TY)                                                             \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, "                                             \
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
+      : ATTNSTATE_WGMMA_ACC64                                                                      \
+      : "l"(desc_a), "l"(desc_b), "n"(kScaleD))
+
 /// The `wgmma` shapes of the cascade kernels for bf16 or f16 operands `T` (fp32 accumulators, A
 /// from registers; `kScaleD` 0 makes the instruction overwrite the accumulator instead of adding
 /// to it; `kTransB` 0 reads B K-major as in `S = Q Kᵀ`, 1 MN-major as in `O = P V`).
@@ -155,6 +207,40 @@ struct Wgmma {
                                                   std::uint64_t desc_b) {
     mma_n128<kScaleD, 1>(d, a, desc_b);
   }
+  /// D (+)= A B, m64n256k16.
+  template <int kScaleD, int kTransB>
+  __device__ static __forceinline__ void mma_n256(float (&d)[32][4], const std::uint32_t (&a)[4],
+                                                  std::uint64_t desc_b) {
+    if constexpr (kF16)
+      ATTNSTATE_WGMMA_M64N256("f16");
+    else
+      ATTNSTATE_WGMMA_M64N256("bf16");
+  }
+  /// S (+)= A Bᵀ, m64n64k16 with A too from shared memory (`desc_a`, K-major): for tiles whose
+  /// queries do not fit in registers beside the accumulator (head_dim 256).
+  template <int kScaleD>
+  __device__ static __forceinline__ void mma_s64_ss(float (&d)[8][4], std::uint64_t desc_a,
+                                                    std::uint64_t desc_b) {
+    if constexpr (kF16)
+      ATTNSTATE_WGMMA_M64N64_SS("f16");
+    else
+      ATTNSTATE_WGMMA_M64N64_SS("bf16");
+  }
+  /// S (+)= A Bᵀ, m64n128k16 with A too from shared memory (as `mma_s64_ss`).
+  template <int kScaleD>
+  __device__ static __forceinline__ void mma_s128_ss(float (&d)[16][4], std::uint64_t desc_a,
+                                                     std::uint64_t desc_b) {
+    if constexpr (kF16)
+      ATTNSTATE_WGMMA_M64N128_SS("f16");
+    else
+      ATTNSTATE_WGMMA_M64N128_SS("bf16");
+  }
+  /// O (+)= P V, m64n256k16 (head_dim 256): B (values) MN-major.
+  template <int kScaleD>
+  __device__ static __forceinline__ void mma_o256(float (&d)[32][4], const std::uint32_t (&a)[4],
+                                                  std::uint64_t desc_b) {
+    mma_n256<kScaleD, 1>(d, a, desc_b);
+  }
   /// O (+)= P V, m64n64k16 (head_dim 64): B (values) MN-major.
   template <int kScaleD>
   __device__ static __forceinline__ void mma_o64(float (&d)[8][4], const std::uint32_t (&a)[4],
@@ -163,10 +249,14 @@ struct Wgmma {
   }
 };
 
+#undef ATTNSTATE_WGMMA_M64N64_SS
+#undef ATTNSTATE_WGMMA_M64N128_SS
+#undef ATTNSTATE_WGMMA_M64N256
 #undef ATTNSTATE_WGMMA_M64N128
 #undef ATTNSTATE_WGMMA_M64N64
 #undef ATTNSTATE_WGMMA_ACC64
 #undef ATTNSTATE_WGMMA_ACC32
+#undef ATTNSTATE_WGMMA_ACC128
 
 }  // namespace arch
 }  // namespace cuda

@@ -432,11 +432,12 @@ struct LevelLoader {
       if (j < lb.kv_end) {
         const std::int64_t page = clamp_page(pg[it], p.num_pages);
         const int slot = slot_of(p, j);
-        const std::int64_t off = page * p.page_elems +
-                                 (p.hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
-                                        : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
-                                     D +
-                                 c * kKvChunkElems;
+        const std::int64_t off =
+            page * p.page_elems +
+            (p.layout_hnd ? (static_cast<std::int64_t>(h_kv) * p.page_size + slot)
+                          : (static_cast<std::int64_t>(slot) * p.heads_kv + h_kv)) *
+                D +
+            c * kKvChunkElems;
         ks = kpool + off;
         vs = vpool + off;
         bytes = 16;

@@ -51,23 +51,42 @@ __device__ __forceinline__ void ws_load_q(const kernels::CascadeLevelParams& p,
 
 /// A consumer warp's rows (warp `wl` of warpgroup `wg`: rows lane/4 and lane/4 + 8 of its 16):
 /// once this warpgroup's queries landed (`ws_load_q`), the query fragments `qf` (negated with
-/// `negate_q`) and the rows' key limits (the split's end; causal on a last level).
+/// `negate_q`) and the rows' key limits (the split's end; causal on a last level). With
+/// `Tile::kQSmem` the queries stay in shared memory for the tensor cores (negated there, each
+/// thread its own chunks of `ws_load_q`) and `qf` is not set.
 template <class Tile>
 __device__ __forceinline__ void ws_consumer_rows(const kernels::CascadeLevelParams& p,
                                                  const LevelBlock& lb, std::uint32_t q_smem, int wg,
                                                  int wl, int lane, bool negate_q,
-                                                 std::uint32_t (&qf)[Tile::D / 16][4],
+                                                 std::uint32_t (&qf)[Tile::kQFragSteps][4],
                                                  int (&limit)[2]) {
   arch::cp_async_wait<0>();
+  if constexpr (Tile::kQSmem) {
+    if (negate_q) {
+      constexpr int kChunks = Tile::D / 8;
+      for (int i = wl * 32 + lane; i < 64 * kChunks; i += 128) {
+        const std::uint32_t a = q_smem + 2 * swz128<Tile::BM>(wg * 64 + i / kChunks, i % kChunks);
+        uint4 v = arch::ld_shared_v4(a);
+        v.x ^= 0x80008000u;
+        v.y ^= 0x80008000u;
+        v.z ^= 0x80008000u;
+        v.w ^= 0x80008000u;
+        arch::st_shared_v4(a, v);
+      }
+    }
+    arch::fence_proxy_async();  // generic-proxy writes (cp.async, the negation) → wgmma
+  }
   arch::named_sync(1 + wg, 128);  // this warpgroup's query rows are in shared memory
+  if constexpr (!Tile::kQSmem) {
 #pragma unroll
-  for (int ks = 0; ks < Tile::D / 16; ++ks) {
-    const int r = wg * 64 + wl * 16 + (lane & 15);
-    const int c = ks * 2 + (lane >> 4);
-    arch::ldmatrix_x4(qf[ks], q_smem + 2 * swz128<Tile::BM>(r, c));
-    if (negate_q)
+    for (int ks = 0; ks < Tile::D / 16; ++ks) {
+      const int r = wg * 64 + wl * 16 + (lane & 15);
+      const int c = ks * 2 + (lane >> 4);
+      arch::ldmatrix_x4(qf[ks], q_smem + 2 * swz128<Tile::BM>(r, c));
+      if (negate_q)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) qf[ks][i] ^= 0x80008000u;
+        for (int i = 0; i < 4; ++i) qf[ks][i] ^= 0x80008000u;
+    }
   }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -96,14 +115,15 @@ struct WsConsumer {
   static constexpr bool kLate = Tile::kRescaleLate;
   /// Descriptors (kWsDescPre): high words constant (groups of 8 keys 2048 bytes apart, 128-byte
   /// swizzle).
-  static constexpr std::uint32_t kDescHi = (kKvGroupBytes >> 4) | (1u << 30);
+  static constexpr std::uint32_t kGroupBytes = kv_group_bytes<D>();  ///< One group of 8 keys.
+  static constexpr std::uint32_t kDescHi = (kGroupBytes >> 4) | (1u << 30);
 
   const kernels::CascadeLevelParams& p;
   const LevelBlock& lb;
   const WsSmem<Tile>& sm;
   const int lane, wg;
   const float sc;  ///< The score scale (its magnitude with the fast exponent).
-  const std::uint32_t (&qf)[D / 16][4];
+  const std::uint32_t (&qf)[Tile::kQFragSteps][4];
   const int (&limit)[2];
   const int limit_min;
   float (&acc)[D / 8][4];
@@ -126,11 +146,26 @@ struct WsConsumer {
     arch::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kKvGroupBytes apart)
+      // k-step ks: 16 of head_dim, in half ks / 4 (the groups of 8 keys kGroupBytes apart)
       const std::uint32_t koff = (ks >> 2) * kKvHalfBytes + (ks & 3) * 32;
       const std::uint64_t desc = kDescPre ? arch::desc_join(kd + (koff >> 4), kDescHi)
-                                          : arch::wgmma_desc(kb + koff, 16, kKvGroupBytes);
-      if constexpr (BN == 64) {
+                                          : arch::wgmma_desc(kb + koff, 16, kGroupBytes);
+      if constexpr (Tile::kQSmem) {
+        // the warpgroup's 64 query rows of part ks / 4: 8-row groups 1024 bytes apart
+        const std::uint64_t qdesc = arch::wgmma_desc(
+            sm.q_smem + (ks >> 2) * (Tile::BM * 128) + wg * (64 * 128) + (ks & 3) * 32, 16, 1024);
+        if constexpr (BN == 64) {
+          if (ks == 0)
+            Wg::mma_s64_ss<0>(s, qdesc, desc);
+          else
+            Wg::mma_s64_ss<1>(s, qdesc, desc);
+        } else {
+          if (ks == 0)
+            Wg::mma_s128_ss<0>(s, qdesc, desc);
+          else
+            Wg::mma_s128_ss<1>(s, qdesc, desc);
+        }
+      } else if constexpr (BN == 64) {
         if (ks == 0)
           Wg::mma_s64<0>(s, qf[ks], desc);
         else
@@ -152,12 +187,18 @@ struct WsConsumer {
     arch::fence_regs(acc);
     arch::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      Wg::mma_o128<1>(
-          acc, pf[kk],
-          // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
-          kDescPre ? arch::desc_join(vd + kk * ((2 * kKvGroupBytes) >> 4), kDescHi)
-                   : arch::wgmma_desc(vb + kk * 2 * kKvGroupBytes, kKvHalfBytes, kKvGroupBytes));
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      // k-step kk: keys 16 kk.. (two groups of 8), the halves kKvHalfBytes apart
+      const std::uint64_t desc =
+          kDescPre ? arch::desc_join(vd + kk * ((2 * kGroupBytes) >> 4), kDescHi)
+                   : arch::wgmma_desc(vb + kk * 2 * kGroupBytes, kKvHalfBytes, kGroupBytes);
+      if constexpr (D == 64)
+        Wg::mma_o64<1>(acc, pf[kk], desc);
+      else if constexpr (D == 128)
+        Wg::mma_o128<1>(acc, pf[kk], desc);
+      else
+        Wg::mma_o256<1>(acc, pf[kk], desc);
+    }
     arch::wgmma_commit();
   }
 

@@ -1,6 +1,6 @@
 /// @file bits_table.hpp
 /// @brief Support of the bitwise-regression test: FNV-1a hashes of output bytes, a seeded
-///        generator of test values, and the committed table of recorded hashes.
+///        generator of test values, and the committed tables of recorded hashes (one per GPU).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,10 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "attnstate/core/dtype.hpp"
@@ -68,11 +71,12 @@ inline std::vector<unsigned char> random_values(BitsRng& rng, attnstate::DType d
   return raw;
 }
 
-/// The recorded hashes (`tests/cuda/bits/output_bits.txt`): a `# device` line naming the GPU
-/// they were recorded on, then `name hash` lines. With the environment variable
+/// The recorded hashes: every `output_bits*.txt` of the test's folder (`ATTNSTATE_BITS_DIR`), one
+/// per GPU it was recorded on, each a `# device` line naming that GPU and then `name hash`
+/// lines; the table of the current GPU applies. With the environment variable
 /// `ATTNSTATE_OUTPUT_BITS_WRITE=<file>` set, the test appends its hashes to that file (writing
 /// the device line first when the file is new) instead of comparing them;
-/// `ATTNSTATE_OUTPUT_BITS_TABLE=<file>` compares with another table than the committed one.
+/// `ATTNSTATE_OUTPUT_BITS_TABLE=<file>` compares with that table alone.
 class BitsTable {
  public:
   static BitsTable& get() {
@@ -86,11 +90,15 @@ class BitsTable {
   }
   /// True when writing a table rather than comparing with one.
   bool writing() const { return !write_path_.empty(); }
-  /// Empty when the recorded table applies to this GPU, else why not.
+  /// Empty when a recorded table applies to this GPU, else why not.
   std::string mismatch(const std::string& device) const {
     if (writing()) return {};
-    if (device_.empty()) return "no recorded table at " + table_path_;
-    if (device_ != device) return "table recorded on '" + device_ + "', this is '" + device + "'";
+    if (tables_.empty()) return "no recorded table at " + source_;
+    if (tables_.count(device) == 0) {
+      std::string seen;
+      for (const auto& t : tables_) seen += (seen.empty() ? "'" : ", '") + t.first + "'";
+      return "no table recorded on '" + device + "' at " + source_ + " (recorded: " + seen + ")";
+    }
     return {};
   }
   /// Records (writing) or checks the hash of case `name`.
@@ -106,8 +114,9 @@ class BitsTable {
       out << name << " " << hex << "\n";
       return;
     }
-    const auto it = recorded_.find(name);
-    if (it == recorded_.end()) {
+    const auto& recorded = tables_.at(device);
+    const auto it = recorded.find(name);
+    if (it == recorded.end()) {
       ADD_FAILURE() << name << ": no recorded bits (hash " << hex << ")";
       return;
     }
@@ -117,23 +126,39 @@ class BitsTable {
  private:
   BitsTable() {
     if (const char* w = std::getenv("ATTNSTATE_OUTPUT_BITS_WRITE")) write_path_ = w;
-    if (const char* t = std::getenv("ATTNSTATE_OUTPUT_BITS_TABLE")) table_path_ = t;
-    std::ifstream in(table_path_);
-    std::string line;
+    std::vector<std::string> paths;
+    if (const char* t = std::getenv("ATTNSTATE_OUTPUT_BITS_TABLE")) {
+      source_ = t;
+      paths.push_back(t);
+    } else {
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(source_, ec)) {
+        const std::string f = e.path().filename().string();
+        if (f.rfind("output_bits", 0) == 0 && e.path().extension() == ".txt")
+          paths.push_back(e.path().string());
+      }
+    }
+    for (const std::string& path : paths) read(path);
+  }
+  /// Adds the table at `path` under its device line.
+  void read(const std::string& path) {
+    std::ifstream in(path);
+    std::string line, device;
+    std::map<std::string, std::string> recorded;
     while (std::getline(in, line)) {
       if (line.rfind("# device ", 0) == 0) {
-        device_ = line;
+        device = line;
       } else if (!line.empty() && line[0] != '#') {
         std::istringstream ls(line);
         std::string name, hex;
-        if (ls >> name >> hex) recorded_[name] = hex;
+        if (ls >> name >> hex) recorded[name] = hex;
       }
     }
+    if (!device.empty()) tables_[device] = std::move(recorded);
   }
   std::string write_path_;
-  std::string table_path_ = ATTNSTATE_BITS_TABLE;
-  std::string device_;
-  std::map<std::string, std::string> recorded_;
+  std::string source_ = ATTNSTATE_BITS_DIR;
+  std::map<std::string, std::map<std::string, std::string>> tables_;  ///< By device line.
 };
 
 }  // namespace attnstate_test

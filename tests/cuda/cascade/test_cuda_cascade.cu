@@ -21,6 +21,7 @@
 #include "compiled_dims.hpp"
 #include "cuda_cascade_runner.hpp"
 #include "cuda_test_utils.hpp"
+#include "plan/cascade_plan.hpp"
 #include "plan/cascade_plan_access.hpp"
 #include "random_sinks.hpp"
 
@@ -365,7 +366,10 @@ TEST(CudaCascade, EveryLevelKernelMatchesAtEveryHeadDimAndDtype) {
             wq.family = attnstate::catalog::Family::kCascadeWgmma;
             wq.head_dim = d;
             wq.q = wq.kv = attnstate::catalog::mask(dt);
-            if (k == CascadeKernel::kMma || !attnstate::catalog::compiled(wq))
+            attnstate::catalog::Query sq = wq;  // (the warp-specialised rows: d 64 has no wgmma)
+            sq.family = attnstate::catalog::Family::kCascadeWs;
+            if (k == CascadeKernel::kMma ||
+                (!attnstate::catalog::compiled(wq) && !attnstate::catalog::compiled(sq)))
               EXPECT_EQ(g.plan.level(0).kernel, CascadeLevelKernel::kMma) << at;
             else
               EXPECT_NE(g.plan.level(0).kernel, CascadeLevelKernel::kMma) << at;
@@ -376,11 +380,11 @@ TEST(CudaCascade, EveryLevelKernelMatchesAtEveryHeadDimAndDtype) {
 
 TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
   // fp8 K/V (e4m3, e5m2) under bf16 and f16 queries at every head dim the catalog's fp8 level
-  // rows hold: the 16-, 64- and 128-row tiles on mma.sync, and on wgmma where the catalog holds
-  // it; scales per tensor and per KV head (not powers of
-  // two); plain (its last level on the decode's fp8 kernel where the catalog holds one, else on a
-  // level kernel), with a soft cap and with a window; also level by level. Against the double
-  // reference over the dequantised cache, the output poisoned first.
+  // rows hold: the 16-, 64- and 128-row tiles on mma.sync, and on wgmma (or its warp-specialised
+  // kernel where the page size has a bulk-copy box) where the catalog holds it; scales per tensor
+  // and per KV head (not powers of two); plain (its last level on the decode's fp8 kernel where the
+  // catalog holds one, else on a level kernel), with a soft cap and with a window; also level by
+  // level. Against the double reference over the dequantised cache, the output poisoned first.
   ATTNSTATE_REQUIRE_GPU();
   namespace catalog = attnstate::catalog;
   using attnstate::cuda::CascadeKernel;
@@ -430,8 +434,14 @@ TEST(CudaCascade, Fp8PoolsMatchTheDequantisedReferenceOnEveryTile) {
               wq.family = catalog::Family::kCascadeWgmma;
               wq.tile_rows = rows;
               const bool wgmma = k == CascadeKernel::kWgmma && catalog::compiled(wq);
-              EXPECT_EQ(row.family,
-                        wgmma ? catalog::Family::kCascadeWgmma : catalog::Family::kCascadeMma)
+              catalog::Query sq = wq;
+              sq.family = catalog::Family::kCascadeWs;
+              sq.tile_keys = catalog::kCascadeKvTile;
+              const bool ws = wgmma && catalog::compiled(sq) &&
+                              attnstate::plan::tma_box_rows(spec.page_size) > 0;
+              EXPECT_EQ(row.family, ws      ? catalog::Family::kCascadeWs
+                                    : wgmma ? catalog::Family::kCascadeWgmma
+                                            : catalog::Family::kCascadeMma)
                   << at;
               g.run();
               EXPECT_TRUE(g.check(c)) << at;
@@ -533,40 +543,56 @@ TEST(CudaCascade, ShortSegmentsOfHndPagesInAWideTileMatchOnEveryKernel) {
 
 TEST(CudaCascade, EveryWarpSpecialisedVariantTakesTheCapAndTheWindowAtEitherSign) {
   // The warp-specialised kernel's variant instances at every ws_variant (128- and 64-key tiles,
-  // with and without turns), f16 and bf16, a soft cap or a window, a positive or a negative
-  // softmax scale (negated queries with the magnitude). Against the double reference.
+  // with and without turns) and every head dim the catalog holds them at, f16 and bf16, a soft
+  // cap or a window, a positive or a negative softmax scale (negated queries with the
+  // magnitude). Against the double reference.
   ATTNSTATE_REQUIRE_GPU();
   using attnstate::cuda::CascadeLevelKernel;
-  const std::vector<std::int64_t> dims = attnstate_test::cascade_head_dims();
-  if (std::find(dims.begin(), dims.end(), 128) == dims.end()) GTEST_SKIP() << "head dim 128";
   std::uint64_t seed = 9900;
-  for (int ws = 1; ws <= 4; ++ws)
-    for (DType dt : {DType::kBF16, DType::kF16})
-      for (int variant = 0; variant < 2; ++variant)
-        for (float sign : {1.f, -1.f}) {
-          CaseSpec spec = attnstate_test::two_level_spec(24, 700, 40, seed++);
-          spec.heads_q = 8;
-          spec.heads_kv = 2;
-          spec.dtype = dt;
-          spec.scale = sign * 0.0884f;
-          if (variant == 0) {
-            spec.soft_cap = 20.f;
-            spec.q_amp = 3.f;
-          } else {
-            spec.window_left = 300;
+  int ran = 0;
+  for (const std::int64_t d : attnstate_test::cascade_head_dims()) {
+    attnstate::catalog::Query wsq;
+    wsq.family = attnstate::catalog::Family::kCascadeWs;
+    wsq.head_dim = d;
+    wsq.variants = attnstate::catalog::kSoftCap | attnstate::catalog::kWindow;
+    if (!attnstate::catalog::compiled(wsq)) continue;
+    for (int ws = 1; ws <= 4; ++ws) {
+      // the K/V tile of the variant (head dim 256 has 64-key tiles only)
+      wsq.tile_keys =
+          ws >= 3 ? attnstate::catalog::kCascadeKvTile : attnstate::catalog::kCascadeWsKvTile;
+      if (!attnstate::catalog::compiled(wsq)) continue;
+      for (DType dt : {DType::kBF16, DType::kF16})
+        for (int variant = 0; variant < 2; ++variant)
+          for (float sign : {1.f, -1.f}) {
+            CaseSpec spec = attnstate_test::two_level_spec(24, 700, 40, seed++);
+            spec.heads_q = 8;
+            spec.heads_kv = 2;
+            spec.head_dim = static_cast<int>(d);
+            spec.dtype = dt;
+            spec.scale = sign * 0.0884f;
+            if (variant == 0) {
+              spec.soft_cap = 20.f;
+              spec.q_amp = 3.f;
+            } else {
+              spec.window_left = 300;
+            }
+            CascadeCase c(spec);
+            CascadeTuning t;
+            t.ws_variant = ws;
+            t.decode_last_level = false;
+            GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
+            const std::string at = "d " + std::to_string(d) + " ws " + std::to_string(ws) + " " +
+                                   attnstate::to_string(dt) + " variant " +
+                                   std::to_string(variant) + " sign " + std::to_string(sign) +
+                                   ": " + attnstate::cuda::to_string(g.plan);
+            EXPECT_EQ(g.plan.level(0).kernel, CascadeLevelKernel::kWarpSpecialized) << at;
+            g.run();
+            EXPECT_TRUE(g.check(c)) << at;
+            ++ran;
           }
-          CascadeCase c(spec);
-          CascadeTuning t;
-          t.ws_variant = ws;
-          t.decode_last_level = false;
-          GpuCascade g(c, DType::kF32, LseBase::kNatural, t);
-          const std::string at = "ws " + std::to_string(ws) + " " + attnstate::to_string(dt) +
-                                 " variant " + std::to_string(variant) + " sign " +
-                                 std::to_string(sign) + ": " + attnstate::cuda::to_string(g.plan);
-          EXPECT_EQ(g.plan.level(0).kernel, CascadeLevelKernel::kWarpSpecialized) << at;
-          g.run();
-          EXPECT_TRUE(g.check(c)) << at;
-        }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no warp-specialised variant rows in this build";
 }
 
 TEST(CudaCascade, EveryRowTileAndSplitSizeMatches) {

@@ -64,13 +64,20 @@ void launch_cascade_wgmma_tile(const CascadeLevelParams& p, dim3 grid, bool pdl,
                         "cascade_level_wgmma_fp8_kernel", k_scale, v_scale);
 }
 
-/// Launches one warp-specialised tile instance over the pool's tensor maps.
+/// Launches one warp-specialised tile instance over the pool's tensor maps (an fp8 tile, with
+/// the pool's scales `k_scale`, `v_scale`).
 template <class Tile>
 void launch_cascade_ws_tile(const CascadeLevelParams& p, const CascadeTmaMaps& maps, dim3 grid,
-                            bool pdl, cudaStream_t stream) {
-  launch_level_kernel(cascade_level_ws_kernel<Tile>, p, grid, Tile::kThreads, Tile::smem_bytes(),
-                      pdl, stream, "cascade_level_ws_kernel", maps.k, maps.v, maps.k_run,
-                      maps.v_run);
+                            bool pdl, cudaStream_t stream, const KvScale& k_scale = {},
+                            const KvScale& v_scale = {}) {
+  if constexpr (!Tile::kFp8)
+    launch_level_kernel(cascade_level_ws_kernel<Tile>, p, grid, Tile::kThreads, Tile::smem_bytes(),
+                        pdl, stream, "cascade_level_ws_kernel", maps.k, maps.v, maps.k_run,
+                        maps.v_run);
+  else
+    launch_level_kernel(cascade_level_ws_fp8_kernel<Tile>, p, grid, Tile::kThreads,
+                        Tile::smem_bytes(), pdl, stream, "cascade_level_ws_fp8_kernel", maps.k,
+                        maps.v, maps.k_run, maps.v_run, k_scale, v_scale);
 }
 
 }  // namespace kernels

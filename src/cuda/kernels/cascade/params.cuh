@@ -5,39 +5,25 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/attention_params.cuh"
+
 namespace attnstate {
 namespace cuda {
 namespace kernels {
 
-/// Arguments of one level launch (a small POD passed by value).
-struct CascadeLevelParams {
-  const void* q;            ///< Queries `(batch, q_len, heads_q, D)`.
-  std::int64_t q_stride_b;  ///< Elements between requests.
-  std::int64_t q_stride_t;  ///< Elements between new tokens.
-  std::int64_t q_stride_h;  ///< Elements between heads.
-  const void* k;            ///< K pool.
-  const void* v;            ///< V pool.
-  std::int64_t page_elems;  ///< Elements between pages.
-  std::int64_t num_pages;   ///< Pages in the pool (page ids are clamped to it).
-  int page_size;            ///< Tokens per page.
-  int page_shift;           ///< log2(page_size) when a power of two, else -1.
-  int prefetch_pages;       ///< 1: fetch a KV tile's page ids one tile ahead of its copies.
-  int heads_kv;             ///< KV heads.
-  int hnd;                  ///< 1 for the HND page layout.
+/// Arguments of one level launch (a small POD passed by value): the attention fields
+/// (`AttentionParams`: queries, paged K/V with the level's per-segment CSR page table, shape,
+/// score map), then the level's own.
+struct CascadeLevelParams : AttentionParams {
+  int page_shift;                      ///< log2(page_size) when a power of two, else -1.
+  int prefetch_pages;                  ///< 1: fetch a KV tile's page ids one tile ahead.
   const std::int32_t* request_indptr;  ///< `(num_segments + 1)`.
-  const std::int32_t* page_indptr;     ///< `(num_segments + 1)`.
-  const std::int32_t* page_indices;    ///< Page ids.
   const std::int32_t* seg_lens;        ///< `(num_segments)`.
   int num_segments;                    ///< Segments of the level.
-  int batch;                           ///< Requests.
-  int q_len;                           ///< New tokens per request.
-  int group;                           ///< Query heads per KV head.
-  int heads_q;                         ///< Query heads.
   int chunk;                           ///< KV tokens per split.
   int max_splits;                      ///< Splits per segment in the grid.
   int max_tiles;                       ///< Row tiles per segment in the grid.
   int causal_tail;                     ///< 1 when the causal mask applies (last level, causal).
-  float s2_scale;                      ///< `scale · log2(e)`.
   float* ws_o;                         ///< Partial outputs `(slots, rows_total, D)`.
   float* ws_lse;                       ///< Partial base-2 LSEs `(slots, rows_total)`.
   std::int64_t rows_total;             ///< `batch · q_len · heads_q`.
@@ -48,16 +34,10 @@ struct CascadeLevelParams {
   /// dividing the KV tile; `CascadeTmaMaps::k_run` / `v_run`): a granule of that many keys whose
   /// pages are consecutive in the pool is copied with one box; 0 never.
   int tma_run;
-  int ws_pingpong;   ///< Warp-specialised kernel: 1 to alternate the warpgroups' matrix products.
-  int small_stages;  ///< cp.async stages of the 16-row tile (2 or 3).
-  /// Logits soft cap (`CascadeChoice::logits_soft_cap`; 0: none), for the `mma.sync` kernel's
-  /// capped instance: the softmax scale and the cap of `cap · tanh(dot · scale / cap)`.
-  float scale;
-  float soft_cap;
-  /// Sliding window of the variant instances (`CascadeChoice::window_left`; -1: none): a row sees
-  /// the keys from `pos - window_left` on, `pos` its position counted from the segment's first
-  /// key, `tails[req] - q_len + t` with `causal_pos` (else `tails[req] - 1`).
-  int window_left = -1;
+  int ws_pingpong;  ///< Warp-specialised kernel: 1 to alternate the warpgroups' matrix products.
+  /// The window's positions (`window_left` of `AttentionParams`): a row sees the keys from
+  /// `pos - window_left` on, `pos` its position counted from the segment's first key,
+  /// `tails[req] - q_len + t` with `causal_pos` (else `tails[req] - 1`).
   int causal_pos;
   /// Keys from the segment's first to its request's last, per request (the window only; written
   /// by `cascade_tails_kernel` before the levels run).

@@ -10,6 +10,7 @@
 #include "attnstate/core/lse_base.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "catalog/kernel_shapes.hpp"
+#include "cuda/kernels/attention_params.cuh"
 
 namespace attnstate {
 namespace cuda {
@@ -47,29 +48,18 @@ constexpr int kDecodeDirectBatch64 = 4;
 /// CTAs whose stamps the probe timeline keeps (8 per CTA).
 constexpr int kDecodeTimelineCtas = 16384;
 
-/// Everything the decode kernel reads besides its template arguments.
-struct DecodeParams {
-  // queries (batch, q_len, heads_q, head_dim), element strides
-  const void* q;
-  std::int64_t q_stride_b, q_stride_t, q_stride_h;
-  bool q_vec;  // rows start on 16-byte boundaries: 16-byte query loads
-  // paged KV
-  const void* k;
-  const void* v;
-  std::int64_t page_elems;
-  std::int64_t num_pages;
-  std::int32_t page_size;
-  std::int32_t heads_kv;
-  std::int32_t layout_hnd;  // 1 for HND, 0 for NHD
-  const std::int32_t* page_indptr;
-  const std::int32_t* page_indices;
+/// Everything the decode kernel reads besides its template arguments: the attention fields
+/// (`AttentionParams`: queries, paged K/V with the requests' CSR page table, shape, score map),
+/// then the decode's own.
+struct DecodeParams : AttentionParams {
+  bool q_vec;  // query rows start on 16-byte boundaries: 16-byte query loads
+  // paged KV: a block table (else the CSR page table) and the requests' lengths
   const std::int32_t* block_table;
   std::int64_t block_table_stride;
   const std::int32_t* seq_lens;
-  // shape
-  std::int32_t batch, q_len, heads_q, group, rows, row_tiles;
+  // shape: query rows per KV head (q_len · group) and their tiles
+  std::int32_t rows, row_tiles;
   SplitLayout splits;
-  float s2_scale;  // softmax scale · log2(e)
   // output state
   void* out_o;
   float* out_lse;
@@ -102,11 +92,6 @@ struct DecodeParams {
   // programmatic_launch): every CTA lets the next kernel launch and waits for the previous one
   // before its first read
   std::int32_t programmatic;
-  // attention variant (the variant kernel only; appended last so the plain kernel's parameter
-  // offsets stay): the softmax scale, the soft cap (0: none), the window (-1: none)
-  float scale;
-  float soft_cap;
-  std::int32_t window_left;
   // fp8 caches (the fp8 kernels only): the dequantisation scales of K and V (a host value, or
   // read on the device when the kernel runs)
   KvScale k_scale;
