@@ -22,8 +22,8 @@
 ///        every KV tile of the prefix is one run of consecutive pages); `--stream n` plans a
 ///        one-split suffix decode again with `CascadeTuning::decode_kernel = kStreamed` (1) or
 ///        `kSplit` (0) (the streamed kernel takes no fp8 pool: then kept as planned);
-///        `--ws-variant n` and `--tile-rows n` set `CascadeTuning::ws_variant` (-1 automatic)
-///        and `CascadeTuning::tile_rows` (0 automatic) of the cascade's plans.
+///        `--ws-variant n`, `--tile-rows n` and `--chunk n` set `CascadeTuning::ws_variant`
+///        (-1 automatic), `tile_rows` and `chunk` (0 automatic) of the cascade's plans.
 ///        `--dtype f16|bf16` (queries, output and KV), `--head-dim 64|128|256`, `--window w`
 ///        (`variant.window_left` of the cascade and of the plain decode), `--soft-cap c` and
 ///        `--kv-dtype e4m3|e5m2` (an fp8 KV pool, one scale per tensor, queries in `--dtype`)
@@ -274,6 +274,9 @@ int g_stream = -1;
 int g_ws_variant = -1;
 /// `CascadeTuning::tile_rows` of every plan (`--tile-rows`; 0 automatic).
 int g_tile_rows = 0;
+/// `CascadeTuning::chunk` of every plan (`--chunk`; 0 automatic): keys per split of the shared
+/// levels.
+int g_chunk = 0;
 
 /// Times one shape under `cfg`. `lean`: the cascade, its levels and the merge only (plus the
 /// plain decode when `decode`).
@@ -376,6 +379,7 @@ Row run_shape(int prefix, int suffix, int batch, int num_sms, double bw, cudaStr
   tuning.decode_fold = g_decode_fold;
   tuning.ws_variant = g_ws_variant;
   tuning.tile_rows = g_tile_rows;
+  tuning.chunk = g_chunk;
   CascadeOptions copt;
   copt.variant.logits_soft_cap = cfg.soft_cap;
   copt.variant.window_left = cfg.window;
@@ -652,6 +656,8 @@ int main(int argc, char** argv) {
       g_ws_variant = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--tile-rows") && i + 1 < argc)
       g_tile_rows = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--chunk") && i + 1 < argc)
+      g_chunk = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--lean"))
       lean = true;
     else if (!std::strcmp(argv[i], "--page") && i + 1 < argc)
@@ -673,13 +679,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
       only = argv[++i];
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...] "
-                   "[--decode-sms n] [--decode-fold n] [--ws-variant n] [--tile-rows n] "
-                   "[--page n] [--scatter] [--soft-cap c] "
-                   "[--dtype f16|bf16] [--kv-dtype e4m3|e5m2] [--head-dim 64|128|256] "
-                   "[--window w] [--sections]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--csv path] [--quick] [--lean] [--shapes P:S:B,...] "
+          "[--decode-sms n] [--decode-fold n] [--ws-variant n] [--tile-rows n] [--chunk n] "
+          "[--page n] [--scatter] [--soft-cap c] "
+          "[--dtype f16|bf16] [--kv-dtype e4m3|e5m2] [--head-dim 64|128|256] "
+          "[--window w] [--sections]\n",
+          argv[0]);
       return 2;
     }
   }
