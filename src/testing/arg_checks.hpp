@@ -14,6 +14,7 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
+#include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/problem.hpp"
 #include "attnstate/testing/reference.hpp"
 #include "attnstate/testing/tolerance.hpp"
@@ -139,6 +140,11 @@ inline void check_keys_per_token(const std::vector<std::vector<std::int64_t>>& k
     check_keys(keys[t], num_keys, func, name.c_str());
   }
 }
+
+/// Throws naming `<arg>.<field>` unless the MLA generator options `options` are valid: limits
+/// in range, every list non-empty and its entries valid (dtypes, bases, widths, scales),
+/// percentages in 0..100, finite factors and sink range.
+void check_mla_gen_options(const MlaGenOptions& options, const char* func, const char* arg);
 
 /// The tolerance model of `tolerance_for(const AttentionProblem&, bool)` from its inputs: `in`
 /// the dtype `P` may be rounded to, `keys` the key count, `dim` the width of the scores' dot

@@ -261,66 +261,59 @@ Tolerance tolerance_for(const MlaProblem& problem, bool p_rounded_to_input) {
                                   max_abs_score(problem), v_max, p_rounded_to_input);
 }
 
-namespace {
+namespace kit {
 
-/// Throws naming `options.<name>` unless `list` is non-empty.
-template <class T>
-void check_list(const std::vector<T>& list, const char* func, const char* name) {
-  if (list.empty())
-    detail::throw_argument(func, field("options", name).c_str(), "a non-empty list",
-                           "an empty one");
-}
-
-void check_mla_gen_options(const MlaGenOptions& o, const char* func) {
+void check_mla_gen_options(const MlaGenOptions& o, const char* func, const char* arg) {
+  const auto name = [arg](const std::string& f) { return std::string(arg) + "." + f; };
+  const auto fail = [&](const std::string& f, const std::string& expected, const std::string& got) {
+    detail::throw_argument(func, name(f).c_str(), expected, got);
+  };
   if (o.max_tokens < 1 || o.max_tokens > 4096)
-    detail::throw_argument(func, "options.max_tokens", "1..4096", std::to_string(o.max_tokens));
+    fail("max_tokens", "1..4096", std::to_string(o.max_tokens));
   if (o.min_keys < 0 || o.min_keys > o.max_keys || o.max_keys > (std::int64_t{1} << 24))
-    detail::throw_argument(func, "options.min_keys", "0 <= min_keys <= max_keys <= 2^24",
-                           std::to_string(o.min_keys) + " and " + std::to_string(o.max_keys));
-  check_list(o.heads, func, "heads");
-  check_list(o.kv_lora_ranks, func, "kv_lora_ranks");
-  check_list(o.rope_dims, func, "rope_dims");
-  check_list(o.q_dtypes, func, "q_dtypes");
-  check_list(o.ckv_dtypes, func, "ckv_dtypes");
-  check_list(o.output_dtypes, func, "output_dtypes");
-  check_list(o.bases, func, "bases");
-  check_list(o.kv_scales, func, "kv_scales");
-  const auto in_range = [&](const std::vector<std::int64_t>& l, const char* name) {
+    fail("min_keys", "0 <= min_keys <= max_keys <= 2^24",
+         std::to_string(o.min_keys) + " and " + std::to_string(o.max_keys));
+  const auto non_empty = [&](std::size_t n, const char* f) {
+    if (n == 0) fail(f, "a non-empty list", "an empty one");
+  };
+  non_empty(o.heads.size(), "heads");
+  non_empty(o.kv_lora_ranks.size(), "kv_lora_ranks");
+  non_empty(o.rope_dims.size(), "rope_dims");
+  non_empty(o.q_dtypes.size(), "q_dtypes");
+  non_empty(o.ckv_dtypes.size(), "ckv_dtypes");
+  non_empty(o.output_dtypes.size(), "output_dtypes");
+  non_empty(o.bases.size(), "bases");
+  non_empty(o.kv_scales.size(), "kv_scales");
+  const auto in_range = [&](const std::vector<std::int64_t>& l, const char* f) {
     for (std::size_t i = 0; i < l.size(); ++i)
       if (l[i] < 1 || l[i] > 4096)
-        detail::throw_argument(
-            func, (std::string("options.") + name + "[" + std::to_string(i) + "]").c_str(),
-            "1..4096", std::to_string(l[i]));
+        fail(std::string(f) + "[" + std::to_string(i) + "]", "1..4096", std::to_string(l[i]));
   };
   in_range(o.heads, "heads");
   in_range(o.kv_lora_ranks, "kv_lora_ranks");
   in_range(o.rope_dims, "rope_dims");
-  for (DType d : o.q_dtypes) kit::check_dtype(d, func, "options.q_dtypes");
-  for (DType d : o.output_dtypes) kit::check_dtype(d, func, "options.output_dtypes");
-  for (DType d : o.ckv_dtypes) kit::check_dtype(d, func, "options.ckv_dtypes", true);
-  for (DType d : o.kpe_dtypes) kit::check_dtype(d, func, "options.kpe_dtypes", true);
-  for (LseBase b : o.bases) kit::check_base(b, func, "options.bases");
+  for (DType d : o.q_dtypes) check_dtype(d, func, name("q_dtypes").c_str());
+  for (DType d : o.output_dtypes) check_dtype(d, func, name("output_dtypes").c_str());
+  for (DType d : o.ckv_dtypes) check_dtype(d, func, name("ckv_dtypes").c_str(), true);
+  for (DType d : o.kpe_dtypes) check_dtype(d, func, name("kpe_dtypes").c_str(), true);
+  for (LseBase b : o.bases) check_base(b, func, name("bases").c_str());
   for (float s : o.kv_scales)
-    if (!(s > 0.f) || !std::isfinite(s))
-      detail::throw_argument(func, "options.kv_scales", "finite values > 0", std::to_string(s));
-  for (const int pct : {o.large_logits_percent, o.sink_percent})
-    if (pct < 0 || pct > 100)
-      detail::throw_argument(
-          func,
-          pct == o.large_logits_percent ? "options.large_logits_percent" : "options.sink_percent",
-          "0..100", std::to_string(pct));
+    if (!(s > 0.f) || !std::isfinite(s)) fail("kv_scales", "finite values > 0", std::to_string(s));
+  if (o.large_logits_percent < 0 || o.large_logits_percent > 100)
+    fail("large_logits_percent", "0..100", std::to_string(o.large_logits_percent));
+  if (o.sink_percent < 0 || o.sink_percent > 100)
+    fail("sink_percent", "0..100", std::to_string(o.sink_percent));
   if (!std::isfinite(o.large_logit_factor))
-    detail::throw_argument(func, "options.large_logit_factor", "a finite value",
-                           std::to_string(o.large_logit_factor));
+    fail("large_logit_factor", "a finite value", std::to_string(o.large_logit_factor));
   if (!std::isfinite(o.sink_min) || !std::isfinite(o.sink_max) || o.sink_min > o.sink_max)
-    detail::throw_argument(func, "options.sink_min", "finite sink_min <= sink_max",
-                           std::to_string(o.sink_min) + " and " + std::to_string(o.sink_max));
+    fail("sink_min", "finite sink_min <= sink_max",
+         std::to_string(o.sink_min) + " and " + std::to_string(o.sink_max));
 }
 
-}  // namespace
+}  // namespace kit
 
 rc::Gen<MlaProblem> gen_mla_problem(const MlaGenOptions& options) {
-  check_mla_gen_options(options, "attnstate::testing::gen_mla_problem");
+  kit::check_mla_gen_options(options, "attnstate::testing::gen_mla_problem", "options");
   return rc::gen::exec([opt = options] {
     const std::int64_t tokens = *rc::gen::inRange<std::int64_t>(1, opt.max_tokens + 1);
     const std::int64_t heads = *pick(opt.heads);

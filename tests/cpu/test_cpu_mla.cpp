@@ -6,6 +6,7 @@
 ///        errors naming the argument.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +18,9 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cpu/mla.hpp"
+#include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
 #include "mla_problem.hpp"
 
@@ -308,6 +311,85 @@ TEST(MlaCpu, KeyShardsMergedWithMergeStatesEqualTheOnePassState) {
                                                  attnstate::testing::tolerance_for(p, false)),
               "");
   }
+}
+
+// --- the kit's check of an MLA kernel, on the CPU MLA decode -------------------------------
+
+/// The CPU MLA decode as a kit kernel: the selected latent tokens in one page that every query
+/// row (a request of one new token) reads through its block table. `drop_rope` zeroes the
+/// rotary queries and `natural_only` writes natural-base LSEs whatever base is asked for: the
+/// bugs the laws must catch.
+HostState cpu_mla_kernel(const attnstate::testing::MlaProblem& all,
+                         const std::vector<std::int64_t>& keys, bool drop_rope = false,
+                         bool natural_only = false) {
+  const attnstate::testing::MlaProblem p = attnstate::testing::select_keys(all, keys);
+  const std::int64_t T = p.tokens(), H = p.heads(), L = p.kv_lora_rank(), R = p.rope_dim();
+  const std::int64_t N = p.num_keys();
+  const std::vector<std::int32_t> table(static_cast<std::size_t>(T), 0);
+  const std::vector<std::int32_t> lens(static_cast<std::size_t>(T), static_cast<std::int32_t>(N));
+  MlaKvCache kv;
+  kv.ckv = p.ckv.data();
+  kv.kpe = p.kpe.data();
+  kv.ckv_dtype = p.ckv.dtype();
+  kv.kpe_dtype = p.kpe.dtype();
+  if (is_fp8(kv.ckv_dtype)) kv.ckv_scale = KvScale::per_tensor(p.ckv_scale);
+  if (is_fp8(kv.kpe_dtype)) kv.kpe_scale = KvScale::per_tensor(p.kpe_scale);
+  kv.kv_lora_rank = L;
+  kv.rope_dim = R;
+  kv.num_pages = N > 0 ? 1 : 0;
+  kv.page_size = std::max<std::int64_t>(1, N);
+  kv.block_table = table.data();
+  kv.block_table_stride = 1;
+  kv.seq_lens = lens.data();
+  kv.batch = T;
+  attnstate::testing::HostTensor zeros(p.q_pe.dtype(), {T, H, R});
+  const ConstTensorView qn = make_tensor_view(p.q_nope.data(), p.q_nope.dtype(), {T, 1, H, L});
+  const ConstTensorView qp =
+      make_tensor_view(drop_rope ? zeros.data() : p.q_pe.data(), p.q_pe.dtype(), {T, 1, H, R});
+  HostState out = attnstate::testing::make_output_state(p);
+  if (natural_only) out.relabel_base(LseBase::kNatural);
+  cpu::mla_decode(qn, qp, kv, fixed_count(2), p.scale, p.attention_sinks(), out.view());
+  if (natural_only) out.relabel_base(p.base);
+  return out;
+}
+
+attnstate::testing::MlaKernelCheckOptions kit_options() {
+  attnstate::testing::MlaKernelCheckOptions o;
+  o.num_tests = 25;
+  o.problems.max_keys = 80;
+  o.problems.ckv_dtypes = {DType::kBF16, DType::kF32, DType::kE4M3, DType::kE5M2};
+  o.problems.sink_percent = 50;
+  o.p_rounded_to_input = false;  // the CPU keeps P in fp32
+  return o;
+}
+
+TEST(MlaCpuKit, TheCpuDecodePassesEveryLawOfTheKit) {
+  const attnstate::testing::KernelCheckReport report = attnstate::testing::check_mla_kernel(
+      [](const attnstate::testing::MlaProblem& p, const std::vector<std::int64_t>& keys) {
+        return cpu_mla_kernel(p, keys);
+      },
+      kit_options());
+  EXPECT_TRUE(report.passed()) << report.summary();
+  EXPECT_EQ(report.laws.size(), attnstate::testing::all_laws().size());
+}
+
+TEST(MlaCpuKit, TheKitCatchesAKernelWithoutRopeOrWithTheWrongBase) {
+  const attnstate::testing::KernelCheckReport rope = attnstate::testing::check_mla_kernel(
+      [](const attnstate::testing::MlaProblem& p, const std::vector<std::int64_t>& keys) {
+        return cpu_mla_kernel(p, keys, /*drop_rope=*/true);
+      },
+      kit_options());
+  EXPECT_TRUE(rope.failed(attnstate::testing::Law::kExactness)) << rope.summary();
+  EXPECT_NE(rope.summary().find("MlaKernelCheckOptions::seed"), std::string::npos);
+  attnstate::testing::MlaKernelCheckOptions o = kit_options();
+  o.laws = {attnstate::testing::Law::kDeclaredBase};
+  const attnstate::testing::KernelCheckReport base = attnstate::testing::check_mla_kernel(
+      [](const attnstate::testing::MlaProblem& p, const std::vector<std::int64_t>& keys) {
+        return cpu_mla_kernel(p, keys, false, /*natural_only=*/true);
+      },
+      o);
+  EXPECT_TRUE(base.failed(attnstate::testing::Law::kDeclaredBase)) << base.summary();
+  EXPECT_NE(base.summary().find("mixed-base"), std::string::npos) << base.summary();
 }
 
 // --- argument errors: each names the argument -------------------------------------------------
