@@ -14,8 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "attnstate/core/context_parallel.hpp"
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/error.hpp"
+#include "attnstate/cpu/context_parallel.hpp"
 #include "attnstate/cpu/merge.hpp"
 #include "attnstate/cpu/mla.hpp"
 #include "attnstate/testing/conformance.hpp"
@@ -311,6 +313,61 @@ TEST(MlaCpu, KeyShardsMergedWithMergeStatesEqualTheOnePassState) {
                                                  attnstate::testing::tolerance_for(p, false)),
               "");
   }
+}
+
+TEST(MlaCpu, RanksMergedByTheContextParallelMergeEqualTheOnePassState) {
+  // Three ranks each hold a page-aligned shard of every request's keys (one new token per
+  // request) and decode it alone; the CPU simulation of the context-parallel merge (all-to-all,
+  // replicated output, the sinks merged once after the ranks) gives every rank the one-pass
+  // state with sinks.
+  MlaConfig cfg;
+  cfg.q_dtype = DType::kF32;
+  cfg.heads = 16;
+  cfg.page_size = 16;
+  cfg.seq_lens = {100, 40, 3, 0};
+  MlaHost h = make_mla_host(cfg, 44);
+  const std::vector<std::int32_t> c0 = {0, 0, 0, 0}, c1 = {48, 16, 0, 0}, c2 = {64, 16, 0, 0};
+  const Shard shards[3] = {make_shard(h, c0, c1), make_shard(h, c1, c2),
+                           make_shard(h, c2, cfg.seq_lens)};
+  const std::int64_t T = h.tokens(), H = cfg.heads, L = cfg.kv_lora_rank;
+  std::vector<HostState> locals, outs;
+  std::vector<CpMergePlan> plans;
+  for (int r = 0; r < 3; ++r) {
+    locals.emplace_back(T, H, L, DType::kF32, r == 1 ? LseBase::kBase2 : LseBase::kNatural);
+    locals.back().poison();
+    cpu::mla_decode(h.q_nope_view(), h.q_pe_view(), shards[r].view(h), fixed_count(2),
+                    h.problem.scale, locals.back().view());
+    outs.emplace_back(T, H, L, DType::kF32, LseBase::kBase2);
+    outs.back().poison();
+    CpMergeShape shape;
+    shape.world_size = 3;
+    shape.rank = r;
+    shape.tokens = T;
+    shape.heads = H;
+    shape.head_dim = L;
+    shape.dtype = shape.out_dtype = DType::kF32;
+    shape.output = CpOutput::kReplicated;
+    plans.push_back(plan_cp_merge(shape));
+  }
+  std::vector<float> sinks(static_cast<std::size_t>(H));
+  for (std::size_t i = 0; i < sinks.size(); ++i) sinks[i] = 0.25f * static_cast<float>(i) - 1.f;
+  AttentionSinks s;
+  s.logits = sinks.data();
+  std::vector<ConstStateView> in;
+  std::vector<StateView> out;
+  for (int r = 0; r < 3; ++r) {
+    in.push_back(locals[r].view());
+    out.push_back(outs[r].view());
+  }
+  cpu::cp_merge_simulated(plans, in, out, s);
+  h.problem.sinks = sinks;
+  attnstate::testing::MlaProblem p = h.problem;
+  p.base = LseBase::kBase2;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(attnstate::testing::compare_states(outs[r], h.reference(LseBase::kBase2),
+                                                 attnstate::testing::tolerance_for(p, false)),
+              "")
+        << "rank " << r;
 }
 
 // --- the kit's check of an MLA kernel, on the CPU MLA decode -------------------------------
