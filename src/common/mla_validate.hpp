@@ -5,6 +5,7 @@
 ///        backend (cpu/page_table.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -17,20 +18,16 @@
 namespace attnstate {
 namespace detail {
 
-/// The extents of one part of an MLA pool (`ckv` or `kpe`), as checked by `check_mla_part`.
-struct MlaPartSpan {
-  std::int64_t bytes = 0;  ///< Bytes spanned by the part's pool (0 without pages).
-};
-
 /// Checks one part of the latent cache named `kv.<part>` (`"ckv"` or `"kpe"`): its dtype (any,
 /// fp8 with a valid per-tensor scale `kv.<part>_scale`; the default scale otherwise), a token
 /// stride of 0 (dense) or at least `width`, a page stride of 0 (dense) or at least `page_size`
 /// token strides, a pool span of `num_pages` pages within 2^62 bytes, and a non-null (when the
-/// pool has pages) pointer aligned to its element. Returns the bytes the part spans.
-inline MlaPartSpan check_mla_part(const char* fn, const char* part, const void* p, DType dtype,
-                                  const KvScale& scale, std::int64_t width,
-                                  std::int64_t token_stride, std::int64_t page_stride,
-                                  const MlaKvCache& kv, MemorySpace space) {
+/// pool has pages) pointer aligned to its element. Returns the bytes the part spans (0 without
+/// pages).
+inline std::int64_t check_mla_part(const char* fn, const char* part, const void* p, DType dtype,
+                                   const KvScale& scale, std::int64_t width,
+                                   std::int64_t token_stride, std::int64_t page_stride,
+                                   const MlaKvCache& kv, MemorySpace space) {
   const std::string name = std::string("kv.") + part;
   const auto field = [&](const char* f) { return name + "_" + f; };
   if (!is_valid(dtype))
@@ -55,7 +52,7 @@ inline MlaPartSpan check_mla_part(const char* fn, const char* part, const void* 
                    "0 or >= page_size * token stride = " + std::to_string(dense),
                    std::to_string(page_stride));
   const std::int64_t page = page_stride != 0 ? page_stride : dense;
-  MlaPartSpan span;
+  std::int64_t span = 0;
   if (kv.num_pages > 0) {
     // the last page's last slot ends at (num_pages - 1) · page + (page_size - 1) · row + width
     const std::int64_t elems = checked_span(kv.num_pages, page, dense - row + width);
@@ -66,7 +63,7 @@ inline MlaPartSpan check_mla_part(const char* fn, const char* part, const void* 
           "a pool of num_pages pages within 2^62 bytes",
           std::to_string(kv.num_pages) + " pages of " + std::to_string(page) + " elements");
     }
-    span.bytes = elems * static_cast<std::int64_t>(size_of(dtype));
+    span = elems * static_cast<std::int64_t>(size_of(dtype));
     check_not_null(fn, name.c_str(), p);
   }
   check_aligned(fn, name.c_str(), p, size_of(dtype));
@@ -130,11 +127,12 @@ inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
   if (kv.kv_lora_rank > (std::int64_t{1} << 30) || kv.rope_dim > (std::int64_t{1} << 30))
     throw_argument(fn, kv.kv_lora_rank > kv.rope_dim ? "kv.kv_lora_rank" : "kv.rope_dim",
                    "at most 2^30", decode_str(std::max(kv.kv_lora_rank, kv.rope_dim)));
-  const MlaPartSpan ckv =
+  const std::int64_t ckv_bytes =
       check_mla_part(fn, "ckv", kv.ckv, kv.ckv_dtype, kv.ckv_scale, kv.kv_lora_rank,
                      kv.ckv_token_stride, kv.ckv_page_stride, kv, space);
-  const MlaPartSpan kpe = check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale, kv.rope_dim,
-                                         kv.kpe_token_stride, kv.kpe_page_stride, kv, space);
+  const std::int64_t kpe_bytes =
+      check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale, kv.rope_dim,
+                     kv.kpe_token_stride, kv.kpe_page_stride, kv, space);
   validate_page_tables(fn, kv);
   const std::int64_t qn_bytes =
       check_mla_query(fn, "q_nope", q_nope, kv, "kv.kv_lora_rank", kv.kv_lora_rank, space);
@@ -160,8 +158,8 @@ inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
   check_output_state(fn, "out", out, out.o, out.lse, space);
   check_disjoint(fn, "out", out, "q_nope", q_nope.data, qn_bytes, nullptr, 0);
   check_disjoint(fn, "out", out, "q_pe", q_pe.data, qp_bytes, nullptr, 0);
-  check_disjoint(fn, "out", out, "kv.ckv", kv.ckv, ckv.bytes, nullptr, 0);
-  check_disjoint(fn, "out", out, "kv.kpe", kv.kpe, kpe.bytes, nullptr, 0);
+  check_disjoint(fn, "out", out, "kv.ckv", kv.ckv, ckv_bytes, nullptr, 0);
+  check_disjoint(fn, "out", out, "kv.kpe", kv.kpe, kpe_bytes, nullptr, 0);
   check_disjoint(fn, "out", out, "kv.ckv_scale.data", kv.ckv_scale.data,
                  kv_scale_bytes(kv.ckv_scale, 1), nullptr, 0);
   check_disjoint(fn, "out", out, "kv.kpe_scale.data", kv.kpe_scale.data,
