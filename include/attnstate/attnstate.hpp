@@ -14,6 +14,7 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
 #include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/mla.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/sink.hpp"
@@ -24,6 +25,7 @@
 #include "attnstate/cpu/context_parallel.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cpu/merge.hpp"
+#include "attnstate/cpu/mla.hpp"
 
 #if defined(ATTNSTATE_HAS_CUDA)
 #include "attnstate/cuda/cascade.hpp"

@@ -416,6 +416,156 @@ inline std::vector<std::function<bool()>> sink_mutations(Ctx& c, std::shared_ptr
   };
 }
 
+/// The page tables of a paged cache drawn into the arena: CSR (`indptr` and `indices`) or a
+/// block table of `width` columns, each request a few pages of the pool and a length within them.
+struct TablesArg {
+  bool csr = false;
+  i64 width = 0;
+  std::vector<std::int32_t> lens, indptr{0}, indices, table;
+  i64 lens_off = -1, ip_off = -1, ix_off = -1, bt_off = -1;
+};
+
+/// Draws the tables of `batch` requests over `kv`'s pool (`num_pages`, `page_size` set) and
+/// points `kv`'s table fields at them (a `PagedKvCache` or an `MlaKvCache`: the same fields).
+template <class Cache>
+std::shared_ptr<TablesArg> draw_tables(Ctx& c, Cache& kv, i64 batch) {
+  Rng& r = c.rng;
+  auto t = std::make_shared<TablesArg>();
+  kv.batch = batch;
+  // per request: its pages and a length within them
+  t->csr = r.coin(50);
+  t->lens.resize(static_cast<std::size_t>(batch));
+  t->width = r.range(1, 3);
+  for (i64 b = 0; b < batch; ++b) {
+    const i64 np = t->csr ? r.range(0, 3) : t->width;
+    for (i64 i = 0; i < np; ++i) {
+      const auto id = static_cast<std::int32_t>(r.range(0, kv.num_pages - 1));
+      (t->csr ? t->indices : t->table).push_back(id);
+    }
+    if (t->csr) t->indptr.push_back(static_cast<std::int32_t>(t->indices.size()));
+    t->lens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(r.range(0, np * kv.page_size));
+  }
+  t->lens_off = alloc_i32(c, "kv.seq_lens", t->lens);
+  kv.seq_lens = static_cast<const std::int32_t*>(c.ptr(t->lens_off));
+  if (t->csr) {
+    t->ip_off = alloc_i32(c, "kv.page_indptr", t->indptr);
+    t->ix_off = alloc_i32(c, "kv.page_indices", t->indices);
+    kv.page_indptr = static_cast<const std::int32_t*>(c.ptr(t->ip_off));
+    kv.page_indices = static_cast<const std::int32_t*>(c.ptr(t->ix_off));
+  } else {
+    t->bt_off = alloc_i32(c, "kv.block_table", t->table);
+    kv.block_table = static_cast<const std::int32_t*>(c.ptr(t->bt_off));
+    kv.block_table_stride = t->width;
+  }
+  if (batch == 0 && r.coin(30)) {  // no request: the tables are never read
+    kv.seq_lens = nullptr;
+    kv.page_indptr = kv.page_indices = kv.block_table = nullptr;
+  }
+  return t;
+}
+
+/// Hard mutations of drawn tables: a negative length, a length past the request's pages, a page
+/// id outside the pool, bad CSR offsets, both tables or neither, a bad block-table stride.
+template <class Cache>
+std::vector<std::function<bool()>> table_mutations(Ctx& c, Cache& kv, std::shared_ptr<TablesArg> t,
+                                                   i64 batch) {
+  return {
+      [&c, &kv, t, batch] {
+        Rng& r = c.rng;
+        if (batch < 1) return false;
+        const i64 b = r.range(0, batch - 1);
+        c.put<std::int32_t>(t->lens_off + 4 * b, r.pick<std::int32_t>({-1, INT32_MIN}));
+        c.reject("seq_lens[" + str(b) + "] < 0", {"kv.seq_lens"});
+        return true;
+      },
+      [&c, &kv, t, batch] {  // a length past the request's pages
+        Rng& r = c.rng;
+        if (batch < 1 || kv.page_size < 1 || kv.page_size > 64) return false;
+        const i64 b = r.range(0, batch - 1);
+        const i64 np = t->csr ? t->indptr[static_cast<std::size_t>(b + 1)] -
+                                    t->indptr[static_cast<std::size_t>(b)]
+                              : t->width;
+        c.put<std::int32_t>(
+            t->lens_off + 4 * b,
+            static_cast<std::int32_t>(np * kv.page_size + r.pick<i64>({1, 100, 1 << 30})));
+        c.reject("seq_lens[" + str(b) + "] past its pages",
+                 {"kv.seq_lens", "kv.block_table_stride", "kv.page_indptr"});
+        return true;
+      },
+      [&c, &kv, t, batch] {  // a page id outside the pool (in a page the request uses)
+        Rng& r = c.rng;
+        if (batch < 1) return false;
+        const i64 b = r.range(0, batch - 1);
+        const i64 len = t->lens[static_cast<std::size_t>(b)];
+        if (len < 1 || kv.page_size < 1 || kv.page_size > 64) return false;
+        const i64 first = t->csr ? t->indptr[static_cast<std::size_t>(b)] : b * t->width;
+        const i64 used = (len + kv.page_size - 1) / kv.page_size;
+        const i64 pos = first + r.range(0, used - 1);
+        const std::int32_t bad_id = static_cast<std::int32_t>(r.pick<i64>(
+            {-1, std::min<i64>(kv.num_pages, INT32_MAX),
+             std::min<i64>(kv.num_pages, INT32_MAX - 1000) + 1000, INT32_MAX, INT32_MIN}));
+        c.put<std::int32_t>((t->csr ? t->ix_off : t->bt_off) + 4 * pos, bad_id);
+        c.reject("page id " + std::to_string(bad_id) + " at " + str(pos),
+                 {t->csr ? "kv.page_indices" : "kv.block_table"});
+        return true;
+      },
+      [&c, &kv, t, batch] {  // non-monotone CSR offsets, or [0] != 0
+        Rng& r = c.rng;
+        if (!t->csr || batch < 1) return false;
+        const i64 i = r.range(0, batch);
+        c.put<std::int32_t>(t->ip_off + 4 * i,
+                            i == 0 ? static_cast<std::int32_t>(r.pick<i64>({1, -1, 1000}))
+                                   : t->indptr[static_cast<std::size_t>(i - 1)] -
+                                         static_cast<std::int32_t>(r.range(1, 3)));
+        c.reject("page_indptr[" + str(i) + "] bad", {"kv.page_indptr", "kv.seq_lens"});
+        return true;
+      },
+      [&c, &kv, t, batch] {  // both tables, or neither (once: a second draw would undo the first)
+        Rng& r = c.rng;
+        if (batch < 1 || !c.touch("kv#tables")) return false;
+        if (t->csr && r.coin(50)) {
+          kv.block_table = kv.page_indices;
+          kv.block_table_stride = 1;
+        } else if (t->csr) {
+          kv.page_indptr = kv.page_indices = nullptr;
+        } else {
+          kv.block_table = nullptr;
+        }
+        c.reject("both or neither table", {"kv.block_table", "kv.page_indptr", "kv.page_indices"},
+                 false);
+        return true;
+      },
+      [&c, &kv, t, batch] {
+        Rng& r = c.rng;
+        if (t->csr || batch < 1) return false;
+        kv.block_table_stride = r.pick<i64>({-1, kI64Min, k2p62 + 1});
+        c.reject("kv.block_table_stride = " + str(kv.block_table_stride),
+                 {"kv.block_table_stride", "kv.seq_lens", "kv.block_table"});
+        return true;
+      },
+  };
+}
+
+/// `out` over one of the tables (`which` 0: the lengths, 1, 2: the CSR arrays or the block table).
+template <class Cache>
+bool mutate_table_overlap(Ctx& c, StateArg& out, const Cache& kv, const TablesArg& t, i64 batch,
+                          int which) {
+  if (which == 0) return mutate_overlap(c, out, "kv.seq_lens", kv.seq_lens, batch * 4);
+  if (t.csr)
+    return which == 1 ? mutate_overlap(c, out, "kv.page_indptr", kv.page_indptr, (batch + 1) * 4)
+                      : mutate_overlap(c, out, "kv.page_indices", kv.page_indices,
+                                       static_cast<i64>(t.indices.size()) * 4);
+  return mutate_overlap(c, out, "kv.block_table", kv.block_table,
+                        static_cast<i64>(t.table.size()) * 4);
+}
+
+/// The drawn lengths and the table kind, for the case log.
+inline std::string describe_tables(const TablesArg& t) {
+  std::string ls;
+  for (auto x : t.lens) ls += " " + std::to_string(x);
+  return " seq_lens (drawn):" + ls + (t.csr ? " csr" : " block table");
+}
+
 /// A decode call: q, a paged cache with tables, out; `explicit_layout` picks the overload (the
 /// options overload with attention sinks in about half the cases).
 inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
@@ -424,37 +574,8 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
   const i64 batch = r.pick<i64>({0, 1, 1, 2, 3}), qlen = r.range(1, 3);
   auto pool = std::make_shared<PoolArg>(make_pool(c, hkv, d));
   attnstate::PagedKvCache& kv = pool->kv;
-  kv.batch = batch;
-  // per request: its pages and a length within them
-  const bool csr = r.coin(50);
-  std::vector<std::int32_t> lens(static_cast<std::size_t>(batch)), indptr{0}, indices, table;
-  const i64 width = r.range(1, 3);
-  for (i64 b = 0; b < batch; ++b) {
-    const i64 np = csr ? r.range(0, 3) : width;
-    for (i64 i = 0; i < np; ++i) {
-      const auto id = static_cast<std::int32_t>(r.range(0, kv.num_pages - 1));
-      (csr ? indices : table).push_back(id);
-    }
-    if (csr) indptr.push_back(static_cast<std::int32_t>(indices.size()));
-    lens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(r.range(0, np * kv.page_size));
-  }
-  const i64 lens_off = alloc_i32(c, "kv.seq_lens", lens);
-  kv.seq_lens = static_cast<const std::int32_t*>(c.ptr(lens_off));
-  i64 ip_off = -1, ix_off = -1, bt_off = -1;
-  if (csr) {
-    ip_off = alloc_i32(c, "kv.page_indptr", indptr);
-    ix_off = alloc_i32(c, "kv.page_indices", indices);
-    kv.page_indptr = static_cast<const std::int32_t*>(c.ptr(ip_off));
-    kv.page_indices = static_cast<const std::int32_t*>(c.ptr(ix_off));
-  } else {
-    bt_off = alloc_i32(c, "kv.block_table", table);
-    kv.block_table = static_cast<const std::int32_t*>(c.ptr(bt_off));
-    kv.block_table_stride = width;
-  }
-  if (batch == 0 && r.coin(30)) {  // no request: the tables are never read
-    kv.seq_lens = nullptr;
-    kv.page_indptr = kv.page_indices = kv.block_table = nullptr;
-  }
+  const std::shared_ptr<TablesArg> tab = draw_tables(c, kv, batch);
+  const bool csr = tab->csr;
   auto q = std::make_shared<TensorArg>(make_tensor(c, "q", {batch, qlen, hq, d}, draw_dtype(r)));
   auto out = std::make_shared<StateArg>(
       make_state(c, "out", batch * qlen, hq, d, true, draw_dtype(r), draw_base(r)));
@@ -492,88 +613,16 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
         c.reject("q_len out of 1..8", {"q.shape[1]", "out.tokens"});
         return true;
       },
-      [&] {
-        if (batch < 1) return false;
-        const i64 b = r.range(0, batch - 1);
-        c.put<std::int32_t>(lens_off + 4 * b, r.pick<std::int32_t>({-1, INT32_MIN}));
-        c.reject("seq_lens[" + str(b) + "] < 0", {"kv.seq_lens"});
-        return true;
-      },
-      [&] {  // a length past the request's pages
-        if (batch < 1 || kv.page_size < 1 || kv.page_size > 64) return false;
-        const i64 b = r.range(0, batch - 1);
-        const i64 np =
-            csr ? indptr[static_cast<std::size_t>(b + 1)] - indptr[static_cast<std::size_t>(b)]
-                : width;
-        c.put<std::int32_t>(
-            lens_off + 4 * b,
-            static_cast<std::int32_t>(np * kv.page_size + r.pick<i64>({1, 100, 1 << 30})));
-        c.reject("seq_lens[" + str(b) + "] past its pages",
-                 {"kv.seq_lens", "kv.block_table_stride", "kv.page_indptr"});
-        return true;
-      },
-      [&] {  // a page id outside the pool (in a page the request uses)
-        if (batch < 1) return false;
-        const i64 b = r.range(0, batch - 1);
-        const i64 len = lens[static_cast<std::size_t>(b)];
-        if (len < 1 || kv.page_size < 1 || kv.page_size > 64) return false;
-        const i64 first = csr ? indptr[static_cast<std::size_t>(b)] : b * width;
-        const i64 used = (len + kv.page_size - 1) / kv.page_size;
-        const i64 pos = first + r.range(0, used - 1);
-        const std::int32_t bad_id = static_cast<std::int32_t>(r.pick<i64>(
-            {-1, std::min<i64>(kv.num_pages, INT32_MAX),
-             std::min<i64>(kv.num_pages, INT32_MAX - 1000) + 1000, INT32_MAX, INT32_MIN}));
-        c.put<std::int32_t>((csr ? ix_off : bt_off) + 4 * pos, bad_id);
-        c.reject("page id " + std::to_string(bad_id) + " at " + str(pos),
-                 {csr ? "kv.page_indices" : "kv.block_table"});
-        return true;
-      },
-      [&] {  // non-monotone CSR offsets, or [0] != 0
-        if (!csr || batch < 1) return false;
-        const i64 i = r.range(0, batch);
-        c.put<std::int32_t>(ip_off + 4 * i,
-                            i == 0 ? static_cast<std::int32_t>(r.pick<i64>({1, -1, 1000}))
-                                   : indptr[static_cast<std::size_t>(i - 1)] -
-                                         static_cast<std::int32_t>(r.range(1, 3)));
-        c.reject("page_indptr[" + str(i) + "] bad", {"kv.page_indptr", "kv.seq_lens"});
-        return true;
-      },
-      [&] {  // both tables, or neither (once: a second draw would undo the first)
-        if (batch < 1 || !c.touch("kv#tables")) return false;
-        if (csr && r.coin(50)) {
-          kv.block_table = kv.page_indices;
-          kv.block_table_stride = 1;
-        } else if (csr) {
-          kv.page_indptr = kv.page_indices = nullptr;
-        } else {
-          kv.block_table = nullptr;
-        }
-        c.reject("both or neither table", {"kv.block_table", "kv.page_indptr", "kv.page_indices"},
-                 false);
-        return true;
-      },
-      [&] {
-        if (csr || batch < 1) return false;
-        kv.block_table_stride = r.pick<i64>({-1, kI64Min, k2p62 + 1});
-        c.reject("kv.block_table_stride = " + str(kv.block_table_stride),
-                 {"kv.block_table_stride", "kv.seq_lens", "kv.block_table"});
-        return true;
-      },
       [&] {  // out over any input: q, the pool, the tables
         const int w = static_cast<int>(r.range(0, 5));
         if (w == 0) return mutate_overlap(c, *out, "q", q->t.data, tensor_bytes_small(q->t));
         if (w == 1) return mutate_overlap(c, *out, "kv.k", kv.k, pool->pool_bytes);
         if (w == 2) return mutate_overlap(c, *out, "kv.v", kv.v, pool->pool_bytes);
-        if (w == 3) return mutate_overlap(c, *out, "kv.seq_lens", kv.seq_lens, batch * 4);
-        if (csr)
-          return w == 4 ? mutate_overlap(c, *out, "kv.page_indptr", kv.page_indptr, (batch + 1) * 4)
-                        : mutate_overlap(c, *out, "kv.page_indices", kv.page_indices,
-                                         static_cast<i64>(indices.size()) * 4);
-        return mutate_overlap(c, *out, "kv.block_table", kv.block_table,
-                              static_cast<i64>(table.size()) * 4);
+        return mutate_table_overlap(c, *out, kv, *tab, batch, w - 3);
       },
   };
   tables.insert(tables.end(), own.begin(), own.end());
+  for (auto& m : table_mutations(c, kv, tab, batch)) tables.push_back(m);
   if (explicit_layout) {
     tables.push_back([&] {
       const int f = static_cast<int>(r.range(0, 3));
@@ -617,9 +666,7 @@ inline Built build_decode(Ctx& c, int nmut, bool explicit_layout) {
                  [pool](void* p) { pool->kv.v = p; }, [out](void* p) { out->v.o = p; },
                  [out](void* p) { out->v.lse = static_cast<float*>(p); }});
   if (!c.expect_reject) allow_state(c, out->v, out->v.o, out->v.lse);
-  std::string ls;
-  for (auto x : lens) ls += " " + std::to_string(x);
-  c.note(describe(kv, c) + " seq_lens (drawn):" + ls + (csr ? " csr" : " block table"));
+  c.note(describe(kv, c) + describe_tables(*tab));
   c.note(describe(*q, c));
   c.note(describe(*out, c));
   c.note("scale " + std::to_string(*scale) + ", split policy " +

@@ -17,6 +17,7 @@
 #include "attnstate/testing/host_tensor.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "fuzz_cp_cases.hpp"
+#include "fuzz_mla_cases.hpp"
 #include "rc_defaults.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=10000");
@@ -142,6 +143,12 @@ TEST(FuzzCpu, DecodeWithOptions) {
   run_property("decode(options)", [](Ctx& c, int n) { return build_decode(c, n, false); });
 }
 TEST(FuzzCpu, CascadeAttention) { run_property("cascade_attention", build_cascade); }
+TEST(FuzzCpu, MlaDecodeWithLayout) {
+  run_property("mla_decode(layout)", [](Ctx& c, int n) { return build_mla(c, n, true); });
+}
+TEST(FuzzCpu, MlaDecodeWithOptions) {
+  run_property("mla_decode(options)", [](Ctx& c, int n) { return build_mla(c, n, false); });
+}
 
 // --- the context-parallel merge --------------------------------------------------------------
 

@@ -19,17 +19,13 @@ namespace detail {
 
 inline std::string decode_str(std::int64_t v) { return std::to_string(v); }
 
-/// Checks `q`, `kv` and `out` of a decode call against each other and against `space`: `out` is
-/// an output state (`check_output_state`: valid strides whose span fits, pairwise-disjoint
-/// `(token, head)` rows) of shape `(batch·q_len, heads_q, head_dim)` whose memory is disjoint
-/// from `q`.
-/// Returns the bytes of each KV pool (`check_kv_pool`).
-inline std::int64_t validate_decode_args(const char* fn, const ConstTensorView& q,
-                                         const PagedKvCache& kv, const StateView& out,
-                                         MemorySpace space) {
-  const std::string sp = to_string(space);
-  // kv: the pool (its size overflow-checked), then the tables
-  const std::int64_t pool_bytes = check_kv_pool(fn, kv, space);
+/// Checks the page table fields of a paged cache `kv` named "kv" (a `PagedKvCache` or an
+/// `MlaKvCache`: the same field names): `batch >= 0`; for `batch > 0` non-null `seq_lens`, exactly
+/// one of a CSR table (both pointers) and a block table (`block_table_stride >= 0`), tables whose
+/// size fits in 2^62 bytes, every pointer aligned to 4 bytes. Their contents are checked by the
+/// CPU backend (`validate_tables` in cpu/page_table.hpp).
+template <class Cache>
+void validate_page_tables(const char* fn, const Cache& kv) {
   if (kv.batch < 0) throw_argument(fn, "kv.batch", ">= 0", decode_str(kv.batch));
   if (kv.batch > 0) {
     if (kv.seq_lens == nullptr) throw_argument(fn, "kv.seq_lens", "non-null", "null");
@@ -61,6 +57,38 @@ inline std::int64_t validate_decode_args(const char* fn, const ConstTensorView& 
     check_aligned(fn, "kv.page_indices", kv.page_indices, sizeof(std::int32_t));
     check_aligned(fn, "kv.block_table", kv.block_table, sizeof(std::int32_t));
   }
+}
+
+/// Throws naming `out_name.o` / `.lse` unless the output `out` is disjoint from the page tables
+/// and lengths of `kv` (validated by `validate_page_tables`); the CSR page ids' extent is known
+/// on the host only.
+template <class Cache>
+void check_disjoint_from_tables(const char* fn, const char* out_name, const ConstStateView& out,
+                                const Cache& kv, MemorySpace space) {
+  if (kv.batch > 0) {
+    const std::int64_t b4 = kv.batch * 4;
+    check_disjoint(fn, out_name, out, "kv.seq_lens", kv.seq_lens, b4, kv.page_indptr, b4 + 4);
+    check_disjoint(fn, out_name, out, "kv.block_table", kv.block_table,
+                   kv.block_table != nullptr ? kv.batch * kv.block_table_stride * 4 : 0, nullptr,
+                   0);
+    if (space == MemorySpace::kHost && kv.page_indices != nullptr && kv.page_indptr[kv.batch] > 0)
+      check_disjoint(fn, out_name, out, "kv.page_indices", kv.page_indices,
+                     std::int64_t{kv.page_indptr[kv.batch]} * 4, nullptr, 0);
+  }
+}
+
+/// Checks `q`, `kv` and `out` of a decode call against each other and against `space`: `out` is
+/// an output state (`check_output_state`: valid strides whose span fits, pairwise-disjoint
+/// `(token, head)` rows) of shape `(batch·q_len, heads_q, head_dim)` whose memory is disjoint
+/// from `q`.
+/// Returns the bytes of each KV pool (`check_kv_pool`).
+inline std::int64_t validate_decode_args(const char* fn, const ConstTensorView& q,
+                                         const PagedKvCache& kv, const StateView& out,
+                                         MemorySpace space) {
+  const std::string sp = to_string(space);
+  // kv: the pool (its size overflow-checked), then the tables
+  const std::int64_t pool_bytes = check_kv_pool(fn, kv, space);
+  validate_page_tables(fn, kv);
   // q
   if (q.space != space) throw_argument(fn, "q.space", sp, to_string(q.space));
   if (q.rank != 4)
@@ -100,16 +128,7 @@ inline std::int64_t validate_decode_args(const char* fn, const ConstTensorView& 
   check_disjoint(fn, "out", out, "q", q.data, q_bytes, nullptr, 0);
   // and from the cache and the tables it reads (the CSR page ids' extent is known on the host)
   check_disjoint_from_pool(fn, "out", out, kv, pool_bytes);
-  if (kv.batch > 0) {
-    const std::int64_t b4 = kv.batch * 4;
-    check_disjoint(fn, "out", out, "kv.seq_lens", kv.seq_lens, b4, kv.page_indptr, b4 + 4);
-    check_disjoint(fn, "out", out, "kv.block_table", kv.block_table,
-                   kv.block_table != nullptr ? kv.batch * kv.block_table_stride * 4 : 0, nullptr,
-                   0);
-    if (space == MemorySpace::kHost && kv.page_indices != nullptr && kv.page_indptr[kv.batch] > 0)
-      check_disjoint(fn, "out", out, "kv.page_indices", kv.page_indices,
-                     std::int64_t{kv.page_indptr[kv.batch]} * 4, nullptr, 0);
-  }
+  check_disjoint_from_tables(fn, "out", out, kv, space);
   return pool_bytes;
 }
 

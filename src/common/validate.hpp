@@ -399,25 +399,25 @@ inline std::string scale_str(float x) {
 }
 
 /// Throws naming `name` (`"kv.k_scale"` or `"kv.v_scale"`) or its field unless `s` is a valid
-/// dequantisation scale (`KvScale`) of the pool `kv`, whose `dtype` and `heads_kv` are checked:
+/// dequantisation scale (`KvScale`) of a pool of `dtype` with `heads_kv` KV heads (both checked):
 /// the default for a pool that is not fp8; for an fp8 pool a finite `value > 0` without `data`
 /// (and `head_stride` 0), or `data` with `value` 1, `head_stride >= 0`, a span of `heads_kv`
 /// scales within `kMaxSize` bytes, 4-byte alignment. In host memory (`space` kHost: the CPU
 /// backend reads them there) every scale `data[h · head_stride]` must be finite and > 0 too;
 /// device scales are read by the kernels only. Whether `data` really lies in `space` is not
 /// known here: the CUDA backend checks the memory side of a pointer itself.
-inline void check_kv_scale(const char* func, const char* name, const KvScale& s,
-                           const PagedKvCache& kv, MemorySpace space) {
-  if (!is_fp8(kv.dtype)) {
+inline void check_kv_scale(const char* func, const char* name, const KvScale& s, DType dtype,
+                           std::int64_t heads_kv, MemorySpace space) {
+  if (!is_fp8(dtype)) {
     if (!s.is_default())
       throw_argument(func, name,
                      std::string("the default (value 1, no data): a scale applies to an fp8 "
                                  "cache only, this one is ") +
-                         to_string(kv.dtype),
+                         to_string(dtype),
                      s.data != nullptr ? "a scale pointer" : "value " + scale_str(s.value));
     return;
   }
-  const std::string what = std::string("the scale of the ") + to_string(kv.dtype) + " pool";
+  const std::string what = std::string("the scale of the ") + to_string(dtype) + " pool";
   if (s.data == nullptr) {
     if (!(s.value > 0.f) || !std::isfinite(s.value))
       throw_argument(func, arg_name(name, "value").c_str(), "a finite value > 0 (" + what + ")",
@@ -432,14 +432,14 @@ inline void check_kv_scale(const char* func, const char* name, const KvScale& s,
     throw_argument(func, arg_name(name, "value").c_str(),
                    "1 when data is set (the scale is read from data)", scale_str(s.value));
   check_min(func, arg_name(name, "head_stride").c_str(), s.head_stride, 0);
-  if (kv_scale_bytes(s, kv.heads_kv) < 0)
+  if (kv_scale_bytes(s, heads_kv) < 0)
     throw_argument(
         func, arg_name(name, "head_stride").c_str(),
         "heads_kv scales head_stride apart within 2^62 bytes",
-        std::to_string(s.head_stride) + " (with heads_kv = " + std::to_string(kv.heads_kv) + ")");
+        std::to_string(s.head_stride) + " (with heads_kv = " + std::to_string(heads_kv) + ")");
   check_aligned(func, name, "data", s.data, sizeof(float));
   if (space != MemorySpace::kHost) return;
-  const std::int64_t heads = s.head_stride == 0 ? 1 : kv.heads_kv;
+  const std::int64_t heads = s.head_stride == 0 ? 1 : heads_kv;
   for (std::int64_t h = 0; h < heads; ++h) {
     const float x = s.data[h * s.head_stride];
     if (!(x > 0.f) || !std::isfinite(x))
@@ -449,6 +449,12 @@ inline void check_kv_scale(const char* func, const char* name, const KvScale& s,
               (s.head_stride == 0 ? "" : ", KV head " + std::to_string(h)) + ")",
           scale_str(x));
   }
+}
+
+/// `check_kv_scale` of a scale of the pool `kv` (its dtype and KV heads).
+inline void check_kv_scale(const char* func, const char* name, const KvScale& s,
+                           const PagedKvCache& kv, MemorySpace space) {
+  check_kv_scale(func, name, s, kv.dtype, kv.heads_kv, space);
 }
 
 /// Checks the scalar fields, the pointers and the size of the KV pool `kv` (named "kv"): valid

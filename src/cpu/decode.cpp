@@ -14,6 +14,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/variant.hpp"
 #include "common/decode_validate.hpp"
+#include "cpu/page_table.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
 #include "cpu/scratch.hpp"
@@ -30,47 +31,10 @@ using detail::fold_key_block;
 using detail::HeadScales;
 using detail::load_kv_row;
 using detail::load_row;
-using detail::store_row;
-
-/// Pages owned by request `b`.
-inline std::int64_t pages_of(const PagedKvCache& kv, std::int64_t b) {
-  if (kv.block_table != nullptr) return kv.block_table_stride;
-  return static_cast<std::int64_t>(kv.page_indptr[b + 1]) - kv.page_indptr[b];
-}
-
-/// Page id of the `p`-th page of request `b`.
-inline std::int64_t page_id(const PagedKvCache& kv, std::int64_t b, std::int64_t p) {
-  if (kv.block_table != nullptr) return kv.block_table[b * kv.block_table_stride + p];
-  return kv.page_indices[kv.page_indptr[b] + p];
-}
-
-/// Checks the contents of the host page table and lengths.
-void validate_tables(const char* fn, const PagedKvCache& kv) {
-  if (kv.block_table == nullptr) {
-    if (kv.page_indptr[0] != 0)
-      throw_argument(fn, "kv.page_indptr[0]", "0", decode_str(kv.page_indptr[0]));
-    for (std::int64_t b = 0; b < kv.batch; ++b)
-      if (kv.page_indptr[b + 1] < kv.page_indptr[b])
-        throw_argument(fn, "kv.page_indptr", "non-decreasing offsets",
-                       "a decrease at request " + decode_str(b));
-  }
-  for (std::int64_t b = 0; b < kv.batch; ++b) {
-    const std::int64_t len = kv.seq_lens[b];
-    if (len < 0) throw_argument(fn, "kv.seq_lens", "lengths >= 0", decode_str(len));
-    const std::int64_t need = (len + kv.page_size - 1) / kv.page_size;
-    if (need > pages_of(kv, b))
-      throw_argument(fn, "kv.seq_lens", "at most the pages of the request times page_size",
-                     decode_str(len) + " tokens with " + decode_str(pages_of(kv, b)) +
-                         " pages for request " + decode_str(b));
-    for (std::int64_t p = 0; p < need; ++p) {
-      const std::int64_t id = page_id(kv, b, p);
-      if (id < 0 || id >= kv.num_pages)
-        throw_argument(fn, kv.block_table ? "kv.block_table" : "kv.page_indices",
-                       "page ids in [0, num_pages = " + decode_str(kv.num_pages) + ")",
-                       decode_str(id));
-    }
-  }
-}
+using detail::merge_split_row;
+using detail::page_id;
+using detail::store_final_row;
+using detail::validate_tables;
 
 /// One split of one (request, KV head): the states of all `q_len × group` rows, written
 /// normalised (fp32 `o`, base-2 `lse`) into `po` / `plse` at row `r` → offset `r·D` / `r`.
@@ -215,33 +179,9 @@ void decode_layout(const ConstTensorView& q, const PagedKvCache& kv, const Split
         const std::int64_t qi = r / group;
         const std::int64_t hq = hkv * group + r % group;
         const std::int64_t token = b * q_len + qi;
-        float lse2;
-        if (n == 1) {
-          const std::int64_t base = t * S * rows + r;
-          for (std::int64_t d = 0; d < D; ++d) acc[d] = po[base * D + d];
-          lse2 = plse[base];
-        } else {
-          float m = math::neg_inf();
-          for (std::int32_t s = 0; s < n; ++s) m = math::nan_max(m, plse[(t * S + s) * rows + r]);
-          float sum = 0.f;
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (std::int32_t s = 0; s < n; ++s) {
-            const std::int64_t base = (t * S + s) * rows + r;
-            if (math::is_empty_lse(plse[base])) continue;
-            const float w = math::merge_weight(LseBase::kBase2, plse[base], m);
-            sum += w;
-            for (std::int64_t d = 0; d < D; ++d) acc[d] += w * po[base * D + d];
-          }
-          const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
-          for (std::int64_t d = 0; d < D; ++d) acc[d] *= res.inv_sum;
-          lse2 = res.lse;
-        }
-        float lse = math::convert_lse(lse2, LseBase::kBase2, out.base);
-        if (!sink.empty())  // the one merge that carries the sink: after every split
-          lse =
-              detail::merge_sink(out.base, lse, sink[static_cast<std::size_t>(hq)], acc.data(), D);
-        store_row(out.o, out.dtype, out.o_offset(token, hq), D, acc.data());
-        out.lse[out.lse_offset(token, hq)] = lse;
+        const std::int64_t base = t * S * rows + r;  // split s at base + s · rows
+        const float lse2 = merge_split_row(&po[base * D], &plse[base], n, rows, D, acc.data());
+        store_final_row(out, token, hq, lse2, sink, acc.data());
       }
     }
   });

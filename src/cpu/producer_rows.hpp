@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attnstate/core/dtype.hpp"
+#include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/paged_kv.hpp"
 #include "attnstate/core/variant.hpp"
@@ -73,32 +74,69 @@ inline void store_row(void* p, DType dt, std::int64_t off, std::int64_t n, const
   });
 }
 
-/// Folds keys `k (n, dim)` and values `v (n, dim)` (fp32 rows) into the running state of one
-/// query row `q (dim)`: base-2 scores `score(q·k)` (the scale and, when set, the soft cap),
-/// then `math::OnlineSoftmax` rescaling of `acc (dim)` (skipped when the running max did not
-/// move: multiplying by 1 is the identity) and `acc += p · v`. `scores` is scratch of at least
-/// `n` floats.
+/// Folds keys `k (n, qk_dim)` (rows `k_stride` apart) and values `v (n, v_dim)` (rows
+/// `v_stride` apart; fp32 rows) into the running state of one query row `q (qk_dim)`: base-2
+/// scores `score(q·k)` (the scale and, when set, the soft cap), then `math::OnlineSoftmax`
+/// rescaling of `acc (v_dim)` (skipped when the running max did not move: multiplying by 1 is the
+/// identity) and `acc += p · v`. `scores` is scratch of at least `n` floats. The values may be
+/// the first `v_dim` columns of the keys (MLA: `v == k`, `v_stride == k_stride`).
 inline void fold_key_block(math::OnlineSoftmax& os, float* acc, const float* q, const float* k,
-                           const float* v, std::int64_t n, std::int64_t dim,
+                           std::int64_t k_stride, const float* v, std::int64_t v_stride,
+                           std::int64_t n, std::int64_t qk_dim, std::int64_t v_dim,
                            const math::ScoreMap& score, float* scores) {
   float block_max = math::neg_inf();
   for (std::int64_t j = 0; j < n; ++j) {
     float dot = 0.f;
-    for (std::int64_t d = 0; d < dim; ++d) dot += q[d] * k[j * dim + d];
+    for (std::int64_t d = 0; d < qk_dim; ++d) dot += q[d] * k[j * k_stride + d];
     scores[j] = score(dot);
     block_max = math::nan_max(block_max, scores[j]);
   }
   const float alpha = os.rescale(block_max);
   if (alpha != 1.f) {
-    for (std::int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+    for (std::int64_t d = 0; d < v_dim; ++d) acc[d] *= alpha;
   }
   float p_sum = 0.f;
   for (std::int64_t j = 0; j < n; ++j) {
     const float p = os.prob(scores[j]);
     p_sum += p;
-    for (std::int64_t d = 0; d < dim; ++d) acc[d] += p * v[j * dim + d];
+    for (std::int64_t d = 0; d < v_dim; ++d) acc[d] += p * v[j * v_stride + d];
   }
   os.add(p_sum);
+}
+
+/// `fold_key_block` over dense rows of one width `dim` (keys and values alike).
+inline void fold_key_block(math::OnlineSoftmax& os, float* acc, const float* q, const float* k,
+                           const float* v, std::int64_t n, std::int64_t dim,
+                           const math::ScoreMap& score, float* scores) {
+  fold_key_block(os, acc, q, k, dim, v, dim, n, dim, dim, score, scores);
+}
+
+/// Merges the partial states of one row over the `n` splits of its request, in split order,
+/// with the max-subtracted merge: split `s` has the normalised fp32 `o` at `po + s · stride · D`
+/// (`D` values) and its base-2 LSE at `plse[s · stride]`. Writes the normalised merged `o` to
+/// `acc (D)` and returns its base-2 LSE. One split is copied as it is; an empty split (`-inf`)
+/// contributes nothing, its `o` never read.
+inline float merge_split_row(const float* po, const float* plse, std::int32_t n,
+                             std::int64_t stride, std::int64_t D, float* acc) {
+  if (n == 1) {
+    for (std::int64_t d = 0; d < D; ++d) acc[d] = po[d];
+    return plse[0];
+  }
+  float m = math::neg_inf();
+  for (std::int32_t s = 0; s < n; ++s) m = math::nan_max(m, plse[s * stride]);
+  float sum = 0.f;
+  for (std::int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+  for (std::int32_t s = 0; s < n; ++s) {
+    const float l = plse[s * stride];
+    if (math::is_empty_lse(l)) continue;
+    const float w = math::merge_weight(LseBase::kBase2, l, m);
+    sum += w;
+    const float* o = po + s * stride * D;
+    for (std::int64_t d = 0; d < D; ++d) acc[d] += w * o[d];
+  }
+  const math::MergeResult res = math::merge_finalize(LseBase::kBase2, m, sum);
+  for (std::int64_t d = 0; d < D; ++d) acc[d] *= res.inv_sum;
+  return res.lse;
 }
 
 }  // namespace detail

@@ -12,6 +12,7 @@
 #include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
 #include "common/validate.hpp"
+#include "cpu/producer_rows.hpp"
 
 namespace attnstate {
 namespace cpu {
@@ -59,6 +60,19 @@ inline float merge_sink(LseBase base, float lse, float logit, float* o, std::int
       math::pair_weights(base, lse, math::convert_lse(logit, LseBase::kNatural, base));
   for (std::int64_t d = 0; d < head_dim; ++d) o[d] = math::pair_combine(w, o[d], 0.f);
   return w.lse;
+}
+
+/// Writes the final state of row `(token, h)` of `out`: `acc` (`out.head_dim` fp32 values,
+/// normalised) and its base-2 LSE `lse2`, the LSE converted to `out.base`; when `sink` is not
+/// empty (one natural-base logit per head), merged first with the sink state `(0, sink[h])`,
+/// the one merge that carries the sink (after every split). `acc` is scaled in place.
+inline void store_final_row(const StateView& out, std::int64_t token, std::int64_t h, float lse2,
+                            const std::vector<float>& sink, float* acc) {
+  float lse = math::convert_lse(lse2, LseBase::kBase2, out.base);
+  if (!sink.empty())
+    lse = merge_sink(out.base, lse, sink[static_cast<std::size_t>(h)], acc, out.head_dim);
+  store_row(out.o, out.dtype, out.o_offset(token, h), out.head_dim, acc);
+  out.lse[out.lse_offset(token, h)] = lse;
 }
 
 }  // namespace detail

@@ -14,8 +14,10 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/lse_base.hpp"
+#include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/problem.hpp"
 #include "attnstate/testing/reference.hpp"
+#include "attnstate/testing/tolerance.hpp"
 
 namespace attnstate {
 namespace testing {
@@ -123,6 +125,32 @@ void check_reference(const ReferenceState& state, const char* func, const char* 
 /// Throws unless every key is in `[0, num_keys)`, naming `<arg>[i]`.
 void check_keys(const std::vector<std::int64_t>& keys, std::int64_t num_keys, const char* func,
                 const char* arg);
+
+/// Throws naming `keys_per_token` unless it holds `tokens` lists, or `keys_per_token[t][i]` for
+/// a key outside `[0, num_keys)`.
+inline void check_keys_per_token(const std::vector<std::vector<std::int64_t>>& keys,
+                                 std::int64_t tokens, std::int64_t num_keys, const char* func) {
+  if (static_cast<std::int64_t>(keys.size()) != tokens) {
+    detail::throw_argument(func, "keys_per_token",
+                           "one key list per query token (" + std::to_string(tokens) + ")",
+                           std::to_string(keys.size()) + " lists");
+  }
+  for (std::size_t t = 0; t < keys.size(); ++t) {
+    const std::string name = "keys_per_token[" + std::to_string(t) + "]";
+    check_keys(keys[t], num_keys, func, name.c_str());
+  }
+}
+
+/// Throws naming `<arg>.<field>` unless the MLA generator options `options` are valid: limits
+/// in range, every list non-empty and its entries valid (dtypes, bases, widths, scales),
+/// percentages in 0..100, finite factors and sink range.
+void check_mla_gen_options(const MlaGenOptions& options, const char* func, const char* arg);
+
+/// The tolerance model of `tolerance_for(const AttentionProblem&, bool)` from its inputs: `in`
+/// the dtype `P` may be rounded to, `keys` the key count, `dim` the width of the scores' dot
+/// products, `max_score` the bound of `max_abs_score`, `v_max` the largest real `|v|` (≥ 1).
+Tolerance attention_tolerance(DType in, DType out_dtype, LseBase base, double keys, double dim,
+                              double max_score, double v_max, bool p_rounded_to_input);
 
 }  // namespace kit
 }  // namespace testing

@@ -10,7 +10,9 @@
 #include <exception>
 #include <sstream>
 
+#include "arg_checks.hpp"
 #include "attnstate/core/error.hpp"
+#include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/reference.hpp"
 #include "attnstate/testing/tolerance.hpp"
 #include "option_checks.hpp"
@@ -43,12 +45,21 @@ bool is_law(Law law) {
   return std::find(laws.begin(), laws.end(), law) != laws.end();
 }
 
+/// The checks of the problem options of each kind of kernel.
+void check_gen_options(const ProblemGenOptions& o, const char* func, const char* arg) {
+  check_problem_gen_options(o, func, arg);
+}
+void check_gen_options(const MlaGenOptions& o, const char* func, const char* arg) {
+  kit::check_mla_gen_options(o, func, arg);
+}
+
 /// Rejects options that cannot be checked, before any case runs, so that a bad option is never
 /// reported as a failure of the kernel.
-void check_options(const StateKernel& fn, const KernelCheckOptions& o) {
-  const char* func = "attnstate::testing::check_state_kernel";
-  if (!fn) detail::throw_argument(func, "fn", "a callable kernel", "an empty StateKernel");
-  check_problem_gen_options(o.problems, func, "options.problems");
+template <class Fn, class Options>
+void check_options(const Fn& fn, const Options& o, const char* func, const char* kernel_type) {
+  if (!fn)
+    detail::throw_argument(func, "fn", "a callable kernel", std::string("an empty ") + kernel_type);
+  check_gen_options(o.problems, func, "options.problems");
   if (o.laws.empty()) {
     detail::throw_argument(func, "options.laws", "at least one law (the default is all_laws())",
                            "an empty list");
@@ -85,9 +96,57 @@ std::string show_keys(const std::vector<std::int64_t>& keys) {
   return ss.str();
 }
 
+/// A kernel under test of problems of type `P`.
+template <class P>
+using KernelOf = std::function<HostState(const P&, const std::vector<std::int64_t>&)>;
+
+/// The state of `p`'s queries over `keys` in double, LSEs in `base`: the reference of each kind
+/// of problem.
+ReferenceState reference_of(const AttentionProblem& p, const std::vector<std::int64_t>& keys,
+                            LseBase base) {
+  return reference_state(p, keys, base);
+}
+ReferenceState reference_of(const MlaProblem& p, const std::vector<std::int64_t>& keys,
+                            LseBase base) {
+  return reference_mla_state(p, keys, base);
+}
+/// As above, in the problem's requested base.
+template <class P>
+ReferenceState reference_of(const P& p, const std::vector<std::int64_t>& keys) {
+  return reference_of(p, keys, p.base);
+}
+
+/// A problem drawn from the options of its kind.
+AttentionProblem draw_problem(const ProblemGenOptions& o) { return *gen_attention_problem(o); }
+MlaProblem draw_problem(const MlaGenOptions& o) { return *gen_mla_problem(o); }
+
+/// An MLA problem and a partition of its keys, drawn as one value (as `PartitionedProblem`).
+struct PartitionedMlaProblem {
+  MlaProblem problem;                            ///< The problem.
+  std::vector<std::vector<std::int64_t>> parts;  ///< Disjoint parts covering all its keys.
+};
+void showValue(const PartitionedMlaProblem& value, std::ostream& os) {
+  os << value.problem << "\nparts:";
+  for (const auto& part : value.parts) os << " " << show_keys(part);
+}
+
+/// A problem and a partition of its keys into up to `max_parts` parts.
+PartitionedProblem draw_partitioned(const ProblemGenOptions& o, int max_parts) {
+  return *gen_partitioned_problem(o, max_parts);
+}
+PartitionedMlaProblem draw_partitioned(const MlaGenOptions& o, int max_parts) {
+  return *rc::gen::exec([o, max_parts] {
+    PartitionedMlaProblem pp;
+    pp.problem = *gen_mla_problem(o);
+    pp.parts = *gen_partition(pp.problem.num_keys(), max_parts);
+    return pp;
+  });
+}
+
 /// Calls the kernel; an exception it throws fails the case with its message.
-HostState call(const StateKernel& fn, const AttentionProblem& p,
-               const std::vector<std::int64_t>& keys, const char* law) {
+template <class P>
+HostState call(const KernelOf<P>& fn, const P& p, const std::vector<std::int64_t>& keys,
+               const char* law) {
   try {
     return fn(p, keys);
   } catch (const std::exception& e) {
@@ -95,11 +154,13 @@ HostState call(const StateKernel& fn, const AttentionProblem& p,
   }
 }
 
-Tolerance law_tolerance(const AttentionProblem& p, const KernelCheckOptions& opt) {
+template <class P, class Options>
+Tolerance law_tolerance(const P& p, const Options& opt) {
   return tolerance_for(p, opt.p_rounded_to_input).scaled(opt.tolerance_factor);
 }
 
-ProblemGenOptions with_keys_and_logits(ProblemGenOptions o, int large_percent) {
+template <class GenOptions>
+GenOptions with_keys_and_logits(GenOptions o, int large_percent) {
   o.min_keys = std::max<std::int64_t>(1, o.min_keys);
   o.max_keys = std::max(o.max_keys, o.min_keys);
   if (large_percent >= 0) o.large_logits_percent = large_percent;
@@ -113,11 +174,11 @@ constexpr int kMostSinkMerges = 8;
 /// mistake explains it (or `out` is right about the sink), else a line saying how many times the
 /// sink seems merged into `out`: the `k` (0, or 2 to 8) for which `out` matches the sink-free
 /// reference with the sink merged `k` times. `what` names the state (e.g. "fn(all keys)").
-std::string sink_hint(const HostState& out, const AttentionProblem& p,
-                      const std::vector<std::int64_t>& keys, const Tolerance& tol,
-                      const std::string& what) {
+template <class P>
+std::string sink_hint(const HostState& out, const P& p, const std::vector<std::int64_t>& keys,
+                      const Tolerance& tol, const std::string& what) {
   if (!p.has_sinks()) return {};
-  const ReferenceState sink_free = reference_state(without_sinks(p), keys);
+  const ReferenceState sink_free = reference_of(without_sinks(p), keys);
   ReferenceState ref = apply_sinks(sink_free, p.sinks);
   if (compare_states(out, ref, tol).empty()) return {};
   if (compare_states(out, sink_free, tol).empty()) {
@@ -136,29 +197,32 @@ std::string sink_hint(const HostState& out, const AttentionProblem& p,
 
 /// Whether the partial state `part` (asked for over `keys` of `without_sinks(p)`) is instead the
 /// state with `p`'s sinks: it matches that and not the sink-free reference.
-bool carries_the_sink(const HostState& part, AttentionProblem p,
-                      const std::vector<std::int64_t>& keys, const KernelCheckOptions& opt) {
+template <class P, class Options>
+bool carries_the_sink(const HostState& part, P p, const std::vector<std::int64_t>& keys,
+                      const Options& opt) {
   p.base = part.base();
   const Tolerance tol = law_tolerance(p, opt).scaled(2.0);
-  return compare_states(part, reference_state(p, keys), tol).empty() &&
-         !compare_states(part, reference_state(without_sinks(p), keys), tol).empty();
+  return compare_states(part, reference_of(p, keys), tol).empty() &&
+         !compare_states(part, reference_of(without_sinks(p), keys), tol).empty();
 }
 
-void law_exactness(const StateKernel& fn, const KernelCheckOptions& opt) {
-  const AttentionProblem p = *gen_attention_problem(opt.problems);
+template <class P, class Options>
+void law_exactness(const KernelOf<P>& fn, const Options& opt) {
+  const P p = draw_problem(opt.problems);
   const auto keys = *gen_key_subset(p.num_keys());
   const HostState out = call(fn, p, keys, "exactness");
   const Tolerance tol = law_tolerance(p, opt);
-  const std::string msg = compare_states(out, reference_state(p, keys), tol);
+  const std::string msg = compare_states(out, reference_of(p, keys), tol);
   if (!msg.empty()) {
     fail("exactness: fn(K) differs from the double-precision reference, K = " + show_keys(keys) +
          sink_hint(out, p, keys, tol, "fn(K)") + "\n" + msg);
   }
 }
 
-void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
-  const PartitionedProblem pp = *gen_partitioned_problem(opt.problems, opt.max_parts);
-  const AttentionProblem& p = pp.problem;
+template <class P, class Options>
+void law_split_merge(const KernelOf<P>& fn, const Options& opt) {
+  const auto pp = draw_partitioned(opt.problems, opt.max_parts);
+  const P& p = pp.problem;
   // Each part is requested in a random base among the allowed ones (mixed bases), so the
   // merge also checks that every returned state's base tag is honoured.
   // Drawn at full size: at the small sizes of the first cases `inRange` would give base 0 only.
@@ -169,11 +233,11 @@ void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
   const HostState whole = call(fn, p, all, "split_merge");
   // The parts are partial states: asked for without the sinks, which are merged once, after
   // their ⊕ (a kernel that merges the sink into every partial counts it once per part).
-  const AttentionProblem partial = without_sinks(p);
+  const P partial = without_sinks(p);
   std::vector<HostState> parts;
   std::ostringstream desc;
   for (std::size_t i = 0; i < pp.parts.size(); ++i) {
-    AttentionProblem pi = partial;
+    P pi = partial;
     pi.base = bases[base_of_part[i]];
     parts.push_back(call(fn, pi, pp.parts[i], "split_merge"));
     desc << (i ? ", " : "") << "P" << i + 1 << " = " << show_keys(pp.parts[i]) << " ("
@@ -183,7 +247,7 @@ void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
   // The scale of the parts' rounding errors (of P, and of each stored o_j, |o_j| <= M_j): the
   // merge weights average the parts' magnitudes M_j into that of the whole key set (scaled, with
   // sinks, by the sink's weight, as o is).
-  merged.o_magnitude = reference_state(p, all).o_magnitude;
+  merged.o_magnitude = reference_of(p, all).o_magnitude;
   const Tolerance tol = law_tolerance(p, opt).scaled(2.0);
   const std::string msg = compare_states(whole, merged, tol);
   if (!msg.empty()) {
@@ -208,12 +272,13 @@ void law_split_merge(const StateKernel& fn, const KernelCheckOptions& opt) {
   }
 }
 
-void law_identity(const StateKernel& fn, const KernelCheckOptions& opt) {
-  const AttentionProblem p = *gen_attention_problem(opt.problems);
+template <class P, class Options>
+void law_identity(const KernelOf<P>& fn, const Options& opt) {
+  const P p = draw_problem(opt.problems);
   // The identity is the sink-free empty state (a partial over no keys).
-  const AttentionProblem partial = without_sinks(p);
+  const P partial = without_sinks(p);
   const HostState out = call(fn, partial, {}, "identity");
-  const std::string msg = compare_states(out, reference_state(partial, {}), Tolerance{});
+  const std::string msg = compare_states(out, reference_of(partial, {}), Tolerance{});
   if (!msg.empty()) {
     fail("identity: fn(∅) must be exactly the empty state (o = 0, lse = -inf)" +
          std::string(p.has_sinks() ? " for the problem without sinks" : "") + "\n" + msg);
@@ -224,7 +289,7 @@ void law_identity(const StateKernel& fn, const KernelCheckOptions& opt) {
   const HostState sunk = call(fn, p, {}, "identity");
   Tolerance exact_o = law_tolerance(p, opt);
   exact_o.o_abs = exact_o.o_rel = exact_o.o_magnitude_rel = 0;
-  const std::string with = compare_states(sunk, reference_state(p, {}), exact_o);
+  const std::string with = compare_states(sunk, reference_of(p, {}), exact_o);
   if (!with.empty()) {
     fail(
         "identity: with sinks, fn(∅) must be the sink state (o = 0, lse = s_h): an empty row "
@@ -233,8 +298,9 @@ void law_identity(const StateKernel& fn, const KernelCheckOptions& opt) {
   }
 }
 
-void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
-  const AttentionProblem p = *gen_attention_problem(with_keys_and_logits(opt.problems, -1));
+template <class P, class Options>
+void law_declared_base(const KernelOf<P>& fn, const Options& opt) {
+  const P p = draw_problem(with_keys_and_logits(opt.problems, -1));
   const auto keys = all_keys(p.num_keys());
   const HostState out = call(fn, p, keys, "declared_base");
   if (out.base() != p.base) {
@@ -243,12 +309,12 @@ void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
   }
   Tolerance lse_only = law_tolerance(p, opt);
   lse_only.o_abs = lse_only.o_rel = 1e300;
-  const std::string msg = compare_states(out, reference_state(p, keys, out.base()), lse_only);
+  const std::string msg = compare_states(out, reference_of(p, keys, out.base()), lse_only);
   if (msg.empty()) return;
   const LseBase other = out.base() == LseBase::kBase2 ? LseBase::kNatural : LseBase::kBase2;
   HostState relabeled = out;
   relabeled.relabel_base(other);
-  if (compare_states(relabeled, reference_state(p, keys, other), lse_only).empty()) {
+  if (compare_states(relabeled, reference_of(p, keys, other), lse_only).empty()) {
     fail(std::string("declared_base: the LSEs do not match the declared base ") +
          to_string(out.base()) + ": they are " + to_string(other) + " LSEs declared " +
          to_string(out.base()) + " (the classic mixed-base bug)\n" + msg);
@@ -256,18 +322,19 @@ void law_declared_base(const StateKernel& fn, const KernelCheckOptions& opt) {
   // Relabelling does not fix it: the LSEs are wrong in either base, so this is not a base
   // problem; report the whole state against the reference, as the exactness law does.
   const Tolerance tol = law_tolerance(p, opt);
-  const std::string full = compare_states(out, reference_state(p, keys), tol);
+  const std::string full = compare_states(out, reference_of(p, keys), tol);
   fail(
       "declared_base: an exactness failure, not a base problem (the LSEs match the reference in "
       "neither base): fn(all keys) differs from the double-precision reference" +
       sink_hint(out, p, keys, tol, "fn(all keys)") + "\n" + (full.empty() ? msg : full));
 }
 
-void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
-  const AttentionProblem p = *gen_attention_problem(with_keys_and_logits(opt.problems, 100));
+template <class P, class Options>
+void law_large_logits(const KernelOf<P>& fn, const Options& opt) {
+  const P p = draw_problem(with_keys_and_logits(opt.problems, 100));
   const auto keys = all_keys(p.num_keys());
   const HostState out = call(fn, p, keys, "large_logits");
-  const ReferenceState ref = reference_state(p, keys);
+  const ReferenceState ref = reference_of(p, keys);
   for (std::int64_t t = 0; t < out.tokens() && t < ref.tokens; ++t) {
     for (std::int64_t h = 0; h < out.heads() && h < ref.heads; ++h) {
       // a row whose window holds none of the keys is the empty state (compared below)
@@ -293,8 +360,9 @@ void law_large_logits(const StateKernel& fn, const KernelCheckOptions& opt) {
   }
 }
 
-void law_determinism(const StateKernel& fn, const KernelCheckOptions& opt) {
-  const AttentionProblem p = *gen_attention_problem(opt.problems);
+template <class P, class Options>
+void law_determinism(const KernelOf<P>& fn, const Options& opt) {
+  const P p = draw_problem(opt.problems);
   const auto keys = *gen_key_subset(p.num_keys());
   const HostState a = call(fn, p, keys, "determinism");
   const HostState b = call(fn, p, keys, "determinism");
@@ -430,7 +498,7 @@ std::string KernelCheckReport::summary() const {
     ss << (r.passed ? "PASS " : "FAIL ") << r.name << " (" << r.num_tests << " cases passed)\n";
   }
   // Each message ends with the same reproduce line (one seed for every law): printed once, last.
-  const std::string reproduce = "\n" + reproduce_line(seed, "KernelCheckOptions::seed");
+  const std::string reproduce = "\n" + reproduce_line(seed, seed_option.c_str());
   for (const LawResult& r : laws) {
     if (r.passed) continue;
     const bool ends =
@@ -443,15 +511,20 @@ std::string KernelCheckReport::summary() const {
   if (passed()) {
     ss << "seed " << seed;
   } else {
-    ss << reproduce_line(seed, "KernelCheckOptions::seed");
+    ss << reproduce_line(seed, seed_option.c_str());
   }
   return ss.str();
 }
 
-KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOptions& options) {
-  check_options(fn, options);
+namespace {
+
+/// Runs the laws of `options` over `fn` (the options checked); `seed_option` names the options'
+/// seed field in the report.
+template <class P, class Options>
+KernelCheckReport run_laws(const KernelOf<P>& fn, const Options& options, const char* seed_option) {
   KernelCheckReport report;
   report.seed = options.seed != 0 ? options.seed : default_seed();
+  report.seed_option = seed_option;
   for (Law law : options.laws) {
     std::function<void()> property;
     // What each law draws, in order (the labels of its counterexample's values).
@@ -483,11 +556,23 @@ KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOpt
     LawResult r;
     static_cast<PropertyResult&>(r) =
         run_property_impl(to_string(law), property, options.num_tests, report.seed, options.shrink,
-                          labels, "KernelCheckOptions::seed");
+                          labels, seed_option);
     r.law = law;
     report.laws.push_back(std::move(r));
   }
   return report;
+}
+
+}  // namespace
+
+KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOptions& options) {
+  check_options(fn, options, "attnstate::testing::check_state_kernel", "StateKernel");
+  return run_laws(fn, options, "KernelCheckOptions::seed");
+}
+
+KernelCheckReport check_mla_kernel(const MlaKernel& fn, const MlaKernelCheckOptions& options) {
+  check_options(fn, options, "attnstate::testing::check_mla_kernel", "MlaKernel");
+  return run_laws(fn, options, "MlaKernelCheckOptions::seed");
 }
 
 }  // namespace testing

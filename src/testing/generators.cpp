@@ -13,6 +13,7 @@
 #include "arg_checks.hpp"
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
+#include "gen_choices.hpp"
 #include "option_checks.hpp"
 
 namespace attnstate {
@@ -20,32 +21,12 @@ namespace testing {
 
 namespace {
 
+using kit::fp8_max;
+using kit::gen_seed;
+using kit::in_full_range;
+using kit::pick;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-/// RapidCheck's nominal size: choices drawn at this size are uniform over their whole range
-/// (instead of growing with the test's size), while still shrinking towards the minimum.
-constexpr int kFullSize = 100;
-
-/// A value in `[lo, hi)` drawn at full size: uniform whatever the test size (`rc::gen::inRange`
-/// alone scales its range down with the size), still shrinking towards `lo`.
-template <class T>
-rc::Gen<T> in_full_range(T lo, T hi) {
-  return rc::gen::resize(kFullSize, rc::gen::inRange<T>(lo, hi));
-}
-
-/// A 64-bit seed for bulk values, drawn uniformly whatever the test size (shrinks to 0).
-rc::Gen<std::uint64_t> gen_seed() {
-  return rc::gen::resize(kFullSize, rc::gen::arbitrary<std::uint64_t>());
-}
-
-/// One element of `choices` (non-empty: the public generators check their options first);
-/// unlike `rc::gen::elementOf` it shrinks towards the first element, so list the simplest choice
-/// first.
-template <class T>
-rc::Gen<T> pick(const std::vector<T>& choices) {
-  if (choices.empty()) throw rc::GenerationFailure("empty list of choices");
-  return rc::gen::map(in_full_range<std::size_t>(0, choices.size()),
-                      [choices](std::size_t i) { return choices[i]; });
-}
 
 /// Garbage for the `o` of an empty row: NaN, ±inf or a huge value (never read by a merge).
 float garbage(std::mt19937_64& rng) {
@@ -482,9 +463,6 @@ void draw_window(AttentionProblem& p, std::int64_t tokens, std::int64_t keys) {
 }  // namespace
 
 namespace {
-
-/// The largest finite value of the fp8 dtype `dt`.
-float fp8_max(DType dt) { return dt == DType::kE4M3 ? 448.f : 57344.f; }
 
 /// The extreme encodings of the fp8 dtype `dt`, as floats: ±largest finite, ±smallest normal,
 /// ±smallest subnormal, ±0.

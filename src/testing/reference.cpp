@@ -10,6 +10,7 @@
 #include "arg_checks.hpp"
 #include "attnstate/core/checked.hpp"
 #include "attnstate/core/error.hpp"
+#include "reference_rows.hpp"
 
 namespace attnstate {
 namespace testing {
@@ -91,37 +92,41 @@ namespace {
 
 /// The problem's values, read once per reference: `q` as stored, `k` and `v` as real values
 /// (fp8 elements times their scales, exact in double).
-struct ProblemValues {
-  std::vector<float> q;
-  std::vector<double> k, v;
-  std::int64_t hq, hkv, dim, group;
-  float scale;
-  double cap;  // logits soft cap, 0: none
-  explicit ProblemValues(const AttentionProblem& p)
-      : q(p.q.to_floats()),
-        k(kit::dequantized(p.k, p.k_scale, "attnstate::testing::reference_state")),
-        v(kit::dequantized(p.v, p.v_scale, "attnstate::testing::reference_state")),
-        hq(p.heads_q()),
-        hkv(p.heads_kv()),
-        dim(p.head_dim()),
-        group(p.group_size()),
-        scale(p.scale),
-        cap(p.variant.logits_soft_cap) {}
-};
+kit::RowValues problem_values(const AttentionProblem& p) {
+  kit::RowValues pv;
+  pv.q = p.q.to_floats();
+  pv.k = kit::dequantized(p.k, p.k_scale, "attnstate::testing::reference_state");
+  pv.v = kit::dequantized(p.v, p.v_scale, "attnstate::testing::reference_state");
+  pv.hq = p.heads_q();
+  pv.hkv = p.heads_kv();
+  pv.k_dim = p.head_dim();
+  pv.v_dim = p.head_dim();
+  pv.group = p.group_size();
+  pv.scale = p.scale;
+  pv.cap = p.variant.logits_soft_cap;
+  return pv;
+}
 
-/// Row `(t, h)` of `r` over `keys` (not empty): scores, max-subtracted weights, `o`, its
-/// magnitude and the LSE in `r.base`; a NaN score makes the whole row NaN. `s` is scratch.
-void attend_row(const ProblemValues& pv, const std::vector<std::int64_t>& keys, std::int64_t t,
+}  // namespace
+
+namespace kit {
+
+ReferenceState empty_reference(std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                               LseBase base) {
+  return make_empty(tokens, heads, head_dim, base);
+}
+
+void attend_row(const RowValues& pv, const std::vector<std::int64_t>& keys, std::int64_t t,
                 std::int64_t h, std::vector<double>& s, ReferenceState& r) {
-  const std::int64_t dim = pv.dim, g = h / pv.group;
+  const std::int64_t k_dim = pv.k_dim, dim = pv.v_dim, g = h / pv.group;
   s.resize(keys.size());
-  const float* qr = &pv.q[static_cast<std::size_t>((t * pv.hq + h) * dim)];
+  const float* qr = &pv.q[static_cast<std::size_t>((t * pv.hq + h) * k_dim)];
   double m = kNegInf;
   bool nan = false;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    const double* kr = &pv.k[static_cast<std::size_t>((keys[i] * pv.hkv + g) * dim)];
+    const double* kr = &pv.k[static_cast<std::size_t>((keys[i] * pv.hkv + g) * k_dim)];
     double dot = 0;
-    for (std::int64_t d = 0; d < dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+    for (std::int64_t d = 0; d < k_dim; ++d) dot += static_cast<double>(qr[d]) * kr[d];
     s[i] = static_cast<double>(pv.scale) * dot;
     if (pv.cap != 0) s[i] = pv.cap * std::tanh(s[i] / pv.cap);  // on the scaled score
     if (std::isnan(s[i])) nan = true;
@@ -153,7 +158,7 @@ void attend_row(const ProblemValues& pv, const std::vector<std::int64_t>& keys, 
   lse = convert(m + std::log(sum), LseBase::kNatural, r.base);
 }
 
-}  // namespace
+}  // namespace kit
 
 ReferenceState reference_state(const AttentionProblem& p, const std::vector<std::int64_t>& keys,
                                LseBase base) {
@@ -163,7 +168,7 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
   kit::check_base(base, fn, "base");
   ReferenceState r = make_empty(p.tokens(), p.heads_q(), p.head_dim(), base);
   if (keys.empty()) return apply_sinks(r, p.sinks);
-  const ProblemValues pv(p);
+  const kit::RowValues pv = problem_values(p);
   std::vector<double> s;
   std::vector<std::int64_t> row_keys;
   for (std::int64_t t = 0; t < p.tokens(); ++t) {
@@ -176,7 +181,7 @@ ReferenceState reference_state(const AttentionProblem& p, const std::vector<std:
       if (row_keys.empty()) continue;  // (0, -inf)
       seen = &row_keys;
     }
-    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, *seen, t, h, s, r);
+    for (std::int64_t h = 0; h < pv.hq; ++h) kit::attend_row(pv, *seen, t, h, s, r);
   }
   return apply_sinks(r, p.sinks);  // once, after every key (none: r unchanged)
 }
@@ -186,18 +191,10 @@ ReferenceState reference_state_per_token(const AttentionProblem& p,
                                          LseBase base) {
   const char* fn = "attnstate::testing::reference_state_per_token";
   kit::check_problem(p, fn, "problem");
-  if (static_cast<std::int64_t>(keys.size()) != p.tokens()) {
-    detail::throw_argument(fn, "keys_per_token",
-                           "one key list per query token (" + std::to_string(p.tokens()) + ")",
-                           std::to_string(keys.size()) + " lists");
-  }
-  for (std::size_t t = 0; t < keys.size(); ++t) {
-    const std::string name = "keys_per_token[" + std::to_string(t) + "]";
-    kit::check_keys(keys[t], p.num_keys(), fn, name.c_str());
-  }
+  kit::check_keys_per_token(keys, p.tokens(), p.num_keys(), fn);
   kit::check_base(base, fn, "base");
   ReferenceState r = make_empty(p.tokens(), p.heads_q(), p.head_dim(), base);
-  const ProblemValues pv(p);
+  const kit::RowValues pv = problem_values(p);
   std::vector<double> s;
   std::vector<std::int64_t> visible;
   for (std::int64_t t = 0; t < p.tokens(); ++t) {
@@ -210,7 +207,7 @@ ReferenceState reference_state_per_token(const AttentionProblem& p,
       row_keys = &visible;
     }
     if (row_keys->empty()) continue;  // (0, -inf)
-    for (std::int64_t h = 0; h < pv.hq; ++h) attend_row(pv, *row_keys, t, h, s, r);
+    for (std::int64_t h = 0; h < pv.hq; ++h) kit::attend_row(pv, *row_keys, t, h, s, r);
   }
   return apply_sinks(r, p.sinks);  // once, after every key of the row
 }

@@ -109,36 +109,45 @@ Tolerance tolerance_for(DType o_dtype) {
   }
 }
 
-Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input) {
-  kit::check_problem(problem, "attnstate::testing::tolerance_for", "problem");
+namespace kit {
+
+Tolerance attention_tolerance(DType in, DType out_dtype, LseBase base, double keys, double dim,
+                              double max_score, double v_max, bool p_rounded_to_input) {
   // The fp32 floor of the f32 row of the table; the LSE part is the table's (fp32 whatever the
   // dtypes), widened below.
   Tolerance tol = tolerance_for(DType::kF32);
+  const double score_err = (dim + 8) * kUnitRoundoff * max_score;
+  const double sum_err = (keys + dim + 8) * kUnitRoundoff;
+  const double base_factor = base == LseBase::kBase2 ? 1.4426950408889634 : 1.0;
+  // Rounding P to the input dtype (tensor cores) and o to the output dtype, each at most one
+  // unit roundoff of the element's magnitude Σ w_i |v_i|; twice that as the margin.
+  const bool rounds_p = p_rounded_to_input && in != DType::kF32;
+  const double u_in = rounds_p ? unit_roundoff(in) : 0.0;
+  tol.o_magnitude_rel = 2 * (u_in + unit_roundoff(out_dtype));
+  tol.o_magnitude_default = v_max;
+  tol.o_abs = tol.o_abs * v_max + (4 * score_err + 2 * sum_err) * v_max;
+  if (rounds_p && in == DType::kF16) tol.o_abs += 2 * keys * kF16SubnormalHalfUlp * v_max;
+  if (out_dtype == DType::kF16) tol.o_abs += 2 * kF16SubnormalHalfUlp;
+  tol.lse_abs += (2 * score_err + sum_err) * base_factor;
+  return tol;
+}
+
+}  // namespace kit
+
+Tolerance tolerance_for(const AttentionProblem& problem, bool p_rounded_to_input) {
+  kit::check_problem(problem, "attnstate::testing::tolerance_for", "problem");
   // The 16-bit dtype P may be rounded to: the inputs', or the queries' for fp8 keys and values
   // (a tensor-core kernel multiplies P in the queries' dtype with V converted to it exactly:
   // every fp8 value is an f16 and a bf16 value; the scales are applied in fp32).
   const DType in = problem.has_fp8_kv() ? problem.q.dtype() : problem.v.dtype();
-  const double keys = static_cast<double>(problem.num_keys());
-  const double dim = static_cast<double>(problem.head_dim());
-  const double score_err = (dim + 8) * kUnitRoundoff * max_abs_score(problem);
-  const double sum_err = (keys + dim + 8) * kUnitRoundoff;
   double v_max = 1.0;
   for (const double v :
        kit::dequantized(problem.v, problem.v_scale, "attnstate::testing::tolerance_for")) {
     v_max = std::max(v_max, std::fabs(v));
   }
-  const double base_factor = problem.base == LseBase::kBase2 ? 1.4426950408889634 : 1.0;
-  // Rounding P to the input dtype (tensor cores) and o to the output dtype, each at most one
-  // unit roundoff of the element's magnitude Σ w_i |v_i|; twice that as the margin.
-  const bool rounds_p = p_rounded_to_input && in != DType::kF32;
-  const double u_in = rounds_p ? unit_roundoff(in) : 0.0;
-  tol.o_magnitude_rel = 2 * (u_in + unit_roundoff(problem.out_dtype));
-  tol.o_magnitude_default = v_max;
-  tol.o_abs = tol.o_abs * v_max + (4 * score_err + 2 * sum_err) * v_max;
-  if (rounds_p && in == DType::kF16) tol.o_abs += 2 * keys * kF16SubnormalHalfUlp * v_max;
-  if (problem.out_dtype == DType::kF16) tol.o_abs += 2 * kF16SubnormalHalfUlp;
-  tol.lse_abs += (2 * score_err + sum_err) * base_factor;
-  return tol;
+  return kit::attention_tolerance(
+      in, problem.out_dtype, problem.base, static_cast<double>(problem.num_keys()),
+      static_cast<double>(problem.head_dim()), max_abs_score(problem), v_max, p_rounded_to_input);
 }
 
 Tolerance merge_tolerance(DType out_dtype, const std::vector<HostState>& inputs) {

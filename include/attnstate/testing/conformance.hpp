@@ -11,6 +11,7 @@
 
 #include "attnstate/testing/generators.hpp"
 #include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/problem.hpp"
 
 namespace attnstate {
@@ -110,7 +111,10 @@ struct LawResult : PropertyResult {
 
 /// The outcome of `check_state_kernel`.
 struct KernelCheckReport {
-  std::uint64_t seed = 0;       ///< The RapidCheck seed every law ran with.
+  std::uint64_t seed = 0;  ///< The RapidCheck seed every law ran with.
+  /// The options' seed field the reproduce line names (`KernelCheckOptions::seed`, or
+  /// `MlaKernelCheckOptions::seed` for `check_mla_kernel`).
+  std::string seed_option = "KernelCheckOptions::seed";
   std::vector<LawResult> laws;  ///< One entry per checked law.
 
   /// @return true when every checked law passed.
@@ -154,6 +158,39 @@ struct KernelCheckReport {
 ///   EXPECT_TRUE(report.passed()) << report.summary();
 /// @endcode
 KernelCheckReport check_state_kernel(const StateKernel& fn, const KernelCheckOptions& options = {});
+
+/// An MLA kernel under test: returns the state of `problem`'s queries over the latent tokens
+/// `keys` (indices into `problem.ckv` / `problem.kpe`, sorted, possibly empty), e.g. its kernel
+/// run on `select_keys(problem, keys)` into `make_output_state(problem)` (shaped
+/// `(tokens, heads, kv_lora_rank)` in the requested dtype and base). Every row sees every key it
+/// is given; with `problem.sinks` set, each row is merged once with `(0, sinks[h])` after its
+/// keys, and empty `sinks` asks for a partial (sink-free) state, as for `StateKernel`.
+using MlaKernel =
+    std::function<HostState(const MlaProblem& problem, const std::vector<std::int64_t>& keys)>;
+
+/// Options of `check_mla_kernel`: those of `KernelCheckOptions` with MLA problems.
+struct MlaKernelCheckOptions {
+  MlaGenOptions problems;              ///< The MLA problems drawn (`gen_mla_problem`).
+  std::vector<Law> laws = all_laws();  ///< The laws to check (at least one, each once).
+  int num_tests = 100;                 ///< Successful cases required per law (≥ 1).
+  int max_parts = 5;                   ///< Largest partition for `kSplitMerge` (≥ 1).
+  std::uint64_t seed = 0;              ///< RapidCheck seed; 0 takes the seed of `RC_PARAMS`.
+  double tolerance_factor = 1.0;       ///< Multiplies every tolerance (finite, > 0).
+  bool shrink = true;                  ///< Shrink failures to a minimal case.
+  bool p_rounded_to_input = true;      ///< The kernel may round `P` to the 16-bit input dtype
+                                       ///< (`tolerance_for(const MlaProblem&, bool)`).
+};
+
+/// Property-tests an MLA kernel against the same laws as `check_state_kernel` (exactness against
+/// `reference_mla_state`, split/merge with the sink merged once, identity, declared base, large
+/// logits, determinism) over problems drawn by `gen_mla_problem(options.problems)`, with
+/// `tolerance_for(const MlaProblem&, bool)` scaled by `options.tolerance_factor`.
+/// @param fn       the MLA kernel under test.
+/// @param options  the problems drawn, the laws, the case count, the seed and the tolerances.
+/// @return one result per law in `options.laws` and the seed used.
+/// @throws attnstate::Error (`kInvalidArgument`) before running any case when `fn` is empty or
+///         `options` is invalid, naming the field (e.g. `options.problems.heads`).
+KernelCheckReport check_mla_kernel(const MlaKernel& fn, const MlaKernelCheckOptions& options = {});
 
 /// Runs one RapidCheck property with explicit parameters and no console output: the building
 /// block of `check_state_kernel`, usable for custom laws.

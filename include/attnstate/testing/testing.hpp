@@ -7,6 +7,7 @@
 #include "attnstate/testing/generators.hpp"
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/host_tensor.hpp"
+#include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/problem.hpp"
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "attnstate/testing/reference.hpp"
