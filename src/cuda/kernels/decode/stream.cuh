@@ -24,6 +24,21 @@
 /// - Requirements (else the launcher uses the split kernel): one split per request, head dim 64
 ///   or 128 (fp8 caches: 128), page sizes that are multiples of 16, 16-byte aligned query rows, no
 ///   prior states.
+///
+/// The kernel's body is a composition of inlined parts (the machine code is the one of the single
+/// function they were cut from; `scripts/cubin-diff.sh` shows it):
+/// - scheduler: `stream_first_items`, then per item `stream_next_item`;
+/// - producer: the load cursor (the next tile to copy is tile `ld_t` of the current item,
+///   `ld_sel` 0, or of the next one, 1; 2: none until the next item), stepped by `stream_issue`
+///   (`stream_load_tile`, `stream_normalize`); its page-id windows, `ld_pids` for the cursor's
+///   item and `nxt_pids` for the next item's first tile once `nxt_ready` (loaded one tile after
+///   the item is fetched, when its length and page-table start have arrived, or when the cursor
+///   needs it first: `ensure_nxt`, `stream_next_pids`; `stream_win_of`);
+/// - mainloop: per item `stream_item_queries` (fp8), `stream_item_rows` (the scores policy) and
+///   `stream_zero`, then per tile `stream_wait` (its commit group) and `stream_tile`;
+/// - epilogue: `stream_store_rows`.
+/// The cursor's hand-over between items and the ring stage's step stay in the body: as parts of
+/// their own, they changed the machine code.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -241,6 +256,11 @@ __device__ __forceinline__ void stream_item_queries(const DecodeParams& p, const
   }
 }
 
+/// The page-id window (of 32 pages, `stream_pid_window`) that holds tile `t` of an item.
+__device__ __forceinline__ int stream_win_of(const DecodeParams& p, int t) {
+  return static_cast<int>(static_cast<std::int64_t>(t) * kDecodeTileRows / p.page_size) >> 5;
+}
+
 /// The page ids of pages [32·w, 32·w + 32) of item `it`, one per lane (0 past the item's
 /// pages), from `table` (the block table, or the CSR page ids). (References, as the kernel's
 /// lambda captured them: so the machine code stays the same.)
@@ -455,6 +475,63 @@ using StreamScores = std::conditional_t<
     kFp8, std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores>,
     std::conditional_t<kVariant, tile::VariantScores, tile::PlainScores>>;
 
+/// One tile of the streamed kernel's mainloop: `S = Q Kᵀ`, the scores policy and `O += P V` on
+/// tensor cores from the K/V stage at shared-memory address `ks` (keys from `t0`, the rows'
+/// exclusive key ends `lim`) with the item's query fragments `qa`, into `o_acc` and `os`:
+/// `decode_tile`, or `tile::attention_tile_fp8` over an fp8 cache (`kKv`); then the warp's sync
+/// before its ring stage is copied into again. (References, as the kernel's code used the values
+/// in place: so the machine code stays the same.)
+template <int D, bool kBF16, bool kVariant, int kKv, class Scores>
+__device__ __forceinline__ void stream_tile(const DecodeParams& p,
+                                            const std::uint32_t (&qa)[D / 16][4],
+                                            const std::uint32_t& ks, const int& t0,
+                                            const tile::LdmatrixLanes& ldm, const int (&lim)[2],
+                                            math::OnlineSoftmax (&os)[2], float (&o_acc)[D / 8][4],
+                                            Scores& scores) {
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  constexpr std::uint32_t kTileBytes = kDecodeTileRows * D * (kFp8 ? 1 : 2);
+  auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
+  };
+  if constexpr (kFp8)
+    tile::attention_tile_fp8<D, kKv>(q_frag, ks, ks + kTileBytes, t0, lim, p.s2_scale, os, o_acc,
+                                     scores);
+  else
+    decode_tile<D, kBF16, kVariant>(q_frag, ks, ldm.a_row, ldm.b_row, ldm.a_x, ldm.b_x, t0, lim,
+                                    p.s2_scale, os, o_acc, scores);
+  __syncwarp();
+}
+
+/// The streamed kernel's mainloop: waits for the copies of the next tile to compute (the commit
+/// group after `computed` of the `loaded` ones: complete when at most `loaded - 1 - computed`
+/// groups committed after it, fewer than `kStages`, are pending), counts it computed, and syncs
+/// the warp (the copies of every lane have landed).
+__device__ __forceinline__ void stream_wait(const int& loaded, int& computed) {
+  cp_async_wait_upto<kDecodeStreamStages - 1>(loaded - 1 - computed);
+  ++computed;
+  __syncwarp();
+}
+
+/// The streamed kernel's mainloop at an item's start: its accumulator fragments `o_acc` zeroed.
+template <int D>
+__device__ __forceinline__ void stream_zero(float (&o_acc)[D / 8][4]) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+}
+
+/// The page ids of the window of item `nxt`'s first tile (`stream_pid_window`; `win_of`: the
+/// window of a tile). (References, as the kernel's lambda captured them: so the machine code
+/// stays the same.)
+template <bool kVariant, class WinOf>
+__device__ __forceinline__ int stream_next_pids(const DecodeParams& p,
+                                                const std::int32_t* const& table, const int& lane,
+                                                const StreamItem& nxt, WinOf& win_of) {
+  int w = 0;
+  if constexpr (kVariant) w = win_of(stream_first_tile<kVariant>(p, nxt));
+  return stream_pid_window(p, table, lane, nxt, w);
+}
+
 /// Streamed decode kernel for head dim `D` (64 or 128); `kBF16` selects bf16 (else f16) queries,
 /// and KV of the same dtype unless `kKv` names an fp8 format (the split kernel's fp8 tile,
 /// `tile::attention_tile_fp8`, with the queries in f16 and the scales of `p.k_scale` /
@@ -491,10 +568,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
   const std::uint64_t policy = arch::l2_evict_first_policy();  // the cache is streamed once
 
   const std::int32_t* table = p.block_table != nullptr ? p.block_table : p.page_indices;
-  // The page-id window (of 32 pages, `stream_pid_window`) that holds tile `t` of an item.
-  auto win_of = [&](int t) -> int {
-    return static_cast<int>(static_cast<std::int64_t>(t) * kRows / p.page_size) >> 5;
-  };
+  auto win_of = [&](int t) -> int { return stream_win_of(p, t); };
   // Per-lane parts of the chunk addressing (see `copy_kv_tile_in_page`).
   const int lane_r0 = lane / kCpr;
   const int lane_col = lane % kCpr;
@@ -504,8 +578,7 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
                                   t, stage, pid);
   };
 
-  // ---- the warp's first two items, and the load cursor: the next tile to copy is tile `ld_t`
-  //      of the current item (ld_sel 0) or of the next one (1); 2: none until the next item ----
+  // ---- scheduler: the warp's first two items; the producer's load cursor (see above) ----
   std::int64_t x_cur = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
   std::uint32_t qa[kKS][4], qn[kKS][4];  // query fragments of the current and the next item
   StreamItem cur, nxt;
@@ -515,22 +588,17 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
     ld_t = stream_first_tile<kVariant>(p, cur);
     ld_win = win_of(ld_t);
   }
-  // Page-id windows: `ld_win` of the cursor's item in `ld_pids`; the window of the next item's
-  // first tile in `nxt_pids` once `nxt_ready` (loaded one tile after the item is fetched, when
-  // its length and page-table start have arrived, or when the cursor needs it first).
+  // page-id windows: the cursor's (`ld_win`) in `ld_pids`, the next item's in `nxt_pids`
   int ld_pids = stream_pid_window(p, table, lane, cur, ld_win);
   int nxt_pids = 0;
   bool nxt_ready = false;
   auto ensure_nxt = [&]() {
     if (!nxt_ready) {
-      int w = 0;
-      if constexpr (kVariant) w = win_of(stream_first_tile<kVariant>(p, nxt));
-      nxt_pids = stream_pid_window(p, table, lane, nxt, w);
+      nxt_pids = stream_next_pids<kVariant>(p, table, lane, nxt, win_of);
       nxt_ready = true;
     }
   };
-  // The cursor's first tile of the next item, and its page-id window (after `ld_t = 0`,
-  // `ld_win = 0`).
+  // the cursor's first tile of the next item and its window (after `ld_t = 0`, `ld_win = 0`)
   auto nxt_first = [&]() {
     if constexpr (kVariant) {
       ld_t = stream_first_tile<kVariant>(p, nxt);
@@ -552,50 +620,31 @@ __global__ void __launch_bounds__(stream_warps(D) * 32, 1)
 #pragma unroll 1
   for (int st = 0; st < kStages - 1; ++st) issue();
 
-  // ldmatrix lane addressing of K (B) and V (transposed B), as in the split kernel.
-  const tile::LdmatrixLanes ldm(lane);
-  const int a_row = ldm.a_row, b_row = ldm.b_row;
+  // ---- mainloop over the warp's items (each ending in its epilogue) ----
+  const tile::LdmatrixLanes ldm(lane);  // ldmatrix lane addressing, as in the split kernel
   int stage = 0;
-  // the scores of the variant instance (window starts set per item)
-  StreamScores<kFp8, kVariant> scores;
+  StreamScores<kFp8, kVariant> scores;  // (the variant's window starts: set per item)
   if constexpr (kVariant) scores.set_map(p.scale, p.soft_cap);
-
 #pragma unroll 1
   while (cur.tiles >= 0) {
     int lim[2];
     if constexpr (kFp8) stream_item_queries<D, kBF16, kVariant>(p, cur, qa, scores.s2);
     const int t_begin = stream_item_rows<kVariant>(p, lane, cur, lim, scores);
     float o_acc[kNT][4];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
+    stream_zero<D>(o_acc);
     math::OnlineSoftmax os[2];
 
 #pragma unroll 1
     for (int t = t_begin; t < cur.tiles; ++t) {
       issue();
-      // this tile's group is complete when at most `loaded - 1 - computed` (< kStages) groups
-      // committed after it are pending
-      cp_async_wait_upto<kStages - 1>(loaded - 1 - computed);
-      ++computed;
-      __syncwarp();
+      stream_wait(loaded, computed);  // this tile's copies
       const std::uint32_t ks = ring + static_cast<std::uint32_t>(stage) * kStageBytes;
       stage = stage + 1 == kStages ? 0 : stage + 1;
-      const int t0 = t * kRows;
-      auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) a[u] = qa[kk][u];
-      };
-      if constexpr (kFp8)
-        tile::attention_tile_fp8<D, kKv>(q_frag, ks, ks + kTileBytes, t0, lim, p.s2_scale, os,
-                                         o_acc, scores);
-      else
-        decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, ldm.a_x, ldm.b_x, t0, lim,
-                                        p.s2_scale, os, o_acc, scores);
-      __syncwarp();
+      stream_tile<D, kBF16, kVariant, kKv>(p, qa, ks, t * kRows, ldm, lim, os, o_acc, scores);
       ensure_nxt();  // (after the first tile: the next item's fetch has arrived)
     }
 
-    stream_store_rows<D, kFp8>(p, lane, cur, o_acc, os);
+    stream_store_rows<D, kFp8>(p, lane, cur, o_acc, os);  // ---- epilogue ----
 
     // ---- the next item becomes current; the one after it is fetched ----
     stream_next_item<D, kFp8>(p, lane, items, stride, x_cur, cur, nxt, qa, qn);

@@ -14,6 +14,18 @@
 /// playing one or two virtual lanes; `o` is accumulated in fp32 in input order from -0, empty
 /// inputs never read as factors; math::merge_finalize. So the result is bitwise the one of
 /// `merge_stack_kernel`.
+///
+/// The kernel's body is a composition of inlined parts (the machine code is the one of the single
+/// function they were cut from; `scripts/cubin-diff.sh` shows it):
+/// - scheduler: this thread's rows, `first_row + j * step` for `j < rows` (`ring_block_first`,
+///   `ring_step`, `ring_row_count`; the same count for the whole warp, so shuffles stay
+///   warp-uniform), and the row cursors (`RowCursor`);
+/// - producer: `ring_issue`, `kStages - 1` items ahead of the consumer (the commit group and the
+///   cursor's advance in the kernel's lambda);
+/// - mainloop: per item, a row's LSE work `ring_row_weights` and `ring_zero` at its first item,
+///   then the weighted sum of the item's states (in the kernel: as a part of its own, it changed
+///   the machine code);
+/// - epilogue: `ring_store_row` at the row's last item.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -173,6 +185,123 @@ __device__ __forceinline__ void ring_row_weights(const LseAt& lse_at, int gl, in
   for (int r = 0; r < kR; ++r) res[r] = math::merge_finalize(base, m[r], sum[r]);
 }
 
+/// The ring kernel's scheduler (see `merge_ring_kernel`): the first row of a block, with
+/// `block_steps == 0` (the grid loops over all rows) or of `block_steps` steps of
+/// `kThreads / kThreadsPerRow` consecutive rows each.
+template <class G, class Shape>
+__device__ __forceinline__ std::int64_t ring_block_first(std::int64_t block_steps) {
+  constexpr int kRowsPerStep = Shape::kThreads / G::kThreadsPerRow;
+  return block_steps == 0 ? static_cast<std::int64_t>(blockIdx.x) * kRowsPerStep
+                          : static_cast<std::int64_t>(blockIdx.x) * kRowsPerStep * block_steps;
+}
+
+/// The ring kernel's scheduler: the rows between two rows of a thread (`ring_block_first`).
+template <class G, class Shape>
+__device__ __forceinline__ std::int64_t ring_step(std::int64_t block_steps) {
+  constexpr int kRowsPerStep = Shape::kThreads / G::kThreadsPerRow;
+  return block_steps == 0 ? static_cast<std::int64_t>(gridDim.x) * kRowsPerStep : kRowsPerStep;
+}
+
+/// The ring kernel's scheduler: the rows of each thread of a warp whose first row is
+/// `warp_first_row` (of `total_rows`, `step` apart; at most `block_steps` when not 0).
+__device__ __forceinline__ std::int64_t ring_row_count(std::int64_t block_steps,
+                                                       std::int64_t total_rows,
+                                                       std::int64_t warp_first_row,
+                                                       std::int64_t step) {
+  std::int64_t rows =
+      warp_first_row < total_rows ? (total_rows - warp_first_row + step - 1) / step : 0;
+  if (block_steps > 0 && rows > block_steps) rows = block_steps;
+  return rows;
+}
+
+/// The ring kernel's producer: copies the next item of a thread (row cursor `issued`, its batch
+/// `issue_b`) into stage `issue_p` of its ring at `ring` (nothing past the thread's rows): the
+/// chunks (the thread's `g` of the row) of up to `batch` states and, for a row's first item, the
+/// LSE slots of virtual lanes `gl + r * kThreadsPerRow`. `o_word` / `l_float` are the stage's
+/// word and float offsets (see `merge_ring_kernel`). (References, as the kernel's lambda
+/// captured them: so the machine code stays the same.)
+template <class TIn, class G, class Shape, class OWord, class LFloat>
+__device__ __forceinline__ void ring_issue(const RowsArgs& args, const std::uint32_t& ring,
+                                           const int& g, const int& gl,
+                                           const std::int64_t& first_row, const std::int64_t& step,
+                                           const std::int64_t& rows, const std::int64_t& total_rows,
+                                           const int& num_states, const OWord& o_word,
+                                           const LFloat& l_float, const RowCursor& issued,
+                                           const int& issue_b, const int& issue_p) {
+  constexpr int kP = G::kThreadsPerRow;
+  constexpr int kLBase = Shape::kStages * G::kOStage;  // bytes before the LSE area
+  const std::int64_t row = first_row + issued.index * step;
+  if (issued.index < rows && row < total_rows) {
+    const TIn* o = static_cast<const TIn*>(args.in.o) +
+                   args.in.o_offset(issued.token, issued.head) + g * kChunk;
+    const int first = issue_b * G::kBatch;
+#pragma unroll
+    for (int u = 0; u < G::kBatch; ++u) {
+      if (first + u < num_states) {
+        const TIn* src = o + (first + u) * args.in.o_stride_state;
+#pragma unroll
+        for (int c = 0; c < G::kChunks; ++c) {
+#pragma unroll
+          for (int x = 0; x < G::kWords; ++x) {
+            arch::cp_async_16(ring + 16 * o_word(issue_p, u, c, x),
+                              reinterpret_cast<const uint4*>(src + c * kP * kChunk) + x);
+          }
+        }
+      }
+    }
+    if (issue_b == 0) {
+      const float* l = args.in.lse + args.in.lse_offset(issued.token, issued.head);
+#pragma unroll
+      for (int r = 0; r < G::kVirtual; ++r) {
+#pragma unroll
+        for (int k = 0; k < kRingLsePerLane; ++k) {
+          const int s = gl + r * kP + k * G::kGroup;
+          if (s < num_states) {
+            arch::cp_async_4(ring + kLBase + 4 * l_float(issue_p, r, k),
+                             l + s * args.in.lse_stride_state);
+          }
+        }
+      }
+    }
+  }
+}
+
+/// The ring kernel's mainloop at a row's first item: the accumulators `acc` of this thread's
+/// chunks set to -0 (the sum in input order starts from -0, as `merge_row`'s).
+template <class G>
+__device__ __forceinline__ void ring_zero(float (&acc)[G::kChunks][kChunk]) {
+#pragma unroll
+  for (int c = 0; c < G::kChunks; ++c) {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) acc[c][e] = -0.f;
+  }
+}
+
+/// The ring kernel's epilogue: stores row `cur`'s merged chunks (this thread's `g` of the row,
+/// `acc` normalised by `res`, the result of the chunk's virtual lane where a thread plays two,
+/// through `v`) and, from the row's first thread, its LSE (unless the output has none). (`v`
+/// is the kernel's, declared there: so the machine code stays the same.)
+template <class TO, class G>
+__device__ __forceinline__ void ring_store_row(const RowsArgs& args, const RowCursor& cur,
+                                               const int& g, const float (&acc)[G::kChunks][kChunk],
+                                               const math::MergeResult (&res)[G::kVirtual],
+                                               float (&v)[kChunk]) {
+  constexpr int kC = G::kChunks;
+  constexpr int kP = G::kThreadsPerRow;
+  constexpr int kR = G::kVirtual;
+  TO* out = static_cast<TO*>(args.out.o) + args.out.o_offset(cur.token, cur.head);
+#pragma unroll
+  for (int c = 0; c < kC; ++c) {
+    const math::MergeResult& rc = res[kR == 2 ? c : 0];
+    const bool all_empty = math::is_empty_lse(rc.lse);  // (0, -inf), never -0
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) v[e] = all_empty ? 0.f : acc[c][e] * rc.inv_sum;
+    store_chunk(out + (g + c * kP) * kChunk, v, args.aligned);
+  }
+  if (g == 0 && args.out.lse != nullptr)  // an output without an LSE
+    args.out.lse[args.out.lse_offset(cur.token, cur.head)] = res[0].lse;
+}
+
 /// `out[t, h] = ⊕_s in[t, s, h]` (see the file comment). Each row is `ceil(S / batch)` items; a
 /// thread's items go round its ring of `kStages` stages, one item per stage (its chunks of up
 /// to `batch` states and, for a row's first item, the thread's LSE slots of the row). Shared
@@ -198,22 +327,14 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   const int g = tid & (kP - 1);             // thread within its row
   const int src0 = lane & ~(G::kSpan - 1);  // first lane of the row within the warp
   const int gl = lane - src0;               // virtual lane of slot 0 (== g when kP <= 32)
+  // ---- scheduler ----
   const std::int64_t heads = args.out.heads;
   const std::int64_t total_rows = args.out.tokens * heads;
-  // Rows of this thread: first_row + j * step for j < rows (the same count for the whole warp,
-  // so shuffles stay warp-uniform). With block_steps == 0 the grid loops over all rows;
-  // otherwise block b takes block_steps steps of kThreads / kP consecutive rows.
-  constexpr int kRowsPerStep = kThreads / kP;
-  const std::int64_t block_first =
-      block_steps == 0 ? static_cast<std::int64_t>(blockIdx.x) * kRowsPerStep
-                       : static_cast<std::int64_t>(blockIdx.x) * kRowsPerStep * block_steps;
-  const std::int64_t step =
-      block_steps == 0 ? static_cast<std::int64_t>(gridDim.x) * kRowsPerStep : kRowsPerStep;
+  const std::int64_t block_first = ring_block_first<G, Shape>(block_steps);
+  const std::int64_t step = ring_step<G, Shape>(block_steps);
   const std::int64_t first_row = block_first + tid / kP;
   const std::int64_t warp_first_row = block_first + (tid - lane) / kP;
-  std::int64_t rows =
-      warp_first_row < total_rows ? (total_rows - warp_first_row + step - 1) / step : 0;
-  if (block_steps > 0 && rows > block_steps) rows = block_steps;
+  const std::int64_t rows = ring_row_count(block_steps, total_rows, warp_first_row, step);
   const int num_states = static_cast<int>(args.in.num_states);
   const int batches = (num_states + kBatch - 1) / kBatch;
   const std::int64_t items = rows * batches;
@@ -232,45 +353,13 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   };
   constexpr int kLBase = kStages * G::kOStage;  // bytes before the LSE area
 
-  // Issues the next item into its stage, then closes a commit group (empty past the end).
+  // ---- producer: the next item into its stage, then a commit group (empty past the end) ----
   RowCursor issued = start;
   int issue_b = 0;
   int issue_p = 0;
   const auto issue_next = [&]() {
-    const std::int64_t row = first_row + issued.index * step;
-    if (issued.index < rows && row < total_rows) {
-      const TIn* o = static_cast<const TIn*>(args.in.o) +
-                     args.in.o_offset(issued.token, issued.head) + g * kChunk;
-      const int first = issue_b * kBatch;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (first + u < num_states) {
-          const TIn* src = o + (first + u) * args.in.o_stride_state;
-#pragma unroll
-          for (int c = 0; c < kC; ++c) {
-#pragma unroll
-            for (int x = 0; x < kW; ++x) {
-              arch::cp_async_16(ring + 16 * o_word(issue_p, u, c, x),
-                                reinterpret_cast<const uint4*>(src + c * kP * kChunk) + x);
-            }
-          }
-        }
-      }
-      if (issue_b == 0) {
-        const float* l = args.in.lse + args.in.lse_offset(issued.token, issued.head);
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-#pragma unroll
-          for (int k = 0; k < kL; ++k) {
-            const int s = gl + r * kP + k * kV;
-            if (s < num_states) {
-              arch::cp_async_4(ring + kLBase + 4 * l_float(issue_p, r, k),
-                               l + s * args.in.lse_stride_state);
-            }
-          }
-        }
-      }
-    }
+    ring_issue<TIn, G, Shape>(args, ring, g, gl, first_row, step, rows, total_rows, num_states,
+                              o_word, l_float, issued, issue_b, issue_p);
     arch::cp_async_commit();
     if (++issue_b == batches) {
       issue_b = 0;
@@ -281,12 +370,14 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) issue_next();
 
+  // ---- mainloop, and the epilogue at a row's last item ----
   const uint4* o_ring = reinterpret_cast<const uint4*>(smem);
   const float* l_ring = reinterpret_cast<const float*>(smem + kLBase);
   const LseBase base = args.out.base;
   float w[kR][kL];  // weights of virtual lane r's inputs (-1: empty or absent)
   float acc[kC][kChunk];
   math::MergeResult res[kR];
+  float v[kChunk];  // the epilogue's normalised chunk (declared here: the machine code)
   RowCursor cur = start;
   int b = 0;
   int p = 0;
@@ -298,11 +389,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     if (b == 0) {
       ring_row_weights<G>([&](int r, int k) { return l_ring[l_float(p, r, k)]; }, gl, count,
                           args.in.base, base, w, res);
-#pragma unroll
-      for (int c = 0; c < kC; ++c) {
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) acc[c][e] = -0.f;
-      }
+      ring_zero<G>(acc);
     }
     // This stage's states s = first + u: the weight of s sits on virtual lane s % kV, i.e. on
     // slot (s % kV) / kP of lane src0 + s % kSpan, as weight number s / kV.
@@ -333,21 +420,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
         for (int e = 0; e < kChunk; ++e) acc[c][e] += wv * chunk_at(ch, e);
       }
     }
-    if (b == batches - 1) {
-      if (count > 0) {
-        TO* out = static_cast<TO*>(args.out.o) + args.out.o_offset(cur.token, cur.head);
-#pragma unroll
-        for (int c = 0; c < kC; ++c) {
-          const math::MergeResult& rc = res[kR == 2 ? c : 0];
-          const bool all_empty = math::is_empty_lse(rc.lse);  // (0, -inf), never -0
-          float v[kChunk];
-#pragma unroll
-          for (int e = 0; e < kChunk; ++e) v[e] = all_empty ? 0.f : acc[c][e] * rc.inv_sum;
-          store_chunk(out + (g + c * kP) * kChunk, v, args.aligned);
-        }
-        if (g == 0 && args.out.lse != nullptr)  // an output without an LSE
-          args.out.lse[args.out.lse_offset(cur.token, cur.head)] = res[0].lse;
-      }
+    if (b == batches - 1) {  // ---- epilogue ----
+      if (count > 0) ring_store_row<TO, G>(args, cur, g, acc, res, v);
       cur.advance(step_tokens, step_heads, heads);
       b = 0;
     } else {
