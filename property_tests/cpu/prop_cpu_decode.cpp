@@ -16,6 +16,7 @@
 #include "attnstate/testing/rapidcheck_support.hpp"
 #include "decode_problem.hpp"
 #include "rc_defaults.hpp"
+#include "split_layout_gen.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");
 
@@ -40,21 +41,6 @@ DecodeProblemHost random_problem() {
   const int batch = *rc::gen::inRange(1, 4);
   for (int b = 0; b < batch; ++b) cfg.seq_lens.push_back(*rc::gen::inRange(0, 150));
   return make_decode_problem(cfg, *rc::gen::arbitrary<std::uint32_t>());
-}
-
-/// A random split layout able to serve lengths up to 150.
-SplitLayout random_layout() {
-  SplitLayout l;
-  if (*rc::gen::arbitrary<bool>()) {
-    l.policy = SplitPolicy::kFixedCount;
-    l.num_splits = *rc::gen::inRange(1, 12);
-    l.max_splits = l.num_splits;
-  } else {
-    l.policy = SplitPolicy::kFixedSize;
-    l.split_size = kSplitGranularity * *rc::gen::inRange(1, 6);
-    l.max_splits = (150 + l.split_size - 1) / l.split_size;
-  }
-  return l;
 }
 
 HostState run(const DecodeProblemHost& p, const SplitLayout& l, float scale) {
@@ -83,7 +69,7 @@ void assert_matches_reference(const DecodeProblemHost& p, const HostState& got, 
 // sees (gathered into a contiguous segment).
 RC_GTEST_PROP(DecodeProps, EqualsOnePassAttentionState, ()) {
   const DecodeProblemHost p = random_problem();
-  const SplitLayout l = random_layout();
+  const SplitLayout l = attnstate_test::random_split_layout(150);
   const auto& c = p.cfg;
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   const HostState got = run(p, l, scale);
@@ -135,7 +121,7 @@ RC_GTEST_PROP(DecodeProps, EqualsOnePassAttentionState, ()) {
 // Any split layout gives the same states as a single split, to rounding.
 RC_GTEST_PROP(DecodeProps, SplittingAnywhereEqualsNotSplitting, ()) {
   const DecodeProblemHost p = random_problem();
-  const SplitLayout l = random_layout();
+  const SplitLayout l = attnstate_test::random_split_layout(150);
   SplitLayout one;
   one.policy = SplitPolicy::kFixedCount;
   one.num_splits = 1;
@@ -183,7 +169,7 @@ DecodeProblemHost random_fp8_problem() {
 // split layout.
 RC_GTEST_PROP(DecodeProps, Fp8CacheMatchesTheDequantisedReference, ()) {
   const DecodeProblemHost p = random_fp8_problem();
-  const SplitLayout l = random_layout();
+  const SplitLayout l = attnstate_test::random_split_layout(150);
   const float scale = 1.f / std::sqrt(static_cast<float>(p.cfg.head_dim));
   const HostState got = run(p, l, scale);
   const attnstate::testing::AttentionProblem problem = decode_as_problem(p, scale);

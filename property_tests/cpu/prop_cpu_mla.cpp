@@ -19,6 +19,7 @@
 #include "attnstate/testing/tolerance.hpp"
 #include "mla_problem.hpp"
 #include "rc_defaults.hpp"
+#include "split_layout_gen.hpp"
 
 ATTNSTATE_RC_DEFAULT_PARAMS("max_success=500");
 
@@ -62,21 +63,6 @@ MlaHost random_problem(std::int64_t q_len_max = 4) {
   return make_mla_host(cfg, *rc::gen::arbitrary<std::uint32_t>());
 }
 
-/// A random split layout able to serve lengths up to 150.
-SplitLayout random_layout() {
-  SplitLayout l;
-  if (*rc::gen::arbitrary<bool>()) {
-    l.policy = SplitPolicy::kFixedCount;
-    l.num_splits = *rc::gen::inRange(1, 12);
-    l.max_splits = l.num_splits;
-  } else {
-    l.policy = SplitPolicy::kFixedSize;
-    l.split_size = kSplitGranularity * *rc::gen::inRange(1, 6);
-    l.max_splits = (150 + l.split_size - 1) / l.split_size;
-  }
-  return l;
-}
-
 /// The decode of `h` (f32, natural) with `layout`, in either cache layout, poisoned first.
 HostState run(const MlaHost& h, const SplitLayout& layout, bool one_pool) {
   HostState out(h.tokens(), h.cfg.heads, h.cfg.kv_lora_rank, DType::kF32, LseBase::kNatural);
@@ -99,7 +85,7 @@ attnstate::testing::Tolerance tolerance(const MlaHost& h) {
 // share an error).
 RC_GTEST_PROP(MlaProps, AnySplitLayoutMatchesTheReferenceAndOneSplit, ()) {
   const MlaHost h = random_problem();
-  const SplitLayout l = random_layout();
+  const SplitLayout l = attnstate_test::random_split_layout(150);
   const bool one_pool = *rc::gen::arbitrary<bool>();
   SplitLayout one;
   one.policy = SplitPolicy::kFixedCount;
@@ -154,7 +140,8 @@ RC_GTEST_PROP(MlaProps, ShardsMergedWithMergeStatesEqualOnePass, ()) {
     const LseBase base = *rc::gen::element(LseBase::kNatural, LseBase::kBase2);
     StateView part =
         make_state_view(&o[s * T * H * L], DType::kF32, &lse[s * T * H], T, H, L, base);
-    cpu::mla_decode(h.q_nope_view(), h.q_pe_view(), kv, random_layout(), h.problem.scale, part);
+    cpu::mla_decode(h.q_nope_view(), h.q_pe_view(), kv, attnstate_test::random_split_layout(150),
+                    h.problem.scale, part);
     if (base == LseBase::kBase2)
       for (std::int64_t i = s * T * H; i < (s + 1) * T * H; ++i) lse[i] *= 0.6931471805599453f;
   }

@@ -13,8 +13,12 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "decode_problem.hpp"
+#include "split_layouts.hpp"
 
 namespace {
+
+using attnstate_test::fixed_count;
+using attnstate_test::fixed_size;
 
 using namespace attnstate;
 using namespace attnstate_test;
@@ -29,22 +33,6 @@ std::string run_cpu(const DecodeProblemHost& p, const SplitLayout& layout, DType
   if (keep) *keep = out;
   return compare_decode(reference_decode(p, scale), out.o.data(), out_dtype, out.lse.data(), base,
                         decode_tolerance(o_abs, 1e-5));
-}
-
-SplitLayout fixed_count(int n) {
-  SplitLayout l;
-  l.policy = SplitPolicy::kFixedCount;
-  l.num_splits = n;
-  l.max_splits = n;
-  return l;
-}
-
-SplitLayout fixed_size(int size, int max_splits) {
-  SplitLayout l;
-  l.policy = SplitPolicy::kFixedSize;
-  l.split_size = size;
-  l.max_splits = max_splits;
-  return l;
 }
 
 double o_tol(DType out_dtype, float gain) {

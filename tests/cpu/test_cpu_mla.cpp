@@ -25,30 +25,18 @@
 #include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
 #include "mla_problem.hpp"
+#include "split_layouts.hpp"
 
 namespace {
+
+using attnstate_test::fixed_count;
+using attnstate_test::fixed_size;
 
 using namespace attnstate;
 using attnstate::testing::HostState;
 using attnstate_test::make_mla_host;
 using attnstate_test::MlaConfig;
 using attnstate_test::MlaHost;
-
-SplitLayout fixed_count(int n) {
-  SplitLayout l;
-  l.policy = SplitPolicy::kFixedCount;
-  l.num_splits = n;
-  l.max_splits = n;
-  return l;
-}
-
-SplitLayout fixed_size(int size, int max_splits) {
-  SplitLayout l;
-  l.policy = SplitPolicy::kFixedSize;
-  l.split_size = size;
-  l.max_splits = max_splits;
-  return l;
-}
 
 /// An output for `h`, poisoned with NaN (an unwritten value fails every comparison).
 HostState poisoned(const MlaHost& h, DType dtype, LseBase base) {

@@ -12,8 +12,11 @@
 #include "attnstate/core/error.hpp"
 #include "common/compiled.hpp"
 #include "plan/decode_plan.hpp"
+#include "split_layouts.hpp"
 
 namespace {
+
+using attnstate_test::fixed_size;
 
 using attnstate::DecodeOptions;
 using attnstate::DecodeProblem;
@@ -55,14 +58,6 @@ DecodeProblem problem(std::int64_t batch, std::int64_t heads_kv, std::int64_t he
 /// launch rules ask only whether a short-split row exists): with one, and without.
 constexpr int kShortRow[2] = {0, 1};
 constexpr int kNoShortRow[2] = {0, -1};
-
-SplitLayout fixed_size(std::int32_t size, std::int32_t max_splits) {
-  SplitLayout l;
-  l.policy = SplitPolicy::kFixedSize;
-  l.split_size = size;
-  l.max_splits = max_splits;
-  return l;
-}
 
 Status status_of(const DecodeProblem& p) {
   try {
