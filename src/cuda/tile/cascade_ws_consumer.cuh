@@ -113,13 +113,6 @@ struct WsConsumer {
   static constexpr bool kDescPre = Tile::kDescPre;
   static constexpr bool kFlat = Tile::kFastExp;  // the fast exponent: branch-free statistics
   static constexpr bool kLate = Tile::kRescaleLate;
-  /// The capped scores' reciprocals on the FMA pipe (`VariantScores::capped_fma`): 0 none, 1
-  /// every other n-tile, 2 all (ATTNSTATE_WS_CAP_FMA; an experiment's knob).
-#ifdef ATTNSTATE_WS_CAP_FMA
-  static constexpr int kCapFma = ATTNSTATE_WS_CAP_FMA;
-#else
-  static constexpr int kCapFma = 0;
-#endif
   /// Descriptors (kWsDescPre): high words constant (groups of 8 keys 2048 bytes apart, 128-byte
   /// swizzle).
   static constexpr std::uint32_t kGroupBytes = kv_group_bytes<D>();  ///< One group of 8 keys.
@@ -326,9 +319,7 @@ struct WsConsumer {
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          s[n][i] = kCapFma == 2 || (kCapFma == 1 && (n & 1) != 0) ? var.capped_fma(s[n][i])
-                                                                   : var.capped(s[n][i]);
+        for (int i = 0; i < 4; ++i) s[n][i] = var.capped(s[n][i]);
     }
     if (jb < max(var.lo[0], var.lo[1])) {
 #pragma unroll

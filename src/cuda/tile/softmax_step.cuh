@@ -78,19 +78,6 @@ struct VariantScores {
     const float r = arch::rcp_approx_ftz(1.f + arch::ex2_approx_ftz(dot * cap_in));
     return fmaf(-2.f * cap_out, r, cap_out);
   }
-  /// `capped` with the reciprocal on the FMA pipe (a bit-pattern first guess within 12.5%, three
-  /// Newton steps to within 2^-23; the exponent kept at or below 24, where tanh is within 2^-23
-  /// of 1): one special-function operation instead of two, for kernels that the special-function
-  /// unit bounds. NaN stays NaN.
-  __device__ __forceinline__ float capped_fma(float dot) const {
-    float y = dot * cap_in;
-    y = y > 24.f ? 24.f : y;
-    const float d = 1.f + arch::ex2_approx_ftz(y);
-    float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
-#pragma unroll
-    for (int i = 0; i < 3; ++i) r = fmaf(r, fmaf(-d, r, 1.f), r);
-    return fmaf(-2.f * cap_out, r, cap_out);
-  }
   __device__ __forceinline__ float operator()(float dot, float, int t, int h) const {
     if ((h == 1 && !hi_rows) || t < lo[h]) return math::neg_inf();
     return cap_out == 0.f ? dot * s2_scale : capped(dot);
