@@ -1,6 +1,7 @@
 /// @file special.cuh
 /// @brief PTX wrappers of single instructions with no portable intrinsic: the flush-to-zero
-///        `ex2.approx`, the NaN-propagating `max.NaN` and the nanosecond global timer.
+///        `ex2.approx` and `rcp.approx`, the NaN-propagating `max.NaN` and the nanosecond global
+///        timer.
 #pragma once
 
 namespace attnstate {
@@ -12,6 +13,14 @@ namespace arch {
 __device__ __forceinline__ float ex2_approx_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// `1 / x` on the special-function unit, subnormal results flushed to zero (`rcp.approx.ftz`):
+/// `1 / inf` = 0, NaN stays NaN.
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 

@@ -311,18 +311,25 @@ struct WsConsumer {
 
   /// The variant instance's scores of the tile whose keys start at `jb` (this thread's first):
   /// the soft cap `cap · tanh(dot · scale / cap)` in base 2 (the softmax then scales by 1), and
-  /// -inf before each row's window start.
+  /// -inf before each row's window start. Each is one branch around its loop over the tile (the
+  /// cap is the same for every score, and a tile wholly inside both rows' windows masks nothing),
+  /// not a test per score.
   __device__ __forceinline__ void apply_variant(int jb) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
+    if (var.cap_out != 0.f) {
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& sv = s[n][2 * rr + e];
-          if (var.cap_out != 0.f) sv = var.cap_out * tanh_fast(sv * var.cap_in);
-          if (jb + n * 8 + e < var.lo[rr]) sv = math::neg_inf();
-        }
+        for (int i = 0; i < 4; ++i) s[n][i] = var.capped(s[n][i]);
+    }
+    if (jb < max(var.lo[0], var.lo[1])) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (jb + n * 8 + e < var.lo[rr]) s[n][2 * rr + e] = math::neg_inf();
+    }
   }
 
   /// Scale, mask, online softmax of tile kt in `s` (scores → unnormalised probabilities);

@@ -49,23 +49,13 @@ struct PlainScores {
   }
 };
 
-/// `tanh(x)` as `1 - 2 / (1 + 2^(2x log2 e))` on the special-function unit (`ex2.approx`, the
-/// approximate reciprocal of `__fdividef`): absolute error within a few 2^-23, against the many
-/// instructions and the slow path of `tanhf`; ±1 for large |x| (the reciprocal of +inf is 0),
-/// NaN stays NaN.
-__device__ __forceinline__ float tanh_fast(float x) {
-  const float e = arch::ex2_approx_ftz(x * (2.f * constants::kLog2e));
-  return 1.f - __fdividef(2.f, 1.f + e);
-}
-
 /// Scores of an attention variant (core/variant.hpp): the soft cap on the scaled score,
-/// `cap · tanh(dot · scale / cap)` in base 2 as `math::ScoreMap` defines it (with `tanh_fast`
-/// and the two factors folded: `(cap · log2 e) · tanh(dot · (scale / cap))`), and each row's
+/// `cap · tanh(dot · scale / cap)` in base 2 as `math::ScoreMap` defines it, and each row's
 /// sliding-window start `lo[h]` (keys before it masked), rows lane/4 (h = 0) and lane/4 + 8
 /// (h = 1).
 struct VariantScores {
   float s2_scale = 0.f;  ///< `scale · log2 e` (no cap).
-  float cap_in = 0.f;    ///< `scale / cap`.
+  float cap_in = 0.f;    ///< `2 log2 e · scale / cap`.
   float cap_out = 0.f;   ///< `cap · log2 e`; 0: no cap.
   int lo[2];
   /// Rows lane/4 + 8 exist (false: the warp skips their scores, which are masked anyway).
@@ -75,13 +65,22 @@ struct VariantScores {
   __device__ __forceinline__ void set_map(float scale, float cap) {
     s2_scale = math::base2_score_scale(scale);
     if (cap != 0.f) {
-      cap_in = scale / cap;
+      cap_in = 2.f * constants::kLog2e * (scale / cap);
       cap_out = cap * constants::kLog2e;
     }
   }
+  /// The capped base-2 score of `dot` (`cap_out` ≠ 0): with `x = dot · scale / cap`,
+  /// `(cap · log2 e) · tanh(x) = cap_out − 2 cap_out / (1 + 2^(2x log2 e))`, one FMUL, two
+  /// special-function operations (`ex2.approx`, `rcp.approx`), one FADD and one FFMA: absolute
+  /// error within a few `cap · 2^-22`; ±`cap_out` for large |x| (the reciprocal of +inf is 0),
+  /// NaN stays NaN.
+  __device__ __forceinline__ float capped(float dot) const {
+    const float r = arch::rcp_approx_ftz(1.f + arch::ex2_approx_ftz(dot * cap_in));
+    return fmaf(-2.f * cap_out, r, cap_out);
+  }
   __device__ __forceinline__ float operator()(float dot, float, int t, int h) const {
     if ((h == 1 && !hi_rows) || t < lo[h]) return math::neg_inf();
-    return cap_out == 0.f ? dot * s2_scale : cap_out * tanh_fast(dot * cap_in);
+    return cap_out == 0.f ? dot * s2_scale : capped(dot);
   }
 };
 
