@@ -1359,15 +1359,20 @@ TEST(CudaCascadeArgs, VariantsThePlanRefusesAndTheCapItRecords) {
   expect_error(attnstate::Status::kInvalidArgument, "options.variant.logits_soft_cap",
                [&] { plan(o, {}); });
   o.variant.logits_soft_cap = 20.f;
-  CascadeTuning fold;
-  fold.decode_fold = 1;
-  expect_error(attnstate::Status::kNotSupported, "tuning.decode_fold", [&] { plan(o, fold); });
-  // the plan records the cap for its decode level
+  // the plan records the cap for its decode level, which folds the shared levels' states as the
+  // plain plan does; the tuning's fold, asked for or refused, is honoured
   const attnstate::cuda::CascadePlan p = plan(o, {});
   ASSERT_TRUE(p.level(p.num_levels() - 1).decode);
   EXPECT_EQ(p.logits_soft_cap(), 20.f);
   EXPECT_EQ(p.last_decode().variant().logits_soft_cap, 20.f);
-  EXPECT_FALSE(p.decode_fold());
+  EXPECT_EQ(p.decode_fold(), plan(c.options(), {}).decode_fold());
+  for (const int f : {0, 1}) {
+    CascadeTuning fold;
+    fold.decode_fold = f;
+    const attnstate::cuda::CascadePlan q = plan(o, fold);
+    EXPECT_EQ(q.decode_fold(), f == 1) << "decode_fold " << f;
+    EXPECT_EQ(q.last_decode().variant().logits_soft_cap, 20.f);
+  }
 }
 
 }  // namespace
