@@ -300,7 +300,8 @@ constexpr Group stack(int i, Family f, Tile t, Needs n = kNeedsNothing,
 /// before the short-split one, plain instances before the variant ones).
 inline constexpr Group kGroups[] = {
     // split-KV decode, 16-bit caches: plain (sinks, prior states) at the default depth, then the
-    // short-split depth at its head dim; then the variant instance (window, soft cap, sinks)
+    // short-split depth at its head dim; then the variant instance (window, soft cap, sinks,
+    // prior states)
     detail::with_dims(
         detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0, kStateDTypes, false,
                                     kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
@@ -311,18 +312,20 @@ inline constexpr Group kGroups[] = {
                                     kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
                       detail::kDecodeShortTile),
         detail::ShortHeadDims{}),
-    detail::with_dims(detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0,
-                                                  kStateDTypes, false, kWindow | kSoftCap | kSinks,
-                                                  kNeedsNothing, Family::kDecodeSplit),
-                                    detail::kDecodeTile),
-                      compiled::DecodeHeadDims{}),
-    detail::with_dims(detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0,
-                                                  kStateDTypes, false, kWindow | kSoftCap | kSinks,
-                                                  kNeedsNothing, Family::kDecodeSplit),
-                                    detail::kDecodeShortTile),
-                      detail::ShortHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0, kStateDTypes, false,
+                                    kWindow | kSoftCap | kSinks | kPriorStates, kNeedsNothing,
+                                    Family::kDecodeSplit),
+                      detail::kDecodeTile),
+        compiled::DecodeHeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, 0, kStateDTypes, false,
+                                    kWindow | kSoftCap | kSinks | kPriorStates, kNeedsNothing,
+                                    Family::kDecodeSplit),
+                      detail::kDecodeShortTile),
+        detail::ShortHeadDims{}),
     // split-KV decode over fp8 caches (16-bit queries): plain (sinks, prior states) at both
-    // depths, then the variant instance (window, soft cap, sinks)
+    // depths, then the variant instance (window, soft cap, sinks, prior states)
     detail::with_dims(
         detail::tiles(
             detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
@@ -336,16 +339,16 @@ inline constexpr Group kGroups[] = {
             detail::kDecodeShortTile),
         detail::ShortFp8HeadDims{}),
     detail::with_dims(
-        detail::tiles(
-            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
-                          kWindow | kSoftCap | kSinks, kNeedsNothing, Family::kDecodeSplit),
-            detail::kDecodeTile),
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8,
+                                    kStateDTypes, false, kWindow | kSoftCap | kSinks | kPriorStates,
+                                    kNeedsNothing, Family::kDecodeSplit),
+                      detail::kDecodeTile),
         compiled::DecodeFp8VariantHeadDims{}),
     detail::with_dims(
-        detail::tiles(
-            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
-                          kWindow | kSoftCap | kSinks, kNeedsNothing, Family::kDecodeSplit),
-            detail::kDecodeShortTile),
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8,
+                                    kStateDTypes, false, kWindow | kSoftCap | kSinks | kPriorStates,
+                                    kNeedsNothing, Family::kDecodeSplit),
+                      detail::kDecodeShortTile),
         detail::ShortFp8VariantHeadDims{}),
     // streamed decode: one split per request, aligned query rows, pages of whole 16-key tiles,
     // no prior states; else the plan's split launch; plain (sinks), then the variant instance

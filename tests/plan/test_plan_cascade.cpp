@@ -271,7 +271,9 @@ TEST(PlanCascade, AWindowTakesTheVariantLevelsAndSplitsOnlyTheKeysItReaches) {
   EXPECT_EQ(p.level(0).fallback, Kernel::kWgmma);
   EXPECT_EQ(p.level(0).max_splits, 4);  // ceil(960 / 256), not 8192 / 256 = 32
   EXPECT_TRUE(p.level(1).decode);
-  EXPECT_FALSE(p.decode_fold());
+  // the decode's variant instance folds the shared levels' states as the plain one does (a
+  // one-split decode of 64 requests: the fold)
+  EXPECT_TRUE(p.decode_fold());
   const std::string line = attnstate::cuda::to_string(p);
   EXPECT_NE(line.find("window 1000"), std::string::npos) << line;
   EXPECT_NE(line.find("warp-specialised wgmma (the variant kernel)"), std::string::npos) << line;
@@ -587,10 +589,11 @@ TEST(PlanCascade, ChecksOfAPlan) {
   EXPECT_NE(e.find("0..1"), std::string::npos) << e;
 }
 
-TEST(PlanCascade, SoftCapTakesTheVariantLevelsAndKeepsTheDecodeOffTheFold) {
+TEST(PlanCascade, SoftCapTakesTheVariantLevelsAndTheDecodeFoldsAsWithout) {
   // A soft cap: the shared levels take the warp-specialised kernel's variant instance (wgmma's as
   // its fallback), a decode last level is planned with the cap (the decode's variant kernel) and
-  // writes its own slot; a plan that disagrees is refused.
+  // folds the shared levels' states where the plain plan does; the fold asked for or refused by
+  // the tuning is honoured.
   const std::vector<Level> levels = {
       Level({64}, {4096}, 16),
       Level(std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 100), 16)};
@@ -609,7 +612,7 @@ TEST(PlanCascade, SoftCapTakesTheVariantLevelsAndKeepsTheDecodeOffTheFold) {
   EXPECT_TRUE(p.level(0).wgmma);
   EXPECT_EQ(p.level(0).fallback, Kernel::kWgmma);
   EXPECT_TRUE(p.level(1).decode);
-  EXPECT_FALSE(p.decode_fold());
+  EXPECT_TRUE(p.decode_fold());
   EXPECT_EQ(error_of([&] { plan::check_cascade_plan(kFn, p); }), "");
   // the same levels without the cap: wgmma (warp-specialised) and the fold
   const CascadeChoice plain =
@@ -617,14 +620,15 @@ TEST(PlanCascade, SoftCapTakesTheVariantLevelsAndKeepsTheDecodeOffTheFold) {
   EXPECT_EQ(seen.variant.logits_soft_cap, 0.f);
   EXPECT_EQ(plain.level(0).kernel, Kernel::kWarpSpecialized);
   EXPECT_TRUE(plain.decode_fold());
-  // the fold asked for with a cap is refused, not ignored
-  CascadeTuning fold;
-  fold.decode_fold = 1;
-  EXPECT_NE(error_of([&] {
-              plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132, fold, sm90a(),
-                                 decode);
-            }).find("tuning.decode_fold"),
-            std::string::npos);
+  // the tuning's fold, asked for or refused, with a cap
+  for (const int f : {0, 1}) {
+    CascadeTuning fold;
+    fold.decode_fold = f;
+    const CascadeChoice c = plan::plan_cascade(kFn, shape(64, 2, 4, 16), views.data(), 2, o, 132,
+                                               fold, sm90a(), decode);
+    EXPECT_EQ(c.decode_fold(), f == 1);
+    EXPECT_EQ(seen.variant.logits_soft_cap, 30.f);
+  }
 }
 
 TEST(PlanCascade, LevelsRecordTheCatalogRowsTheyRun) {

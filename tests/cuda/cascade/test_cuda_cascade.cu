@@ -219,8 +219,8 @@ TEST(CudaCascade, SinksAreMergedOnceAfterEveryLevelAndMergePath) {
 
 TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
   // A logits soft cap in every level: the shared levels on a level kernel's variant instance, a
-  // decode last level on the decode's
-  // variant kernel writing its own slot (never folding), or every level on level kernels; whole
+  // decode last level on the decode's variant kernel (one split or five) folding the shared
+  // levels' states or writing its own slot, or every level on level kernels; whole
   // runs and the stage-by-stage API, with and without sinks; caps that bite (5) and that barely do
   // (30); bf16 and f16, head dim 128 and the build's first cascade head dim (64 by default), q_len
   // 1 and 2. Against the double reference with the cap on the scaled scores.
@@ -244,10 +244,13 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
       spec.soft_cap = cap;
       CascadeCase c(spec);
       const CaseSinks sinks(c, seed++);
-      for (int path = 0; path < 3; ++path) {
+      for (int path = 0; path < 4; ++path) {
+        // 0: the last level on a level kernel; 1: on the decode, folding the shared levels'
+        // states; 2, 3: on a decode of 5 splits, folding them in its split merge or not
         CascadeTuning t;
         t.decode_last_level = path != 0;
-        if (path == 2) t.decode_splits = 5;
+        if (path >= 2) t.decode_splits = 5;
+        if (path != 0) t.decode_fold = path == 3 ? 0 : 1;
         GpuCascade g(c, DType::kBF16, LseBase::kBase2, t);
         const std::string at = "cap " + std::to_string(cap) + " levels " +
                                std::to_string(g.plan.num_levels()) + " path " +
@@ -256,7 +259,7 @@ TEST(CudaCascade, SoftCapMatchesTheReferenceOnEveryPath) {
         const int last = g.plan.num_levels() - 1;
         EXPECT_EQ(g.plan.level(last).decode, path != 0) << at;
         if (path != 0) {
-          EXPECT_FALSE(g.plan.decode_fold()) << at;
+          EXPECT_EQ(g.plan.decode_fold(), path != 3) << at;
           EXPECT_EQ(g.plan.last_decode().variant().logits_soft_cap, cap) << at;
         }
         g.run();
@@ -276,7 +279,8 @@ TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
   // only the keys some row sees. Windows of 0, 1, a few tiles and past every key; with a soft
   // cap; the shared levels on the planned kernel (warp-specialised or wgmma) and on mma.sync (16,
   // 64 and 128 rows, forced),
-  // the last level on the decode or a level kernel; q_len 1 and 2, causal or not; bf16 and f16 at
+  // the last level on the decode (folding the shared levels' states or not) or a level kernel;
+  // q_len 1 and 2, causal or not; bf16 and f16 at
   // the build's head dims; with sinks. Against the double reference over the windowed keys.
   ATTNSTATE_REQUIRE_GPU();
   CaseSpec two = attnstate_test::two_level_spec(6, 700, 90, 91);
@@ -308,6 +312,8 @@ TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
         for (int path = 0; path < 6; ++path) {
           CascadeTuning t;
           t.decode_last_level = path % 2 == 1;
+          // a decode last level folding the shared levels' states (path 3) or not (1, 5)
+          if (t.decode_last_level) t.decode_fold = path == 3 ? 1 : 0;
           if (path >= 2) {  // mma.sync at each row tile
             t.kernel = CascadeKernel::kMma;
             t.tile_rows = path < 4 ? 16 : 64 + 64 * (path - 4);
@@ -319,7 +325,7 @@ TEST(CudaCascade, WindowMatchesTheReferenceOnEveryPathAndKernel) {
           EXPECT_EQ(g.plan.window_left(), w) << at;
           const int last = g.plan.num_levels() - 1;
           if (g.plan.level(last).decode) {
-            EXPECT_FALSE(g.plan.decode_fold()) << at;
+            EXPECT_EQ(g.plan.decode_fold(), path == 3) << at;
             EXPECT_EQ(g.plan.last_decode().variant().window_left, w) << at;
           }
           g.run();
@@ -1353,15 +1359,20 @@ TEST(CudaCascadeArgs, VariantsThePlanRefusesAndTheCapItRecords) {
   expect_error(attnstate::Status::kInvalidArgument, "options.variant.logits_soft_cap",
                [&] { plan(o, {}); });
   o.variant.logits_soft_cap = 20.f;
-  CascadeTuning fold;
-  fold.decode_fold = 1;
-  expect_error(attnstate::Status::kNotSupported, "tuning.decode_fold", [&] { plan(o, fold); });
-  // the plan records the cap for its decode level
+  // the plan records the cap for its decode level, which folds the shared levels' states as the
+  // plain plan does; the tuning's fold, asked for or refused, is honoured
   const attnstate::cuda::CascadePlan p = plan(o, {});
   ASSERT_TRUE(p.level(p.num_levels() - 1).decode);
   EXPECT_EQ(p.logits_soft_cap(), 20.f);
   EXPECT_EQ(p.last_decode().variant().logits_soft_cap, 20.f);
-  EXPECT_FALSE(p.decode_fold());
+  EXPECT_EQ(p.decode_fold(), plan(c.options(), {}).decode_fold());
+  for (const int f : {0, 1}) {
+    CascadeTuning fold;
+    fold.decode_fold = f;
+    const attnstate::cuda::CascadePlan q = plan(o, fold);
+    EXPECT_EQ(q.decode_fold(), f == 1) << "decode_fold " << f;
+    EXPECT_EQ(q.last_decode().variant().logits_soft_cap, 20.f);
+  }
 }
 
 }  // namespace
