@@ -348,6 +348,14 @@ void plan_kernel_level(const char* func, Choice& plan, int l, const CascadeLevel
   const catalog::Variants variants = plan_variants(plan);
   lp.tile_rows =
       tuning.tile_rows != 0 ? tuning.tile_rows : level_tile_rows(shape, max_rows, variants);
+  if (tuning.tile_rows == 0 && shape.head_dim > cuda::tuning::kCascadeWsWideHeadDim &&
+      lp.tile_rows > cuda::tuning::kCascadeWsWideTileRows) {
+    // wide heads on the warp-specialised kernel: the smaller tile where its row exists
+    CascadeLevelPlan narrow = lp;
+    narrow.tile_rows = cuda::tuning::kCascadeWsWideTileRows;
+    if (ws_level(shape, narrow, plan.ws_variant, variants, tuning.kernel != CascadeKernel::kMma))
+      lp.tile_rows = narrow.tile_rows;
+  }
   std::vector<std::int64_t> tiles(static_cast<std::size_t>(lv.num_segments));
   std::int64_t max_tiles = 1;
   for (std::int64_t s = 0; s < lv.num_segments; ++s) {

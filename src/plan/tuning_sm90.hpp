@@ -45,6 +45,10 @@ inline constexpr int kCascadeMaxLevelSplits = 64;
 /// Cascade: a 16-row level tile runs 3 `cp.async` stages when its splits hold at least this many
 /// 64-key tiles (a long unique suffix), else 2 (more CTAs per SM).
 inline constexpr int kCascadeDeepStagesTiles = 8;
+/// Cascade: above this head dim, a level the warp-specialised kernel runs takes row tiles of at
+/// most `kCascadeWsWideTileRows` (its deeper ring of smaller tiles outruns the 128-row tile).
+inline constexpr std::int64_t kCascadeWsWideHeadDim = 128;
+inline constexpr int kCascadeWsWideTileRows = 64;
 /// Cascade: shared levels this long or shorter (keys) are latency-bound: they leave SMs to a
 /// decode last level (`CascadeTuning::decode_sms` automatic).
 inline constexpr std::int64_t kCascadeReserveMaxSharedKeys = 8192;

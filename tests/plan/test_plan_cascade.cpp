@@ -148,6 +148,32 @@ TEST(PlanCascade, TileRowsFollowTheRowsOfTheLargestSegment) {
   EXPECT_EQ(plan_levels(shape(64, 2, 4, 16), {Level({64}, {4096}, 16)}, t).level(0).tile_rows, 16);
 }
 
+TEST(PlanCascade, WideHeadsTakeTheNarrowWarpSpecialisedTile) {
+  // Head dim 256, 128 requests of group 4 sharing one segment (512 rows): where the catalog holds
+  // the warp-specialised 64-row row, the level takes it instead of the 128-row tile the rows
+  // would ask for; a tile asked for by the tuning, or the mma.sync kernels, keep the rows' tile.
+  namespace catalog = attnstate::catalog;
+  const CascadeShape s = shape(128, 8, 4, 16, DType::kBF16, 256);
+  catalog::Query ws;
+  ws.family = catalog::Family::kCascadeWs;
+  ws.head_dim = 256;
+  ws.tile_rows = 64;
+  if (!catalog::compiled(ws)) GTEST_SKIP() << "no warp-specialised rows at head dim 256";
+  const std::vector<Level> one = {Level({128}, {32768}, 16)};
+  const CascadeChoice p = plan_levels(s, one);
+  EXPECT_EQ(p.level(0).kernel, Kernel::kWarpSpecialized);
+  EXPECT_EQ(p.level(0).tile_rows, 64);
+  EXPECT_EQ(p.level(0).max_tiles, 8);
+  CascadeTuning t;
+  t.tile_rows = 128;
+  EXPECT_EQ(plan_levels(s, one, t).level(0).tile_rows, 128);
+  t = {};
+  t.kernel = CascadeKernel::kMma;
+  EXPECT_EQ(plan_levels(s, one, t).level(0).tile_rows, 128);
+  // head dim 128 keeps the 128-row tile
+  EXPECT_EQ(plan_levels(shape(128, 8, 4, 16), one).level(0).tile_rows, 128);
+}
+
 TEST(PlanCascade, ChooseChunkPinsTheWaveHeuristic) {
   const std::int64_t one[] = {1}, two[] = {2, 2, 2, 2};
   const std::int32_t long_len[] = {32768}, short_len[] = {1024}, four[] = {1000, 1000, 1000, 1000};
@@ -893,7 +919,9 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
         };
         EXPECT_EQ(p.level(0).kernel, expected(p.level(0).tile_rows, attnstate::catalog::kPlain))
             << at;
-        if (p.level(0).kernel == Kernel::kWarpSpecialized) EXPECT_EQ(row.tile_keys, 64) << at;
+        if (p.level(0).kernel == Kernel::kWarpSpecialized) {
+          EXPECT_EQ(row.tile_keys, 64) << at;
+        }
         // the fallback of a warp-specialised row (a pool no tensor map describes): the fp8
         // wgmma row; of a wgmma row on a device without wgmma: the fp8 mma.sync row
         const auto& fb =
