@@ -204,6 +204,8 @@ inline constexpr Tile kWs128{128, kCascadeWsKvTile, 3, 1};
 inline constexpr Tile kWs64Kv64{64, kCascadeKvTile, 4, 1};
 inline constexpr Tile kWs128Kv64{128, kCascadeKvTile, 4, 1};
 inline constexpr Tile kWsWide64Kv64{64, kCascadeKvTile, 3, 1};
+inline constexpr Tile kWsFp8x64{64, kCascadeWsKvTile, 2, 1};
+inline constexpr Tile kWsFp8x128{128, kCascadeWsKvTile, 2, 1};
 inline constexpr Tile kWsWide128Kv64{128, kCascadeKvTile, 2, 1};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
@@ -493,21 +495,21 @@ inline constexpr Group kGroups[] = {
         compiled::CascadeWsWideHeadDims{}),
     // warp-specialised levels over fp8 caches (e4m3, e5m2) under 16-bit queries: the copies land
     // in a ring of stored tiles, the producer warpgroup converts each into the 16-bit ring; the
-    // 64-key tiles (the 128-key ones leave no room for the stored ring); plain, then the variant
-    // instance; a pool no tensor map describes runs the fp8 wgmma kernel
+    // 128-key tiles at 2 stages (3 leave no room for the stored ring) and 64-key tiles at 4;
+    // plain, then the variant instance; a pool no tensor map describes runs the fp8 wgmma kernel
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, detail::kFp8,
                                     mask(DType::kF32), false, kPlain,
                                     kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                                     Family::kCascadeWgmma),
-                      detail::kWs64Kv64, detail::kWs128Kv64),
+                      detail::kWsFp8x64, detail::kWsFp8x128, detail::kWs64Kv64, detail::kWs128Kv64),
         compiled::CascadeWsFp8HeadDims{}),
     detail::with_dims(
         detail::tiles(detail::group(Family::kCascadeWs, detail::k16Bit, detail::kFp8,
                                     mask(DType::kF32), false, kSoftCap | kWindow,
                                     kNeedsWgmma | kNeedsTensorMaps | kNeedsTmaBox | kNeedsPoolMap,
                                     Family::kCascadeWgmma),
-                      detail::kWs64Kv64, detail::kWs128Kv64),
+                      detail::kWsFp8x64, detail::kWsFp8x128, detail::kWs64Kv64, detail::kWs128Kv64),
         compiled::CascadeWsFp8HeadDims{}),
     // the cascade merge: fp32 partial states into an output of each state dtype, sinks last
     detail::with_dims(

@@ -427,12 +427,10 @@ int tma_run_keys(std::int64_t page_size) {
   return box > 0 && box < keys && keys % box == 0 && kKvTile % keys == 0 ? keys : 0;
 }
 
-int resolve_ws_variant(int asked, bool fp8_pool, std::int64_t head_dim) {
+int resolve_ws_variant(int asked, std::int64_t head_dim) {
   if (asked >= 0) return asked;
-  // the warp-specialised rows over fp8 caches, and at head dim 256, have 64-key tiles only
-  // (catalog.hpp)
-  return static_cast<int>(fp8_pool || head_dim > 128 ? CascadeWsVariant::kKv64
-                                                     : CascadeWsVariant::kKv128);
+  // the warp-specialised rows at head dim 256 have 64-key tiles only (catalog.hpp)
+  return static_cast<int>(head_dim > 128 ? CascadeWsVariant::kKv64 : CascadeWsVariant::kKv128);
 }
 
 int small_stages(int chunk) {
@@ -522,8 +520,7 @@ CascadeChoice plan_cascade(const char* func, const CascadeShape& shape,
   plan.shape = shape;
   plan.num_levels = num_levels;
   plan.scale = ::attnstate::detail::cascade_scale(func, options, shape.head_dim);
-  plan.ws_variant =
-      resolve_ws_variant(tuning.ws_variant, is_fp8(shape.pool_dtype()), shape.head_dim);
+  plan.ws_variant = resolve_ws_variant(tuning.ws_variant, shape.head_dim);
   plan.causal = options.causal;
   plan.logits_soft_cap = options.variant.logits_soft_cap;
   plan.window_left = options.variant.window_left;

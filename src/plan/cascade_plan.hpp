@@ -81,10 +81,9 @@ int tma_box_rows(std::int64_t page_size);
 /// Keys per run box of the warp-specialised kernel for a page size (0: no run boxes): pages
 /// shorter than 64 keys whose ids follow one another are copied 64 keys per box.
 int tma_run_keys(std::int64_t page_size);
-/// The warp-specialised variant a tuning asks for (-1, the default, is 1: 128-key tiles; over
-/// an fp8 pool, `fp8_pool`, or at a head dim above 128, 3: 64-key tiles, the only ones their
-/// rows have).
-int resolve_ws_variant(int asked, bool fp8_pool, std::int64_t head_dim);
+/// The warp-specialised variant a tuning asks for (-1, the default, is 1: 128-key tiles; at a
+/// head dim above 128, 3: 64-key tiles, the only ones its rows have).
+int resolve_ws_variant(int asked, std::int64_t head_dim);
 /// Stages of the 16-row cp.async tile for a level whose splits hold `chunk` keys: 3 when a CTA
 /// streams many KV tiles (a long unique suffix), else 2 (more CTAs per SM for short ones).
 int small_stages(int chunk);

@@ -117,15 +117,15 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
              static_cast<int>(compiled::CascadeMmaFp8HeadDims::size()) * tiles * fp8) *
                 cascade_dtypes * 2);
   // wgmma: 64 and 128 rows, plain and variant, every cascade dtype, 16-bit and each fp8 K/V;
-  // warp-specialised: four tiles with 16-bit K/V (the two 64-key ones at head dim 256), the two
-  // 64-key ones with each fp8 K/V, plain and variant, every cascade dtype
+  // warp-specialised: four tiles with 16-bit K/V (the two 64-key ones at head dim 256), four
+  // with each fp8 K/V (128 keys at 2 stages, 64 keys at 4), plain and variant, every cascade dtype
   EXPECT_EQ(rows_of(Family::kCascadeWgmma),
             static_cast<int>(compiled::CascadeWgmmaHeadDims::size()) * cascade_dtypes * 2 * 2 *
                 (1 + fp8));
   EXPECT_EQ(rows_of(Family::kCascadeWs),
             (static_cast<int>(compiled::CascadeWsHeadDims::size()) * 4 -
              static_cast<int>(compiled::CascadeWsWideHeadDims::size()) * 2 +
-             static_cast<int>(compiled::CascadeWsFp8HeadDims::size()) * 2 * fp8) *
+             static_cast<int>(compiled::CascadeWsFp8HeadDims::size()) * 4 * fp8) *
                 cascade_dtypes * 2);
   EXPECT_EQ(rows_of(Family::kCascadeMerge),
             static_cast<int>(compiled::CascadeHeadDims::size() *

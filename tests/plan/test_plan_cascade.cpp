@@ -876,7 +876,7 @@ TEST(PlanCascade, ArgumentErrorsNameTheArgument) {
 
 TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
   // fp8 K/V under 16-bit queries: every level on the catalog's rows of that K/V dtype (the
-  // warp-specialised 64-key tiles where it holds fp8 rows for the tile, else wgmma for the wide
+  // warp-specialised 128-key tiles where it holds fp8 rows for the tile, else wgmma for the wide
   // tiles where it holds them, else mma.sync), the last level on the decode's fp8 kernel where it
   // has one (its variant instance with a window or a soft cap); at a head dim without fp8 decode
   // rows, the last level stays on a level kernel.
@@ -914,13 +914,22 @@ TEST(PlanCascade, Fp8PoolsRunEveryLevelOnTheFp8Rows) {
           wq.variants = variants;
           if (!attnstate::catalog::compiled(wq)) return Kernel::kMma;
           wq.family = attnstate::catalog::Family::kCascadeWs;
-          wq.tile_keys = attnstate::catalog::kCascadeKvTile;
+          wq.tile_keys = attnstate::catalog::kCascadeWsKvTile;
           return attnstate::catalog::compiled(wq) ? Kernel::kWarpSpecialized : Kernel::kWgmma;
         };
         EXPECT_EQ(p.level(0).kernel, expected(p.level(0).tile_rows, attnstate::catalog::kPlain))
             << at;
         if (p.level(0).kernel == Kernel::kWarpSpecialized) {
-          EXPECT_EQ(row.tile_keys, 64) << at;
+          EXPECT_EQ(row.tile_keys, attnstate::catalog::kCascadeWsKvTile) << at;
+          // the 64-key tiles where the tuning asks for them
+          CascadeTuning t64;
+          t64.ws_variant = static_cast<int>(plan::CascadeWsVariant::kKv64);
+          const CascadeChoice p64 = plan_levels(s, two, t64, sm90a(), 132, d.fn());
+          EXPECT_EQ(p64.level(0).kernel, Kernel::kWarpSpecialized) << at;
+          EXPECT_EQ(
+              attnstate::catalog::kRows[static_cast<std::size_t>(p64.level(0).kernel_id)].tile_keys,
+              attnstate::catalog::kCascadeKvTile)
+              << at;
         }
         // the fallback of a warp-specialised row (a pool no tensor map describes): the fp8
         // wgmma row; of a wgmma row on a device without wgmma: the fp8 mma.sync row

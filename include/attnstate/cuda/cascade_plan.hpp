@@ -79,8 +79,8 @@ struct CascadeTuning {
   /// writes the output itself.
   int decode_fold = -1;
   /// The warp-specialised (bulk-copy, `wgmma`) kernel of the levels whose shape and tile the
-  /// catalog compiles it for (docs/catalog.md): -1 = automatic (KV tiles of 128 keys; of 64 over
-  /// an fp8 pool or at head dim 256, the only ones those rows have), 0 = never (those levels run on
+  /// catalog compiles it for (docs/catalog.md): -1 = automatic (KV tiles of 128 keys; of 64 at
+  /// head dim 256, the only ones its rows have), 0 = never (those levels run on
   /// the `cp.async` kernels), 1 = 128-key tiles, 2 = 128-key tiles with the warpgroups issuing in
   /// turns, 3 = 64-key tiles, 4 = 64-key tiles in turns (for comparisons; each is exact to
   /// rounding, and repeatable for a given plan).

@@ -318,20 +318,6 @@ struct WsProducer {
     // group, chunk q % 4 of the half (fp8_tile_offset)
     const auto key_of = [](int q) { return (q >> 6) * 8 + ((q >> 2) & 7); };
     const auto chunk_of = [](int q) { return ((q >> 5) & 1) * 4 + (q & 3); };
-    uint4 k8[kIters], v8[kIters];
-    if (whole) {
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        k8[i] = arch::ld_shared_v4(sk + 16 * (i * 128 + t));
-        v8[i] = arch::ld_shared_v4(sv + 16 * (i * 128 + t));
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int q = i * 128 + t;
-        load_partial_chunk(j0 + key_of(q), chunk_of(q), k8[i], v8[i]);
-      }
-    }
     const auto put = [](std::uint32_t dst, int r, int c, const uint4& w) {
       uint4 a, b;
       fp8x4_to<T, Tile::kKv>(w.x, a.x, a.y);
@@ -341,11 +327,31 @@ struct WsProducer {
       arch::st_shared_v4(dst + kv_tile_offset<D>(r, 2 * c), a);
       arch::st_shared_v4(dst + kv_tile_offset<D>(r, 2 * c + 1), b);
     };
+    // batches of chunks of K and of V in flight (the registers the producer warpgroup keeps)
+    constexpr int kBatch = kIters < Tile::kConvertBatch ? kIters : Tile::kConvertBatch;
+    static_assert(kIters % kBatch == 0, "whole batches");
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int q = i * 128 + t;
-      put(dk, key_of(q), chunk_of(q), k8[i]);
-      put(dv, key_of(q), chunk_of(q), v8[i]);
+    for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+      uint4 k8[kBatch], v8[kBatch];
+      if (whole) {
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          k8[i] = arch::ld_shared_v4(sk + 16 * ((i0 + i) * 128 + t));
+          v8[i] = arch::ld_shared_v4(sv + 16 * ((i0 + i) * 128 + t));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int q = (i0 + i) * 128 + t;
+          load_partial_chunk(j0 + key_of(q), chunk_of(q), k8[i], v8[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int q = (i0 + i) * 128 + t;
+        put(dk, key_of(q), chunk_of(q), k8[i]);
+        put(dv, key_of(q), chunk_of(q), v8[i]);
+      }
     }
     arch::fence_proxy_async();  // generic-proxy writes → read by wgmma (async proxy)
     __syncwarp();

@@ -102,11 +102,11 @@ template <int NWG_, int BN_, int Stages_, int Opt_ = 0, int D_ = 128>
 struct CascadeWsTile {
   static constexpr int D = D_;
   /// `S = Q Kᵀ` reads the queries from shared memory (wgmma with both operands from shared
-  /// memory) instead of register fragments: at head_dim 256, and in the variant instance of two
-  /// warpgroups on 128-key tiles at head_dim 128 (whose fragments spill beside the scores of 128
-  /// keys).
-  static constexpr bool kQSmem = D > 128 ||
-                                 ((Opt_ & kWsVariant) != 0 && NWG_ == 2 && BN_ == 128 && D == 128);
+  /// memory) instead of register fragments: at head_dim 256, and in the variant and fp8 instances
+  /// of two warpgroups on 128-key tiles at head_dim 128 (whose fragments spill beside the scores
+  /// of 128 keys, or in the registers the fp8 producers keep).
+  static constexpr bool kQSmem = D > 128 || (((Opt_ & (kWsVariant | kWsE4M3 | kWsE5M2)) != 0) &&
+                                             NWG_ == 2 && BN_ == 128 && D == 128);
   /// k-steps of the query fragments held in registers (1, unused, with kQSmem).
   static constexpr int kQFragSteps = kQSmem ? 1 : D / 16;
   /// The 16-bit operand type (kWsF16).
@@ -135,6 +135,9 @@ struct CascadeWsTile {
   /// 65536 / kThreads (rounded down to 8); the producer warpgroup drops to kProducerRegs and the
   /// consumers take the rest.
   static constexpr int kProducerRegs = kFp8 ? 96 : 56;  // (fp8: the producer warps convert)
+  /// fp8: 16-byte chunks of K and of V a converting thread holds at once (on 128-key tiles
+  /// fewer than the tile's 8: ptxas spills otherwise).
+  static constexpr int kConvertBatch = BN == 128 ? 2 : 4;
   static constexpr int kConsumerRegs =
       ((65536 / kThreads / 8 * 8 * kThreads - 128 * kProducerRegs) / kConsumers) / 8 * 8 > 240
           ? 240
