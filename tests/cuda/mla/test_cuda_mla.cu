@@ -646,7 +646,7 @@ TEST(MlaCudaErrors, TheRunNamesEachArgument) {
   StateView overlap = out.view;
   overlap.o = const_cast<void*>(qn.data);
   expect_named_error(run(qn, qp, kv, overlap, ws.get(), ws.bytes()), Status::kInvalidArgument,
-                     "out", kRunFn);
+                     "out.o", kRunFn);
   std::vector<float> host_sinks(static_cast<std::size_t>(cfg.heads), 0.f);
   AttentionSinks hs;
   hs.logits = host_sinks.data();
