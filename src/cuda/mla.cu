@@ -21,6 +21,7 @@
 #include "cuda/kernels/mla/mla_decode.cuh"
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/launch.hpp"
+#include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
 #include "plan/tuning_sm90.hpp"
 
@@ -40,6 +41,7 @@ namespace {
 
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
+using detail::check_scale_memory;
 using detail::MlaDecodePlanAccess;
 using detail::MlaDecodePlanData;
 
@@ -162,31 +164,6 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   return true;
 }
 
-void check_fingerprint(const char* fn, const MlaDecodePlanData& d) {
-  if (d.catalog_fingerprint == catalog::kFingerprint) return;
-  char want[40], got[40];
-  std::snprintf(want, sizeof want, "%016llx",
-                static_cast<unsigned long long>(catalog::kFingerprint));
-  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(d.catalog_fingerprint));
-  throw_argument(fn, "plan",
-                 std::string("a plan from plan_mla_decode of this build (kernel catalog "
-                             "fingerprint ") +
-                     want + ")",
-                 d.catalog_fingerprint == 0
-                     ? std::string("a plan no planner made (default-constructed)")
-                     : std::string("a plan of another kernel catalog (fingerprint ") + got + ")");
-}
-
-/// Throws naming `name` unless `scale` is null or memory the kernel can read when it runs.
-void check_scale_memory(const char* fn, const char* name, const float* scale) {
-  if (scale == nullptr) return;
-  cudaPointerAttributes a{};
-  ATTNSTATE_CUDA_CHECK(cudaPointerGetAttributes(&a, scale));
-  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-    throw_argument(fn, name, "device or managed memory (the kernel reads the scale)",
-                   a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory");
-}
-
 /// Throws naming `name` unless the bytes `bytes` are a multiple of 16 (the kernel's copies).
 void check_multiple_16(const char* fn, const char* name, std::int64_t elems, DType dt) {
   const std::int64_t bytes = elems * static_cast<std::int64_t>(size_of(dt));
@@ -255,7 +232,7 @@ WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_no
                           std::size_t workspace_bytes) {
   const char* fn = kRunFn;
   const MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
-  check_fingerprint(fn, d);
+  detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_mla_decode");
   const MlaDecodeProblem& pr = d.problem;
   attnstate::detail::validate_mla_args(fn, q_nope, q_pe, kv, out, MemorySpace::kDevice);
   if (kv.batch > pr.batch)
@@ -475,7 +452,7 @@ void init_mla_decode_workspace(const MlaDecodePlan& plan, void* workspace,
                                std::size_t workspace_bytes, cudaStream_t stream) {
   const char* fn = "attnstate::cuda::init_mla_decode_workspace";
   const MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
-  check_fingerprint(fn, d);
+  detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_mla_decode");
   WorkspaceLayout w;
   workspace_layout(d, &w);
   if (w.total == 0) return;
