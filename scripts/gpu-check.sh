@@ -81,7 +81,8 @@ if [ -f "$BUILD/CTestTestfile.cmake" ] && [ "${GPU_TESTS:-}" != none ]; then
   grep -E "\*\*\*Failed|Not Run|Timeout" "$LOG/ctest.log" | head -40 | tee -a "$SUMMARY"
 fi
 
-# 3. compute-sanitizer over the GPU tests (tests named *Large* are skipped: too slow there).
+# 3. compute-sanitizer over the GPU tests (tests named *Large* are skipped: too slow there;
+# e.g. test_cuda_mla's matrix, whose EveryPathOnASmallProblem covers each MLA row instead).
 # Each (tool, executable) run is cut into GPU_SAN_SHARDS GoogleTest shards, and GPU_SAN_JOBS runs
 # go at once (the sanitizers are bound by host CPU, and the tests use little GPU memory). No run
 # starts once GPU_SAN_BUDGET seconds have passed; each is capped at GPU_SAN_TIMEOUT.

@@ -32,4 +32,5 @@
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "attnstate/cuda/merge.hpp"
+#include "attnstate/cuda/mla.hpp"
 #endif

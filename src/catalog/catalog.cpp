@@ -74,6 +74,8 @@ const char* to_string(Family f) {
       return "rebase";
     case Family::kMergeMarkEmpty:
       return "mark empty rows";
+    case Family::kMlaDecode:
+      return "MLA decode";
   }
   return "unknown family";
 }

@@ -48,12 +48,15 @@ enum class Family : std::uint8_t {
   kMergeRagged = 13,     ///< `merge_ragged_kernel`: `merge_states_ragged`.
   kMergeRebase = 14,     ///< `rebase_kernel`: `rebase`.
   kMergeMarkEmpty = 15,  ///< `mark_empty_rows_kernel`: `mark_empty_rows` (LSEs only).
+  /// `mla_decode_kernel`: MLA decode, one CTA per (request, tile of 64 rows, split); head dim
+  /// `kMlaHeadDim` (the key width), `kv` the latent part's dtype.
+  kMlaDecode = 16,
 };
 /// Number of families.
-inline constexpr int kFamilies = 16;
+inline constexpr int kFamilies = 17;
 
 /// True for the merges' families.
-constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6; }
+constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6 && static_cast<int>(f) <= 15; }
 
 /// Variants a kernel takes (a bit set).
 using Variants = std::uint8_t;
@@ -207,6 +210,9 @@ inline constexpr Tile kWsWide64Kv64{64, kCascadeKvTile, 3, 1};
 inline constexpr Tile kWsFp8x64{64, kCascadeWsKvTile, 2, 1};
 inline constexpr Tile kWsFp8x128{128, kCascadeWsKvTile, 2, 1};
 inline constexpr Tile kWsWide128Kv64{128, kCascadeKvTile, 2, 1};
+// The MLA decode: 64 rows, 32-key tiles, double buffer (CTAs per SM set by its shared memory:
+// one).
+inline constexpr Tile kMlaTile{kMlaTileRows, kMlaTileKeys, kMlaStages, 0};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
@@ -562,6 +568,13 @@ inline constexpr Group kGroups[] = {
                   Family::kMergeRagged),
     detail::stack(0, Family::kMergeRebase, detail::kMergeTile, kNeedsNothing, Family::kMergeRebase),
     detail::mark_empty_group(),
+    // MLA decode (cuda/kernels/mla/): bf16 queries over a bf16 latent cache, or an fp8 one (its
+    // rotary part bf16 or of the same fp8 format), sinks; one head dim, the key width
+    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecode, mask(DType::kBF16),
+                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
+                                                  false, kSinks, kNeedsNothing, Family::kMlaDecode),
+                                    detail::kMlaTile),
+                      compiled::IntList<kMlaHeadDim>{}),
 };
 
 namespace detail {

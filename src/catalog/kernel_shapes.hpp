@@ -169,5 +169,37 @@ ATTNSTATE_HOST_DEVICE constexpr int merge_slot_states(std::int64_t head_dim) {
   return slots < kMergeRingMaxStates ? slots : kMergeRingMaxStates;
 }
 
+// ---- MLA decode (cuda/kernels/mla/) ----
+
+/// Query rows (heads × new tokens of one request) of one MLA CTA tile: four groups of 16 rows.
+inline constexpr int kMlaTileRows = 64;
+/// Latent tokens per K/V tile of the MLA decode (one cp.async stage).
+inline constexpr int kMlaTileKeys = 32;
+/// cp.async stages of the MLA decode (double buffer).
+inline constexpr int kMlaStages = 2;
+/// Warps per MLA CTA: 4 row groups × 2 halves of the latent columns.
+inline constexpr int kMlaWarps = 8;
+/// Latent width the MLA kernels are compiled for (values and the first part of the keys).
+inline constexpr int kMlaLoraRank = 512;
+/// Rotary width the MLA kernels are compiled for (the last part of the keys).
+inline constexpr int kMlaRopeDim = 64;
+/// The catalog's head dim of an MLA row: the key width `kMlaLoraRank + kMlaRopeDim`.
+inline constexpr int kMlaHeadDim = kMlaLoraRank + kMlaRopeDim;
+/// Bytes of the MLA kernel's dynamic shared memory: the query tile and the two K/V stages (bf16,
+/// rows of `kMlaHeadDim`), over an fp8 cache two stages of the stored bytes besides, the score
+/// exchange of the row groups (fp32) and the rows' LSEs; the epilogue's normalised `o` tile
+/// (fp32, `kMlaTileRows × kMlaLoraRank`) reuses the query tile and the stages.
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_smem_bytes(bool fp8) {
+  return std::int64_t{kMlaTileRows} * kMlaHeadDim * 2 +
+         std::int64_t{kMlaStages} * kMlaTileKeys * kMlaHeadDim * 2 +
+         (fp8 ? std::int64_t{kMlaStages} * kMlaTileKeys * kMlaHeadDim : 0) +
+         std::int64_t{kMlaTileRows} * kMlaTileKeys * 4 + kMlaTileRows * 4 + 16;
+}
+static_assert(std::int64_t{kMlaTileRows} * kMlaLoraRank * 4 <=
+                  std::int64_t{kMlaTileRows} * kMlaHeadDim * 2 +
+                      std::int64_t{kMlaStages} * kMlaTileKeys * kMlaHeadDim * 2,
+              "the epilogue's o tile fits in the query tile and the stages");
+static_assert(mla_smem_bytes(true) <= 227 * 1024, "within an sm_90 CTA's shared memory");
+
 }  // namespace catalog
 }  // namespace attnstate

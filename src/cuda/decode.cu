@@ -24,6 +24,7 @@
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/decode/params.cuh"
 #include "cuda/launch.hpp"
+#include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
 #include "plan/decode_plan_access.hpp"
 
@@ -33,6 +34,7 @@ namespace {
 
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
+using detail::check_scale_memory;
 using detail::DecodePlanAccess;
 using detail::DecodePlanData;
 
@@ -175,34 +177,6 @@ struct CheckedRun {
   std::int64_t grid = 0;
 };
 
-/// Throws naming `name` unless `scales` is null or memory the kernels can read (device or
-/// managed memory: the fp8 kernels read an fp8 cache's scales when they run).
-void check_scale_memory(const char* fn, const char* name, const float* scales,
-                        const char* what = "the kernel reads the scales") {
-  if (scales == nullptr) return;
-  cudaPointerAttributes a{};
-  ATTNSTATE_CUDA_CHECK(cudaPointerGetAttributes(&a, scales));
-  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-    throw_argument(fn, name, std::string("device or managed memory (") + what + ")",
-                   a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory");
-}
-
-/// Throws naming `plan` unless the plan was made by `plan_decode` of this build: its kernel ids
-/// index this build's catalog.
-void check_fingerprint(const char* fn, const DecodePlanData& d) {
-  if (d.catalog_fingerprint == catalog::kFingerprint) return;
-  char want[40], got[40];
-  std::snprintf(want, sizeof want, "%016llx",
-                static_cast<unsigned long long>(catalog::kFingerprint));
-  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(d.catalog_fingerprint));
-  throw_argument(fn, "plan",
-                 std::string("a plan from plan_decode of this build (kernel catalog fingerprint ") +
-                     want + ")",
-                 d.catalog_fingerprint == 0
-                     ? std::string("a plan no planner made (default-constructed)")
-                     : std::string("a plan of another kernel catalog (fingerprint ") + got + ")");
-}
-
 /// The checks of a run: what can differ from the plan (the plan itself is as `plan_decode` made
 /// it, its fingerprint checked first).
 CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorView& q,
@@ -210,7 +184,7 @@ CheckedRun check_run(const char* fn, const DecodePlan& plan, const ConstTensorVi
                      std::size_t workspace_bytes, const detail::PriorStates& prior) {
   CheckedRun r;
   const DecodePlanData& d = DecodePlanAccess::data(plan);
-  check_fingerprint(fn, d);
+  detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_decode");
   const DecodeProblem& pr = d.problem;
   if (prior.count > 0) {  // a split instance takes the variant and the prior states
     catalog::Query c;
@@ -403,7 +377,7 @@ void init_decode_workspace(const DecodePlan& plan, void* workspace, std::size_t 
                            cudaStream_t stream) {
   const char* fn = "attnstate::cuda::init_decode_workspace";
   const DecodePlanData& d = DecodePlanAccess::data(plan);
-  check_fingerprint(fn, d);
+  detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_decode");
   const WorkspaceLayout w = workspace_layout(d);
   if (w.total == 0) return;
   if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");

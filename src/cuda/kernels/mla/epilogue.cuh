@@ -1,0 +1,136 @@
+/// @file kernels/mla/epilogue.cuh
+/// @brief The epilogues of the MLA decode kernel (internal): each warp's normalised state into
+///        shared memory (`mla_state_to_smem`), then either the output rows (`mla_store_rows`: one
+///        split), or the split's partial state to the workspace (`mla_write_partial`), the
+///        request's ticket (`mla_ticket`) and, in the CTA holding the last one, the merge of the
+///        splits in split order (`mla_merge_splits`: the decode's prior-state fold). Every output
+///        row ends in `mla_store_columns`, which merges the head's sink last. Parts of
+///        `mla_decode_kernel`, inlined there.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnstate/core/merge_math.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/memory.cuh"
+#include "cuda/kernels/decode/split_merge.cuh"
+#include "cuda/kernels/mla/loader.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/tile/split_merge.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Float4 columns of an output row.
+constexpr int kMlaD4 = kMlaLoraRank / 4;
+
+/// The warp's state of its rows (`o_acc` over its 256 columns, unnormalised; `os`: row sums still
+/// per thread) normalised and scaled by V's scale `v_scale` into `o` [64][512], the rows' base-2
+/// LSEs into `lse` [64] (by the warps of the first half). An empty row is `(0, -inf)`.
+__device__ __forceinline__ void mla_state_to_smem(float (&o_acc)[kMlaWarpCols / 8][4],
+                                                  math::OnlineSoftmax (&os)[2], int warp, int lane,
+                                                  float v_scale, float* o, float* lse) {
+  const int rg = warp & 3;
+  const int half = warp >> 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = os[h].l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    os[h].l = l;
+    const float f = os[h].inv_sum() * v_scale;
+    const int r = 16 * rg + (lane >> 2) + 8 * h;
+    float* row = o + r * kMlaLoraRank + half * kMlaWarpCols + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < kMlaWarpCols / 8; ++j)
+      *reinterpret_cast<float2*>(row + 8 * j) =
+          make_float2(o_acc[j][2 * h] * f, o_acc[j][2 * h + 1] * f);
+    if (half == 0 && (lane & 3) == 0) lse[r] = os[h].lse(LseBase::kBase2);
+  }
+}
+
+/// Stores four merged columns (from `4 · d4`) of request row `rg` of request `b` as the output
+/// state, the head's sink merged in last when there are sinks.
+__device__ __forceinline__ void mla_store_columns(const MlaParams& p, int b, int rg, int d4,
+                                                  tile::MergedColumns mc) {
+  const std::int64_t token = static_cast<std::int64_t>(b) * p.q_len + rg / p.group;
+  const std::int64_t h = rg % p.group;
+  if (p.sinks != nullptr) mc = tile::merge_sink(mc, p.sinks[h]);  // once, after everything else
+  store4_as(p.out_o, p.out_dtype, token * p.o_stride_token + h * p.o_stride_head + 4 * d4, mc.o,
+            p.out_vec4);
+  if (d4 == 0)
+    p.out_lse[token * p.lse_stride_token + h * p.lse_stride_head] =
+        math::convert_lse(mc.lse, LseBase::kBase2, p.out_base);
+}
+
+/// One split: the CTA's rows from shared memory (`o`, `lse`) straight to the output.
+__device__ __forceinline__ void mla_store_rows(const MlaParams& p, const MlaCta& c, int tid,
+                                               const float* o, const float* lse) {
+#pragma unroll 1
+  for (int e = tid; e < c.rows_here * kMlaD4; e += kMlaThreads) {
+    const int r = e / kMlaD4;
+    const int d4 = e % kMlaD4;
+    tile::MergedColumns mc;
+    mc.o = *reinterpret_cast<const float4*>(o + r * kMlaLoraRank + 4 * d4);
+    mc.lse = lse[r];
+    mla_store_columns(p, c.b, c.row0 + r, d4, mc);
+  }
+}
+
+/// The split's partial state (rows of the CTA, from shared memory) into its workspace slot:
+/// split `s` of tile `tile_id` (`S` slots per tile), row `r` at `((tile_id · S + s) · 64 + r)`.
+__device__ __forceinline__ void mla_write_partial(const MlaParams& p, const MlaCta& c, int tid,
+                                                  std::int64_t tile_id, const float* o,
+                                                  const float* lse) {
+  const std::int64_t part0 = (tile_id * p.splits.max_splits + c.s) * kMlaTileRows;
+#pragma unroll 1
+  for (int e = tid; e < c.rows_here * kMlaD4; e += kMlaThreads) {
+    const int r = e / kMlaD4;
+    const int d4 = e % kMlaD4;
+    *reinterpret_cast<float4*>(p.ws_o + (part0 + r) * kMlaLoraRank + 4 * d4) =
+        *reinterpret_cast<const float4*>(o + r * kMlaLoraRank + 4 * d4);
+    if (d4 == 0) p.ws_lse[part0 + r] = lse[r];
+  }
+}
+
+/// The ticket of the CTA's split (acquire-release: its partial state is released with it, the
+/// other splits' acquired): true in the CTA that takes the last of the request's `n_splits`,
+/// which resets the counter for the next launch.
+__device__ __forceinline__ bool mla_ticket(const MlaParams& p, int tid, std::int64_t tile_id,
+                                           int n_splits, int* is_last) {
+  __syncthreads();  // every thread's partial-state stores precede the release
+  if (tid == 0) {
+    const int ticket = arch::atomic_add_acq_rel_gpu(p.tickets + tile_id, 1);
+    const int last = ticket == n_splits - 1;
+    if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
+    *is_last = last;
+  }
+  __syncthreads();
+  return *is_last != 0;
+}
+
+/// The merge of the request's `n_splits` partial states of tile `tile_id`, in split order, into
+/// the output rows: the decode's fold of prior states (`fold_prior`) over the workspace slots,
+/// starting from the empty state.
+__device__ __forceinline__ void mla_merge_splits(const MlaParams& p, const MlaCta& c, int tid,
+                                                 std::int64_t tile_id, int n_splits) {
+  const std::int64_t slot0 = tile_id * p.splits.max_splits * kMlaTileRows;
+  tile::MergedColumns empty;
+  empty.o = make_float4(0.f, 0.f, 0.f, 0.f);
+  empty.lse = math::neg_inf();
+#pragma unroll 1
+  for (int e = tid; e < c.rows_here * kMlaD4; e += kMlaThreads) {
+    const int r = e / kMlaD4;
+    const int d4 = e % kMlaD4;
+    const tile::MergedColumns mc = fold_prior<kMlaLoraRank>(
+        p.ws_o + slot0 * kMlaLoraRank, p.ws_lse + slot0, n_splits, kMlaTileRows, r, d4, empty);
+    mla_store_columns(p, c.b, c.row0 + r, d4, mc);
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate

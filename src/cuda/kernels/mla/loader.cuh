@@ -1,0 +1,220 @@
+/// @file kernels/mla/loader.cuh
+/// @brief The scheduler, the prologue and the loads of the MLA decode kernel (internal): which
+///        (request, row tile, split) a CTA takes (`MlaCta`), its shared memory (`MlaSmem`), the
+///        request's pages and clamped length (`mla_length`), the query tile's copies
+///        (`mla_load_queries`), a K/V tile's copies (`mla_load_tile`: both parts of each token
+///        into one row of 576 bf16 columns, or the stored bytes of an fp8 part into a staging
+///        row) and the fp8 conversion in shared memory (`mla_convert_tile`). Parts of
+///        `mla_decode_kernel`, inlined there.
+///
+/// Rows in shared memory (a query row or a token) are 576 bf16 columns (72 chunks of 16 bytes:
+/// 64 latent, then 8 rotary), chunk `c` of row `r` stored at `c ^ (r & 7)` (the swizzle of the
+/// decode's tiles, `tile::LdmatrixLanes`), so the tensor-core fragments load without bank
+/// conflicts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/arch/memory.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/tile/fp8_kv.cuh"
+#include "cuda/tile/paged_kv.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// One CTA's work: split `s` of row tile `mt` (request rows `row0` to `row0 + rows_here`) of
+/// request `b`, and the request's page table (its CSR base, or its block-table row).
+struct MlaCta {
+  int s;
+  int mt;
+  int b;
+  int row0;
+  int rows_here;
+  std::int64_t csr_base;
+  std::int64_t pages;
+};
+
+/// The CTA's coordinates from `blockIdx.x` (the splits of a tile consecutive, then the row tiles,
+/// then the requests) and its request's page range (none when a CSR range is invalid).
+__device__ __forceinline__ MlaCta mla_schedule(const MlaParams& p) {
+  MlaCta c;
+  const unsigned S = static_cast<unsigned>(p.splits.max_splits);
+  unsigned bid = blockIdx.x;  // the grid has at most 2^31 - 1 CTAs
+  c.s = static_cast<int>(bid % S);
+  bid /= S;
+  c.mt = static_cast<int>(bid % static_cast<unsigned>(p.row_tiles));
+  c.b = static_cast<int>(bid / static_cast<unsigned>(p.row_tiles));
+  c.row0 = c.mt * kMlaTileRows;
+  c.rows_here = min(kMlaTileRows, p.rows - c.row0);
+  c.csr_base = 0;
+  if (p.block_table != nullptr) {
+    c.pages = p.block_table_stride;
+  } else {
+    c.csr_base = p.page_indptr[c.b];
+    c.pages = static_cast<std::int64_t>(p.page_indptr[c.b + 1]) - c.csr_base;
+    if (c.pages < 0 || c.csr_base < 0) c.pages = 0;  // an invalid range of page ids: no keys
+    if (c.csr_base < 0) c.csr_base = 0;
+  }
+  return c;
+}
+
+/// The request's length, clamped to the pages it owns.
+__device__ __forceinline__ std::int32_t mla_length(const MlaParams& p, const MlaCta& c) {
+  std::int64_t len = p.seq_lens[c.b];
+  if (len < 0) len = 0;
+  if (len > c.pages * p.page_size) len = c.pages * p.page_size;
+  return static_cast<std::int32_t>(len);
+}
+
+/// The shared memory of the kernel over a cache of `kKv` (`tile::Fp8Kv`): the query tile `q`
+/// [64 rows], the K/V stages `kv` [stage][32 tokens] (bf16 rows, swizzled), over an fp8 cache the
+/// stored bytes `raw` [stage][32 tokens][576 bytes: 512 latent, 64 rotary when fp8], the score
+/// exchange `s_x` [row group][16 rows][32 keys] (fp32) and the rows' base-2 LSEs `lse` [64]; the
+/// epilogue's normalised `o` [64][512] (fp32) over the query tile and the stages, and the ticket
+/// flag `is_last`.
+struct MlaSmem {
+  unsigned char* q;
+  unsigned char* kv;
+  unsigned char* raw;
+  float* s_x;
+  float* lse;
+  float* o;
+  int* is_last;
+};
+
+template <int kKv>
+__device__ __forceinline__ MlaSmem mla_smem(unsigned char* smem) {
+  constexpr int kStageBytes = kMlaTileKeys * kMlaRowBytes;
+  constexpr int kRawStageBytes = kKv == tile::kKvSame ? 0 : kMlaTileKeys * kMlaHeadDim;
+  MlaSmem m;
+  m.q = smem;
+  m.kv = m.q + kMlaTileRows * kMlaRowBytes;
+  m.raw = m.kv + kMlaStages * kStageBytes;
+  m.s_x = reinterpret_cast<float*>(m.raw + kMlaStages * kRawStageBytes);
+  m.lse = m.s_x + kMlaTileRows * kMlaTileKeys;
+  m.is_last = reinterpret_cast<int*>(m.lse + kMlaTileRows);
+  m.o = reinterpret_cast<float*>(smem);
+  return m;
+}
+
+/// Shared-memory byte offset of chunk `c` of row `r` of a swizzled tile.
+__device__ __forceinline__ std::uint32_t mla_chunk(int r, int c) {
+  return static_cast<std::uint32_t>(r * kMlaRowBytes + ((c ^ (r & 7)) << 4));
+}
+
+/// Copies the CTA's query rows into the query tile at `q_s` (shared address): row `r` is head
+/// `(row0 + r) % group` of token `(row0 + r) / group`, its 64 latent chunks from `q_nope`, its 8
+/// rotary ones from `q_pe`; rows past the request's are zero-filled.
+__device__ __forceinline__ void mla_load_queries(const MlaParams& p, const MlaCta& c, int tid,
+                                                 std::uint32_t q_s) {
+  constexpr int kChunks = kMlaTileRows * kMlaRowChunks;
+#pragma unroll 1
+  for (int i = tid; i < kChunks; i += kMlaThreads) {
+    const int r = i / kMlaRowChunks;
+    const int col = i % kMlaRowChunks;
+    const int rg = c.row0 + r;
+    const bool valid = r < c.rows_here;
+    const int t = valid ? rg / p.group : 0;
+    const int h = valid ? rg % p.group : 0;
+    const std::uint16_t* src =
+        col < kMlaLatentChunks
+            ? p.q_nope + c.b * p.qn_stride_b + t * p.qn_stride_t + h * p.qn_stride_h + col * 8
+            : p.q_pe + c.b * p.qp_stride_b + t * p.qp_stride_t + h * p.qp_stride_h +
+                  (col - kMlaLatentChunks) * 8;
+    arch::cp_async_16_zfill(q_s + mla_chunk(r, col), src, valid ? 16 : 0);
+  }
+}
+
+/// Copies the K/V tile of the keys from `t0` (those at or past `end` zero-filled) into stage
+/// `kv_s` (bf16 rows; shared address) or, for an fp8 part, its stored bytes into the staging
+/// rows at `raw_s`: thread `tid` copies token `tid / 8`, its chunks `tid % 8 + 8 i`, after one
+/// page-table read.
+template <int kKv>
+__device__ __forceinline__ void mla_load_tile(const MlaParams& p, const MlaCta& c, int tid, int t0,
+                                              int end, std::uint32_t kv_s, std::uint32_t raw_s,
+                                              std::uint64_t policy) {
+  const int k = tid >> 3;
+  const int j = tid & 7;
+  const int pos = t0 + k;
+  const bool valid = pos < end;
+  const unsigned char* ckv = p.ckv;
+  const unsigned char* kpe = p.kpe;
+  if (valid) {
+    const std::int64_t pidx = pos / p.page_size;
+    const std::int64_t slot = pos % p.page_size;
+    const std::int64_t id = p.block_table != nullptr
+                                ? p.block_table[c.b * p.block_table_stride + pidx]
+                                : p.page_indices[c.csr_base + pidx];
+    const std::int64_t page = tile::clamp_page(id, p.num_pages);
+    ckv += page * p.ckv_page_bytes + slot * p.ckv_token_bytes;
+    kpe += page * p.kpe_page_bytes + slot * p.kpe_token_bytes;
+  }
+  const int bytes = valid ? 16 : 0;
+  if constexpr (kKv == tile::kKvSame) {
+#pragma unroll
+    for (int i = 0; i < kMlaRowChunks / 8; ++i) {
+      const int col = j + 8 * i;
+      const unsigned char* src =
+          col < kMlaLatentChunks ? ckv + 16 * col : kpe + 16 * (col - kMlaLatentChunks);
+      tile::kv_copy_16(kv_s + mla_chunk(k, col), src, bytes, policy);
+    }
+  } else {
+    const std::uint32_t raw_row = raw_s + static_cast<std::uint32_t>(k * kMlaHeadDim);
+#pragma unroll
+    for (int i = 0; i < kMlaLoraRank / 16 / 8; ++i)  // 32 stored chunks of 16 fp8 values
+      tile::kv_copy_16(raw_row + 16 * (j + 8 * i), ckv + 16 * (j + 8 * i), bytes, policy);
+    if (p.kpe_fp8) {
+      if (j < kMlaRopeDim / 16)
+        tile::kv_copy_16(raw_row + kMlaLoraRank + 16 * j, kpe + 16 * j, bytes, policy);
+    } else {
+      tile::kv_copy_16(kv_s + mla_chunk(k, kMlaLatentChunks + j), kpe + 16 * j, bytes, policy);
+    }
+  }
+}
+
+/// 16 fp8 values of format `kKv` as 16 bf16 (two chunks; exact: every e4m3 and e5m2 value is a
+/// bf16).
+template <int kKv>
+__device__ __forceinline__ void fp8x16_to_bf16(uint4 w, uint4& lo, uint4& hi) {
+  const std::uint32_t in[4] = {w.x, w.y, w.z, w.w};
+  std::uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const std::uint32_t h2 = tile::fp8x2_to_f16x2<kKv>(in[i / 2] >> (16 * (i % 2)));
+    __half2 h = *reinterpret_cast<const __half2*>(&h2);
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    out[i] = *reinterpret_cast<const std::uint32_t*>(&b);
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+/// Converts this thread's stored fp8 chunks of a tile (`raw`, staged by its own copies of
+/// `mla_load_tile`, complete) into the bf16 stage `kv` (generic pointers): the latent part's,
+/// and the rotary part's when it is fp8.
+template <int kKv>
+__device__ __forceinline__ void mla_convert_tile(const MlaParams& p, int tid,
+                                                 const unsigned char* raw, unsigned char* kv) {
+  const int k = tid >> 3;
+  const int j = tid & 7;
+  const unsigned char* raw_row = raw + k * kMlaHeadDim;
+  auto convert = [&](int stored, int col) {  // stored chunk → bf16 chunks col, col + 1
+    uint4 lo, hi;
+    fp8x16_to_bf16<kKv>(*reinterpret_cast<const uint4*>(raw_row + 16 * stored), lo, hi);
+    *reinterpret_cast<uint4*>(kv + mla_chunk(k, col)) = lo;
+    *reinterpret_cast<uint4*>(kv + mla_chunk(k, col + 1)) = hi;
+  };
+#pragma unroll
+  for (int i = 0; i < kMlaLoraRank / 16 / 8; ++i) convert(j + 8 * i, 2 * (j + 8 * i));
+  if (p.kpe_fp8 && j < kMlaRopeDim / 16) convert(kMlaLoraRank / 16 + j, kMlaLatentChunks + 2 * j);
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate

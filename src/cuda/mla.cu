@@ -1,0 +1,484 @@
+/// @file mla.cu
+/// @brief CUDA MLA decode: `plan_mla_decode` (the decode's length-aware split chooser with the
+///        MLA kernel's facts), the argument checks of a run, the workspace layout and the launch
+///        of the catalog row the plan names (`kernels/mla/mla_decode.cuh`).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "attnstate/core/checked.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/mla.hpp"
+#include "catalog/catalog.hpp"
+#include "common/mla_validate.hpp"
+#include "common/validate.hpp"
+#include "cuda/decode_prior.hpp"
+#include "cuda/device_cache.hpp"
+#include "cuda/kernels/mla/mla_decode.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/launch.hpp"
+#include "cuda/plan_run_checks.hpp"
+#include "plan/decode_plan.hpp"
+#include "plan/tuning_sm90.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// The runner's access to a plan's recorded data.
+struct MlaDecodePlanAccess {
+  static MlaDecodePlanData& data(MlaDecodePlan& p) { return p.d_; }
+  static const MlaDecodePlanData& data(const MlaDecodePlan& p) { return p.d_; }
+};
+
+}  // namespace detail
+
+namespace {
+
+using attnstate::detail::decode_str;
+using attnstate::detail::throw_argument;
+using detail::check_scale_memory;
+using detail::MlaDecodePlanAccess;
+using detail::MlaDecodePlanData;
+
+constexpr const char* kPlanFn = "attnstate::cuda::plan_mla_decode";
+constexpr const char* kRunFn = "attnstate::cuda::run_mla_decode";
+
+// The MLA kernel's costs for the split chooser, in keys one CTA streams in that time: a CTA's
+// fixed cost (its 72 KiB query tile and the pipeline's fill), an empty split's CTA (it reads the
+// length and exits) and the merge of a request's splits (64 rows × 512 columns per split).
+constexpr int kMlaCtaCostTokens = 64;
+constexpr int kMlaEmptyCtaTokens = 16;
+constexpr int kMlaMergeCostTokens = 256;
+// The shortest planned split: two K/V tiles.
+constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
+
+/// The planner's facts for the MLA kernel: one CTA per SM (its shared memory), no cluster merge,
+/// no short-split configuration, the MLA costs.
+plan::DecodeFacts mla_facts() {
+  plan::DecodeFacts f;
+  f.tile_rows = catalog::kMlaTileRows;
+  f.stages = catalog::kMlaStages;
+  f.short_stages = catalog::kMlaStages;
+  f.short_tokens = 0;
+  f.max_cluster = 1;
+  f.ws_group = 1;
+  f.ctas_per_sm = 1;
+  f.stream_warps = 0;
+  f.split_multiple = 1;
+  f.cta_cost_tokens = kMlaCtaCostTokens;
+  f.empty_cta_tokens = kMlaEmptyCtaTokens;
+  f.merge_cost_tokens = kMlaMergeCostTokens;
+  f.min_split_tokens = kMlaMinSplitTokens;
+  return f;
+}
+
+/// The catalog query of a problem's kernel.
+catalog::Query mla_query(const MlaDecodeProblem& pr) {
+  catalog::Query q;
+  q.family = catalog::Family::kMlaDecode;
+  q.head_dim = pr.kv_lora_rank + pr.rope_dim;
+  q.q = catalog::mask(pr.q_dtype);
+  q.kv = catalog::mask(pr.ckv_dtype);
+  return q;
+}
+
+/// Throws naming `fn` and `problem.<field>` unless the problem is one the kernels take.
+void check_problem(const char* fn, const MlaDecodeProblem& pr) {
+  if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", decode_str(pr.batch));
+  if (pr.q_len < 1 || pr.q_len > 4)
+    throw_argument(fn, "problem.q_len", "1..4", decode_str(pr.q_len),
+                   pr.q_len < 1 ? Status::kInvalidArgument : Status::kNotSupported);
+  if (pr.heads < 1) throw_argument(fn, "problem.heads", ">= 1", decode_str(pr.heads));
+  if (pr.heads % 16 != 0 || pr.heads > 128)
+    throw_argument(fn, "problem.heads", "a multiple of 16 up to 128", decode_str(pr.heads),
+                   Status::kNotSupported);
+  if (pr.kv_lora_rank != catalog::kMlaLoraRank)
+    throw_argument(fn, "problem.kv_lora_rank", decode_str(catalog::kMlaLoraRank),
+                   decode_str(pr.kv_lora_rank), Status::kNotSupported);
+  if (pr.rope_dim != catalog::kMlaRopeDim)
+    throw_argument(fn, "problem.rope_dim", decode_str(catalog::kMlaRopeDim),
+                   decode_str(pr.rope_dim), Status::kNotSupported);
+  const DType dts[3] = {pr.q_dtype, pr.ckv_dtype, pr.kpe_dtype};
+  const char* names[3] = {"problem.q_dtype", "problem.ckv_dtype", "problem.kpe_dtype"};
+  for (int i = 0; i < 3; ++i)
+    if (!is_valid(dts[i]))
+      throw_argument(fn, names[i], "a dtype", "value " + decode_str(static_cast<int>(dts[i])));
+  if (pr.q_dtype != DType::kBF16)
+    throw_argument(fn, "problem.q_dtype", "bf16", to_string(pr.q_dtype), Status::kNotSupported);
+  if (!catalog::compiled(mla_query(pr)))
+    throw_argument(fn, "problem.ckv_dtype", catalog::not_supported_message(mla_query(pr)),
+                   to_string(pr.ckv_dtype), Status::kNotSupported);
+  if (pr.kpe_dtype != DType::kBF16 && !(is_fp8(pr.ckv_dtype) && pr.kpe_dtype == pr.ckv_dtype))
+    throw_argument(
+        fn, "problem.kpe_dtype",
+        std::string("bf16, or problem.ckv_dtype when fp8 (") + to_string(pr.ckv_dtype) + ")",
+        to_string(pr.kpe_dtype), Status::kNotSupported);
+}
+
+/// Throws naming `options.<field>` for what the MLA decode does not take.
+void check_options(const char* fn, const DecodeOptions& o) {
+  if (o.variant.window_left >= 0 || o.variant.logits_soft_cap != 0.f)
+    throw_argument(fn, "options.variant",
+                   "plain attention (the MLA decode takes no window or "
+                   "soft cap)",
+                   "a window or a soft cap", Status::kNotSupported);
+  if (o.kernel != DecodeKernel::kAuto)
+    throw_argument(fn, "options.kernel", "kAuto (the MLA decode has one kernel)",
+                   "value " + decode_str(static_cast<int>(o.kernel)), Status::kNotSupported);
+  if (o.split_stages != 0)
+    throw_argument(fn, "options.split_stages", "0 (the MLA decode has one depth)",
+                   decode_str(o.split_stages), Status::kNotSupported);
+  if (o.split_cluster != 0)
+    throw_argument(fn, "options.split_cluster", "0 (the MLA decode merges through the workspace)",
+                   decode_str(o.split_cluster), Status::kNotSupported);
+  if (o.programmatic_launch)
+    throw_argument(fn, "options.programmatic_launch", "false", "true", Status::kNotSupported);
+}
+
+struct WorkspaceLayout {
+  std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
+};
+
+constexpr std::int64_t kAlign = 256;
+std::int64_t align_up(std::int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+/// The workspace of `d` (sizes overflow-checked when planning: `plan_mla_decode` refuses a plan
+/// whose workspace does not fit 2^62 bytes).
+bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
+  *w = WorkspaceLayout{};
+  if (d.splits.max_splits <= 1) return true;
+  std::int64_t tiles = 0, parts = 0, o_bytes = 0;
+  if (!checked_mul(d.problem.batch, d.row_tiles, &tiles) ||
+      !checked_mul(tiles, std::int64_t{d.splits.max_splits} * catalog::kMlaTileRows, &parts) ||
+      !checked_mul(parts, std::int64_t{catalog::kMlaLoraRank} * 4, &o_bytes) ||
+      o_bytes > (std::int64_t{1} << 62))
+    return false;
+  w->lse_off = static_cast<std::size_t>(align_up(o_bytes));
+  w->ticket_off = w->lse_off + static_cast<std::size_t>(align_up(parts * 4));
+  w->total = w->ticket_off + static_cast<std::size_t>(align_up(tiles * 4));
+  return true;
+}
+
+/// Throws naming `name` unless the bytes `bytes` are a multiple of 16 (the kernel's copies).
+void check_multiple_16(const char* fn, const char* name, std::int64_t elems, DType dt) {
+  const std::int64_t bytes = elems * static_cast<std::int64_t>(size_of(dt));
+  if (bytes % 16 != 0)
+    throw_argument(fn, name,
+                   "a multiple of 16 bytes (" + decode_str(16 / size_of(dt)) +
+                       " elements: the kernel copies 16 bytes at a time)",
+                   decode_str(elems) + " elements", Status::kNotSupported);
+}
+
+/// Throws naming `name` unless query view `q` has 16-byte aligned data and rows.
+void check_query_rows(const char* fn, const char* name, const ConstTensorView& q) {
+  const std::string n(name);
+  attnstate::detail::check_aligned(fn, (n + ".data").c_str(), q.data, 16);
+  for (int d = 0; d < 3; ++d)
+    check_multiple_16(fn, (n + ".stride[" + decode_str(d) + "]").c_str(), q.stride[d], q.dtype);
+}
+
+/// The launch of the row for `kKv`: raises its shared-memory limit (once per device), then
+/// launches `grid` CTAs on `stream`.
+template <int kKv>
+void launch_mla(const detail::MlaParams& p, std::int64_t grid, cudaStream_t stream) {
+  constexpr auto kernel = &detail::mla_decode_kernel<kKv>;
+  const int smem = static_cast<int>(catalog::mla_smem_bytes(kKv != tile::kKvSame));
+  detail::raise_smem_limit<kernel>(smem);
+  detail::LaunchConfig c;
+  c.grid = dim3(static_cast<unsigned>(grid));
+  c.block = dim3(detail::kMlaThreads);
+  c.smem = static_cast<std::size_t>(smem);
+  c.stream = stream;
+  detail::launch_kernel(c, kernel, "mla_decode_kernel", p);
+}
+
+/// A row's launch (null for the rows of other families).
+using MlaLaunch = void (*)(const detail::MlaParams&, std::int64_t, cudaStream_t);
+
+template <std::size_t I>
+constexpr MlaLaunch mla_row_entry() {
+  constexpr catalog::Row r = catalog::kRows[I];
+  if constexpr (r.family == catalog::Family::kMlaDecode) {
+    return &launch_mla<tile::kv_policy(r.kv)>;
+  } else {
+    return nullptr;
+  }
+}
+template <std::size_t... I>
+constexpr std::array<MlaLaunch, catalog::kNumRows> mla_table(std::index_sequence<I...>) {
+  return {mla_row_entry<I>()...};
+}
+
+/// The launch table: every MLA row's launch, keyed by its kernel id.
+constexpr std::array<MlaLaunch, catalog::kNumRows> kMlaTable =
+    mla_table(std::make_index_sequence<catalog::kNumRows>{});
+
+/// The element strides of query view `q` as the kernel's (request, token, head) strides.
+void query_strides(const ConstTensorView& q, std::int64_t* b, std::int64_t* t, std::int64_t* h) {
+  *b = q.stride[0];
+  *t = q.stride[1];
+  *h = q.stride[2];
+}
+
+/// Every check of a run, in order; returns the workspace layout.
+WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_nope,
+                          const ConstTensorView& q_pe, const MlaKvCache& kv,
+                          const AttentionSinks& sinks, const StateView& out, void* workspace,
+                          std::size_t workspace_bytes) {
+  const char* fn = kRunFn;
+  const MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
+  detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_mla_decode");
+  const MlaDecodeProblem& pr = d.problem;
+  attnstate::detail::validate_mla_args(fn, q_nope, q_pe, kv, out, MemorySpace::kDevice);
+  if (kv.batch > pr.batch)
+    throw_argument(fn, "kv.batch", "<= plan.problem().batch = " + decode_str(pr.batch),
+                   decode_str(kv.batch));
+  if (q_nope.shape[1] != pr.q_len)
+    throw_argument(fn, "q_nope.shape[1]", "plan.problem().q_len = " + decode_str(pr.q_len),
+                   decode_str(q_nope.shape[1]));
+  if (q_nope.shape[2] != pr.heads)
+    throw_argument(fn, "q_nope.shape[2]", "plan.problem().heads = " + decode_str(pr.heads),
+                   decode_str(q_nope.shape[2]));
+  if (q_nope.dtype != pr.q_dtype)
+    throw_argument(fn, "q_nope.dtype",
+                   std::string("plan.problem().q_dtype = ") + to_string(pr.q_dtype),
+                   to_string(q_nope.dtype));
+  if (kv.kv_lora_rank != pr.kv_lora_rank)
+    throw_argument(fn, "kv.kv_lora_rank",
+                   "plan.problem().kv_lora_rank = " + decode_str(pr.kv_lora_rank),
+                   decode_str(kv.kv_lora_rank));
+  if (kv.rope_dim != pr.rope_dim)
+    throw_argument(fn, "kv.rope_dim", "plan.problem().rope_dim = " + decode_str(pr.rope_dim),
+                   decode_str(kv.rope_dim));
+  if (kv.ckv_dtype != pr.ckv_dtype)
+    throw_argument(fn, "kv.ckv_dtype",
+                   std::string("plan.problem().ckv_dtype = ") + to_string(pr.ckv_dtype),
+                   to_string(kv.ckv_dtype));
+  if (kv.kpe_dtype != pr.kpe_dtype)
+    throw_argument(fn, "kv.kpe_dtype",
+                   std::string("plan.problem().kpe_dtype = ") + to_string(pr.kpe_dtype),
+                   to_string(kv.kpe_dtype));
+  WorkspaceLayout w;
+  workspace_layout(d, &w);  // fits: checked when planning
+  if (kv.batch == 0) return w;
+  if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
+  if (kv.page_size > (std::int64_t{1} << 30))
+    throw_argument(fn, "kv.page_size", "<= 2^30", decode_str(kv.page_size));
+  // the kernel's 16-byte copies: pools, token and page strides, query rows
+  attnstate::detail::check_aligned(fn, "kv.ckv", kv.ckv, 16);
+  attnstate::detail::check_aligned(fn, "kv.kpe", kv.kpe, 16);
+  check_multiple_16(fn, "kv.ckv_token_stride", kv.ckv_row_stride(), kv.ckv_dtype);
+  check_multiple_16(fn, "kv.ckv_page_stride", kv.ckv_page_elems(), kv.ckv_dtype);
+  check_multiple_16(fn, "kv.kpe_token_stride", kv.kpe_row_stride(), kv.kpe_dtype);
+  check_multiple_16(fn, "kv.kpe_page_stride", kv.kpe_page_elems(), kv.kpe_dtype);
+  check_query_rows(fn, "q_nope", q_nope);
+  check_query_rows(fn, "q_pe", q_pe);
+  check_scale_memory(fn, "kv.ckv_scale.data", kv.ckv_scale.data);
+  check_scale_memory(fn, "kv.kpe_scale.data", kv.kpe_scale.data);
+  std::int64_t grid = 0;
+  if (!checked_mul(kv.batch, std::int64_t{d.row_tiles} * d.splits.max_splits, &grid) ||
+      grid > 0x7FFFFFFF)
+    throw_argument(fn, "kv.batch", "a grid of at most 2^31 - 1 CTAs",
+                   decode_str(kv.batch) + " requests × " + decode_str(d.row_tiles) +
+                       " row tiles × " + decode_str(d.splits.max_splits) + " splits");
+  if (w.total > 0) {
+    if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
+    if (workspace_bytes < w.total)
+      throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),
+                     decode_str(static_cast<std::int64_t>(workspace_bytes)),
+                     Status::kWorkspaceTooSmall);
+    attnstate::detail::check_aligned(fn, "workspace", workspace, 16);
+    const auto wb = static_cast<std::int64_t>(w.total);
+    attnstate::detail::check_disjoint(fn, "out", out, "workspace", workspace, wb, nullptr, 0);
+    const auto disjoint = [&](const char* name, const void* p, std::int64_t bytes) {
+      attnstate::detail::check_buffer_disjoint(fn, "workspace", workspace, wb, name, p, bytes);
+    };
+    disjoint("q_nope", q_nope.data, attnstate::detail::tensor_bytes(q_nope));
+    disjoint("q_pe", q_pe.data, attnstate::detail::tensor_bytes(q_pe));
+    disjoint("kv.ckv", kv.ckv,
+             attnstate::detail::check_mla_part(fn, "ckv", kv.ckv, kv.ckv_dtype, kv.ckv_scale,
+                                               kv.kv_lora_rank, kv.ckv_token_stride,
+                                               kv.ckv_page_stride, kv, MemorySpace::kDevice));
+    disjoint("kv.kpe", kv.kpe,
+             attnstate::detail::check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale,
+                                               kv.rope_dim, kv.kpe_token_stride, kv.kpe_page_stride,
+                                               kv, MemorySpace::kDevice));
+    disjoint("kv.seq_lens", kv.seq_lens, kv.batch * 4);
+    disjoint("kv.page_indptr", kv.page_indptr, (kv.batch + 1) * 4);
+    disjoint("kv.block_table", kv.block_table,
+             kv.block_table != nullptr ? kv.batch * kv.block_table_stride * 4 : 0);
+  }
+  detail::check_device_sinks(fn, sinks, pr.heads, out, workspace, workspace_bytes);
+  return w;
+}
+
+/// Launches the plan's row on the checked arguments.
+void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const ConstTensorView& q_pe,
+            const MlaKvCache& kv, const AttentionSinks& sinks, const StateView& out,
+            void* workspace, const WorkspaceLayout& w, cudaStream_t stream) {
+  const MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
+  const std::int64_t grid = kv.batch * d.row_tiles * d.splits.max_splits;
+  if (grid == 0) return;
+  detail::MlaParams p{};
+  p.q_nope = static_cast<const std::uint16_t*>(q_nope.data);
+  p.q_pe = static_cast<const std::uint16_t*>(q_pe.data);
+  query_strides(q_nope, &p.qn_stride_b, &p.qn_stride_t, &p.qn_stride_h);
+  query_strides(q_pe, &p.qp_stride_b, &p.qp_stride_t, &p.qp_stride_h);
+  p.ckv = static_cast<const unsigned char*>(kv.ckv);
+  p.kpe = static_cast<const unsigned char*>(kv.kpe);
+  const auto ckv_size = static_cast<std::int64_t>(size_of(kv.ckv_dtype));
+  const auto kpe_size = static_cast<std::int64_t>(size_of(kv.kpe_dtype));
+  p.ckv_token_bytes = kv.ckv_row_stride() * ckv_size;
+  p.ckv_page_bytes = kv.ckv_page_elems() * ckv_size;
+  p.kpe_token_bytes = kv.kpe_row_stride() * kpe_size;
+  p.kpe_page_bytes = kv.kpe_page_elems() * kpe_size;
+  p.kpe_fp8 = is_fp8(kv.kpe_dtype);
+  p.ckv_scale = kv.ckv_scale;
+  p.kpe_scale = kv.kpe_scale;
+  p.page_indptr = kv.page_indptr;
+  p.page_indices = kv.page_indices;
+  p.block_table = kv.block_table;
+  p.block_table_stride = kv.block_table_stride;
+  p.seq_lens = kv.seq_lens;
+  p.num_pages = kv.num_pages;
+  p.page_size = static_cast<std::int32_t>(kv.page_size);
+  p.q_len = static_cast<std::int32_t>(d.problem.q_len);
+  p.group = static_cast<std::int32_t>(d.problem.heads);
+  p.rows = p.q_len * p.group;
+  p.row_tiles = d.row_tiles;
+  p.splits = d.splits;
+  p.s2_scale = math::base2_score_scale(d.scale);
+  p.out_o = out.o;
+  p.out_lse = out.lse;
+  p.o_stride_token = out.o_stride_token;
+  p.o_stride_head = out.o_stride_head;
+  p.lse_stride_token = out.lse_stride_token;
+  p.lse_stride_head = out.lse_stride_head;
+  p.out_dtype = out.dtype;
+  p.out_base = out.base;
+  const auto out_esize = static_cast<std::uintptr_t>(size_of(out.dtype));
+  p.out_vec4 = reinterpret_cast<std::uintptr_t>(out.o) % (4 * out_esize) == 0 &&
+               out.o_stride_token % 4 == 0 && out.o_stride_head % 4 == 0;
+  char* ws = static_cast<char*>(workspace);
+  p.ws_o = w.total ? reinterpret_cast<float*>(ws + w.o_off) : nullptr;
+  p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
+  p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
+  p.sinks = sinks.logits;
+  const MlaLaunch l = kMlaTable[static_cast<std::size_t>(d.kernel_id)];
+  if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
+    throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
+                   "kernel id " + decode_str(d.kernel_id), Status::kInternal);
+  l(p, grid, stream);
+}
+
+}  // namespace
+
+std::size_t MlaDecodePlan::workspace_bytes() const {
+  WorkspaceLayout w;
+  workspace_layout(d_, &w);
+  return w.total;
+}
+
+std::string MlaDecodePlan::to_string() const {
+  if (d_.catalog_fingerprint != catalog::kFingerprint)
+    return "no plan (not made by plan_mla_decode)";
+  const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(d_.kernel_id)];
+  const int S = d_.splits.max_splits;
+  return std::string(catalog::to_string(r.family)) + ", kernel " + decode_str(d_.kernel_id) + " (" +
+         attnstate::to_string(r.q) + " queries, " + attnstate::to_string(d_.problem.ckv_dtype) +
+         " latent / " + attnstate::to_string(d_.problem.kpe_dtype) + " rotary cache, " +
+         decode_str(r.tile_rows) + " × " + decode_str(r.tile_keys) + " tiles); " +
+         decode_str(d_.problem.heads) + " heads × q_len " + decode_str(d_.problem.q_len) + " in " +
+         decode_str(d_.row_tiles) + " row tile" + (d_.row_tiles == 1 ? "" : "s") + "; " +
+         (S == 1 ? std::string("one split per request")
+                 : "at most " + decode_str(S) + " splits per request (the workspace merge)");
+}
+
+MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_t* seq_lens_host,
+                              const DecodeOptions& options, int num_sms) {
+  const char* fn = kPlanFn;
+  check_problem(fn, problem);
+  if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
+  check_options(fn, options);
+  const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,
+                                                       problem.kv_lora_rank + problem.rope_dim);
+  const int row_tiles = static_cast<int>(
+      (problem.q_len * problem.heads + catalog::kMlaTileRows - 1) / catalog::kMlaTileRows);
+  // the split chooser sees one KV head of the key width, `row_tiles` CTAs per split
+  DecodeProblem dp;
+  dp.batch = problem.batch;
+  dp.q_len = problem.q_len;
+  dp.heads_q = problem.heads;
+  dp.heads_kv = 1;
+  dp.head_dim = problem.kv_lora_rank + problem.rope_dim;
+  dp.q_dtype = problem.q_dtype;
+  dp.kv_dtype = problem.ckv_dtype;
+  const plan::DecodeFacts facts = mla_facts();
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * facts.ctas_per_sm;
+  const SplitLayout splits =
+      options.policy == SplitPolicy::kAuto
+          ? plan::auto_layout(fn, dp, seq_lens_host, options, slots, row_tiles, facts)
+          : plan_split_layout(dp, seq_lens_host, options, slots, row_tiles, fn, "seq_lens_host",
+                              "options");
+  MlaDecodePlan plan;
+  MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
+  d.problem = problem;
+  d.splits = splits;
+  d.scale = scale;
+  d.catalog_fingerprint = catalog::kFingerprint;
+  d.kernel_id = catalog::find_id(mla_query(problem));
+  d.row_tiles = row_tiles;
+  d.num_sms = num_sms;
+  WorkspaceLayout w;
+  std::int64_t grid = 0;
+  if (!workspace_layout(d, &w))
+    throw_argument(
+        fn, "problem.batch", "a workspace within 2^62 bytes",
+        decode_str(problem.batch) + " requests × " + decode_str(splits.max_splits) + " splits");
+  if (!checked_mul(problem.batch, std::int64_t{row_tiles} * splits.max_splits, &grid) ||
+      grid > 0x7FFFFFFF)
+    throw_argument(fn, "problem.batch", "a grid of at most 2^31 - 1 CTAs",
+                   decode_str(problem.batch) + " requests × " + decode_str(row_tiles) +
+                       " row tiles × " + decode_str(splits.max_splits) + " splits");
+  return plan;
+}
+
+void init_mla_decode_workspace(const MlaDecodePlan& plan, void* workspace,
+                               std::size_t workspace_bytes, cudaStream_t stream) {
+  const char* fn = "attnstate::cuda::init_mla_decode_workspace";
+  const MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
+  detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_mla_decode");
+  WorkspaceLayout w;
+  workspace_layout(d, &w);
+  if (w.total == 0) return;
+  if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
+  if (workspace_bytes < w.total)
+    throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),
+                   decode_str(static_cast<std::int64_t>(workspace_bytes)),
+                   Status::kWorkspaceTooSmall);
+  ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + w.ticket_off, 0,
+                                       w.total - w.ticket_off, stream));
+}
+
+void run_mla_decode(const MlaDecodePlan& plan, const ConstTensorView& q_nope,
+                    const ConstTensorView& q_pe, const MlaKvCache& kv, StateView out,
+                    void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  run_mla_decode(plan, q_nope, q_pe, kv, AttentionSinks{}, out, workspace, workspace_bytes, stream);
+}
+
+void run_mla_decode(const MlaDecodePlan& plan, const ConstTensorView& q_nope,
+                    const ConstTensorView& q_pe, const MlaKvCache& kv, const AttentionSinks& sinks,
+                    StateView out, void* workspace, std::size_t workspace_bytes,
+                    cudaStream_t stream) {
+  const WorkspaceLayout w =
+      check_run(plan, q_nope, q_pe, kv, sinks, out, workspace, workspace_bytes);
+  launch(plan, q_nope, q_pe, kv, sinks, out, workspace, w, stream);
+}
+
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,661 @@
+/// @file test_cuda_mla.cu
+/// @brief CUDA MLA decode (`cuda::run_mla_decode`) against the testing kit's double reference
+///        (the reference `cpu::mla_decode` is checked against): bf16 and fp8 latent caches (fp8
+///        rope or bf16), pages of 1, 16, 64 and odd sizes, CSR and block tables, both peers'
+///        layouts, q_len 1..4, 16, 64 and 128 heads, one split and several (fixed and planned),
+///        sinks, every state dtype and base, outputs poisoned with NaN first; split states merged
+///        with `cuda::merge_states` against the one-pass state; the kit's MLA laws on a CUDA
+///        adapter; argument errors naming the argument. GPU tests skip without a GPU; the
+///        planner's errors (host only) run everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/decode_split.hpp"
+#include "attnstate/core/error.hpp"
+#include "attnstate/core/mla.hpp"
+#include "attnstate/cpu/mla.hpp"
+#include "attnstate/cuda/merge.hpp"
+#include "attnstate/cuda/mla.hpp"
+#include "attnstate/testing/conformance.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/mla.hpp"
+#include "attnstate/testing/tolerance.hpp"
+#include "cuda_test_utils.hpp"
+#include "mla_problem.hpp"
+
+namespace {
+
+using namespace attnstate;
+using attnstate::testing::HostState;
+using attnstate_test::DeviceBuffer;
+using attnstate_test::expect_named_error;
+using attnstate_test::make_mla_host;
+using attnstate_test::MlaConfig;
+using attnstate_test::MlaHost;
+
+constexpr const char* kPlanFn = "attnstate::cuda::plan_mla_decode";
+constexpr const char* kRunFn = "attnstate::cuda::run_mla_decode";
+
+/// Copies `h` to a device buffer of at least one element (so views are never null).
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& h) {
+  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
+  if (!h.empty()) d.upload(h);
+  return d;
+}
+
+/// `p` (a pointer into the host buffer `host`) moved to the same offset of `dev`.
+template <class T>
+const void* moved(const void* p, const std::vector<T>& host, const DeviceBuffer<T>& dev) {
+  return static_cast<const unsigned char*>(static_cast<const void*>(dev.get())) +
+         (static_cast<const unsigned char*>(p) -
+          static_cast<const unsigned char*>(static_cast<const void*>(host.data())));
+}
+
+/// An MLA host problem copied to the device, with device views of its queries and cache.
+struct DeviceMla {
+  DeviceBuffer<unsigned char> q, ckv, kpe, pool;
+  DeviceBuffer<std::int32_t> lens, indptr, indices, bt;
+  DeviceBuffer<float> scales, sinks;
+  explicit DeviceMla(const MlaHost& h)
+      : q(upload(h.q)),
+        ckv(upload(h.ckv)),
+        kpe(upload(h.kpe)),
+        pool(upload(h.pool)),
+        lens(upload(h.seq_lens)),
+        indptr(upload(h.indptr)),
+        indices(upload(h.indices)),
+        bt(upload(h.block_table)),
+        scales(upload(h.scale_mem)),
+        sinks(upload(h.problem.sinks)) {}
+  /// The cache view over the device copies (`one_pool`: FlashMLA's interleaved pool).
+  MlaKvCache kv(const MlaHost& h, bool one_pool = false) const {
+    MlaKvCache c = h.kv_view(one_pool);
+    c.ckv = one_pool ? moved(c.ckv, h.pool, pool) : moved(c.ckv, h.ckv, ckv);
+    c.kpe = one_pool ? moved(c.kpe, h.pool, pool) : moved(c.kpe, h.kpe, kpe);
+    if (c.ckv_scale.data != nullptr) c.ckv_scale.data = scales.get();
+    if (c.kpe_scale.data != nullptr) c.kpe_scale.data = scales.get() + 1;
+    c.seq_lens = lens.get();
+    if (h.cfg.block_table) {
+      c.block_table = bt.get();
+    } else {
+      c.page_indptr = indptr.get();
+      c.page_indices = indices.get();
+    }
+    c.space = MemorySpace::kDevice;
+    return c;
+  }
+  ConstTensorView q_nope(const MlaHost& h) const { return device_view(h.q_nope_view(), h); }
+  ConstTensorView q_pe(const MlaHost& h) const { return device_view(h.q_pe_view(), h); }
+  ConstTensorView device_view(ConstTensorView t, const MlaHost& h) const {
+    t.data = moved(t.data, h.q, q);
+    t.space = MemorySpace::kDevice;
+    return t;
+  }
+  AttentionSinks attention_sinks(const MlaHost& h) const {
+    AttentionSinks s;
+    if (h.problem.has_sinks()) s.logits = sinks.get();
+    return s;
+  }
+};
+
+/// Bytes of a host tensor's elements.
+std::size_t bytes_of(const attnstate::testing::HostTensor& t) {
+  return static_cast<std::size_t>(t.numel()) * size_of(t.dtype());
+}
+
+/// A device output state `(tokens, heads, 512)`, poisoned with NaN.
+struct DeviceState {
+  DeviceBuffer<unsigned char> o;
+  DeviceBuffer<float> lse;
+  StateView view;
+  DeviceState(std::int64_t tokens, std::int64_t heads, std::int64_t dim, DType dt, LseBase base)
+      : o(static_cast<std::size_t>(std::max<std::int64_t>(1, tokens * heads * dim)) * size_of(dt)),
+        lse(static_cast<std::size_t>(std::max<std::int64_t>(1, tokens * heads))) {
+    o.poison();
+    lse.poison();
+    view = make_state_view(o.get(), dt, lse.get(), tokens, heads, dim, base, MemorySpace::kDevice);
+  }
+  HostState download() const {
+    HostState s(view.tokens, view.heads, view.head_dim, view.dtype, view.base);
+    const std::vector<unsigned char> o_raw = o.download();
+    const std::vector<float> l = lse.download();
+    std::copy(o_raw.begin(), o_raw.begin() + static_cast<std::ptrdiff_t>(bytes_of(s.o_tensor())),
+              static_cast<unsigned char*>(s.o_tensor().data()));
+    std::copy(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(s.lse_values().size()),
+              s.lse_values().begin());
+    return s;
+  }
+};
+
+/// The planned problem of `h`.
+cuda::MlaDecodeProblem problem_of(const MlaHost& h) {
+  cuda::MlaDecodeProblem pr;
+  pr.batch = h.batch;
+  pr.q_len = h.cfg.q_len;
+  pr.heads = h.cfg.heads;
+  pr.q_dtype = h.cfg.q_dtype;
+  pr.ckv_dtype = h.cfg.ckv_dtype;
+  pr.kpe_dtype = h.cfg.kpe_dtype;
+  return pr;
+}
+
+DecodeOptions fixed_count(int n) {
+  DecodeOptions o;
+  o.policy = SplitPolicy::kFixedCount;
+  o.num_splits = n;
+  return o;
+}
+
+DecodeOptions fixed_size(int size) {
+  DecodeOptions o;
+  o.policy = SplitPolicy::kFixedSize;
+  o.split_size = size;
+  return o;
+}
+
+/// Plans and runs the CUDA MLA decode of `h` (scale of the problem, sinks of the problem) into a
+/// fresh poisoned output; returns it on the host.
+HostState run_cuda(const MlaHost& h, const DeviceMla& d, DecodeOptions options, DType out_dtype,
+                   LseBase base, bool one_pool = false, cuda::MlaDecodePlan* keep = nullptr) {
+  options.scale = h.problem.scale;
+  const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), options,
+                                                         attnstate_test::device_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(h.tokens(), h.cfg.heads, h.cfg.kv_lora_rank, out_dtype, base);
+  cuda::run_mla_decode(plan, d.q_nope(h), d.q_pe(h), d.kv(h, one_pool), d.attention_sinks(h),
+                       out.view, ws.get(), ws.bytes());
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  if (keep) *keep = plan;
+  return out.download();
+}
+
+/// Compares `out` with the kit's double reference of `h` (its sinks included) at the kit's
+/// tolerance for a kernel that rounds P to bf16: "" when it matches.
+std::string compare_with_reference(const MlaHost& h, const HostState& out) {
+  attnstate::testing::MlaProblem p = h.problem;
+  p.out_dtype = out.dtype();
+  p.base = out.base();
+  return attnstate::testing::compare_states(out, h.reference(out.base()),
+                                            attnstate::testing::tolerance_for(p, true));
+}
+
+struct Case {
+  DType ckv, kpe, out;
+  std::int64_t page, q_len, heads;
+  bool bt;
+  LseBase base;
+  bool sinks;
+  bool one_pool;
+};
+
+MlaConfig config_of(const Case& c, std::uint64_t seed) {
+  MlaConfig cfg;
+  cfg.ckv_dtype = c.ckv;
+  cfg.kpe_dtype = c.kpe;
+  cfg.page_size = c.page;
+  cfg.q_len = c.q_len;
+  cfg.heads = c.heads;
+  cfg.block_table = c.bt;
+  if (is_fp8(c.ckv)) {
+    cfg.kv_amp = c.ckv == DType::kE4M3 ? 224.f : 2.f;
+    cfg.ckv_scale = 0x1p-7f;
+    cfg.kpe_scale = is_fp8(c.kpe) ? 0.37f : 1.f;
+    cfg.scale_pointer = seed % 2 == 0;
+  }
+  // lengths: empty, shorter than q_len, a page + 1, several tiles, many tiles
+  cfg.seq_lens = {0, 2, static_cast<std::int32_t>(c.page + 1), 45, 300};
+  if (c.heads > 16) cfg.seq_lens = {static_cast<std::int32_t>(c.page), 19, 130};
+  return cfg;
+}
+
+void add_sinks(MlaHost& h, std::uint64_t seed) {
+  h.problem.sinks.resize(static_cast<std::size_t>(h.cfg.heads));
+  for (std::size_t i = 0; i < h.problem.sinks.size(); ++i)
+    h.problem.sinks[i] = -2.f + 0.37f * static_cast<float>((i * 7 + seed) % 23);
+}
+
+// (tests named *Large* are skipped under compute-sanitizer by scripts/gpu-check.sh;
+// `EveryPathOnASmallProblem` is its coverage of every kernel path)
+TEST(MlaCuda, LargeMatrixMatchesTheReference) {
+  ATTNSTATE_REQUIRE_GPU();
+  const DType bf = DType::kBF16, f16 = DType::kF16, f32 = DType::kF32;
+  const DType e4 = DType::kE4M3, e5 = DType::kE5M2;
+  const LseBase ln = LseBase::kNatural, b2 = LseBase::kBase2;
+  const Case cases[] = {
+      {bf, bf, f32, 16, 1, 16, false, ln, false, false},
+      {bf, bf, bf, 64, 2, 16, true, b2, true, false},
+      {bf, bf, f16, 1, 3, 16, false, b2, false, true},
+      {bf, bf, f32, 7, 4, 16, true, ln, true, false},
+      {e4, bf, f32, 64, 1, 16, true, ln, false, true},
+      {e4, e4, bf, 16, 2, 16, false, b2, true, false},
+      {e5, e5, f32, 33, 3, 16, false, ln, false, false},
+      {e4, bf, f16, 1, 4, 16, true, b2, true, false},
+      {bf, bf, f32, 16, 1, 64, true, b2, false, false},
+      {bf, bf, bf, 33, 2, 64, false, ln, true, true},
+      {bf, bf, f32, 16, 1, 128, false, b2, true, false},
+      {e4, bf, bf, 64, 2, 128, true, ln, false, false},
+      {e4, e4, f32, 1, 1, 128, false, b2, false, false},
+  };
+  std::uint64_t seed = 1;
+  for (const Case& c : cases) {
+    MlaHost h = make_mla_host(config_of(c, seed), seed);
+    if (c.sinks) add_sinks(h, seed);
+    ++seed;
+    const DeviceMla d(h);
+    for (const DecodeOptions& o :
+         {fixed_count(1), fixed_count(3), fixed_size(32), DecodeOptions{}}) {
+      const HostState out = run_cuda(h, d, o, c.out, c.base, c.one_pool);
+      EXPECT_EQ(compare_with_reference(h, out), "")
+          << h.cfg.name() << " policy " << static_cast<int>(o.policy) << " n " << o.num_splits
+          << " size " << o.split_size << (c.sinks ? " sinks" : "")
+          << (c.one_pool ? " one pool" : "");
+    }
+  }
+}
+
+TEST(MlaCuda, EveryPathOnASmallProblem) {
+  ATTNSTATE_REQUIRE_GPU();
+  // each row (bf16, e4m3 and e5m2 latent parts; fp8 and bf16 rope), one split and the
+  // workspace merge, sinks, two row tiles: small enough for memcheck and racecheck
+  const DType bf = DType::kBF16, e4 = DType::kE4M3, e5 = DType::kE5M2;
+  const Case cases[] = {
+      {bf, bf, DType::kF32, 16, 2, 16, false, LseBase::kNatural, true, false},
+      {e4, e4, DType::kBF16, 16, 1, 16, true, LseBase::kBase2, false, false},
+      {e5, bf, DType::kF16, 16, 2, 48, false, LseBase::kBase2, true, false},
+  };
+  std::uint64_t seed = 51;
+  for (const Case& c : cases) {
+    MlaConfig cfg = config_of(c, seed);
+    cfg.seq_lens = {0, 40, 100};
+    MlaHost h = make_mla_host(cfg, seed);
+    if (c.sinks) add_sinks(h, seed);
+    ++seed;
+    const DeviceMla d(h);
+    for (const DecodeOptions& o : {fixed_count(1), fixed_count(3)}) {
+      const HostState out = run_cuda(h, d, o, c.out, c.base);
+      EXPECT_EQ(compare_with_reference(h, out), "") << h.cfg.name() << " n " << o.num_splits;
+    }
+  }
+}
+
+TEST(MlaCuda, LargeLogitsAndLongRequests) {
+  ATTNSTATE_REQUIRE_GPU();
+  // scores in the hundreds (the running max moves), and requests of many tiles and splits
+  MlaConfig cfg;
+  cfg.q_gain = 40.f;
+  cfg.q_len = 2;
+  cfg.heads = 32;
+  cfg.page_size = 64;
+  cfg.seq_lens = {1500, 77, 4096};
+  const MlaHost h = make_mla_host(cfg, 11);
+  const DeviceMla d(h);
+  for (const DecodeOptions& o : {fixed_count(1), fixed_count(7), DecodeOptions{}}) {
+    const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural);
+    EXPECT_EQ(compare_with_reference(h, out), "") << o.num_splits;
+  }
+}
+
+TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
+  ATTNSTATE_REQUIRE_GPU();
+  // a request with no keys, one shorter than q_len: its first rows see nothing
+  MlaConfig cfg;
+  cfg.q_len = 3;
+  cfg.seq_lens = {0, 1};
+  for (bool sinks : {false, true}) {
+    MlaHost h = make_mla_host(cfg, 3);
+    if (sinks) add_sinks(h, 3);
+    const DeviceMla d(h);
+    for (const DecodeOptions& o : {fixed_count(1), fixed_count(2)}) {
+      const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural);
+      for (std::int64_t t = 0; t < 5; ++t)  // request 0's three rows, request 1's first two
+        for (std::int64_t hd = 0; hd < cfg.heads; ++hd) {
+          const float lse = out.lse_values()[static_cast<std::size_t>(t * cfg.heads + hd)];
+          if (sinks)  // the sink's logit, through base 2 and back
+            EXPECT_NEAR(lse, h.problem.sinks[static_cast<std::size_t>(hd)], 1e-5f)
+                << t << " " << hd;
+          else
+            EXPECT_TRUE(std::isinf(lse) && lse < 0) << t << " " << hd << " " << lse;
+          for (std::int64_t x = 0; x < cfg.kv_lora_rank; ++x)
+            ASSERT_EQ(out.o_tensor().get((t * cfg.heads + hd) * cfg.kv_lora_rank + x), 0.f);
+        }
+      EXPECT_EQ(compare_with_reference(h, out), "");
+    }
+  }
+}
+
+TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
+  ATTNSTATE_REQUIRE_GPU();
+  // plan at the maximum shape, run a smaller batch of shorter requests on the same workspace
+  MlaConfig big;
+  big.seq_lens = {700, 500, 900};
+  const MlaHost hb = make_mla_host(big, 21);
+  MlaConfig small = big;
+  small.seq_lens = {40, 333};
+  const MlaHost hs = make_mla_host(small, 22);
+  const DeviceMla d(hs);
+  DecodeOptions o;
+  o.scale = hs.problem.scale;
+  const cuda::MlaDecodePlan plan =
+      cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o, attnstate_test::device_sms());
+  ASSERT_GT(plan.splits().max_splits, 1) << plan.to_string();
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+  for (int rep = 0; rep < 2; ++rep) {  // the tickets are left at zero for the next run
+    DeviceState out(hs.tokens(), hs.cfg.heads, 512, DType::kF32, LseBase::kBase2);
+    cuda::run_mla_decode(plan, d.q_nope(hs), d.q_pe(hs), d.kv(hs), out.view, ws.get(), ws.bytes());
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(compare_with_reference(hs, out.download()), "") << rep;
+  }
+}
+
+TEST(MlaCuda, SplitStatesMergedWithMergeStatesEqualTheOnePassState) {
+  ATTNSTATE_REQUIRE_GPU();
+  // q_len 1: each request's pages cut into three shards, each run as its own request (a CSR
+  // table of the shard's pages); the shards' states merged by cuda::merge_states
+  MlaConfig cfg;
+  cfg.heads = 32;
+  cfg.page_size = 16;
+  cfg.seq_lens = {200, 97, 16};
+  const MlaHost h = make_mla_host(cfg, 31);
+  const DeviceMla d(h);
+  const std::int64_t B = h.batch, H = cfg.heads, L = cfg.kv_lora_rank, S = 3;
+  const HostState one = run_cuda(h, d, fixed_count(1), DType::kF32, LseBase::kBase2);
+  DeviceBuffer<float> stack_o(static_cast<std::size_t>(S * B * H * L));
+  DeviceBuffer<float> stack_lse(static_cast<std::size_t>(S * B * H));
+  for (std::int64_t s = 0; s < S; ++s) {
+    std::vector<std::int32_t> indptr(1, 0), indices, lens;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t pages = (h.seq_lens[b] + cfg.page_size - 1) / cfg.page_size;
+      const std::int64_t p0 = pages * s / S, p1 = pages * (s + 1) / S;
+      for (std::int64_t p = p0; p < p1; ++p) indices.push_back(h.indices[h.indptr[b] + p]);
+      indptr.push_back(static_cast<std::int32_t>(indices.size()));
+      lens.push_back(static_cast<std::int32_t>(std::max<std::int64_t>(
+          0, std::min<std::int64_t>(h.seq_lens[b], p1 * cfg.page_size) - p0 * cfg.page_size)));
+    }
+    if (indices.empty()) indices.push_back(0);
+    const DeviceBuffer<std::int32_t> dptr = upload(indptr), dind = upload(indices),
+                                     dlen = upload(lens);
+    MlaKvCache kv = d.kv(h);
+    kv.page_indptr = dptr.get();
+    kv.page_indices = dind.get();
+    kv.seq_lens = dlen.get();
+    DecodeOptions o = fixed_count(2);
+    o.scale = h.problem.scale;
+    const cuda::MlaDecodePlan plan =
+        cuda::plan_mla_decode(problem_of(h), lens.data(), o, attnstate_test::device_sms());
+    DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+    cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+    const StateView part =
+        make_state_view(stack_o.get() + s * B * H * L, DType::kF32, stack_lse.get() + s * B * H, B,
+                        H, L, LseBase::kBase2, MemorySpace::kDevice);
+    cuda::run_mla_decode(plan, d.q_nope(h), d.q_pe(h), kv, part, ws.get(), ws.bytes());
+    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  DeviceState merged(B, H, L, DType::kF32, LseBase::kBase2);
+  cuda::merge_states(
+      make_state_stack(stack_o.get(), DType::kF32, stack_lse.get(), StackOrder::kStatesMajor, B, S,
+                       H, L, LseBase::kBase2, MemorySpace::kDevice),
+      merged.view);
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  const HostState m = merged.download();
+  EXPECT_EQ(compare_with_reference(h, m), "");
+  EXPECT_EQ(compare_with_reference(h, one), "");
+  attnstate::testing::MlaProblem p = h.problem;
+  p.out_dtype = DType::kF32;
+  p.base = LseBase::kBase2;
+  attnstate::testing::Tolerance tol = attnstate::testing::tolerance_for(p, true);
+  tol = tol.scaled(2.0);  // both sides carry rounding
+  EXPECT_EQ(attnstate::testing::compare_states(m, one, tol), "");
+}
+
+// ---- the kit's laws on a CUDA adapter ----
+
+/// The CUDA MLA decode as a kit kernel: the selected latent tokens in one page that every query
+/// row (a request of one new token) reads through its block table, two splits.
+HostState cuda_mla_kernel(const attnstate::testing::MlaProblem& all,
+                          const std::vector<std::int64_t>& keys) {
+  const attnstate::testing::MlaProblem p = attnstate::testing::select_keys(all, keys);
+  const std::int64_t T = p.tokens(), H = p.heads(), L = p.kv_lora_rank(), R = p.rope_dim();
+  const std::int64_t N = p.num_keys();
+  const std::vector<std::int32_t> table(static_cast<std::size_t>(std::max<std::int64_t>(1, T)), 0);
+  const std::vector<std::int32_t> lens(static_cast<std::size_t>(std::max<std::int64_t>(1, T)),
+                                       static_cast<std::int32_t>(N));
+  auto raw = [](const attnstate::testing::HostTensor& t) {
+    const auto* b = static_cast<const unsigned char*>(t.data());
+    return std::vector<unsigned char>(b, b + bytes_of(t));
+  };
+  const DeviceBuffer<unsigned char> qn = upload(raw(p.q_nope)), qp = upload(raw(p.q_pe)),
+                                    ckv = upload(raw(p.ckv)), kpe = upload(raw(p.kpe));
+  const DeviceBuffer<std::int32_t> dtable = upload(table), dlens = upload(lens);
+  const DeviceBuffer<float> dsinks = upload(p.sinks);
+  MlaKvCache kv;
+  kv.ckv = ckv.get();
+  kv.kpe = kpe.get();
+  kv.ckv_dtype = p.ckv.dtype();
+  kv.kpe_dtype = p.kpe.dtype();
+  if (is_fp8(kv.ckv_dtype)) kv.ckv_scale = KvScale::per_tensor(p.ckv_scale);
+  if (is_fp8(kv.kpe_dtype)) kv.kpe_scale = KvScale::per_tensor(p.kpe_scale);
+  kv.kv_lora_rank = L;
+  kv.rope_dim = R;
+  kv.num_pages = 1;
+  kv.page_size = std::max<std::int64_t>(1, N);
+  kv.block_table = dtable.get();
+  kv.block_table_stride = 1;
+  kv.seq_lens = dlens.get();
+  kv.batch = T;
+  kv.space = MemorySpace::kDevice;
+  const ConstTensorView q_nope =
+      make_tensor_view(qn.get(), p.q_nope.dtype(), {T, 1, H, L}, MemorySpace::kDevice);
+  const ConstTensorView q_pe =
+      make_tensor_view(qp.get(), p.q_pe.dtype(), {T, 1, H, R}, MemorySpace::kDevice);
+  cuda::MlaDecodeProblem pr;
+  pr.batch = T;
+  pr.heads = H;
+  pr.q_dtype = p.q_nope.dtype();
+  pr.ckv_dtype = kv.ckv_dtype;
+  pr.kpe_dtype = kv.kpe_dtype;
+  DecodeOptions o = fixed_count(2);
+  o.scale = p.scale;
+  const cuda::MlaDecodePlan plan =
+      cuda::plan_mla_decode(pr, lens.data(), o, attnstate_test::device_sms());
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+  cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(T, H, L, p.out_dtype, p.base);
+  AttentionSinks s;
+  if (p.has_sinks()) s.logits = dsinks.get();
+  cuda::run_mla_decode(plan, q_nope, q_pe, kv, s, out.view, ws.get(), ws.bytes());
+  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+  return out.download();
+}
+
+TEST(MlaCudaKit, LargeDrawsPassEveryLawOfTheKit) {
+  ATTNSTATE_REQUIRE_GPU();
+  attnstate::testing::MlaKernelCheckOptions o;
+  o.num_tests = 15;
+  o.problems.max_keys = 150;
+  o.problems.heads = {16, 32};
+  o.problems.q_dtypes = {DType::kBF16};
+  o.problems.ckv_dtypes = {DType::kBF16, DType::kE4M3, DType::kE5M2};
+  o.problems.sink_percent = 50;
+  const attnstate::testing::KernelCheckReport report =
+      attnstate::testing::check_mla_kernel(cuda_mla_kernel, o);
+  EXPECT_TRUE(report.passed()) << report.summary();
+  EXPECT_EQ(report.laws.size(), attnstate::testing::all_laws().size());
+}
+
+// ---- argument errors: each names the argument ----
+
+cuda::MlaDecodeProblem small_problem() {
+  cuda::MlaDecodeProblem pr;
+  pr.batch = 2;
+  pr.heads = 16;
+  return pr;
+}
+
+TEST(MlaCudaErrors, ThePlannerNamesEachArgument) {
+  // host only: runs without a GPU
+  const std::vector<std::int32_t> lens = {10, 20};
+  const DecodeOptions o;
+  auto plan = [&](const cuda::MlaDecodeProblem& pr, const DecodeOptions& opt, int sms = 4) {
+    return [pr, opt, sms, &lens] { (void)cuda::plan_mla_decode(pr, lens.data(), opt, sms); };
+  };
+  cuda::MlaDecodeProblem pr = small_problem();
+  pr.heads = 24;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.heads", kPlanFn);
+  pr = small_problem();
+  pr.heads = 256;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.heads", kPlanFn);
+  pr = small_problem();
+  pr.q_len = 5;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.q_len", kPlanFn);
+  pr = small_problem();
+  pr.q_len = 0;
+  expect_named_error(plan(pr, o), Status::kInvalidArgument, "problem.q_len", kPlanFn);
+  pr = small_problem();
+  pr.kv_lora_rank = 256;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.kv_lora_rank", kPlanFn);
+  pr = small_problem();
+  pr.rope_dim = 32;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.rope_dim", kPlanFn);
+  pr = small_problem();
+  pr.q_dtype = DType::kF16;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.q_dtype", kPlanFn);
+  pr = small_problem();
+  pr.ckv_dtype = DType::kF32;
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.ckv_dtype", kPlanFn);
+  pr = small_problem();
+  pr.kpe_dtype = DType::kE4M3;  // fp8 rope under a bf16 latent part
+  expect_named_error(plan(pr, o), Status::kNotSupported, "problem.kpe_dtype", kPlanFn);
+  pr = small_problem();
+  pr.batch = -1;
+  expect_named_error(plan(pr, o), Status::kInvalidArgument, "problem.batch", kPlanFn);
+  expect_named_error(plan(small_problem(), o, 0), Status::kInvalidArgument, "num_sms", kPlanFn);
+  DecodeOptions bad;
+  bad.variant.window_left = 8;
+  expect_named_error(plan(small_problem(), bad), Status::kNotSupported, "options.variant", kPlanFn);
+  bad = DecodeOptions{};
+  bad.kernel = DecodeKernel::kStreamed;
+  expect_named_error(plan(small_problem(), bad), Status::kNotSupported, "options.kernel", kPlanFn);
+  bad = DecodeOptions{};
+  bad.split_cluster = 2;
+  expect_named_error(plan(small_problem(), bad), Status::kNotSupported, "options.split_cluster",
+                     kPlanFn);
+  bad = DecodeOptions{};
+  bad.scale = NAN;
+  expect_named_error(plan(small_problem(), bad), Status::kInvalidArgument, "options.scale",
+                     kPlanFn);
+  bad = fixed_size(24);
+  expect_named_error(plan(small_problem(), bad), Status::kInvalidArgument, "options.split_size",
+                     kPlanFn);
+  expect_named_error(
+      [] { (void)cuda::plan_mla_decode(small_problem(), nullptr, DecodeOptions{}, 4); },
+      Status::kInvalidArgument, "seq_lens_host", kPlanFn);
+}
+
+TEST(MlaCudaErrors, PlansRecordTheirSplitsAndWorkspace) {
+  // host only: the plan's layout, kernel row and workspace size
+  const std::vector<std::int32_t> lens = {4000, 10};
+  cuda::MlaDecodeProblem pr = small_problem();
+  pr.q_len = 2;
+  pr.heads = 128;
+  const cuda::MlaDecodePlan one = cuda::plan_mla_decode(pr, lens.data(), fixed_count(1), 132);
+  EXPECT_EQ(one.splits().max_splits, 1);
+  EXPECT_EQ(one.workspace_bytes(), 0u);
+  EXPECT_EQ(one.row_tiles(), 4);
+  EXPECT_GE(one.kernel_id(), 0);
+  const cuda::MlaDecodePlan three = cuda::plan_mla_decode(pr, lens.data(), fixed_count(3), 132);
+  const std::size_t parts = 2 * 4 * 3 * 64;
+  const auto r256 = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  EXPECT_EQ(three.workspace_bytes(), r256(parts * 512 * 4) + r256(parts * 4) + r256(2 * 4 * 4));
+  EXPECT_NE(three.to_string().find("MLA decode"), std::string::npos) << three.to_string();
+  // the automatic policy splits a long request over an idle device, and not a full one
+  const cuda::MlaDecodePlan autop = cuda::plan_mla_decode(pr, lens.data(), DecodeOptions{}, 132);
+  EXPECT_GT(autop.splits().max_splits, 1) << autop.to_string();
+  pr.batch = 1;
+  const std::vector<std::int32_t> shorts = {64};
+  EXPECT_EQ(cuda::plan_mla_decode(pr, shorts.data(), DecodeOptions{}, 132).splits().max_splits, 1);
+  const cuda::MlaDecodePlan none;
+  expect_named_error([&] { cuda::init_mla_decode_workspace(none, nullptr, 0); },
+                     Status::kInvalidArgument, "plan");
+}
+
+TEST(MlaCudaErrors, TheRunNamesEachArgument) {
+  ATTNSTATE_REQUIRE_GPU();
+  MlaConfig cfg;
+  cfg.seq_lens = {40, 70};
+  const MlaHost h = make_mla_host(cfg, 41);
+  const DeviceMla d(h);
+  DecodeOptions o = fixed_count(2);
+  const cuda::MlaDecodePlan plan =
+      cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), o, attnstate_test::device_sms());
+  DeviceBuffer<unsigned char> ws(plan.workspace_bytes());
+  cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+  DeviceState out(h.tokens(), cfg.heads, 512, DType::kF32, LseBase::kNatural);
+  const ConstTensorView qn = d.q_nope(h), qp = d.q_pe(h);
+  const MlaKvCache kv = d.kv(h);
+  auto run = [&](const ConstTensorView& a, const ConstTensorView& b, const MlaKvCache& c,
+                 StateView s, void* w, std::size_t wb, AttentionSinks sk = {}) {
+    return [=, &plan] { cuda::run_mla_decode(plan, a, b, c, sk, s, w, wb); };
+  };
+  expect_named_error(run(qn, qp, kv, out.view, ws.get(), ws.bytes() - 1),
+                     Status::kWorkspaceTooSmall, "workspace_bytes", kRunFn);
+  expect_named_error(run(qn, qp, kv, out.view, nullptr, ws.bytes()), Status::kInvalidArgument,
+                     "workspace", kRunFn);
+  const cuda::MlaDecodePlan none;
+  expect_named_error(
+      [&] { cuda::run_mla_decode(none, qn, qp, kv, out.view, ws.get(), ws.bytes()); },
+      Status::kInvalidArgument, "plan", kRunFn);
+  MlaKvCache bad = kv;
+  bad.ckv_dtype = DType::kE4M3;
+  bad.ckv_scale = KvScale::per_tensor(1.f);
+  expect_named_error(run(qn, qp, bad, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
+                     "kv.ckv_dtype", kRunFn);
+  bad = kv;
+  bad.ckv = static_cast<const unsigned char*>(kv.ckv) + 2;  // aligned to its element only
+  expect_named_error(run(qn, qp, bad, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
+                     "kv.ckv", kRunFn);
+  bad = kv;
+  bad.ckv_token_stride = 516;  // rows of 1032 bytes: not whole 16-byte chunks
+  bad.ckv_page_stride = 516 * cfg.page_size;
+  bad.num_pages = h.num_pages / 2;
+  expect_named_error(run(qn, qp, bad, out.view, ws.get(), ws.bytes()), Status::kNotSupported,
+                     "kv.ckv_token_stride", kRunFn);
+  bad = kv;
+  bad.batch = 3;
+  expect_named_error(run(qn, qp, bad, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
+                     "q_nope.shape[0]", kRunFn);
+  ConstTensorView q_short = qn;
+  q_short.shape[1] = 2;
+  ConstTensorView qp_short = qp;
+  qp_short.shape[1] = 2;
+  DeviceState out2(h.batch * 2, cfg.heads, 512, DType::kF32, LseBase::kNatural);
+  expect_named_error(run(q_short, qp_short, kv, out2.view, ws.get(), ws.bytes()),
+                     Status::kInvalidArgument, "q_nope.shape[1]", kRunFn);
+  ConstTensorView q_odd = qn;
+  q_odd.data = static_cast<const unsigned char*>(qn.data) + 2;
+  q_odd.shape[3] = 512;
+  expect_named_error(run(q_odd, qp, kv, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
+                     "q_nope.data", kRunFn);
+  StateView overlap = out.view;
+  overlap.o = const_cast<void*>(qn.data);
+  expect_named_error(run(qn, qp, kv, overlap, ws.get(), ws.bytes()), Status::kInvalidArgument,
+                     "out.o", kRunFn);
+  std::vector<float> host_sinks(static_cast<std::size_t>(cfg.heads), 0.f);
+  AttentionSinks hs;
+  hs.logits = host_sinks.data();
+  expect_named_error(run(qn, qp, kv, out.view, ws.get(), ws.bytes(), hs), Status::kInvalidArgument,
+                     "sinks.logits", kRunFn);
+  MlaKvCache host = kv;
+  host.space = MemorySpace::kHost;
+  expect_named_error(run(qn, qp, host, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
+                     "kv.space", kRunFn);
+}
+
+}  // namespace
