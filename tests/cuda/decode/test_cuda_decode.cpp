@@ -138,8 +138,10 @@ TEST(CudaDecode, MatchesReferenceAcrossShapes) {
       {1, 8, 8, 128, 64, KvLayout::kHND, false, DType::kBF16, DType::kF32, LseBase::kNatural},
       {4, 32, 2, 128, 5, KvLayout::kNHD, false, DType::kF16, DType::kBF16, LseBase::kBase2},
   };
+  const std::vector<std::int64_t> dims = attnstate_test::decode_head_dims();
   std::uint64_t seed = 100;
   for (const Case& c : cases) {
+    if (attnstate_test::only_compiled({c.D}, dims).empty()) continue;  // not in this build
     DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, c.bt, c.dt, c.dt);
     cfg.seq_lens = {static_cast<std::int32_t>(c.page + 1), 0, 300, 3, 1029};
     const DecodeProblemHost p = make_decode_problem(cfg, seed++);
@@ -292,7 +294,9 @@ TEST(CudaDecodePlan, StreamedKernelForManyShortSingleSplitRequests) {
   EXPECT_TRUE(plan(256, 2048, 128, autom).kernel() == DecodeKernel::kStreamed);
   EXPECT_FALSE(plan(256, 2049, 128, autom).kernel() ==
                DecodeKernel::kStreamed);  // longer than the streamed kernel's cap
-  EXPECT_FALSE(plan(128, 256, 256, autom).kernel() == DecodeKernel::kStreamed);  // head dim 256
+  if (!attnstate_test::only_compiled({256}, attnstate_test::decode_head_dims()).empty()) {
+    EXPECT_FALSE(plan(128, 256, 256, autom).kernel() == DecodeKernel::kStreamed);  // head dim 256
+  }
   EXPECT_FALSE(plan(64, 256, 128, autom).kernel() ==
                DecodeKernel::kStreamed);  // 512 items: under 6 per SM
   EXPECT_FALSE(plan(98, 256, 128, autom).kernel() == DecodeKernel::kStreamed);   // 784 items
@@ -446,9 +450,12 @@ TEST(CudaDecode, EveryPageSizeMatchesReference) {
   // that span pages gather their page ids a tile ahead and shuffle them to the copies.
   ATTNSTATE_REQUIRE_GPU();
   std::uint64_t seed = 3000;
+  // pages of 5 at head dim 64 where the build has it
+  const std::int64_t small_d =
+      attnstate_test::only_compiled({64}, attnstate_test::decode_head_dims()).empty() ? 128 : 64;
   for (std::int64_t page : {1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 64, 128}) {
     for (KvLayout layout : {KvLayout::kNHD, KvLayout::kHND}) {
-      DecodeConfig cfg = shape_config(page % 3 == 0 ? 2 : 1, 32, 8, page == 5 ? 64 : 128, page,
+      DecodeConfig cfg = shape_config(page % 3 == 0 ? 2 : 1, 32, 8, page == 5 ? small_d : 128, page,
                                       layout, page % 2 == 0, DType::kBF16, DType::kBF16);
       cfg.seq_lens = {static_cast<std::int32_t>(page) + 1, 0, 1, 77, 1000, 17, 2 * 16 + 3};
       const DecodeProblemHost p = make_decode_problem(cfg, seed++);
@@ -1072,6 +1079,7 @@ TEST(CudaDecode, LargeCacheAbove2To31Elements) {
 TEST(CudaDecode, RejectsBadArguments) {
   ATTNSTATE_REQUIRE_GPU();
   DecodeConfig cfg;
+  cfg.head_dim = attnstate_test::decode_head_dims().front();  // 64 in the default build
   cfg.seq_lens = {40, 20};
   const DecodeProblemHost p = make_decode_problem(cfg, 1100);
   DeviceProblem d(p);
@@ -1226,8 +1234,10 @@ TEST(CudaDecode, SinksAreMergedOnceAfterEveryMergePath) {
       {1, 32, 8, 128, 16, KvLayout::kNHD, DType::kBF16, DType::kE4M3, DType::kF32,
        LseBase::kNatural},
   };
+  const std::vector<std::int64_t> dims = attnstate_test::decode_head_dims();
   std::uint64_t seed = 5100;
   for (const Case& c : cases) {
+    if (attnstate_test::only_compiled({c.D}, dims).empty()) continue;  // not in this build
     DecodeConfig cfg = shape_config(c.q_len, c.hq, c.hkv, c.D, c.page, c.layout, false, c.dt, c.kv);
     cfg.seq_lens = {0, 1, 17, 300, 2100};
     const SinkProblem sp(cfg, seed, -3.f, 9.f);
