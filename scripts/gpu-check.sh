@@ -33,6 +33,9 @@
 #                      GPU_SAN_JOBS  sanitizer runs at once (default 1; e.g. 6 on 16 host cores)
 #                      GPU_SAN_RETRY_TIMEOUT cap of the re-run, alone, of a run that hit
 #                                    GPU_SAN_TIMEOUT while sharing the host (default 400)
+#                      GPU_HEAD_DIMS the CUDA head dims to compile (ATTNSTATE_CUDA_HEAD_DIMS, e.g.
+#                                    "128": the reduced build CI compiles, its GPU tests run here;
+#                                    default: the project's list); the package build takes it too
 #                      GPU_PYTHON    0 to skip the Python package's build and pytest run (default 1)
 #                      GPU_PYTHON_EXE the Python with torch, nanobind, scikit-build-core, pytest
 #                                    (default python3)
@@ -61,9 +64,12 @@ prefix=()
 [ -d .deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr")
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
+dims=()
+[ -n "${GPU_HEAD_DIMS:-}" ] && dims=(-DATTNSTATE_CUDA_HEAD_DIMS="$GPU_HEAD_DIMS")
 BUILD=${BUILD_DIR:-build-gpu}
 if ! cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DATTNSTATE_BUILD_DOCS=OFF -DATTNSTATE_INSTALL=OFF "${prefix[@]}" >"$LOG/configure.log" 2>&1; then
+      -DATTNSTATE_BUILD_DOCS=OFF -DATTNSTATE_INSTALL=OFF "${prefix[@]}" "${dims[@]}" \
+      >"$LOG/configure.log" 2>&1; then
   say "CONFIGURE FAILED"; tail -30 "$LOG/configure.log"; status=1
 fi
 # shellcheck disable=SC2206  # a list of target names
@@ -220,7 +226,7 @@ fi
 # the GPU tests included: torch, CuPy, JAX, graph capture, torch.compile, Triton, SDPA producers)
 if [ "${GPU_PYTHON:-1}" = 1 ]; then
   t0=$(date +%s)
-  PY_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a ${prefix[*]}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+  PY_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a ${prefix[*]} ${dims[*]}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
     python/run_tests.sh "${GPU_PYTHON_EXE:-python3}" "$PWD/$BUILD-py" -rfEs >"$LOG/pytest.log" 2>&1 ||
     status=1
   say "pytest (CUDA package): $(tail -1 "$LOG/pytest.log") ($(( $(date +%s) - t0 )) s)"
