@@ -160,7 +160,9 @@ MlaCascadePlan plan_mla_cascade(const MlaCascadeProblem& problem, const CascadeL
   v::check_cascade_levels(fn, host_levels, num_levels, pr.batch, pr.q_len, options.causal,
                           v::mla_level_geometry(geometry), true);
   const std::int64_t req_rows = pr.q_len * pr.heads;
-  if (pr.batch * req_rows > 0x7FFFFFFF)  // the kernel's row indices are 32-bit
+  std::int64_t all_rows = 0;
+  if (!checked_mul(pr.batch, req_rows, &all_rows) ||
+      all_rows > 0x7FFFFFFF)  // the kernel's row indices are 32-bit
     throw_argument(fn, "problem.mla.batch", "batch · q_len · heads rows within 2^31 - 1",
                    decode_str(pr.batch) + " × " + decode_str(req_rows));
   MlaCascadePlan plan;
