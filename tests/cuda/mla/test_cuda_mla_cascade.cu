@@ -4,8 +4,9 @@
 ///        cascades: 2 and 3 levels, segments shared by 1 to 9 requests (one and several row
 ///        tiles), empty segments, 16, 64 and 128 heads, q_len 1..4, pages of 1, 16 and 64
 ///        tokens, bf16 and fp8 latent caches, sinks, every state dtype and base, outputs
-///        poisoned with NaN first; argument errors naming the argument. GPU tests skip without
-///        a GPU; the planner's errors (host only) run everywhere.
+///        poisoned with NaN first; a plan made for longer segments replayed on the real lengths;
+///        the plan's levels and workspace; argument errors naming the argument. GPU tests skip
+///        without a GPU; the planner's tests (host only) run everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,8 +119,10 @@ cuda::MlaCascadePlan plan_of(const MlaCascadeHost& h) {
 }
 
 /// Plans and runs the CUDA cascade of `h` into a fresh poisoned output; returns it on the host.
-HostState run_cuda(const MlaCascadeHost& h, const DeviceCascade& d, DType out_dtype, LseBase base) {
-  const cuda::MlaCascadePlan plan = plan_of(h);
+/// With `plan` given, runs that plan (made for other host lengths) instead of one of `h`'s.
+HostState run_cuda(const MlaCascadeHost& h, const DeviceCascade& d, DType out_dtype, LseBase base,
+                   const cuda::MlaCascadePlan* given = nullptr) {
+  const cuda::MlaCascadePlan plan = given != nullptr ? *given : plan_of(h);
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   ws.poison();  // nothing of the workspace is read before it is written
   DeviceState out(h.tokens(), h.cfg.mla.heads, h.cfg.mla.kv_lora_rank, out_dtype, base);
@@ -255,6 +258,30 @@ TEST(MlaCascadeCuda, EveryPathOnASmallProblem) {
   cfg.levels = {{{4, 40}}, {{2, 0}, {1, 1}, {1, 25}}};
   const MlaCascadeHost h = make_mla_cascade_host(cfg, 60);
   EXPECT_EQ(check(h, DType::kF32, LseBase::kNatural), "") << h.cfg.name();
+}
+
+TEST(MlaCascadeCuda, ReplaysAPlanMadeForLongerSegments) {
+  ATTNSTATE_REQUIRE_GPU();
+  // the plan sees every segment filling its pages (a prefix of 320 tokens: several splits); the
+  // device lengths are the real, shorter ones: each segment's splits follow its device length
+  Case c{2,
+         16,
+         64,
+         DType::kBF16,
+         DType::kBF16,
+         DType::kF32,
+         LseBase::kBase2,
+         true,
+         {{{6, 300}}, {{2, 70}, {4, 5}}, {{1, 3}, {1, 60}, {1, 1}, {1, 129}, {1, 2}, {1, 7}}}};
+  const MlaCascadeHost h = host_of(c, 80);
+  MlaCascadeHost full = h;
+  for (auto& a : full.arrays)
+    for (std::size_t s = 0; s < a.seg_lens.size(); ++s)
+      a.seg_lens[s] = (a.page_indptr[s + 1] - a.page_indptr[s]) * 64;
+  const cuda::MlaCascadePlan plan = plan_of(full);
+  const DeviceCascade d(h);
+  const HostState out = run_cuda(h, d, DType::kF32, LseBase::kBase2, &plan);
+  EXPECT_EQ(compare_with_reference(h, out, true), "") << plan.to_string();
 }
 
 TEST(MlaCascadeCuda, PlanErrorsNameTheArgument) {
