@@ -341,17 +341,20 @@ def test_run_errors_name_the_argument():
         (dict(ckv_scale=0.5), "argument 'ckv_scale': expected None"),
         (dict(kpe_scale=0.5), "argument 'kpe_scale': expected None"),
         (dict(seq_lens=lens.astype(np.int64)), "argument 'seq_lens': expected dtype int32"),
-        (dict(seq_lens=np.array([20, 90], np.int32)), "kv.seq_lens"),
+        (dict(seq_lens=np.array([20, 90], np.int32)),
+         "argument 'kv.seq_lens': expected at most the pages of the request"),
         (dict(tables={**csr, "block_table": cache.table}), "argument 'kv.block_table'"),
         (dict(tables={}), "argument 'kv.block_table': expected exactly one"),
         (dict(tables={"page_indptr": cache.indptr}), "argument 'kv.page_indices'"),
         (dict(tables={"page_indptr": cache.indptr, "page_indices": cache.indices + 100}),
-         "kv.page_indices"),
+         "argument 'kv.page_indices': expected page ids in \\[0, num_pages = 6\\)"),
         (dict(sinks=np.zeros(3, np.float32)), "argument 'sinks': expected heads_q = 2"),
-        (dict(sinks=np.array([0.0, np.inf], np.float32)), "sinks.logits"),
+        (dict(sinks=np.array([0.0, np.inf], np.float32)), "argument 'sinks.logits\\[1\\]'"),
         (dict(out=bad_out), "argument 'out.head_dim'"),
         (dict(out="state"), "argument 'out'"),
         (dict(stream=1), "argument 'stream'"),
+        (dict(dtype="int8"), "argument 'dtype'"),
+        (dict(base="base10"), "argument 'base'"),
     ]
     for change, message in cases:
         with pytest.raises(attnstate.Error, match=message):
