@@ -19,7 +19,8 @@
 # keep the build folders on a warm machine between calls. Overridable: FI_ROOT (default
 # .peers/fi-0.7.2), AS_BUILD (default build-mla-as, git-ignored: kept on a warm machine), FI_BUILD
 # (default build-mla-fi), OUT, MLA_BUILD_ONLY=1 (build, run nothing), MLA_SKIP_BUILD=1 (run the
-# binaries already in AS_BUILD and FI_BUILD), FI_MLA_KV / FI_MLA_MASKS
+# binaries already in AS_BUILD and FI_BUILD), MLA_JOBS (compile jobs per build; default nproc),
+# FI_MLA_KV / FI_MLA_MASKS
 # (the FlashInfer instances, CMake lists; default bf16;e4m3 and none;causal).
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,7 +42,7 @@ if command -v ninja >/dev/null 2>&1; then
   [ -f "$AS_BUILD/CMakeCache.txt" ] || gen_as=(-G Ninja)
   [ -f "$FI_BUILD/CMakeCache.txt" ] || gen_fi=(-G Ninja)
 fi
-jobs=$(nproc)
+jobs=${MLA_JOBS:-$(nproc)}  # per build (the two run at once)
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true)"
   echo "# $(nvcc --version | grep -i release || true)"
@@ -55,7 +56,8 @@ if [ "${MLA_SKIP_BUILD:-0}" != 1 ]; then
   timeout "${AS_BUILD_TIMEOUT:-420}" cmake -S "$REPO" -B "$AS_BUILD" "${gen_as[@]}" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DATTNSTATE_CUDA_HEAD_DIMS=128 \
     -DATTNSTATE_BUILD_BENCH=ON -DATTNSTATE_BUILD_TESTS=OFF -DATTNSTATE_BUILD_EXAMPLES=OFF \
-    -DATTNSTATE_BUILD_PYTHON=OFF -DATTNSTATE_ENABLE_NCCL=OFF &&
+    -DATTNSTATE_BUILD_PYTHON=OFF -DATTNSTATE_ENABLE_NCCL=OFF -DATTNSTATE_BUILD_TESTING_KIT=OFF \
+    -DATTNSTATE_BUILD_DOCS=OFF -DATTNSTATE_INSTALL=OFF &&
     timeout "${AS_BUILD_TIMEOUT:-420}" cmake --build "$AS_BUILD" --target bench_mla -j "$jobs"
 ) >"$OUT/bench_mla_build.log" 2>&1 &
 as_pid=$!
