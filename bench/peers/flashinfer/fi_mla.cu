@@ -82,6 +82,7 @@ CheckStats check_request0(const Shape& pt, double sm_scale, const void* q_nope, 
   FIH_CUDA(cudaMemcpy(h_o.data(), o, h_o.size() * 2, cudaMemcpyDeviceToHost));
   FIH_CUDA(cudaMemcpy(h_lse.data(), lse, rows * 4, cudaMemcpyDeviceToHost));
 
+  (void)fih::lut(fic::DType::kBF16);  // the bf16 table built here, before threads read it
   // keys as floats, dequantised
   std::vector<float> k(tokens * kKeyDim);
   for (std::size_t t = 0; t < tokens; ++t) {

@@ -14,13 +14,15 @@
 #   bash bench/peers/flashinfer/run-mla.sh --dtypes bf16 --q-lens 1
 #   bash bench/peers/flashinfer/run-mla.sh --quick --page 16
 # Each step has its own time cap (seconds): AS_BUILD_TIMEOUT and FI_BUILD_TIMEOUT (both builds run
-# at once; default 420 each), AS_RUN_TIMEOUT and FI_RUN_TIMEOUT (default 240 each); the device
-# command's own cap is 600 s, so give the full table in parts (e.g. one --dtypes at a time) and
-# keep the build folders on a warm machine between calls. Overridable: FI_ROOT (default
-# .peers/fi-0.7.2), AS_BUILD (default build-mla-as, git-ignored: kept on a warm machine), FI_BUILD
+# at once; default 300 each), AS_RUN_TIMEOUT and FI_RUN_TIMEOUT (default 140 each), so that one
+# call stays inside the device command's 600 s; for longer tables build in one call
+# (MLA_BUILD_ONLY=1), then run with MLA_SKIP_BUILD=1 and run caps of up to 280 each, the full
+# table in parts (e.g. one --dtypes at a time). Overridable: FI_ROOT (default .peers/fi-0.7.2),
+# AS_BUILD (default build-mla-as, git-ignored: kept on a warm machine between calls), FI_BUILD
 # (default build-mla-fi), OUT, MLA_BUILD_ONLY=1 (build, run nothing), MLA_SKIP_BUILD=1 (run the
-# binaries already in AS_BUILD and FI_BUILD), FI_MLA_KV / FI_MLA_MASKS
-# (the FlashInfer instances, CMake lists; default bf16;e4m3 and none;causal).
+# binaries already in AS_BUILD and FI_BUILD), MLA_JOBS (compile jobs per build; default nproc),
+# FI_MLA_KV / FI_MLA_MASKS (the FlashInfer instances, CMake lists; default bf16;e4m3 and
+# none;causal).
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../../.." && pwd)
@@ -41,7 +43,7 @@ if command -v ninja >/dev/null 2>&1; then
   [ -f "$AS_BUILD/CMakeCache.txt" ] || gen_as=(-G Ninja)
   [ -f "$FI_BUILD/CMakeCache.txt" ] || gen_fi=(-G Ninja)
 fi
-jobs=$(nproc)
+jobs=${MLA_JOBS:-$(nproc)}  # per build (the two run at once)
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true)"
   echo "# $(nvcc --version | grep -i release || true)"
@@ -52,20 +54,21 @@ jobs=$(nproc)
 # 1. both builds at once, each capped (MLA_SKIP_BUILD=1: use the binaries already built)
 if [ "${MLA_SKIP_BUILD:-0}" != 1 ]; then
 (
-  timeout "${AS_BUILD_TIMEOUT:-420}" cmake -S "$REPO" -B "$AS_BUILD" "${gen_as[@]}" \
+  timeout "${AS_BUILD_TIMEOUT:-300}" cmake -S "$REPO" -B "$AS_BUILD" "${gen_as[@]}" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DATTNSTATE_CUDA_HEAD_DIMS=128 \
     -DATTNSTATE_BUILD_BENCH=ON -DATTNSTATE_BUILD_TESTS=OFF -DATTNSTATE_BUILD_EXAMPLES=OFF \
-    -DATTNSTATE_BUILD_PYTHON=OFF -DATTNSTATE_ENABLE_NCCL=OFF &&
-    timeout "${AS_BUILD_TIMEOUT:-420}" cmake --build "$AS_BUILD" --target bench_mla -j "$jobs"
+    -DATTNSTATE_BUILD_PYTHON=OFF -DATTNSTATE_ENABLE_NCCL=OFF -DATTNSTATE_BUILD_TESTING_KIT=OFF \
+    -DATTNSTATE_BUILD_DOCS=OFF -DATTNSTATE_INSTALL=OFF &&
+    timeout "${AS_BUILD_TIMEOUT:-300}" cmake --build "$AS_BUILD" --target bench_mla -j "$jobs"
 ) >"$OUT/bench_mla_build.log" 2>&1 &
 as_pid=$!
 (
   set -o pipefail
   (
-    timeout "${FI_BUILD_TIMEOUT:-420}" cmake -S "$HERE" -B "$FI_BUILD" "${gen_fi[@]}" \
+    timeout "${FI_BUILD_TIMEOUT:-300}" cmake -S "$HERE" -B "$FI_BUILD" "${gen_fi[@]}" \
       -DCMAKE_BUILD_TYPE=Release -DFI_ROOT="$FI_ROOT" -DFI_MLA_KV="${FI_MLA_KV:-bf16;e4m3}" \
       -DFI_MLA_MASKS="${FI_MLA_MASKS:-none;causal}" &&
-      timeout "${FI_BUILD_TIMEOUT:-420}" cmake --build "$FI_BUILD" --target fi_mla -j "$jobs"
+      timeout "${FI_BUILD_TIMEOUT:-300}" cmake --build "$FI_BUILD" --target fi_mla -j "$jobs"
   ) 2>&1 | sed -e '/warning #20012-D/d' -e '/__inline__ __attribute__/d' -e '/^ *\^$/d' \
                -e '/Remark: The warnings can be suppressed/d' -e '/^$/d' >"$OUT/fi_mla_build.log"
 ) &
@@ -94,8 +97,8 @@ run_one() {
   echo "# $name exit $r ($(( $(date +%s) - start )) s)" | tee -a "$OUT/mla_run.log"
   [ "$r" = 0 ] || rc=$r
 }
-run_one bench_mla "$AS_BUILD/bench/bench_mla" "${AS_RUN_TIMEOUT:-240}" "$@"
-run_one fi_mla "$FI_BUILD/fi_mla" "${FI_RUN_TIMEOUT:-240}" "$@"
+run_one bench_mla "$AS_BUILD/bench/bench_mla" "${AS_RUN_TIMEOUT:-140}" "$@"
+run_one fi_mla "$FI_BUILD/fi_mla" "${FI_RUN_TIMEOUT:-140}" "$@"
 
 # 3. the rows side by side: key (heads, q_len, kv dtype, batch, ctx, page)
 if [ -f "$OUT/bench_mla.csv" ] && [ -f "$OUT/fi_mla.csv" ]; then
