@@ -13,6 +13,7 @@
 
 #include "attnstate/cuda/check.hpp"
 #include "bench_util.hpp"
+#include "hash_fill.cuh"
 
 namespace bench_util {
 
@@ -23,15 +24,8 @@ namespace {
 /// Fills `n` bf16 values with a hash of (index, seed) mapped to [-1, 1).
 __global__ void fill_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
-                      static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    const float f = (static_cast<float>(x & 0xFFFFu) / 32768.f) - 1.f;
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(bench_hash::unit(i, seed)));
 }
 
 /// Reads `n` int4 of `p` (evicting the L2); `sink` is written only on an impossible value, so the

@@ -6,7 +6,8 @@
 #   4. runs the GPU benchmarks, each writing a CSV (bench_cascade also with --quick --lean
 #      --scatter: the shared prefix's pages scattered over the pool, with --quick
 #      --soft-cap 50, and with --sections: f16, head dims 64/256, soft cap, window and fp8 KV
-#      beside bf16 / D 128, each with its floor and the plain decode),
+#      beside bf16 / D 128, each with its floor and the plain decode; bench_mla with --quick, then
+#      q_len 2 (causal) on pages of 16 tokens, each row checked against the CPU),
 # and leaves logs and CSVs in $OUT (default ./gpu-out): summary.txt plus gpu-check.tar.gz.
 #
 # Knobs (environment): GPU_TARGETS   build only these targets (default: all)
@@ -21,9 +22,13 @@
 #                                    no; default: the tool's, explicit)
 #                      GPU_BENCH     names of bench executables to run (default: every bench_*
 #                                    built with CUDA); "none" to skip
-#                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick)
+#                      GPU_BENCH_ARGS extra arguments for each benchmark (e.g. --quick; bench_mla
+#                                    refuses an option it does not know)
 #                      GPU_BENCH_ARGS_<name> extra arguments for benchmark <name> only (e.g.
-#                                    GPU_BENCH_ARGS_bench_decode="--layers 32")
+#                                    GPU_BENCH_ARGS_bench_decode="--layers 32"); bench_mla gets
+#                                    --quick unless GPU_BENCH_ARGS_bench_mla is set (set it empty
+#                                    for the full table: batch 1-128 x ctx 1k-64k x 16/128 heads x
+#                                    q_len 1/2 x bf16/e4m3)
 #                      GPU_SAN_BUDGET seconds after which no sanitizer run starts (default 420);
 #                                    each run is capped at GPU_SAN_TIMEOUT (default 240) and
 #                                    property tests run RC_PARAMS=max_success=20 under it
@@ -192,11 +197,22 @@ if [ "${GPU_BENCH:-}" != none ]; then
     exe="$BUILD/bench/$name"
     [ -x "$exe" ] || { say "bench $name: not built"; continue; }
     own="GPU_BENCH_ARGS_$name"
+    own_args=${!own:-}
+    # the MLA decode's full table takes minutes: its short table unless asked otherwise
+    [ "$name" = bench_mla ] && [ -z "${!own+set}" ] && own_args=--quick
     # shellcheck disable=SC2086  # argument lists
-    if "$exe" --csv "$LOG/$name.csv" ${GPU_BENCH_ARGS:-} ${!own:-} >"$LOG/$name.txt" 2>&1; then
+    if "$exe" --csv "$LOG/$name.csv" ${GPU_BENCH_ARGS:-} $own_args >"$LOG/$name.txt" 2>&1; then
       say "bench $name: ok"; cat "$LOG/$name.txt" >>"$SUMMARY"
     else
       say "bench $name: FAILED"; tail -20 "$LOG/$name.txt" | tee -a "$SUMMARY"; status=1
+    fi
+    # the MLA decode's speculative rows (q_len 2, causal) on pages of 16 tokens
+    if [ "$name" = bench_mla ]; then
+      if "$exe" --quick --q-lens 2 --page 16 --csv "$LOG/$name-q2-page16.csv" >"$LOG/$name-q2-page16.txt" 2>&1; then
+        say "bench $name --q-lens 2 --page 16: ok"; cat "$LOG/$name-q2-page16.txt" >>"$SUMMARY"
+      else
+        say "bench $name --q-lens 2 --page 16: FAILED"; tail -20 "$LOG/$name-q2-page16.txt" | tee -a "$SUMMARY"; status=1
+      fi
     fi
     # the cascade again with the shared prefix's pages scattered over the pool
     if [ "$name" = bench_cascade ]; then

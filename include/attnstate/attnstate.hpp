@@ -33,4 +33,5 @@
 #include "attnstate/cuda/decode.hpp"
 #include "attnstate/cuda/merge.hpp"
 #include "attnstate/cuda/mla.hpp"
+#include "attnstate/cuda/mla_cascade.hpp"
 #endif

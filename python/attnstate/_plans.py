@@ -25,6 +25,17 @@ def _out_state(like, out, tokens, heads, head_dim, dtype, base, fn):
     return State(o, empty(like, (tokens, heads), "float32"), _parse_base(base, fn, "base"))
 
 
+def _workspace(plan, like, init, stream):
+    """The device workspace of `plan`, allocated with the library of `like` on its device and its
+    tickets zeroed on `stream` by `init`; None when the plan needs none."""
+    nbytes = plan.workspace_bytes
+    if not nbytes:
+        return None
+    workspace = empty(like, (nbytes,), "uint8")
+    init(plan, workspace, stream)
+    return workspace
+
+
 def _kv_dtype(kv_dtype, dtype, fn):
     """The KV dtype of a plan: `dtype` for None, else any spelling `to_dtype` takes, fp8 ones
     included ("e4m3", "float8_e5m2", torch.float8_e4m3fn, ml_dtypes.float8_e5m2, ...)."""
@@ -174,11 +185,7 @@ class Decode:
             0.0 if scale is None else float(scale), policy, num_splits, split_size, window, cap,
             -1 if device is None else device, num_sms)
         self._heads_q, self._head_dim, self._q_len = heads_q, head_dim, q_len
-        self.workspace = None
-        nbytes = self._plan.workspace_bytes
-        if nbytes:
-            self.workspace = empty(like, (nbytes,), "uint8")
-            _C.init_decode_workspace(self._plan, self.workspace, stream)
+        self.workspace = _workspace(self._plan, like, _C.init_decode_workspace, stream)
         return self
 
     @property
@@ -218,6 +225,123 @@ class Decode:
         _C.run_decode(plan, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout,
                       out, self.workspace, stream, _kv_scale(k_scale, "k_scale", fn),
                       _kv_scale(v_scale, "v_scale", fn), sinks)
+        return out
+
+
+class MlaDecode:
+    """Multi-head latent attention (MLA, DeepSeek-V3/R1 and Kimi K2, absorbed form) decode over a
+    paged latent cache: split-KV, with Decode's plan/run shape.
+
+    A plan object of its own beside `Decode` rather than more keywords of it: MLA's queries and
+    cache come in two parts each (latent "nope" and rotary "pe"), against one latent head shared
+    by every query head, so neither `heads_kv`/`head_dim` nor the k/v pools of `Decode` apply.
+
+    >>> mla = attnstate.MlaDecode()
+    >>> mla.plan(seq_lens_host, heads=128, dtype=torch.bfloat16, scale=sm_scale,
+    ...          like=ckv_cache)                    # host: splits, workspace
+    >>> state = mla.run(q_nope, q_pe, ckv_cache, kpe_cache, seq_lens, page_indptr=indptr,
+    ...                 page_indices=indices)       # per step, on the current stream
+
+    Row (token i, head h) of request b scores a cached token as
+    `scale * (q_nope[b, i, h] . ckv + q_pe[b, i, h] . kpe)`: the key is the 576-wide
+    `[ckv, kpe]`, the value the 512-wide `ckv`. Queries q_nope (batch, q_len, heads,
+    kv_lora_rank) and q_pe (batch, q_len, heads, rope_dim), last dims contiguous (FlashMLA's
+    (batch, q_len, heads, 576) query is the two views `q[..., :512]`, `q[..., 512:]`).
+
+    The cache, in either peer's layout (views, no copy):
+    FlashInfer's two pools `ckv (pages, page_size, kv_lora_rank)`, `kpe (pages, page_size,
+    rope_dim)`; or FlashMLA's one pool `kv (blocks, block_size, 1, 576)` passed as the views
+    `kv[..., :512]` and `kv[..., 512:]`. A CSR page table (page_indptr (batch + 1,),
+    page_indices) or a block table (batch, max_pages), and int32 seq_lens (batch,), in the memory
+    of the queries. Causal over q_len: row i of request b attends to the keys
+    [0, seq_lens[b] - q_len + i]; a row that sees no key gets (0, -inf).
+
+    fp8 caches: plan with kv_dtype="e4m3" (or "e5m2"; kpe_dtype defaults to kv_dtype, FlashMLA
+    keeps it bfloat16) and pass the part as an array of that fp8 dtype (torch float8, NumPy
+    through ml_dtypes) or a uint8 array of its bytes, with `ckv_scale=` / `kpe_scale=` per-tensor
+    floats: a stored element's real value is its fp8 value times the scale.
+
+    The output is a State (batch * q_len, heads, kv_lora_rank), token b * q_len + i, in the dtype
+    and base asked for: it merges with `merge_state(s)`, cascade levels and the
+    context-parallel merge like every state. Sinks as for Decode (merged once, after every
+    split). CPU: any widths and heads, q_len 1..8, float32/16/bfloat16 queries, any cache
+    dtypes. CUDA: bfloat16 queries, widths 512 and 64, heads a multiple of 16 up to 128, q_len
+    1..4, a bfloat16 latent part with a bfloat16 rotary part or an fp8 latent part with a
+    bfloat16 rotary part or one of its format; each limit is refused by name.
+    """
+
+    def __init__(self):
+        self._plan = None
+        self.workspace = None
+
+    def plan(self, seq_lens, *, heads, dtype, kv_dtype=None, kpe_dtype=None, q_len=1,
+             kv_lora_rank=512, rope_dim=64, scale=None, policy="auto", num_splits=0,
+             split_size=0, like=None, num_sms=0, stream=None):
+        """Plans for the host int32 array `seq_lens` (batch,) of (maximum) lengths.
+
+        dtype: the queries' (both parts). kv_dtype: the latent part's (default dtype; "e4m3" or
+        "e5m2" for an fp8 cache). kpe_dtype: the rotary part's (default kv_dtype). scale: the
+        softmax scale (DeepSeek-V3 passes its own; default 1/sqrt(kv_lora_rank + rope_dim)).
+        policy, num_splits, split_size, like, num_sms, stream: as for Decode.plan (a CUDA `like`
+        plans for its device and allocates the workspace there, its tickets zeroed on `stream`).
+        Returns self.
+        """
+        fn = "attnstate.MlaDecode.plan"
+        device = device_of(like) if like is not None else None
+        ckv_dtype = _kv_dtype(kv_dtype, dtype, fn)
+        kpe = ckv_dtype if kpe_dtype is None else to_dtype(kpe_dtype, "kpe_dtype", fn)
+        q_len, heads, kv_lora_rank, rope_dim = (
+            _int_arg(v, k, fn) for v, k in ((q_len, "q_len"), (heads, "heads"),
+                                             (kv_lora_rank, "kv_lora_rank"),
+                                             (rope_dim, "rope_dim")))
+        self._plan = _C.plan_mla_decode(
+            seq_lens, q_len, heads, kv_lora_rank, rope_dim, to_dtype(dtype, "dtype", fn),
+            ckv_dtype, kpe, _softmax_scale(scale, fn), policy,
+            _int_arg(num_splits, "num_splits", fn), _int_arg(split_size, "split_size", fn),
+            -1 if device is None else device, _int_arg(num_sms, "num_sms", fn))
+        self._shape = (q_len, heads, kv_lora_rank)
+        self.workspace = _workspace(self._plan, like, _C.init_mla_decode_workspace, stream)
+        return self
+
+    def _require(self, fn="attnstate.MlaDecode.run"):
+        if self._plan is None:
+            raise error(fn, "self", "a planned MlaDecode (call plan() first)", "no plan")
+        return self._plan
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the workspace the plan needs (0 on the CPU or with one split a request)."""
+        return self._require("attnstate.MlaDecode").workspace_bytes
+
+    @property
+    def max_splits(self):
+        """Most splits of any request in the plan (CUDA plans; 0 on the CPU)."""
+        return self._require("attnstate.MlaDecode").max_splits
+
+    @property
+    def description(self):
+        """One line for logs: the kernel, its dtypes and the splits (CUDA), or the CPU's."""
+        return self._require("attnstate.MlaDecode").description
+
+    def run(self, q_nope, q_pe, ckv, kpe, seq_lens, *, page_indptr=None, page_indices=None,
+            block_table=None, out=None, dtype=None, base="natural", ckv_scale=None,
+            kpe_scale=None, sinks=None, stream=None):
+        """Runs the planned MLA decode; returns `out` (or a State allocated like q_nope, in
+        `dtype` (default q_nope's) and `base` (default natural)). Exactly one of (page_indptr,
+        page_indices) and block_table gives the page table; the plan's batch is the maximum
+        (`seq_lens` may be shorter, with shorter lengths). ckv_scale, kpe_scale: the per-tensor
+        scales of fp8 parts (None: 1). sinks: None, or a (heads,) float32 array of natural-base
+        logits in the memory of the queries, merged once into each output row. stream: as for
+        Decode.run."""
+        fn = "attnstate.MlaDecode.run"
+        plan = self._require(fn)
+        batch = q_nope.shape[0] if len(q_nope.shape) == 4 else 0
+        q_len, heads, rank = self._shape
+        out = _out_state(q_nope, out, batch * q_len, heads, rank, dtype, base, fn)
+        _C.run_mla_decode(plan, q_nope, q_pe, ckv, kpe, seq_lens, page_indptr, page_indices,
+                          block_table, out, self.workspace, stream,
+                          _kv_scale(ckv_scale, "ckv_scale", fn),
+                          _kv_scale(kpe_scale, "kpe_scale", fn), sinks)
         return out
 
 

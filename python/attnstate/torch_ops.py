@@ -6,7 +6,8 @@ run on the current torch stream.
     o, lse = torch.ops.attnstate.merge_state(a_o, a_lse, 0, b_o, b_lse, 1, 0, "")
 
 `decode(dec, q, k, v, seq_lens, ...)` runs a planned `attnstate.Decode` as the op
-`attnstate::decode`, its workspace a mutated argument.
+`attnstate::decode`, its workspace a mutated argument; `mla_decode(mla, q_nope, q_pe, ckv, kpe,
+seq_lens, ...)` a planned `attnstate.MlaDecode` as the op `attnstate::mla_decode`.
 """
 
 import weakref
@@ -133,8 +134,34 @@ def _(plan_id, q, k, v, seq_lens, page_indptr, page_indices, block_table, layout
     return _new_state((b * t, h, d), (b * t, h), _dtype(out_dtype, q), q)
 
 
+@torch.library.custom_op("attnstate::mla_decode", mutates_args=("workspace",))
+def mla_decode_op(plan_id: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor,
+                  seq_lens: Tensor, page_indptr: Optional[Tensor], page_indices: Optional[Tensor],
+                  block_table: Optional[Tensor], workspace: Optional[Tensor], out_base: int,
+                  out_dtype: str, ckv_scale: float = 1.0, kpe_scale: float = 1.0,
+                  sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """A planned MLA decode (plan_id from `register_plan` of an attnstate.MlaDecode), output
+    (batch * q_len, heads, kv_lora_rank); ckv_scale, kpe_scale: an fp8 cache's scales (1.0 for
+    none); `sinks` as MlaDecode.run's keyword."""
+    mla = _PLANS[plan_id]
+    b, t, h, r = q_nope.shape
+    out = _new_state((b * t, h, r), (b * t, h), _dtype(out_dtype, q_nope), q_nope)
+    _C.run_mla_decode(mla._plan, q_nope, q_pe, ckv, kpe, seq_lens, page_indptr, page_indices,
+                      block_table, _state(*out, out_base), workspace, None, ckv_scale, kpe_scale,
+                      sinks)
+    return out
+
+
+@mla_decode_op.register_fake
+def _(plan_id, q_nope, q_pe, ckv, kpe, seq_lens, page_indptr, page_indices, block_table,
+      workspace, out_base, out_dtype, ckv_scale=1.0, kpe_scale=1.0, sinks=None):
+    b, t, h, r = q_nope.shape
+    return _new_state((b * t, h, r), (b * t, h), _dtype(out_dtype, q_nope), q_nope)
+
+
 def register_plan(dec):
-    """An int naming `dec` (an attnstate.Decode) for the decode op, valid while `dec` lives."""
+    """An int naming `dec` (an attnstate.Decode or MlaDecode) for the decode ops, valid while
+    `dec` lives."""
     key = id(dec)
     _PLANS[key] = dec
     return key
@@ -148,4 +175,14 @@ def decode(dec, q, k, v, seq_lens, *, page_indptr=None, page_indices=None, block
                                       dtype, sinks)
 
 
-__all__: List[str] = ["decode", "register_plan"]
+def mla_decode(mla, q_nope, q_pe, ckv, kpe, seq_lens, *, page_indptr=None, page_indices=None,
+               block_table=None, base=0, dtype="", ckv_scale=None, kpe_scale=None, sinks=None):
+    """`mla.run(...)` (an attnstate.MlaDecode) as the custom op `attnstate::mla_decode`
+    (traceable by torch.compile); returns (o, lse) tensors, lse in `base` (0 natural, 1 base2)."""
+    return torch.ops.attnstate.mla_decode(
+        register_plan(mla), q_nope, q_pe, ckv, kpe, seq_lens, page_indptr, page_indices,
+        block_table, mla.workspace, base, dtype, 1.0 if ckv_scale is None else float(ckv_scale),
+        1.0 if kpe_scale is None else float(kpe_scale), sinks)
+
+
+__all__: List[str] = ["decode", "mla_decode", "register_plan"]

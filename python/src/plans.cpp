@@ -24,12 +24,14 @@ namespace {
 #if defined(ATTNSTATE_HAS_CUDA)
 using CudaDecodePlan = cuda::DecodePlan;
 using CudaCascadePlan = cuda::CascadePlan;
+using CudaMlaPlan = cuda::MlaDecodePlan;
 #else
 struct NoPlan {  // a build without CUDA plans for the CPU only
   std::size_t workspace_bytes() const { return 0; }
 };
 using CudaDecodePlan = NoPlan;
 using CudaCascadePlan = NoPlan;
+using CudaMlaPlan = NoPlan;
 #endif
 
 // What a Python plan object holds: the CPU options and, for a CUDA device, the CUDA plan.
@@ -52,6 +54,13 @@ struct PyCascadePlan : PyPlan<CudaCascadePlan, CascadeOptions> {
   DType kv_dtype = DType::kF32;  // an fp8 dtype: the pools are uint8 arrays of it
 };
 
+// An MLA decode plan: the shape and dtypes every run must have (the batch may be smaller).
+struct PyMlaPlan : PyPlan<CudaMlaPlan, DecodeOptions> {
+  std::int64_t batch = 0, q_len = 1, heads = 0;
+  std::int64_t kv_lora_rank = kMlaKvLoraRank, rope_dim = kMlaRopeDim;
+  DType q_dtype = DType::kBF16, ckv_dtype = DType::kBF16, kpe_dtype = DType::kBF16;
+};
+
 // A run's queries against the plan's shape (batch is free: a run may have fewer requests),
 // named 'q', before any other argument is compared with them (an `out` allocated from the plan
 // would otherwise be blamed for q's mistake).
@@ -67,9 +76,10 @@ void check_q_against_plan(const Call& c, const ConstTensorView& q, std::int64_t 
 
 // The checks a CPU plan makes at plan time, as the CUDA plan does (named by the Python keywords):
 // the problem's shape and dtypes, the scale and the split policy against the lengths. The CPU
-// backend takes any head_dim and any KV dtype; fp8 queries are not supported.
-void check_cpu_decode_plan(const char* fn, const PyDecodePlan& p, const std::int32_t* lens) {
-  const DecodeProblem& pr = p.problem;
+// backend takes any head_dim and any KV dtype; fp8 queries are not supported. `ctas_per_split`:
+// the tasks of one split of a request (plan_split_layout), as the run will plan them.
+void check_cpu_decode_plan(const char* fn, const DecodeProblem& pr, const DecodeOptions& options,
+                           const std::int32_t* lens, std::int64_t ctas_per_split) {
   const auto str = [](std::int64_t v) { return std::to_string(v); };
   if (pr.q_len < 1 || pr.q_len > 8) detail::throw_argument(fn, "q_len", "1..8", str(pr.q_len));
   if (pr.heads_kv < 1) detail::throw_argument(fn, "heads_kv", ">= 1", str(pr.heads_kv));
@@ -80,20 +90,20 @@ void check_cpu_decode_plan(const char* fn, const PyDecodePlan& p, const std::int
   if (is_fp8(pr.q_dtype))
     detail::throw_argument(fn, "dtype", "float32, float16 or bfloat16 (the queries' dtype)",
                            to_string(pr.q_dtype), Status::kNotSupported);
-  if (!std::isfinite(p.options.scale)) {
+  if (!std::isfinite(options.scale)) {
     std::ostringstream got;
-    got << p.options.scale;
+    got << options.scale;
     detail::throw_argument(fn, "scale", "a finite value (None: 1/sqrt(head_dim))", got.str());
   }
-  if (p.options.policy == SplitPolicy::kFixedCount &&
-      (p.options.num_splits < 1 || p.options.num_splits > kMaxSplits))
+  if (options.policy == SplitPolicy::kFixedCount &&
+      (options.num_splits < 1 || options.num_splits > kMaxSplits))
     detail::throw_argument(fn, "num_splits",
                            "1.." + str(kMaxSplits) + " with policy=\"fixed_count\"",
-                           str(p.options.num_splits));
-  if (p.options.policy == SplitPolicy::kFixedSize &&
-      (p.options.split_size <= 0 || p.options.split_size % kSplitGranularity != 0))
+                           str(options.num_splits));
+  if (options.policy == SplitPolicy::kFixedSize &&
+      (options.split_size <= 0 || options.split_size % kSplitGranularity != 0))
     detail::throw_argument(fn, "split_size", "a positive multiple of 16 with policy=\"fixed_size\"",
-                           str(p.options.split_size));
+                           str(options.split_size));
   std::int64_t max_len = 0;
   for (std::int64_t b = 0; b < pr.batch; ++b) {
     if (lens[b] < 0)
@@ -101,14 +111,14 @@ void check_cpu_decode_plan(const char* fn, const PyDecodePlan& p, const std::int
                              str(lens[b]) + " at request " + str(b));
     max_len = std::max<std::int64_t>(max_len, lens[b]);
   }
-  if (p.options.policy == SplitPolicy::kFixedSize &&
-      (max_len + p.options.split_size - 1) / p.options.split_size > kMaxSplits)
+  if (options.policy == SplitPolicy::kFixedSize &&
+      (max_len + options.split_size - 1) / options.split_size > kMaxSplits)
     detail::throw_argument(fn, "split_size",
                            "at most " + str(kMaxSplits) + " splits for the longest request (" +
                                str(max_len) + " tokens)",
-                           str(p.options.split_size));
+                           str(options.split_size));
   // and every rule of the layout the run will plan (the lengths' too)
-  plan_split_layout(pr, lens, p.options, cpu::num_threads(), pr.heads_kv, fn, "seq_lens",
+  plan_split_layout(pr, lens, options, cpu::num_threads(), ctas_per_split, fn, "seq_lens",
                     "options");
 }
 
@@ -141,9 +151,9 @@ int device_sms(int device) {
 
 // A pool of the fp8 dtype `fp8`: an array of that dtype (torch's float8 tensors, ml_dtypes'
 // NumPy arrays) or a uint8 array of the stored bytes (e.g. `k.view(torch.uint8)`, for array
-// libraries without fp8 dtypes).
-ConstTensorView fp8_pool(Call& c, nb::handle h, const char* name, DType fp8) {
-  const Array a = c.array(h, name, 4);
+// libraries without fp8 dtypes), of rank `ndim`.
+ConstTensorView fp8_pool(Call& c, nb::handle h, const char* name, DType fp8, int ndim = 4) {
+  const Array a = c.array(h, name, ndim);
   DType dt = DType::kF32;
   const bool bytes = a.dtype() == nb::dtype<std::uint8_t>();
   if (!bytes && !(to_dtype(a.dtype(), &dt) && dt == fp8))
@@ -151,13 +161,14 @@ ConstTensorView fp8_pool(Call& c, nb::handle h, const char* name, DType fp8) {
            std::string("an array of the plan's kv_dtype ") + to_string(fp8) +
                ", or a uint8 array of its stored bytes",
            "dtype " + dtype_name(a.dtype()));
-  if (a.shape(3) > 1 && a.stride(3) != 1)
-    c.fail(name, "a contiguous last dimension (stride 1)", "stride " + std::to_string(a.stride(3)));
+  if (a.shape(ndim - 1) > 1 && a.stride(ndim - 1) != 1)
+    c.fail(name, "a contiguous last dimension (stride 1)",
+           "stride " + std::to_string(a.stride(ndim - 1)));
   ConstTensorView t;
   t.data = a.data();
   t.dtype = fp8;
-  t.rank = 4;
-  for (int i = 0; i < 4; ++i) {
+  t.rank = ndim;
+  for (int i = 0; i < ndim; ++i) {
     t.shape[i] = static_cast<std::int64_t>(a.shape(i));
     t.stride[i] = a.stride(i);
   }
@@ -231,6 +242,22 @@ AttentionSinks sinks_of(Call& c, nb::handle sinks, std::int64_t heads_q) {
   return s;
 }
 
+// The page table and lengths of a run into `kv` (a PagedKvCache or an MlaKvCache): int32
+// `seq_lens`, and a CSR table (page_indptr, page_indices) or a block table (None for absent; the
+// library checks that exactly one is given).
+template <class Kv>
+void read_page_table(Call& c, Kv* kv, nb::handle seq_lens, nb::handle page_indptr,
+                     nb::handle page_indices, nb::handle block_table) {
+  kv->seq_lens = c.int32_vector(seq_lens, "seq_lens", &kv->batch);
+  std::int64_t n_indptr = 0;
+  kv->page_indptr = c.int32_vector(page_indptr, "page_indptr", &n_indptr, true);
+  kv->page_indices = c.int32_vector(page_indices, "page_indices", nullptr, true);
+  if (!block_table.is_none()) {
+    std::int64_t rows = 0;
+    kv->block_table = c.int32_matrix(block_table, "block_table", &rows, &kv->block_table_stride);
+  }
+}
+
 struct Workspace {
   void* data = nullptr;
   std::size_t bytes = 0;
@@ -238,11 +265,12 @@ struct Workspace {
 
 // The run's workspace (None for none), after checking that the arrays imported so far are in
 // the memory the plan was made for (`device`: a CUDA plan).
-Workspace workspace_of(Call& c, nb::handle workspace, bool device) {
+// `first`: the run's first array argument, named in that error.
+Workspace workspace_of(Call& c, nb::handle workspace, bool device, const char* first = "q") {
   if (device && c.space() == MemorySpace::kHost)
-    c.fail("q", "CUDA arrays (the plan was made for a CUDA device)", "host arrays");
+    c.fail(first, "CUDA arrays (the plan was made for a CUDA device)", "host arrays");
   if (!device && c.space() == MemorySpace::kDevice)
-    c.fail("q", "host arrays (the plan was made for the CPU)", "CUDA arrays");
+    c.fail(first, "host arrays (the plan was made for the CPU)", "CUDA arrays");
   Workspace w;
   if (!workspace.is_none()) {
     Array a = c.array(workspace, "workspace", 1);
@@ -305,7 +333,7 @@ PyDecodePlan plan_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t h
   p.device = device >= 0;
   p.options.variant = plan_variant(fn, window_left, logits_soft_cap, false);
   if (!p.device) {
-    check_cpu_decode_plan(fn, p, lens);
+    check_cpu_decode_plan(fn, p.problem, p.options, lens, p.problem.heads_kv);
     return p;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
@@ -337,14 +365,7 @@ void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
   const ConstTensorView tq = c.tensor(q, "q", 4);
   check_q_against_plan(c, tq, p.problem.q_len, p.problem.heads_q, p.problem.head_dim);
   PagedKvCache kv = kv_pools(c, k, v, layout, p.problem.kv_dtype, k_scale, v_scale);
-  kv.seq_lens = c.int32_vector(seq_lens, "seq_lens", &kv.batch);
-  std::int64_t n_indptr = 0;
-  kv.page_indptr = c.int32_vector(page_indptr, "page_indptr", &n_indptr, true);
-  kv.page_indices = c.int32_vector(page_indices, "page_indices", nullptr, true);
-  if (!block_table.is_none()) {
-    std::int64_t rows = 0;
-    kv.block_table = c.int32_matrix(block_table, "block_table", &rows, &kv.block_table_stride);
-  }
+  read_page_table(c, &kv, seq_lens, page_indptr, page_indices, block_table);
   const StateView vo = c.state(out, "out");
   const AttentionSinks sk = sinks_of(c, sinks, tq.shape[2]);
   const Workspace ws = workspace_of(c, workspace, p.device);
@@ -497,6 +518,167 @@ void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle 
 #endif
 }
 
+// ---- MLA decode -------------------------------------------------------------------------------
+
+// Rank of an array argument before importing it (its `ndim`, else its `shape`'s length; 0 when
+// it has neither, for the import to refuse by name).
+int rank_of(nb::handle h) {
+  if (nb::hasattr(h, "ndim")) return nb::cast<int>(h.attr("ndim"));
+  if (nb::hasattr(h, "shape")) return static_cast<int>(nb::len(nb::object(h.attr("shape"))));
+  return 0;
+}
+
+// One part of the latent cache, named `name` ("ckv" or "kpe"), of the plan's dtype `dt`:
+// FlashInfer's `(pages, page_size, width)` or FlashMLA's `(pages, page_size, 1, width)` (a view
+// of its 576-wide pool), the last dim contiguous; an fp8 part as an array of that fp8 dtype or a
+// uint8 array of its bytes. Any page and token strides: the library checks them.
+ConstTensorView mla_part(Call& c, nb::handle h, const char* name, DType dt) {
+  const int ndim = rank_of(h) == 4 ? 4 : 3;
+  const ConstTensorView t = is_fp8(dt) ? fp8_pool(c, h, name, dt, ndim) : c.tensor(h, name, ndim);
+  if (t.dtype != dt)
+    c.fail(name,
+           std::string("dtype ") + to_string(dt) + " (the plan's " +
+               (name[0] == 'c' ? "kv_dtype" : "kpe_dtype") + ")",
+           to_string(t.dtype));
+  if (ndim == 4 && t.shape[2] != 1)
+    c.fail(name, "(pages, page_size, 1, width): one latent head",
+           "shape[2] = " + std::to_string(t.shape[2]));
+  return t;
+}
+
+// The latent cache of a run from its two parts (ckv, kpe) and scales; extents of 1 take the
+// dense stride (an array library may report any stride for them).
+MlaKvCache mla_cache(Call& c, const PyMlaPlan& p, nb::handle ckv, nb::handle kpe, float ckv_scale,
+                     float kpe_scale) {
+  const ConstTensorView a = mla_part(c, ckv, "ckv", p.ckv_dtype);
+  const ConstTensorView b = mla_part(c, kpe, "kpe", p.kpe_dtype);
+  const int last = a.rank - 1;
+  if (b.shape[0] != a.shape[0] || b.shape[1] != a.shape[1])
+    c.fail("kpe",
+           "the pages and page_size of ckv (" + std::to_string(a.shape[0]) + ", " +
+               std::to_string(a.shape[1]) + ")",
+           "(" + std::to_string(b.shape[0]) + ", " + std::to_string(b.shape[1]) + ")");
+  MlaKvCache kv;
+  kv.ckv = a.data;
+  kv.kpe = b.data;
+  kv.ckv_dtype = a.dtype;
+  kv.kpe_dtype = b.dtype;
+  kv.kv_lora_rank = a.shape[last];
+  kv.rope_dim = b.shape[b.rank - 1];
+  kv.num_pages = a.shape[0];
+  kv.page_size = a.shape[1];
+  kv.ckv_token_stride = a.shape[1] > 1 ? a.stride[1] : 0;
+  kv.ckv_page_stride = a.shape[0] > 1 ? a.stride[0] : 0;
+  kv.kpe_token_stride = b.shape[1] > 1 ? b.stride[1] : 0;
+  kv.kpe_page_stride = b.shape[0] > 1 ? b.stride[0] : 0;
+  kv.ckv_scale = pool_scale(c, "ckv_scale", ckv_scale, kv.ckv_dtype);
+  kv.kpe_scale = pool_scale(c, "kpe_scale", kpe_scale, kv.kpe_dtype);
+  kv.space = c.space();
+  return kv;
+}
+
+PyMlaPlan plan_mla_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t heads,
+                          std::int64_t kv_lora_rank, std::int64_t rope_dim, DType q_dtype,
+                          DType ckv_dtype, DType kpe_dtype, float scale, const std::string& policy,
+                          int num_splits, int split_size, int device, int num_sms) {
+  const char* fn = "attnstate.MlaDecode.plan";
+  Call c(fn);
+  PyMlaPlan p;
+  const std::int32_t* lens = c.int32_vector(seq_lens, "seq_lens", &p.batch);
+  if (c.space() != MemorySpace::kHost)
+    c.fail("seq_lens", "a host array (the plan reads the lengths on the host)", "a CUDA array");
+  p.q_len = q_len;
+  p.heads = heads;
+  p.kv_lora_rank = kv_lora_rank;
+  p.rope_dim = rope_dim;
+  p.q_dtype = q_dtype;
+  p.ckv_dtype = ckv_dtype;
+  p.kpe_dtype = kpe_dtype;
+  p.options.scale = scale;
+  p.options.policy = parse_policy(fn, policy);
+  p.options.num_splits = num_splits;
+  p.options.split_size = split_size;
+  p.device = device >= 0;
+  if (!p.device) {
+    // the CPU MLA decode is the decode of one latent head of width kv_lora_rank + rope_dim,
+    // its rows in tasks of 64 (the tasks of a split the layout is planned with)
+    detail::check_min(fn, "heads", heads, 1);
+    detail::check_min(fn, "kv_lora_rank", kv_lora_rank, 1);
+    detail::check_min(fn, "rope_dim", rope_dim, 1);
+    const DecodeProblem pr{p.batch, q_len, heads, 1, kv_lora_rank + rope_dim, q_dtype, ckv_dtype};
+    check_cpu_decode_plan(fn, pr, p.options, lens, (q_len * heads + 63) / 64);
+    return p;
+  }
+#if defined(ATTNSTATE_HAS_CUDA)
+  if (num_sms <= 0) num_sms = device_sms(device);
+  cuda::MlaDecodeProblem pr;
+  pr.batch = p.batch;
+  pr.q_len = q_len;
+  pr.heads = heads;
+  pr.kv_lora_rank = kv_lora_rank;
+  pr.rope_dim = rope_dim;
+  pr.q_dtype = q_dtype;
+  pr.ckv_dtype = ckv_dtype;
+  pr.kpe_dtype = kpe_dtype;
+  p.plan = cuda::plan_mla_decode(pr, lens, p.options, num_sms);
+#else
+  (void)num_sms;
+  device_sms(device);
+#endif
+  return p;
+}
+
+void init_mla_decode_workspace(const PyMlaPlan& p, nb::handle workspace, nb::handle stream) {
+  if (!p.device || p.workspace_bytes() == 0) return;
+#if defined(ATTNSTATE_HAS_CUDA)
+  Call c("attnstate.MlaDecode.plan");
+  Array ws = c.array(workspace, "workspace", 1);
+  [[maybe_unused]] void* s = c.stream(stream);
+  cuda::init_mla_decode_workspace(p.plan, const_cast<void*>(ws.data()), ws.nbytes(),
+                                  static_cast<cudaStream_t>(s));
+#endif
+}
+
+void run_mla_decode(const PyMlaPlan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv,
+                    nb::handle kpe, nb::handle seq_lens, nb::handle page_indptr,
+                    nb::handle page_indices, nb::handle block_table, nb::handle out,
+                    nb::handle workspace, nb::handle stream, float ckv_scale, float kpe_scale,
+                    nb::handle sinks) {
+  Call c("attnstate.MlaDecode.run");
+  const ConstTensorView qn = c.tensor(q_nope, "q_nope", 4);
+  // q_nope against the plan first (an `out` allocated from the plan would otherwise be blamed)
+  if (qn.shape[1] != p.q_len || qn.shape[2] != p.heads || qn.shape[3] != p.kv_lora_rank)
+    c.fail("q_nope",
+           "shape (batch, " + std::to_string(p.q_len) + ", " + std::to_string(p.heads) + ", " +
+               std::to_string(p.kv_lora_rank) + ") (the plan's q_len, heads and kv_lora_rank)",
+           "(" + std::to_string(qn.shape[0]) + ", " + std::to_string(qn.shape[1]) + ", " +
+               std::to_string(qn.shape[2]) + ", " + std::to_string(qn.shape[3]) + ")");
+  if (qn.dtype != p.q_dtype)
+    c.fail("q_nope", std::string("dtype ") + to_string(p.q_dtype) + " (the plan's dtype)",
+           to_string(qn.dtype));
+  const ConstTensorView qp = c.tensor(q_pe, "q_pe", 4);
+  MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale);
+  if (kv.rope_dim != p.rope_dim)
+    c.fail("kpe", "width rope_dim = " + std::to_string(p.rope_dim) + " (the plan's)",
+           std::to_string(kv.rope_dim));
+  if (kv.kv_lora_rank != p.kv_lora_rank)
+    c.fail("ckv", "width kv_lora_rank = " + std::to_string(p.kv_lora_rank) + " (the plan's)",
+           std::to_string(kv.kv_lora_rank));
+  read_page_table(c, &kv, seq_lens, page_indptr, page_indices, block_table);
+  const StateView vo = c.state(out, "out");
+  const AttentionSinks sk = sinks_of(c, sinks, qn.shape[2]);
+  const Workspace ws = workspace_of(c, workspace, p.device, "q_nope");
+  [[maybe_unused]] void* s = c.stream(stream);
+  if (c.space() == MemorySpace::kHost) {
+    nb::gil_scoped_release unlocked;
+    cpu::mla_decode(qn, qp, kv, p.options, sk, vo);
+    return;
+  }
+#if defined(ATTNSTATE_HAS_CUDA)
+  cuda::run_mla_decode(p.plan, qn, qp, kv, sk, vo, ws.data, ws.bytes, static_cast<cudaStream_t>(s));
+#endif
+}
+
 }  // namespace
 
 void bind_plans(nb::module_& m) {
@@ -535,6 +717,35 @@ void bind_plans(nb::module_& m) {
         arg("page_indptr").none(), arg("page_indices").none(), arg("block_table").none(),
         arg("layout"), arg("out"), arg("workspace").none(), arg("stream").none(),
         arg("k_scale") = 1.f, arg("v_scale") = 1.f, arg("sinks").none() = nb::none());
+
+  nb::class_<PyMlaPlan>(m, "_MlaDecodePlan")
+      .def_prop_ro("workspace_bytes", &PyMlaPlan::workspace_bytes)
+      .def_prop_ro("on_device", [](const PyMlaPlan& p) { return p.device; })
+      .def_prop_ro("batch", [](const PyMlaPlan& p) { return p.batch; })
+      .def_prop_ro("max_splits",
+                   [](const PyMlaPlan& p) {
+#if defined(ATTNSTATE_HAS_CUDA)
+                     if (p.device) return p.plan.splits().max_splits;
+#endif
+                     return 0;
+                   })
+      .def_prop_ro("description", [](const PyMlaPlan& p) -> std::string {
+#if defined(ATTNSTATE_HAS_CUDA)
+        if (p.device) return p.plan.to_string();
+#endif
+        return "CPU MLA decode: " + std::to_string(p.heads) + " heads, q_len " +
+               std::to_string(p.q_len) + ", splits planned per run from the lengths";
+      });
+  m.def("plan_mla_decode", &plan_mla_decode, arg("seq_lens"), arg("q_len"), arg("heads"),
+        arg("kv_lora_rank"), arg("rope_dim"), arg("q_dtype"), arg("ckv_dtype"), arg("kpe_dtype"),
+        arg("scale"), arg("policy"), arg("num_splits"), arg("split_size"), arg("device"),
+        arg("num_sms"));
+  m.def("init_mla_decode_workspace", &init_mla_decode_workspace, arg("plan"), arg("workspace"),
+        arg("stream").none());
+  m.def("run_mla_decode", &run_mla_decode, arg("plan"), arg("q_nope"), arg("q_pe"), arg("ckv"),
+        arg("kpe"), arg("seq_lens"), arg("page_indptr").none(), arg("page_indices").none(),
+        arg("block_table").none(), arg("out"), arg("workspace").none(), arg("stream").none(),
+        arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none());
 
   nb::class_<PyCascadePlan>(m, "_CascadePlan")
       .def_prop_ro("workspace_bytes", &PyCascadePlan::workspace_bytes)

@@ -28,3 +28,10 @@ def test_testing_kit_to_inputs_example_runs(capsys, monkeypatch):
     monkeypatch.syspath_prepend(EXAMPLES)
     runpy.run_path(os.path.join(EXAMPLES, "kit_to_inputs.py"), run_name="__main__")
     assert "exactness" in capsys.readouterr().out
+
+
+def test_mla_example_runs_and_merges_into_one_pass(capsys):
+    # docs/mla.md, "From Python": the DeepSeek-V3-shaped CPU example asserts that the states of
+    # two shards of the keys merge into the one-pass state; a failure raises here.
+    runpy.run_path(os.path.join(EXAMPLES, "mla_decode_numpy.py"), run_name="__main__")
+    assert "merge of the two shards == one pass" in capsys.readouterr().out

@@ -76,6 +76,8 @@ const char* to_string(Family f) {
       return "mark empty rows";
     case Family::kMlaDecode:
       return "MLA decode";
+    case Family::kMlaCascade:
+      return "MLA cascade level";
   }
   return "unknown family";
 }

@@ -51,9 +51,13 @@ enum class Family : std::uint8_t {
   /// `mla_decode_kernel`: MLA decode, one CTA per (request, tile of 64 rows, split); head dim
   /// `kMlaHeadDim` (the key width), `kv` the latent part's dtype.
   kMlaDecode = 16,
+  /// `mla_cascade_level_kernel`: one MLA cascade level, one CTA per (segment, tile of 64 rows of
+  /// the segment's requests, split), fp32 partial states into the workspace (merged after by
+  /// the n-ary merge); head dim `kMlaHeadDim`, `kv` the latent part's dtype, `out` fp32.
+  kMlaCascade = 17,
 };
 /// Number of families.
-inline constexpr int kFamilies = 17;
+inline constexpr int kFamilies = 18;
 
 /// True for the merges' families.
 constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6 && static_cast<int>(f) <= 15; }
@@ -575,6 +579,14 @@ inline constexpr Group kGroups[] = {
                                                   false, kSinks, kNeedsNothing, Family::kMlaDecode),
                                     detail::kMlaTile),
                       compiled::IntList<kMlaHeadDim>{}),
+    // MLA cascade levels (cuda/kernels/mla/): the decode's dtypes; fp32 partial states out (the
+    // sinks are merged by the merge of the levels)
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kMlaCascade, mask(DType::kBF16),
+                                    mask(DType::kBF16) | detail::kFp8, mask(DType::kF32), false,
+                                    kPlain, kNeedsNothing, Family::kMlaCascade),
+                      detail::kMlaTile),
+        compiled::IntList<kMlaHeadDim>{}),
 };
 
 namespace detail {

@@ -115,10 +115,11 @@ inline std::int64_t check_mla_query(const char* fn, const char* name, const Cons
 /// cache (`kv_lora_rank`, `rope_dim ≥ 1`, `num_pages ≥ 0`, `page_size ≥ 1`, both parts,
 /// the tables), the queries (`q_pe` of `q_nope`'s dtype, batch, q_len and heads) and `out`, an
 /// output state `(batch·q_len, heads, kv_lora_rank)` in `space` disjoint from the queries, both
-/// parts of the cache, their scales and the tables.
+/// parts of the cache, their scales and the tables. With `tables` false (the cascade, whose
+/// levels hold the page tables) the cache's table fields are neither checked nor read.
 inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
                               const ConstTensorView& q_pe, const MlaKvCache& kv,
-                              const StateView& out, MemorySpace space) {
+                              const StateView& out, MemorySpace space, bool tables = true) {
   check_space(fn, "kv.space", kv.space, space);
   check_min(fn, "kv.kv_lora_rank", kv.kv_lora_rank, 1);
   check_min(fn, "kv.rope_dim", kv.rope_dim, 1);
@@ -133,7 +134,7 @@ inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
   const std::int64_t kpe_bytes =
       check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale, kv.rope_dim,
                      kv.kpe_token_stride, kv.kpe_page_stride, kv, space);
-  validate_page_tables(fn, kv);
+  if (tables) validate_page_tables(fn, kv);
   const std::int64_t qn_bytes =
       check_mla_query(fn, "q_nope", q_nope, kv, "kv.kv_lora_rank", kv.kv_lora_rank, space);
   const std::int64_t qp_bytes =
@@ -164,7 +165,7 @@ inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
                  kv_scale_bytes(kv.ckv_scale, 1), nullptr, 0);
   check_disjoint(fn, "out", out, "kv.kpe_scale.data", kv.kpe_scale.data,
                  kv_scale_bytes(kv.kpe_scale, 1), nullptr, 0);
-  check_disjoint_from_tables(fn, "out", out, kv, space);
+  if (tables) check_disjoint_from_tables(fn, "out", out, kv, space);
 }
 
 }  // namespace detail

@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "attnstate/core/online_softmax.hpp"
 #include "attnstate/core/variant.hpp"
 #include "common/decode_validate.hpp"
 #include "common/mla_validate.hpp"
+#include "cpu/mla_rows.hpp"
 #include "cpu/page_table.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/producer_rows.hpp"
@@ -24,9 +24,6 @@ namespace attnstate {
 namespace cpu {
 namespace {
 
-using detail::fold_key_block;
-using detail::load_kv_row;
-using detail::load_row;
 using detail::merge_split_row;
 using detail::page_id;
 using detail::store_final_row;
@@ -48,50 +45,19 @@ void split_states(const ConstTensorView& q_nope, const ConstTensorView& q_pe, co
                   float* po, float* plse) {
   const std::int64_t q_len = q_nope.shape[1];
   const std::int64_t heads = q_nope.shape[2];
-  const std::int64_t L = kv.kv_lora_rank;
-  const std::int64_t R = kv.rope_dim;
-  const std::int64_t K = L + R;  // a key row: [ckv, kpe]
+  const std::int64_t K = kv.key_dim();
   const std::int64_t rows = r1 - r0;
   std::vector<float> qrows(static_cast<std::size_t>(rows * K));
-  std::vector<float> acc(static_cast<std::size_t>(rows * L), 0.f);
-  std::vector<float> krows(static_cast<std::size_t>(kSplitGranularity * K));
-  std::vector<math::OnlineSoftmax> os(static_cast<std::size_t>(rows));
   std::vector<std::int64_t> row_end(static_cast<std::size_t>(rows));
-  std::int64_t max_end = range.begin;
   for (std::int64_t i = 0; i < rows; ++i) {
     const std::int64_t qi = (r0 + i) / heads;
-    const std::int64_t h = (r0 + i) % heads;
-    load_row(q_nope.data, q_nope.dtype,
-             b * q_nope.stride[0] + qi * q_nope.stride[1] + h * q_nope.stride[2], L, &qrows[i * K]);
-    load_row(q_pe.data, q_pe.dtype, b * q_pe.stride[0] + qi * q_pe.stride[1] + h * q_pe.stride[2],
-             R, &qrows[i * K + L]);
+    detail::load_mla_query(q_nope, q_pe, kv, b, qi, (r0 + i) % heads, &qrows[i * K]);
     // causal among the new tokens: row qi sees keys [0, len - q_len + qi]
     row_end[i] = std::min<std::int64_t>(range.end, static_cast<std::int64_t>(len) - q_len + qi + 1);
-    max_end = std::max(max_end, row_end[i]);
   }
-  float s2[kSplitGranularity];
-  for (std::int64_t t0 = range.begin; t0 < max_end; t0 += kSplitGranularity) {
-    const std::int64_t nb = std::min<std::int64_t>(kSplitGranularity, max_end - t0);
-    for (std::int64_t j = 0; j < nb; ++j) {
-      const std::int64_t t = t0 + j;
-      const std::int64_t page = page_id(kv, b, t / kv.page_size);
-      const std::int64_t slot = t % kv.page_size;
-      load_kv_row(kv.ckv, kv.ckv_dtype, ckv_scale, kv.ckv_offset(page, slot), L, &krows[j * K]);
-      load_kv_row(kv.kpe, kv.kpe_dtype, kpe_scale, kv.kpe_offset(page, slot), R, &krows[j * K + L]);
-    }
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const std::int64_t n = std::min<std::int64_t>(nb, row_end[i] - t0);
-      if (n <= 0) continue;
-      // keys all K columns, values the first L of the same rows
-      fold_key_block(os[i], &acc[i * L], &qrows[i * K], krows.data(), K, krows.data(), K, n, K, L,
-                     score, s2);
-    }
-  }
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const float inv = os[i].inv_sum();
-    for (std::int64_t d = 0; d < L; ++d) po[i * L + d] = acc[i * L + d] * inv;
-    plse[i] = os[i].lse(LseBase::kBase2);
-  }
+  detail::mla_row_states(
+      kv, ckv_scale, kpe_scale, qrows.data(), row_end.data(), rows, range.begin,
+      [&](std::int64_t t) { return page_id(kv, b, t / kv.page_size); }, score, po, plse);
 }
 
 /// The decode of a split layout, every argument checked before anything is read.

@@ -21,6 +21,8 @@
 #include "cuda/kernels/mla/mla_decode.cuh"
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/launch.hpp"
+#include "cuda/mla_common.hpp"
+#include "cuda/mla_launch.cuh"
 #include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
 #include "plan/tuning_sm90.hpp"
@@ -41,84 +43,13 @@ namespace {
 
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
-using detail::check_scale_memory;
+using detail::mla_facts;
+using detail::mla_query;
 using detail::MlaDecodePlanAccess;
 using detail::MlaDecodePlanData;
 
 constexpr const char* kPlanFn = "attnstate::cuda::plan_mla_decode";
 constexpr const char* kRunFn = "attnstate::cuda::run_mla_decode";
-
-// The MLA kernel's costs for the split chooser, in keys one CTA streams in that time: a CTA's
-// fixed cost (its 72 KiB query tile and the pipeline's fill), an empty split's CTA (it reads the
-// length and exits) and the merge of a request's splits (64 rows × 512 columns per split).
-constexpr int kMlaCtaCostTokens = 64;
-constexpr int kMlaEmptyCtaTokens = 16;
-constexpr int kMlaMergeCostTokens = 256;
-// The shortest planned split: two K/V tiles.
-constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
-
-/// The planner's facts for the MLA kernel: one CTA per SM (its shared memory), no cluster merge,
-/// no short-split configuration, the MLA costs.
-plan::DecodeFacts mla_facts() {
-  plan::DecodeFacts f;
-  f.tile_rows = catalog::kMlaTileRows;
-  f.stages = catalog::kMlaStages;
-  f.short_stages = catalog::kMlaStages;
-  f.short_tokens = 0;
-  f.max_cluster = 1;
-  f.ws_group = 1;
-  f.ctas_per_sm = 1;
-  f.stream_warps = 0;
-  f.split_multiple = 1;
-  f.cta_cost_tokens = kMlaCtaCostTokens;
-  f.empty_cta_tokens = kMlaEmptyCtaTokens;
-  f.merge_cost_tokens = kMlaMergeCostTokens;
-  f.min_split_tokens = kMlaMinSplitTokens;
-  return f;
-}
-
-/// The catalog query of a problem's kernel.
-catalog::Query mla_query(const MlaDecodeProblem& pr) {
-  catalog::Query q;
-  q.family = catalog::Family::kMlaDecode;
-  q.head_dim = pr.kv_lora_rank + pr.rope_dim;
-  q.q = catalog::mask(pr.q_dtype);
-  q.kv = catalog::mask(pr.ckv_dtype);
-  return q;
-}
-
-/// Throws naming `fn` and `problem.<field>` unless the problem is one the kernels take.
-void check_problem(const char* fn, const MlaDecodeProblem& pr) {
-  if (pr.batch < 0) throw_argument(fn, "problem.batch", ">= 0", decode_str(pr.batch));
-  if (pr.q_len < 1 || pr.q_len > 4)
-    throw_argument(fn, "problem.q_len", "1..4", decode_str(pr.q_len),
-                   pr.q_len < 1 ? Status::kInvalidArgument : Status::kNotSupported);
-  if (pr.heads < 1) throw_argument(fn, "problem.heads", ">= 1", decode_str(pr.heads));
-  if (pr.heads % 16 != 0 || pr.heads > 128)
-    throw_argument(fn, "problem.heads", "a multiple of 16 up to 128", decode_str(pr.heads),
-                   Status::kNotSupported);
-  if (pr.kv_lora_rank != catalog::kMlaLoraRank)
-    throw_argument(fn, "problem.kv_lora_rank", decode_str(catalog::kMlaLoraRank),
-                   decode_str(pr.kv_lora_rank), Status::kNotSupported);
-  if (pr.rope_dim != catalog::kMlaRopeDim)
-    throw_argument(fn, "problem.rope_dim", decode_str(catalog::kMlaRopeDim),
-                   decode_str(pr.rope_dim), Status::kNotSupported);
-  const DType dts[3] = {pr.q_dtype, pr.ckv_dtype, pr.kpe_dtype};
-  const char* names[3] = {"problem.q_dtype", "problem.ckv_dtype", "problem.kpe_dtype"};
-  for (int i = 0; i < 3; ++i)
-    if (!is_valid(dts[i]))
-      throw_argument(fn, names[i], "a dtype", "value " + decode_str(static_cast<int>(dts[i])));
-  if (pr.q_dtype != DType::kBF16)
-    throw_argument(fn, "problem.q_dtype", "bf16", to_string(pr.q_dtype), Status::kNotSupported);
-  if (!catalog::compiled(mla_query(pr)))
-    throw_argument(fn, "problem.ckv_dtype", catalog::not_supported_message(mla_query(pr)),
-                   to_string(pr.ckv_dtype), Status::kNotSupported);
-  if (pr.kpe_dtype != DType::kBF16 && !(is_fp8(pr.ckv_dtype) && pr.kpe_dtype == pr.ckv_dtype))
-    throw_argument(
-        fn, "problem.kpe_dtype",
-        std::string("bf16, or problem.ckv_dtype when fp8 (") + to_string(pr.ckv_dtype) + ")",
-        to_string(pr.kpe_dtype), Status::kNotSupported);
-}
 
 /// Throws naming `options.<field>` for what the MLA decode does not take.
 void check_options(const char* fn, const DecodeOptions& o) {
@@ -164,66 +95,16 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   return true;
 }
 
-/// Throws naming `name` unless the bytes `bytes` are a multiple of 16 (the kernel's copies).
-void check_multiple_16(const char* fn, const char* name, std::int64_t elems, DType dt) {
-  const std::int64_t bytes = elems * static_cast<std::int64_t>(size_of(dt));
-  if (bytes % 16 != 0)
-    throw_argument(fn, name,
-                   "a multiple of 16 bytes (" + decode_str(16 / size_of(dt)) +
-                       " elements: the kernel copies 16 bytes at a time)",
-                   decode_str(elems) + " elements", Status::kNotSupported);
-}
-
-/// Throws naming `name` unless query view `q` has 16-byte aligned data and rows.
-void check_query_rows(const char* fn, const char* name, const ConstTensorView& q) {
-  const std::string n(name);
-  attnstate::detail::check_aligned(fn, (n + ".data").c_str(), q.data, 16);
-  for (int d = 0; d < 3; ++d)
-    check_multiple_16(fn, (n + ".stride[" + decode_str(d) + "]").c_str(), q.stride[d], q.dtype);
-}
-
-/// The launch of the row for `kKv`: raises its shared-memory limit (once per device), then
-/// launches `grid` CTAs on `stream`.
-template <int kKv>
-void launch_mla(const detail::MlaParams& p, std::int64_t grid, cudaStream_t stream) {
-  constexpr auto kernel = &detail::mla_decode_kernel<kKv>;
-  const int smem = static_cast<int>(catalog::mla_smem_bytes(kKv != tile::kKvSame));
-  detail::raise_smem_limit<kernel>(smem);
-  detail::LaunchConfig c;
-  c.grid = dim3(static_cast<unsigned>(grid));
-  c.block = dim3(detail::kMlaThreads);
-  c.smem = static_cast<std::size_t>(smem);
-  c.stream = stream;
-  detail::launch_kernel(c, kernel, "mla_decode_kernel", p);
-}
-
-/// A row's launch (null for the rows of other families).
-using MlaLaunch = void (*)(const detail::MlaParams&, std::int64_t, cudaStream_t);
-
-template <std::size_t I>
-constexpr MlaLaunch mla_row_entry() {
-  constexpr catalog::Row r = catalog::kRows[I];
-  if constexpr (r.family == catalog::Family::kMlaDecode) {
-    return &launch_mla<tile::kv_policy(r.kv)>;
-  } else {
-    return nullptr;
+/// The MLA decode's rows (`kMlaLaunchTable`).
+struct DecodeRows {
+  using Params = detail::MlaParams;
+  static constexpr catalog::Family kFamily = catalog::Family::kMlaDecode;
+  static constexpr const char* kName = "mla_decode_kernel";
+  template <int kKv>
+  static constexpr auto kernel() {
+    return &detail::mla_decode_kernel<kKv>;
   }
-}
-template <std::size_t... I>
-constexpr std::array<MlaLaunch, catalog::kNumRows> mla_table(std::index_sequence<I...>) {
-  return {mla_row_entry<I>()...};
-}
-
-/// The launch table: every MLA row's launch, keyed by its kernel id.
-constexpr std::array<MlaLaunch, catalog::kNumRows> kMlaTable =
-    mla_table(std::make_index_sequence<catalog::kNumRows>{});
-
-/// The element strides of query view `q` as the kernel's (request, token, head) strides.
-void query_strides(const ConstTensorView& q, std::int64_t* b, std::int64_t* t, std::int64_t* h) {
-  *b = q.stride[0];
-  *t = q.stride[1];
-  *h = q.stride[2];
-}
+};
 
 /// Every check of a run, in order; returns the workspace layout.
 WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_nope,
@@ -269,17 +150,7 @@ WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_no
   if (kv.num_pages < 1) throw_argument(fn, "kv.num_pages", ">= 1", decode_str(kv.num_pages));
   if (kv.page_size > (std::int64_t{1} << 30))
     throw_argument(fn, "kv.page_size", "<= 2^30", decode_str(kv.page_size));
-  // the kernel's 16-byte copies: pools, token and page strides, query rows
-  attnstate::detail::check_aligned(fn, "kv.ckv", kv.ckv, 16);
-  attnstate::detail::check_aligned(fn, "kv.kpe", kv.kpe, 16);
-  check_multiple_16(fn, "kv.ckv_token_stride", kv.ckv_row_stride(), kv.ckv_dtype);
-  check_multiple_16(fn, "kv.ckv_page_stride", kv.ckv_page_elems(), kv.ckv_dtype);
-  check_multiple_16(fn, "kv.kpe_token_stride", kv.kpe_row_stride(), kv.kpe_dtype);
-  check_multiple_16(fn, "kv.kpe_page_stride", kv.kpe_page_elems(), kv.kpe_dtype);
-  check_query_rows(fn, "q_nope", q_nope);
-  check_query_rows(fn, "q_pe", q_pe);
-  check_scale_memory(fn, "kv.ckv_scale.data", kv.ckv_scale.data);
-  check_scale_memory(fn, "kv.kpe_scale.data", kv.kpe_scale.data);
+  detail::check_mla_copies(fn, q_nope, q_pe, kv);
   std::int64_t grid = 0;
   if (!checked_mul(kv.batch, std::int64_t{d.row_tiles} * d.splits.max_splits, &grid) ||
       grid > 0x7FFFFFFF)
@@ -287,27 +158,11 @@ WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_no
                    decode_str(kv.batch) + " requests × " + decode_str(d.row_tiles) +
                        " row tiles × " + decode_str(d.splits.max_splits) + " splits");
   if (w.total > 0) {
-    if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
-    if (workspace_bytes < w.total)
-      throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),
-                     decode_str(static_cast<std::int64_t>(workspace_bytes)),
-                     Status::kWorkspaceTooSmall);
-    attnstate::detail::check_aligned(fn, "workspace", workspace, 16);
-    const auto wb = static_cast<std::int64_t>(w.total);
-    attnstate::detail::check_disjoint(fn, "out", out, "workspace", workspace, wb, nullptr, 0);
+    detail::check_mla_workspace(fn, q_nope, q_pe, kv, out, workspace, workspace_bytes, w.total);
     const auto disjoint = [&](const char* name, const void* p, std::int64_t bytes) {
-      attnstate::detail::check_buffer_disjoint(fn, "workspace", workspace, wb, name, p, bytes);
+      attnstate::detail::check_buffer_disjoint(fn, "workspace", workspace,
+                                               static_cast<std::int64_t>(w.total), name, p, bytes);
     };
-    disjoint("q_nope", q_nope.data, attnstate::detail::tensor_bytes(q_nope));
-    disjoint("q_pe", q_pe.data, attnstate::detail::tensor_bytes(q_pe));
-    disjoint("kv.ckv", kv.ckv,
-             attnstate::detail::check_mla_part(fn, "ckv", kv.ckv, kv.ckv_dtype, kv.ckv_scale,
-                                               kv.kv_lora_rank, kv.ckv_token_stride,
-                                               kv.ckv_page_stride, kv, MemorySpace::kDevice));
-    disjoint("kv.kpe", kv.kpe,
-             attnstate::detail::check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale,
-                                               kv.rope_dim, kv.kpe_token_stride, kv.kpe_page_stride,
-                                               kv, MemorySpace::kDevice));
     disjoint("kv.seq_lens", kv.seq_lens, kv.batch * 4);
     disjoint("kv.page_indptr", kv.page_indptr, (kv.batch + 1) * 4);
     disjoint("kv.block_table", kv.block_table,
@@ -325,34 +180,9 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   const std::int64_t grid = kv.batch * d.row_tiles * d.splits.max_splits;
   if (grid == 0) return;
   detail::MlaParams p{};
-  p.q_nope = static_cast<const std::uint16_t*>(q_nope.data);
-  p.q_pe = static_cast<const std::uint16_t*>(q_pe.data);
-  query_strides(q_nope, &p.qn_stride_b, &p.qn_stride_t, &p.qn_stride_h);
-  query_strides(q_pe, &p.qp_stride_b, &p.qp_stride_t, &p.qp_stride_h);
-  p.ckv = static_cast<const unsigned char*>(kv.ckv);
-  p.kpe = static_cast<const unsigned char*>(kv.kpe);
-  const auto ckv_size = static_cast<std::int64_t>(size_of(kv.ckv_dtype));
-  const auto kpe_size = static_cast<std::int64_t>(size_of(kv.kpe_dtype));
-  p.ckv_token_bytes = kv.ckv_row_stride() * ckv_size;
-  p.ckv_page_bytes = kv.ckv_page_elems() * ckv_size;
-  p.kpe_token_bytes = kv.kpe_row_stride() * kpe_size;
-  p.kpe_page_bytes = kv.kpe_page_elems() * kpe_size;
-  p.kpe_fp8 = is_fp8(kv.kpe_dtype);
-  p.ckv_scale = kv.ckv_scale;
-  p.kpe_scale = kv.kpe_scale;
-  p.page_indptr = kv.page_indptr;
-  p.page_indices = kv.page_indices;
-  p.block_table = kv.block_table;
-  p.block_table_stride = kv.block_table_stride;
-  p.seq_lens = kv.seq_lens;
-  p.num_pages = kv.num_pages;
-  p.page_size = static_cast<std::int32_t>(kv.page_size);
-  p.q_len = static_cast<std::int32_t>(d.problem.q_len);
-  p.group = static_cast<std::int32_t>(d.problem.heads);
-  p.rows = p.q_len * p.group;
+  detail::fill_mla_inputs(q_nope, q_pe, kv, d.problem.q_len, d.problem.heads, d.scale, &p);
   p.row_tiles = d.row_tiles;
   p.splits = d.splits;
-  p.s2_scale = math::base2_score_scale(d.scale);
   p.out_o = out.o;
   p.out_lse = out.lse;
   p.o_stride_token = out.o_stride_token;
@@ -369,7 +199,7 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
   p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
   p.sinks = sinks.logits;
-  const MlaLaunch l = kMlaTable[static_cast<std::size_t>(d.kernel_id)];
+  const auto l = detail::kMlaLaunchTable<DecodeRows>[static_cast<std::size_t>(d.kernel_id)];
   if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
                    "kernel id " + decode_str(d.kernel_id), Status::kInternal);
@@ -402,7 +232,7 @@ std::string MlaDecodePlan::to_string() const {
 MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_t* seq_lens_host,
                               const DecodeOptions& options, int num_sms) {
   const char* fn = kPlanFn;
-  check_problem(fn, problem);
+  detail::check_mla_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   check_options(fn, options);
   const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,

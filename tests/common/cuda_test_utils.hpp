@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -106,5 +107,13 @@ class DeviceBuffer {
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
+
+/// Copies `h` to a device buffer of at least one element (so views are never null).
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& h) {
+  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
+  if (!h.empty()) d.upload(h);
+  return d;
+}
 
 }  // namespace attnstate_test

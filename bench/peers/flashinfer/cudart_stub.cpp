@@ -1,10 +1,10 @@
 /// @file cudart_stub.cpp
 /// @brief A host-only stand-in for the CUDA runtime, linked instead of cudart into
-///        `fi_cascade_dryrun` and `fi_decode_dryrun` (CMake option FI_DRYRUN), for a dry run of
-///        the harnesses on a machine without a GPU. Adapted from the stub of the FlashInfer decode
-///        harness (shared/peers/flashinfer/cudart_stub.cpp), with the driver entry point the FA3
-///        kernels' TMA descriptors need (CUTLASS fetches cuTensorMapEncodeTiled through
-///        cudaGetDriverEntryPoint[ByVersion]; here it fills nothing and succeeds).
+///        `fi_cascade_dryrun`, `fi_decode_dryrun` and `fi_mla_dryrun` (CMake option FI_DRYRUN), for
+///        a dry run of the harnesses on a machine without a GPU. Adapted from the stub of the
+///        FlashInfer decode harness (shared/peers/flashinfer/cudart_stub.cpp), with the driver
+///        entry point the FA3 kernels' TMA descriptors need (CUTLASS fetches cuTensorMapEncodeTiled
+///        through cudaGetDriverEntryPoint[ByVersion]; here it fills nothing and succeeds).
 ///
 /// "Device" memory is host memory (mmap, untouched pages stay unbacked), copies and memsets are
 /// memcpy/memset (except device-to-device copies and memsets of more than 256 MiB, which only the
@@ -155,6 +155,13 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
 // --- the runtime API the harness and FlashInfer call
 cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
                              size_t sharedMem, cudaStream_t stream) {
+  (void)args, (void)stream;
+  record_launch(func, gridDim, blockDim, sharedMem);
+  return cudaSuccess;
+}
+// (the Hopper MLA kernel is a cooperative launch)
+cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                        size_t sharedMem, cudaStream_t stream) {
   (void)args, (void)stream;
   record_launch(func, gridDim, blockDim, sharedMem);
   return cudaSuccess;

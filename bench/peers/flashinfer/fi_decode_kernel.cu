@@ -53,6 +53,7 @@
 #include <flashinfer/attention/prefill.cuh>
 #endif
 
+#include "fi_buffers.hpp"
 #include "fi_decode.hpp"
 
 // A namespace named after the instance (path, dtype, head dim, mask), so its Params (and the
@@ -80,38 +81,9 @@ constexpr fid::DType kDType = FI_DTYPE == 0 ? fid::DType::kBF16 : fid::DType::kF
 constexpr auto kPos = PosEncodingMode::kNone;
 
 #if FI_RUNNER
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  std::size_t bytes = 0;
-  void reset(std::size_t n) {
-    release();
-    if (n > 0) cuda_ok(cudaMalloc(&p, n), "cudaMalloc (workspace)");
-    bytes = n;
-  }
-  void release() {
-    if (p != nullptr) cudaFree(p);
-    p = nullptr;
-    bytes = 0;
-  }
-  ~DeviceBuffer() { release(); }
-};
-
-struct PinnedBuffer {
-  void* p = nullptr;
-  void reset(std::size_t n) {
-    release();
-    cuda_ok(cudaMallocHost(&p, n > 0 ? n : 16), "cudaMallocHost (page-locked int workspace)");
-  }
-  void release() {
-    if (p != nullptr) cudaFreeHost(p);
-    p = nullptr;
-  }
-  ~PinnedBuffer() { release(); }
-};
+using fib::cuda_ok;
+using fib::DeviceBuffer;
+using fib::PinnedBuffer;
 
 /// The (page, n, h, d) strides csrc passes to paged_kv_t (`paged_k_cache.strides()`).
 void cache_strides(const fid::Problem& p, std::int64_t s[4]) {

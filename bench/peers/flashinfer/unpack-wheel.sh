@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Unpacks what fi_cascade and fi_decode need (~46 MB) from the FlashInfer 0.7.2.post1 wheel:
+# Unpacks what fi_cascade, fi_decode and fi_mla need (~46 MB) from the FlashInfer 0.7.2.post1
+# wheel:
 #   bash bench/peers/flashinfer/unpack-wheel.sh WHEEL [DEST]
 # WHEEL: flashinfer_python-0.7.2.post1-py3-none-any.whl (README.md gives the pip download
 # command); its sha256 is checked. DEST defaults to .peers/fi-0.7.2 at the repository root, where
@@ -34,6 +35,10 @@ unzip -q -o "$WHL" -d "$DEST" \
   'flashinfer/data/csrc/batch_prefill_paged.cuh' \
   'flashinfer/data/csrc/batch_prefill_paged_kernel_inst.jinja' \
   'flashinfer/data/csrc/batch_prefill_customize_config.jinja' \
+  'flashinfer/data/csrc/batch_mla_sm90_plan.cu' 'flashinfer/data/csrc/batch_mla_sm90_run.cu' \
+  'flashinfer/data/csrc/batch_mla_sm90_binding.cu' 'flashinfer/data/csrc/batch_mla_config.jinja' \
+  'flashinfer/mla/_batch_mla/_backends/fa3_backend.py' \
+  'flashinfer/mla/_batch_mla/_backends/_fa_common.py' \
   'flashinfer/cascade.py' 'flashinfer/prefill.py' 'flashinfer/decode.py' 'flashinfer/utils.py' \
   'flashinfer/jit/core.py' 'flashinfer/jit/cpp_ext.py' 'flashinfer/jit/env.py' \
   'flashinfer/jit/attention/modules.py' 'flashinfer/jit/attention/utils.py' \

@@ -16,6 +16,7 @@
 /// base, so it merges with `merge_states`, the cascade's levels and the context-parallel merge.
 #pragma once
 
+#include "attnstate/core/cascade.hpp"
 #include "attnstate/core/decode_split.hpp"
 #include "attnstate/core/mla.hpp"
 #include "attnstate/core/paged_kv.hpp"
@@ -93,6 +94,59 @@ void mla_decode(const ConstTensorView& q_nope, const ConstTensorView& q_pe, cons
 /// @throws Error (`kInvalidArgument`) naming the argument on any violation (as above).
 void mla_decode(const ConstTensorView& q_nope, const ConstTensorView& q_pe, const MlaKvCache& kv,
                 const SplitLayout& splits, float scale, const AttentionSinks& sinks, StateView out);
+
+/// MLA cascade (shared latent prefixes): the latent tokens of every request are cut into levels
+/// of segments over one page pool (`CascadeLevel`, core/cascade.hpp, as the GQA cascade takes
+/// them: each request uses one segment per level, many requests may share one), and each row's
+/// state is the ⊕ of its states over its segments in level order, equal to `mla_decode` over
+/// the concatenation of the request's segments to rounding. A shared segment is read once per
+/// tile of 64 rows of the requests sharing it (its blocks of 16 tokens loaded once for them).
+///
+/// With `options.causal`, row `i` of a request (the `i`-th of its `q_len` new tokens, the last
+/// `q_len` of its last-level segment) sees every token of its earlier levels and the last-level
+/// tokens `[0, len − q_len + i]`, as `mla_decode` over the concatenated keys; without it every
+/// row sees every token. Each level's state is fp32 with a base-2 LSE; the levels are merged in
+/// level order with the max-subtracted merge, and the sinks once after them.
+///
+/// @param q_nope      host latent queries `(batch, q_len, heads, kv.kv_lora_rank)` (as
+///                    `mla_decode`; `q_len` 1..8).
+/// @param q_pe        host rotary queries `(batch, q_len, heads, kv.rope_dim)` (as `mla_decode`).
+/// @param kv          host latent pool: its parts, dtypes, strides, scales, `num_pages` and
+///                    `page_size` are read; its page-table fields (`page_indptr`,
+///                    `page_indices`, `block_table`, `seq_lens`, `batch`) are ignored.
+/// @param levels      `num_levels` levels of host arrays (see `CascadeLevel`), each
+///                    `request_indptr` ending at `batch`, page ids inside the pool, segments
+///                    within their pages; with `causal` and `q_len > 1`, every last-level
+///                    segment in use holds at least `q_len − 1` tokens.
+/// @param num_levels  1..`kMaxCascadeLevels`.
+/// @param options     scale (0 → `1/sqrt(kv_lora_rank + rope_dim)`) and `causal`; the variant
+///                    must be plain (`kNotSupported` naming `options.variant`).
+/// @param sinks       `heads` fp32 natural-base logits in host memory, each finite, merged once
+///                    into every row after all its levels; or `none()`.
+/// @param out         host state `(batch·q_len, heads, kv_lora_rank)` (token `b·q_len + i`), any
+///                    dtype and base, disjoint from every input and level array. A request with
+///                    no keys gets `(0, -inf)` (`(0, sinks.logits[h])` with sinks). A batch of 0
+///                    is a no-op (the levels are not read).
+/// @throws Error (`kInvalidArgument`) naming the argument on any violation (e.g.
+///         `levels[1].request_indptr`, `levels[0].page_indices`, `q_pe.shape[2]`,
+///         `out.head_dim`, `sinks.logits[h]`); `kNotSupported` naming `q_nope.dtype` for fp8
+///         queries or `options.variant` for a window or soft cap.
+void mla_cascade(const ConstTensorView& q_nope, const ConstTensorView& q_pe, const MlaKvCache& kv,
+                 const CascadeLevel* levels, int num_levels, const CascadeOptions& options,
+                 const AttentionSinks& sinks, StateView out);
+
+/// `mla_cascade` without sinks (exactly the overload above with `AttentionSinks{}`).
+/// @param q_nope      host latent queries (as above).
+/// @param q_pe        host rotary queries (as above).
+/// @param kv          host latent pool (as above).
+/// @param levels      the levels (as above).
+/// @param num_levels  1..`kMaxCascadeLevels`.
+/// @param options     scale and causal masking (as above).
+/// @param out         host state (as above).
+/// @throws Error as above.
+void mla_cascade(const ConstTensorView& q_nope, const ConstTensorView& q_pe, const MlaKvCache& kv,
+                 const CascadeLevel* levels, int num_levels, const CascadeOptions& options,
+                 StateView out);
 
 }  // namespace cpu
 }  // namespace attnstate

@@ -14,14 +14,6 @@
 
 namespace attnstate_test {
 
-/// Copies `h` to a device buffer of at least one element (so views are never null).
-template <class T>
-DeviceBuffer<T> upload(const std::vector<T>& h) {
-  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
-  if (!h.empty()) d.upload(h);
-  return d;
-}
-
 /// A host problem copied to the device.
 struct DeviceProblem {
   DeviceBuffer<unsigned char> q, k, v;

@@ -26,36 +26,25 @@
 #include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
 #include "cuda_test_utils.hpp"
+#include "mla_device.hpp"
 #include "mla_problem.hpp"
 
 namespace {
 
 using namespace attnstate;
 using attnstate::testing::HostState;
+using attnstate_test::bytes_of;
 using attnstate_test::DeviceBuffer;
+using attnstate_test::DeviceState;
 using attnstate_test::expect_named_error;
 using attnstate_test::make_mla_host;
 using attnstate_test::MlaConfig;
 using attnstate_test::MlaHost;
+using attnstate_test::moved;
+using attnstate_test::upload;
 
 constexpr const char* kPlanFn = "attnstate::cuda::plan_mla_decode";
 constexpr const char* kRunFn = "attnstate::cuda::run_mla_decode";
-
-/// Copies `h` to a device buffer of at least one element (so views are never null).
-template <class T>
-DeviceBuffer<T> upload(const std::vector<T>& h) {
-  DeviceBuffer<T> d(std::max<std::size_t>(1, h.size()));
-  if (!h.empty()) d.upload(h);
-  return d;
-}
-
-/// `p` (a pointer into the host buffer `host`) moved to the same offset of `dev`.
-template <class T>
-const void* moved(const void* p, const std::vector<T>& host, const DeviceBuffer<T>& dev) {
-  return static_cast<const unsigned char*>(static_cast<const void*>(dev.get())) +
-         (static_cast<const unsigned char*>(p) -
-          static_cast<const unsigned char*>(static_cast<const void*>(host.data())));
-}
 
 /// An MLA host problem copied to the device, with device views of its queries and cache.
 struct DeviceMla {
@@ -100,35 +89,6 @@ struct DeviceMla {
   AttentionSinks attention_sinks(const MlaHost& h) const {
     AttentionSinks s;
     if (h.problem.has_sinks()) s.logits = sinks.get();
-    return s;
-  }
-};
-
-/// Bytes of a host tensor's elements.
-std::size_t bytes_of(const attnstate::testing::HostTensor& t) {
-  return static_cast<std::size_t>(t.numel()) * size_of(t.dtype());
-}
-
-/// A device output state `(tokens, heads, 512)`, poisoned with NaN.
-struct DeviceState {
-  DeviceBuffer<unsigned char> o;
-  DeviceBuffer<float> lse;
-  StateView view;
-  DeviceState(std::int64_t tokens, std::int64_t heads, std::int64_t dim, DType dt, LseBase base)
-      : o(static_cast<std::size_t>(std::max<std::int64_t>(1, tokens * heads * dim)) * size_of(dt)),
-        lse(static_cast<std::size_t>(std::max<std::int64_t>(1, tokens * heads))) {
-    o.poison();
-    lse.poison();
-    view = make_state_view(o.get(), dt, lse.get(), tokens, heads, dim, base, MemorySpace::kDevice);
-  }
-  HostState download() const {
-    HostState s(view.tokens, view.heads, view.head_dim, view.dtype, view.base);
-    const std::vector<unsigned char> o_raw = o.download();
-    const std::vector<float> l = lse.download();
-    std::copy(o_raw.begin(), o_raw.begin() + static_cast<std::ptrdiff_t>(bytes_of(s.o_tensor())),
-              static_cast<unsigned char*>(s.o_tensor().data()));
-    std::copy(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(s.lse_values().size()),
-              s.lse_values().begin());
     return s;
   }
 };

@@ -1,0 +1,214 @@
+/// @file cuda/mla_common.hpp
+/// @brief What the CUDA MLA decode and the MLA cascade share on the host (internal): the
+///        problem checks, the planner's facts for the MLA kernels, the catalog query, the
+///        16-byte copy checks and the kernel's input parameters (queries and latent cache).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "attnstate/core/dtype.hpp"
+#include "attnstate/core/error.hpp"
+#include "attnstate/core/mla.hpp"
+#include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/state_view.hpp"
+#include "attnstate/cuda/mla.hpp"
+#include "catalog/catalog.hpp"
+#include "common/mla_validate.hpp"
+#include "common/validate.hpp"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/plan_run_checks.hpp"
+#include "plan/decode_plan.hpp"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+using attnstate::detail::decode_str;
+using attnstate::detail::throw_argument;
+
+// The MLA kernel's costs for the split chooser, in keys one CTA streams in that time: a CTA's
+// fixed cost (its 72 KiB query tile and the pipeline's fill), an empty split's CTA (it reads the
+// length and exits) and the merge of a request's splits (64 rows × 512 columns per split).
+inline constexpr int kMlaCtaCostTokens = 64;
+inline constexpr int kMlaEmptyCtaTokens = 16;
+inline constexpr int kMlaMergeCostTokens = 256;
+// The shortest planned split: two K/V tiles.
+inline constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
+
+/// The planner's facts for the MLA kernel: one CTA per SM (its shared memory), no cluster merge,
+/// no short-split configuration, the MLA costs.
+inline plan::DecodeFacts mla_facts() {
+  plan::DecodeFacts f;
+  f.tile_rows = catalog::kMlaTileRows;
+  f.stages = catalog::kMlaStages;
+  f.short_stages = catalog::kMlaStages;
+  f.short_tokens = 0;
+  f.max_cluster = 1;
+  f.ws_group = 1;
+  f.ctas_per_sm = 1;
+  f.stream_warps = 0;
+  f.split_multiple = 1;
+  f.cta_cost_tokens = kMlaCtaCostTokens;
+  f.empty_cta_tokens = kMlaEmptyCtaTokens;
+  f.merge_cost_tokens = kMlaMergeCostTokens;
+  f.min_split_tokens = kMlaMinSplitTokens;
+  return f;
+}
+
+/// The catalog query of a problem's kernel of `family` (the decode's, or the cascade's levels).
+inline catalog::Query mla_query(const MlaDecodeProblem& pr,
+                                catalog::Family family = catalog::Family::kMlaDecode) {
+  catalog::Query q;
+  q.family = family;
+  q.head_dim = pr.kv_lora_rank + pr.rope_dim;
+  q.q = catalog::mask(pr.q_dtype);
+  q.kv = catalog::mask(pr.ckv_dtype);
+  return q;
+}
+
+/// Throws naming `fn` and `<prefix><field>` (`problem.batch`, ...; the cascade's fields are
+/// `problem.mla.<field>`) unless the problem is one the kernels take.
+inline void check_mla_problem(const char* fn, const MlaDecodeProblem& pr,
+                              const std::string& prefix = "problem.") {
+  const auto n = [&](const char* field) { return prefix + field; };
+  if (pr.batch < 0) throw_argument(fn, n("batch").c_str(), ">= 0", decode_str(pr.batch));
+  if (pr.q_len < 1 || pr.q_len > 4)
+    throw_argument(fn, n("q_len").c_str(), "1..4", decode_str(pr.q_len),
+                   pr.q_len < 1 ? Status::kInvalidArgument : Status::kNotSupported);
+  if (pr.heads < 1) throw_argument(fn, n("heads").c_str(), ">= 1", decode_str(pr.heads));
+  if (pr.heads % 16 != 0 || pr.heads > 128)
+    throw_argument(fn, n("heads").c_str(), "a multiple of 16 up to 128", decode_str(pr.heads),
+                   Status::kNotSupported);
+  if (pr.kv_lora_rank != catalog::kMlaLoraRank)
+    throw_argument(fn, n("kv_lora_rank").c_str(), decode_str(catalog::kMlaLoraRank),
+                   decode_str(pr.kv_lora_rank), Status::kNotSupported);
+  if (pr.rope_dim != catalog::kMlaRopeDim)
+    throw_argument(fn, n("rope_dim").c_str(), decode_str(catalog::kMlaRopeDim),
+                   decode_str(pr.rope_dim), Status::kNotSupported);
+  const DType dts[3] = {pr.q_dtype, pr.ckv_dtype, pr.kpe_dtype};
+  const std::string names[3] = {n("q_dtype"), n("ckv_dtype"), n("kpe_dtype")};
+  for (int i = 0; i < 3; ++i)
+    if (!is_valid(dts[i]))
+      throw_argument(fn, names[i].c_str(), "a dtype",
+                     "value " + decode_str(static_cast<int>(dts[i])));
+  if (pr.q_dtype != DType::kBF16)
+    throw_argument(fn, n("q_dtype").c_str(), "bf16", to_string(pr.q_dtype), Status::kNotSupported);
+  if (!catalog::compiled(mla_query(pr)))
+    throw_argument(fn, n("ckv_dtype").c_str(), catalog::not_supported_message(mla_query(pr)),
+                   to_string(pr.ckv_dtype), Status::kNotSupported);
+  if (pr.kpe_dtype != DType::kBF16 && !(is_fp8(pr.ckv_dtype) && pr.kpe_dtype == pr.ckv_dtype))
+    throw_argument(fn, n("kpe_dtype").c_str(),
+                   "bf16, or " + n("ckv_dtype") + " when fp8 (" + to_string(pr.ckv_dtype) + ")",
+                   to_string(pr.kpe_dtype), Status::kNotSupported);
+}
+
+/// Throws naming `name` unless the bytes `bytes` are a multiple of 16 (the kernel's copies).
+inline void check_multiple_16(const char* fn, const char* name, std::int64_t elems, DType dt) {
+  const std::int64_t bytes = elems * static_cast<std::int64_t>(size_of(dt));
+  if (bytes % 16 != 0)
+    throw_argument(fn, name,
+                   "a multiple of 16 bytes (" + decode_str(16 / size_of(dt)) +
+                       " elements: the kernel copies 16 bytes at a time)",
+                   decode_str(elems) + " elements", Status::kNotSupported);
+}
+
+/// Throws naming `name` unless query view `q` has 16-byte aligned data and rows.
+inline void check_query_rows(const char* fn, const char* name, const ConstTensorView& q) {
+  const std::string n(name);
+  attnstate::detail::check_aligned(fn, (n + ".data").c_str(), q.data, 16);
+  for (int d = 0; d < 3; ++d)
+    check_multiple_16(fn, (n + ".stride[" + decode_str(d) + "]").c_str(), q.stride[d], q.dtype);
+}
+
+/// The element strides of query view `q` as the kernel's (request, token, head) strides.
+inline void query_strides(const ConstTensorView& q, std::int64_t* b, std::int64_t* t,
+                          std::int64_t* h) {
+  *b = q.stride[0];
+  *t = q.stride[1];
+  *h = q.stride[2];
+}
+
+/// The checks of the kernels' 16-byte copies (the pools, their token and page strides, the query
+/// rows) and of the fp8 scales' memory (read on the device), naming the argument.
+inline void check_mla_copies(const char* fn, const ConstTensorView& q_nope,
+                             const ConstTensorView& q_pe, const MlaKvCache& kv) {
+  attnstate::detail::check_aligned(fn, "kv.ckv", kv.ckv, 16);
+  attnstate::detail::check_aligned(fn, "kv.kpe", kv.kpe, 16);
+  check_multiple_16(fn, "kv.ckv_token_stride", kv.ckv_row_stride(), kv.ckv_dtype);
+  check_multiple_16(fn, "kv.ckv_page_stride", kv.ckv_page_elems(), kv.ckv_dtype);
+  check_multiple_16(fn, "kv.kpe_token_stride", kv.kpe_row_stride(), kv.kpe_dtype);
+  check_multiple_16(fn, "kv.kpe_page_stride", kv.kpe_page_elems(), kv.kpe_dtype);
+  check_query_rows(fn, "q_nope", q_nope);
+  check_query_rows(fn, "q_pe", q_pe);
+  check_scale_memory(fn, "kv.ckv_scale.data", kv.ckv_scale.data);
+  check_scale_memory(fn, "kv.kpe_scale.data", kv.kpe_scale.data);
+}
+
+/// The checks of a workspace of `need` bytes (> 0): non-null, at least `need` bytes
+/// (`kWorkspaceTooSmall`), 16-byte aligned, disjoint from `out`, the queries and both parts of
+/// the cache (the callers add their tables).
+inline void check_mla_workspace(const char* fn, const ConstTensorView& q_nope,
+                                const ConstTensorView& q_pe, const MlaKvCache& kv,
+                                const StateView& out, const void* workspace,
+                                std::size_t workspace_bytes, std::size_t need) {
+  namespace v = ::attnstate::detail;
+  if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
+  if (workspace_bytes < need)
+    throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(need),
+                   decode_str(static_cast<std::int64_t>(workspace_bytes)),
+                   Status::kWorkspaceTooSmall);
+  v::check_aligned(fn, "workspace", workspace, 16);
+  const auto wb = static_cast<std::int64_t>(need);
+  v::check_disjoint(fn, "out", out, "workspace", workspace, wb, nullptr, 0);
+  const auto disjoint = [&](const char* name, const void* p, std::int64_t bytes) {
+    v::check_buffer_disjoint(fn, "workspace", workspace, wb, name, p, bytes);
+  };
+  disjoint("q_nope", q_nope.data, v::tensor_bytes(q_nope));
+  disjoint("q_pe", q_pe.data, v::tensor_bytes(q_pe));
+  disjoint("kv.ckv", kv.ckv,
+           v::check_mla_part(fn, "ckv", kv.ckv, kv.ckv_dtype, kv.ckv_scale, kv.kv_lora_rank,
+                             kv.ckv_token_stride, kv.ckv_page_stride, kv, MemorySpace::kDevice));
+  disjoint("kv.kpe", kv.kpe,
+           v::check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale, kv.rope_dim,
+                             kv.kpe_token_stride, kv.kpe_page_stride, kv, MemorySpace::kDevice));
+}
+
+/// The kernel's query and latent-cache fields of `p` (and its shape: `q_len`, `group = heads`,
+/// `rows`, the base-2 score scale of `scale`) from checked views; `kv`'s page table (of the
+/// decode; null fields for the cascade, whose levels give theirs) and lengths as they are.
+inline void fill_mla_inputs(const ConstTensorView& q_nope, const ConstTensorView& q_pe,
+                            const MlaKvCache& kv, std::int64_t q_len, std::int64_t heads,
+                            float scale, MlaParams* p) {
+  p->q_nope = static_cast<const std::uint16_t*>(q_nope.data);
+  p->q_pe = static_cast<const std::uint16_t*>(q_pe.data);
+  query_strides(q_nope, &p->qn_stride_b, &p->qn_stride_t, &p->qn_stride_h);
+  query_strides(q_pe, &p->qp_stride_b, &p->qp_stride_t, &p->qp_stride_h);
+  p->ckv = static_cast<const unsigned char*>(kv.ckv);
+  p->kpe = static_cast<const unsigned char*>(kv.kpe);
+  const auto ckv_size = static_cast<std::int64_t>(size_of(kv.ckv_dtype));
+  const auto kpe_size = static_cast<std::int64_t>(size_of(kv.kpe_dtype));
+  p->ckv_token_bytes = kv.ckv_row_stride() * ckv_size;
+  p->ckv_page_bytes = kv.ckv_page_elems() * ckv_size;
+  p->kpe_token_bytes = kv.kpe_row_stride() * kpe_size;
+  p->kpe_page_bytes = kv.kpe_page_elems() * kpe_size;
+  p->kpe_fp8 = is_fp8(kv.kpe_dtype);
+  p->ckv_scale = kv.ckv_scale;
+  p->kpe_scale = kv.kpe_scale;
+  p->page_indptr = kv.page_indptr;
+  p->page_indices = kv.page_indices;
+  p->block_table = kv.block_table;
+  p->block_table_stride = kv.block_table_stride;
+  p->seq_lens = kv.seq_lens;
+  p->num_pages = kv.num_pages;
+  p->page_size = static_cast<std::int32_t>(kv.page_size);
+  p->q_len = static_cast<std::int32_t>(q_len);
+  p->group = static_cast<std::int32_t>(heads);
+  p->rows = p->q_len * p->group;
+  p->s2_scale = math::base2_score_scale(scale);
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,68 @@
+/// @file cuda/mla_launch.cuh
+/// @brief The launch tables of the MLA kernel families (internal): for a family `K` (the MLA
+///        decode's, the MLA cascade's levels), each catalog row's launch, keyed by its kernel id,
+///        which raises the row's shared-memory limit (once per device) and launches it.
+///
+/// `K` gives `Params` (the kernel's argument), `kFamily` (its catalog family), `kName` (for
+/// launch errors) and `kernel<kKv>()` (the `__global__` instance over a latent part of `kKv`).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "catalog/catalog.hpp"
+#include "cuda/device_cache.hpp"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/launch.hpp"
+#include "cuda/tile/fp8_kv.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// The launch of `K`'s row over `kKv` on `grid` CTAs of `kMlaThreads` on `stream`.
+template <class K, int kKv>
+void launch_mla_row(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
+  constexpr auto kernel = K::template kernel<kKv>();
+  const int smem = static_cast<int>(catalog::mla_smem_bytes(kKv != tile::kKvSame));
+  raise_smem_limit<kernel>(smem);
+  LaunchConfig c;
+  c.grid = dim3(static_cast<unsigned>(grid));
+  c.block = dim3(kMlaThreads);
+  c.smem = static_cast<std::size_t>(smem);
+  c.stream = stream;
+  launch_kernel(c, kernel, K::kName, p);
+}
+
+/// A row's launch (null for the rows of other families).
+template <class K>
+using MlaRowLaunch = void (*)(const typename K::Params&, std::int64_t, cudaStream_t);
+
+template <class K, std::size_t I>
+constexpr MlaRowLaunch<K> mla_row_entry() {
+  constexpr catalog::Row r = catalog::kRows[I];
+  if constexpr (r.family == K::kFamily) {
+    return &launch_mla_row<K, tile::kv_policy(r.kv)>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <class K, std::size_t... I>
+constexpr std::array<MlaRowLaunch<K>, catalog::kNumRows> mla_launch_table(
+    std::index_sequence<I...>) {
+  return {mla_row_entry<K, I>()...};
+}
+
+/// `K`'s launch table: every row of its family, keyed by kernel id.
+template <class K>
+inline constexpr std::array<MlaRowLaunch<K>, catalog::kNumRows> kMlaLaunchTable =
+    mla_launch_table<K>(std::make_index_sequence<catalog::kNumRows>{});
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
