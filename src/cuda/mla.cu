@@ -1,7 +1,8 @@
 /// @file mla.cu
 /// @brief CUDA MLA decode: `plan_mla_decode` (the decode's length-aware split chooser with the
-///        MLA kernel's facts), the argument checks of a run, the workspace layout and the launch
-///        of the catalog row the plan names (`kernels/mla/mla_decode.cuh`).
+///        MLA kernel's facts; the kernel's row), the argument checks of a run, the workspace
+///        layout and the launch of the catalog row the plan names (`kernels/mla/mla_decode.cuh`,
+///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma).
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "cuda/decode_prior.hpp"
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/mla/mla_decode.cuh"
+#include "cuda/kernels/mla/mla_decode_ws.cuh"
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/mla_common.hpp"
@@ -95,16 +97,41 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   return true;
 }
 
-/// The MLA decode's rows (`kMlaLaunchTable`).
+/// The rows of an MLA decode family `F` (`kMlaLaunchTable`): the mma.sync kernel's, or the
+/// wgmma kernel's (`kMlaDecodeWs`).
+template <catalog::Family F>
 struct DecodeRows {
   using Params = detail::MlaParams;
-  static constexpr catalog::Family kFamily = catalog::Family::kMlaDecode;
-  static constexpr const char* kName = "mla_decode_kernel";
+  static constexpr catalog::Family kFamily = F;
+  static constexpr bool kWs = F == catalog::Family::kMlaDecodeWs;
+  static constexpr const char* kName = kWs ? "mla_decode_ws_kernel" : "mla_decode_kernel";
   template <int kKv>
   static constexpr auto kernel() {
-    return &detail::mla_decode_kernel<kKv>;
+    if constexpr (kWs)
+      return &detail::mla_decode_ws_kernel<kKv>;
+    else
+      return &detail::mla_decode_kernel<kKv>;
   }
 };
+
+/// Whether the current device runs the wgmma kernels (false without a device, or a driver).
+bool current_device_wgmma() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();  // (clears the error of a machine without a device)
+    return false;
+  }
+  return detail::device_facts().wgmma();
+}
+
+/// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
+/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds) and one is compiled.
+int kernel_row(const MlaDecodeProblem& problem, MlaDecodeKernel kernel, bool wgmma) {
+  const int mma = catalog::find_id(mla_query(problem));
+  if (kernel == MlaDecodeKernel::kMma || (kernel == MlaDecodeKernel::kAuto && !wgmma)) return mma;
+  const int ws = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeWs));
+  return ws >= 0 ? ws : mma;
+}
 
 /// Every check of a run, in order; returns the workspace layout.
 WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_nope,
@@ -169,6 +196,13 @@ WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_no
              kv.block_table != nullptr ? kv.batch * kv.block_table_stride * 4 : 0);
   }
   detail::check_device_sinks(fn, sinks, pr.heads, out, workspace, workspace_bytes);
+  const catalog::Row& row = catalog::kRows[static_cast<std::size_t>(d.kernel_id)];
+  if ((row.needs & catalog::kNeedsWgmma) != 0 && !detail::device_facts().wgmma())
+    throw_argument(fn, "plan",
+                   "a plan whose kernel the device runs (its wgmma row needs an sm_90 device "
+                   "running sm_90a code)",
+                   std::string("a plan of ") + catalog::to_string(row.family),
+                   Status::kNotSupported);
   return w;
 }
 
@@ -199,7 +233,10 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
   p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
   p.sinks = sinks.logits;
-  const auto l = detail::kMlaLaunchTable<DecodeRows>[static_cast<std::size_t>(d.kernel_id)];
+  const auto id = static_cast<std::size_t>(d.kernel_id);
+  const auto l = catalog::kRows[id].family == catalog::Family::kMlaDecodeWs
+                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
+                     : detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecode>>[id];
   if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
                    "kernel id " + decode_str(d.kernel_id), Status::kInternal);
@@ -230,11 +267,15 @@ std::string MlaDecodePlan::to_string() const {
 }
 
 MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_t* seq_lens_host,
-                              const DecodeOptions& options, int num_sms) {
+                              const DecodeOptions& options, int num_sms, MlaDecodeKernel kernel) {
   const char* fn = kPlanFn;
   detail::check_mla_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   check_options(fn, options);
+  if (kernel != MlaDecodeKernel::kAuto && kernel != MlaDecodeKernel::kMma &&
+      kernel != MlaDecodeKernel::kWgmma)
+    throw_argument(fn, "kernel", "kAuto, kMma or kWgmma",
+                   "value " + decode_str(static_cast<int>(kernel)));
   const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,
                                                        problem.kv_lora_rank + problem.rope_dim);
   const int row_tiles = static_cast<int>(
@@ -261,7 +302,8 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   d.splits = splits;
   d.scale = scale;
   d.catalog_fingerprint = catalog::kFingerprint;
-  d.kernel_id = catalog::find_id(mla_query(problem));
+  d.kernel_id =
+      kernel_row(problem, kernel, kernel == MlaDecodeKernel::kAuto && current_device_wgmma());
   d.row_tiles = row_tiles;
   d.num_sms = num_sms;
   WorkspaceLayout w;

@@ -14,6 +14,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
 #include "cuda/arch/memory.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/kernels/mla/loader.cuh"
@@ -96,19 +97,28 @@ __device__ __forceinline__ void mla_write_partial(const MlaParams& p, const MlaC
   }
 }
 
+/// The barrier of the epilogue's `kMlaThreads` threads: the CTA's (`bar_id` 0: they are all of
+/// it), or named barrier `bar_id` (a kernel with other warps besides, which have left).
+__device__ __forceinline__ void mla_sync(int bar_id) {
+  if (bar_id == 0)
+    __syncthreads();
+  else
+    arch::named_sync(bar_id, kMlaThreads);
+}
+
 /// The ticket of the CTA's split (acquire-release: its partial state is released with it, the
 /// other splits' acquired): true in the CTA that takes the last of the request's `n_splits`,
-/// which resets the counter for the next launch.
+/// which resets the counter for the next launch. `bar_id`: the threads' barrier (`mla_sync`).
 __device__ __forceinline__ bool mla_ticket(const MlaParams& p, int tid, std::int64_t tile_id,
-                                           int n_splits, int* is_last) {
-  __syncthreads();  // every thread's partial-state stores precede the release
+                                           int n_splits, int* is_last, int bar_id = 0) {
+  mla_sync(bar_id);  // every thread's partial-state stores precede the release
   if (tid == 0) {
     const int ticket = arch::atomic_add_acq_rel_gpu(p.tickets + tile_id, 1);
     const int last = ticket == n_splits - 1;
     if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
     *is_last = last;
   }
-  __syncthreads();
+  mla_sync(bar_id);
   return *is_last != 0;
 }
 
