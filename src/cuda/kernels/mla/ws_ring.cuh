@@ -208,8 +208,9 @@ __device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta
 
 /// The producer warpgroup (thread `pt` 0..127, lane `lane`): the split's `n_tiles` tiles from
 /// `begin` (keys at or past `end` zero) into the ring, each stage refilled once its "empty"
-/// completed. bf16: `cp.async`, tile `t` issued before tile `t - 1` is waited for, then its
-/// "full" arrival (one per warp, after the async-proxy fence); fp8: the rotary part
+/// completed (the copies of one tile in flight while the consumers compute the other). bf16:
+/// `cp.async`, then the tile's "full" arrival (one per warp, after the async-proxy fence); fp8:
+/// the rotary part
 /// (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`) converted to bf16 and
 /// stored, then the "full" arrival.
 template <int kKv>
@@ -233,13 +234,12 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
       mla_ws_copy_tile(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kMlaWsStages),
                        policy);
       arch::cp_async_commit();
-      if (t > 0) {
-        arch::cp_async_wait<1>();  // this thread's copies of tile t - 1 landed
-        arrive_full(t - 1);
-      }
+      // tile t landed (this thread's copies), then its arrival: never held back by the next
+      // tile's "empty", which the consumers may complete only after this "full" (warpgroup 0
+      // releases tile t - 1 once it has issued the scores of tile t)
+      arch::cp_async_wait<0>();
+      arrive_full(t);
     }
-    arch::cp_async_wait<0>();
-    if (n_tiles > 0) arrive_full(n_tiles - 1);
   } else {
 #pragma unroll 1
     for (int t = 0; t < n_tiles; ++t) {
