@@ -125,11 +125,17 @@ bool current_device_wgmma() {
 }
 
 /// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
-/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds) and one is compiled.
-int kernel_row(const MlaDecodeProblem& problem, MlaDecodeKernel kernel, bool wgmma) {
+/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled;
+/// `kWgmma`: refused by name without one).
+int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
+               bool wgmma) {
   const int mma = catalog::find_id(mla_query(problem));
   if (kernel == MlaDecodeKernel::kMma || (kernel == MlaDecodeKernel::kAuto && !wgmma)) return mma;
-  const int ws = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeWs));
+  const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeWs);
+  const int ws = catalog::find_id(q);
+  if (ws < 0 && kernel == MlaDecodeKernel::kWgmma)
+    throw_argument(fn, "kernel", catalog::not_supported_message(q), "kWgmma",
+                   Status::kNotSupported);
   return ws >= 0 ? ws : mma;
 }
 
@@ -303,7 +309,7 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   d.scale = scale;
   d.catalog_fingerprint = catalog::kFingerprint;
   d.kernel_id =
-      kernel_row(problem, kernel, kernel == MlaDecodeKernel::kAuto && current_device_wgmma());
+      kernel_row(fn, problem, kernel, kernel == MlaDecodeKernel::kAuto && current_device_wgmma());
   d.row_tiles = row_tiles;
   d.num_sms = num_sms;
   WorkspaceLayout w;
