@@ -27,6 +27,7 @@
 #include "cuda/mla_launch.cuh"
 #include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
+#include "plan/mla_plan.hpp"
 #include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
@@ -45,7 +46,6 @@ namespace {
 
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
-using detail::mla_facts;
 using detail::mla_query;
 using detail::MlaDecodePlanAccess;
 using detail::MlaDecodePlanData;
@@ -295,13 +295,8 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   dp.head_dim = problem.kv_lora_rank + problem.rope_dim;
   dp.q_dtype = problem.q_dtype;
   dp.kv_dtype = problem.ckv_dtype;
-  const plan::DecodeFacts facts = mla_facts();
-  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * facts.ctas_per_sm;
   const SplitLayout splits =
-      options.policy == SplitPolicy::kAuto
-          ? plan::auto_layout(fn, dp, seq_lens_host, options, slots, row_tiles, facts)
-          : plan_split_layout(dp, seq_lens_host, options, slots, row_tiles, fn, "seq_lens_host",
-                              "options");
+      plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms, row_tiles);
   MlaDecodePlan plan;
   MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
   d.problem = problem;

@@ -20,6 +20,7 @@
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
+#include "plan/mla_plan.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -28,34 +29,8 @@ namespace detail {
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
 
-// The MLA kernel's costs for the split chooser, in keys one CTA streams in that time: a CTA's
-// fixed cost (its 72 KiB query tile and the pipeline's fill), an empty split's CTA (it reads the
-// length and exits) and the merge of a request's splits (64 rows × 512 columns per split).
-inline constexpr int kMlaCtaCostTokens = 64;
-inline constexpr int kMlaEmptyCtaTokens = 16;
-inline constexpr int kMlaMergeCostTokens = 256;
-// The shortest planned split: two K/V tiles.
-inline constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
-
-/// The planner's facts for the MLA kernel: one CTA per SM (its shared memory), no cluster merge,
-/// no short-split configuration, the MLA costs.
-inline plan::DecodeFacts mla_facts() {
-  plan::DecodeFacts f;
-  f.tile_rows = catalog::kMlaTileRows;
-  f.stages = catalog::kMlaStages;
-  f.short_stages = catalog::kMlaStages;
-  f.short_tokens = 0;
-  f.max_cluster = 1;
-  f.ws_group = 1;
-  f.ctas_per_sm = 1;
-  f.stream_warps = 0;
-  f.split_multiple = 1;
-  f.cta_cost_tokens = kMlaCtaCostTokens;
-  f.empty_cta_tokens = kMlaEmptyCtaTokens;
-  f.merge_cost_tokens = kMlaMergeCostTokens;
-  f.min_split_tokens = kMlaMinSplitTokens;
-  return f;
-}
+// The planner's facts for the MLA kernels (plan/mla_plan.hpp, host-only and tested there).
+using plan::mla_facts;
 
 /// The catalog query of a problem's kernel of `family` (the decode's, or the cascade's levels).
 inline catalog::Query mla_query(const MlaDecodeProblem& pr,

@@ -342,6 +342,9 @@ TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
   const DeviceMla d(hs);
   DecodeOptions o;
   o.scale = hs.problem.scale;
+  // split (the automatic policy keeps requests this short whole: the merge's cost per split)
+  o.policy = SplitPolicy::kFixedSize;
+  o.split_size = 256;
   for (const cuda::MlaDecodeKernel k : device_kernels()) {
     const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o,
                                                            attnstate_test::device_sms(), k);
