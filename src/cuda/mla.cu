@@ -2,7 +2,8 @@
 /// @brief CUDA MLA decode: `plan_mla_decode` (the decode's length-aware split chooser with the
 ///        MLA kernel's facts; the kernel's row), the argument checks of a run, the workspace
 ///        layout and the launch of the catalog row the plan names (`kernels/mla/mla_decode.cuh`,
-///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma).
+///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma), then, from
+///        `plan::kMlaStackMergeSplits` splits, `merge_states` over the stacked splits.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -73,8 +74,12 @@ void check_options(const char* fn, const DecodeOptions& o) {
     throw_argument(fn, "options.programmatic_launch", "false", "true", Status::kNotSupported);
 }
 
+/// The workspace of a split plan: the partial states and the tickets of the ticket merge, or the
+/// stack of the stacked merge (`plan::mla_stack_merge`; no tickets: `ticket_off == total`).
 struct WorkspaceLayout {
   std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
+  bool stacked = false;
+  detail::MlaStackLayout stack;  ///< The stacked merge's sections (`stacked`).
 };
 
 constexpr std::int64_t kAlign = 256;
@@ -85,6 +90,18 @@ std::int64_t align_up(std::int64_t x) { return (x + kAlign - 1) / kAlign * kAlig
 bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   *w = WorkspaceLayout{};
   if (d.splits.max_splits <= 1) return true;
+  if (plan::mla_stack_merge(d.splits.max_splits)) {
+    // [split][batch · q_len · heads][512]: the rows of the output, one slot per split
+    std::int64_t rows = 0;
+    w->stacked = true;
+    if (!checked_mul(d.problem.batch, d.problem.q_len * d.problem.heads, &rows) ||
+        !detail::mla_stack_layout(rows, d.splits.max_splits, 0, &w->stack))
+      return false;
+    w->o_off = w->stack.o_off;
+    w->lse_off = w->stack.lse_off;
+    w->ticket_off = w->total = w->stack.total;
+    return true;
+  }
   std::int64_t tiles = 0, parts = 0, o_bytes = 0;
   if (!checked_mul(d.problem.batch, d.row_tiles, &tiles) ||
       !checked_mul(tiles, std::int64_t{d.splits.max_splits} * catalog::kMlaTileRows, &parts) ||
@@ -237,8 +254,9 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   char* ws = static_cast<char*>(workspace);
   p.ws_o = w.total ? reinterpret_cast<float*>(ws + w.o_off) : nullptr;
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
-  p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
-  p.sinks = sinks.logits;
+  p.tickets = w.total && !w.stacked ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
+  p.stack_rows = w.stacked ? kv.batch * d.problem.q_len * d.problem.heads : 0;
+  p.sinks = w.stacked ? nullptr : sinks.logits;  // the stacked merge merges the sinks
   const auto id = static_cast<std::size_t>(d.kernel_id);
   const auto l = catalog::kRows[id].family == catalog::Family::kMlaDecodeWs
                      ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
@@ -247,6 +265,9 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
                    "kernel id " + decode_str(d.kernel_id), Status::kInternal);
   l(p, grid, stream);
+  if (w.stacked)
+    detail::merge_mla_stack(workspace, w.stack, kv.batch * d.problem.q_len, d.splits.max_splits,
+                            d.problem.heads, sinks, out, stream);
 }
 
 }  // namespace
@@ -269,7 +290,10 @@ std::string MlaDecodePlan::to_string() const {
          decode_str(d_.problem.heads) + " heads × q_len " + decode_str(d_.problem.q_len) + " in " +
          decode_str(d_.row_tiles) + " row tile" + (d_.row_tiles == 1 ? "" : "s") + "; " +
          (S == 1 ? std::string("one split per request")
-                 : "at most " + decode_str(S) + " splits per request (the workspace merge)");
+                 : "at most " + decode_str(S) + " splits per request (" +
+                       (plan::mla_stack_merge(S) ? "merge_states over the stacked splits"
+                                                 : "the ticket merge in the workspace") +
+                       ")");
 }
 
 MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_t* seq_lens_host,
@@ -328,7 +352,7 @@ void init_mla_decode_workspace(const MlaDecodePlan& plan, void* workspace,
   detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_mla_decode");
   WorkspaceLayout w;
   workspace_layout(d, &w);
-  if (w.total == 0) return;
+  if (w.total == w.ticket_off) return;  // nothing to zero: no split, or the stacked merge
   if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
   if (workspace_bytes < w.total)
     throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),

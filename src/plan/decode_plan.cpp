@@ -165,8 +165,14 @@ double layout_cost(const std::int32_t* seq_lens, std::int64_t batch, std::int64_
   for (std::int64_t r : rest) take(ctas, r);
   t += static_cast<double>(empty) * static_cast<double>(ctas) * f.empty_cta_tokens /
        static_cast<double>(slots);
-  if (max_splits > 1)
-    t += f.merge_cost_tokens + static_cast<double>(f.merge_split_tokens) * max_splits;
+  if (max_splits > 1) {
+    if (f.stack_merge_splits > 0 && max_splits >= f.stack_merge_splits)
+      t += f.stack_merge_tokens + 2.0 * f.merge_split_tokens *
+                                      static_cast<double>(batch * ctas * max_splits) /
+                                      static_cast<double>(slots);
+    else
+      t += f.merge_cost_tokens + static_cast<double>(f.merge_split_tokens) * max_splits;
+  }
   return t;
 }
 

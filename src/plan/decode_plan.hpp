@@ -57,6 +57,12 @@ struct DecodeFacts {
   /// The merge's cost per split of a request, on top of `merge_cost_tokens` (0: the merge's cost
   /// does not grow with the split count, as the decode's cluster and group merges).
   int merge_split_tokens = 0;
+  /// Split counts from which the splits merge in a launch of their own over every SM (0: never):
+  /// its cost is then `stack_merge_tokens` plus twice `merge_split_tokens` (each partial state
+  /// written and read, every CTA sharing the memory) for each split of every request and CTA,
+  /// spread over the slots, instead of `merge_cost_tokens` plus `merge_split_tokens` per split.
+  int stack_merge_splits = 0;
+  int stack_merge_tokens = 0;  ///< The stacked merge's launch, in keys.
   /// Lengths all equal take the layout of least `layout_cost` too (`auto_layout`), not only the
   /// wave heuristic's.
   bool balance_uniform = false;
@@ -136,8 +142,9 @@ bool short_candidate(const DecodeFacts& facts, const int (&split_ids)[2],
 /// that time: the non-empty splits taken longest first in waves of `slots`, each wave as long as
 /// its longest split plus `cta_cost_tokens`; the CTAs of empty splits at `empty_cta_tokens`
 /// spread over the slots; when a request is split, one `merge_cost_tokens` plus
-/// `merge_split_tokens` per split of the longest request. A model, not a measurement: it ranks
-/// layouts of one problem.
+/// `merge_split_tokens` per split of the longest request (from `stack_merge_splits` splits, the
+/// stacked merge: `stack_merge_tokens` plus twice `merge_split_tokens` per split of every request
+/// and CTA, over the slots). A model, not a measurement: it ranks layouts of one problem.
 double layout_cost(const std::int32_t* seq_lens, std::int64_t batch, std::int64_t ctas,
                    std::int64_t chunk, std::int64_t max_splits, std::int64_t slots,
                    const DecodeFacts& facts);

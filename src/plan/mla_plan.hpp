@@ -5,6 +5,7 @@
 ///        tests/plan/test_plan_mla.cpp checks them without CUDA.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attnstate/core/decode_split.hpp"
@@ -26,14 +27,41 @@ inline constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
 
 /// Bytes of one cached key: 576 bf16 columns (an fp8 cache reads fewer; the model counts bf16).
 inline constexpr int kMlaKeyBytes = catalog::kMlaHeadDim * 2;
-/// Bytes of one split's partial state of a 64-row tile: fp32 `o` of 512 columns and an LSE a row.
-inline constexpr int kMlaPartialBytes = catalog::kMlaTileRows * (catalog::kMlaLoraRank + 1) * 4;
-/// The decode's merge per split: the CTA holding a request tile's last ticket reads every split's
-/// partial state alone, one after the other (131,328 bytes each), at about the rate a CTA streams
-/// keys of 1,152 bytes: 114 keys a split, on the request's critical path. (The splits' own writes
-/// of their states run in parallel, one per CTA: the last one is in `kMlaMergeCostTokens`.)
-inline constexpr int kMlaMergeSplitTokens = (kMlaPartialBytes + kMlaKeyBytes - 1) / kMlaKeyBytes;
-static_assert(kMlaMergeSplitTokens == 114, "the per-split merge cost derived above");
+
+/// Bytes of one split's partial state of a tile's `rows` used rows: fp32 `o` of 512 columns and
+/// an LSE a row (131,328 for a full tile of 64 rows).
+inline constexpr std::int64_t mla_partial_bytes(std::int64_t rows) {
+  return rows * (catalog::kMlaLoraRank + 1) * 4;
+}
+
+/// The ticket merge's cost per split when a tile holds `rows` query rows: the CTA holding the
+/// tile's last ticket reads every split's partial state alone, one after the other, on the
+/// request's critical path; it reads them at about a streaming CTA's rate (the fold, 21-26 GB/s
+/// on an H100: 64 splits of 16 rows in 99 µs, of 64 rows in 326 µs, bench/RESULTS.md), so a
+/// split costs its bytes in keys of `kMlaKeyBytes`: 114 keys for 64 rows, 29 for 16. (The splits'
+/// own writes of their states run in parallel, one per CTA: the last one is in
+/// `kMlaMergeCostTokens`.)
+inline constexpr int mla_merge_split_tokens(std::int64_t rows) {
+  return static_cast<int>((mla_partial_bytes(rows) + kMlaKeyBytes - 1) / kMlaKeyBytes);
+}
+static_assert(mla_merge_split_tokens(64) == 114 && mla_merge_split_tokens(16) == 29,
+              "the per-split merge costs derived above");
+
+/// From this many splits the decode merges them in a second launch, `merge_states` over the
+/// stacked partial states (the MLA cascade's merge), instead of the ticket's merging CTA: the
+/// same bytes are written and read once either way, but the stacked merge reads them on every
+/// SM, where the ticket's CTA reads its tile's alone, 1.5 µs (16 rows) to 5 µs (64 rows) a
+/// split on an H100. Below 4 splits that serial read is about one kernel boundary (a few µs),
+/// which the stacked merge adds.
+inline constexpr int kMlaStackMergeSplits = 4;
+/// The stacked merge's fixed cost: the ticket merge's, and as much again for the kernel boundary
+/// (an estimate; `bench_mla` times both paths).
+inline constexpr int kMlaStackMergeTokens = 2 * kMlaMergeCostTokens;
+
+/// Whether the MLA decode merges `max_splits` splits per request through the stack.
+inline constexpr bool mla_stack_merge(std::int64_t max_splits) {
+  return max_splits >= kMlaStackMergeSplits;
+}
 
 /// The planner's facts for the MLA kernels (decode and cascade levels): one CTA per SM (their
 /// shared memory), no cluster merge, no short-split configuration, the MLA costs; the merge's cost
@@ -56,11 +84,15 @@ inline DecodeFacts mla_facts() {
   return f;
 }
 
-/// The MLA decode's facts: `mla_facts` with the ticket merge's cost per split
-/// (`kMlaMergeSplitTokens`), every layout chosen by the cost model (`balance_uniform`).
-inline DecodeFacts mla_decode_facts() {
+/// The MLA decode's facts for tiles of `rows` used query rows (at most 64): `mla_facts` with
+/// the merges' costs per split (`mla_merge_split_tokens`: the ticket's below
+/// `kMlaStackMergeSplits` splits, the stacked merge's from there), every layout chosen by the
+/// cost model (`balance_uniform`).
+inline DecodeFacts mla_decode_facts(std::int64_t rows = catalog::kMlaTileRows) {
   DecodeFacts f = mla_facts();
-  f.merge_split_tokens = kMlaMergeSplitTokens;
+  f.merge_split_tokens = mla_merge_split_tokens(rows);
+  f.stack_merge_splits = kMlaStackMergeSplits;
+  f.stack_merge_tokens = kMlaStackMergeTokens;
   f.balance_uniform = true;
   return f;
 }
@@ -72,7 +104,9 @@ inline DecodeFacts mla_decode_facts() {
 inline SplitLayout mla_decode_layout(const char* fn, const DecodeProblem& problem,
                                      const std::int32_t* seq_lens_host,
                                      const DecodeOptions& options, int num_sms, int row_tiles) {
-  const DecodeFacts facts = mla_decode_facts();
+  // the fullest tile's rows: its merge is the longest
+  const DecodeFacts facts = mla_decode_facts(
+      std::min<std::int64_t>(catalog::kMlaTileRows, problem.q_len * problem.heads_q));
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * facts.ctas_per_sm;
   return options.policy == SplitPolicy::kAuto
              ? auto_layout(fn, problem, seq_lens_host, options, slots, row_tiles, facts)

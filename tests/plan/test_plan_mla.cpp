@@ -4,6 +4,7 @@
 ///        the fixed policies passed through. No CUDA, no GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,25 +59,56 @@ TEST(PlanMla, TheMergePerSplitAddsToTheCostOfASplitLayoutOnly) {
   }
 }
 
+TEST(PlanMla, FromTheStackThresholdTheMergeIsSpreadOverTheSlots) {
+  const std::vector<std::int32_t> lens = {4096, 1000, 0, 4096};
+  plan::DecodeFacts stack = plan::mla_facts();
+  stack.merge_split_tokens = 100;
+  stack.stack_merge_splits = 4;
+  stack.stack_merge_tokens = 300;
+  const plan::DecodeFacts none = plan::mla_facts();
+  for (std::int64_t n : {2, 3, 4, 8, 64}) {
+    const std::int64_t chunk = (4096 + n - 1) / n;
+    const double a = plan::layout_cost(lens.data(), 4, 2, chunk, n, kSms, stack);
+    const double b = plan::layout_cost(lens.data(), 4, 2, chunk, n, kSms, none);
+    // below the threshold the ticket's terms; from it, the stack's: every request's and CTA's
+    // partial state written and read, over the slots, in place of the ticket's fixed cost
+    const double want = n < 4 ? 100.0 * static_cast<double>(n)
+                              : 300.0 - none.merge_cost_tokens +
+                                    2.0 * 100.0 * static_cast<double>(4 * 2 * n) / kSms;
+    EXPECT_NEAR(a - b, want, 1e-9) << n;
+  }
+}
+
 TEST(PlanMla, TheGqaDecodeFactsKeepTheirModel) {
   // the defaults the GQA decode plans with: no per-split merge cost, the wave heuristic for
   // uniform lengths (its layouts are those of test_plan_decode, unchanged)
   const plan::DecodeFacts f = plan::decode_kernel_facts(128, 2);
   EXPECT_EQ(f.merge_split_tokens, 0);
   EXPECT_FALSE(f.balance_uniform);
+  EXPECT_EQ(f.stack_merge_splits, 0);
   EXPECT_EQ(plan::DecodeFacts{}.merge_split_tokens, 0);
+  EXPECT_EQ(plan::DecodeFacts{}.stack_merge_splits, 0);
   EXPECT_FALSE(plan::DecodeFacts{}.balance_uniform);
   // the cascade's levels merge through merge_states: no per-split cost either
   EXPECT_EQ(plan::mla_facts().merge_split_tokens, 0);
+  EXPECT_EQ(plan::mla_facts().stack_merge_splits, 0);
   EXPECT_FALSE(plan::mla_facts().balance_uniform);
 }
 
 TEST(PlanMla, TheDecodeCountsTheTicketMergeFromItsBytes) {
+  // one split's partial state ((512 + 1) fp32 a used row of the tile) in keys of 576 bf16
+  // columns, rounded up
+  for (std::int64_t rows : {16, 48, 64}) {
+    const std::int64_t partial = rows * (512 + 1) * 4;
+    EXPECT_EQ(plan::mla_decode_facts(rows).merge_split_tokens, (partial + 576 * 2 - 1) / (576 * 2))
+        << rows;
+  }
   const plan::DecodeFacts f = plan::mla_decode_facts();
-  // one split's partial state (64 rows × (512 + 1) fp32) in keys of 576 bf16 columns, rounded up
-  const std::int64_t partial = 64 * (512 + 1) * 4;
-  EXPECT_EQ(f.merge_split_tokens, (partial + 576 * 2 - 1) / (576 * 2));
+  EXPECT_EQ(f.merge_split_tokens, plan::mla_decode_facts(64).merge_split_tokens);
   EXPECT_TRUE(f.balance_uniform);
+  EXPECT_EQ(f.stack_merge_splits, plan::kMlaStackMergeSplits);
+  EXPECT_TRUE(plan::mla_stack_merge(plan::kMlaStackMergeSplits));
+  EXPECT_FALSE(plan::mla_stack_merge(plan::kMlaStackMergeSplits - 1));
 }
 
 struct Case {
@@ -85,12 +117,13 @@ struct Case {
   std::int32_t splits;  // the pinned split count
 };
 
-// The split counts the model gives on 132 SMs: at batch 1 the per-split merge balances the
-// split's keys (about sqrt(len / 114) splits) instead of filling the wave with 64 to 128 splits;
-// from batch 32 the wave is filled by the requests and the layouts are those of the wave
-// heuristic (4 splits of 32 CTAs, 2 of 64, 1 from 128 CTAs a split).
+// The split counts the model gives on 132 SMs. At batch 1 the splits merge through the stack
+// (its per-split cost spread over the SMs), so a lone request still fills the SMs; with 128 heads
+// (two CTAs a split) fewer, as each split's partial states double; from batch 32 the requests
+// fill the wave, the ticket merge of 2 or 4 splits is the cheaper, and the layouts are those of
+// the wave heuristic (4 splits of 32 CTAs, 2 of 64, 1 from 128 CTAs a split).
 const Case kCases[] = {
-    {1, 16, 4096, 6},   {1, 128, 4096, 6},   {1, 16, 65536, 24},  {1, 128, 65536, 24},
+    {1, 16, 4096, 64},  {1, 128, 4096, 32},  {1, 16, 65536, 128}, {1, 128, 65536, 61},
     {32, 16, 4096, 4},  {32, 128, 4096, 2},  {32, 16, 65536, 4},  {32, 128, 65536, 2},
     {128, 16, 4096, 1}, {128, 128, 4096, 1}, {128, 16, 65536, 1}, {128, 128, 65536, 1},
 };
@@ -108,17 +141,19 @@ TEST(PlanMla, UniformLengthsTakeTheLayoutOfTheModel) {
     EXPECT_EQ(l.max_splits, c.splits);
     EXPECT_EQ(l.split_size % kSplitGranularity, 0);
     EXPECT_EQ((c.len + l.split_size - 1) / l.split_size, l.max_splits);
-    // no split count costs less in the model (each count's smallest split size, as planned)
-    const plan::DecodeFacts f = plan::mla_decode_facts();
+    // no split count costs 5% less in the model (each count's smallest split size): the chooser
+    // keeps the wave heuristic's layout unless the balanced one is 3% cheaper, and its search
+    // visits every count up to 16, then steps of about 1/8
+    const plan::DecodeFacts f = plan::mla_decode_facts(std::min<std::int64_t>(64, c.heads));
     const double chosen = cost(lens, tiles, l, f);
-    for (std::int32_t s = 1; s <= 4 * c.splits + 8; ++s) {
+    for (std::int32_t s = 1; s <= std::min(4 * c.splits + 8, attnstate::kMaxSplits); ++s) {
       SplitLayout o;
       o.policy = SplitPolicy::kFixedSize;
       o.split_size = (c.len + s - 1) / s;
       o.split_size = (o.split_size + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
       if (s > 1 && o.split_size < f.min_split_tokens) break;
       o.max_splits = (c.len + o.split_size - 1) / o.split_size;
-      EXPECT_LE(chosen, cost(lens, tiles, o, f)) << s << " splits";
+      EXPECT_LE(0.95 * chosen, cost(lens, tiles, o, f)) << s << " splits";
     }
     // the wave heuristic's layout (what uniform lengths took without the merge's cost) is never
     // cheaper in the model

@@ -30,6 +30,7 @@
 #include "cuda_test_utils.hpp"
 #include "mla_device.hpp"
 #include "mla_problem.hpp"
+#include "plan/mla_plan.hpp"
 
 namespace {
 
@@ -256,9 +257,11 @@ TEST(MlaCuda, LargeMatrixMatchesTheReference) {
 
 TEST(MlaCuda, EveryPathOnASmallProblem) {
   ATTNSTATE_REQUIRE_GPU();
-  // each row of each kernel (bf16, e4m3 and e5m2 latent parts; fp8 and bf16 rope), one split
-  // and the workspace merge, sinks, two row tiles, partial K/V tiles, a request of four 64-key
-  // tiles (the wgmma kernel's two-stage ring refilled): small enough for memcheck and racecheck
+  // each row of each kernel (bf16, e4m3 and e5m2 latent parts; fp8 and bf16 rope), one split,
+  // the ticket merge (3 splits) and the stacked merge (5: the empty request's and the 40-token
+  // request's slots past their splits written empty), sinks, two row tiles, partial K/V tiles, a
+  // request of four 64-key tiles (the wgmma kernel's two-stage ring refilled): small enough for
+  // memcheck and racecheck
   const DType bf = DType::kBF16, e4 = DType::kE4M3, e5 = DType::kE5M2;
   const Case cases[] = {
       {bf, bf, DType::kF32, 16, 2, 16, false, LseBase::kNatural, true, false},
@@ -274,7 +277,7 @@ TEST(MlaCuda, EveryPathOnASmallProblem) {
     ++seed;
     const DeviceMla d(h);
     for (const cuda::MlaDecodeKernel k : device_kernels())
-      for (const DecodeOptions& o : {fixed_count(1), fixed_count(3)}) {
+      for (const DecodeOptions& o : {fixed_count(1), fixed_count(3), fixed_count(5)}) {
         const HostState out = run_cuda(h, d, o, c.out, c.base, false, nullptr, k);
         EXPECT_EQ(compare_with_reference(h, out), "")
             << kernel_name(k) << " " << h.cfg.name() << " n " << o.num_splits;
@@ -592,6 +595,20 @@ TEST(MlaCudaErrors, PlansRecordTheirSplitsAndWorkspace) {
   const auto r256 = [](std::size_t x) { return (x + 255) / 256 * 256; };
   EXPECT_EQ(three.workspace_bytes(), r256(parts * 512 * 4) + r256(parts * 4) + r256(2 * 4 * 4));
   EXPECT_NE(three.to_string().find("MLA decode"), std::string::npos) << three.to_string();
+  EXPECT_NE(three.to_string().find("ticket merge"), std::string::npos) << three.to_string();
+  // from kMlaStackMergeSplits splits: a stack [split][batch · q_len · heads][512] and its merge's
+  // fp32 state and zero row, no tickets
+  const int many = attnstate::plan::kMlaStackMergeSplits;
+  const cuda::MlaDecodePlan stacked =
+      cuda::plan_mla_decode(pr, lens.data(), fixed_count(many), 132);
+  ASSERT_EQ(stacked.splits().max_splits, many);
+  const std::size_t rows = 2 * 2 * 128;
+  EXPECT_EQ(stacked.workspace_bytes(), r256(rows * many * 512 * 4) + r256(rows * many * 4) +
+                                           r256(rows * 512 * 4) + r256(rows * 4) + r256(512 * 4));
+  EXPECT_NE(stacked.to_string().find("stacked"), std::string::npos) << stacked.to_string();
+  const cuda::MlaDecodePlan below =
+      cuda::plan_mla_decode(pr, lens.data(), fixed_count(many - 1), 132);
+  EXPECT_NE(below.to_string().find("ticket merge"), std::string::npos) << below.to_string();
   // the automatic policy splits a long request over an idle device, and not a full one
   const cuda::MlaDecodePlan autop = cuda::plan_mla_decode(pr, lens.data(), DecodeOptions{}, 132);
   EXPECT_GT(autop.splits().max_splits, 1) << autop.to_string();

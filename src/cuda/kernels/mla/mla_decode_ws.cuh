@@ -13,7 +13,8 @@
 ///   (warpgroup 1);
 /// - epilogues (`epilogue.cuh`, the mma.sync kernel's, by the consumers' 256 threads): the row
 ///   statistics of warpgroup 0 handed to warpgroup 1, `mla_state_to_smem`, then `mla_store_rows`
-///   (one split) or `mla_write_partial`, `mla_ticket` and `mla_merge_splits`.
+///   (one split) or `mla_write_partial`, `mla_ticket` and `mla_merge_splits`, or, for the
+///   stacked merge, `mla_write_split_stack` (also by a split past its request's).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -73,8 +74,12 @@ __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const M
   {
     const MlaCta c = mla_schedule(p);
     const std::int32_t len = mla_length(p, c);
-    if (c.s >= p.splits.splits_for(len)) return;  // past the request's splits: no ticket either
-    const TokenRange range = p.splits.range(len, c.s);
+    // past the request's splits: no ticket either; with the stacked merge, no key tile, and the
+    // epilogue writes the empty state to the split's slot (written from here, it made the fp8
+    // instances spill)
+    const bool past = c.s >= p.splits.splits_for(len);
+    if (past && p.stack_rows == 0) return;
+    const TokenRange range = past ? TokenRange{0, 0} : p.splits.range(len, c.s);
     begin = range.begin;
     n_tiles = (range.end - range.begin + kMlaWsTileKeys - 1) / kMlaWsTileKeys;
     if (tid == 0) sm.init_barriers();
@@ -112,6 +117,10 @@ __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const M
   mla_state_to_smem(acc, os, warp, lane, v_scale, sm.o, sm.lse);
   arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
   const MlaCta c = mla_schedule(p);
+  if (p.stack_rows > 0) {  // the stacked merge (merge_states after the kernel)
+    mla_write_split_stack(p, c, tid, sm.o, sm.lse);
+    return;
+  }
   const int n_splits = p.splits.splits_for(mla_length(p, c));
   if (n_splits == 1) {
     mla_store_rows(p, c, tid, sm.o, sm.lse);
