@@ -343,25 +343,25 @@ TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
   small.seq_lens = {40, 333};
   const MlaHost hs = make_mla_host(small, 22);
   const DeviceMla d(hs);
-  DecodeOptions o;
-  o.scale = hs.problem.scale;
-  // split (the automatic policy keeps requests this short whole: the merge's cost per split)
-  o.policy = SplitPolicy::kFixedSize;
-  o.split_size = 256;
-  for (const cuda::MlaDecodeKernel k : device_kernels()) {
-    const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o,
-                                                           attnstate_test::device_sms(), k);
-    ASSERT_GT(plan.splits().max_splits, 1) << plan.to_string();
-    DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
-    cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
-    for (int rep = 0; rep < 2; ++rep) {  // the tickets are left at zero for the next run
-      DeviceState out(hs.tokens(), hs.cfg.heads, 512, DType::kF32, LseBase::kBase2);
-      cuda::run_mla_decode(plan, d.q_nope(hs), d.q_pe(hs), d.kv(hs), out.view, ws.get(),
-                           ws.bytes());
-      ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
-      EXPECT_EQ(compare_with_reference(hs, out.download()), "") << kernel_name(k) << " " << rep;
+  // split whatever the automatic chooser takes: 3 splits (the ticket merge) and splits of 256
+  // tokens (4 of the planned 900: the stacked merge, its stack of the replay's 2 requests)
+  for (DecodeOptions o : {fixed_count(3), fixed_size(256)})
+    for (const cuda::MlaDecodeKernel k : device_kernels()) {
+      o.scale = hs.problem.scale;
+      const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o,
+                                                             attnstate_test::device_sms(), k);
+      ASSERT_GT(plan.splits().max_splits, 1) << plan.to_string();
+      DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+      cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+      for (int rep = 0; rep < 2; ++rep) {  // the tickets are left at zero for the next run
+        DeviceState out(hs.tokens(), hs.cfg.heads, 512, DType::kF32, LseBase::kBase2);
+        cuda::run_mla_decode(plan, d.q_nope(hs), d.q_pe(hs), d.kv(hs), out.view, ws.get(),
+                             ws.bytes());
+        ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(compare_with_reference(hs, out.download()), "")
+            << kernel_name(k) << " " << plan.to_string() << " " << rep;
+      }
     }
-  }
 }
 
 TEST(MlaCuda, SplitStatesMergedWithMergeStatesEqualTheOnePassState) {
