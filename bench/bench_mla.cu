@@ -51,11 +51,14 @@ using namespace mla_inputs;
 const char* kUsage =
     "usage: bench_mla [options]\n"
     "  --splits N         force N splits per request (default: the planner's choice)\n"
+    "  --kernel K         auto (the planner's choice: wgmma on sm_90a), mma, wgmma, or both\n"
+    "                     (each row twice, mma.sync then wgmma: an A/B in one run)\n"
     "  --no-check         skip the CPU check of request 0\n"
     "  --help             this text (no CUDA call)\n"
     "Rows: heads, q_len, dtype, batch, ctx, page, splits, median us (L2 flushed), GB/s and its\n"
     "fraction of the device copy, TFLOP/s and its fraction of the measured bf16 tensor peak,\n"
-    "the floor max(bytes/copy, FLOP/peak) in us, time / floor, and the check of request 0.\n"
+    "the floor max(bytes/copy, FLOP/peak) in us, time / floor, the check of request 0, and\n"
+    "the kernel that ran (mma: cp.async + mma.sync; wgmma: warp-specialised wgmma).\n"
     "Shapes:\n";
 
 void fill(void* p, std::size_t n, DType dt, std::uint32_t seed, float amp, int sms,
@@ -230,6 +233,7 @@ CheckStats check_request0(const Shape& pt, int page, float scale, const void* q_
 int main(int argc, char** argv) {
   bool check = true;
   int force_splits = 0;
+  std::vector<cuda::MlaDecodeKernel> kernels = {cuda::MlaDecodeKernel::kAuto};
   ShapeOptions so;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -242,6 +246,18 @@ int main(int argc, char** argv) {
         check = false;
       } else if (a == "--splits" && i + 1 < argc) {
         force_splits = int_list(a, argv[++i], 1, 1024).at(0);
+      } else if (a == "--kernel" && i + 1 < argc) {
+        const std::string k = argv[++i];
+        if (k == "auto")
+          kernels = {cuda::MlaDecodeKernel::kAuto};
+        else if (k == "mma")
+          kernels = {cuda::MlaDecodeKernel::kMma};
+        else if (k == "wgmma")
+          kernels = {cuda::MlaDecodeKernel::kWgmma};
+        else if (k == "both")
+          kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
+        else
+          throw std::invalid_argument("--kernel takes auto, mma, wgmma or both, not '" + k + "'");
       } else {
         throw std::invalid_argument("unknown or incomplete option '" + a + "'");
       }
@@ -310,16 +326,16 @@ int main(int argc, char** argv) {
         "# MLA decode, 512 + 64, bf16 queries, bf16 state out (natural LSE), pages of %d "
         "tokens (block table), scale %.5f; times are medians with L2 flushed\n",
         page, scale);
-    std::printf("%5s %2s %5s %6s %6s %6s %9s %7s %6s %8s %6s %9s %7s %5s %9s %9s\n", "heads", "q",
-                "kv", "batch", "ctx", "splits", "time_us", "GB/s", "%copy", "TFLOP/s", "%peak",
-                "floor_us", "x_floor", "check", "max_do", "max_dlse");
+    std::printf("%5s %2s %5s %6s %6s %6s %9s %7s %6s %8s %6s %9s %7s %5s %9s %9s %6s\n", "heads",
+                "q", "kv", "batch", "ctx", "splits", "time_us", "GB/s", "%copy", "TFLOP/s", "%peak",
+                "floor_us", "x_floor", "check", "max_do", "max_dlse", "kernel");
     FILE* csv = nullptr;
     if (!so.csv.empty()) {
       csv = bench_util::open_csv(
           so.csv,
           "heads,q_len,kv_dtype,batch,ctx,page,splits,time_us,bytes,gbps,frac_copy,tflops,"
           "frac_peak,floor_us,ratio_to_floor,copy_gbps,peak_tflops,peak_source,check,max_do,"
-          "max_dlse\n");
+          "max_dlse,kernel\n");
       if (!csv) return 1;
     }
 
@@ -352,76 +368,82 @@ int main(int argc, char** argv) {
         opt.policy = SplitPolicy::kFixedCount;
         opt.num_splits = force_splits;
       }
-      const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(pr, lens.data(), opt, bench.num_sms);
-      if (plan.workspace_bytes() > ws_cap) {
-        if (ws) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
-        ws_cap = plan.workspace_bytes();
-        ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_cap));
-      }
-      cuda::init_mla_decode_workspace(plan, ws, ws_cap, bench.stream);
-      MlaKvCache kv;
-      kv.ckv = ckv;
-      kv.kpe = kpe;
-      kv.ckv_dtype = kv.kpe_dtype = dt;
-      if (pt.fp8) kv.ckv_scale.value = kv.kpe_scale.value = kFp8Scale;
-      kv.num_pages = pool_pages;
-      kv.page_size = page;
-      kv.block_table = d_bt;
-      kv.block_table_stride = P;
-      kv.seq_lens = d_lens;
-      kv.batch = pt.batch;
-      kv.space = MemorySpace::kDevice;
-      const ConstTensorView qn = make_tensor_view(
-          q_nope, DType::kBF16, {pt.batch, pt.q_len, pt.heads, kRank}, MemorySpace::kDevice);
-      const ConstTensorView qp = make_tensor_view(
-          q_pe, DType::kBF16, {pt.batch, pt.q_len, pt.heads, kRope}, MemorySpace::kDevice);
-      const std::int64_t tokens_out = std::int64_t{pt.batch} * pt.q_len;
-      const StateView out = make_state_view(o, DType::kBF16, lse, tokens_out, pt.heads, kRank,
-                                            LseBase::kNatural, MemorySpace::kDevice);
-      auto call = [&] { cuda::run_mla_decode(plan, qn, qp, kv, out, ws, ws_cap, bench.stream); };
+      for (const cuda::MlaDecodeKernel kernel : kernels) {
+        const cuda::MlaDecodePlan plan =
+            cuda::plan_mla_decode(pr, lens.data(), opt, bench.num_sms, kernel);
+        const char* kernel_str =
+            plan.to_string().find("wgmma") != std::string::npos ? "wgmma" : "mma";
+        if (plan.workspace_bytes() > ws_cap) {
+          if (ws) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
+          ws_cap = plan.workspace_bytes();
+          ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_cap));
+        }
+        cuda::init_mla_decode_workspace(plan, ws, ws_cap, bench.stream);
+        MlaKvCache kv;
+        kv.ckv = ckv;
+        kv.kpe = kpe;
+        kv.ckv_dtype = kv.kpe_dtype = dt;
+        if (pt.fp8) kv.ckv_scale.value = kv.kpe_scale.value = kFp8Scale;
+        kv.num_pages = pool_pages;
+        kv.page_size = page;
+        kv.block_table = d_bt;
+        kv.block_table_stride = P;
+        kv.seq_lens = d_lens;
+        kv.batch = pt.batch;
+        kv.space = MemorySpace::kDevice;
+        const ConstTensorView qn = make_tensor_view(
+            q_nope, DType::kBF16, {pt.batch, pt.q_len, pt.heads, kRank}, MemorySpace::kDevice);
+        const ConstTensorView qp = make_tensor_view(
+            q_pe, DType::kBF16, {pt.batch, pt.q_len, pt.heads, kRope}, MemorySpace::kDevice);
+        const std::int64_t tokens_out = std::int64_t{pt.batch} * pt.q_len;
+        const StateView out = make_state_view(o, DType::kBF16, lse, tokens_out, pt.heads, kRank,
+                                              LseBase::kNatural, MemorySpace::kDevice);
+        auto call = [&] { cuda::run_mla_decode(plan, qn, qp, kv, out, ws, ws_cap, bench.stream); };
 
-      // The checked call, into an output poisoned with NaN (0xFF bytes).
-      CheckStats c;
-      if (check) {
-        ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(
-            o, 0xFF, static_cast<std::size_t>(tokens_out) * pt.heads * kRank * 2, bench.stream));
-        ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(
-            lse, 0xFF, static_cast<std::size_t>(tokens_out) * pt.heads * 4, bench.stream));
-        call();
-        ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(bench.stream));
-        c = check_request0(pt, page, scale, q_nope, q_pe, ckv, kpe, o, lse);
-        if (!c.ok) ++failures;
-      }
+        // The checked call, into an output poisoned with NaN (0xFF bytes).
+        CheckStats c;
+        if (check) {
+          ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(
+              o, 0xFF, static_cast<std::size_t>(tokens_out) * pt.heads * kRank * 2, bench.stream));
+          ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(
+              lse, 0xFF, static_cast<std::size_t>(tokens_out) * pt.heads * 4, bench.stream));
+          call();
+          ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(bench.stream));
+          c = check_request0(pt, page, scale, q_nope, q_pe, ckv, kpe, o, lse);
+          if (!c.ok) ++failures;
+        }
 
-      const std::int64_t bytes =
-          bytes_moved(pt.batch, pt.q_len, pt.heads, pt.ctx, static_cast<int>(size_of(dt)));
-      const double flop = useful_flop(pt.batch, pt.q_len, pt.heads, pt.ctx);
-      const int reps = so.reps_per_row();
-      const double t = bench.time_us(reps, call);
-      const double gbps = bytes / (t * 1e-6) / 1e9;
-      const double tflops = flop / (t * 1e-6) / 1e12;
-      const double floor_us =
-          std::max(bytes / (copy_gbps * 1e9), flop / (peak_tflops * 1e12)) * 1e6;
-      const int splits = plan.splits().policy == SplitPolicy::kFixedSize
-                             ? plan.splits().splits_for(pt.ctx)
-                             : plan.splits().num_splits;
-      const char* verdict = !check ? "-" : c.ok ? "ok" : "FAIL";
-      std::printf(
-          "%5d %2d %5s %6d %6s %6d %9.1f %7.0f %5.0f%% %8.1f %5.0f%% %9.1f %7.2f %5s "
-          "%9.2e %9.2e\n",
-          pt.heads, pt.q_len, dtype_str(pt), pt.batch, ctx_str(pt.ctx).c_str(), splits, t, gbps,
-          100.0 * gbps / copy_gbps, tflops, 100.0 * tflops / peak_tflops, floor_us, t / floor_us,
-          verdict, c.max_do, c.max_dlse);
-      std::fflush(stdout);
-      if (csv) {
-        std::fprintf(csv,
-                     "%d,%d,%s,%d,%d,%d,%d,%.2f,%lld,%.1f,%.4f,%.2f,%.4f,%.2f,%.3f,%.1f,%.1f,%s,%s,"
-                     "%.3e,%.3e\n",
-                     pt.heads, pt.q_len, dtype_str(pt), pt.batch, pt.ctx, page, splits, t,
-                     static_cast<long long>(bytes), gbps, gbps / copy_gbps, tflops,
-                     tflops / peak_tflops, floor_us, t / floor_us, copy_gbps, peak_tflops, peak_src,
-                     verdict, c.max_do, c.max_dlse);
-        std::fflush(csv);
+        const std::int64_t bytes =
+            bytes_moved(pt.batch, pt.q_len, pt.heads, pt.ctx, static_cast<int>(size_of(dt)));
+        const double flop = useful_flop(pt.batch, pt.q_len, pt.heads, pt.ctx);
+        const int reps = so.reps_per_row();
+        const double t = bench.time_us(reps, call);
+        const double gbps = bytes / (t * 1e-6) / 1e9;
+        const double tflops = flop / (t * 1e-6) / 1e12;
+        const double floor_us =
+            std::max(bytes / (copy_gbps * 1e9), flop / (peak_tflops * 1e12)) * 1e6;
+        const int splits = plan.splits().policy == SplitPolicy::kFixedSize
+                               ? plan.splits().splits_for(pt.ctx)
+                               : plan.splits().num_splits;
+        const char* verdict = !check ? "-" : c.ok ? "ok" : "FAIL";
+        std::printf(
+            "%5d %2d %5s %6d %6s %6d %9.1f %7.0f %5.0f%% %8.1f %5.0f%% %9.1f %7.2f %5s "
+            "%9.2e %9.2e %6s\n",
+            pt.heads, pt.q_len, dtype_str(pt), pt.batch, ctx_str(pt.ctx).c_str(), splits, t, gbps,
+            100.0 * gbps / copy_gbps, tflops, 100.0 * tflops / peak_tflops, floor_us, t / floor_us,
+            verdict, c.max_do, c.max_dlse, kernel_str);
+        std::fflush(stdout);
+        if (csv) {
+          std::fprintf(
+              csv,
+              "%d,%d,%s,%d,%d,%d,%d,%.2f,%lld,%.1f,%.4f,%.2f,%.4f,%.2f,%.3f,%.1f,%.1f,%s,%s,"
+              "%.3e,%.3e,%s\n",
+              pt.heads, pt.q_len, dtype_str(pt), pt.batch, pt.ctx, page, splits, t,
+              static_cast<long long>(bytes), gbps, gbps / copy_gbps, tflops, tflops / peak_tflops,
+              floor_us, t / floor_us, copy_gbps, peak_tflops, peak_src, verdict, c.max_do,
+              c.max_dlse, kernel_str);
+          std::fflush(csv);
+        }
       }
     }
     if (csv) std::fclose(csv);

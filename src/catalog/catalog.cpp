@@ -78,6 +78,8 @@ const char* to_string(Family f) {
       return "MLA decode";
     case Family::kMlaCascade:
       return "MLA cascade level";
+    case Family::kMlaDecodeWs:
+      return "MLA decode (wgmma, warp-specialised)";
   }
   return "unknown family";
 }

@@ -55,9 +55,13 @@ enum class Family : std::uint8_t {
   /// the segment's requests, split), fp32 partial states into the workspace (merged after by
   /// the n-ary merge); head dim `kMlaHeadDim`, `kv` the latent part's dtype, `out` fp32.
   kMlaCascade = 17,
+  /// `mla_decode_ws_kernel`: the MLA decode on Hopper `wgmma`, warp-specialised (a producer
+  /// warpgroup, two consumers), one CTA per (request, tile of 64 rows, split), 64-key tiles; head
+  /// dim `kMlaHeadDim`, `kv` the latent part's dtype; on devices without `wgmma`, `kMlaDecode`.
+  kMlaDecodeWs = 18,
 };
 /// Number of families.
-inline constexpr int kFamilies = 18;
+inline constexpr int kFamilies = 19;
 
 /// True for the merges' families.
 constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6 && static_cast<int>(f) <= 15; }
@@ -217,6 +221,9 @@ inline constexpr Tile kWsWide128Kv64{128, kCascadeKvTile, 2, 1};
 // The MLA decode: 64 rows, 32-key tiles, double buffer (CTAs per SM set by its shared memory:
 // one).
 inline constexpr Tile kMlaTile{kMlaTileRows, kMlaTileKeys, kMlaStages, 0};
+// The wgmma MLA decode: 64 rows, 64-key tiles, two stages (CTAs per SM set by its shared
+// memory: one).
+inline constexpr Tile kMlaWsTile{kMlaTileRows, kMlaWsTileKeys, kMlaWsStages, 0};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
@@ -578,6 +585,12 @@ inline constexpr Group kGroups[] = {
                                                   mask(DType::kBF16) | detail::kFp8, kStateDTypes,
                                                   false, kSinks, kNeedsNothing, Family::kMlaDecode),
                                     detail::kMlaTile),
+                      compiled::IntList<kMlaHeadDim>{}),
+    // the MLA decode on wgmma (sm_90a), the same dtypes and variants; elsewhere the rows above
+    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecodeWs, mask(DType::kBF16),
+                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
+                                                  false, kSinks, kNeedsWgmma, Family::kMlaDecode),
+                                    detail::kMlaWsTile),
                       compiled::IntList<kMlaHeadDim>{}),
     // MLA cascade levels (cuda/kernels/mla/): the decode's dtypes; fp32 partial states out (the
     // sinks are merged by the merge of the levels)

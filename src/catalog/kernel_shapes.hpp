@@ -201,5 +201,28 @@ static_assert(std::int64_t{kMlaTileRows} * kMlaLoraRank * 4 <=
               "the epilogue's o tile fits in the query tile and the stages");
 static_assert(mla_smem_bytes(true) <= 227 * 1024, "within an sm_90 CTA's shared memory");
 
+// ---- MLA decode on Hopper wgmma (cuda/kernels/mla/mla_decode_ws.cuh) ----
+
+/// Latent tokens per K/V tile of the wgmma MLA decode (one stage of its ring).
+inline constexpr int kMlaWsTileKeys = 64;
+/// Stages of its K/V ring.
+inline constexpr int kMlaWsStages = 2;
+/// Warps per CTA: two consumer warpgroups (the scores and one half of the latent columns; the
+/// other half) and one producer warpgroup (the copies, fp8 conversions).
+inline constexpr int kMlaWsWarps = 12;
+/// Bytes of its dynamic shared memory: 1 KiB of alignment slack (the 128-byte swizzle's atoms),
+/// the query tile and the K/V stages (bf16, `kMlaHeadDim` columns), the probabilities (bf16,
+/// `kMlaTileRows × kMlaWsTileKeys`), the rows' rescale factors and LSEs (fp32), the stages'
+/// "full" and "empty" mbarriers and the ticket flag; the epilogue's normalised `o` tile reuses
+/// the query tile and the stages. fp8 caches are converted by the producer on their way in
+/// (no staging).
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_ws_smem_bytes() {
+  return 1024 + std::int64_t{kMlaTileRows} * kMlaHeadDim * 2 +
+         std::int64_t{kMlaWsStages} * kMlaWsTileKeys * kMlaHeadDim * 2 +
+         std::int64_t{kMlaTileRows} * kMlaWsTileKeys * 2 + 2 * kMlaTileRows * 4 +
+         2 * kMlaWsStages * 8 + 16;
+}
+static_assert(mla_ws_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
+
 }  // namespace catalog
 }  // namespace attnstate

@@ -1,7 +1,9 @@
 /// @file mla.cu
 /// @brief CUDA MLA decode: `plan_mla_decode` (the decode's length-aware split chooser with the
-///        MLA kernel's facts), the argument checks of a run, the workspace layout and the launch
-///        of the catalog row the plan names (`kernels/mla/mla_decode.cuh`).
+///        MLA kernel's facts; the kernel's row), the argument checks of a run, the workspace
+///        layout and the launch of the catalog row the plan names (`kernels/mla/mla_decode.cuh`,
+///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma), then, from
+///        `plan::kMlaStackMergeSplits` splits, `merge_states` over the stacked splits.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -19,12 +21,14 @@
 #include "cuda/decode_prior.hpp"
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/mla/mla_decode.cuh"
+#include "cuda/kernels/mla/mla_decode_ws.cuh"
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/launch.hpp"
 #include "cuda/mla_common.hpp"
 #include "cuda/mla_launch.cuh"
 #include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
+#include "plan/mla_plan.hpp"
 #include "plan/tuning_sm90.hpp"
 
 namespace attnstate {
@@ -43,7 +47,6 @@ namespace {
 
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
-using detail::mla_facts;
 using detail::mla_query;
 using detail::MlaDecodePlanAccess;
 using detail::MlaDecodePlanData;
@@ -71,8 +74,12 @@ void check_options(const char* fn, const DecodeOptions& o) {
     throw_argument(fn, "options.programmatic_launch", "false", "true", Status::kNotSupported);
 }
 
+/// The workspace of a split plan: the partial states and the tickets of the ticket merge, or the
+/// stack of the stacked merge (`plan::mla_stack_merge`; no tickets: `ticket_off == total`).
 struct WorkspaceLayout {
   std::size_t o_off = 0, lse_off = 0, ticket_off = 0, total = 0;
+  bool stacked = false;
+  detail::MlaStackLayout stack;  ///< The stacked merge's sections (`stacked`).
 };
 
 constexpr std::int64_t kAlign = 256;
@@ -83,6 +90,18 @@ std::int64_t align_up(std::int64_t x) { return (x + kAlign - 1) / kAlign * kAlig
 bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   *w = WorkspaceLayout{};
   if (d.splits.max_splits <= 1) return true;
+  if (plan::mla_stack_merge(d.splits.max_splits)) {
+    // [split][batch · q_len · heads][512]: the rows of the output, one slot per split
+    std::int64_t rows = 0;
+    w->stacked = true;
+    if (!checked_mul(d.problem.batch, d.problem.q_len * d.problem.heads, &rows) ||
+        !detail::mla_stack_layout(rows, d.splits.max_splits, 0, &w->stack))
+      return false;
+    w->o_off = w->stack.o_off;
+    w->lse_off = w->stack.lse_off;
+    w->ticket_off = w->total = w->stack.total;
+    return true;
+  }
   std::int64_t tiles = 0, parts = 0, o_bytes = 0;
   if (!checked_mul(d.problem.batch, d.row_tiles, &tiles) ||
       !checked_mul(tiles, std::int64_t{d.splits.max_splits} * catalog::kMlaTileRows, &parts) ||
@@ -95,16 +114,47 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   return true;
 }
 
-/// The MLA decode's rows (`kMlaLaunchTable`).
+/// The rows of an MLA decode family `F` (`kMlaLaunchTable`): the mma.sync kernel's, or the
+/// wgmma kernel's (`kMlaDecodeWs`).
+template <catalog::Family F>
 struct DecodeRows {
   using Params = detail::MlaParams;
-  static constexpr catalog::Family kFamily = catalog::Family::kMlaDecode;
-  static constexpr const char* kName = "mla_decode_kernel";
+  static constexpr catalog::Family kFamily = F;
+  static constexpr bool kWs = F == catalog::Family::kMlaDecodeWs;
+  static constexpr const char* kName = kWs ? "mla_decode_ws_kernel" : "mla_decode_kernel";
   template <int kKv>
   static constexpr auto kernel() {
-    return &detail::mla_decode_kernel<kKv>;
+    if constexpr (kWs)
+      return &detail::mla_decode_ws_kernel<kKv>;
+    else
+      return &detail::mla_decode_kernel<kKv>;
   }
 };
+
+/// Whether the current device runs the wgmma kernels (false without a device, or a driver).
+bool current_device_wgmma() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();  // (clears the error of a machine without a device)
+    return false;
+  }
+  return detail::device_facts().wgmma();
+}
+
+/// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
+/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled;
+/// `kWgmma`: refused by name without one).
+int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
+               bool wgmma) {
+  const int mma = catalog::find_id(mla_query(problem));
+  if (kernel == MlaDecodeKernel::kMma || (kernel == MlaDecodeKernel::kAuto && !wgmma)) return mma;
+  const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeWs);
+  const int ws = catalog::find_id(q);
+  if (ws < 0 && kernel == MlaDecodeKernel::kWgmma)
+    throw_argument(fn, "kernel", catalog::not_supported_message(q), "kWgmma",
+                   Status::kNotSupported);
+  return ws >= 0 ? ws : mma;
+}
 
 /// Every check of a run, in order; returns the workspace layout.
 WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_nope,
@@ -169,6 +219,13 @@ WorkspaceLayout check_run(const MlaDecodePlan& plan, const ConstTensorView& q_no
              kv.block_table != nullptr ? kv.batch * kv.block_table_stride * 4 : 0);
   }
   detail::check_device_sinks(fn, sinks, pr.heads, out, workspace, workspace_bytes);
+  const catalog::Row& row = catalog::kRows[static_cast<std::size_t>(d.kernel_id)];
+  if ((row.needs & catalog::kNeedsWgmma) != 0 && !detail::device_facts().wgmma())
+    throw_argument(fn, "plan",
+                   "a plan whose kernel the device runs (its wgmma row needs an sm_90 device "
+                   "running sm_90a code)",
+                   std::string("a plan of ") + catalog::to_string(row.family),
+                   Status::kNotSupported);
   return w;
 }
 
@@ -197,13 +254,20 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   char* ws = static_cast<char*>(workspace);
   p.ws_o = w.total ? reinterpret_cast<float*>(ws + w.o_off) : nullptr;
   p.ws_lse = w.total ? reinterpret_cast<float*>(ws + w.lse_off) : nullptr;
-  p.tickets = w.total ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
-  p.sinks = sinks.logits;
-  const auto l = detail::kMlaLaunchTable<DecodeRows>[static_cast<std::size_t>(d.kernel_id)];
+  p.tickets = w.total && !w.stacked ? reinterpret_cast<std::int32_t*>(ws + w.ticket_off) : nullptr;
+  p.stack_rows = w.stacked ? kv.batch * d.problem.q_len * d.problem.heads : 0;
+  p.sinks = w.stacked ? nullptr : sinks.logits;  // the stacked merge merges the sinks
+  const auto id = static_cast<std::size_t>(d.kernel_id);
+  const auto l = catalog::kRows[id].family == catalog::Family::kMlaDecodeWs
+                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
+                     : detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecode>>[id];
   if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
                    "kernel id " + decode_str(d.kernel_id), Status::kInternal);
   l(p, grid, stream);
+  if (w.stacked)
+    detail::merge_mla_stack(workspace, w.stack, kv.batch * d.problem.q_len, d.splits.max_splits,
+                            d.problem.heads, sinks, out, stream);
 }
 
 }  // namespace
@@ -226,15 +290,22 @@ std::string MlaDecodePlan::to_string() const {
          decode_str(d_.problem.heads) + " heads × q_len " + decode_str(d_.problem.q_len) + " in " +
          decode_str(d_.row_tiles) + " row tile" + (d_.row_tiles == 1 ? "" : "s") + "; " +
          (S == 1 ? std::string("one split per request")
-                 : "at most " + decode_str(S) + " splits per request (the workspace merge)");
+                 : "at most " + decode_str(S) + " splits per request (" +
+                       (plan::mla_stack_merge(S) ? "merge_states over the stacked splits"
+                                                 : "the ticket merge in the workspace") +
+                       ")");
 }
 
 MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_t* seq_lens_host,
-                              const DecodeOptions& options, int num_sms) {
+                              const DecodeOptions& options, int num_sms, MlaDecodeKernel kernel) {
   const char* fn = kPlanFn;
   detail::check_mla_problem(fn, problem);
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   check_options(fn, options);
+  if (kernel != MlaDecodeKernel::kAuto && kernel != MlaDecodeKernel::kMma &&
+      kernel != MlaDecodeKernel::kWgmma)
+    throw_argument(fn, "kernel", "kAuto, kMma or kWgmma",
+                   "value " + decode_str(static_cast<int>(kernel)));
   const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,
                                                        problem.kv_lora_rank + problem.rope_dim);
   const int row_tiles = static_cast<int>(
@@ -248,20 +319,16 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   dp.head_dim = problem.kv_lora_rank + problem.rope_dim;
   dp.q_dtype = problem.q_dtype;
   dp.kv_dtype = problem.ckv_dtype;
-  const plan::DecodeFacts facts = mla_facts();
-  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * facts.ctas_per_sm;
   const SplitLayout splits =
-      options.policy == SplitPolicy::kAuto
-          ? plan::auto_layout(fn, dp, seq_lens_host, options, slots, row_tiles, facts)
-          : plan_split_layout(dp, seq_lens_host, options, slots, row_tiles, fn, "seq_lens_host",
-                              "options");
+      plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms, row_tiles);
   MlaDecodePlan plan;
   MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
   d.problem = problem;
   d.splits = splits;
   d.scale = scale;
   d.catalog_fingerprint = catalog::kFingerprint;
-  d.kernel_id = catalog::find_id(mla_query(problem));
+  d.kernel_id =
+      kernel_row(fn, problem, kernel, kernel == MlaDecodeKernel::kAuto && current_device_wgmma());
   d.row_tiles = row_tiles;
   d.num_sms = num_sms;
   WorkspaceLayout w;
@@ -285,7 +352,7 @@ void init_mla_decode_workspace(const MlaDecodePlan& plan, void* workspace,
   detail::check_plan_fingerprint(fn, d.catalog_fingerprint, "plan_mla_decode");
   WorkspaceLayout w;
   workspace_layout(d, &w);
-  if (w.total == 0) return;
+  if (w.total == w.ticket_off) return;  // nothing to zero: no split, or the stacked merge
   if (workspace == nullptr) throw_argument(fn, "workspace", "non-null", "null");
   if (workspace_bytes < w.total)
     throw_argument(fn, "workspace_bytes", ">= plan.workspace_bytes() = " + decode_str(w.total),

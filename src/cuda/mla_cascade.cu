@@ -49,35 +49,18 @@ using detail::MlaCascadePlanData;
 
 constexpr const char* kPlanFn = "attnstate::cuda::plan_mla_cascade";
 constexpr const char* kRunFn = "attnstate::cuda::run_mla_cascade";
-constexpr std::int64_t kAlign = 256;
-constexpr std::int64_t kRowBytes = std::int64_t{catalog::kMlaLoraRank} * 4;  // an fp32 `o` row
 
-std::int64_t align_up(std::int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-/// The workspace: the stack (`o`, LSEs), the sinks' fp32 state (`o`, LSEs) and zeros.
-struct WorkspaceLayout {
-  std::size_t o_off = 0, lse_off = 0, tmp_o_off = 0, tmp_lse_off = 0, zeros_off = 0, total = 0;
-};
+/// The workspace: the stack of the levels' splits and its merge's (`detail::mla_stack_layout`).
+using WorkspaceLayout = detail::MlaStackLayout;
 
 /// Query rows of the plan's batch: `batch · q_len · heads`.
 std::int64_t stack_rows(const MlaCascadePlanData& d) {
   return d.problem.mla.batch * d.problem.mla.q_len * d.problem.mla.heads;
 }
 
-/// The workspace of `d`; false when it does not fit 2^62 bytes.
+/// The workspace of `d` (its rows < 2^31: checked when planning); false when it does not fit.
 bool workspace_layout(const MlaCascadePlanData& d, WorkspaceLayout* w) {
-  *w = WorkspaceLayout{};
-  const std::int64_t rows = stack_rows(d);  // < 2^31: checked when planning
-  std::int64_t parts = 0, o_bytes = 0;
-  if (!checked_mul(rows, d.num_slots, &parts) || !checked_mul(parts, kRowBytes, &o_bytes) ||
-      o_bytes > (std::int64_t{1} << 60))
-    return false;
-  w->lse_off = static_cast<std::size_t>(align_up(o_bytes));
-  w->tmp_o_off = w->lse_off + static_cast<std::size_t>(align_up(parts * 4));
-  w->tmp_lse_off = w->tmp_o_off + static_cast<std::size_t>(align_up(rows * kRowBytes));
-  w->zeros_off = w->tmp_lse_off + static_cast<std::size_t>(align_up(rows * 4));
-  w->total = w->zeros_off + static_cast<std::size_t>(align_up(kRowBytes));
-  return true;
+  return detail::mla_stack_layout(stack_rows(d), d.num_slots, 0, w);
 }
 
 /// The MLA cascade's level rows (`kMlaLaunchTable`).
@@ -292,27 +275,8 @@ void launch(const MlaCascadePlan& plan, const ConstTensorView& q_nope, const Con
     sp.slot0 = d.first_slot[l];
     level(sp, lv.num_segments * d.row_tiles[l] * d.splits[l].max_splits, stream);
   }
-  const std::int64_t tokens = pr.batch * pr.q_len;
-  const ConstStateStackView stack = make_state_stack(
-      sp.stack_o, DType::kF32, sp.stack_lse, StackOrder::kStatesMajor, tokens, d.num_slots,
-      pr.heads, catalog::kMlaLoraRank, LseBase::kBase2, MemorySpace::kDevice);
-  if (sinks.none()) {
-    merge_states(stack, out, stream);
-    return;
-  }
-  // the levels' merge in fp32, then the one merge that carries the sinks (rounded once to out)
-  float* tmp_o = reinterpret_cast<float*>(ws + w.tmp_o_off);
-  float* tmp_lse = reinterpret_cast<float*>(ws + w.tmp_lse_off);
-  void* zeros = ws + w.zeros_off;
-  const StateView tmp =
-      make_state_view(tmp_o, DType::kF32, tmp_lse, tokens, pr.heads, catalog::kMlaLoraRank,
-                      LseBase::kBase2, MemorySpace::kDevice);
-  merge_states(stack, tmp, stream);
-  ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(zeros, 0, static_cast<std::size_t>(kRowBytes), stream));
-  merge_state(tmp,
-              make_sink_state(sinks.logits, zeros, DType::kF32, tokens, pr.heads,
-                              catalog::kMlaLoraRank, LseBase::kNatural, MemorySpace::kDevice),
-              out, stream);
+  detail::merge_mla_stack(workspace, w, pr.batch * pr.q_len, d.num_slots, pr.heads, sinks, out,
+                          stream);
 }
 
 }  // namespace

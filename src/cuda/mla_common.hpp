@@ -8,11 +8,15 @@
 #include <cstdint>
 #include <string>
 
+#include "attnstate/core/checked.hpp"
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/core/mla.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "attnstate/core/sink.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/cuda/check.hpp"
+#include "attnstate/cuda/merge.hpp"
 #include "attnstate/cuda/mla.hpp"
 #include "catalog/catalog.hpp"
 #include "common/mla_validate.hpp"
@@ -20,6 +24,7 @@
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/plan_run_checks.hpp"
 #include "plan/decode_plan.hpp"
+#include "plan/mla_plan.hpp"
 
 namespace attnstate {
 namespace cuda {
@@ -28,34 +33,8 @@ namespace detail {
 using attnstate::detail::decode_str;
 using attnstate::detail::throw_argument;
 
-// The MLA kernel's costs for the split chooser, in keys one CTA streams in that time: a CTA's
-// fixed cost (its 72 KiB query tile and the pipeline's fill), an empty split's CTA (it reads the
-// length and exits) and the merge of a request's splits (64 rows × 512 columns per split).
-inline constexpr int kMlaCtaCostTokens = 64;
-inline constexpr int kMlaEmptyCtaTokens = 16;
-inline constexpr int kMlaMergeCostTokens = 256;
-// The shortest planned split: two K/V tiles.
-inline constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
-
-/// The planner's facts for the MLA kernel: one CTA per SM (its shared memory), no cluster merge,
-/// no short-split configuration, the MLA costs.
-inline plan::DecodeFacts mla_facts() {
-  plan::DecodeFacts f;
-  f.tile_rows = catalog::kMlaTileRows;
-  f.stages = catalog::kMlaStages;
-  f.short_stages = catalog::kMlaStages;
-  f.short_tokens = 0;
-  f.max_cluster = 1;
-  f.ws_group = 1;
-  f.ctas_per_sm = 1;
-  f.stream_warps = 0;
-  f.split_multiple = 1;
-  f.cta_cost_tokens = kMlaCtaCostTokens;
-  f.empty_cta_tokens = kMlaEmptyCtaTokens;
-  f.merge_cost_tokens = kMlaMergeCostTokens;
-  f.min_split_tokens = kMlaMinSplitTokens;
-  return f;
-}
+// The planner's facts for the MLA kernels (plan/mla_plan.hpp, host-only and tested there).
+using plan::mla_facts;
 
 /// The catalog query of a problem's kernel of `family` (the decode's, or the cascade's levels).
 inline catalog::Query mla_query(const MlaDecodeProblem& pr,
@@ -207,6 +186,63 @@ inline void fill_mla_inputs(const ConstTensorView& q_nope, const ConstTensorView
   p->group = static_cast<std::int32_t>(heads);
   p->rows = p->q_len * p->group;
   p->s2_scale = math::base2_score_scale(scale);
+}
+
+/// Bytes of an fp32 `o` row of the MLA kernels' states.
+inline constexpr std::int64_t kMlaStateRowBytes = std::int64_t{catalog::kMlaLoraRank} * 4;
+
+/// A workspace holding a stack of MLA states and what its merge needs: the stack
+/// `[slots][rows][512]` (`o` fp32, LSEs base 2), an fp32 state of `rows` rows (the stack merged
+/// before the sinks) and one zero row (the sink state's `o`); sections 256-byte aligned.
+struct MlaStackLayout {
+  std::size_t o_off = 0, lse_off = 0, tmp_o_off = 0, tmp_lse_off = 0, zeros_off = 0, total = 0;
+};
+
+/// The stack workspace of `slots` states of `rows` rows from byte `base` (256-byte aligned) on;
+/// false when the stack does not fit 2^60 bytes.
+inline bool mla_stack_layout(std::int64_t rows, std::int64_t slots, std::size_t base,
+                             MlaStackLayout* w) {
+  const auto up = [](std::int64_t x) { return static_cast<std::size_t>((x + 255) / 256 * 256); };
+  *w = MlaStackLayout{};
+  std::int64_t parts = 0, o_bytes = 0;
+  if (!checked_mul(rows, slots, &parts) || !checked_mul(parts, kMlaStateRowBytes, &o_bytes) ||
+      o_bytes > (std::int64_t{1} << 60))
+    return false;
+  w->o_off = base;
+  w->lse_off = w->o_off + up(o_bytes);
+  w->tmp_o_off = w->lse_off + up(parts * 4);
+  w->tmp_lse_off = w->tmp_o_off + up(rows * kMlaStateRowBytes);
+  w->zeros_off = w->tmp_lse_off + up(rows * 4);
+  w->total = w->zeros_off + up(kMlaStateRowBytes);
+  return true;
+}
+
+/// `merge_states` of the dense stack of `workspace` (`w`: `[slots][tokens · heads][512]`) into
+/// `out`, on `stream`; with sinks, the stack merged into the workspace's fp32 state first, then
+/// that state merged once with the sink state into `out` (rounded once). The stacked merge of
+/// the MLA decode and the MLA cascade's merge of its levels.
+inline void merge_mla_stack(void* workspace, const MlaStackLayout& w, std::int64_t tokens,
+                            std::int64_t slots, std::int64_t heads, const AttentionSinks& sinks,
+                            const StateView& out, cudaStream_t stream) {
+  char* ws = static_cast<char*>(workspace);
+  const ConstStateStackView stack =
+      make_state_stack(ws + w.o_off, DType::kF32, reinterpret_cast<const float*>(ws + w.lse_off),
+                       StackOrder::kStatesMajor, tokens, slots, heads, catalog::kMlaLoraRank,
+                       LseBase::kBase2, MemorySpace::kDevice);
+  if (sinks.none()) {
+    merge_states(stack, out, stream);
+    return;
+  }
+  const StateView tmp =
+      make_state_view(ws + w.tmp_o_off, DType::kF32, reinterpret_cast<float*>(ws + w.tmp_lse_off),
+                      tokens, heads, catalog::kMlaLoraRank, LseBase::kBase2, MemorySpace::kDevice);
+  merge_states(stack, tmp, stream);
+  ATTNSTATE_CUDA_CHECK(
+      cudaMemsetAsync(ws + w.zeros_off, 0, static_cast<std::size_t>(kMlaStateRowBytes), stream));
+  merge_state(tmp,
+              make_sink_state(sinks.logits, ws + w.zeros_off, DType::kF32, tokens, heads,
+                              catalog::kMlaLoraRank, LseBase::kNatural, MemorySpace::kDevice),
+              out, stream);
 }
 
 }  // namespace detail

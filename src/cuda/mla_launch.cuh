@@ -24,15 +24,18 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// The launch of `K`'s row over `kKv` on `grid` CTAs of `kMlaThreads` on `stream`.
+/// The launch of `K`'s row over `kKv` on `grid` CTAs on `stream` (`kMlaThreads` threads, or the
+/// wgmma decode's `kMlaWsWarps` warps, and the family's shared memory).
 template <class K, int kKv>
 void launch_mla_row(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
   constexpr auto kernel = K::template kernel<kKv>();
-  const int smem = static_cast<int>(catalog::mla_smem_bytes(kKv != tile::kKvSame));
+  constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs;  // (its own CTA shape)
+  const int smem = static_cast<int>(kWs ? catalog::mla_ws_smem_bytes()
+                                        : catalog::mla_smem_bytes(kKv != tile::kKvSame));
   raise_smem_limit<kernel>(smem);
   LaunchConfig c;
   c.grid = dim3(static_cast<unsigned>(grid));
-  c.block = dim3(kMlaThreads);
+  c.block = dim3(kWs ? catalog::kMlaWsWarps * 32 : kMlaThreads);
   c.smem = static_cast<std::size_t>(smem);
   c.stream = stream;
   launch_kernel(c, kernel, K::kName, p);

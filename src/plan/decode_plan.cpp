@@ -165,7 +165,14 @@ double layout_cost(const std::int32_t* seq_lens, std::int64_t batch, std::int64_
   for (std::int64_t r : rest) take(ctas, r);
   t += static_cast<double>(empty) * static_cast<double>(ctas) * f.empty_cta_tokens /
        static_cast<double>(slots);
-  if (max_splits > 1) t += f.merge_cost_tokens;
+  if (max_splits > 1) {
+    if (f.stack_merge_splits > 0 && max_splits >= f.stack_merge_splits)
+      t += f.stack_merge_tokens + 2.0 * f.merge_split_tokens *
+                                      static_cast<double>(batch * ctas * max_splits) /
+                                      static_cast<double>(slots);
+    else
+      t += f.merge_cost_tokens + static_cast<double>(f.merge_split_tokens) * max_splits;
+  }
   return t;
 }
 
@@ -214,12 +221,12 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
   SplitLayout l = plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles,
                                     fn, "seq_lens_host", "options");
   const std::int64_t max_len = max_length(problem, seq_lens);
-  // lengths that differ: the layout balanced over all of them, when the model says it is faster
-  // than the one sized from the longest request alone
+  // lengths that differ (or any, with `balance_uniform`): the layout balanced over all of them,
+  // when the model says it is faster than the one sized from the longest request alone
   const bool ragged =
       problem.batch > 1 && std::any_of(seq_lens + 1, seq_lens + problem.batch,
                                        [&](std::int32_t len) { return len != seq_lens[0]; });
-  if (ragged) {
+  if (ragged || f.balance_uniform) {
     const std::int64_t ctas = problem.heads_kv * row_tiles;
     const SplitLayout b = balanced_layout(problem, seq_lens, slots, row_tiles, f);
     const double cost_b =

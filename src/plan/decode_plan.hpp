@@ -54,7 +54,19 @@ struct DecodeFacts {
   int cta_cost_tokens = cuda::tuning::kDecodeCtaCostTokens;      ///< A split CTA's fixed cost.
   int empty_cta_tokens = cuda::tuning::kDecodeEmptyCtaTokens;    ///< An empty split CTA's cost.
   int merge_cost_tokens = cuda::tuning::kDecodeMergeCostTokens;  ///< A request's merge cost.
-  int min_split_tokens = cuda::tuning::kDecodeMinSplitTokens;    ///< Shortest planned split.
+  /// The merge's cost per split of a request, on top of `merge_cost_tokens` (0: the merge's cost
+  /// does not grow with the split count, as the decode's cluster and group merges).
+  int merge_split_tokens = 0;
+  /// Split counts from which the splits merge in a launch of their own over every SM (0: never):
+  /// its cost is then `stack_merge_tokens` plus twice `merge_split_tokens` (each partial state
+  /// written and read, every CTA sharing the memory) for each split of every request and CTA,
+  /// spread over the slots, instead of `merge_cost_tokens` plus `merge_split_tokens` per split.
+  int stack_merge_splits = 0;
+  int stack_merge_tokens = 0;  ///< The stacked merge's launch, in keys.
+  /// Lengths all equal take the layout of least `layout_cost` too (`auto_layout`), not only the
+  /// wave heuristic's.
+  bool balance_uniform = false;
+  int min_split_tokens = cuda::tuning::kDecodeMinSplitTokens;  ///< Shortest planned split.
   /// Clusters of `c` CTAs (index `c`, 2..`kMaxCluster`) of the split kernel the device keeps
   /// resident at once: `[0]` at the default depth, `[1]` in the short-split configuration;
   /// 0 for sizes never used.
@@ -129,8 +141,10 @@ bool short_candidate(const DecodeFacts& facts, const int (&split_ids)[2],
 /// split (KV heads × row tiles), on `slots` concurrent CTAs, in the keys one CTA slot streams in
 /// that time: the non-empty splits taken longest first in waves of `slots`, each wave as long as
 /// its longest split plus `cta_cost_tokens`; the CTAs of empty splits at `empty_cta_tokens`
-/// spread over the slots; one `merge_cost_tokens` when a request is split. A model, not a
-/// measurement: it ranks layouts of one problem.
+/// spread over the slots; when a request is split, one `merge_cost_tokens` plus
+/// `merge_split_tokens` per split of the longest request (from `stack_merge_splits` splits, the
+/// stacked merge: `stack_merge_tokens` plus twice `merge_split_tokens` per split of every request
+/// and CTA, over the slots). A model, not a measurement: it ranks layouts of one problem.
 double layout_cost(const std::int32_t* seq_lens, std::int64_t batch, std::int64_t ctas,
                    std::int64_t chunk, std::int64_t max_splits, std::int64_t slots,
                    const DecodeFacts& facts);
@@ -143,7 +157,8 @@ SplitLayout balanced_layout(const DecodeProblem& problem, const std::int32_t* se
                             std::int64_t slots, int row_tiles, const DecodeFacts& facts);
 
 /// The automatic split layout for `slots` concurrent CTAs:
-/// - requests all of one length: the wave-efficiency heuristic (`plan_split_layout`);
+/// - requests all of one length: the wave-efficiency heuristic (`plan_split_layout`), or, with
+///   `balance_uniform`, as for lengths that differ;
 /// - lengths that differ: `balanced_layout`, when its `layout_cost` is below 97% of that of the
 ///   heuristic's layout (which sizes the splits from the longest request only), else the latter;
 /// then, for short requests, at most as many splits as a cluster merges (`max_cluster`, when the

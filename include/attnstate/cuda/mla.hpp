@@ -107,9 +107,19 @@ class MlaDecodePlan {
   detail::MlaDecodePlanData d_;
 };
 
-/// Plans an MLA decode on the host (no CUDA call): the split layout of `options.policy` from the
-/// real lengths (`kAuto`: the decode's length-aware chooser over the SMs, with the MLA kernel's
-/// costs), the scale and the catalog row.
+/// The kernel of an MLA decode plan (`plan_mla_decode`'s hand choice, for comparisons and tests;
+/// each gives the same results up to rounding).
+enum class MlaDecodeKernel : std::uint8_t {
+  kAuto = 0,   ///< The wgmma kernel where the current device runs it (sm_90a), else `kMma`.
+  kMma = 1,    ///< `cp.async` + `mma.sync` m16n8k16, 32-key tiles (every architecture built).
+  kWgmma = 2,  ///< Hopper `wgmma`, warp-specialised, 64-key tiles (a run on a device without
+               ///< sm_90a code is refused: `Status::kNotSupported`).
+};
+
+/// Plans an MLA decode on the host: the split layout of `options.policy` from the real lengths
+/// (`kAuto`: the decode's length-aware chooser over the SMs, with the MLA kernel's costs), the
+/// scale and the catalog row (of `kernel`; `kAuto` asks the current device, once, cached,
+/// whether it runs the wgmma kernel: no device, no wgmma; the other choices make no CUDA call).
 ///
 /// @param problem        the shape (see `MlaDecodeProblem`; unsupported dtypes or widths:
 ///                       `Status::kNotSupported` naming the field).
@@ -120,9 +130,11 @@ class MlaDecodePlan {
 ///                       `options.programmatic_launch`) left at their defaults: each is refused
 ///                       by name (`kNotSupported`).
 /// @param num_sms        SMs of the device, ≥ 1.
+/// @param kernel         the kernel (`MlaDecodeKernel`).
 /// @throws Error naming the argument on a violation.
 MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_t* seq_lens_host,
-                              const DecodeOptions& options, int num_sms);
+                              const DecodeOptions& options, int num_sms,
+                              MlaDecodeKernel kernel = MlaDecodeKernel::kAuto);
 
 /// Zeroes the ticket counters of a workspace on `stream` (one `cudaMemsetAsync`; nothing when
 /// the plan needs no workspace). Call once after allocating it, after a failed run, or before

@@ -5,8 +5,9 @@
 ///        layouts, q_len 1..4, 16, 64 and 128 heads, one split and several (fixed and planned),
 ///        sinks, every state dtype and base, outputs poisoned with NaN first; split states merged
 ///        with `cuda::merge_states` against the one-pass state; the kit's MLA laws on a CUDA
-///        adapter; argument errors naming the argument. GPU tests skip without a GPU; the
-///        planner's errors (host only) run everywhere.
+///        adapter; argument errors naming the argument. Every GPU test runs each kernel the
+///        device runs (`device_kernels`: mma.sync, and the wgmma one on sm_90a). GPU tests skip
+///        without a GPU; the planner's errors and its kernel rows (host only) run everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,9 +26,11 @@
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
+#include "catalog/catalog.hpp"
 #include "cuda_test_utils.hpp"
 #include "mla_device.hpp"
 #include "mla_problem.hpp"
+#include "plan/mla_plan.hpp"
 
 namespace {
 
@@ -119,13 +122,44 @@ DecodeOptions fixed_size(int size) {
   return o;
 }
 
-/// Plans and runs the CUDA MLA decode of `h` (scale of the problem, sinks of the problem) into a
-/// fresh poisoned output; returns it on the host.
+/// The catalog family of a plan's kernel.
+catalog::Family family_of(const cuda::MlaDecodePlan& plan) {
+  return catalog::kRows[static_cast<std::size_t>(plan.kernel_id())].family;
+}
+
+/// The MLA decode kernels the device runs: mma.sync, and the wgmma kernel where the planner's
+/// automatic choice takes it (an sm_90 device running sm_90a code).
+std::vector<cuda::MlaDecodeKernel> device_kernels() {
+  cuda::MlaDecodeProblem pr;
+  pr.batch = 1;
+  pr.heads = 16;
+  const std::int32_t len = 1;
+  const bool ws = family_of(cuda::plan_mla_decode(pr, &len, DecodeOptions{}, 1)) ==
+                  catalog::Family::kMlaDecodeWs;
+  if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
+  return {cuda::MlaDecodeKernel::kMma};
+}
+
+/// A kernel's name in failure messages.
+std::string kernel_name(cuda::MlaDecodeKernel k) {
+  return k == cuda::MlaDecodeKernel::kWgmma ? "wgmma"
+         : k == cuda::MlaDecodeKernel::kMma ? "mma.sync"
+                                            : "auto";
+}
+
+/// Plans (on `kernel`, checked to be the plan's row) and runs the CUDA MLA decode of `h` (scale
+/// of the problem, sinks of the problem) into a fresh poisoned output; returns it on the host.
 HostState run_cuda(const MlaHost& h, const DeviceMla& d, DecodeOptions options, DType out_dtype,
-                   LseBase base, bool one_pool = false, cuda::MlaDecodePlan* keep = nullptr) {
+                   LseBase base, bool one_pool = false, cuda::MlaDecodePlan* keep = nullptr,
+                   cuda::MlaDecodeKernel kernel = cuda::MlaDecodeKernel::kAuto) {
   options.scale = h.problem.scale;
   const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), options,
-                                                         attnstate_test::device_sms());
+                                                         attnstate_test::device_sms(), kernel);
+  if (kernel != cuda::MlaDecodeKernel::kAuto)
+    EXPECT_EQ(family_of(plan), kernel == cuda::MlaDecodeKernel::kWgmma
+                                   ? catalog::Family::kMlaDecodeWs
+                                   : catalog::Family::kMlaDecode)
+        << plan.to_string();
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
   DeviceState out(h.tokens(), h.cfg.heads, h.cfg.kv_lora_rank, out_dtype, base);
@@ -209,21 +243,25 @@ TEST(MlaCuda, LargeMatrixMatchesTheReference) {
     if (c.sinks) add_sinks(h, seed);
     ++seed;
     const DeviceMla d(h);
-    for (const DecodeOptions& o :
-         {fixed_count(1), fixed_count(3), fixed_size(32), DecodeOptions{}}) {
-      const HostState out = run_cuda(h, d, o, c.out, c.base, c.one_pool);
-      EXPECT_EQ(compare_with_reference(h, out), "")
-          << h.cfg.name() << " policy " << static_cast<int>(o.policy) << " n " << o.num_splits
-          << " size " << o.split_size << (c.sinks ? " sinks" : "")
-          << (c.one_pool ? " one pool" : "");
-    }
+    for (const cuda::MlaDecodeKernel k : device_kernels())
+      for (const DecodeOptions& o :
+           {fixed_count(1), fixed_count(3), fixed_size(32), DecodeOptions{}}) {
+        const HostState out = run_cuda(h, d, o, c.out, c.base, c.one_pool, nullptr, k);
+        EXPECT_EQ(compare_with_reference(h, out), "")
+            << kernel_name(k) << " " << h.cfg.name() << " policy " << static_cast<int>(o.policy)
+            << " n " << o.num_splits << " size " << o.split_size << (c.sinks ? " sinks" : "")
+            << (c.one_pool ? " one pool" : "");
+      }
   }
 }
 
 TEST(MlaCuda, EveryPathOnASmallProblem) {
   ATTNSTATE_REQUIRE_GPU();
-  // each row (bf16, e4m3 and e5m2 latent parts; fp8 and bf16 rope), one split and the
-  // workspace merge, sinks, two row tiles: small enough for memcheck and racecheck
+  // each row of each kernel (bf16, e4m3 and e5m2 latent parts; fp8 and bf16 rope), one split,
+  // the ticket merge (3 splits) and the stacked merge (5: the empty request's and the 40-token
+  // request's slots past their splits written empty), sinks, two row tiles, partial K/V tiles, a
+  // request of four 64-key tiles (the wgmma kernel's two-stage ring refilled): small enough for
+  // memcheck and racecheck
   const DType bf = DType::kBF16, e4 = DType::kE4M3, e5 = DType::kE5M2;
   const Case cases[] = {
       {bf, bf, DType::kF32, 16, 2, 16, false, LseBase::kNatural, true, false},
@@ -233,15 +271,17 @@ TEST(MlaCuda, EveryPathOnASmallProblem) {
   std::uint64_t seed = 51;
   for (const Case& c : cases) {
     MlaConfig cfg = config_of(c, seed);
-    cfg.seq_lens = {0, 40, 100};
+    cfg.seq_lens = {0, 40, 200};
     MlaHost h = make_mla_host(cfg, seed);
     if (c.sinks) add_sinks(h, seed);
     ++seed;
     const DeviceMla d(h);
-    for (const DecodeOptions& o : {fixed_count(1), fixed_count(3)}) {
-      const HostState out = run_cuda(h, d, o, c.out, c.base);
-      EXPECT_EQ(compare_with_reference(h, out), "") << h.cfg.name() << " n " << o.num_splits;
-    }
+    for (const cuda::MlaDecodeKernel k : device_kernels())
+      for (const DecodeOptions& o : {fixed_count(1), fixed_count(3), fixed_count(5)}) {
+        const HostState out = run_cuda(h, d, o, c.out, c.base, false, nullptr, k);
+        EXPECT_EQ(compare_with_reference(h, out), "")
+            << kernel_name(k) << " " << h.cfg.name() << " n " << o.num_splits;
+      }
   }
 }
 
@@ -256,10 +296,11 @@ TEST(MlaCuda, LargeLogitsAndLongRequests) {
   cfg.seq_lens = {1500, 77, 4096};
   const MlaHost h = make_mla_host(cfg, 11);
   const DeviceMla d(h);
-  for (const DecodeOptions& o : {fixed_count(1), fixed_count(7), DecodeOptions{}}) {
-    const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural);
-    EXPECT_EQ(compare_with_reference(h, out), "") << o.num_splits;
-  }
+  for (const cuda::MlaDecodeKernel k : device_kernels())
+    for (const DecodeOptions& o : {fixed_count(1), fixed_count(7), DecodeOptions{}}) {
+      const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
+      EXPECT_EQ(compare_with_reference(h, out), "") << kernel_name(k) << " " << o.num_splits;
+    }
 }
 
 TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
@@ -272,21 +313,23 @@ TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
     MlaHost h = make_mla_host(cfg, 3);
     if (sinks) add_sinks(h, 3);
     const DeviceMla d(h);
-    for (const DecodeOptions& o : {fixed_count(1), fixed_count(2)}) {
-      const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural);
-      for (std::int64_t t = 0; t < 5; ++t)  // request 0's three rows, request 1's first two
-        for (std::int64_t hd = 0; hd < cfg.heads; ++hd) {
-          const float lse = out.lse_values()[static_cast<std::size_t>(t * cfg.heads + hd)];
-          if (sinks)  // the sink's logit, through base 2 and back
-            EXPECT_NEAR(lse, h.problem.sinks[static_cast<std::size_t>(hd)], 1e-5f)
-                << t << " " << hd;
-          else
-            EXPECT_TRUE(std::isinf(lse) && lse < 0) << t << " " << hd << " " << lse;
-          for (std::int64_t x = 0; x < cfg.kv_lora_rank; ++x)
-            ASSERT_EQ(out.o_tensor().get((t * cfg.heads + hd) * cfg.kv_lora_rank + x), 0.f);
-        }
-      EXPECT_EQ(compare_with_reference(h, out), "");
-    }
+    for (const cuda::MlaDecodeKernel k : device_kernels())
+      for (const DecodeOptions& o : {fixed_count(1), fixed_count(2)}) {
+        SCOPED_TRACE(kernel_name(k));
+        const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
+        for (std::int64_t t = 0; t < 5; ++t)  // request 0's three rows, request 1's first two
+          for (std::int64_t hd = 0; hd < cfg.heads; ++hd) {
+            const float lse = out.lse_values()[static_cast<std::size_t>(t * cfg.heads + hd)];
+            if (sinks)  // the sink's logit, through base 2 and back
+              EXPECT_NEAR(lse, h.problem.sinks[static_cast<std::size_t>(hd)], 1e-5f)
+                  << t << " " << hd;
+            else
+              EXPECT_TRUE(std::isinf(lse) && lse < 0) << t << " " << hd << " " << lse;
+            for (std::int64_t x = 0; x < cfg.kv_lora_rank; ++x)
+              ASSERT_EQ(out.o_tensor().get((t * cfg.heads + hd) * cfg.kv_lora_rank + x), 0.f);
+          }
+        EXPECT_EQ(compare_with_reference(h, out), "");
+      }
   }
 }
 
@@ -300,19 +343,25 @@ TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
   small.seq_lens = {40, 333};
   const MlaHost hs = make_mla_host(small, 22);
   const DeviceMla d(hs);
-  DecodeOptions o;
-  o.scale = hs.problem.scale;
-  const cuda::MlaDecodePlan plan =
-      cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o, attnstate_test::device_sms());
-  ASSERT_GT(plan.splits().max_splits, 1) << plan.to_string();
-  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
-  cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
-  for (int rep = 0; rep < 2; ++rep) {  // the tickets are left at zero for the next run
-    DeviceState out(hs.tokens(), hs.cfg.heads, 512, DType::kF32, LseBase::kBase2);
-    cuda::run_mla_decode(plan, d.q_nope(hs), d.q_pe(hs), d.kv(hs), out.view, ws.get(), ws.bytes());
-    ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(compare_with_reference(hs, out.download()), "") << rep;
-  }
+  // split whatever the automatic chooser takes: 3 splits (the ticket merge) and splits of 256
+  // tokens (4 of the planned 900: the stacked merge, its stack of the replay's 2 requests)
+  for (DecodeOptions o : {fixed_count(3), fixed_size(256)})
+    for (const cuda::MlaDecodeKernel k : device_kernels()) {
+      o.scale = hs.problem.scale;
+      const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o,
+                                                             attnstate_test::device_sms(), k);
+      ASSERT_GT(plan.splits().max_splits, 1) << plan.to_string();
+      DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+      cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+      for (int rep = 0; rep < 2; ++rep) {  // the tickets are left at zero for the next run
+        DeviceState out(hs.tokens(), hs.cfg.heads, 512, DType::kF32, LseBase::kBase2);
+        cuda::run_mla_decode(plan, d.q_nope(hs), d.q_pe(hs), d.kv(hs), out.view, ws.get(),
+                             ws.bytes());
+        ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(compare_with_reference(hs, out.download()), "")
+            << kernel_name(k) << " " << plan.to_string() << " " << rep;
+      }
+    }
 }
 
 TEST(MlaCuda, SplitStatesMergedWithMergeStatesEqualTheOnePassState) {
@@ -325,60 +374,67 @@ TEST(MlaCuda, SplitStatesMergedWithMergeStatesEqualTheOnePassState) {
   cfg.seq_lens = {200, 97, 16};
   const MlaHost h = make_mla_host(cfg, 31);
   const DeviceMla d(h);
-  const std::int64_t B = h.batch, H = cfg.heads, L = cfg.kv_lora_rank, S = 3;
-  const HostState one = run_cuda(h, d, fixed_count(1), DType::kF32, LseBase::kBase2);
-  DeviceBuffer<float> stack_o(static_cast<std::size_t>(S * B * H * L));
-  DeviceBuffer<float> stack_lse(static_cast<std::size_t>(S * B * H));
-  for (std::int64_t s = 0; s < S; ++s) {
-    std::vector<std::int32_t> indptr(1, 0), indices, lens;
-    for (std::int64_t b = 0; b < B; ++b) {
-      const std::int64_t pages = (h.seq_lens[b] + cfg.page_size - 1) / cfg.page_size;
-      const std::int64_t p0 = pages * s / S, p1 = pages * (s + 1) / S;
-      for (std::int64_t p = p0; p < p1; ++p) indices.push_back(h.indices[h.indptr[b] + p]);
-      indptr.push_back(static_cast<std::int32_t>(indices.size()));
-      lens.push_back(static_cast<std::int32_t>(std::max<std::int64_t>(
-          0, std::min<std::int64_t>(h.seq_lens[b], p1 * cfg.page_size) - p0 * cfg.page_size)));
+  for (const cuda::MlaDecodeKernel k : device_kernels()) {
+    SCOPED_TRACE(kernel_name(k));
+    const std::int64_t B = h.batch, H = cfg.heads, L = cfg.kv_lora_rank, S = 3;
+    const HostState one =
+        run_cuda(h, d, fixed_count(1), DType::kF32, LseBase::kBase2, false, nullptr, k);
+    DeviceBuffer<float> stack_o(static_cast<std::size_t>(S * B * H * L));
+    DeviceBuffer<float> stack_lse(static_cast<std::size_t>(S * B * H));
+    for (std::int64_t s = 0; s < S; ++s) {
+      std::vector<std::int32_t> indptr(1, 0), indices, lens;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t pages = (h.seq_lens[b] + cfg.page_size - 1) / cfg.page_size;
+        const std::int64_t p0 = pages * s / S, p1 = pages * (s + 1) / S;
+        for (std::int64_t p = p0; p < p1; ++p) indices.push_back(h.indices[h.indptr[b] + p]);
+        indptr.push_back(static_cast<std::int32_t>(indices.size()));
+        lens.push_back(static_cast<std::int32_t>(std::max<std::int64_t>(
+            0, std::min<std::int64_t>(h.seq_lens[b], p1 * cfg.page_size) - p0 * cfg.page_size)));
+      }
+      if (indices.empty()) indices.push_back(0);
+      const DeviceBuffer<std::int32_t> dptr = upload(indptr), dind = upload(indices),
+                                       dlen = upload(lens);
+      MlaKvCache kv = d.kv(h);
+      kv.page_indptr = dptr.get();
+      kv.page_indices = dind.get();
+      kv.seq_lens = dlen.get();
+      DecodeOptions o = fixed_count(2);
+      o.scale = h.problem.scale;
+      const cuda::MlaDecodePlan plan =
+          cuda::plan_mla_decode(problem_of(h), lens.data(), o, attnstate_test::device_sms(), k);
+      DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
+      cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
+      const StateView part =
+          make_state_view(stack_o.get() + s * B * H * L, DType::kF32, stack_lse.get() + s * B * H,
+                          B, H, L, LseBase::kBase2, MemorySpace::kDevice);
+      cuda::run_mla_decode(plan, d.q_nope(h), d.q_pe(h), kv, part, ws.get(), ws.bytes());
+      ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
     }
-    if (indices.empty()) indices.push_back(0);
-    const DeviceBuffer<std::int32_t> dptr = upload(indptr), dind = upload(indices),
-                                     dlen = upload(lens);
-    MlaKvCache kv = d.kv(h);
-    kv.page_indptr = dptr.get();
-    kv.page_indices = dind.get();
-    kv.seq_lens = dlen.get();
-    DecodeOptions o = fixed_count(2);
-    o.scale = h.problem.scale;
-    const cuda::MlaDecodePlan plan =
-        cuda::plan_mla_decode(problem_of(h), lens.data(), o, attnstate_test::device_sms());
-    DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
-    cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
-    const StateView part =
-        make_state_view(stack_o.get() + s * B * H * L, DType::kF32, stack_lse.get() + s * B * H, B,
-                        H, L, LseBase::kBase2, MemorySpace::kDevice);
-    cuda::run_mla_decode(plan, d.q_nope(h), d.q_pe(h), kv, part, ws.get(), ws.bytes());
+    DeviceState merged(B, H, L, DType::kF32, LseBase::kBase2);
+    cuda::merge_states(
+        make_state_stack(stack_o.get(), DType::kF32, stack_lse.get(), StackOrder::kStatesMajor, B,
+                         S, H, L, LseBase::kBase2, MemorySpace::kDevice),
+        merged.view);
     ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
+    const HostState m = merged.download();
+    EXPECT_EQ(compare_with_reference(h, m), "");
+    EXPECT_EQ(compare_with_reference(h, one), "");
+    attnstate::testing::MlaProblem p = h.problem;
+    p.out_dtype = DType::kF32;
+    p.base = LseBase::kBase2;
+    attnstate::testing::Tolerance tol = attnstate::testing::tolerance_for(p, true);
+    tol = tol.scaled(2.0);  // both sides carry rounding
+    EXPECT_EQ(attnstate::testing::compare_states(m, one, tol), "");
   }
-  DeviceState merged(B, H, L, DType::kF32, LseBase::kBase2);
-  cuda::merge_states(
-      make_state_stack(stack_o.get(), DType::kF32, stack_lse.get(), StackOrder::kStatesMajor, B, S,
-                       H, L, LseBase::kBase2, MemorySpace::kDevice),
-      merged.view);
-  ATTNSTATE_CUDA_CHECK(cudaDeviceSynchronize());
-  const HostState m = merged.download();
-  EXPECT_EQ(compare_with_reference(h, m), "");
-  EXPECT_EQ(compare_with_reference(h, one), "");
-  attnstate::testing::MlaProblem p = h.problem;
-  p.out_dtype = DType::kF32;
-  p.base = LseBase::kBase2;
-  attnstate::testing::Tolerance tol = attnstate::testing::tolerance_for(p, true);
-  tol = tol.scaled(2.0);  // both sides carry rounding
-  EXPECT_EQ(attnstate::testing::compare_states(m, one, tol), "");
 }
 
 // ---- the kit's laws on a CUDA adapter ----
 
+/// The kernel the kit's adapter plans (`LargeDrawsPassEveryLawOfTheKit` sets it).
+cuda::MlaDecodeKernel g_kit_kernel = cuda::MlaDecodeKernel::kAuto;
+
 /// The CUDA MLA decode as a kit kernel: the selected latent tokens in one page that every query
-/// row (a request of one new token) reads through its block table, two splits.
+/// row (a request of one new token) reads through its block table, two splits, on `g_kit_kernel`.
 HostState cuda_mla_kernel(const attnstate::testing::MlaProblem& all,
                           const std::vector<std::int64_t>& keys) {
   const attnstate::testing::MlaProblem p = attnstate::testing::select_keys(all, keys);
@@ -424,7 +480,7 @@ HostState cuda_mla_kernel(const attnstate::testing::MlaProblem& all,
   DecodeOptions o = fixed_count(2);
   o.scale = p.scale;
   const cuda::MlaDecodePlan plan =
-      cuda::plan_mla_decode(pr, lens.data(), o, attnstate_test::device_sms());
+      cuda::plan_mla_decode(pr, lens.data(), o, attnstate_test::device_sms(), g_kit_kernel);
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
   DeviceState out(T, H, L, p.out_dtype, p.base);
@@ -444,10 +500,14 @@ TEST(MlaCudaKit, LargeDrawsPassEveryLawOfTheKit) {
   o.problems.q_dtypes = {DType::kBF16};
   o.problems.ckv_dtypes = {DType::kBF16, DType::kE4M3, DType::kE5M2};
   o.problems.sink_percent = 50;
-  const attnstate::testing::KernelCheckReport report =
-      attnstate::testing::check_mla_kernel(cuda_mla_kernel, o);
-  EXPECT_TRUE(report.passed()) << report.summary();
-  EXPECT_EQ(report.laws.size(), attnstate::testing::all_laws().size());
+  for (const cuda::MlaDecodeKernel k : device_kernels()) {
+    g_kit_kernel = k;
+    const attnstate::testing::KernelCheckReport report =
+        attnstate::testing::check_mla_kernel(cuda_mla_kernel, o);
+    EXPECT_TRUE(report.passed()) << kernel_name(k) << ": " << report.summary();
+    EXPECT_EQ(report.laws.size(), attnstate::testing::all_laws().size());
+  }
+  g_kit_kernel = cuda::MlaDecodeKernel::kAuto;
 }
 
 // ---- argument errors: each names the argument ----
@@ -535,6 +595,20 @@ TEST(MlaCudaErrors, PlansRecordTheirSplitsAndWorkspace) {
   const auto r256 = [](std::size_t x) { return (x + 255) / 256 * 256; };
   EXPECT_EQ(three.workspace_bytes(), r256(parts * 512 * 4) + r256(parts * 4) + r256(2 * 4 * 4));
   EXPECT_NE(three.to_string().find("MLA decode"), std::string::npos) << three.to_string();
+  EXPECT_NE(three.to_string().find("ticket merge"), std::string::npos) << three.to_string();
+  // from kMlaStackMergeSplits splits: a stack [split][batch · q_len · heads][512] and its merge's
+  // fp32 state and zero row, no tickets
+  const int many = attnstate::plan::kMlaStackMergeSplits;
+  const cuda::MlaDecodePlan stacked =
+      cuda::plan_mla_decode(pr, lens.data(), fixed_count(many), 132);
+  ASSERT_EQ(stacked.splits().max_splits, many);
+  const std::size_t rows = 2 * 2 * 128;
+  EXPECT_EQ(stacked.workspace_bytes(), r256(rows * many * 512 * 4) + r256(rows * many * 4) +
+                                           r256(rows * 512 * 4) + r256(rows * 4) + r256(512 * 4));
+  EXPECT_NE(stacked.to_string().find("stacked"), std::string::npos) << stacked.to_string();
+  const cuda::MlaDecodePlan below =
+      cuda::plan_mla_decode(pr, lens.data(), fixed_count(many - 1), 132);
+  EXPECT_NE(below.to_string().find("ticket merge"), std::string::npos) << below.to_string();
   // the automatic policy splits a long request over an idle device, and not a full one
   const cuda::MlaDecodePlan autop = cuda::plan_mla_decode(pr, lens.data(), DecodeOptions{}, 132);
   EXPECT_GT(autop.splits().max_splits, 1) << autop.to_string();
@@ -544,6 +618,46 @@ TEST(MlaCudaErrors, PlansRecordTheirSplitsAndWorkspace) {
   const cuda::MlaDecodePlan none;
   expect_named_error([&] { cuda::init_mla_decode_workspace(none, nullptr, 0); },
                      Status::kInvalidArgument, "plan");
+}
+
+TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
+  // host only: each kernel choice plans its family's row of the latent dtype (the wgmma row
+  // whatever the device: a run elsewhere is refused); the automatic choice takes the mma.sync
+  // row without a GPU
+  const std::vector<std::int32_t> lens = {300, 10};
+  const DType dts[][2] = {{DType::kBF16, DType::kBF16},
+                          {DType::kE4M3, DType::kBF16},
+                          {DType::kE4M3, DType::kE4M3},
+                          {DType::kE5M2, DType::kE5M2}};
+  for (const auto& dt : dts) {
+    cuda::MlaDecodeProblem pr = small_problem();
+    pr.ckv_dtype = dt[0];
+    pr.kpe_dtype = dt[1];
+    const auto plan = [&](cuda::MlaDecodeKernel k) {
+      return cuda::plan_mla_decode(pr, lens.data(), fixed_count(2), 132, k);
+    };
+    const cuda::MlaDecodePlan mma = plan(cuda::MlaDecodeKernel::kMma);
+    const cuda::MlaDecodePlan wg = plan(cuda::MlaDecodeKernel::kWgmma);
+    const catalog::Row& rm = catalog::kRows[static_cast<std::size_t>(mma.kernel_id())];
+    const catalog::Row& rw = catalog::kRows[static_cast<std::size_t>(wg.kernel_id())];
+    EXPECT_EQ(rm.family, catalog::Family::kMlaDecode) << mma.to_string();
+    EXPECT_EQ(rw.family, catalog::Family::kMlaDecodeWs) << wg.to_string();
+    EXPECT_EQ(rm.kv, dt[0]);
+    EXPECT_EQ(rw.kv, dt[0]);
+    EXPECT_EQ(rw.tile_keys, 64) << wg.to_string();
+    EXPECT_NE(wg.to_string().find("wgmma"), std::string::npos) << wg.to_string();
+    // the same splits and workspace: the kernels share the split chooser and the epilogues
+    EXPECT_EQ(wg.splits().max_splits, mma.splits().max_splits);
+    EXPECT_EQ(wg.workspace_bytes(), mma.workspace_bytes());
+    if (!attnstate_test::gpu_available())
+      EXPECT_EQ(family_of(plan(cuda::MlaDecodeKernel::kAuto)), catalog::Family::kMlaDecode);
+  }
+  expect_named_error(
+      [&] {
+        (void)cuda::plan_mla_decode(small_problem(), lens.data(), DecodeOptions{}, 4,
+                                    static_cast<cuda::MlaDecodeKernel>(7));
+      },
+      Status::kInvalidArgument, "kernel", kPlanFn);
 }
 
 TEST(MlaCudaErrors, TheRunNamesEachArgument) {
@@ -616,6 +730,14 @@ TEST(MlaCudaErrors, TheRunNamesEachArgument) {
   host.space = MemorySpace::kHost;
   expect_named_error(run(qn, qp, host, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
                      "kv.space", kRunFn);
+  if (device_kernels().size() == 1) {  // a device without the wgmma kernel: its plan is refused
+    const cuda::MlaDecodePlan wg =
+        cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), o, attnstate_test::device_sms(),
+                              cuda::MlaDecodeKernel::kWgmma);
+    expect_named_error(
+        [&] { cuda::run_mla_decode(wg, qn, qp, kv, out.view, ws.get(), ws.bytes()); },
+        Status::kNotSupported, "plan", kRunFn);
+  }
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 ///        shared memory (`mla_state_to_smem`), then either the output rows (`mla_store_rows`: one
 ///        split), or the split's partial state to the workspace (`mla_write_partial`), the
 ///        request's ticket (`mla_ticket`) and, in the CTA holding the last one, the merge of the
-///        splits in split order (`mla_merge_splits`: the decode's prior-state fold). Every output
-///        row ends in `mla_store_columns`, which merges the head's sink last. Parts of
-///        `mla_decode_kernel`, inlined there.
+///        splits in split order (`mla_merge_splits`: the decode's prior-state fold); or, from
+///        `plan::kMlaStackMergeSplits` splits, the partial state into its slot of a stack that
+///        `merge_states` folds after the kernel (`mla_write_split_stack`). Every output row of
+///        the kernel ends in `mla_store_columns`, which merges the head's sink last. Parts of the
+///        MLA kernels, inlined there.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 
 #include "attnstate/core/merge_math.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
 #include "cuda/arch/memory.cuh"
 #include "cuda/kernels/decode/split_merge.cuh"
 #include "cuda/kernels/mla/loader.cuh"
@@ -96,19 +99,56 @@ __device__ __forceinline__ void mla_write_partial(const MlaParams& p, const MlaC
   }
 }
 
+/// The CTA's rows from shared memory (`o` [64][512], `lse` [64], the first `rows_here`) into rows
+/// `first ..` of a dense fp32 stack of states (`stack_o` [row][512], `stack_lse` [row], base 2)
+/// by the epilogue's `kMlaThreads` threads; with `o` null (a split past its request's), the
+/// empty state `(0, -inf)`, so that `merge_states` over the stack reads a written state in every
+/// slot. The stacked merge of the decode and the MLA cascade's levels.
+__device__ __forceinline__ void mla_write_stack_rows(float* stack_o, float* stack_lse,
+                                                     std::int64_t first, int rows_here, int tid,
+                                                     const float* o, const float* lse) {
+#pragma unroll 1
+  for (int e = tid; e < rows_here * kMlaD4; e += kMlaThreads) {
+    const int r = e / kMlaD4;
+    const int d4 = e % kMlaD4;
+    *reinterpret_cast<float4*>(stack_o + (first + r) * kMlaLoraRank + 4 * d4) =
+        o != nullptr ? *reinterpret_cast<const float4*>(o + r * kMlaLoraRank + 4 * d4)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (d4 == 0) stack_lse[first + r] = o != nullptr ? lse[r] : math::neg_inf();
+  }
+}
+
+/// The decode's stacked merge (`p.stack_rows > 0`): the CTA's rows into slot `c.s` of the stack
+/// `[split][stack_rows][512]` (rows in the output's order, `b · rows + row0 + r`); `o` null: the
+/// empty state.
+__device__ __forceinline__ void mla_write_split_stack(const MlaParams& p, const MlaCta& c, int tid,
+                                                      const float* o, const float* lse) {
+  const std::int64_t first = c.s * p.stack_rows + static_cast<std::int64_t>(c.b) * p.rows + c.row0;
+  mla_write_stack_rows(p.ws_o, p.ws_lse, first, c.rows_here, tid, o, lse);
+}
+
+/// The barrier of the epilogue's `kMlaThreads` threads: the CTA's (`bar_id` 0: they are all of
+/// it), or named barrier `bar_id` (a kernel with other warps besides, which have left).
+__device__ __forceinline__ void mla_sync(int bar_id) {
+  if (bar_id == 0)
+    __syncthreads();
+  else
+    arch::named_sync(bar_id, kMlaThreads);
+}
+
 /// The ticket of the CTA's split (acquire-release: its partial state is released with it, the
 /// other splits' acquired): true in the CTA that takes the last of the request's `n_splits`,
-/// which resets the counter for the next launch.
+/// which resets the counter for the next launch. `bar_id`: the threads' barrier (`mla_sync`).
 __device__ __forceinline__ bool mla_ticket(const MlaParams& p, int tid, std::int64_t tile_id,
-                                           int n_splits, int* is_last) {
-  __syncthreads();  // every thread's partial-state stores precede the release
+                                           int n_splits, int* is_last, int bar_id = 0) {
+  mla_sync(bar_id);  // every thread's partial-state stores precede the release
   if (tid == 0) {
     const int ticket = arch::atomic_add_acq_rel_gpu(p.tickets + tile_id, 1);
     const int last = ticket == n_splits - 1;
     if (last) p.tickets[tile_id] = 0;  // the next launch is ordered after this kernel
     *is_last = last;
   }
-  __syncthreads();
+  mla_sync(bar_id);
   return *is_last != 0;
 }
 

@@ -108,14 +108,21 @@ __device__ __forceinline__ std::uint32_t mla_chunk(int r, int c) {
   return static_cast<std::uint32_t>(r * kMlaRowBytes + ((c ^ (r & 7)) << 4));
 }
 
-/// Copies the CTA's query rows into the query tile at `q_s` (shared address): row `r` is head
-/// `(row0 + r) % group` of token `(row0 + r) / group`, its 64 latent chunks from `q_nope`, its 8
-/// rotary ones from `q_pe`; rows past the request's are zero-filled.
+/// The row-swizzled layout of the mma.sync kernel's tiles (`mla_chunk`).
+struct MlaRowLayout {
+  __device__ static __forceinline__ std::uint32_t at(int r, int c) { return mla_chunk(r, c); }
+};
+
+/// Copies the CTA's query rows into the query tile at `q_s` (shared address; chunk `c` of row `r`
+/// at `Layout::at(r, c)`) with the CTA's `kThreads` threads: row `r` is head `(row0 + r) % group`
+/// of token `(row0 + r) / group`, its 64 latent chunks from `q_nope`, its 8 rotary ones from
+/// `q_pe`; rows past the request's are zero-filled.
+template <int kThreads = kMlaThreads, class Layout = MlaRowLayout>
 __device__ __forceinline__ void mla_load_queries(const MlaParams& p, const MlaCta& c, int tid,
                                                  std::uint32_t q_s) {
   constexpr int kChunks = kMlaTileRows * kMlaRowChunks;
 #pragma unroll 1
-  for (int i = tid; i < kChunks; i += kMlaThreads) {
+  for (int i = tid; i < kChunks; i += kThreads) {
     const int r = i / kMlaRowChunks;
     const int col = i % kMlaRowChunks;
     const int rg = c.row0 + r;
@@ -127,8 +134,23 @@ __device__ __forceinline__ void mla_load_queries(const MlaParams& p, const MlaCt
             ? p.q_nope + c.b * p.qn_stride_b + t * p.qn_stride_t + h * p.qn_stride_h + col * 8
             : p.q_pe + c.b * p.qp_stride_b + t * p.qp_stride_t + h * p.qp_stride_h +
                   (col - kMlaLatentChunks) * 8;
-    arch::cp_async_16_zfill(q_s + mla_chunk(r, col), src, valid ? 16 : 0);
+    arch::cp_async_16_zfill(q_s + Layout::at(r, col), src, valid ? 16 : 0);
   }
+}
+
+/// The stored rows of token `pos` of the CTA's request (one page-table read): its latent part
+/// `ckv` and its rotary part `kpe` (the page id clamped to the pool).
+__device__ __forceinline__ void mla_token_parts(const MlaParams& p, const MlaCta& c, int pos,
+                                                const unsigned char*& ckv,
+                                                const unsigned char*& kpe) {
+  const std::int64_t pidx = pos / p.page_size;
+  const std::int64_t slot = pos % p.page_size;
+  const std::int64_t id = p.block_table != nullptr
+                              ? p.block_table[c.b * p.block_table_stride + pidx]
+                              : p.page_indices[c.csr_base + pidx];
+  const std::int64_t page = tile::clamp_page(id, p.num_pages);
+  ckv = p.ckv + page * p.ckv_page_bytes + slot * p.ckv_token_bytes;
+  kpe = p.kpe + page * p.kpe_page_bytes + slot * p.kpe_token_bytes;
 }
 
 /// Copies the K/V tile of the keys from `t0` (those at or past `end` zero-filled) into stage
@@ -145,16 +167,7 @@ __device__ __forceinline__ void mla_load_tile(const MlaParams& p, const MlaCta& 
   const bool valid = pos < end;
   const unsigned char* ckv = p.ckv;
   const unsigned char* kpe = p.kpe;
-  if (valid) {
-    const std::int64_t pidx = pos / p.page_size;
-    const std::int64_t slot = pos % p.page_size;
-    const std::int64_t id = p.block_table != nullptr
-                                ? p.block_table[c.b * p.block_table_stride + pidx]
-                                : p.page_indices[c.csr_base + pidx];
-    const std::int64_t page = tile::clamp_page(id, p.num_pages);
-    ckv += page * p.ckv_page_bytes + slot * p.ckv_token_bytes;
-    kpe += page * p.kpe_page_bytes + slot * p.kpe_token_bytes;
-  }
+  if (valid) mla_token_parts(p, c, pos, ckv, kpe);
   const int bytes = valid ? 16 : 0;
   if constexpr (kKv == tile::kKvSame) {
 #pragma unroll

@@ -11,7 +11,8 @@
 ///   `mla_softmax_pv`;
 /// - epilogues (`epilogue.cuh`): `mla_state_to_smem`, then `mla_store_rows` (one split) or
 ///   `mla_write_partial`, `mla_ticket` and `mla_merge_splits` (the decode's prior-state fold
-///   over the splits' partial states), the sinks merged once in `mla_store_columns`.
+///   over the splits' partial states), the sinks merged once in `mla_store_columns`; or, for
+///   the stacked merge, `mla_write_split_stack` (also by a split past its request's).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,7 +45,10 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_kernel(const MlaPar
   const MlaCta c = mla_schedule(p);
   const std::int32_t len = mla_length(p, c);
   const int n_splits = p.splits.splits_for(len);
-  if (c.s >= n_splits) return;  // past the request's splits: no ticket either
+  if (c.s >= n_splits) {  // past the request's splits: no ticket, an empty slot of a stack
+    if (p.stack_rows > 0) mla_write_split_stack(p, c, tid, nullptr, nullptr);
+    return;
+  }
   const TokenRange range = p.splits.range(len, c.s);
   const std::int64_t tile_id = static_cast<std::int64_t>(c.b) * p.row_tiles + c.mt;
   mla_load_queries(p, c, tid, arch::smem_addr(sm.q));
@@ -62,6 +66,10 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_kernel(const MlaPar
   const float v_scale = kKv != tile::kKvSame ? p.ckv_scale.at(0) : 1.f;
   mla_state_to_smem(o_acc, os, warp, lane, v_scale, sm.o, sm.lse);
   __syncthreads();
+  if (p.stack_rows > 0) {  // the stacked merge (merge_states after the kernel)
+    mla_write_split_stack(p, c, tid, sm.o, sm.lse);
+    return;
+  }
   if (n_splits == 1) {
     mla_store_rows(p, c, tid, sm.o, sm.lse);
     return;

@@ -75,10 +75,13 @@ struct MlaParams {
   LseBase out_base;
   bool out_vec4;  // 4 consecutive o elements can be stored as one aligned vector
   // split merge through the workspace: partial states [(b, row tile, split, row)] and a ticket
-  // per (b, row tile)
+  // per (b, row tile); or, with `stack_rows > 0` (the stacked merge), the partial states of
+  // every split (the empty state past a request's) in a stack [split][stack_rows][512] that
+  // `merge_states` folds after the kernel, no ticket
   float* ws_o;
   float* ws_lse;
   std::int32_t* tickets;
+  std::int64_t stack_rows;
   // attention sinks: `group` natural-base logits merged once into each output row; null = none
   const float* sinks;
 };

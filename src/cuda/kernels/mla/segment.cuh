@@ -100,21 +100,13 @@ __device__ __forceinline__ void mla_segment_row_limits(const MlaSegmentParams& s
 
 /// The CTA's rows from shared memory (`o` [64][512], `lse` [64]) into slot `slot0 + c.s` of the
 /// stack, rows `req0 · rows + row0 ..`; with `o` null (a split past the segment's), the empty
-/// state `(0, -inf)`, so that the merge of the stack reads a written state in every slot.
+/// state `(0, -inf)` (`mla_write_stack_rows`).
 __device__ __forceinline__ void mla_write_level_rows(const MlaSegmentParams& sp, const MlaCta& c,
                                                      int req0, int tid, const float* o,
                                                      const float* lse) {
   const std::int64_t first =
       (sp.slot0 + c.s) * sp.stack_rows + static_cast<std::int64_t>(req0) * sp.mla.rows + c.row0;
-#pragma unroll 1
-  for (int e = tid; e < c.rows_here * kMlaD4; e += kMlaThreads) {
-    const int r = e / kMlaD4;
-    const int d4 = e % kMlaD4;
-    *reinterpret_cast<float4*>(sp.stack_o + (first + r) * kMlaLoraRank + 4 * d4) =
-        o != nullptr ? *reinterpret_cast<const float4*>(o + r * kMlaLoraRank + 4 * d4)
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-    if (d4 == 0) sp.stack_lse[first + r] = o != nullptr ? lse[r] : math::neg_inf();
-  }
+  mla_write_stack_rows(sp.stack_o, sp.stack_lse, first, c.rows_here, tid, o, lse);
 }
 
 }  // namespace detail

@@ -1,0 +1,140 @@
+/// @file kernels/mla/mla_decode_ws.cuh
+/// @brief The MLA decode kernel on Hopper `wgmma` (internal, sm_90a): one CTA per (request, tile
+///        of 64 query rows, split), as `mla_decode_kernel` schedules them, 12 warps: consumer
+///        warpgroups 0 (scores, softmax, `P V` over columns 0..255) and 1 (`P V` over columns
+///        256..511), and a producer warpgroup filling a two-stage ring of 64-key tiles.
+///
+/// The kernel body is a composition of named parts:
+/// - scheduler and prologue (`loader.cuh`): `mla_schedule`, `mla_length`, the split's keys, the
+///   query tile's copies by every thread (`mla_load_queries` in the layout of
+///   `ws_ring.cuh`);
+/// - producer (`ws_ring.cuh`): `mla_ws_produce` (cp.async, or fp8 loads converted to bf16);
+/// - consumers (`ws_consumer.cuh`): `mla_ws_scores_loop` (warpgroup 0), `mla_ws_pv_loop`
+///   (warpgroup 1);
+/// - epilogues (`epilogue.cuh`, the mma.sync kernel's, by the consumers' 256 threads): the row
+///   statistics of warpgroup 0 handed to warpgroup 1, `mla_state_to_smem`, then `mla_store_rows`
+///   (one split) or `mla_write_partial`, `mla_ticket` and `mla_merge_splits`, or, for the
+///   stacked merge, `mla_write_split_stack` (also by a split past its request's).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/wgmma.cuh"
+#include "cuda/kernels/mla/epilogue.cuh"
+#include "cuda/kernels/mla/loader.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/kernels/mla/ws_consumer.cuh"
+#include "cuda/kernels/mla/ws_ring.cuh"
+#include "cuda/tile/fp8_kv.cuh"
+#include "cuda/tile/softmax_step.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Warpgroup 0's running softmax statistics of its rows handed to warpgroup 1 (whose threads
+/// hold the same rows) through shared memory `x` (the probabilities' buffer, free once both
+/// warpgroups are past their loops): `os` of warpgroup 1 becomes warpgroup 0's.
+__device__ __forceinline__ void mla_ws_share_stats(int wg, int t, float* x,
+                                                   math::OnlineSoftmax (&os)[2]) {
+  arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);  // both loops done (P read, wgmma waited)
+  float4* slot = reinterpret_cast<float4*>(x) + t;
+  if (wg == 0) *slot = make_float4(os[0].m, os[0].l, os[1].m, os[1].l);
+  arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
+  if (wg == 1) {
+    const float4 v = *slot;
+    os[0].m = v.x;
+    os[0].l = v.y;
+    os[1].m = v.z;
+    os[1].l = v.w;
+  }
+}
+
+/// The wgmma MLA decode kernel over a latent part of `kKv` (`tile::Fp8Kv`: bf16, or an fp8
+/// format converted to bf16 by the producer).
+template <int kKv>
+__global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const MlaParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const MlaWsSmem sm(smem_raw);
+  const int tid = threadIdx.x;
+  // (the same in every thread of a warp as the compiler sees it: the warpgroups' branches are
+  // not divergent, so their wgmma are not serialised)
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+  const int lane = tid & 31;
+
+  // ---- scheduler and prologue: the CTA's tile, split and keys ----
+  int begin, n_tiles;
+  {
+    const MlaCta c = mla_schedule(p);
+    const std::int32_t len = mla_length(p, c);
+    // past the request's splits: no ticket either; with the stacked merge, no key tile, and the
+    // epilogue writes the empty state to the split's slot (written from here, it made the fp8
+    // instances spill)
+    const bool past = c.s >= p.splits.splits_for(len);
+    if (past && p.stack_rows == 0) return;
+    const TokenRange range = past ? TokenRange{0, 0} : p.splits.range(len, c.s);
+    begin = range.begin;
+    n_tiles = (range.end - range.begin + kMlaWsTileKeys - 1) / kMlaWsTileKeys;
+    if (tid == 0) sm.init_barriers();
+    mla_load_queries<kMlaWsThreads, MlaWsLayout>(p, c, tid, arch::smem_addr(sm.q));
+    arch::cp_async_commit();
+    arch::cp_async_wait<0>();
+    arch::fence_proxy_async();  // the query tile (cp.async) → read by wgmma
+    __syncthreads();            // the query tile and the mbarriers for every warp
+    if (warp >= 8) {
+      // ---- producer warpgroup ----
+      arch::setmaxnreg_dec<kMlaWsProducerRegs<kFp8>>();
+      mla_ws_produce<kKv>(p, c, sm, tid - kMlaThreads, lane, begin, range.end, n_tiles);
+      return;
+    }
+  }
+
+  // ---- consumer warpgroups ----
+  arch::setmaxnreg_inc<kMlaWsConsumerRegs<kFp8>>();
+  const int wg = warp >> 2;
+  float acc[kMlaWarpCols / 8][4];
+  tile::zero_frags(acc);
+  std::uint32_t pf[kMlaWsTileKeys / 16][4];
+  MlaWsWarp w{sm, wg, warp & 3, lane, acc, pf};
+  math::OnlineSoftmax os[2];
+  if (wg == 0) {
+    if (n_tiles > 0) mla_ws_scores_loop<kKv>(p, w, begin, n_tiles, os);
+  } else {
+    mla_ws_pv_loop(w, n_tiles);
+  }
+
+  // ---- epilogue: the normalised state (V's scale applied), by the consumers' 256 threads; the
+  // CTA's coordinates read again (registers the loops had to themselves) ----
+  mla_ws_share_stats(wg, tid & 127, reinterpret_cast<float*>(sm.p), os);
+  const float v_scale = kFp8 ? p.ckv_scale.at(0) : 1.f;
+  mla_state_to_smem(acc, os, warp, lane, v_scale, sm.o, sm.lse);
+  arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
+  const MlaCta c = mla_schedule(p);
+  if (p.stack_rows > 0) {  // the stacked merge (merge_states after the kernel)
+    mla_write_split_stack(p, c, tid, sm.o, sm.lse);
+    return;
+  }
+  const int n_splits = p.splits.splits_for(mla_length(p, c));
+  if (n_splits == 1) {
+    mla_store_rows(p, c, tid, sm.o, sm.lse);
+    return;
+  }
+  const std::int64_t tile_id = static_cast<std::int64_t>(c.b) * p.row_tiles + c.mt;
+  mla_write_partial(p, c, tid, tile_id, sm.o, sm.lse);
+  if (!mla_ticket(p, tid, tile_id, n_splits, sm.is_last, kMlaWsBarEpilogue)) return;
+  mla_merge_splits(p, c, tid, tile_id, n_splits);
+#elif defined(__CUDA_ARCH__)
+  __trap();  // not built for sm_90a: the run never launches it (DeviceFacts::wgmma())
+#endif
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,266 @@
+/// @file kernels/mla/ws_consumer.cuh
+/// @brief The consumer warpgroups of the wgmma MLA decode kernel (internal). Warpgroup 0 computes
+///        each tile's scores `S = Q Kᵀ` (64 rows × 64 keys over the 576 columns: 36 k-steps of
+///        `wgmma` m64n64k16, both operands in shared memory), the online softmax of its rows
+///        (`tile::online_softmax_step`, base 2, the rescale factors kept for later), and
+///        publishes the probabilities (bf16) and the factors in shared memory; both warpgroups
+///        then add `P V` over their 256 output columns (m64n256k16, P from registers, V the
+///        tile's first 512 columns read MN-major). Warpgroup 0 issues the scores of tile `t`
+///        before `P V` of tile `t - 1` and runs the softmax while that runs. Parts of
+///        `mla_decode_ws_kernel`, inlined there.
+///
+/// The accumulator fragments of a warp of a warpgroup (warp `wl` of 4: rows `16 wl + lane / 4`
+/// and `+ 8`, columns `8 j + 2 (lane % 4)`) are those of the mma.sync kernel's warp of row group
+/// `wl` and half `wg`, so its epilogue (`epilogue.cuh`) takes them as they are.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/mma.cuh"
+#include "cuda/arch/wgmma.cuh"
+#include "cuda/kernels/mla/loader.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/kernels/mla/ws_ring.cuh"
+#include "cuda/tile/cascade_level_block.cuh"
+#include "cuda/tile/fp8_kv.cuh"
+#include "cuda/tile/softmax_step.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// A consumer warp's state (the kernel's locals, held by reference): its warpgroup `wg` and warp
+/// `wl` in it, the accumulator over its 256 output columns and the probabilities' fragments.
+struct MlaWsWarp {
+  const MlaWsSmem& sm;
+  int wg, wl, lane;
+  float (&acc)[kMlaWarpCols / 8][4];
+  std::uint32_t (&pf)[kMlaWsTileKeys / 16][4];
+
+  /// O += P V over the warpgroup's columns of the tile in stage `st`, one wgmma group.
+  __device__ __forceinline__ void issue_pv(int st) {
+    using Wg = arch::Wgmma<__nv_bfloat16>;
+    // columns 256 wg..: parts 4 wg.. (8 KiB apart: the leading byte offset); keys 16 kk..: two
+    // 8-key groups (1024 bytes apart: the stride byte offset)
+    // (descriptor words as in `mla_ws_issue_s`, the leading byte offset the parts' 8 KiB)
+    constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
+    const std::uint32_t vb = sm.stage(st) + static_cast<std::uint32_t>(wg) * 4 * kMlaWsPartBytes;
+    const std::uint32_t v_lo = ((vb & 0x3FFFFu) >> 4) | ((kMlaWsPartBytes >> 4) << 16);
+    arch::fence_regs(acc);
+    arch::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kMlaWsTileKeys / 16; ++kk)
+      Wg::mma_o256<1>(acc, pf[kk], arch::desc_join(v_lo + kk * (2048u >> 4), kHi));
+    arch::wgmma_commit();
+  }
+
+  /// O *= alpha of this thread's two rows (skipped when the warp's rows all keep theirs: the
+  /// same bits).
+  __device__ __forceinline__ void rescale(const float (&al)[2]) {
+    if (!__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < kMlaWarpCols / 8; ++j) {
+      acc[j][0] *= al[0];
+      acc[j][1] *= al[0];
+      acc[j][2] *= al[1];
+      acc[j][3] *= al[1];
+    }
+  }
+
+  /// Stage `st`'s release by this warp, once its products are done.
+  __device__ __forceinline__ void release(int st) {
+    if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * st);
+  }
+};
+
+/// Warpgroup 0's scores of the tile in stage `st` for all 64 rows: the latent columns into `sn`,
+/// the rotary ones into `sp` (`kSplit`: an fp8 cache, whose parts have their own K scales; else
+/// all into `sn`), one wgmma group.
+template <bool kSplit>
+__device__ __forceinline__ void mla_ws_issue_s(const MlaWsSmem& sm, int st,
+                                               float (&sn)[kMlaWsTileKeys / 8][4],
+                                               float (&sp)[kMlaWsTileKeys / 8][4]) {
+  using Wg = arch::Wgmma<__nv_bfloat16>;
+  // descriptors as two words: the low one the start address >> 4 and the leading byte offset
+  // (16 bytes: unused by the swizzled K-major layout), plus each k-step's offset >> 4 (no carry:
+  // shared addresses are below 2^18); the high one the 8-row groups' stride (1024 bytes) and the
+  // 128-byte swizzle
+  constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
+  const std::uint32_t q_lo = ((arch::smem_addr(sm.q) & 0x3FFFFu) >> 4) | (1u << 16);
+  const std::uint32_t k_lo = ((sm.stage(st) & 0x3FFFFu) >> 4) | (1u << 16);
+  arch::fence_regs(sn);
+  if constexpr (kSplit) arch::fence_regs(sp);
+  arch::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kMlaHeadDim / 16; ++ks) {
+    // k-step ks: 16 columns of part ks / 4 (32 bytes into its 128-byte rows)
+    const std::uint32_t off = ((ks >> 2) * kMlaWsPartBytes + (ks & 3) * 32) >> 4;
+    const std::uint64_t qd = arch::desc_join(q_lo + off, kHi);
+    const std::uint64_t kd = arch::desc_join(k_lo + off, kHi);
+    constexpr int kRope = kMlaLoraRank / 16;
+    if (ks == 0 || (kSplit && ks == kRope)) {
+      if (kSplit && ks == kRope)
+        Wg::mma_s64_ss<0>(sp, qd, kd);
+      else
+        Wg::mma_s64_ss<0>(sn, qd, kd);
+    } else if (kSplit && ks > kRope) {
+      Wg::mma_s64_ss<1>(sp, qd, kd);
+    } else {
+      Wg::mma_s64_ss<1>(sn, qd, kd);
+    }
+  }
+  arch::wgmma_commit();
+}
+
+/// Warpgroup 0 (warp `w.wl`): the split's `n_tiles` (> 0) tiles from `begin`: scores, the online
+/// softmax of its rows (their key limits: `tile::causal_row_limits`) into `os`, the probabilities
+/// and the rows' factors published for warpgroup 1 (named barriers: `kMlaWsBarPEmpty` before a
+/// write, `kMlaWsBarPFull` after it), and its own `P V` (over a bf16 cache issued after the next
+/// tile's scores, running while their softmax does).
+template <int kKv>
+__device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp& w, int begin,
+                                                   int n_tiles, math::OnlineSoftmax (&os)[2]) {
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  constexpr int kN = kMlaWsTileKeys / 8;
+  const int lane = w.lane;
+  int lim[2];  // exclusive key ends of this thread's rows, counted from `begin` (one register less)
+  {
+    const MlaCta c = mla_schedule(p);
+    const std::int32_t len = mla_length(p, c);
+    tile::causal_row_limits(p, lane, c.rows_here - 16 * w.wl, c.row0 + 16 * w.wl, len,
+                            p.splits.range(len, c.s).end, lim);
+    lim[0] -= begin;
+    lim[1] -= begin;
+  }
+  // the K scales of the parts (fp8; read once: a pointed-to scale is read on the device)
+  const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
+  const float kpe_k = kFp8 && p.kpe_fp8 ? p.kpe_scale.at(0) : 1.f;
+  float sn[kN][4], sp[kN][4];  // (the step leaves the probabilities in sn)
+  float al[2] = {1.f, 1.f};    // the rows' factors of the last softmax step
+  const int r0 = 16 * w.wl + (lane >> 2);
+  // the softmax of tile t (scores in sn, sp): the probabilities in sn, the factors in al
+  const auto softmax = [&](int t) {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int n = 0; n < kN; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sn[n][i] = ckv_k * sn[n][i] + kpe_k * sp[n][i];
+    }
+    float f[1][4] = {{1.f, 1.f, 1.f, 1.f}};  // (the step's rescale of a one-column accumulator)
+    tile::online_softmax_step<kMlaWsTileKeys, 8>(sn, sn, f, os, lim, t * kMlaWsTileKeys, p.s2_scale,
+                                                 lane);
+    al[0] = f[0][0];
+    al[1] = f[0][2];
+  };
+  // P and the rows' factors into shared memory for warpgroup 1
+  const auto publish = [&](int t) {
+    tile::pack_p<__nv_bfloat16, kMlaWsTileKeys>(sn, w.pf);
+    if (t > 0) arch::named_sync(kMlaWsBarPEmpty, 2 * 128);  // warpgroup 1 read P of t - 1
+    // word i of pf[kk]: row r0 + 8 (i % 2), keys 16 kk + 8 (i / 2) + 2 (lane % 4): chunk
+    // c = 2 kk + i / 2 of the row at (c ^ (r0 % 8)) · 16, i.e. the thread's base (bits 4..6
+    // clear) with (r0 % 8) · 16 added, XOR c · 16: one register, an immediate per store
+    const std::uint32_t pbase =
+        (arch::smem_addr(w.sm.p) + r0 * 128 + 4 * (lane & 3)) + ((r0 & 7) << 4);
+#pragma unroll
+    for (int kk = 0; kk < kMlaWsTileKeys / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const std::uint32_t a = (pbase ^ ((2 * kk + (i >> 1)) << 4)) + 1024 * (i & 1);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(w.pf[kk][i]) : "memory");
+      }
+    if ((lane & 3) == 0) {
+      w.sm.alpha[r0] = al[0];
+      w.sm.alpha[r0 + 8] = al[1];
+    }
+    arch::named_arrive(kMlaWsBarPFull, 2 * 128);
+  };
+
+  arch::mbar_wait(w.sm.full0, 0);
+  mla_ws_issue_s<kFp8>(w.sm, 0, sn, sp);
+  arch::wgmma_wait<0>();
+  arch::fence_regs(sn);
+  if constexpr (kFp8) arch::fence_regs(sp);
+  softmax(0);
+  publish(0);
+#pragma unroll 1
+  for (int t = 1; t < n_tiles; ++t) {
+    const int st = t % kMlaWsStages, stp = (t - 1) % kMlaWsStages;
+    if constexpr (!kFp8) {
+      arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
+      mla_ws_issue_s<kFp8>(w.sm, st, sn, sp);  // S_t
+      w.rescale(al);                           // O *= alpha_{t-1}
+      w.issue_pv(stp);                         // O += P_{t-1} V_{t-1}
+      arch::wgmma_wait<1>();                   // S_t is done (P V still runs)
+      arch::fence_regs(sn);
+      softmax(t);
+      arch::fence_regs(sn);
+      arch::wgmma_wait<0>();  // P_{t-1} V_{t-1} is done: its stage is free, pf may be rewritten
+      arch::fence_regs(w.acc);
+      w.release(stp);
+    } else {
+      // fp8: the two score accumulators leave no registers for P V in flight beside them, so
+      // P V of tile t - 1 completes before the scores of tile t are issued
+      w.rescale(al);
+      w.issue_pv(stp);
+      arch::wgmma_wait<0>();
+      arch::fence_regs(w.acc);
+      w.release(stp);
+      arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
+      mla_ws_issue_s<kFp8>(w.sm, st, sn, sp);
+      arch::wgmma_wait<0>();
+      arch::fence_regs(sn);
+      arch::fence_regs(sp);
+      softmax(t);
+    }
+    publish(t);
+  }
+  const int stl = (n_tiles - 1) % kMlaWsStages;
+  w.rescale(al);
+  w.issue_pv(stl);
+  arch::wgmma_wait<0>();
+  arch::fence_regs(w.acc);
+  w.release(stl);
+}
+
+/// Warpgroup 1: for each of the `n_tiles` tiles, P and the rows' factors from shared memory
+/// (once warpgroup 0 published them), the accumulator rescaled, then `P V` over its columns.
+__device__ __forceinline__ void mla_ws_pv_loop(MlaWsWarp& w, int n_tiles) {
+  const int lane = w.lane;
+  const int r0 = 16 * w.wl + (lane >> 2);
+  // the thread's ldmatrix row r = 16 wl + lane % 16, chunk 2 kk + lane / 16 at
+  // ((2 kk + lane / 16) ^ (r % 8)) · 16: its base XOR 32 kk (as `publish` stores them)
+  const int lr = 16 * w.wl + (lane & 15);
+  const std::uint32_t pbase = arch::smem_addr(w.sm.p) + lr * 128 + ((((lane >> 4) ^ lr) & 7) << 4);
+#pragma unroll 1
+  for (int t = 0; t < n_tiles; ++t) {
+    const int st = t % kMlaWsStages;
+    // P_{t-1} V_{t-1} is done: pf may be rewritten, its stage freed (the wait on every path:
+    // the compiler then keeps the products of a tile in flight together)
+    arch::wgmma_wait<0>();
+    arch::fence_regs(w.acc);
+    if (t > 0) w.release((t - 1) % kMlaWsStages);
+    arch::named_sync(kMlaWsBarPFull, 2 * 128);
+#pragma unroll
+    for (int kk = 0; kk < kMlaWsTileKeys / 16; ++kk)
+      arch::ldmatrix_x4(w.pf[kk], pbase ^ (32u * kk));
+    const float al[2] = {w.sm.alpha[r0], w.sm.alpha[r0 + 8]};
+    // P of tile t is read (no arrival after the last: every arrival meets a wait)
+    if (t + 1 < n_tiles) arch::named_arrive(kMlaWsBarPEmpty, 2 * 128);
+    w.rescale(al);
+    arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
+    w.issue_pv(st);
+  }
+  arch::wgmma_wait<0>();  // (on every path: the compiler sees the accumulator complete)
+  arch::fence_regs(w.acc);
+  if (n_tiles > 0) w.release((n_tiles - 1) % kMlaWsStages);
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate

@@ -1,0 +1,259 @@
+/// @file kernels/mla/ws_ring.cuh
+/// @brief The shared memory and the producer of the wgmma MLA decode kernel (internal): the
+///        layout of a tile of 576-column bf16 rows as the tensor cores read it (`mla_ws_offset`),
+///        the CTA's shared memory (`MlaWsSmem`: the query tile, the K/V ring and its "full" /
+///        "empty" mbarriers, the probabilities and the rows' factors) and the producer warpgroup
+///        (`mla_ws_produce`: both parts of each token of a 64-key tile into one row of the ring,
+///        with `cp.async` over a bf16 cache, converting fp8 bytes to bf16 on their way in). Parts
+///        of `mla_decode_ws_kernel`, inlined there.
+///
+/// A tile of rows (64 query rows, or 64 tokens) is 9 parts of 64 columns (8 latent, 1 rotary),
+/// each part 64 rows of 128 bytes, 16-byte chunk `c % 8` of row `r` at `(c % 8) ^ (r % 8)` (the
+/// 128-byte swizzle of the `wgmma` operands): K-major for the scores (8-row groups 1024 bytes
+/// apart), and the first 8 parts are V MN-major for `P V` (64-column parts 8 KiB apart).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/wgmma.cuh"
+#include "cuda/kernels/mla/loader.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/tile/fp8_kv.cuh"
+#include "cuda/tile/paged_kv.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+using catalog::kMlaWsStages;
+using catalog::kMlaWsTileKeys;
+using catalog::kMlaWsWarps;
+using catalog::mla_ws_smem_bytes;
+
+/// Threads of a wgmma MLA CTA: consumer warpgroups 0 and 1, then the producer warpgroup.
+constexpr int kMlaWsThreads = kMlaWsWarps * 32;
+/// Bytes of one 64-column part of a tile of 64 rows, and of a whole tile.
+constexpr std::uint32_t kMlaWsPartBytes = 64 * 128;
+constexpr std::uint32_t kMlaWsTileBytes = (kMlaHeadDim / 64) * kMlaWsPartBytes;
+static_assert(kMlaTileRows == 64 && kMlaWsTileKeys == 64, "tiles of 64 rows");
+/// Registers per thread of the producer warpgroup (fp8: its conversions hold two passes of
+/// loads) and of the consumers after `setmaxnreg` (what the producer leaves of the CTA's 168).
+template <bool kFp8>
+constexpr int kMlaWsProducerRegs = kFp8 ? 56 : 56;
+template <bool kFp8>
+constexpr int kMlaWsConsumerRegs = (168 * 3 - kMlaWsProducerRegs<kFp8>) / 2 / 8 * 8;
+/// Named barriers of the consumers: the probabilities published (warpgroup 0 → 1), read
+/// (1 → 0), and the epilogue's barrier of both consumer warpgroups.
+constexpr int kMlaWsBarPFull = 1;
+constexpr int kMlaWsBarPEmpty = 2;
+constexpr int kMlaWsBarEpilogue = 3;
+
+/// Byte offset of 16-byte chunk `c` (0..71) of row `r` (0..63) in a tile.
+__device__ __forceinline__ std::uint32_t mla_ws_offset(int r, int c) {
+  return static_cast<std::uint32_t>((c >> 3) * kMlaWsPartBytes + r * 128 +
+                                    (((c & 7) ^ (r & 7)) << 4));
+}
+
+/// The shared memory of a wgmma MLA CTA (1024-byte aligned): the query tile `q`, the K/V ring
+/// `kv` [stage], the probabilities `p` (bf16, one part of 64 rows × 64 keys, swizzled as the
+/// tiles), the rows' rescale factors `alpha` [64], the rows' base-2 LSEs `lse` [64], the mbarriers
+/// ("full" [stage]: the producer's four warps arrived; "empty" [stage]: the eight consumer warps
+/// arrived) and the ticket flag `is_last`; the epilogue's normalised `o` [64][512] (fp32) over the
+/// query tile and the ring.
+struct MlaWsSmem {
+  unsigned char* q;
+  unsigned char* kv;
+  unsigned char* p;
+  float* alpha;
+  float* lse;
+  std::uint32_t full0;
+  std::uint32_t empty0;
+  int* is_last;
+  float* o;
+
+  __device__ __forceinline__ explicit MlaWsSmem(unsigned char* raw) {
+    unsigned char* base = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<std::uintptr_t>(raw) + 1023) & ~static_cast<std::uintptr_t>(1023));
+    q = base;
+    kv = q + kMlaWsTileBytes;
+    p = kv + kMlaWsStages * kMlaWsTileBytes;
+    alpha = reinterpret_cast<float*>(p + kMlaTileRows * kMlaWsTileKeys * 2);
+    lse = alpha + kMlaTileRows;
+    full0 = arch::smem_addr(lse + kMlaTileRows);
+    empty0 = full0 + 8 * kMlaWsStages;
+    is_last = reinterpret_cast<int*>(lse + kMlaTileRows + 4 * kMlaWsStages);
+    o = reinterpret_cast<float*>(base);
+  }
+  /// Shared address of stage `st` of the ring.
+  __device__ __forceinline__ std::uint32_t stage(int st) const {
+    return arch::smem_addr(kv) + static_cast<std::uint32_t>(st) * kMlaWsTileBytes;
+  }
+  /// By one thread, before a block barrier.
+  __device__ __forceinline__ void init_barriers() const {
+#pragma unroll
+    for (int s = 0; s < kMlaWsStages; ++s) {
+      arch::mbar_init(full0 + 8 * s, 4);
+      arch::mbar_init(empty0 + 8 * s, 8);
+    }
+    arch::fence_mbar_init();
+  }
+};
+static_assert(1024 + (kMlaWsStages + 1) * kMlaWsTileBytes + kMlaTileRows * kMlaWsTileKeys * 2 +
+                      2 * kMlaTileRows * 4 + 16 * kMlaWsStages + 16 <=
+                  catalog::mla_ws_smem_bytes(),
+              "the carve-up within the catalog's shared memory");
+
+/// The layout of the wgmma kernel's tiles (`mla_ws_offset`), for `mla_load_queries`.
+struct MlaWsLayout {
+  __device__ static __forceinline__ std::uint32_t at(int r, int c) { return mla_ws_offset(r, c); }
+};
+
+/// A bf16 cache: producer thread `pt` (0..127) copies its chunks of the tile of keys from `t0`
+/// (those at or past `end` zero-filled) into the stage at `dst`: tokens `pt / 8 + 16 i`, chunks
+/// `pt % 8 + 8 j` of each (128 contiguous bytes per 8 threads), one page-table read a token.
+__device__ __forceinline__ void mla_ws_copy_tile(const MlaParams& p, const MlaCta& c, int pt,
+                                                 int t0, int end, std::uint32_t dst,
+                                                 std::uint64_t policy) {
+#pragma unroll 1
+  for (int i = 0; i < kMlaWsTileKeys / 16; ++i) {
+    const int k = pt / 8 + 16 * i;
+    const bool valid = t0 + k < end;
+    const unsigned char* ckv = p.ckv;
+    const unsigned char* kpe = p.kpe;
+    if (valid) mla_token_parts(p, c, t0 + k, ckv, kpe);
+    const int bytes = valid ? 16 : 0;
+#pragma unroll
+    for (int j = 0; j < kMlaRowChunks / 8; ++j) {
+      const int col = pt % 8 + 8 * j;
+      const unsigned char* src =
+          col < kMlaLatentChunks ? ckv + 16 * col : kpe + 16 * (col - kMlaLatentChunks);
+      tile::kv_copy_16(dst + mla_ws_offset(k, col), src, bytes, policy);
+    }
+  }
+}
+
+/// An fp8 latent part: producer thread `pt` converts its chunks of the tile of keys from `t0`
+/// into the stage at `dst`: tokens `pt / 8 + 16 i` (one at a time: the producer's registers),
+/// stored chunks `pt % 8 + 8 j` (16 fp8 values each: bf16 chunks `2 (pt % 8 + 8 j)` and `+ 1`);
+/// keys at or past `end` zero.
+template <int kKv>
+__device__ __forceinline__ void mla_ws_convert_latent(const MlaParams& p, const MlaCta& c, int pt,
+                                                      int t0, int end, std::uint32_t dst) {
+  constexpr int kChunks = kMlaLoraRank / 16 / 8;  // stored chunks a thread converts per token
+  const int j = pt % 8;
+#pragma unroll 1
+  for (int i = 0; i < kMlaWsTileKeys / 16; ++i) {
+    const int k = pt / 8 + 16 * i;
+    uint4 w[kChunks];
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) w[q] = make_uint4(0u, 0u, 0u, 0u);
+    if (t0 + k < end) {
+      const unsigned char* ckv;
+      const unsigned char* kpe;
+      mla_token_parts(p, c, t0 + k, ckv, kpe);
+#pragma unroll
+      for (int q = 0; q < kChunks; ++q)
+        w[q] = arch::ld_global_nc_no_allocate(ckv + 16 * (j + 8 * q));
+    }
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      uint4 lo, hi;
+      fp8x16_to_bf16<kKv>(w[q], lo, hi);
+      arch::st_shared_v4(dst + mla_ws_offset(k, 2 * (j + 8 * q)), lo);
+      arch::st_shared_v4(dst + mla_ws_offset(k, 2 * (j + 8 * q) + 1), hi);
+    }
+  }
+}
+
+/// The rotary part under an fp8 latent part, into the stage at `dst`: bf16, copied (`cp.async`,
+/// tokens `pt / 8 + 16 i`, chunk `pt % 8`, one commit group); fp8, converted (tokens
+/// `pt / 4 + 32 i`, stored chunk `pt % 4`: bf16 chunks `64 + 2 (pt % 4)` and `+ 1`). Keys at or
+/// past `end` zero.
+template <int kKv>
+__device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta& c, int pt, int t0,
+                                                int end, std::uint32_t dst) {
+  if (!p.kpe_fp8) {
+#pragma unroll 1
+    for (int i = 0; i < kMlaWsTileKeys / 16; ++i) {
+      const int k = pt / 8 + 16 * i;
+      const unsigned char* ckv = p.ckv;
+      const unsigned char* kpe = p.kpe;
+      if (t0 + k < end) mla_token_parts(p, c, t0 + k, ckv, kpe);
+      arch::cp_async_16_zfill(dst + mla_ws_offset(k, kMlaLatentChunks + pt % 8),
+                              kpe + 16 * (pt % 8), t0 + k < end ? 16 : 0);
+    }
+    arch::cp_async_commit();
+    return;
+  }
+#pragma unroll 1
+  for (int i = 0; i < kMlaWsTileKeys / 32; ++i) {
+    const int k = pt / 4 + 32 * i;
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+    if (t0 + k < end) {
+      const unsigned char* ckv;
+      const unsigned char* kpe;
+      mla_token_parts(p, c, t0 + k, ckv, kpe);
+      w = arch::ld_global_nc_no_allocate(kpe + 16 * (pt % 4));
+    }
+    uint4 lo, hi;
+    fp8x16_to_bf16<kKv>(w, lo, hi);
+    arch::st_shared_v4(dst + mla_ws_offset(k, kMlaLatentChunks + 2 * (pt % 4)), lo);
+    arch::st_shared_v4(dst + mla_ws_offset(k, kMlaLatentChunks + 2 * (pt % 4) + 1), hi);
+  }
+}
+
+/// The producer warpgroup (thread `pt` 0..127, lane `lane`): the split's `n_tiles` tiles from
+/// `begin` (keys at or past `end` zero) into the ring, each stage refilled once its "empty"
+/// completed (the copies of one tile in flight while the consumers compute the other). bf16:
+/// `cp.async`, then the tile's "full" arrival (one per warp, after the async-proxy fence); fp8:
+/// the rotary part
+/// (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`) converted to bf16 and
+/// stored, then the "full" arrival.
+template <int kKv>
+__device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c,
+                                               const MlaWsSmem& sm, int pt, int lane, int begin,
+                                               int end, int n_tiles) {
+  const auto arrive_full = [&](int t) {
+    arch::fence_proxy_async();  // generic-proxy writes (cp.async, stores) → read by wgmma
+    __syncwarp();
+    if (lane == 0) arch::mbar_arrive(sm.full0 + 8 * (t % kMlaWsStages));
+  };
+  const auto wait_empty = [&](int t) {
+    if (t >= kMlaWsStages)
+      arch::mbar_wait(sm.empty0 + 8 * (t % kMlaWsStages), ((t / kMlaWsStages) - 1) & 1);
+  };
+  if constexpr (kKv == tile::kKvSame) {
+    const std::uint64_t policy = arch::l2_evict_first_policy();
+#pragma unroll 1
+    for (int t = 0; t < n_tiles; ++t) {
+      wait_empty(t);
+      mla_ws_copy_tile(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kMlaWsStages),
+                       policy);
+      arch::cp_async_commit();
+      // tile t landed (this thread's copies), then its arrival: never held back by the next
+      // tile's "empty", which the consumers may complete only after this "full" (warpgroup 0
+      // releases tile t - 1 once it has issued the scores of tile t)
+      arch::cp_async_wait<0>();
+      arrive_full(t);
+    }
+  } else {
+#pragma unroll 1
+    for (int t = 0; t < n_tiles; ++t) {
+      wait_empty(t);
+      const int t0 = begin + t * kMlaWsTileKeys;
+      const std::uint32_t dst = sm.stage(t % kMlaWsStages);
+      mla_ws_rope_fp8<kKv>(p, c, pt, t0, end, dst);  // (a bf16 one's copies in flight meanwhile)
+      mla_ws_convert_latent<kKv>(p, c, pt, t0, end, dst);
+      arch::cp_async_wait<0>();
+      arrive_full(t);
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
