@@ -141,3 +141,14 @@ def expect_errors(run, cases):
         with pytest.raises(attnstate.Error, match=message):
             run(**change)
     run()
+
+
+def replayed_in_cuda_graphs(torch, step, args):
+    """`step(*args)` (returning (o, lse) tensors) compiled whole and replayed in CUDA graphs
+    gives the eager call's bits; returns the replay's (o, lse)."""
+    eager = step(*args)
+    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        got = compiled(*args)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    return got

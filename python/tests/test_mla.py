@@ -13,7 +13,7 @@ import attnstate
 from helpers import cuda_torch, requires_torch_cuda
 from mla_helpers import NP_DTYPES as _NP
 from mla_helpers import (RANK, ROPE, SCALE, check, compare_cuda, expect_errors, poisoned_out,
-                         queries, shared_run_errors, stored, to_cuda)
+                         queries, replayed_in_cuda_graphs, shared_run_errors, stored, to_cuda)
 
 
 class Cache:
@@ -440,11 +440,7 @@ def test_cuda_custom_op_and_errors():
 
     args = (device["q_nope"], device["q_pe"], device["ckv"], device["kpe"], device["seq_lens"],
             ip, ix, mla.workspace)
-    eager = step(*args)
-    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
-    for _ in range(3):  # warm-up, record, replay
-        got = compiled(*args)
-    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    got = replayed_in_cuda_graphs(torch, step, args)
     compare_cuda(attnstate.State(*got, "natural"), cpu, 2e-2)
     # the CUDA limits, refused by name
     with pytest.raises(attnstate.Error, match="heads"):

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import attnstate
-from helpers import cuda_torch, requires_torch_cuda
+from helpers import cuda_torch, has_module, requires_torch_cuda
 from mla_helpers import NP_DTYPES as _NP
 from mla_helpers import (RANK, ROPE, SCALE, check, compare_cuda, expect_errors, ln_to,
-                         poisoned_out, queries, row_state, shared_run_errors, stored, to_cuda)
+                         poisoned_out, queries, replayed_in_cuda_graphs, row_state,
+                         shared_run_errors, stored, to_cuda)
 
 
 class Tree:
@@ -367,6 +368,33 @@ def test_run_errors_name_the_argument():
     expect_errors(run, cases + shared_run_errors(q_nope, q_pe, tree.ckv, tree.kpe))
 
 
+@pytest.mark.skipif(not has_module("torch"), reason="needs torch")
+def test_torch_custom_op_on_cpu_tensors():
+    import torch as th
+    from attnstate import torch_ops
+    rng = np.random.default_rng(37)
+    tree = Tree(rng, three_levels(2), 16)
+    q_nope, q_pe = queries(rng, 5, 2, 4)
+    cas = attnstate.MlaCascade().plan(tree.levels, heads=4, num_pages=tree.num_pages,
+                                      dtype="float32", batch=5, page_size=16, q_len=2,
+                                      scale=SCALE)
+    args = [th.from_numpy(a) for a in (q_nope, q_pe, tree.ckv, tree.kpe)]
+    o, lse = torch_ops.mla_cascade(cas, *args, tree.levels, base=1)
+    check(attnstate.State(o.numpy(), lse.numpy(), "base2"),
+          reference(q_nope, q_pe, tree, SCALE, base="base2"), 2e-5)
+    pid = torch_ops.register_plan(cas)
+    flat = [th.from_numpy(a) for level in tree.levels for a in level]
+
+    def step(q_nope, q_pe, ckv, kpe, levels):
+        return th.ops.attnstate.mla_cascade(pid, q_nope, q_pe, ckv, kpe, levels, None, 0, "")
+
+    eager = step(*args, flat)
+    got = th.compile(step, fullgraph=True, backend="aot_eager")(*args, flat)  # the fake traced
+    assert th.equal(got[0], eager[0]) and th.equal(got[1], eager[1])
+    check(attnstate.State(eager[0].numpy(), eager[1].numpy(), "natural"),
+          reference(q_nope, q_pe, tree, SCALE), 2e-5)
+
+
 # ---- CUDA: the CUDA backend against the CPU backend on fresh random inputs ----------------------
 
 torch = cuda_torch()
@@ -466,3 +494,30 @@ def test_cuda_errors_name_the_argument():
         cas.run(*dq, *tree.device, tree.levels)
     cas.run(*dq, *tree.device, _device_levels(tree.levels))
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@requires_torch_cuda
+def test_cuda_custom_op_in_cuda_graphs():
+    from attnstate import torch_ops
+    rng, tree = _cuda_tree(41, _cuda_spec(2), 16, "one_pool", "bfloat16", "bfloat16")
+    q_nope, q_pe = queries(rng, 6, 2, 32, "bfloat16", flashmla=True)
+    kw = dict(heads=32, num_pages=tree.num_pages, dtype="bfloat16", batch=6, page_size=16,
+              q_len=2, scale=SCALE)
+    cpu = attnstate.MlaCascade().plan(tree.levels, **kw).run(q_nope, q_pe, tree.ckv, tree.kpe,
+                                                             tree.levels, dtype="float32")
+    cas = attnstate.MlaCascade().plan(tree.levels, like=tree.device[0], **kw)
+    dq = (to_cuda(torch, q_nope), to_cuda(torch, q_pe))
+    levels = _device_levels(tree.levels)
+    o, lse = torch_ops.mla_cascade(cas, *dq, *tree.device, levels, base=1, dtype="float32")
+    torch.cuda.synchronize()
+    compare_cuda(attnstate.State(o, lse, "base2"), attnstate.rebase(cpu, "base2"), 2e-2)
+    pid = torch_ops.register_plan(cas)
+    flat = [a for level in levels for a in level]
+
+    def step(q_nope, q_pe, ckv, kpe, levels, ws):
+        return torch.ops.attnstate.mla_cascade(pid, q_nope, q_pe, ckv, kpe, levels, ws, 0, "")
+
+    args = (*dq, *tree.device, flat, cas.workspace)
+    got = replayed_in_cuda_graphs(torch, step, args)
+    compare_cuda(attnstate.State(*got, "natural"), cpu, 2e-2)
