@@ -432,6 +432,111 @@ class Cascade:
         return out
 
 
+class MlaCascade:
+    """Cascade (shared-prefix) attention of multi-head latent attention (MLA, absorbed form): the
+    levels of `Cascade` over one paged latent pool, a shared latent prefix read once for all the
+    requests that share it; equals `MlaDecode` over each request's concatenated segments.
+
+    >>> cas = attnstate.MlaCascade()
+    >>> cas.plan(levels_host, heads=128, num_pages=ckv_cache.shape[0], dtype=torch.bfloat16,
+    ...          scale=sm_scale, like=ckv_cache)   # host: each level's splits, workspace
+    >>> state = cas.run(q_nope, q_pe, ckv_cache, kpe_cache, levels_device)
+
+    Levels as for `Cascade`: a CascadeLevels (`cascade_levels`; its queries come in its
+    `.order`) or a sequence of (request_indptr, page_indptr, page_indices, seg_lens) int32
+    tuples, host arrays to `plan`, the same levels in the memory of the queries to `run`. Typically
+    level 0 is a system prompt shared by the batch, the last level each request's own tokens, whose
+    last q_len are the new ones.
+
+    Queries q_nope (batch, q_len, heads, kv_lora_rank) and q_pe (batch, q_len, heads, rope_dim)
+    and the latent pool (FlashInfer's two pools `ckv (pages, page_size, kv_lora_rank)`,
+    `kpe (pages, page_size, rope_dim)`, or FlashMLA's `(blocks, block_size, 1, 576)` pool as the
+    views `kv[..., :512]`, `kv[..., 512:]`) as for `MlaDecode`; the pool's page table is the
+    levels'. Row i of a request (with `causal`, the default) sees every token of its earlier
+    levels and the last-level tokens [0, len - q_len + i]; without it every row sees every token.
+
+    The output is a State (batch * q_len, heads, kv_lora_rank), token b * q_len + i, in the dtype
+    and base asked for; a request with no tokens gets (0, -inf). fp8 parts (`kv_dtype=`,
+    `kpe_dtype=` and the scales `ckv_scale=`, `kpe_scale=` to `run`) and `sinks=` (merged once
+    into every row after all the levels) as for MlaDecode. CPU: any widths and heads, q_len 1..8,
+    float32/16/bfloat16 queries, any cache dtypes, 1..8 levels. CUDA: the limits of MlaDecode's
+    CUDA kernel (bfloat16 queries, widths 512 and 64, heads a multiple of 16 up to 128, q_len
+    1..4); each limit is refused by name.
+    """
+
+    def __init__(self):
+        self._plan = None
+        self.workspace = None
+
+    def plan(self, levels, *, heads, num_pages, dtype, batch=None, page_size=None,
+             kv_dtype=None, kpe_dtype=None, q_len=1, kv_lora_rank=512, rope_dim=64, scale=None,
+             causal=True, like=None, num_sms=0):
+        """Plans from host levels: a CascadeLevels or a sequence of level tuples. batch and
+        page_size default to the CascadeLevels' own (required with tuples); num_pages: pages of
+        the pool (the levels' page ids are checked against it). dtype, kv_dtype, kpe_dtype,
+        kv_lora_rank, rope_dim and scale (default 1/sqrt(kv_lora_rank + rope_dim)) as for
+        MlaDecode.plan; `like` and num_sms as for Cascade.plan (a CUDA `like` plans for its
+        device and allocates the workspace there, uninitialised). A CPU plan checks what its run
+        would refuse, as a CUDA plan does, naming the keyword. Returns self."""
+        fn = "attnstate.MlaCascade.plan"
+        device = device_of(like) if like is not None else None
+        batch = _int_arg(_from_levels(levels, batch, "batch", fn), "batch", fn)
+        page_size = _int_arg(_from_levels(levels, page_size, "page_size", fn), "page_size", fn)
+        q_len, heads, kv_lora_rank, rope_dim, num_pages = (
+            _int_arg(v, k, fn) for v, k in ((q_len, "q_len"), (heads, "heads"),
+                                             (kv_lora_rank, "kv_lora_rank"),
+                                             (rope_dim, "rope_dim"), (num_pages, "num_pages")))
+        ckv_dtype = _kv_dtype(kv_dtype, dtype, fn)
+        kpe = ckv_dtype if kpe_dtype is None else to_dtype(kpe_dtype, "kpe_dtype", fn)
+        if not isinstance(causal, bool):
+            raise error(fn, "causal", "a bool", type(causal).__name__)
+        self._plan = _C.plan_mla_cascade(
+            _levels(levels, fn), batch, q_len, heads, kv_lora_rank, rope_dim, page_size,
+            num_pages, to_dtype(dtype, "dtype", fn), ckv_dtype, kpe, _softmax_scale(scale, fn),
+            causal, -1 if device is None else device, _int_arg(num_sms, "num_sms", fn))
+        self._shape = (batch * q_len, heads, kv_lora_rank)
+        nbytes = self._plan.workspace_bytes
+        self.workspace = empty(like, (nbytes,), "uint8") if nbytes else None
+        return self
+
+    def _require(self, fn="attnstate.MlaCascade.run"):
+        if self._plan is None:
+            raise error(fn, "self", "a planned MlaCascade (call plan() first)", "no plan")
+        return self._plan
+
+    @property
+    def workspace_bytes(self):
+        """Bytes of the workspace the plan needs (0 on the CPU)."""
+        return self._require("attnstate.MlaCascade").workspace_bytes
+
+    @property
+    def num_levels(self):
+        """Levels planned."""
+        return self._require("attnstate.MlaCascade").num_levels
+
+    @property
+    def description(self):
+        """One line for logs: each level's kernel and splits (CUDA), or the CPU's."""
+        return self._require("attnstate.MlaCascade").description
+
+    def run(self, q_nope, q_pe, ckv, kpe, levels, *, out=None, dtype=None, base="natural",
+            ckv_scale=None, kpe_scale=None, sinks=None, stream=None):
+        """Runs the planned MLA cascade over `levels` (in the queries' memory: a CascadeLevels'
+        NumPy arrays for host arrays, or the tuples copied to the device; the planned batch,
+        segments and request grouping, any lengths within the segments' pages); returns `out` or
+        a State (batch * q_len, heads, kv_lora_rank) allocated like q_nope in `dtype` (default
+        q_nope's) and `base`. The queries have the plan's batch (the levels' requests).
+        ckv_scale, kpe_scale, sinks, stream: as for MlaDecode.run (the sinks merged once, after
+        every level)."""
+        fn = "attnstate.MlaCascade.run"
+        plan = self._require(fn)
+        out = _out_state(q_nope, out, *self._shape, dtype, base, fn)
+        _C.run_mla_cascade(plan, q_nope, q_pe, ckv, kpe, _levels(levels, fn), out,
+                           self.workspace, stream, _kv_scale(ckv_scale, "ckv_scale", fn),
+                           _kv_scale(kpe_scale, "kpe_scale", fn), sinks)
+        return out
+
+
 def default_scale(head_dim):
     """The softmax scale the library uses by default, 1/sqrt(head_dim)."""
     return 1.0 / math.sqrt(head_dim)

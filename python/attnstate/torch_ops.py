@@ -7,7 +7,9 @@ run on the current torch stream.
 
 `decode(dec, q, k, v, seq_lens, ...)` runs a planned `attnstate.Decode` as the op
 `attnstate::decode`, its workspace a mutated argument; `mla_decode(mla, q_nope, q_pe, ckv, kpe,
-seq_lens, ...)` a planned `attnstate.MlaDecode` as the op `attnstate::mla_decode`.
+seq_lens, ...)` a planned `attnstate.MlaDecode` as the op `attnstate::mla_decode`;
+`mla_cascade(cas, q_nope, q_pe, ckv, kpe, levels, ...)` a planned `attnstate.MlaCascade` as the op
+`attnstate::mla_cascade` (the levels' arrays one flat list of tensors, four per level).
 """
 
 import weakref
@@ -17,6 +19,7 @@ import torch
 
 from . import _attnstate as _C
 from ._merge import State
+from ._plans import _levels
 
 Tensor = torch.Tensor
 _BASES = (_C.Base.NATURAL, _C.Base.BASE2)
@@ -159,9 +162,39 @@ def _(plan_id, q_nope, q_pe, ckv, kpe, seq_lens, page_indptr, page_indices, bloc
     return _new_state((b * t, h, r), (b * t, h), _dtype(out_dtype, q_nope), q_nope)
 
 
+@torch.library.custom_op("attnstate::mla_cascade", mutates_args=("workspace",))
+def mla_cascade_op(plan_id: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor,
+                   levels: List[Tensor], workspace: Optional[Tensor], out_base: int,
+                   out_dtype: str, ckv_scale: float = 1.0, kpe_scale: float = 1.0,
+                   sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """A planned MLA cascade (plan_id from `register_plan` of an attnstate.MlaCascade), output
+    (batch * q_len, heads, kv_lora_rank); `levels`: each level's (request_indptr, page_indptr,
+    page_indices, seg_lens) int32 tensors one after the other (4 per level); ckv_scale,
+    kpe_scale: an fp8 pool's scales (1.0 for none); `sinks` as MlaCascade.run's keyword."""
+    cas = _PLANS[plan_id]
+    b, t, h, r = q_nope.shape
+    out = _new_state((b * t, h, r), (b * t, h), _dtype(out_dtype, q_nope), q_nope)
+    _C.run_mla_cascade(cas._plan, q_nope, q_pe, ckv, kpe, _level_tuples(levels),
+                       _state(*out, out_base), workspace, None, ckv_scale, kpe_scale, sinks)
+    return out
+
+
+@mla_cascade_op.register_fake
+def _(plan_id, q_nope, q_pe, ckv, kpe, levels, workspace, out_base, out_dtype, ckv_scale=1.0,
+      kpe_scale=1.0, sinks=None):
+    b, t, h, r = q_nope.shape
+    return _new_state((b * t, h, r), (b * t, h), _dtype(out_dtype, q_nope), q_nope)
+
+
+def _level_tuples(flat):
+    """The flat list of the op's level tensors as the binding's level tuples (a list not of 4
+    tensors a level is refused by the binding, naming the level)."""
+    return [tuple(flat[i:i + 4]) for i in range(0, len(flat), 4)]
+
+
 def register_plan(dec):
-    """An int naming `dec` (an attnstate.Decode or MlaDecode) for the decode ops, valid while
-    `dec` lives."""
+    """An int naming `dec` (an attnstate.Decode, MlaDecode or MlaCascade) for the ops, valid
+    while `dec` lives."""
     key = id(dec)
     _PLANS[key] = dec
     return key
@@ -185,4 +218,18 @@ def mla_decode(mla, q_nope, q_pe, ckv, kpe, seq_lens, *, page_indptr=None, page_
         1.0 if kpe_scale is None else float(kpe_scale), sinks)
 
 
-__all__: List[str] = ["decode", "mla_decode", "register_plan"]
+def mla_cascade(cas, q_nope, q_pe, ckv, kpe, levels, *, base=0, dtype="", ckv_scale=None,
+                kpe_scale=None, sinks=None):
+    """`cas.run(...)` (an attnstate.MlaCascade) as the custom op `attnstate::mla_cascade`
+    (traceable by torch.compile); `levels` as MlaCascade.run takes them (a CascadeLevels' NumPy
+    arrays become CPU tensors without a copy); returns (o, lse) tensors, lse in `base` (0
+    natural, 1 base2)."""
+    flat = [torch.as_tensor(a) for level in _levels(levels, "attnstate.torch_ops.mla_cascade")
+            for a in level]
+    return torch.ops.attnstate.mla_cascade(
+        register_plan(cas), q_nope, q_pe, ckv, kpe, flat, cas.workspace, base, dtype,
+        1.0 if ckv_scale is None else float(ckv_scale),
+        1.0 if kpe_scale is None else float(kpe_scale), sinks)
+
+
+__all__: List[str] = ["decode", "mla_cascade", "mla_decode", "register_plan"]

@@ -1,7 +1,8 @@
 /// @file plans.cpp
-/// @brief Bindings of split-KV decode and cascade attention as plan/run pairs. A plan is made on
-///        the host once (CUDA: `plan_decode` / `plan_cascade`; host arrays: the options the CPU
-///        backend takes); each run imports its arrays and launches on the caller's stream.
+/// @brief Bindings of split-KV decode and cascade attention (GQA and MLA) as plan/run pairs. A
+///        plan is made on the host once (CUDA: `plan_decode`, `plan_cascade`, `plan_mla_decode`,
+///        `plan_mla_cascade`; host arrays: the options the CPU backend takes); each run imports
+///        its arrays and launches on the caller's stream.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -25,6 +26,7 @@ namespace {
 using CudaDecodePlan = cuda::DecodePlan;
 using CudaCascadePlan = cuda::CascadePlan;
 using CudaMlaPlan = cuda::MlaDecodePlan;
+using CudaMlaCascadePlan = cuda::MlaCascadePlan;
 #else
 struct NoPlan {  // a build without CUDA plans for the CPU only
   std::size_t workspace_bytes() const { return 0; }
@@ -32,6 +34,7 @@ struct NoPlan {  // a build without CUDA plans for the CPU only
 using CudaDecodePlan = NoPlan;
 using CudaCascadePlan = NoPlan;
 using CudaMlaPlan = NoPlan;
+using CudaMlaCascadePlan = NoPlan;
 #endif
 
 // What a Python plan object holds: the CPU options and, for a CUDA device, the CUDA plan.
@@ -54,11 +57,23 @@ struct PyCascadePlan : PyPlan<CudaCascadePlan, CascadeOptions> {
   DType kv_dtype = DType::kF32;  // an fp8 dtype: the pools are uint8 arrays of it
 };
 
-// An MLA decode plan: the shape and dtypes every run must have (the batch may be smaller).
-struct PyMlaPlan : PyPlan<CudaMlaPlan, DecodeOptions> {
-  std::int64_t batch = 0, q_len = 1, heads = 0;
+// The MLA layout a plan fixes: the queries' shape and the dtypes every run must have.
+struct MlaLayout {
+  std::int64_t q_len = 1, heads = 0;
   std::int64_t kv_lora_rank = kMlaKvLoraRank, rope_dim = kMlaRopeDim;
   DType q_dtype = DType::kBF16, ckv_dtype = DType::kBF16, kpe_dtype = DType::kBF16;
+};
+
+// An MLA decode plan (a run's batch may be smaller than the plan's).
+struct PyMlaPlan : PyPlan<CudaMlaPlan, DecodeOptions>, MlaLayout {
+  std::int64_t batch = 0;
+};
+
+// An MLA cascade plan: the layout, the batch the levels serve (every run's), the pool's page
+// size and the number of levels.
+struct PyMlaCascadePlan : PyPlan<CudaMlaCascadePlan, CascadeOptions>, MlaLayout {
+  std::int64_t batch = 0, page_size = 0;
+  int num_levels = 0;
 };
 
 // A run's queries against the plan's shape (batch is free: a run may have fewer requests),
@@ -280,6 +295,26 @@ Workspace workspace_of(Call& c, nb::handle workspace, bool device, const char* f
   return w;
 }
 
+// What a run imports after its inputs, in this order (so an error names the first wrong
+// argument): `out`, the sinks of `heads` query heads, the workspace (after checking that the
+// arrays are in the plan's memory: `first` names the run's first array) and the stream.
+struct RunEnd {
+  StateView out;
+  AttentionSinks sinks;
+  Workspace workspace;
+  void* stream = nullptr;
+};
+
+RunEnd run_end(Call& c, nb::handle out, nb::handle sinks, std::int64_t heads, nb::handle workspace,
+               bool device, nb::handle stream, const char* first = "q") {
+  RunEnd r;
+  r.out = c.state(out, "out");
+  r.sinks = sinks_of(c, sinks, heads);
+  r.workspace = workspace_of(c, workspace, device, first);
+  r.stream = c.stream(stream);
+  return r;
+}
+
 // The variant of a plan (window_left: -1 for none; logits_soft_cap: 0 for none), checked with
 // the Python keywords' names. `device_refuses`: a CUDA cascade plan refuses a window when the
 // catalog holds no level kernel taking one: silently ignoring a window would return plain
@@ -366,17 +401,15 @@ void run_decode(const PyDecodePlan& p, nb::handle q, nb::handle k, nb::handle v,
   check_q_against_plan(c, tq, p.problem.q_len, p.problem.heads_q, p.problem.head_dim);
   PagedKvCache kv = kv_pools(c, k, v, layout, p.problem.kv_dtype, k_scale, v_scale);
   read_page_table(c, &kv, seq_lens, page_indptr, page_indices, block_table);
-  const StateView vo = c.state(out, "out");
-  const AttentionSinks sk = sinks_of(c, sinks, tq.shape[2]);
-  const Workspace ws = workspace_of(c, workspace, p.device);
-  [[maybe_unused]] void* s = c.stream(stream);
+  const RunEnd e = run_end(c, out, sinks, tq.shape[2], workspace, p.device, stream);
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
-    cpu::decode(tq, kv, p.options, sk, vo);
+    cpu::decode(tq, kv, p.options, e.sinks, e.out);
     return;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
-  cuda::run_decode(p.plan, tq, kv, sk, vo, ws.data, ws.bytes, static_cast<cudaStream_t>(s));
+  cuda::run_decode(p.plan, tq, kv, e.sinks, e.out, e.workspace.data, e.workspace.bytes,
+                   static_cast<cudaStream_t>(e.stream));
 #endif
 }
 
@@ -404,39 +437,62 @@ std::vector<CascadeLevel> levels_of(Call& c, const std::vector<nb::tuple>& level
   return out;
 }
 
-// The checks a CPU cascade plan makes at plan time, as the CUDA plan does (named by the Python
-// keywords): what `cpu::cascade_attention` would refuse at run of queries, pools and levels of
-// this plan's shape, the levels checked by the library's own level checks. The CPU backend takes
-// any head_dim, any KV dtype, a window and an empty batch; fp8 queries are not supported.
-void check_cpu_cascade_plan(const char* fn, const PyCascadePlan& p, const CascadeLevel* levels,
-                            std::int64_t heads_kv, std::int64_t page_size, std::int64_t num_pages,
-                            DType dtype) {
+// The levels a plan reads, which must be host arrays.
+std::vector<CascadeLevel> host_levels_of(Call& c, const std::vector<nb::tuple>& levels) {
+  std::vector<CascadeLevel> host = levels_of(c, levels);
+  if (c.space() != MemorySpace::kHost)
+    c.fail("levels", "host arrays (the plan reads them on the host)", "CUDA arrays");
+  return host;
+}
+
+// The checks a CPU cascade plan (GQA or MLA) makes after its heads and widths, named by the
+// Python keywords: the pool's geometry, the queries' dtype, the scale at key width `key_dim` and
+// the levels against the batch, q_len, causal masking and the pool, by the library's own level
+// checks. The CPU backend takes any KV dtype and an empty batch; fp8 queries are not supported.
+void check_cpu_levels_plan(const char* fn, const CascadeLevel* levels, int num_levels,
+                           std::int64_t batch, std::int64_t q_len, const CascadeOptions& options,
+                           std::int64_t key_dim, std::int64_t page_size, std::int64_t num_pages,
+                           DType dtype) {
   const auto str = [](std::int64_t v) { return std::to_string(v); };
-  detail::check_min(fn, "batch", p.batch, 0);
-  if (p.q_len < 1 || p.q_len > kMaxCascadeQueryLen)
-    detail::throw_argument(fn, "q_len", "1.." + str(kMaxCascadeQueryLen), str(p.q_len));
-  detail::check_min(fn, "heads_kv", heads_kv, 1);
-  if (p.heads_q < 1 || p.heads_q % heads_kv != 0)
-    detail::throw_argument(fn, "heads_q", "a positive multiple of heads_kv = " + str(heads_kv),
-                           str(p.heads_q));
-  detail::check_min(fn, "head_dim", p.head_dim, 1);
   detail::check_min(fn, "page_size", page_size, 1);
   detail::check_min(fn, "num_pages", num_pages, 0);
   if (is_fp8(dtype))
     detail::throw_argument(fn, "dtype", "float32, float16 or bfloat16 (the queries' dtype)",
                            to_string(dtype), Status::kNotSupported);
-  detail::resolve_scale(fn, "scale", p.options.scale, p.head_dim);
-  if (p.num_levels < 1 || p.num_levels > kMaxCascadeLevels)
+  detail::resolve_scale(fn, "scale", options.scale, key_dim);
+  if (num_levels < 1 || num_levels > kMaxCascadeLevels)
     detail::throw_argument(fn, "levels", "1.." + str(kMaxCascadeLevels) + " levels",
-                           str(p.num_levels));
-  if (p.batch == 0) return;  // a run of no requests reads no level
-  PagedKvCache pool;         // the scalars the level checks read
+                           str(num_levels));
+  if (batch == 0) return;  // a run of no requests reads no level
+  PagedKvCache pool;       // the scalars the level checks read
   pool.page_size = page_size;
   pool.num_pages = num_pages;
-  pool.heads_kv = heads_kv;
-  pool.head_dim = p.head_dim;
-  detail::check_cascade_levels(fn, levels, p.num_levels, p.batch, p.q_len, p.options.causal, pool,
-                               false);
+  detail::check_cascade_levels(fn, levels, num_levels, batch, q_len, options.causal, pool, false);
+}
+
+// The batch and q_len of a cascade plan (the CPU's limits, named by the Python keywords).
+void check_cascade_batch(const char* fn, std::int64_t batch, std::int64_t q_len) {
+  detail::check_min(fn, "batch", batch, 0);
+  if (q_len < 1 || q_len > kMaxCascadeQueryLen)
+    detail::throw_argument(fn, "q_len", "1.." + std::to_string(kMaxCascadeQueryLen),
+                           std::to_string(q_len));
+}
+
+// The checks a CPU GQA cascade plan makes at plan time, as the CUDA plan does: what
+// `cpu::cascade_attention` would refuse at run of queries, pools and levels of this plan's
+// shape. The CPU backend takes any head_dim and a window.
+void check_cpu_cascade_plan(const char* fn, const PyCascadePlan& p, const CascadeLevel* levels,
+                            std::int64_t heads_kv, std::int64_t page_size, std::int64_t num_pages,
+                            DType dtype) {
+  check_cascade_batch(fn, p.batch, p.q_len);
+  detail::check_min(fn, "heads_kv", heads_kv, 1);
+  if (p.heads_q < 1 || p.heads_q % heads_kv != 0)
+    detail::throw_argument(fn, "heads_q",
+                           "a positive multiple of heads_kv = " + std::to_string(heads_kv),
+                           std::to_string(p.heads_q));
+  detail::check_min(fn, "head_dim", p.head_dim, 1);
+  check_cpu_levels_plan(fn, levels, p.num_levels, p.batch, p.q_len, p.options, p.head_dim,
+                        page_size, num_pages, dtype);
 }
 
 PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t batch,
@@ -446,9 +502,7 @@ PyCascadePlan plan_cascade(const std::vector<nb::tuple>& levels, std::int64_t ba
                            std::int64_t window_left, float logits_soft_cap, int device,
                            int num_sms) {
   Call c("attnstate.Cascade.plan");
-  const std::vector<CascadeLevel> host = levels_of(c, levels);
-  if (c.space() != MemorySpace::kHost)
-    c.fail("levels", "host arrays (the plan reads them on the host)", "CUDA arrays");
+  const std::vector<CascadeLevel> host = host_levels_of(c, levels);
   PyCascadePlan p;
   p.batch = batch;
   p.q_len = q_len;
@@ -503,18 +557,16 @@ void run_cascade(const PyCascadePlan& p, nb::handle q, nb::handle k, nb::handle 
   check_q_against_plan(c, tq, p.q_len, p.heads_q, p.head_dim);
   const PagedKvCache kv = kv_pools(c, k, v, layout, p.kv_dtype, k_scale, v_scale);
   const std::vector<CascadeLevel> lv = levels_of(c, levels);
-  const StateView vo = c.state(out, "out");
-  const AttentionSinks sk = sinks_of(c, sinks, tq.shape[2]);
-  const Workspace ws = workspace_of(c, workspace, p.device);
-  [[maybe_unused]] void* s = c.stream(stream);
+  const RunEnd e = run_end(c, out, sinks, tq.shape[2], workspace, p.device, stream);
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
-    cpu::cascade_attention(tq, kv, lv.data(), static_cast<int>(lv.size()), p.options, sk, vo);
+    cpu::cascade_attention(tq, kv, lv.data(), static_cast<int>(lv.size()), p.options, e.sinks,
+                           e.out);
     return;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
-  cuda::run_cascade(p.plan, tq, kv, lv.data(), static_cast<int>(lv.size()), sk, vo, ws.data,
-                    ws.bytes, static_cast<cudaStream_t>(s));
+  cuda::run_cascade(p.plan, tq, kv, lv.data(), static_cast<int>(lv.size()), e.sinks, e.out,
+                    e.workspace.data, e.workspace.bytes, static_cast<cudaStream_t>(e.stream));
 #endif
 }
 
@@ -546,9 +598,29 @@ ConstTensorView mla_part(Call& c, nb::handle h, const char* name, DType dt) {
   return t;
 }
 
-// The latent cache of a run from its two parts (ckv, kpe) and scales; extents of 1 take the
-// dense stride (an array library may report any stride for them).
-MlaKvCache mla_cache(Call& c, const PyMlaPlan& p, nb::handle ckv, nb::handle kpe, float ckv_scale,
+// The latent queries of a run against the plan's layout, named 'q_nope', before any other
+// argument is compared with them (an `out` allocated from the plan would otherwise be blamed).
+// `batch`: the batch a run must have (a cascade's), or -1 for any.
+ConstTensorView mla_queries(Call& c, const MlaLayout& p, nb::handle q_nope, std::int64_t batch) {
+  const ConstTensorView qn = c.tensor(q_nope, "q_nope", 4);
+  const auto str = [](std::int64_t v) { return std::to_string(v); };
+  if ((batch >= 0 && qn.shape[0] != batch) || qn.shape[1] != p.q_len || qn.shape[2] != p.heads ||
+      qn.shape[3] != p.kv_lora_rank)
+    c.fail("q_nope",
+           "shape (" + (batch >= 0 ? str(batch) : std::string("batch")) + ", " + str(p.q_len) +
+               ", " + str(p.heads) + ", " + str(p.kv_lora_rank) + ") (the plan's " +
+               (batch >= 0 ? "batch, " : "") + "q_len, heads and kv_lora_rank)",
+           "(" + str(qn.shape[0]) + ", " + str(qn.shape[1]) + ", " + str(qn.shape[2]) + ", " +
+               str(qn.shape[3]) + ")");
+  if (qn.dtype != p.q_dtype)
+    c.fail("q_nope", std::string("dtype ") + to_string(p.q_dtype) + " (the plan's dtype)",
+           to_string(qn.dtype));
+  return qn;
+}
+
+// The latent cache of a run from its two parts (ckv, kpe) and scales, of the plan's dtypes and
+// widths; extents of 1 take the dense stride (an array library may report any stride for them).
+MlaKvCache mla_cache(Call& c, const MlaLayout& p, nb::handle ckv, nb::handle kpe, float ckv_scale,
                      float kpe_scale) {
   const ConstTensorView a = mla_part(c, ckv, "ckv", p.ckv_dtype);
   const ConstTensorView b = mla_part(c, kpe, "kpe", p.kpe_dtype);
@@ -574,8 +646,37 @@ MlaKvCache mla_cache(Call& c, const PyMlaPlan& p, nb::handle ckv, nb::handle kpe
   kv.ckv_scale = pool_scale(c, "ckv_scale", ckv_scale, kv.ckv_dtype);
   kv.kpe_scale = pool_scale(c, "kpe_scale", kpe_scale, kv.kpe_dtype);
   kv.space = c.space();
+  if (kv.rope_dim != p.rope_dim)
+    c.fail("kpe", "width rope_dim = " + std::to_string(p.rope_dim) + " (the plan's)",
+           std::to_string(kv.rope_dim));
+  if (kv.kv_lora_rank != p.kv_lora_rank)
+    c.fail("ckv", "width kv_lora_rank = " + std::to_string(p.kv_lora_rank) + " (the plan's)",
+           std::to_string(kv.kv_lora_rank));
   return kv;
 }
+
+// The CPU's checks of an MLA layout (any heads and widths >= 1), named by the Python keywords.
+void check_cpu_mla_layout(const char* fn, const MlaLayout& l) {
+  detail::check_min(fn, "heads", l.heads, 1);
+  detail::check_min(fn, "kv_lora_rank", l.kv_lora_rank, 1);
+  detail::check_min(fn, "rope_dim", l.rope_dim, 1);
+}
+
+#if defined(ATTNSTATE_HAS_CUDA)
+// The CUDA MLA problem of a plan's layout and batch.
+cuda::MlaDecodeProblem cuda_mla_problem(const MlaLayout& l, std::int64_t batch) {
+  cuda::MlaDecodeProblem pr;
+  pr.batch = batch;
+  pr.q_len = l.q_len;
+  pr.heads = l.heads;
+  pr.kv_lora_rank = l.kv_lora_rank;
+  pr.rope_dim = l.rope_dim;
+  pr.q_dtype = l.q_dtype;
+  pr.ckv_dtype = l.ckv_dtype;
+  pr.kpe_dtype = l.kpe_dtype;
+  return pr;
+}
+#endif
 
 PyMlaPlan plan_mla_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t heads,
                           std::int64_t kv_lora_rank, std::int64_t rope_dim, DType q_dtype,
@@ -587,13 +688,8 @@ PyMlaPlan plan_mla_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t 
   const std::int32_t* lens = c.int32_vector(seq_lens, "seq_lens", &p.batch);
   if (c.space() != MemorySpace::kHost)
     c.fail("seq_lens", "a host array (the plan reads the lengths on the host)", "a CUDA array");
-  p.q_len = q_len;
-  p.heads = heads;
-  p.kv_lora_rank = kv_lora_rank;
-  p.rope_dim = rope_dim;
-  p.q_dtype = q_dtype;
-  p.ckv_dtype = ckv_dtype;
-  p.kpe_dtype = kpe_dtype;
+  static_cast<MlaLayout&>(p) =
+      MlaLayout{q_len, heads, kv_lora_rank, rope_dim, q_dtype, ckv_dtype, kpe_dtype};
   p.options.scale = scale;
   p.options.policy = parse_policy(fn, policy);
   p.options.num_splits = num_splits;
@@ -602,25 +698,14 @@ PyMlaPlan plan_mla_decode(nb::handle seq_lens, std::int64_t q_len, std::int64_t 
   if (!p.device) {
     // the CPU MLA decode is the decode of one latent head of width kv_lora_rank + rope_dim,
     // its rows in tasks of 64 (the tasks of a split the layout is planned with)
-    detail::check_min(fn, "heads", heads, 1);
-    detail::check_min(fn, "kv_lora_rank", kv_lora_rank, 1);
-    detail::check_min(fn, "rope_dim", rope_dim, 1);
+    check_cpu_mla_layout(fn, p);
     const DecodeProblem pr{p.batch, q_len, heads, 1, kv_lora_rank + rope_dim, q_dtype, ckv_dtype};
     check_cpu_decode_plan(fn, pr, p.options, lens, (q_len * heads + 63) / 64);
     return p;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
   if (num_sms <= 0) num_sms = device_sms(device);
-  cuda::MlaDecodeProblem pr;
-  pr.batch = p.batch;
-  pr.q_len = q_len;
-  pr.heads = heads;
-  pr.kv_lora_rank = kv_lora_rank;
-  pr.rope_dim = rope_dim;
-  pr.q_dtype = q_dtype;
-  pr.ckv_dtype = ckv_dtype;
-  pr.kpe_dtype = kpe_dtype;
-  p.plan = cuda::plan_mla_decode(pr, lens, p.options, num_sms);
+  p.plan = cuda::plan_mla_decode(cuda_mla_problem(p, p.batch), lens, p.options, num_sms);
 #else
   (void)num_sms;
   device_sms(device);
@@ -645,38 +730,102 @@ void run_mla_decode(const PyMlaPlan& p, nb::handle q_nope, nb::handle q_pe, nb::
                     nb::handle workspace, nb::handle stream, float ckv_scale, float kpe_scale,
                     nb::handle sinks) {
   Call c("attnstate.MlaDecode.run");
-  const ConstTensorView qn = c.tensor(q_nope, "q_nope", 4);
-  // q_nope against the plan first (an `out` allocated from the plan would otherwise be blamed)
-  if (qn.shape[1] != p.q_len || qn.shape[2] != p.heads || qn.shape[3] != p.kv_lora_rank)
-    c.fail("q_nope",
-           "shape (batch, " + std::to_string(p.q_len) + ", " + std::to_string(p.heads) + ", " +
-               std::to_string(p.kv_lora_rank) + ") (the plan's q_len, heads and kv_lora_rank)",
-           "(" + std::to_string(qn.shape[0]) + ", " + std::to_string(qn.shape[1]) + ", " +
-               std::to_string(qn.shape[2]) + ", " + std::to_string(qn.shape[3]) + ")");
-  if (qn.dtype != p.q_dtype)
-    c.fail("q_nope", std::string("dtype ") + to_string(p.q_dtype) + " (the plan's dtype)",
-           to_string(qn.dtype));
+  const ConstTensorView qn = mla_queries(c, p, q_nope, -1);
   const ConstTensorView qp = c.tensor(q_pe, "q_pe", 4);
   MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale);
-  if (kv.rope_dim != p.rope_dim)
-    c.fail("kpe", "width rope_dim = " + std::to_string(p.rope_dim) + " (the plan's)",
-           std::to_string(kv.rope_dim));
-  if (kv.kv_lora_rank != p.kv_lora_rank)
-    c.fail("ckv", "width kv_lora_rank = " + std::to_string(p.kv_lora_rank) + " (the plan's)",
-           std::to_string(kv.kv_lora_rank));
   read_page_table(c, &kv, seq_lens, page_indptr, page_indices, block_table);
-  const StateView vo = c.state(out, "out");
-  const AttentionSinks sk = sinks_of(c, sinks, qn.shape[2]);
-  const Workspace ws = workspace_of(c, workspace, p.device, "q_nope");
-  [[maybe_unused]] void* s = c.stream(stream);
+  const RunEnd e = run_end(c, out, sinks, qn.shape[2], workspace, p.device, stream, "q_nope");
   if (c.space() == MemorySpace::kHost) {
     nb::gil_scoped_release unlocked;
-    cpu::mla_decode(qn, qp, kv, p.options, sk, vo);
+    cpu::mla_decode(qn, qp, kv, p.options, e.sinks, e.out);
     return;
   }
 #if defined(ATTNSTATE_HAS_CUDA)
-  cuda::run_mla_decode(p.plan, qn, qp, kv, sk, vo, ws.data, ws.bytes, static_cast<cudaStream_t>(s));
+  cuda::run_mla_decode(p.plan, qn, qp, kv, e.sinks, e.out, e.workspace.data, e.workspace.bytes,
+                       static_cast<cudaStream_t>(e.stream));
 #endif
+}
+
+// ---- MLA cascade ------------------------------------------------------------------------------
+
+PyMlaCascadePlan plan_mla_cascade(const std::vector<nb::tuple>& levels, std::int64_t batch,
+                                  std::int64_t q_len, std::int64_t heads, std::int64_t kv_lora_rank,
+                                  std::int64_t rope_dim, std::int64_t page_size,
+                                  std::int64_t num_pages, DType q_dtype, DType ckv_dtype,
+                                  DType kpe_dtype, float scale, bool causal, int device,
+                                  int num_sms) {
+  const char* fn = "attnstate.MlaCascade.plan";
+  Call c(fn);
+  const std::vector<CascadeLevel> host = host_levels_of(c, levels);
+  PyMlaCascadePlan p;
+  p.batch = batch;
+  static_cast<MlaLayout&>(p) =
+      MlaLayout{q_len, heads, kv_lora_rank, rope_dim, q_dtype, ckv_dtype, kpe_dtype};
+  p.page_size = page_size;
+  p.num_levels = static_cast<int>(host.size());
+  p.options.scale = scale;
+  p.options.causal = causal;
+  p.device = device >= 0;
+  if (!p.device) {
+    // what `cpu::mla_cascade` would refuse at run: the MLA decode's shape, then the levels
+    check_cascade_batch(fn, batch, q_len);
+    check_cpu_mla_layout(fn, p);
+    check_cpu_levels_plan(fn, host.data(), p.num_levels, batch, q_len, p.options,
+                          kv_lora_rank + rope_dim, page_size, num_pages, q_dtype);
+    return p;
+  }
+#if defined(ATTNSTATE_HAS_CUDA)
+  if (num_sms <= 0) num_sms = device_sms(device);
+  cuda::MlaCascadeProblem pr;
+  pr.mla = cuda_mla_problem(p, batch);
+  pr.page_size = page_size;
+  pr.num_pages = num_pages;
+  p.plan = cuda::plan_mla_cascade(pr, host.data(), p.num_levels, p.options, num_sms);
+#else
+  (void)num_pages;
+  (void)num_sms;
+  device_sms(device);
+#endif
+  return p;
+}
+
+void run_mla_cascade(const PyMlaCascadePlan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv,
+                     nb::handle kpe, const std::vector<nb::tuple>& levels, nb::handle out,
+                     nb::handle workspace, nb::handle stream, float ckv_scale, float kpe_scale,
+                     nb::handle sinks) {
+  Call c("attnstate.MlaCascade.run");
+  // the levels serve the planned requests: a run has the plan's batch
+  const ConstTensorView qn = mla_queries(c, p, q_nope, p.batch);
+  const ConstTensorView qp = c.tensor(q_pe, "q_pe", 4);
+  const MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale);
+  if (kv.page_size != p.page_size)  // the levels' token counts are in pages of the plan's size
+    c.fail("ckv", "pages of the plan's page_size = " + std::to_string(p.page_size) + " tokens",
+           std::to_string(kv.page_size));
+  const std::vector<CascadeLevel> lv = levels_of(c, levels);
+  if (static_cast<int>(lv.size()) != p.num_levels)
+    c.fail("levels", std::to_string(p.num_levels) + " levels (the plan's)",
+           std::to_string(lv.size()));
+  const RunEnd e = run_end(c, out, sinks, qn.shape[2], workspace, p.device, stream, "q_nope");
+  if (c.space() == MemorySpace::kHost) {
+    nb::gil_scoped_release unlocked;
+    cpu::mla_cascade(qn, qp, kv, lv.data(), p.num_levels, p.options, e.sinks, e.out);
+    return;
+  }
+#if defined(ATTNSTATE_HAS_CUDA)
+  cuda::run_mla_cascade(p.plan, qn, qp, kv, lv.data(), p.num_levels, e.sinks, e.out,
+                        e.workspace.data, e.workspace.bytes, static_cast<cudaStream_t>(e.stream));
+#endif
+}
+
+// The class of a cascade plan (GQA's or MLA's) with the properties both show; the caller adds
+// its description.
+template <class P>
+nb::class_<P> bind_cascade_plan(nb::module_& m, const char* name) {
+  return nb::class_<P>(m, name)
+      .def_prop_ro("workspace_bytes", &P::workspace_bytes)
+      .def_prop_ro("on_device", [](const P& p) { return p.device; })
+      .def_prop_ro("num_levels", [](const P& p) { return p.num_levels; })
+      .def_prop_ro("batch", [](const P& p) { return p.batch; });
 }
 
 }  // namespace
@@ -747,11 +896,24 @@ void bind_plans(nb::module_& m) {
         arg("block_table").none(), arg("out"), arg("workspace").none(), arg("stream").none(),
         arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none());
 
-  nb::class_<PyCascadePlan>(m, "_CascadePlan")
-      .def_prop_ro("workspace_bytes", &PyCascadePlan::workspace_bytes)
-      .def_prop_ro("on_device", [](const PyCascadePlan& p) { return p.device; })
-      .def_prop_ro("num_levels", [](const PyCascadePlan& p) { return p.num_levels; })
-      .def_prop_ro("batch", [](const PyCascadePlan& p) { return p.batch; })
+  bind_cascade_plan<PyMlaCascadePlan>(m, "_MlaCascadePlan")
+      .def_prop_ro("description", [](const PyMlaCascadePlan& p) -> std::string {
+#if defined(ATTNSTATE_HAS_CUDA)
+        if (p.device) return p.plan.to_string();
+#endif
+        return "CPU MLA cascade: " + std::to_string(p.num_levels) + " levels, " +
+               std::to_string(p.heads) + " heads, q_len " + std::to_string(p.q_len) +
+               ", each level a state merged into the output";
+      });
+  m.def("plan_mla_cascade", &plan_mla_cascade, arg("levels"), arg("batch"), arg("q_len"),
+        arg("heads"), arg("kv_lora_rank"), arg("rope_dim"), arg("page_size"), arg("num_pages"),
+        arg("q_dtype"), arg("ckv_dtype"), arg("kpe_dtype"), arg("scale"), arg("causal"),
+        arg("device"), arg("num_sms"));
+  m.def("run_mla_cascade", &run_mla_cascade, arg("plan"), arg("q_nope"), arg("q_pe"), arg("ckv"),
+        arg("kpe"), arg("levels"), arg("out"), arg("workspace").none(), arg("stream").none(),
+        arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none());
+
+  bind_cascade_plan<PyCascadePlan>(m, "_CascadePlan")
       .def_prop_ro("description", [](const PyCascadePlan& p) -> std::string {
 #if defined(ATTNSTATE_HAS_CUDA)
         if (p.device) return cuda::to_string(p.plan);

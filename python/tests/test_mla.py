@@ -6,24 +6,14 @@ a GPU or the CUDA backend)."""
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import attnstate
 from helpers import cuda_torch, requires_torch_cuda
-
-RANK, ROPE = 512, 64
-SCALE = 0.1352  # a DeepSeek-like scale (mscale^2 / sqrt(192)), not the default 1/sqrt(576)
-
-_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
-       "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
-
-
-def stored(x, dtype, scale=1.0):
-    """x in the storage dtype (fp8: x / scale) and the real values it holds, in float64."""
-    s = (x / scale).astype(_NP[dtype])
-    return s, s.astype(np.float64) * scale
+from mla_helpers import NP_DTYPES as _NP
+from mla_helpers import (RANK, ROPE, SCALE, check, compare_cuda, expect_errors, poisoned_out,
+                         queries, replayed_in_cuda_graphs, shared_run_errors, stored, to_cuda)
 
 
 class Cache:
@@ -93,21 +83,6 @@ def reference(q_nope, q_pe, cache, scale, sinks=None, base="natural"):
             o[b * q_len + i] = (e[:, :max(n, 0)] @ ckv[:max(n, 0)]) / den[:, None]
             lse[b * q_len + i] = m[:, 0] + np.log(den)
     return o, (lse / math.log(2.0) if base == "base2" else lse)
-
-
-def queries(rng, batch, q_len, heads, dtype="float32", rank=RANK, rope=ROPE, flashmla=False):
-    """q_nope, q_pe in `dtype`; FlashMLA's one (batch, q_len, heads, 576) query as two views."""
-    if flashmla:
-        q = rng.standard_normal((batch, q_len, heads, rank + rope)).astype(_NP[dtype])
-        return q[..., :rank], q[..., rank:]
-    return (rng.standard_normal((batch, q_len, heads, rank)).astype(_NP[dtype]),
-            rng.standard_normal((batch, q_len, heads, rope)).astype(_NP[dtype]))
-
-
-def check(state, want, atol, lse_atol=2e-5):
-    o, lse = want
-    np.testing.assert_allclose(np.asarray(state.o, np.float64), o, atol=atol, rtol=atol)
-    np.testing.assert_allclose(state.lse, lse, atol=lse_atol, rtol=1e-6)
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
@@ -325,21 +300,9 @@ def test_run_errors_name_the_argument():
             **kw):
         return mla.run(qn, qp, ckv, kpe, seq_lens, **tables, **kw)
 
-    bad_out = attnstate.State(np.empty((2, 2, 64), np.float32), np.empty((2, 2), np.float32),
-                              "natural")
     cases = [
         (dict(qn=q_nope[:, :, :1]), "argument 'q_nope': expected shape \\(batch, 1, 2, 512\\)"),
-        (dict(qn=q_nope.astype(np.float16)), "argument 'q_nope': expected dtype f32"),
-        (dict(qp=q_pe[..., :32]), "argument 'q_pe.shape\\[3\\]': expected kv.rope_dim = 64"),
-        (dict(qp=q_pe.astype(np.float16)), "argument 'q_pe.dtype'"),
         (dict(qp=q_pe[:1]), "argument 'q_pe.shape\\[0\\]'"),
-        (dict(kpe=cache.kpe[:2]), "argument 'kpe': expected the pages and page_size of ckv"),
-        (dict(ckv=cache.ckv.astype(np.float16)), "argument 'ckv': expected dtype f32"),
-        (dict(ckv=cache.ckv[..., :500]), "argument 'ckv': expected width kv_lora_rank = 512"),
-        (dict(kpe=cache.kpe[..., :60]), "argument 'kpe': expected width rope_dim = 64"),
-        (dict(ckv=cache.ckv[:, :, None].repeat(2, 2)), "argument 'ckv': expected \\(pages"),
-        (dict(ckv_scale=0.5), "argument 'ckv_scale': expected None"),
-        (dict(kpe_scale=0.5), "argument 'kpe_scale': expected None"),
         (dict(seq_lens=lens.astype(np.int64)), "argument 'seq_lens': expected dtype int32"),
         (dict(seq_lens=np.array([20, 90], np.int32)),
          "argument 'kv.seq_lens': expected at most the pages of the request"),
@@ -348,18 +311,8 @@ def test_run_errors_name_the_argument():
         (dict(tables={"page_indptr": cache.indptr}), "argument 'kv.page_indices'"),
         (dict(tables={"page_indptr": cache.indptr, "page_indices": cache.indices + 100}),
          "argument 'kv.page_indices': expected page ids in \\[0, num_pages = 6\\)"),
-        (dict(sinks=np.zeros(3, np.float32)), "argument 'sinks': expected heads_q = 2"),
-        (dict(sinks=np.array([0.0, np.inf], np.float32)), "argument 'sinks.logits\\[1\\]'"),
-        (dict(out=bad_out), "argument 'out.head_dim'"),
-        (dict(out="state"), "argument 'out'"),
-        (dict(stream=1), "argument 'stream'"),
-        (dict(dtype="int8"), "argument 'dtype'"),
-        (dict(base="base10"), "argument 'base'"),
     ]
-    for change, message in cases:
-        with pytest.raises(attnstate.Error, match=message):
-            run(**change)
-    run()  # the unchanged call runs
+    expect_errors(run, cases + shared_run_errors(q_nope, q_pe, cache.ckv, cache.kpe))
 
 
 def test_fp8_run_errors_name_the_scale():
@@ -400,29 +353,11 @@ def _cuda_case(seed, seq_lens, page_size, heads, q_len, layout, ckv_dtype, kpe_d
                 ckv_scale=None if ckv_dtype == "bfloat16" else ckv_scale,
                 kpe_scale=None if kpe_dtype == "bfloat16" else kpe_scale)
 
-    def dev(a):
-        """A CUDA copy of `a`; a view of a pool (FlashMLA's) stays a view of the pool's copy."""
-        base = a if a.base is None else a.base
-        view, name = _TORCH_VIEW.get(base.dtype, (base.dtype, None))
-        t = torch.from_numpy(np.ascontiguousarray(base).view(view))
-        t = (t.view(getattr(torch, name)) if name else t).cuda()
-        if a is base:
-            return t
-        item = a.dtype.itemsize
-        offset = (a.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // item
-        return t.as_strided(a.shape, [s // item for s in a.strides], offset)
-
-    device = {k: dev(v) for k, v in host.items() if isinstance(v, np.ndarray)}
+    device = {k: to_cuda(torch, v) for k, v in host.items() if isinstance(v, np.ndarray)}
     device["tables"] = {k: torch.from_numpy(v).cuda() for k, v in host["tables"].items()}
     for k in ("ckv_scale", "kpe_scale"):
         device[k] = host[k]
     return host, device
-
-
-# NumPy dtypes torch.from_numpy cannot take: the same-size integer view, then torch's dtype
-_TORCH_VIEW = {np.dtype(ml_dtypes.bfloat16): (np.int16, "bfloat16"),
-               np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, "float8_e4m3fn"),
-               np.dtype(ml_dtypes.float8_e5m2): (np.uint8, "float8_e5m2")}
 
 
 def _run(mla, args, **kw):
@@ -432,17 +367,7 @@ def _run(mla, args, **kw):
 
 
 def _poisoned_out(tokens, heads, dtype, base):
-    return attnstate.State(torch.full((tokens, heads, RANK), float("nan"), dtype=dtype,
-                                      device="cuda"),
-                           torch.full((tokens, heads), float("nan"), device="cuda"), base)
-
-
-def _compare(gpu, cpu, atol):
-    o = gpu.o.float().cpu().numpy()
-    lse = gpu.lse.cpu().numpy()
-    assert not np.isnan(o).any() and not np.isnan(lse).any()  # every row written
-    np.testing.assert_allclose(o, cpu.o, atol=atol, rtol=atol)
-    np.testing.assert_allclose(lse, cpu.lse, atol=2e-3, rtol=1e-4)
+    return poisoned_out(torch, tokens, heads, dtype, base)
 
 
 @pytest.mark.gpu
@@ -469,7 +394,7 @@ def test_cuda_matches_the_cpu(page_size, layout, table, ckv_dtype, kpe_dtype, he
         out = _poisoned_out(len(seq_lens) * q_len, heads, torch.float32, base)
         assert _run(mla, device, out=out) is out
         torch.cuda.synchronize()
-        _compare(out, attnstate.rebase(cpu, base), 2e-2)
+        compare_cuda(out, attnstate.rebase(cpu, base), 2e-2)
 
 
 @pytest.mark.gpu
@@ -489,7 +414,7 @@ def test_cuda_splits_sinks_and_out_dtypes(o_dtype):
         out = _poisoned_out(len(seq_lens), 16, getattr(torch, o_dtype), "natural")
         _run(mla, device, out=out, sinks=torch.from_numpy(sinks).cuda())
         torch.cuda.synchronize()
-        _compare(out, cpu, 2e-2)
+        compare_cuda(out, cpu, 2e-2)
 
 
 @pytest.mark.gpu
@@ -505,7 +430,7 @@ def test_cuda_custom_op_and_errors():
                                   device["kpe"], device["seq_lens"], **device["tables"],
                                   base=1, dtype="float32")
     torch.cuda.synchronize()
-    _compare(attnstate.State(o, lse, "base2"), attnstate.rebase(cpu, "base2"), 2e-2)
+    compare_cuda(attnstate.State(o, lse, "base2"), attnstate.rebase(cpu, "base2"), 2e-2)
     pid = torch_ops.register_plan(mla)
     ip, ix = device["tables"]["page_indptr"], device["tables"]["page_indices"]
 
@@ -515,12 +440,8 @@ def test_cuda_custom_op_and_errors():
 
     args = (device["q_nope"], device["q_pe"], device["ckv"], device["kpe"], device["seq_lens"],
             ip, ix, mla.workspace)
-    eager = step(*args)
-    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
-    for _ in range(3):  # warm-up, record, replay
-        got = compiled(*args)
-    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
-    _compare(attnstate.State(*got, "natural"), cpu, 2e-2)
+    got = replayed_in_cuda_graphs(torch, step, args)
+    compare_cuda(attnstate.State(*got, "natural"), cpu, 2e-2)
     # the CUDA limits, refused by name
     with pytest.raises(attnstate.Error, match="heads"):
         attnstate.MlaDecode().plan(seq_lens, heads=12, dtype="bfloat16", like=device["ckv"])
