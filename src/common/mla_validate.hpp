@@ -70,6 +70,71 @@ inline std::int64_t check_mla_part(const char* fn, const char* part, const void*
   return span;
 }
 
+/// Checks the block scales of the latent part, `kv.ckv_block_scale`: absent (null data, the other
+/// fields at their defaults), or given for an fp8 `ckv` whose per-tensor `ckv_scale` is the
+/// default, with `block_cols ≥ 1` dividing `kv_lora_rank`, a token stride of 0 (dense) or at
+/// least the blocks of a token, a page stride of 0 (dense) or at least `page_size` token strides,
+/// a span of `num_pages` pages within 2^62 bytes and data aligned to a float. Returns the bytes
+/// the scales span (0 when absent or without pages). The scale values are read as stored.
+inline std::int64_t check_mla_block_scale(const char* fn, const MlaKvCache& kv) {
+  const MlaBlockScale& bs = kv.ckv_block_scale;
+  if (!bs.present()) {
+    const MlaBlockScale none;
+    if (bs.block_cols != none.block_cols || bs.token_stride != 0 || bs.page_stride != 0)
+      throw_argument(fn,
+                     bs.block_cols != none.block_cols ? "kv.ckv_block_scale.block_cols"
+                     : bs.token_stride != 0           ? "kv.ckv_block_scale.token_stride"
+                                                      : "kv.ckv_block_scale.page_stride",
+                     "its default without kv.ckv_block_scale.data (no block scales)",
+                     bs.block_cols != none.block_cols ? decode_str(bs.block_cols)
+                     : bs.token_stride != 0           ? decode_str(bs.token_stride)
+                                                      : decode_str(bs.page_stride));
+    return 0;
+  }
+  if (!is_fp8(kv.ckv_dtype))
+    throw_argument(fn, "kv.ckv_block_scale.data",
+                   std::string("null: block scales apply to an fp8 latent part, this one is ") +
+                       to_string(kv.ckv_dtype),
+                   "a scale pointer");
+  if (!kv.ckv_scale.is_default())
+    throw_argument(fn, "kv.ckv_scale",
+                   "the default (value 1, no data) with kv.ckv_block_scale: the block scales are "
+                   "the whole scale of the latent part",
+                   kv.ckv_scale.data != nullptr ? "a scale pointer"
+                                                : "value " + scale_str(kv.ckv_scale.value));
+  if (bs.block_cols < 1 || kv.kv_lora_rank % bs.block_cols != 0)
+    throw_argument(fn, "kv.ckv_block_scale.block_cols",
+                   ">= 1 dividing kv.kv_lora_rank = " + decode_str(kv.kv_lora_rank),
+                   decode_str(bs.block_cols));
+  const std::int64_t blocks = kv.kv_lora_rank / bs.block_cols;
+  check_min(fn, "kv.ckv_block_scale.token_stride", bs.token_stride, 0);
+  if (bs.token_stride != 0 && bs.token_stride < blocks)
+    throw_argument(fn, "kv.ckv_block_scale.token_stride",
+                   "0 or >= the scales of a token, kv_lora_rank / block_cols = " +
+                       decode_str(blocks) + " (rows must not overlap)",
+                   decode_str(bs.token_stride));
+  const std::int64_t row = bs.token_stride != 0 ? bs.token_stride : blocks;
+  std::int64_t dense = 0;
+  if (!checked_mul(kv.page_size, row, &dense) || if_bytes_fit(dense, sizeof(float)) < 0)
+    throw_argument(fn, "kv.ckv_block_scale.token_stride",
+                   "page_size * token stride within 2^62 bytes",
+                   decode_str(kv.page_size) + " * " + decode_str(row));
+  check_min(fn, "kv.ckv_block_scale.page_stride", bs.page_stride, 0);
+  if (bs.page_stride != 0 && bs.page_stride < dense)
+    throw_argument(fn, "kv.ckv_block_scale.page_stride",
+                   "0 or >= page_size * token stride = " + decode_str(dense),
+                   decode_str(bs.page_stride));
+  const std::int64_t page = bs.page_stride != 0 ? bs.page_stride : dense;
+  check_aligned(fn, "kv.ckv_block_scale.data", bs.data, sizeof(float));
+  if (kv.num_pages == 0) return 0;
+  const std::int64_t elems = checked_span(kv.num_pages, page, dense - row + blocks);
+  if (elems < 0 || if_bytes_fit(elems, sizeof(float)) < 0)
+    throw_argument(fn, kv.num_pages > page ? "kv.num_pages" : "kv.ckv_block_scale.page_stride",
+                   "the block scales of num_pages pages within 2^62 bytes",
+                   decode_str(kv.num_pages) + " pages of " + decode_str(page) + " floats");
+  return elems * static_cast<std::int64_t>(sizeof(float));
+}
+
 /// Checks one query view named `name` (`"q_nope"` or `"q_pe"`) of an MLA decode: `space`, rank 4
 /// `(batch, q_len, heads, width)`, f32/f16/bf16, `batch == kv.batch`, `q_len` 1..8, `heads ≥ 1`,
 /// the last dim `width` and contiguous, other strides ≥ 0, a span within 2^62 bytes, non-null
@@ -113,10 +178,10 @@ inline std::int64_t check_mla_query(const char* fn, const char* name, const Cons
 
 /// Checks every argument of an MLA decode but the split layout, the scale and the sinks: the
 /// cache (`kv_lora_rank`, `rope_dim ≥ 1`, `num_pages ≥ 0`, `page_size ≥ 1`, both parts,
-/// the tables), the queries (`q_pe` of `q_nope`'s dtype, batch, q_len and heads) and `out`, an
-/// output state `(batch·q_len, heads, kv_lora_rank)` in `space` disjoint from the queries, both
-/// parts of the cache, their scales and the tables. With `tables` false (the cascade, whose
-/// levels hold the page tables) the cache's table fields are neither checked nor read.
+/// the block scales, the tables), the queries (`q_pe` of `q_nope`'s dtype, batch, q_len and heads)
+/// and `out`, an output state `(batch·q_len, heads, kv_lora_rank)` in `space` disjoint from the
+/// queries, both parts of the cache, their scales and the tables. With `tables` false (the cascade,
+/// whose levels hold the page tables) the cache's table fields are neither checked nor read.
 inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
                               const ConstTensorView& q_pe, const MlaKvCache& kv,
                               const StateView& out, MemorySpace space, bool tables = true) {
@@ -134,6 +199,7 @@ inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
   const std::int64_t kpe_bytes =
       check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale, kv.rope_dim,
                      kv.kpe_token_stride, kv.kpe_page_stride, kv, space);
+  const std::int64_t block_scale_bytes = check_mla_block_scale(fn, kv);
   if (tables) validate_page_tables(fn, kv);
   const std::int64_t qn_bytes =
       check_mla_query(fn, "q_nope", q_nope, kv, "kv.kv_lora_rank", kv.kv_lora_rank, space);
@@ -165,6 +231,8 @@ inline void validate_mla_args(const char* fn, const ConstTensorView& q_nope,
                  kv_scale_bytes(kv.ckv_scale, 1), nullptr, 0);
   check_disjoint(fn, "out", out, "kv.kpe_scale.data", kv.kpe_scale.data,
                  kv_scale_bytes(kv.kpe_scale, 1), nullptr, 0);
+  check_disjoint(fn, "out", out, "kv.ckv_block_scale.data", kv.ckv_block_scale.data,
+                 block_scale_bytes, nullptr, 0);
   if (tables) check_disjoint_from_tables(fn, "out", out, kv, space);
 }
 

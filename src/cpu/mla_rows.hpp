@@ -30,11 +30,20 @@ inline void load_mla_query(const ConstTensorView& q_nope, const ConstTensorView&
            kv.rope_dim, dst + kv.kv_lora_rank);
 }
 
+/// Multiplies the latent values `row` (`kv_lora_rank` floats, read with scale 1) of token slot
+/// `slot` of page `page` by their block scales (`kv.ckv_block_scale`), each product rounded once.
+inline void scale_blocks(const MlaKvCache& kv, std::int64_t page, std::int64_t slot, float* row) {
+  const float* s = kv.ckv_block_scale.data + kv.ckv_block_scale_offset(page, slot);
+  const std::int64_t cols = kv.ckv_block_scale.block_cols;
+  for (std::int64_t d = 0; d < kv.kv_lora_rank; ++d) row[d] *= s[d / cols];
+}
+
 /// The states of `rows` query rows (`qrows`: `rows × (kv_lora_rank + rope_dim)` fp32) over the
 /// latent tokens `[begin, row_end[i])` of a run whose token `t` lives in page `page_of(t)` at
 /// slot `t % page_size`, written normalised (fp32 `o` of `kv_lora_rank` values, base-2 LSE) to
 /// `po` / `plse` at row `i`. A row that sees no token gets `(0, -inf)`. The fp8 parts are read
-/// with the scales `ckv_scale`, `kpe_scale`; keys are `[ckv, kpe]`, values `ckv`.
+/// with the scales `ckv_scale`, `kpe_scale` (the latent part's by its block scales instead when
+/// `kv.ckv_block_scale` is given: `ckv_scale` is then 1); keys are `[ckv, kpe]`, values `ckv`.
 template <class PageOf>
 void mla_row_states(const MlaKvCache& kv, float ckv_scale, float kpe_scale, const float* qrows,
                     const std::int64_t* row_end, std::int64_t rows, std::int64_t begin,
@@ -55,6 +64,7 @@ void mla_row_states(const MlaKvCache& kv, float ckv_scale, float kpe_scale, cons
       const std::int64_t page = page_of(t);
       const std::int64_t slot = t % kv.page_size;
       load_kv_row(kv.ckv, kv.ckv_dtype, ckv_scale, kv.ckv_offset(page, slot), L, &krows[j * K]);
+      if (kv.ckv_block_scale.present()) scale_blocks(kv, page, slot, &krows[j * K]);
       load_kv_row(kv.kpe, kv.kpe_dtype, kpe_scale, kv.kpe_offset(page, slot), R, &krows[j * K + L]);
     }
     for (std::int64_t i = 0; i < rows; ++i) {

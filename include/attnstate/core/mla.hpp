@@ -37,6 +37,26 @@ constexpr std::int64_t kMlaKvLoraRank = 512;
 /// The rotary width of DeepSeek-V3/R1 and Kimi K2 (`MlaKvCache::rope_dim`).
 constexpr std::int64_t kMlaRopeDim = 64;
 
+/// Per-token dequantisation scales of blocks of latent columns, for an fp8 latent part quantised
+/// in blocks (FlashMLA's fp8 cache: four fp32 scales a token, one per 128 latent columns,
+/// stored in the token's own row right after its 512 e4m3 values).
+///
+/// The scale of latent column `d` of token slot `s` of page `p` is
+/// `data[p · page_elems + s · row_stride + d / block_cols]` (`MlaKvCache::ckv_block_scale_at`),
+/// with the page table of the cache: the scales of a token live in the same page and slot as
+/// its values. Strides are in floats; 0 means dense (`kv_lora_rank / block_cols` floats a token,
+/// `page_size` tokens a page). The element is then read as `to_float(stored) × scale`, rounded
+/// once to fp32. `data` null (the default) means no block scales.
+struct MlaBlockScale {
+  const float* data = nullptr;    ///< Scales in the cache's `space`, or null (none).
+  std::int64_t block_cols = 128;  ///< Latent columns per scale (divides `kv_lora_rank`).
+  std::int64_t token_stride = 0;  ///< Floats between token slots (0: `kv_lora_rank / block_cols`).
+  std::int64_t page_stride = 0;   ///< Floats between pages (0: `page_size` token strides).
+
+  /// True when block scales are given.
+  ATTNSTATE_HOST_DEVICE bool present() const { return data != nullptr; }
+};
+
 /// A paged MLA latent cache: the latent part `ckv` and the rotary part `kpe` of every token, a
 /// page table and per-request lengths.
 ///
@@ -51,7 +71,9 @@ constexpr std::int64_t kMlaRopeDim = 64;
 /// scale per part (`ckv_scale`, `kpe_scale`: one per tensor, as a host value or through a
 /// pointer; `KvScale` with `head_stride` 0). The two parts may differ (FlashMLA's fp8 cache
 /// keeps the rotary part in bf16). An fp8 element is read as `to_float(stored) × scale`,
-/// accumulation in fp32.
+/// accumulation in fp32. An fp8 latent part may instead carry per-token scales of blocks of
+/// columns (`ckv_block_scale`, FlashMLA's fp8 rows), its per-tensor `ckv_scale` then left at the
+/// default.
 ///
 /// All pointers live in `space`. Element offsets are 64-bit.
 struct MlaKvCache {
@@ -61,6 +83,7 @@ struct MlaKvCache {
   DType kpe_dtype = DType::kBF16;  ///< Element type of `kpe`.
   KvScale ckv_scale;               ///< Scale of an fp8 `ckv` (per tensor; default 1).
   KvScale kpe_scale;               ///< Scale of an fp8 `kpe` (per tensor; default 1).
+  MlaBlockScale ckv_block_scale;   ///< Per-token block scales of an fp8 `ckv` (default none).
   std::int64_t kv_lora_rank = kMlaKvLoraRank;  ///< Latent width (values and the first part of
                                                ///< the keys).
   std::int64_t rope_dim = kMlaRopeDim;         ///< Rotary width (the last part of the keys).
@@ -99,6 +122,25 @@ struct MlaKvCache {
   /// Element offset in `ckv` of token slot `slot` of page `page`.
   ATTNSTATE_HOST_DEVICE std::int64_t ckv_offset(std::int64_t page, std::int64_t slot) const {
     return page * ckv_page_elems() + slot * ckv_row_stride();
+  }
+  /// Block scales a token of `ckv` has (`kv_lora_rank / ckv_block_scale.block_cols`).
+  ATTNSTATE_HOST_DEVICE std::int64_t ckv_blocks() const {
+    return kv_lora_rank / ckv_block_scale.block_cols;
+  }
+  /// Floats between token slots of `ckv_block_scale` (resolves 0).
+  ATTNSTATE_HOST_DEVICE std::int64_t ckv_block_scale_row_stride() const {
+    return ckv_block_scale.token_stride != 0 ? ckv_block_scale.token_stride : ckv_blocks();
+  }
+  /// Floats between pages of `ckv_block_scale` (resolves 0).
+  ATTNSTATE_HOST_DEVICE std::int64_t ckv_block_scale_page_elems() const {
+    return ckv_block_scale.page_stride != 0 ? ckv_block_scale.page_stride
+                                            : page_size * ckv_block_scale_row_stride();
+  }
+  /// Float offset in `ckv_block_scale.data` of the first scale of token slot `slot` of page
+  /// `page` (the scale of its column `d` is at `+ d / block_cols`).
+  ATTNSTATE_HOST_DEVICE std::int64_t ckv_block_scale_offset(std::int64_t page,
+                                                            std::int64_t slot) const {
+    return page * ckv_block_scale_page_elems() + slot * ckv_block_scale_row_stride();
   }
   /// Element offset in `kpe` of token slot `slot` of page `page`.
   ATTNSTATE_HOST_DEVICE std::int64_t kpe_offset(std::int64_t page, std::int64_t slot) const {

@@ -1,0 +1,230 @@
+/// @file test_cpu_mla_block_scale.cpp
+/// @brief CPU MLA decode and cascade over fp8 latent caches with per-token block scales
+///        (FlashMLA's 656-byte rows as views of one pool) against an independent double
+///        computation, with a control showing that the scales of a wrong block would fail;
+///        argument errors naming the block-scale fields.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attnstate/core/cascade.hpp"
+#include "attnstate/core/error.hpp"
+#include "attnstate/cpu/mla.hpp"
+#include "attnstate/testing/host_state.hpp"
+#include "cpu_test_utils.hpp"
+#include "mla_block_scale.hpp"
+#include "split_layouts.hpp"
+
+namespace {
+
+using namespace attnstate;
+using attnstate::testing::HostState;
+using attnstate_test::BlockScaleConfig;
+using attnstate_test::BlockScaleHost;
+using attnstate_test::make_block_scale_host;
+
+// fp32 on the CPU: products rounded once, fp32 sums of a few hundred terms
+constexpr double kAtol = 2e-4;
+constexpr double kRtol = 2e-4;
+
+/// The error of `out` against the double reference of `h` (block shift `shift`), in tolerances.
+double error_of(const BlockScaleHost& h, const HostState& out, std::int64_t shift = 0) {
+  std::vector<double> o, lse;
+  h.reference(o, lse, shift);
+  std::vector<float> got_o(o.size()), got_lse(lse.size());
+  for (std::size_t i = 0; i < o.size(); ++i)
+    got_o[i] = out.o(static_cast<std::int64_t>(i / h.cfg.kv_lora_rank / h.cfg.heads),
+                     static_cast<std::int64_t>(i / h.cfg.kv_lora_rank % h.cfg.heads),
+                     static_cast<std::int64_t>(i % h.cfg.kv_lora_rank));
+  for (std::size_t i = 0; i < lse.size(); ++i)
+    got_lse[i] = out.lse(static_cast<std::int64_t>(i / h.cfg.heads),
+                         static_cast<std::int64_t>(i % h.cfg.heads));
+  return attnstate_test::block_scale_error(
+      got_o.data(), o.data(), static_cast<std::int64_t>(o.size()), got_lse.data(), lse.data(),
+      static_cast<std::int64_t>(lse.size()), kAtol, kRtol);
+}
+
+HostState poisoned(const BlockScaleHost& h) {
+  HostState out(h.tokens(), h.cfg.heads, h.cfg.kv_lora_rank, DType::kF32, LseBase::kNatural);
+  out.poison();
+  return out;
+}
+
+HostState run_decode(const BlockScaleHost& h, const SplitLayout& layout) {
+  HostState out = poisoned(h);
+  cpu::mla_decode(h.query(h.q_nope.data(), h.cfg.kv_lora_rank, MemorySpace::kHost),
+                  h.query(h.q_pe.data(), h.cfg.rope_dim, MemorySpace::kHost), h.view(), layout,
+                  h.scale, out.view());
+  return out;
+}
+
+struct Shape {
+  std::int64_t rank, rope, block_cols, page, q_len, heads;
+  std::vector<std::int32_t> lens;
+};
+
+TEST(MlaCpuBlockScale, DecodeMatchesAnIndependentDoubleComputation) {
+  const std::vector<Shape> shapes = {
+      {512, 64, 128, 64, 1, 16, {200, 1, 64, 130}},  // FlashMLA's rows: 656 bytes
+      {512, 64, 128, 16, 3, 4, {40, 3, 17}},
+      {512, 64, 128, 1, 2, 2, {9, 5}},
+      {256, 32, 64, 7, 1, 3, {30, 8}},  // other block sizes (the CPU takes any divisor)
+      {96, 16, 32, 5, 4, 2, {23, 4}},
+      {64, 8, 64, 3, 1, 2, {11}},  // one block a token
+  };
+  std::uint64_t seed = 11;
+  for (const Shape& s : shapes) {
+    BlockScaleConfig cfg;
+    cfg.kv_lora_rank = s.rank;
+    cfg.rope_dim = s.rope;
+    cfg.block_cols = s.block_cols;
+    cfg.page_size = s.page;
+    cfg.q_len = s.q_len;
+    cfg.heads = s.heads;
+    cfg.seq_lens = s.lens;
+    const BlockScaleHost h = make_block_scale_host(cfg, seed++);
+    SCOPED_TRACE("rank " + std::to_string(s.rank) + " block " + std::to_string(s.block_cols) +
+                 " page " + std::to_string(s.page) + " q_len " + std::to_string(s.q_len));
+    for (const SplitLayout& layout :
+         {attnstate_test::fixed_count(1), attnstate_test::fixed_count(3),
+          attnstate_test::fixed_size(16, 16)}) {
+      const HostState out = run_decode(h, layout);
+      EXPECT_LE(error_of(h, out), 1.0);
+      // the control: the scales of the next block give a state far outside the tolerance (a
+      // wrong block index fails), unless a token has one block
+      if (h.blocks > 1) EXPECT_GT(error_of(h, out, 1), 100.0);
+    }
+  }
+}
+
+TEST(MlaCpuBlockScale, PerTensorFp8IsTheCaseOfEqualBlockScales) {
+  // every block scale of every token 0.375: the same bits as the per-tensor scale 0.375
+  BlockScaleConfig cfg;
+  cfg.seq_lens = {70, 33};
+  cfg.heads = 4;
+  cfg.page_size = 16;
+  BlockScaleHost h = make_block_scale_host(cfg, 5);
+  const float s = 0.375f;
+  for (std::int64_t b = 0; b < h.batch; ++b)
+    for (std::int64_t t = 0; t < cfg.seq_lens[static_cast<std::size_t>(b)]; ++t)
+      for (std::int64_t j = 0; j < h.blocks; ++j)
+        std::memcpy(const_cast<unsigned char*>(h.row(b, t)) + h.scale_offset() + 4 * j, &s, 4);
+  const HostState blocks = run_decode(h, attnstate_test::fixed_count(2));
+  MlaKvCache kv = h.view();
+  kv.ckv_block_scale = MlaBlockScale{};
+  kv.ckv_scale = KvScale::per_tensor(s);
+  HostState tensor = poisoned(h);
+  cpu::mla_decode(h.query(h.q_nope.data(), 512, MemorySpace::kHost),
+                  h.query(h.q_pe.data(), 64, MemorySpace::kHost), kv,
+                  attnstate_test::fixed_count(2), h.scale, tensor.view());
+  for (std::int64_t t = 0; t < h.tokens(); ++t)
+    for (std::int64_t hd = 0; hd < cfg.heads; ++hd) {
+      // the per-tensor scale multiplies the output and the dot products: equal to rounding
+      EXPECT_NEAR(blocks.lse(t, hd), tensor.lse(t, hd), 1e-4);
+      for (std::int64_t d = 0; d < 512; d += 37)
+        EXPECT_NEAR(blocks.o(t, hd, d), tensor.o(t, hd, d),
+                    1e-4 * (1 + std::abs(tensor.o(t, hd, d))));
+    }
+  EXPECT_LE(error_of(h, blocks), 1.0);
+}
+
+TEST(MlaCpuBlockScale, CascadeWithASharedPrefixMatchesTheDoubleComputation) {
+  for (const std::int64_t q_len : {1, 3}) {
+    BlockScaleConfig cfg;
+    cfg.page_size = 16;
+    cfg.q_len = q_len;
+    cfg.heads = 8;
+    cfg.seq_lens = {70, 50, 90, 49};
+    BlockScaleHost h = make_block_scale_host(cfg, 40 + static_cast<std::uint64_t>(q_len));
+    const attnstate_test::BlockScaleLevels lv = attnstate_test::share_prefix(h, 2);
+    const std::vector<CascadeLevel> levels = lv.levels();
+    MlaKvCache pool = h.view();
+    pool.block_table = nullptr;
+    pool.block_table_stride = 0;
+    pool.seq_lens = nullptr;
+    pool.batch = 0;
+    HostState out = poisoned(h);
+    CascadeOptions options;
+    options.scale = h.scale;
+    cpu::mla_cascade(h.query(h.q_nope.data(), 512, MemorySpace::kHost),
+                     h.query(h.q_pe.data(), 64, MemorySpace::kHost), pool, levels.data(), 2,
+                     options, out.view());
+    SCOPED_TRACE("q_len " + std::to_string(q_len));
+    EXPECT_LE(error_of(h, out), 1.0);
+    EXPECT_GT(error_of(h, out, 2), 100.0);
+  }
+}
+
+// --- argument errors: each names the argument ---------------------------------------------------
+
+TEST(MlaCpuBlockScaleErrors, EachFieldIsNamed) {
+  BlockScaleConfig cfg;
+  cfg.seq_lens = {20, 5};
+  cfg.heads = 2;
+  cfg.page_size = 8;
+  const BlockScaleHost h = make_block_scale_host(cfg, 3);
+  const auto qn = h.query(h.q_nope.data(), 512, MemorySpace::kHost);
+  const auto qp = h.query(h.q_pe.data(), 64, MemorySpace::kHost);
+  HostState out = poisoned(h);
+  auto expect_kv = [&](auto edit, const std::string& arg) {
+    MlaKvCache kv = h.view();
+    edit(kv);
+    attnstate::test::expect_arg_error(
+        [&] { cpu::mla_decode(qn, qp, kv, attnstate_test::fixed_count(1), 0.f, out.view()); }, arg);
+  };
+  expect_kv([](MlaKvCache& kv) { kv.ckv_dtype = DType::kBF16; }, "kv.ckv_block_scale.data");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_scale = KvScale::per_tensor(2.f); }, "kv.ckv_scale");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_block_scale.block_cols = 0; },
+            "kv.ckv_block_scale.block_cols");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_block_scale.block_cols = 100; },
+            "kv.ckv_block_scale.block_cols");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_block_scale.token_stride = 3; },
+            "kv.ckv_block_scale.token_stride");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_block_scale.token_stride = -4; },
+            "kv.ckv_block_scale.token_stride");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_block_scale.page_stride = 5; },
+            "kv.ckv_block_scale.page_stride");
+  expect_kv(
+      [](MlaKvCache& kv) {
+        kv.ckv_block_scale.data =
+            reinterpret_cast<const float*>(static_cast<const unsigned char*>(kv.ckv) + 2);
+      },
+      "kv.ckv_block_scale.data");
+  expect_kv(
+      [](MlaKvCache& kv) {
+        kv.ckv_block_scale.token_stride = std::int64_t{1} << 61;
+        kv.ckv_block_scale.page_stride = 0;
+      },
+      "kv.ckv_block_scale.token_stride");
+  expect_kv([](MlaKvCache& kv) { kv.ckv_block_scale.page_stride = std::int64_t{1} << 59; },
+            "kv.ckv_block_scale.page_stride");
+  // fields without data: the defaults only
+  expect_kv(
+      [](MlaKvCache& kv) {
+        kv.ckv_block_scale.data = nullptr;
+        kv.ckv_block_scale.token_stride = 164;
+      },
+      "kv.ckv_block_scale.token_stride");
+  expect_kv(
+      [](MlaKvCache& kv) {
+        kv.ckv_block_scale.data = nullptr;
+        kv.ckv_block_scale.block_cols = 64;
+      },
+      "kv.ckv_block_scale.block_cols");
+  // the output over the scales
+  {
+    MlaKvCache kv = h.view();
+    HostState small(h.tokens(), cfg.heads, 512, DType::kF32, LseBase::kNatural);
+    StateView o = small.view();
+    kv.ckv_block_scale.data = static_cast<const float*>(o.o);
+    kv.ckv_block_scale.token_stride = kv.ckv_block_scale.page_stride = 0;
+    attnstate::test::expect_arg_error(
+        [&] { cpu::mla_decode(qn, qp, kv, attnstate_test::fixed_count(1), 0.f, o); }, "out.o");
+  }
+}
+
+}  // namespace
