@@ -122,13 +122,15 @@ struct DecodeRows {
   static constexpr catalog::Family kFamily = F;
   static constexpr bool kWs = F == catalog::Family::kMlaDecodeWs;
   static constexpr const char* kName = kWs ? "mla_decode_ws_kernel" : "mla_decode_kernel";
-  template <int kKv>
+  template <int kKv, bool kBlock>
   static constexpr auto kernel() {
     if constexpr (kWs)
-      return &detail::mla_decode_ws_kernel<kKv>;
+      return &detail::mla_decode_ws_kernel<kKv, kBlock>;
     else
-      return &detail::mla_decode_kernel<kKv>;
+      return &detail::mla_decode_kernel<kKv, kBlock>;
   }
+  /// The cache fields of the kernel's argument.
+  static const detail::MlaParams& mla(const Params& p) { return p; }
 };
 
 /// Whether the current device runs the wgmma kernels (false without a device, or a driver).

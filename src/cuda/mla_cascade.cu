@@ -68,10 +68,12 @@ struct LevelRows {
   using Params = detail::MlaSegmentParams;
   static constexpr catalog::Family kFamily = catalog::Family::kMlaCascade;
   static constexpr const char* kName = "mla_cascade_level_kernel";
-  template <int kKv>
+  template <int kKv, bool kBlock>
   static constexpr auto kernel() {
-    return &detail::mla_cascade_level_kernel<kKv>;
+    return &detail::mla_cascade_level_kernel<kKv, kBlock>;
   }
+  /// The cache fields of the kernel's argument.
+  static const detail::MlaParams& mla(const Params& p) { return p.mla; }
 };
 
 /// The split layout of level `lv` (host arrays, checked): the MLA decode's chooser over its

@@ -109,6 +109,25 @@ inline void query_strides(const ConstTensorView& q, std::int64_t* b, std::int64_
   *h = q.stride[2];
 }
 
+/// The kernels' limits of the latent part's block scales (when given; the shared checks passed):
+/// blocks of `kMlaBlockCols` (128) columns, the 4 scales of a token one aligned 16-byte vector
+/// (data, token and page strides multiples of 4 floats), in memory the kernels read.
+inline void check_mla_block_scale_copies(const char* fn, const MlaKvCache& kv) {
+  const MlaBlockScale& bs = kv.ckv_block_scale;
+  if (!bs.present()) return;
+  namespace v = ::attnstate::detail;
+  if (bs.block_cols != kMlaBlockCols)
+    v::throw_argument(fn, "kv.ckv_block_scale.block_cols",
+                      decode_str(kMlaBlockCols) + " (the CUDA kernels' blocks)",
+                      decode_str(bs.block_cols), Status::kNotSupported);
+  v::check_aligned(fn, "kv.ckv_block_scale.data", bs.data, 16);
+  check_multiple_16(fn, "kv.ckv_block_scale.token_stride", kv.ckv_block_scale_row_stride(),
+                    DType::kF32);
+  check_multiple_16(fn, "kv.ckv_block_scale.page_stride", kv.ckv_block_scale_page_elems(),
+                    DType::kF32);
+  check_scale_memory(fn, "kv.ckv_block_scale.data", bs.data);
+}
+
 /// The checks of the kernels' 16-byte copies (the pools, their token and page strides, the query
 /// rows) and of the fp8 scales' memory (read on the device), naming the argument.
 inline void check_mla_copies(const char* fn, const ConstTensorView& q_nope,
@@ -123,6 +142,7 @@ inline void check_mla_copies(const char* fn, const ConstTensorView& q_nope,
   check_query_rows(fn, "q_pe", q_pe);
   check_scale_memory(fn, "kv.ckv_scale.data", kv.ckv_scale.data);
   check_scale_memory(fn, "kv.kpe_scale.data", kv.kpe_scale.data);
+  check_mla_block_scale_copies(fn, kv);
 }
 
 /// The checks of a workspace of `need` bytes (> 0): non-null, at least `need` bytes
@@ -152,6 +172,7 @@ inline void check_mla_workspace(const char* fn, const ConstTensorView& q_nope,
   disjoint("kv.kpe", kv.kpe,
            v::check_mla_part(fn, "kpe", kv.kpe, kv.kpe_dtype, kv.kpe_scale, kv.rope_dim,
                              kv.kpe_token_stride, kv.kpe_page_stride, kv, MemorySpace::kDevice));
+  disjoint("kv.ckv_block_scale.data", kv.ckv_block_scale.data, v::check_mla_block_scale(fn, kv));
 }
 
 /// The kernel's query and latent-cache fields of `p` (and its shape: `q_len`, `group = heads`,
@@ -175,6 +196,9 @@ inline void fill_mla_inputs(const ConstTensorView& q_nope, const ConstTensorView
   p->kpe_fp8 = is_fp8(kv.kpe_dtype);
   p->ckv_scale = kv.ckv_scale;
   p->kpe_scale = kv.kpe_scale;
+  p->ckv_bscale = reinterpret_cast<const unsigned char*>(kv.ckv_block_scale.data);
+  p->bscale_token_bytes = kv.ckv_block_scale.present() ? kv.ckv_block_scale_row_stride() * 4 : 0;
+  p->bscale_page_bytes = kv.ckv_block_scale.present() ? kv.ckv_block_scale_page_elems() * 4 : 0;
   p->page_indptr = kv.page_indptr;
   p->page_indices = kv.page_indices;
   p->block_table = kv.block_table;

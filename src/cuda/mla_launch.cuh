@@ -4,7 +4,8 @@
 ///        which raises the row's shared-memory limit (once per device) and launches it.
 ///
 /// `K` gives `Params` (the kernel's argument), `kFamily` (its catalog family), `kName` (for
-/// launch errors) and `kernel<kKv>()` (the `__global__` instance over a latent part of `kKv`).
+/// launch errors), `kernel<kKv, kBlock>()` (the `__global__` instance over a latent part of `kKv`,
+/// with block scales or not) and `mla(params)` (the cache fields of the argument).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,14 +25,16 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// The launch of `K`'s row over `kKv` on `grid` CTAs on `stream` (`kMlaThreads` threads, or the
-/// wgmma decode's `kMlaWsWarps` warps, and the family's shared memory).
-template <class K, int kKv>
-void launch_mla_row(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
-  constexpr auto kernel = K::template kernel<kKv>();
+/// The launch of `K`'s row over `kKv` (with the latent part's block scales: `kBlock`) on `grid`
+/// CTAs on `stream` (`kMlaThreads` threads, or the wgmma decode's `kMlaWsWarps` warps, and the
+/// family's shared memory: the mma.sync kernels stage the block scales besides).
+template <class K, int kKv, bool kBlock>
+void launch_mla_instance(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
+  constexpr auto kernel = K::template kernel<kKv, kBlock>();
   constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs;  // (its own CTA shape)
   const int smem = static_cast<int>(kWs ? catalog::mla_ws_smem_bytes()
-                                        : catalog::mla_smem_bytes(kKv != tile::kKvSame));
+                                        : catalog::mla_smem_bytes(kKv != tile::kKvSame) +
+                                              (kBlock ? kMlaBlockScaleSmem : 0));
   raise_smem_limit<kernel>(smem);
   LaunchConfig c;
   c.grid = dim3(static_cast<unsigned>(grid));
@@ -39,6 +42,18 @@ void launch_mla_row(const typename K::Params& p, std::int64_t grid, cudaStream_t
   c.smem = static_cast<std::size_t>(smem);
   c.stream = stream;
   launch_kernel(c, kernel, K::kName, p);
+}
+
+/// The launch of `K`'s row over `kKv`: the instance with block scales when an fp8 cache has them.
+template <class K, int kKv>
+void launch_mla_row(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
+  if constexpr (kKv != tile::kKvSame) {
+    if (K::mla(p).ckv_bscale != nullptr) {
+      launch_mla_instance<K, kKv, true>(p, grid, stream);
+      return;
+    }
+  }
+  launch_mla_instance<K, kKv, false>(p, grid, stream);
 }
 
 /// A row's launch (null for the rows of other families).

@@ -20,6 +20,7 @@
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/mla.hpp"
 #include "attnstate/core/state_view.hpp"
+#include "attnstate/testing/host_state.hpp"
 
 namespace attnstate_test {
 
@@ -328,6 +329,30 @@ inline double block_scale_error(const float* o, const double* ref, std::int64_t 
     worst = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(worst, e);
   }
   return worst;
+}
+
+/// The error of the state `out` (natural or base-2 LSEs, any dtype) of `h` against its double
+/// reference (`block_shift`, `bf16_values` as for `BlockScaleHost::reference`), in tolerances
+/// (`block_scale_error`).
+inline double block_scale_state_error(const BlockScaleHost& h,
+                                      const attnstate::testing::HostState& out, double atol,
+                                      double rtol, std::int64_t block_shift = 0,
+                                      bool bf16_values = false) {
+  std::vector<double> o, lse;
+  h.reference(o, lse, block_shift, bf16_values);
+  const std::int64_t L = h.cfg.kv_lora_rank, H = h.cfg.heads;
+  std::vector<float> got_o(o.size()), got_lse(lse.size());
+  for (std::int64_t t = 0; t < h.tokens(); ++t)
+    for (std::int64_t hd = 0; hd < H; ++hd) {
+      const float l = out.lse(t, hd);
+      got_lse[static_cast<std::size_t>(t * H + hd)] =
+          out.base() == attnstate::LseBase::kBase2 ? l * 0.69314718f : l;
+      for (std::int64_t d = 0; d < L; ++d)
+        got_o[static_cast<std::size_t>((t * H + hd) * L + d)] = out.o(t, hd, d);
+    }
+  return block_scale_error(got_o.data(), o.data(), static_cast<std::int64_t>(o.size()),
+                           got_lse.data(), lse.data(), static_cast<std::int64_t>(lse.size()), atol,
+                           rtol);
 }
 
 }  // namespace attnstate_test

@@ -76,8 +76,9 @@ __device__ __forceinline__ std::int32_t mla_length(const MlaParams& p, const Mla
 /// [64 rows], the K/V stages `kv` [stage][32 tokens] (bf16 rows, swizzled), over an fp8 cache the
 /// stored bytes `raw` [stage][32 tokens][576 bytes: 512 latent, 64 rotary when fp8], the score
 /// exchange `s_x` [row group][16 rows][32 keys] (fp32) and the rows' base-2 LSEs `lse` [64]; the
-/// epilogue's normalised `o` [64][512] (fp32) over the query tile and the stages, and the ticket
-/// flag `is_last`.
+/// epilogue's normalised `o` [64][512] (fp32) over the query tile and the stages, the ticket flag
+/// `is_last`, and with block scales (`kBlock`) each thread's 4 scales of its token `bscale`
+/// [stage][thread][4] (after the rest: the other offsets do not move).
 struct MlaSmem {
   unsigned char* q;
   unsigned char* kv;
@@ -86,9 +87,10 @@ struct MlaSmem {
   float* lse;
   float* o;
   int* is_last;
+  float* bscale;
 };
 
-template <int kKv>
+template <int kKv, bool kBlock = false>
 __device__ __forceinline__ MlaSmem mla_smem(unsigned char* smem) {
   constexpr int kStageBytes = kMlaTileKeys * kMlaRowBytes;
   constexpr int kRawStageBytes = kKv == tile::kKvSame ? 0 : kMlaTileKeys * kMlaHeadDim;
@@ -99,6 +101,7 @@ __device__ __forceinline__ MlaSmem mla_smem(unsigned char* smem) {
   m.s_x = reinterpret_cast<float*>(m.raw + kMlaStages * kRawStageBytes);
   m.lse = m.s_x + kMlaTileRows * kMlaTileKeys;
   m.is_last = reinterpret_cast<int*>(m.lse + kMlaTileRows);
+  m.bscale = kBlock ? reinterpret_cast<float*>(m.is_last + 4) : nullptr;
   m.o = reinterpret_cast<float*>(smem);
   return m;
 }
@@ -139,10 +142,12 @@ __device__ __forceinline__ void mla_load_queries(const MlaParams& p, const MlaCt
 }
 
 /// The stored rows of token `pos` of the CTA's request (one page-table read): its latent part
-/// `ckv` and its rotary part `kpe` (the page id clamped to the pool).
+/// `ckv`, its rotary part `kpe` and (when asked) its block scales `*bscale` (the page id clamped
+/// to the pool).
 __device__ __forceinline__ void mla_token_parts(const MlaParams& p, const MlaCta& c, int pos,
                                                 const unsigned char*& ckv,
-                                                const unsigned char*& kpe) {
+                                                const unsigned char*& kpe,
+                                                const unsigned char** bscale = nullptr) {
   const std::int64_t pidx = pos / p.page_size;
   const std::int64_t slot = pos % p.page_size;
   const std::int64_t id = p.block_table != nullptr
@@ -151,24 +156,29 @@ __device__ __forceinline__ void mla_token_parts(const MlaParams& p, const MlaCta
   const std::int64_t page = tile::clamp_page(id, p.num_pages);
   ckv = p.ckv + page * p.ckv_page_bytes + slot * p.ckv_token_bytes;
   kpe = p.kpe + page * p.kpe_page_bytes + slot * p.kpe_token_bytes;
+  if (bscale != nullptr)
+    *bscale = p.ckv_bscale + page * p.bscale_page_bytes + slot * p.bscale_token_bytes;
 }
 
 /// Copies the K/V tile of the keys from `t0` (those at or past `end` zero-filled) into stage
 /// `kv_s` (bf16 rows; shared address) or, for an fp8 part, its stored bytes into the staging
 /// rows at `raw_s`: thread `tid` copies token `tid / 8`, its chunks `tid % 8 + 8 i`, after one
-/// page-table read.
-template <int kKv>
+/// page-table read; with block scales (`kBlock`) also the token's 4 scales, into its own slot
+/// at `bscale_s` (zero for keys at or past `end`).
+template <int kKv, bool kBlock = false>
 __device__ __forceinline__ void mla_load_tile(const MlaParams& p, const MlaCta& c, int tid, int t0,
                                               int end, std::uint32_t kv_s, std::uint32_t raw_s,
-                                              std::uint64_t policy) {
+                                              std::uint64_t policy, std::uint32_t bscale_s = 0) {
   const int k = tid >> 3;
   const int j = tid & 7;
   const int pos = t0 + k;
   const bool valid = pos < end;
   const unsigned char* ckv = p.ckv;
   const unsigned char* kpe = p.kpe;
-  if (valid) mla_token_parts(p, c, pos, ckv, kpe);
+  const unsigned char* bs = p.ckv_bscale;
+  if (valid) mla_token_parts(p, c, pos, ckv, kpe, kBlock ? &bs : nullptr);
   const int bytes = valid ? 16 : 0;
+  if constexpr (kBlock) tile::kv_copy_16(bscale_s + 16 * tid, bs, bytes, policy);
   if constexpr (kKv == tile::kKvSame) {
 #pragma unroll
     for (int i = 0; i < kMlaRowChunks / 8; ++i) {
@@ -192,16 +202,21 @@ __device__ __forceinline__ void mla_load_tile(const MlaParams& p, const MlaCta& 
 }
 
 /// 16 fp8 values of format `kKv` as 16 bf16 (two chunks; exact: every e4m3 and e5m2 value is a
-/// bf16).
-template <int kKv>
-__device__ __forceinline__ void fp8x16_to_bf16(uint4 w, uint4& lo, uint4& hi) {
+/// bf16); with `kScaled`, each value times `scale` (fp32, then rounded once to bf16).
+template <int kKv, bool kScaled = false>
+__device__ __forceinline__ void fp8x16_to_bf16(uint4 w, uint4& lo, uint4& hi, float scale = 1.f) {
   const std::uint32_t in[4] = {w.x, w.y, w.z, w.w};
   std::uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const std::uint32_t h2 = tile::fp8x2_to_f16x2<kKv>(in[i / 2] >> (16 * (i % 2)));
     __half2 h = *reinterpret_cast<const __half2*>(&h2);
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    float2 f = __half22float2(h);
+    if constexpr (kScaled) {
+      f.x *= scale;
+      f.y *= scale;
+    }
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
     out[i] = *reinterpret_cast<const std::uint32_t*>(&b);
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
@@ -209,23 +224,41 @@ __device__ __forceinline__ void fp8x16_to_bf16(uint4 w, uint4& lo, uint4& hi) {
 }
 
 /// Converts this thread's stored fp8 chunks of a tile (`raw`, staged by its own copies of
-/// `mla_load_tile`, complete) into the bf16 stage `kv` (generic pointers): the latent part's,
-/// and the rotary part's when it is fp8.
-template <int kKv>
+/// `mla_load_tile`, complete) into the bf16 stage `kv` (generic pointers): the latent part's
+/// (with block scales, `kBlock`: stored chunk `j + 8 i` times its token's scale `i`, read from
+/// the thread's slot of `bscale`), and the rotary part's when it is fp8.
+template <int kKv, bool kBlock = false>
 __device__ __forceinline__ void mla_convert_tile(const MlaParams& p, int tid,
-                                                 const unsigned char* raw, unsigned char* kv) {
+                                                 const unsigned char* raw, unsigned char* kv,
+                                                 const float* bscale = nullptr) {
   const int k = tid >> 3;
   const int j = tid & 7;
   const unsigned char* raw_row = raw + k * kMlaHeadDim;
-  auto convert = [&](int stored, int col) {  // stored chunk → bf16 chunks col, col + 1
+  float sc[kMlaBlocks] = {1.f, 1.f, 1.f, 1.f};
+  if constexpr (kBlock) {
+    const float4 s = *reinterpret_cast<const float4*>(bscale + 4 * tid);
+    sc[0] = s.x;
+    sc[1] = s.y;
+    sc[2] = s.z;
+    sc[3] = s.w;
+  }
+  // stored chunk → bf16 chunks col, col + 1; `scaled`: times `scale`
+  auto convert = [&](int stored, int col, bool scaled, float scale) {
     uint4 lo, hi;
-    fp8x16_to_bf16<kKv>(*reinterpret_cast<const uint4*>(raw_row + 16 * stored), lo, hi);
+    const uint4 w = *reinterpret_cast<const uint4*>(raw_row + 16 * stored);
+    if (kBlock && scaled)
+      fp8x16_to_bf16<kKv, true>(w, lo, hi, scale);
+    else
+      fp8x16_to_bf16<kKv>(w, lo, hi);
     *reinterpret_cast<uint4*>(kv + mla_chunk(k, col)) = lo;
     *reinterpret_cast<uint4*>(kv + mla_chunk(k, col + 1)) = hi;
   };
+  // stored chunk j + 8 i holds latent columns 16 (j + 8 i) .. + 15, in block i of 128 columns
+  static_assert(kMlaBlockCols == 8 * 16, "a thread's i-th latent chunk lies in block i");
 #pragma unroll
-  for (int i = 0; i < kMlaLoraRank / 16 / 8; ++i) convert(j + 8 * i, 2 * (j + 8 * i));
-  if (p.kpe_fp8 && j < kMlaRopeDim / 16) convert(kMlaLoraRank / 16 + j, kMlaLatentChunks + 2 * j);
+  for (int i = 0; i < kMlaLoraRank / 16 / 8; ++i) convert(j + 8 * i, 2 * (j + 8 * i), true, sc[i]);
+  if (p.kpe_fp8 && j < kMlaRopeDim / 16)
+    convert(kMlaLoraRank / 16 + j, kMlaLatentChunks + 2 * j, false, 1.f);
 }
 
 }  // namespace detail

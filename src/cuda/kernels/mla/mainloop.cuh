@@ -97,8 +97,9 @@ __device__ __forceinline__ void mla_softmax_pv(const float* s_x, std::uint32_t k
 /// it lands), scored by the warps of each row group, then folded into each warp's accumulator
 /// `o_acc` (zeroed here) and softmax `os` (rows lane/4 and lane/4 + 8 of its group). The query
 /// tile's copies were issued by the caller (their group completes with the first tile's). `lim`:
-/// this thread's rows' exclusive key ends.
-template <int kKv>
+/// this thread's rows' exclusive key ends. `kBlock`: the fp8 latent part has block scales
+/// (`MlaParams::ckv_bscale`), staged with each tile and applied by the conversion.
+template <int kKv, bool kBlock = false>
 __device__ __forceinline__ void mla_mainloop(const MlaParams& p, const MlaCta& c, const MlaSmem& sm,
                                              int tid, int warp, int lane, int begin, int end,
                                              const int (&lim)[2],
@@ -112,6 +113,8 @@ __device__ __forceinline__ void mla_mainloop(const MlaParams& p, const MlaCta& c
   const std::uint32_t q_s = arch::smem_addr(sm.q);
   const std::uint32_t kv0 = arch::smem_addr(sm.kv);
   const std::uint32_t raw0 = arch::smem_addr(sm.raw);
+  constexpr std::uint32_t kScaleStageBytes = kMlaThreads * 16;
+  const std::uint32_t bscale0 = kBlock ? arch::smem_addr(sm.bscale) : 0u;
   const std::uint64_t policy = arch::l2_evict_first_policy();
   // the K scales of the parts (read once: a pointed-to scale is read on the device)
   const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
@@ -123,8 +126,8 @@ __device__ __forceinline__ void mla_mainloop(const MlaParams& p, const MlaCta& c
   const int n_tiles = (end - begin + kMlaTileKeys - 1) / kMlaTileKeys;
   auto load = [&](int it) {
     const std::uint32_t st = static_cast<std::uint32_t>(it % kMlaStages);
-    mla_load_tile<kKv>(p, c, tid, begin + it * kMlaTileKeys, end, kv0 + st * kStageBytes,
-                       raw0 + st * kRawStageBytes, policy);
+    mla_load_tile<kKv, kBlock>(p, c, tid, begin + it * kMlaTileKeys, end, kv0 + st * kStageBytes,
+                               raw0 + st * kRawStageBytes, policy, bscale0 + st * kScaleStageBytes);
   };
   if (n_tiles > 0) load(0);
   arch::cp_async_commit();  // the query tile and the first K/V tile
@@ -135,7 +138,8 @@ __device__ __forceinline__ void mla_mainloop(const MlaParams& p, const MlaCta& c
     arch::cp_async_wait<1>();  // this thread's copies of tile `it` (and the queries) landed
     const int st = it % kMlaStages;
     if constexpr (kFp8)
-      mla_convert_tile<kKv>(p, tid, sm.raw + st * kRawStageBytes, sm.kv + st * kStageBytes);
+      mla_convert_tile<kKv, kBlock>(p, tid, sm.raw + st * kRawStageBytes, sm.kv + st * kStageBytes,
+                                    kBlock ? sm.bscale + st * (kScaleStageBytes / 4) : nullptr);
     __syncthreads();  // the tile (and the queries) in shared memory for every warp
     const std::uint32_t kv_s = kv0 + static_cast<std::uint32_t>(st) * kStageBytes;
     mla_scores(q_s, kv_s, rg, half, lane, ckv_k, kpe_k, sm.s_x);

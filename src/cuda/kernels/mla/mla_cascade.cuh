@@ -31,13 +31,13 @@ namespace cuda {
 namespace detail {
 
 /// One level of the MLA cascade over a latent part of `kKv` (`tile::Fp8Kv`: bf16, or an fp8
-/// format converted to bf16 in shared memory).
-template <int kKv>
+/// format converted to bf16 in shared memory; `kBlock`: with the fp8 latent part's block scales).
+template <int kKv, bool kBlock = false>
 __global__ void __launch_bounds__(kMlaThreads, 1)
     mla_cascade_level_kernel(const MlaSegmentParams sp) {
   extern __shared__ __align__(128) unsigned char smem[];
   const MlaParams& p = sp.mla;
-  const MlaSmem sm = mla_smem<kKv>(smem);
+  const MlaSmem sm = mla_smem<kKv, kBlock>(smem);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kMlaThreads, 1)
   // ---- mainloop ----
   float o_acc[kMlaWarpCols / 8][4];
   math::OnlineSoftmax os[2];
-  mla_mainloop<kKv>(p, c, sm, tid, warp, lane, range.begin, range.end, lim, o_acc, os);
+  mla_mainloop<kKv, kBlock>(p, c, sm, tid, warp, lane, range.begin, range.end, lim, o_acc, os);
 
   // ---- epilogue: the normalised state (V's scale applied) into the stack ----
   __syncthreads();  // every warp is done with the tiles the state overwrites

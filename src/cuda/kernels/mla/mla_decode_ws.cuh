@@ -56,8 +56,8 @@ __device__ __forceinline__ void mla_ws_share_stats(int wg, int t, float* x,
 }
 
 /// The wgmma MLA decode kernel over a latent part of `kKv` (`tile::Fp8Kv`: bf16, or an fp8
-/// format converted to bf16 by the producer).
-template <int kKv>
+/// format converted to bf16 by the producer; `kBlock`: with the fp8 latent part's block scales).
+template <int kKv, bool kBlock = false>
 __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const MlaParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kFp8 = kKv != tile::kKvSame;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const M
     if (warp >= 8) {
       // ---- producer warpgroup ----
       arch::setmaxnreg_dec<kMlaWsProducerRegs<kFp8>>();
-      mla_ws_produce<kKv>(p, c, sm, tid - kMlaThreads, lane, begin, range.end, n_tiles);
+      mla_ws_produce<kKv, kBlock>(p, c, sm, tid - kMlaThreads, lane, begin, range.end, n_tiles);
       return;
     }
   }

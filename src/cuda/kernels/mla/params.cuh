@@ -38,6 +38,16 @@ constexpr int kMlaWarpCols = kMlaLoraRank / 2;
 static_assert(kMlaTileRows == 16 * (kMlaWarps / 2), "4 row groups of 16 rows");
 static_assert(kMlaThreads == 8 * kMlaTileKeys, "8 threads copy each token of a tile");
 static_assert(kMlaRowChunks == 9 * 8, "a token is 9 chunks for each of its 8 threads");
+/// Latent columns per block scale the kernels take (FlashMLA's fp8 rows), and the scales of a
+/// token (one 16-byte load).
+constexpr int kMlaBlockCols = 128;
+constexpr int kMlaBlocks = kMlaLoraRank / kMlaBlockCols;
+static_assert(kMlaBlocks == 4, "a token's block scales are one 16-byte vector");
+/// Extra shared memory of the mma.sync kernels with block scales: each thread's 4 scales of its
+/// token of each stage.
+constexpr int kMlaBlockScaleSmem = kMlaStages * kMlaThreads * 16;
+static_assert(mla_smem_bytes(true) + kMlaBlockScaleSmem <= 227 * 1024,
+              "within an sm_90 CTA's shared memory");
 
 /// Everything the MLA decode kernel reads besides its template argument.
 struct MlaParams {
@@ -84,6 +94,11 @@ struct MlaParams {
   std::int64_t stack_rows;
   // attention sinks: `group` natural-base logits merged once into each output row; null = none
   const float* sinks;
+  // (last: the fields above keep their offsets) per-token block scales of an fp8 latent part (null:
+  // none): the 4 fp32 scales of token `slot` of page `page` (one per 128 latent columns, 16-byte
+  // aligned) at `page · bscale_page_bytes + slot · bscale_token_bytes`
+  const unsigned char* ckv_bscale;
+  std::int64_t bscale_token_bytes, bscale_page_bytes;
 };
 
 }  // namespace detail

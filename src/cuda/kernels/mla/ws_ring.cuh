@@ -139,8 +139,9 @@ __device__ __forceinline__ void mla_ws_copy_tile(const MlaParams& p, const MlaCt
 /// An fp8 latent part: producer thread `pt` converts its chunks of the tile of keys from `t0`
 /// into the stage at `dst`: tokens `pt / 8 + 16 i` (one at a time: the producer's registers),
 /// stored chunks `pt % 8 + 8 j` (16 fp8 values each: bf16 chunks `2 (pt % 8 + 8 j)` and `+ 1`);
-/// keys at or past `end` zero.
-template <int kKv>
+/// keys at or past `end` zero. `kBlock`: each token's 4 block scales loaded with its bytes (one
+/// 16-byte load), stored chunk `pt % 8 + 8 j` times scale `j` (128 columns a block).
+template <int kKv, bool kBlock = false>
 __device__ __forceinline__ void mla_ws_convert_latent(const MlaParams& p, const MlaCta& c, int pt,
                                                       int t0, int end, std::uint32_t dst) {
   constexpr int kChunks = kMlaLoraRank / 16 / 8;  // stored chunks a thread converts per token
@@ -151,18 +152,27 @@ __device__ __forceinline__ void mla_ws_convert_latent(const MlaParams& p, const 
     uint4 w[kChunks];
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) w[q] = make_uint4(0u, 0u, 0u, 0u);
+    uint4 s = make_uint4(0u, 0u, 0u, 0u);  // the block scales (fp32 bits), with kBlock
     if (t0 + k < end) {
       const unsigned char* ckv;
       const unsigned char* kpe;
-      mla_token_parts(p, c, t0 + k, ckv, kpe);
+      const unsigned char* bs = nullptr;
+      mla_token_parts(p, c, t0 + k, ckv, kpe, kBlock ? &bs : nullptr);
 #pragma unroll
       for (int q = 0; q < kChunks; ++q)
         w[q] = arch::ld_global_nc_no_allocate(ckv + 16 * (j + 8 * q));
+      if constexpr (kBlock) s = arch::ld_global_nc_no_allocate(bs);
     }
+    static_assert(kChunks == kMlaBlocks && kMlaBlockCols == 8 * 16,
+                  "a thread's q-th latent chunk lies in block q");
+    const std::uint32_t sc[kMlaBlocks] = {s.x, s.y, s.z, s.w};
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
       uint4 lo, hi;
-      fp8x16_to_bf16<kKv>(w[q], lo, hi);
+      if constexpr (kBlock)
+        fp8x16_to_bf16<kKv, true>(w[q], lo, hi, __uint_as_float(sc[q]));
+      else
+        fp8x16_to_bf16<kKv>(w[q], lo, hi);
       arch::st_shared_v4(dst + mla_ws_offset(k, 2 * (j + 8 * q)), lo);
       arch::st_shared_v4(dst + mla_ws_offset(k, 2 * (j + 8 * q) + 1), hi);
     }
@@ -211,9 +221,9 @@ __device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta
 /// completed (the copies of one tile in flight while the consumers compute the other). bf16:
 /// `cp.async`, then the tile's "full" arrival (one per warp, after the async-proxy fence); fp8:
 /// the rotary part
-/// (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`) converted to bf16 and
-/// stored, then the "full" arrival.
-template <int kKv>
+/// (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`, with its block scales
+/// when `kBlock`) converted to bf16 and stored, then the "full" arrival.
+template <int kKv, bool kBlock = false>
 __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c,
                                                const MlaWsSmem& sm, int pt, int lane, int begin,
                                                int end, int n_tiles) {
@@ -247,7 +257,7 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
       const int t0 = begin + t * kMlaWsTileKeys;
       const std::uint32_t dst = sm.stage(t % kMlaWsStages);
       mla_ws_rope_fp8<kKv>(p, c, pt, t0, end, dst);  // (a bf16 one's copies in flight meanwhile)
-      mla_ws_convert_latent<kKv>(p, c, pt, t0, end, dst);
+      mla_ws_convert_latent<kKv, kBlock>(p, c, pt, t0, end, dst);
       arch::cp_async_wait<0>();
       arrive_full(t);
     }
