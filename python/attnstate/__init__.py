@@ -14,7 +14,8 @@ from ._attnstate import Base, DType, Error, State, Status, has_cuda, num_threads
 from ._merge import (mark_empty_rows, merge_state, merge_state_, merge_states, merge_states_ragged,
                      rebase, sink_state)
 from ._levels import CascadeDecision, CascadeLevels, cascade_levels, decide_cascade
-from ._plans import Cascade, Decode, MlaCascade, MlaDecode, default_scale
+from ._plans import (Cascade, Decode, MlaCascade, MlaDecode, default_scale,
+                     flashmla_fp8_views)
 from ._context_parallel import cp_merge_simulated, head_bounds
 
 __version__ = "0.1.0"
@@ -23,7 +24,7 @@ __all__ = [
     "Base", "Cascade", "CascadeDecision", "CascadeLevels", "DType", "Decode", "Error", "MlaCascade",
     "MlaDecode",
     "State", "Status", "cascade_levels", "cp_merge_simulated", "decide_cascade", "default_scale",
-    "has_cuda", "head_bounds",
+    "flashmla_fp8_views", "has_cuda", "head_bounds",
     "mark_empty_rows", "merge_state", "merge_state_", "merge_states", "merge_states_ragged",
     "num_threads", "rebase", "set_num_threads", "sink_state",
 ]

@@ -11,7 +11,8 @@ import math
 import numbers
 
 from . import _attnstate as _C
-from ._arrays import array_dtype, device_of, dtype_name, empty, error, to_dtype
+from ._arrays import (_numpy_dtype, array_dtype, device_of, dtype_name, empty, error, library,
+                      to_dtype)
 from ._merge import State, _parse_base
 
 
@@ -259,7 +260,12 @@ class MlaDecode:
     fp8 caches: plan with kv_dtype="e4m3" (or "e5m2"; kpe_dtype defaults to kv_dtype, FlashMLA
     keeps it bfloat16) and pass the part as an array of that fp8 dtype (torch float8, NumPy
     through ml_dtypes) or a uint8 array of its bytes, with `ckv_scale=` / `kpe_scale=` per-tensor
-    floats: a stored element's real value is its fp8 value times the scale.
+    floats: a stored element's real value is its fp8 value times the scale. An fp8 latent part
+    quantised per token in blocks of columns takes `ckv_block_scales=` instead: a float32 array
+    (pages, page_size, [1,] blocks), any strides, the scale of latent column d of a token being
+    its entry d // (kv_lora_rank // blocks). FlashMLA's fp8 pool (blocks, block_size, 1, 656)
+    uint8 (512 e4m3 values, 4 fp32 scales of 128 columns, 64 bfloat16 rope values a token) is
+    three views of itself, `attnstate.flashmla_fp8_views(pool)` (no copy).
 
     The output is a State (batch * q_len, heads, kv_lora_rank), token b * q_len + i, in the dtype
     and base asked for: it merges with `merge_state(s)`, cascade levels and the
@@ -325,13 +331,15 @@ class MlaDecode:
 
     def run(self, q_nope, q_pe, ckv, kpe, seq_lens, *, page_indptr=None, page_indices=None,
             block_table=None, out=None, dtype=None, base="natural", ckv_scale=None,
-            kpe_scale=None, sinks=None, stream=None):
+            kpe_scale=None, sinks=None, stream=None, ckv_block_scales=None):
         """Runs the planned MLA decode; returns `out` (or a State allocated like q_nope, in
         `dtype` (default q_nope's) and `base` (default natural)). Exactly one of (page_indptr,
         page_indices) and block_table gives the page table; the plan's batch is the maximum
         (`seq_lens` may be shorter, with shorter lengths). ckv_scale, kpe_scale: the per-tensor
-        scales of fp8 parts (None: 1). sinks: None, or a (heads,) float32 array of natural-base
-        logits in the memory of the queries, merged once into each output row. stream: as for
+        scales of fp8 parts (None: 1). ckv_block_scales: None, or the per-token block scales of an
+        fp8 latent part (float32 (pages, page_size, [1,] blocks), in the memory of the queries;
+        ckv_scale then None). sinks: None, or a (heads,) float32 array of natural-base logits in
+        the memory of the queries, merged once into each output row. stream: as for
         Decode.run."""
         fn = "attnstate.MlaDecode.run"
         plan = self._require(fn)
@@ -341,8 +349,46 @@ class MlaDecode:
         _C.run_mla_decode(plan, q_nope, q_pe, ckv, kpe, seq_lens, page_indptr, page_indices,
                           block_table, out, self.workspace, stream,
                           _kv_scale(ckv_scale, "ckv_scale", fn),
-                          _kv_scale(kpe_scale, "kpe_scale", fn), sinks)
+                          _kv_scale(kpe_scale, "kpe_scale", fn), sinks, ckv_block_scales)
         return out
+
+
+def flashmla_fp8_views(kv_cache, *, kv_lora_rank=512, rope_dim=64, block_cols=128):
+    """The views (ckv, kpe, ckv_block_scales) of FlashMLA's fp8 cache, no copy.
+
+    `kv_cache`: a uint8 array (blocks, block_size, 1, width), NumPy or torch, each token's row
+    holding `kv_lora_rank` e4m3 latent values, `kv_lora_rank // block_cols` fp32 scales (one per
+    block of `block_cols` latent columns) and `rope_dim` bfloat16 rotary values: 656 bytes at
+    512 / 128 / 64. Returns ckv (its e4m3 bytes, uint8), kpe (bfloat16) and ckv_block_scales
+    (float32), for `MlaDecode.run` / `MlaCascade.run` planned with kv_dtype="e4m3",
+    kpe_dtype="bfloat16":
+
+    >>> ckv, kpe, scales = attnstate.flashmla_fp8_views(kv_cache)
+    >>> mla.run(q_nope, q_pe, ckv, kpe, seq_lens, block_table=bt, ckv_block_scales=scales)
+    """
+    fn = "attnstate.flashmla_fp8_views"
+    if kv_lora_rank < 1 or block_cols < 1 or kv_lora_rank % block_cols:
+        raise error(fn, "block_cols", f"a divisor of kv_lora_rank = {kv_lora_rank}",
+                    str(block_cols))
+    if rope_dim < 1:
+        raise error(fn, "rope_dim", ">= 1", str(rope_dim))
+    end = kv_lora_rank + 4 * (kv_lora_rank // block_cols)
+    width = end + 2 * rope_dim
+    shape = tuple(getattr(kv_cache, "shape", ()))
+    if len(shape) != 4 or shape[2] != 1 or shape[3] != width:
+        raise error(fn, "kv_cache", f"shape (blocks, block_size, 1, {width})", str(shape))
+    if array_dtype(kv_cache) != "uint8":
+        raise error(fn, "kv_cache", "dtype uint8 (the rows' bytes)", array_dtype(kv_cache))
+    if library(kv_cache) == "torch":
+        import torch
+
+        def as_(a, name):
+            return a.view(getattr(torch, name))
+    else:
+        def as_(a, name):
+            return a.view(_numpy_dtype(name))
+    return (kv_cache[..., :kv_lora_rank], as_(kv_cache[..., end:], "bfloat16"),
+            as_(kv_cache[..., kv_lora_rank:end], "float32"))
 
 
 class Cascade:
@@ -520,20 +566,20 @@ class MlaCascade:
         return self._require("attnstate.MlaCascade").description
 
     def run(self, q_nope, q_pe, ckv, kpe, levels, *, out=None, dtype=None, base="natural",
-            ckv_scale=None, kpe_scale=None, sinks=None, stream=None):
+            ckv_scale=None, kpe_scale=None, sinks=None, stream=None, ckv_block_scales=None):
         """Runs the planned MLA cascade over `levels` (in the queries' memory: a CascadeLevels'
         NumPy arrays for host arrays, or the tuples copied to the device; the planned batch,
         segments and request grouping, any lengths within the segments' pages); returns `out` or
         a State (batch * q_len, heads, kv_lora_rank) allocated like q_nope in `dtype` (default
         q_nope's) and `base`. The queries have the plan's batch (the levels' requests).
-        ckv_scale, kpe_scale, sinks, stream: as for MlaDecode.run (the sinks merged once, after
-        every level)."""
+        ckv_scale, kpe_scale, ckv_block_scales, sinks, stream: as for MlaDecode.run (the sinks
+        merged once, after every level)."""
         fn = "attnstate.MlaCascade.run"
         plan = self._require(fn)
         out = _out_state(q_nope, out, *self._shape, dtype, base, fn)
         _C.run_mla_cascade(plan, q_nope, q_pe, ckv, kpe, _levels(levels, fn), out,
                            self.workspace, stream, _kv_scale(ckv_scale, "ckv_scale", fn),
-                           _kv_scale(kpe_scale, "kpe_scale", fn), sinks)
+                           _kv_scale(kpe_scale, "kpe_scale", fn), sinks, ckv_block_scales)
         return out
 
 

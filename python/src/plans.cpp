@@ -618,10 +618,50 @@ ConstTensorView mla_queries(Call& c, const MlaLayout& p, nb::handle q_nope, std:
   return qn;
 }
 
-// The latent cache of a run from its two parts (ckv, kpe) and scales, of the plan's dtypes and
-// widths; extents of 1 take the dense stride (an array library may report any stride for them).
+// The per-token block scales of an fp8 latent part `ckv` (the view `a`), the float32 array
+// `h` named 'ckv_block_scales': `(pages, page_size, blocks)` or `(pages, page_size, 1, blocks)`
+// (FlashMLA's 4 scales of each 656-byte row, a float32 view of its bytes 512..527), blocks of
+// `kv_lora_rank / blocks` columns; any page and token strides (the library checks them).
+MlaBlockScale mla_block_scales(Call& c, nb::handle h, const ConstTensorView& a, float ckv_scale) {
+  const char* name = "ckv_block_scales";
+  if (!is_fp8(a.dtype))
+    c.fail(name,
+           std::string("None (block scales apply to an fp8 latent part; this one is ") +
+               to_string(a.dtype) + ")",
+           "an array");
+  if (ckv_scale != 1.f) {
+    std::ostringstream got;
+    got << ckv_scale;
+    c.fail("ckv_scale", "None with ckv_block_scales (the block scales are the whole scale)",
+           got.str());
+  }
+  const int ndim = rank_of(h) == 4 ? 4 : 3;
+  const ConstTensorView s = c.tensor(h, name, ndim);
+  const auto str = [](std::int64_t v) { return std::to_string(v); };
+  if (s.dtype != DType::kF32) c.fail(name, "dtype float32", to_string(s.dtype));
+  if (s.shape[0] != a.shape[0] || s.shape[1] != a.shape[1])
+    c.fail(name,
+           "the pages and page_size of ckv (" + str(a.shape[0]) + ", " + str(a.shape[1]) + ")",
+           "(" + str(s.shape[0]) + ", " + str(s.shape[1]) + ")");
+  if (ndim == 4 && s.shape[2] != 1)
+    c.fail(name, "(pages, page_size, 1, blocks): one latent head", "shape[2] = " + str(s.shape[2]));
+  const std::int64_t rank = a.shape[a.rank - 1];
+  const std::int64_t blocks = s.shape[ndim - 1];
+  if (blocks < 1 || rank % blocks != 0)
+    c.fail(name, "a last extent dividing kv_lora_rank = " + str(rank), str(blocks));
+  MlaBlockScale bs;
+  bs.data = static_cast<const float*>(s.data);
+  bs.block_cols = rank / blocks;
+  bs.token_stride = s.shape[1] > 1 ? s.stride[1] : 0;
+  bs.page_stride = s.shape[0] > 1 ? s.stride[0] : 0;
+  return bs;
+}
+
+// The latent cache of a run from its two parts (ckv, kpe) and scales (per tensor, or the latent
+// part's block scales when `ckv_block_scales` is not None), of the plan's dtypes and widths;
+// extents of 1 take the dense stride (an array library may report any stride for them).
 MlaKvCache mla_cache(Call& c, const MlaLayout& p, nb::handle ckv, nb::handle kpe, float ckv_scale,
-                     float kpe_scale) {
+                     float kpe_scale, nb::handle ckv_block_scales) {
   const ConstTensorView a = mla_part(c, ckv, "ckv", p.ckv_dtype);
   const ConstTensorView b = mla_part(c, kpe, "kpe", p.kpe_dtype);
   const int last = a.rank - 1;
@@ -645,6 +685,8 @@ MlaKvCache mla_cache(Call& c, const MlaLayout& p, nb::handle ckv, nb::handle kpe
   kv.kpe_page_stride = b.shape[0] > 1 ? b.stride[0] : 0;
   kv.ckv_scale = pool_scale(c, "ckv_scale", ckv_scale, kv.ckv_dtype);
   kv.kpe_scale = pool_scale(c, "kpe_scale", kpe_scale, kv.kpe_dtype);
+  if (!ckv_block_scales.is_none())
+    kv.ckv_block_scale = mla_block_scales(c, ckv_block_scales, a, ckv_scale);
   kv.space = c.space();
   if (kv.rope_dim != p.rope_dim)
     c.fail("kpe", "width rope_dim = " + std::to_string(p.rope_dim) + " (the plan's)",
@@ -728,11 +770,11 @@ void run_mla_decode(const PyMlaPlan& p, nb::handle q_nope, nb::handle q_pe, nb::
                     nb::handle kpe, nb::handle seq_lens, nb::handle page_indptr,
                     nb::handle page_indices, nb::handle block_table, nb::handle out,
                     nb::handle workspace, nb::handle stream, float ckv_scale, float kpe_scale,
-                    nb::handle sinks) {
+                    nb::handle sinks, nb::handle ckv_block_scales) {
   Call c("attnstate.MlaDecode.run");
   const ConstTensorView qn = mla_queries(c, p, q_nope, -1);
   const ConstTensorView qp = c.tensor(q_pe, "q_pe", 4);
-  MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale);
+  MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale, ckv_block_scales);
   read_page_table(c, &kv, seq_lens, page_indptr, page_indices, block_table);
   const RunEnd e = run_end(c, out, sinks, qn.shape[2], workspace, p.device, stream, "q_nope");
   if (c.space() == MemorySpace::kHost) {
@@ -792,12 +834,12 @@ PyMlaCascadePlan plan_mla_cascade(const std::vector<nb::tuple>& levels, std::int
 void run_mla_cascade(const PyMlaCascadePlan& p, nb::handle q_nope, nb::handle q_pe, nb::handle ckv,
                      nb::handle kpe, const std::vector<nb::tuple>& levels, nb::handle out,
                      nb::handle workspace, nb::handle stream, float ckv_scale, float kpe_scale,
-                     nb::handle sinks) {
+                     nb::handle sinks, nb::handle ckv_block_scales) {
   Call c("attnstate.MlaCascade.run");
   // the levels serve the planned requests: a run has the plan's batch
   const ConstTensorView qn = mla_queries(c, p, q_nope, p.batch);
   const ConstTensorView qp = c.tensor(q_pe, "q_pe", 4);
-  const MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale);
+  const MlaKvCache kv = mla_cache(c, p, ckv, kpe, ckv_scale, kpe_scale, ckv_block_scales);
   if (kv.page_size != p.page_size)  // the levels' token counts are in pages of the plan's size
     c.fail("ckv", "pages of the plan's page_size = " + std::to_string(p.page_size) + " tokens",
            std::to_string(kv.page_size));
@@ -894,7 +936,8 @@ void bind_plans(nb::module_& m) {
   m.def("run_mla_decode", &run_mla_decode, arg("plan"), arg("q_nope"), arg("q_pe"), arg("ckv"),
         arg("kpe"), arg("seq_lens"), arg("page_indptr").none(), arg("page_indices").none(),
         arg("block_table").none(), arg("out"), arg("workspace").none(), arg("stream").none(),
-        arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none());
+        arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none(),
+        arg("ckv_block_scales").none() = nb::none());
 
   bind_cascade_plan<PyMlaCascadePlan>(m, "_MlaCascadePlan")
       .def_prop_ro("description", [](const PyMlaCascadePlan& p) -> std::string {
@@ -911,7 +954,8 @@ void bind_plans(nb::module_& m) {
         arg("device"), arg("num_sms"));
   m.def("run_mla_cascade", &run_mla_cascade, arg("plan"), arg("q_nope"), arg("q_pe"), arg("ckv"),
         arg("kpe"), arg("levels"), arg("out"), arg("workspace").none(), arg("stream").none(),
-        arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none());
+        arg("ckv_scale") = 1.f, arg("kpe_scale") = 1.f, arg("sinks").none() = nb::none(),
+        arg("ckv_block_scales").none() = nb::none());
 
   bind_cascade_plan<PyCascadePlan>(m, "_CascadePlan")
       .def_prop_ro("description", [](const PyCascadePlan& p) -> std::string {
