@@ -86,6 +86,31 @@ void check_mla(const MlaProblem& p, const char* func, const char* arg) {
   check_extent_eq(p.kpe.dim(0), p.ckv.dim(0), func, arg, "kpe.shape[0]", "ckv's num_keys");
   check_part_scale(p.ckv_scale, p.ckv.dtype(), func, arg, "ckv_scale");
   check_part_scale(p.kpe_scale, p.kpe.dtype(), func, arg, "kpe_scale");
+  if (!p.ckv_block_scales.empty() || p.ckv_block_cols != 0) {
+    if (!is_fp8(p.ckv.dtype()))
+      detail::throw_argument(func, field(arg, "ckv_block_scales").c_str(),
+                             std::string("empty (block scales apply to an fp8 ckv; this one is ") +
+                                 to_string(p.ckv.dtype()) + ")",
+                             std::to_string(p.ckv_block_scales.size()) + " values");
+    if (p.ckv_scale != 1.f)
+      detail::throw_argument(func, field(arg, "ckv_scale").c_str(),
+                             "1 with ckv_block_scales (they are the whole scale)",
+                             std::to_string(p.ckv_scale));
+    if (p.ckv_block_cols < 1 || p.kv_lora_rank() % p.ckv_block_cols != 0)
+      detail::throw_argument(func, field(arg, "ckv_block_cols").c_str(),
+                             ">= 1 dividing kv_lora_rank = " + std::to_string(p.kv_lora_rank()),
+                             std::to_string(p.ckv_block_cols));
+    check_extent_eq(static_cast<std::int64_t>(p.ckv_block_scales.size()),
+                    p.num_keys() * (p.kv_lora_rank() / p.ckv_block_cols), func, arg,
+                    "ckv_block_scales.size()", "num_keys × kv_lora_rank / ckv_block_cols");
+    for (std::size_t i = 0; i < p.ckv_block_scales.size(); ++i) {
+      const float s = p.ckv_block_scales[i];
+      if (!(s > 0.f) || !std::isfinite(s))
+        detail::throw_argument(
+            func, field(arg, ("ckv_block_scales[" + std::to_string(i) + "]").c_str()).c_str(),
+            "a finite value > 0", std::to_string(s));
+    }
+  }
   kit::check_dtype(p.out_dtype, func, field(arg, "out_dtype").c_str());
   kit::check_base(p.base, func, field(arg, "base").c_str());
   if (!p.sinks.empty()) {
@@ -109,6 +134,19 @@ std::vector<double> real_part(const HostTensor& t, float scale) {
   return out;
 }
 
+/// The real latent values of a checked problem: `ckv × ckv_scale`, or × each token's block
+/// scales.
+std::vector<double> real_ckv(const MlaProblem& p) {
+  std::vector<double> out = real_part(p.ckv, p.ckv_scale);
+  if (p.ckv_block_scales.empty()) return out;
+  const std::int64_t L = p.kv_lora_rank(), blocks = L / p.ckv_block_cols;
+  for (std::int64_t i = 0; i < p.num_keys(); ++i)
+    for (std::int64_t d = 0; d < L; ++d)
+      out[static_cast<std::size_t>(i * L + d)] *=
+          p.ckv_block_scales[static_cast<std::size_t>(i * blocks + d / p.ckv_block_cols)];
+  return out;
+}
+
 /// The reference's values of a checked problem: queries `[q_nope, q_pe]` and keys `[ckv, kpe]`
 /// per row, values `ckv`; one KV head for every query head.
 kit::RowValues mla_values(const MlaProblem& p) {
@@ -121,7 +159,7 @@ kit::RowValues mla_values(const MlaProblem& p) {
     std::copy(qn.begin() + r * L, qn.begin() + (r + 1) * L, v.q.begin() + r * K);
     std::copy(qp.begin() + r * R, qp.begin() + (r + 1) * R, v.q.begin() + r * K + L);
   }
-  const std::vector<double> ckv = real_part(p.ckv, p.ckv_scale);
+  const std::vector<double> ckv = real_ckv(p);
   const std::vector<double> kpe = real_part(p.kpe, p.kpe_scale);
   v.k.resize(static_cast<std::size_t>(keys * K));
   for (std::int64_t i = 0; i < keys; ++i) {
@@ -184,6 +222,13 @@ MlaProblem select_keys(const MlaProblem& problem, const std::vector<std::int64_t
     const std::int64_t k = keys[static_cast<std::size_t>(i)];
     for (std::int64_t d = 0; d < L; ++d) p.ckv.set(i * L + d, problem.ckv.get(k * L + d));
     for (std::int64_t d = 0; d < R; ++d) p.kpe.set(i * R + d, problem.kpe.get(k * R + d));
+  }
+  if (!problem.ckv_block_scales.empty()) {
+    const std::int64_t blocks = L / problem.ckv_block_cols;
+    p.ckv_block_scales.resize(static_cast<std::size_t>(n * blocks));
+    for (std::int64_t i = 0; i < n; ++i)
+      std::copy_n(problem.ckv_block_scales.begin() + keys[static_cast<std::size_t>(i)] * blocks,
+                  blocks, p.ckv_block_scales.begin() + i * blocks);
   }
   return p;
 }
@@ -253,8 +298,7 @@ Tolerance tolerance_for(const MlaProblem& problem, bool p_rounded_to_input) {
   // else to the latent values' dtype (as for an attention problem)
   const DType in = is_fp8(problem.ckv.dtype()) ? problem.q_nope.dtype() : problem.ckv.dtype();
   double v_max = 1.0;
-  for (const double v : real_part(problem.ckv, problem.ckv_scale))
-    v_max = std::max(v_max, std::fabs(v));
+  for (const double v : real_ckv(problem)) v_max = std::max(v_max, std::fabs(v));
   return kit::attention_tolerance(in, problem.out_dtype, problem.base,
                                   static_cast<double>(problem.num_keys()),
                                   static_cast<double>(problem.kv_lora_rank() + problem.rope_dim()),
@@ -303,6 +347,10 @@ void check_mla_gen_options(const MlaGenOptions& o, const char* func, const char*
     fail("large_logits_percent", "0..100", std::to_string(o.large_logits_percent));
   if (o.sink_percent < 0 || o.sink_percent > 100)
     fail("sink_percent", "0..100", std::to_string(o.sink_percent));
+  if (o.block_scale_percent < 0 || o.block_scale_percent > 100)
+    fail("block_scale_percent", "0..100", std::to_string(o.block_scale_percent));
+  non_empty(o.block_cols.size(), "block_cols");
+  in_range(o.block_cols, "block_cols");
   if (!std::isfinite(o.large_logit_factor))
     fail("large_logit_factor", "a finite value", std::to_string(o.large_logit_factor));
   if (!std::isfinite(o.sink_min) || !std::isfinite(o.sink_max) || o.sink_min > o.sink_max)
@@ -371,6 +419,18 @@ rc::Gen<MlaProblem> gen_mla_problem(const MlaGenOptions& options) {
       p.sinks.resize(static_cast<std::size_t>(heads));
       for (float& s : p.sinks) s = opt.sink_min == opt.sink_max ? opt.sink_min : in_range(sink_rng);
     }
+    // drawn last (the draws of problems without block scales unchanged)
+    if (opt.block_scale_percent > 0 && is_fp8(ckv_dt) &&
+        *in_full_range<int>(0, 100) >= 100 - opt.block_scale_percent) {
+      const std::int64_t cols = *pick(opt.block_cols);
+      p.ckv_block_cols = L % cols == 0 ? cols : L;
+      std::mt19937_64 block_rng(seed ^ 0xb10c5ca1e5ULL);
+      std::uniform_int_distribution<int> down(0, 3);
+      p.ckv_block_scales.resize(static_cast<std::size_t>(keys * (L / p.ckv_block_cols)));
+      // at most the drawn scale: the queries' normalisation above still holds
+      for (float& s : p.ckv_block_scales) s = std::ldexp(ckv_scale, -down(block_rng));
+      p.ckv_scale = 1.f;
+    }
     return p;
   });
 }
@@ -380,7 +440,8 @@ std::ostream& operator<<(std::ostream& os, const MlaProblem& p) {
      << " kv_lora_rank=" << p.kv_lora_rank() << " rope_dim=" << p.rope_dim()
      << " keys=" << p.num_keys() << " q=" << to_string(p.q_nope.dtype())
      << " ckv=" << to_string(p.ckv.dtype()) << " kpe=" << to_string(p.kpe.dtype());
-  if (is_fp8(p.ckv.dtype())) os << " ckv_scale=" << p.ckv_scale;
+  if (is_fp8(p.ckv.dtype()) && p.ckv_block_scales.empty()) os << " ckv_scale=" << p.ckv_scale;
+  if (!p.ckv_block_scales.empty()) os << " ckv_block_cols=" << p.ckv_block_cols;
   if (is_fp8(p.kpe.dtype())) os << " kpe_scale=" << p.kpe_scale;
   os << " scale=" << p.scale << " out=" << to_string(p.out_dtype) << " base=" << to_string(p.base)
      << " value_seed=" << p.value_seed;

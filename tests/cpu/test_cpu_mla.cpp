@@ -24,6 +24,7 @@
 #include "attnstate/testing/host_state.hpp"
 #include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
+#include "mla_kit_kernel.hpp"
 #include "mla_problem.hpp"
 #include "split_layouts.hpp"
 
@@ -360,42 +361,16 @@ TEST(MlaCpu, RanksMergedByTheContextParallelMergeEqualTheOnePassState) {
 
 // --- the kit's check of an MLA kernel, on the CPU MLA decode -------------------------------
 
-/// The CPU MLA decode as a kit kernel: the selected latent tokens in one page that every query
-/// row (a request of one new token) reads through its block table. `drop_rope` zeroes the
-/// rotary queries and `natural_only` writes natural-base LSEs whatever base is asked for: the
-/// bugs the laws must catch.
+/// The CPU MLA decode as a kit kernel (mla_kit_kernel.hpp); `drop_rope` zeroes the rotary
+/// queries and `natural_only` writes natural-base LSEs whatever base is asked for: the bugs the
+/// laws must catch.
 HostState cpu_mla_kernel(const attnstate::testing::MlaProblem& all,
                          const std::vector<std::int64_t>& keys, bool drop_rope = false,
                          bool natural_only = false) {
-  const attnstate::testing::MlaProblem p = attnstate::testing::select_keys(all, keys);
-  const std::int64_t T = p.tokens(), H = p.heads(), L = p.kv_lora_rank(), R = p.rope_dim();
-  const std::int64_t N = p.num_keys();
-  const std::vector<std::int32_t> table(static_cast<std::size_t>(T), 0);
-  const std::vector<std::int32_t> lens(static_cast<std::size_t>(T), static_cast<std::int32_t>(N));
-  MlaKvCache kv;
-  kv.ckv = p.ckv.data();
-  kv.kpe = p.kpe.data();
-  kv.ckv_dtype = p.ckv.dtype();
-  kv.kpe_dtype = p.kpe.dtype();
-  if (is_fp8(kv.ckv_dtype)) kv.ckv_scale = KvScale::per_tensor(p.ckv_scale);
-  if (is_fp8(kv.kpe_dtype)) kv.kpe_scale = KvScale::per_tensor(p.kpe_scale);
-  kv.kv_lora_rank = L;
-  kv.rope_dim = R;
-  kv.num_pages = N > 0 ? 1 : 0;
-  kv.page_size = std::max<std::int64_t>(1, N);
-  kv.block_table = table.data();
-  kv.block_table_stride = 1;
-  kv.seq_lens = lens.data();
-  kv.batch = T;
-  attnstate::testing::HostTensor zeros(p.q_pe.dtype(), {T, H, R});
-  const ConstTensorView qn = make_tensor_view(p.q_nope.data(), p.q_nope.dtype(), {T, 1, H, L});
-  const ConstTensorView qp =
-      make_tensor_view(drop_rope ? zeros.data() : p.q_pe.data(), p.q_pe.dtype(), {T, 1, H, R});
-  HostState out = attnstate::testing::make_output_state(p);
-  if (natural_only) out.relabel_base(LseBase::kNatural);
-  cpu::mla_decode(qn, qp, kv, fixed_count(2), p.scale, p.attention_sinks(), out.view());
-  if (natural_only) out.relabel_base(p.base);
-  return out;
+  attnstate_test::MlaKitBugs bugs;
+  bugs.drop_rope = drop_rope;
+  bugs.natural_only = natural_only;
+  return attnstate_test::cpu_mla_kit_kernel(all, keys, bugs);
 }
 
 attnstate::testing::MlaKernelCheckOptions kit_options() {

@@ -14,9 +14,13 @@
 #include "attnstate/core/cascade.hpp"
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/mla.hpp"
+#include "attnstate/testing/conformance.hpp"
 #include "attnstate/testing/host_state.hpp"
+#include "attnstate/testing/mla.hpp"
+#include "attnstate/testing/reference.hpp"
 #include "cpu_test_utils.hpp"
 #include "mla_block_scale.hpp"
+#include "mla_kit_kernel.hpp"
 #include "split_layouts.hpp"
 
 namespace {
@@ -147,6 +151,78 @@ TEST(MlaCpuBlockScale, CascadeWithASharedPrefixMatchesTheDoubleComputation) {
     EXPECT_LE(error_of(h, out), 1.0);
     EXPECT_GT(error_of(h, out, 2), 100.0);
   }
+}
+
+// --- the testing kit's MLA problems with block scales ------------------------------------------
+
+/// The CPU MLA decode as a kit kernel (mla_kit_kernel.hpp), the latent part's block scales as
+/// `ckv_block_scale` beside the values; `ignore_blocks` drops them (the bug the kit must catch).
+HostState cpu_block_kernel(const attnstate::testing::MlaProblem& all,
+                           const std::vector<std::int64_t>& keys, bool ignore_blocks = false) {
+  attnstate_test::MlaKitBugs bugs;
+  bugs.ignore_blocks = ignore_blocks;
+  return attnstate_test::cpu_mla_kit_kernel(all, keys, bugs);
+}
+
+attnstate::testing::MlaKernelCheckOptions block_kit_options() {
+  attnstate::testing::MlaKernelCheckOptions o;
+  o.num_tests = 25;
+  o.problems.max_keys = 60;
+  o.problems.kv_lora_ranks = {512, 96};
+  o.problems.rope_dims = {64, 8};
+  o.problems.ckv_dtypes = {DType::kE4M3, DType::kE5M2};
+  o.problems.block_scale_percent = 100;
+  o.problems.block_cols = {128, 32, 64};
+  o.problems.sink_percent = 30;
+  o.p_rounded_to_input = false;  // the CPU keeps P in fp32
+  return o;
+}
+
+TEST(MlaCpuBlockScaleKit, TheCpuDecodePassesEveryLawOnBlockScaledProblems) {
+  const attnstate::testing::KernelCheckReport report = attnstate::testing::check_mla_kernel(
+      [](const attnstate::testing::MlaProblem& p, const std::vector<std::int64_t>& keys) {
+        return cpu_block_kernel(p, keys);
+      },
+      block_kit_options());
+  EXPECT_TRUE(report.passed()) << report.summary();
+}
+
+TEST(MlaCpuBlockScaleKit, TheKitCatchesAKernelIgnoringTheBlockScales) {
+  attnstate::testing::MlaKernelCheckOptions o = block_kit_options();
+  o.problems.min_keys = 1;
+  const attnstate::testing::KernelCheckReport report = attnstate::testing::check_mla_kernel(
+      [](const attnstate::testing::MlaProblem& p, const std::vector<std::int64_t>& keys) {
+        return cpu_block_kernel(p, keys, /*ignore_blocks=*/true);
+      },
+      o);
+  EXPECT_FALSE(report.passed());
+  EXPECT_TRUE(report.failed(attnstate::testing::Law::kExactness)) << report.summary();
+}
+
+TEST(MlaCpuBlockScaleKit, ProblemFieldsAreChecked) {
+  attnstate::testing::MlaProblem p = attnstate::testing::make_mla_problem(
+      1, 2, 64, 8, 3, DType::kBF16, DType::kE4M3, DType::kBF16, std::vector<float>(128, 0.5f),
+      std::vector<float>(16, 0.5f), std::vector<float>(192, 1.f), std::vector<float>(24, 1.f), 0.1f,
+      DType::kF32, LseBase::kNatural);
+  p.ckv_block_cols = 32;
+  p.ckv_block_scales = {1.f, 2.f, 0.5f, 0.25f, 4.f, 8.f};  // 3 keys x 2 blocks
+  // the kept keys' block scales follow them
+  const attnstate::testing::MlaProblem two = attnstate::testing::select_keys(p, {2, 0});
+  EXPECT_EQ(two.ckv_block_scales, (std::vector<float>{4.f, 8.f, 1.f, 2.f}));
+  // the double reference reads them: key 2 alone, its values 1 x (4 | 8)
+  const attnstate::testing::ReferenceState r =
+      attnstate::testing::reference_mla_state(p, {2}, LseBase::kNatural);
+  EXPECT_EQ(r.o[0], 4.0);
+  EXPECT_EQ(r.o[40], 8.0);
+  auto expect_field = [&](auto edit, const std::string& arg) {
+    attnstate::testing::MlaProblem bad = p;
+    edit(bad);
+    attnstate::test::expect_arg_error([&] { attnstate::testing::select_keys(bad, {0}); }, arg);
+  };
+  expect_field([](auto& b) { b.ckv_block_scales.pop_back(); }, "problem.ckv_block_scales.size()");
+  expect_field([](auto& b) { b.ckv_block_cols = 48; }, "problem.ckv_block_cols");
+  expect_field([](auto& b) { b.ckv_scale = 2.f; }, "problem.ckv_scale");
+  expect_field([](auto& b) { b.ckv_block_scales[3] = -1.f; }, "problem.ckv_block_scales[3]");
 }
 
 // --- argument errors: each names the argument ---------------------------------------------------

@@ -27,7 +27,11 @@ namespace testing {
 /// `q_nope (tokens, heads, kv_lora_rank)` and `q_pe (tokens, heads, rope_dim)` in one dtype
 /// (f32, f16 or bf16); `ckv (num_keys, kv_lora_rank)` and `kpe (num_keys, rope_dim)`, each in
 /// f32, f16, bf16 or fp8 (e4m3, e5m2) with a per-tensor dequantisation scale (`ckv_scale`,
-/// `kpe_scale`: the real value of a stored element is `stored × scale`; 1 for other dtypes).
+/// `kpe_scale`: the real value of a stored element is `stored × scale`; 1 for other dtypes). An
+/// fp8 `ckv` may instead carry per-token scales of blocks of columns (`ckv_block_scales`,
+/// FlashMLA's fp8 rows): the real value of `ckv[i][d]` is then `stored ×
+/// ckv_block_scales[i · blocks + d / ckv_block_cols]`, with `blocks = kv_lora_rank /
+/// ckv_block_cols` and `ckv_scale` 1.
 /// Row `(t, h)` scores key `i` as `scale · (q_nope[t,h] · ckv[i] + q_pe[t,h] · kpe[i])` (real
 /// values) and its state is `(o, lse)` with `o = Σ_i w_i ckv[i]` (`kv_lora_rank` wide): every
 /// head attends to the one shared latent head. The state a kernel should return has `o` stored
@@ -37,12 +41,16 @@ namespace testing {
 /// logit per head, merged once into each row after all its keys (`reference_mla_state`); a
 /// partial state (a split, a GPU's shard) is the state of `without_sinks(problem)`.
 struct MlaProblem {
-  HostTensor q_nope;                 ///< Latent queries `(tokens, heads, kv_lora_rank)`.
-  HostTensor q_pe;                   ///< Rotary queries `(tokens, heads, rope_dim)`.
-  HostTensor ckv;                    ///< Latent keys and values `(num_keys, kv_lora_rank)`.
-  HostTensor kpe;                    ///< Rotary keys `(num_keys, rope_dim)`.
-  float ckv_scale = 1.f;             ///< Scale of an fp8 `ckv` (finite, > 0; 1 otherwise).
-  float kpe_scale = 1.f;             ///< Scale of an fp8 `kpe` (finite, > 0; 1 otherwise).
+  HostTensor q_nope;      ///< Latent queries `(tokens, heads, kv_lora_rank)`.
+  HostTensor q_pe;        ///< Rotary queries `(tokens, heads, rope_dim)`.
+  HostTensor ckv;         ///< Latent keys and values `(num_keys, kv_lora_rank)`.
+  HostTensor kpe;         ///< Rotary keys `(num_keys, rope_dim)`.
+  float ckv_scale = 1.f;  ///< Scale of an fp8 `ckv` (finite, > 0; 1 otherwise).
+  float kpe_scale = 1.f;  ///< Scale of an fp8 `kpe` (finite, > 0; 1 otherwise).
+  /// Per-token block scales of an fp8 `ckv`: empty (none), or `num_keys × blocks` finite values
+  /// > 0, key-major (`ckv_scale` then 1).
+  std::vector<float> ckv_block_scales;
+  std::int64_t ckv_block_cols = 0;   ///< Latent columns per block scale (divides kv_lora_rank).
   float scale = 1.f;                 ///< Softmax scale applied to the dot products.
   DType out_dtype = DType::kF32;     ///< Storage dtype requested for the output `o`.
   LseBase base = LseBase::kNatural;  ///< LSE base requested for the output.
@@ -88,7 +96,8 @@ struct MlaProblem {
 /// @param scale         softmax scale.
 /// @param out_dtype     dtype requested for the output `o`.
 /// @param base          LSE base requested for the output.
-/// @return the problem (scales 1: set `ckv_scale` / `kpe_scale` for fp8 parts).
+/// @return the problem (scales 1: set `ckv_scale` / `kpe_scale` for fp8 parts, or
+///         `ckv_block_scales` and `ckv_block_cols` for an fp8 `ckv` scaled in blocks).
 /// @throws attnstate::Error (`kInvalidArgument`) naming the argument whose size does not match
 ///         the extents, or a bad extent or dtype (`kNotSupported` for fp8 queries or output).
 MlaProblem make_mla_problem(std::int64_t tokens, std::int64_t heads, std::int64_t kv_lora_rank,
@@ -99,7 +108,7 @@ MlaProblem make_mla_problem(std::int64_t tokens, std::int64_t heads, std::int64_
                             LseBase base);
 
 /// The same problem with only the latent tokens at indices `keys`, in that order (queries,
-/// scales, output dtype, base and sinks kept).
+/// scales, output dtype, base and sinks kept; the block scales of the kept tokens).
 /// @param problem  the problem.
 /// @param keys     indices into `[0, problem.num_keys())`; may be empty.
 /// @return the restricted problem.
@@ -183,6 +192,12 @@ struct MlaGenOptions {
   std::vector<DType> output_dtypes = {DType::kF32, DType::kF16, DType::kBF16};  ///< Out `o`.
   std::vector<LseBase> bases = {LseBase::kNatural, LseBase::kBase2};  ///< Requested bases.
   std::vector<float> kv_scales = {1.f, 0x1p-10f, 0x1p8f};  ///< Scales drawn for fp8 parts.
+  /// Share of problems with an fp8 `ckv` that get per-token block scales instead of a per-tensor
+  /// one (0 to 100): each block's scale the drawn scale × 2^-k, k in 0..3.
+  int block_scale_percent = 0;
+  /// Block widths drawn for them (each ≥ 1; one that does not divide the latent width gives
+  /// one block a token).
+  std::vector<std::int64_t> block_cols = {128};
   int large_logits_percent = 20;    ///< Share of problems with the queries × `large_logit_factor`.
   float large_logit_factor = 40.f;  ///< The amplification: scores reach the hundreds.
   int sink_percent = 0;             ///< Share of problems with sinks (0 to 100).
