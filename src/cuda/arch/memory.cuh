@@ -125,6 +125,11 @@ __device__ __forceinline__ void st_shared_v4(std::uint32_t addr, uint4 w) {
                : "memory");
 }
 
+/// Stores 4 bytes to shared memory at shared address `addr` (4-byte aligned).
+__device__ __forceinline__ void st_shared_b32(std::uint32_t addr, std::uint32_t w) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(w) : "memory");
+}
+
 /// Asks the L2 to fetch the line of `p` (no registers held while it is in flight).
 __device__ __forceinline__ void prefetch_global_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

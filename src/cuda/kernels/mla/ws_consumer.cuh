@@ -172,7 +172,7 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const std::uint32_t a = (pbase ^ ((2 * kk + (i >> 1)) << 4)) + 1024 * (i & 1);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(w.pf[kk][i]) : "memory");
+        arch::st_shared_b32(a, w.pf[kk][i]);
       }
     if ((lane & 3) == 0) {
       w.sm.alpha[r0] = al[0];
