@@ -48,17 +48,23 @@ using namespace attnstate;
 
 using namespace mla_inputs;
 
+/// The most query rows a request of `MlaDecodeKernel::kWgmmaNarrow` may have (`heads · q_len`).
+constexpr int kNarrowRows = 32;
+
 const char* kUsage =
     "usage: bench_mla [options]\n"
     "  --splits N         force N splits per request (default: the planner's choice)\n"
-    "  --kernel K         auto (the planner's choice: wgmma on sm_90a), mma, wgmma, or both\n"
-    "                     (each row twice, mma.sync then wgmma: an A/B in one run)\n"
+    "  --kernel K         auto (the planner's choice: wgmma on sm_90a), mma, wgmma, narrow\n"
+    "                     (the narrow wgmma kernel: rows of at most 32 query rows, others\n"
+    "                     skipped), both (each row twice, mma.sync then wgmma: an A/B in one\n"
+    "                     run) or all (mma.sync, wgmma, then narrow where the rows fit it)\n"
     "  --no-check         skip the CPU check of request 0\n"
     "  --help             this text (no CUDA call)\n"
     "Rows: heads, q_len, dtype, batch, ctx, page, splits, median us (L2 flushed), GB/s and its\n"
     "fraction of the device copy, TFLOP/s and its fraction of the measured bf16 tensor peak,\n"
     "the floor max(bytes/copy, FLOP/peak) in us, time / floor, the check of request 0, and\n"
-    "the kernel that ran (mma: cp.async + mma.sync; wgmma: warp-specialised wgmma).\n"
+    "the kernel that ran (mma: cp.async + mma.sync; wgmma: warp-specialised wgmma; narrow: the\n"
+    "transposed wgmma kernel of at most 32 rows).\n"
     "Shapes:\n";
 
 void fill(void* p, std::size_t n, DType dt, std::uint32_t seed, float amp, int sms,
@@ -254,10 +260,16 @@ int main(int argc, char** argv) {
           kernels = {cuda::MlaDecodeKernel::kMma};
         else if (k == "wgmma")
           kernels = {cuda::MlaDecodeKernel::kWgmma};
+        else if (k == "narrow")
+          kernels = {cuda::MlaDecodeKernel::kWgmmaNarrow};
         else if (k == "both")
           kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
+        else if (k == "all")
+          kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
+                     cuda::MlaDecodeKernel::kWgmmaNarrow};
         else
-          throw std::invalid_argument("--kernel takes auto, mma, wgmma or both, not '" + k + "'");
+          throw std::invalid_argument(
+              "--kernel takes auto, mma, wgmma, narrow, both or all, not '" + k + "'");
       } else {
         throw std::invalid_argument("unknown or incomplete option '" + a + "'");
       }
@@ -369,10 +381,15 @@ int main(int argc, char** argv) {
         opt.num_splits = force_splits;
       }
       for (const cuda::MlaDecodeKernel kernel : kernels) {
+        // the narrow kernel takes at most 32 rows: larger shapes are skipped for it
+        if (kernel == cuda::MlaDecodeKernel::kWgmmaNarrow && pt.heads * pt.q_len > kNarrowRows)
+          continue;
         const cuda::MlaDecodePlan plan =
             cuda::plan_mla_decode(pr, lens.data(), opt, bench.num_sms, kernel);
-        const char* kernel_str =
-            plan.to_string().find("wgmma") != std::string::npos ? "wgmma" : "mma";
+        const std::string plan_str = plan.to_string();
+        const char* kernel_str = plan_str.find("narrow") != std::string::npos  ? "narrow"
+                                 : plan_str.find("wgmma") != std::string::npos ? "wgmma"
+                                                                               : "mma";
         if (plan.workspace_bytes() > ws_cap) {
           if (ws) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
           ws_cap = plan.workspace_bytes();

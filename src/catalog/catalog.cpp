@@ -80,6 +80,8 @@ const char* to_string(Family f) {
       return "MLA cascade level";
     case Family::kMlaDecodeWs:
       return "MLA decode (wgmma, warp-specialised)";
+    case Family::kMlaDecodeNarrow:
+      return "MLA decode (wgmma, narrow: at most 32 rows)";
   }
   return "unknown family";
 }

@@ -59,9 +59,14 @@ enum class Family : std::uint8_t {
   /// warpgroup, two consumers), one CTA per (request, tile of 64 rows, split), 64-key tiles; head
   /// dim `kMlaHeadDim`, `kv` the latent part's dtype; on devices without `wgmma`, `kMlaDecode`.
   kMlaDecodeWs = 18,
+  /// `mla_decode_narrow_kernel`: the MLA decode on Hopper `wgmma` for requests of at most
+  /// `kMlaNarrowRows` query rows (`heads · q_len`), the products transposed (the keys the wgmma's
+  /// M, the rows its N), one CTA per (request, split), 64-key tiles; head dim `kMlaHeadDim`, `kv`
+  /// the latent part's dtype; on devices without `wgmma`, `kMlaDecode`.
+  kMlaDecodeNarrow = 19,
 };
 /// Number of families.
-inline constexpr int kFamilies = 19;
+inline constexpr int kFamilies = 20;
 
 /// True for the merges' families.
 constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6 && static_cast<int>(f) <= 15; }
@@ -224,6 +229,8 @@ inline constexpr Tile kMlaTile{kMlaTileRows, kMlaTileKeys, kMlaStages, 0};
 // The wgmma MLA decode: 64 rows, 64-key tiles, two stages (CTAs per SM set by its shared
 // memory: one).
 inline constexpr Tile kMlaWsTile{kMlaTileRows, kMlaWsTileKeys, kMlaWsStages, 0};
+// The narrow wgmma MLA decode: at most 32 rows, the wgmma kernel's ring (one CTA per SM).
+inline constexpr Tile kMlaNarrowTile{kMlaNarrowRows, kMlaWsTileKeys, kMlaWsStages, 0};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
@@ -591,6 +598,13 @@ inline constexpr Group kGroups[] = {
                                                   mask(DType::kBF16) | detail::kFp8, kStateDTypes,
                                                   false, kSinks, kNeedsWgmma, Family::kMlaDecode),
                                     detail::kMlaWsTile),
+                      compiled::IntList<kMlaHeadDim>{}),
+    // the narrow MLA decode on wgmma (sm_90a; requests of at most 32 rows), the same dtypes and
+    // variants; elsewhere the mma.sync rows
+    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecodeNarrow, mask(DType::kBF16),
+                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
+                                                  false, kSinks, kNeedsWgmma, Family::kMlaDecode),
+                                    detail::kMlaNarrowTile),
                       compiled::IntList<kMlaHeadDim>{}),
     // MLA cascade levels (cuda/kernels/mla/): the decode's dtypes; fp32 partial states out (the
     // sinks are merged by the merge of the levels)

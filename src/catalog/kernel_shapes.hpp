@@ -224,5 +224,23 @@ ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_ws_smem_bytes() {
 }
 static_assert(mla_ws_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
 
+// ---- the narrow MLA decode on Hopper wgmma (cuda/kernels/mla/mla_decode_narrow.cuh) ----
+
+/// Most query rows of a request the narrow MLA decode takes (`heads · q_len`): its products are
+/// transposed (`Sᵀ = K Qᵀ`, `Oᵀ = Vᵀ Pᵀ`: 64 keys or 64 latent columns the wgmma's M, the rows
+/// its N of 16 or 32).
+inline constexpr int kMlaNarrowRows = 32;
+/// Warps per CTA: one consumer warpgroup (scores, softmax, all 512 output columns) and the
+/// producer warpgroup of the wgmma kernel (its ring of `kMlaWsTileKeys`-key tiles).
+inline constexpr int kMlaNarrowWarps = 8;
+/// Bytes of its dynamic shared memory: the wgmma kernel's (the probabilities' buffer holds two
+/// tiles of `kMlaNarrowRows` rows), then the rows' partial maxima and sums the consumer's four
+/// warps exchange (fp32, 4 warps × `kMlaNarrowRows`).
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_narrow_smem_bytes() {
+  return mla_ws_smem_bytes() + 4 * kMlaNarrowRows * 4;
+}
+static_assert(mla_narrow_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
+static_assert(2 * kMlaNarrowRows <= kMlaTileRows, "two probability tiles in the wgmma kernel's");
+
 }  // namespace catalog
 }  // namespace attnstate

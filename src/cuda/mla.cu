@@ -2,7 +2,8 @@
 /// @brief CUDA MLA decode: `plan_mla_decode` (the decode's length-aware split chooser with the
 ///        MLA kernel's facts; the kernel's row), the argument checks of a run, the workspace
 ///        layout and the launch of the catalog row the plan names (`kernels/mla/mla_decode.cuh`,
-///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma), then, from
+///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma; `kernels/mla/mla_decode_narrow.cuh`,
+///        wgmma for at most 32 rows), then, from
 ///        `plan::kMlaStackMergeSplits` splits, `merge_states` over the stacked splits.
 #include <array>
 #include <cstddef>
@@ -21,6 +22,7 @@
 #include "cuda/decode_prior.hpp"
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/mla/mla_decode.cuh"
+#include "cuda/kernels/mla/mla_decode_narrow.cuh"
 #include "cuda/kernels/mla/mla_decode_ws.cuh"
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/launch.hpp"
@@ -114,20 +116,28 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
   return true;
 }
 
-/// The rows of an MLA decode family `F` (`kMlaLaunchTable`): the mma.sync kernel's, or the
-/// wgmma kernel's (`kMlaDecodeWs`).
+/// The rows of an MLA decode family `F` (`kMlaLaunchTable`): the mma.sync kernel's, the wgmma
+/// kernel's (`kMlaDecodeWs`) or the narrow wgmma kernel's (`kMlaDecodeNarrow`, its instances by
+/// `narrow_kernel`).
 template <catalog::Family F>
 struct DecodeRows {
   using Params = detail::MlaParams;
   static constexpr catalog::Family kFamily = F;
   static constexpr bool kWs = F == catalog::Family::kMlaDecodeWs;
-  static constexpr const char* kName = kWs ? "mla_decode_ws_kernel" : "mla_decode_kernel";
+  static constexpr const char* kName = F == catalog::Family::kMlaDecodeNarrow
+                                           ? "mla_decode_narrow_kernel"
+                                       : kWs ? "mla_decode_ws_kernel"
+                                             : "mla_decode_kernel";
   template <int kKv, bool kBlock>
   static constexpr auto kernel() {
     if constexpr (kWs)
       return &detail::mla_decode_ws_kernel<kKv, kBlock>;
     else
       return &detail::mla_decode_kernel<kKv, kBlock>;
+  }
+  template <int kKv, bool kBlock, int kN>
+  static constexpr auto narrow_kernel() {
+    return &detail::mla_decode_narrow_kernel<kKv, kBlock, kN>;
   }
   /// The cache fields of the kernel's argument.
   static const detail::MlaParams& mla(const Params& p) { return p; }
@@ -145,11 +155,28 @@ bool current_device_wgmma() {
 
 /// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
 /// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled;
-/// `kWgmma`: refused by name without one).
+/// `kWgmma`: refused by name without one); the narrow row for `kWgmmaNarrow` (refused by name
+/// without one, or for more than `kMlaNarrowRows` rows).
 int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
                bool wgmma) {
   const int mma = catalog::find_id(mla_query(problem));
   if (kernel == MlaDecodeKernel::kMma || (kernel == MlaDecodeKernel::kAuto && !wgmma)) return mma;
+  if (kernel == MlaDecodeKernel::kWgmmaNarrow) {
+    const std::int64_t rows = problem.q_len * problem.heads;  // (bounded: checked problem)
+    if (rows > catalog::kMlaNarrowRows)
+      throw_argument(fn, "kernel",
+                     "kWgmmaNarrow for at most " + decode_str(catalog::kMlaNarrowRows) +
+                         " rows (heads × q_len)",
+                     decode_str(rows) + " rows (" + decode_str(problem.heads) + " heads × q_len " +
+                         decode_str(problem.q_len) + ")",
+                     Status::kNotSupported);
+    const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeNarrow);
+    const int narrow = catalog::find_id(q);
+    if (narrow < 0)
+      throw_argument(fn, "kernel", catalog::not_supported_message(q), "kWgmmaNarrow",
+                     Status::kNotSupported);
+    return narrow;
+  }
   const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeWs);
   const int ws = catalog::find_id(q);
   if (ws < 0 && kernel == MlaDecodeKernel::kWgmma)
@@ -260,8 +287,11 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   p.stack_rows = w.stacked ? kv.batch * d.problem.q_len * d.problem.heads : 0;
   p.sinks = w.stacked ? nullptr : sinks.logits;  // the stacked merge merges the sinks
   const auto id = static_cast<std::size_t>(d.kernel_id);
-  const auto l = catalog::kRows[id].family == catalog::Family::kMlaDecodeWs
+  const catalog::Family family = catalog::kRows[id].family;
+  const auto l = family == catalog::Family::kMlaDecodeWs
                      ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
+                 : family == catalog::Family::kMlaDecodeNarrow
+                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow>>[id]
                      : detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecode>>[id];
   if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
@@ -305,8 +335,8 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   check_options(fn, options);
   if (kernel != MlaDecodeKernel::kAuto && kernel != MlaDecodeKernel::kMma &&
-      kernel != MlaDecodeKernel::kWgmma)
-    throw_argument(fn, "kernel", "kAuto, kMma or kWgmma",
+      kernel != MlaDecodeKernel::kWgmma && kernel != MlaDecodeKernel::kWgmmaNarrow)
+    throw_argument(fn, "kernel", "kAuto, kMma, kWgmma or kWgmmaNarrow",
                    "value " + decode_str(static_cast<int>(kernel)));
   const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,
                                                        problem.kv_lora_rank + problem.rope_dim);

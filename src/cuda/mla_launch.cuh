@@ -25,23 +25,43 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
-/// The launch of `K`'s row over `kKv` (with the latent part's block scales: `kBlock`) on `grid`
-/// CTAs on `stream` (`kMlaThreads` threads, or the wgmma decode's `kMlaWsWarps` warps, and the
-/// family's shared memory: the mma.sync kernels stage the block scales besides).
-template <class K, int kKv, bool kBlock>
-void launch_mla_instance(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
-  constexpr auto kernel = K::template kernel<kKv, kBlock>();
-  constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs;  // (its own CTA shape)
-  const int smem = static_cast<int>(kWs ? catalog::mla_ws_smem_bytes()
-                                        : catalog::mla_smem_bytes(kKv != tile::kKvSame) +
-                                              (kBlock ? kMlaBlockScaleSmem : 0));
+/// The launch of `kernel` on `grid` CTAs of `threads` threads and `smem` bytes of shared memory
+/// (its limit raised once per device) on `stream`; `name` for launch errors.
+template <auto kernel, class Params>
+void launch_mla_kernel(const Params& p, std::int64_t grid, int threads, int smem,
+                       cudaStream_t stream, const char* name) {
   raise_smem_limit<kernel>(smem);
   LaunchConfig c;
   c.grid = dim3(static_cast<unsigned>(grid));
-  c.block = dim3(kWs ? catalog::kMlaWsWarps * 32 : kMlaThreads);
+  c.block = dim3(static_cast<unsigned>(threads));
   c.smem = static_cast<std::size_t>(smem);
   c.stream = stream;
-  launch_kernel(c, kernel, K::kName, p);
+  launch_kernel(c, kernel, name, p);
+}
+
+/// The launch of `K`'s row over `kKv` (with the latent part's block scales: `kBlock`) on `grid`
+/// CTAs on `stream` (`kMlaThreads` threads, or the wgmma decode's `kMlaWsWarps` warps, and the
+/// family's shared memory: the mma.sync kernels stage the block scales besides; the narrow
+/// decode's family, `K::narrow_kernel<kKv, kBlock, kN>()`, its instance of 16 or 32 rows).
+template <class K, int kKv, bool kBlock>
+void launch_mla_instance(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
+  constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs;  // (its own CTA shape)
+  if constexpr (K::kFamily == catalog::Family::kMlaDecodeNarrow) {
+    // the narrow decode: products of 16 rows where the request's rows fit them, else 32
+    const int smem = static_cast<int>(catalog::mla_narrow_smem_bytes());
+    if (K::mla(p).rows <= 16)
+      launch_mla_kernel<K::template narrow_kernel<kKv, kBlock, 16>()>(
+          p, grid, catalog::kMlaNarrowWarps * 32, smem, stream, K::kName);
+    else
+      launch_mla_kernel<K::template narrow_kernel<kKv, kBlock, 32>()>(
+          p, grid, catalog::kMlaNarrowWarps * 32, smem, stream, K::kName);
+  } else {
+    const int smem = static_cast<int>(kWs ? catalog::mla_ws_smem_bytes()
+                                          : catalog::mla_smem_bytes(kKv != tile::kKvSame) +
+                                                (kBlock ? kMlaBlockScaleSmem : 0));
+    launch_mla_kernel<K::template kernel<kKv, kBlock>()>(
+        p, grid, kWs ? catalog::kMlaWsWarps * 32 : kMlaThreads, smem, stream, K::kName);
+  }
 }
 
 /// The launch of `K`'s row over `kKv`: the instance with block scales when an fp8 cache has them.

@@ -133,6 +133,7 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   // MLA decode: bf16 queries over a bf16 latent cache and over each fp8 one
   EXPECT_EQ(rows_of(Family::kMlaDecode), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaDecodeWs), 1 + fp8);
+  EXPECT_EQ(rows_of(Family::kMlaDecodeNarrow), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaCascade), 1 + fp8);
   int total = 0;
   for (int f = 0; f < catalog::kFamilies; ++f) total += rows_of(static_cast<Family>(f));
@@ -151,7 +152,7 @@ TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
     // the MLA decode and cascade: one head dim, the key width (latent + rotary)
     EXPECT_TRUE(catalog::is_merge(r.family) ? merge_dim
                 : r.family == Family::kMlaDecode || r.family == Family::kMlaCascade ||
-                        r.family == Family::kMlaDecodeWs
+                        r.family == Family::kMlaDecodeWs || r.family == Family::kMlaDecodeNarrow
                     ? r.head_dim == catalog::kMlaHeadDim
                     : compiled::contains(compiled::BuildHeadDims{}, r.head_dim))
         << catalog::to_string(r.family) << " at head dim " << r.head_dim;

@@ -114,6 +114,10 @@ enum class MlaDecodeKernel : std::uint8_t {
   kMma = 1,    ///< `cp.async` + `mma.sync` m16n8k16, 32-key tiles (every architecture built).
   kWgmma = 2,  ///< Hopper `wgmma`, warp-specialised, 64-key tiles (a run on a device without
                ///< sm_90a code is refused: `Status::kNotSupported`).
+  /// Hopper `wgmma` for requests of at most 32 query rows (`heads · q_len`; more are refused by
+  /// name), the products transposed so that 64 keys, not the few rows, fill the instruction's M
+  /// (a run on a device without sm_90a code is refused, as `kWgmma`); not chosen by `kAuto`.
+  kWgmmaNarrow = 3,
 };
 
 /// Plans an MLA decode on the host: the split layout of `options.policy` from the real lengths

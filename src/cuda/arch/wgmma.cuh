@@ -1,9 +1,10 @@
 /// @file wgmma.cuh
 /// @brief PTX wrappers of Hopper's warpgroup MMA (sm_90a): the `wgmma.mma_async` shapes of the
 ///        cascade kernels (`m64n64k16`, `m64n128k16`, `m64n256k16`; bf16 or f16 operands, A from
-///        registers, or from a shared-memory descriptor, B from a shared-memory descriptor), their
-///        fence / commit / wait, the register and async-proxy fences around them, descriptors, and
-///        `setmaxnreg`.
+///        registers, or from a shared-memory descriptor, B from a shared-memory descriptor), the
+///        narrow MLA decode's `m64n16k16` / `m64n32k16` (both from descriptors, A transposable),
+///        their fence / commit / wait, the register and async-proxy fences around them,
+///        descriptors, and `setmaxnreg`.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -165,6 +166,32 @@ __device__ __forceinline__ void setmaxnreg_inc() {
       : ATTNSTATE_WGMMA_ACC64                                                                      \
       : "l"(desc_a), "l"(desc_b), "n"(kScaleD))
 
+// The narrow shapes (m64n16k16, m64n32k16) with both operands in shared memory: 8 or 16 fp32
+// accumulators, A's and B's descriptors, the accumulator-scale and A-transpose immediates (B
+// K-major).
+#define ATTNSTATE_WGMMA_ACC8                                                                \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+      "+f"(d[1][2]), "+f"(d[1][3])
+#define ATTNSTATE_WGMMA_ACC16                                                                      \
+  ATTNSTATE_WGMMA_ACC8, "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), \
+      "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+#define ATTNSTATE_WGMMA_M64N16_SS(TY)                         \
+  asm volatile(                                               \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"            \
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY \
+      " {%0, %1, %2, %3, %4, %5, %6, %7}, "                   \
+      "%8, %9, p, 1, 1, %11, 0;\n}\n"                         \
+      : ATTNSTATE_WGMMA_ACC8                                  \
+      : "l"(desc_a), "l"(desc_b), "n"(kScaleD), "n"(kTransA))
+#define ATTNSTATE_WGMMA_M64N32_SS(TY)                                             \
+  asm volatile(                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+      "%16, %17, p, 1, 1, %19, 0;\n}\n"                                           \
+      : ATTNSTATE_WGMMA_ACC16                                                     \
+      : "l"(desc_a), "l"(desc_b), "n"(kScaleD), "n"(kTransA))
+
 /// The `wgmma` shapes of the cascade kernels for bf16 or f16 operands `T` (fp32 accumulators, A
 /// from registers; `kScaleD` 0 makes the instruction overwrite the accumulator instead of adding
 /// to it; `kTransB` 0 reads B K-major as in `S = Q Kᵀ`, 1 MN-major as in `O = P V`).
@@ -247,7 +274,31 @@ struct Wgmma {
                                                  std::uint64_t desc_b) {
     mma_n64<kScaleD, 1>(d, a, desc_b);
   }
+  /// D (+)= A B, m64nNk16 for N = 16 or 32 (`d` [N / 8][4]), both operands in shared memory: B
+  /// K-major; A K-major (`kTransA` 0: the keys of `Sᵀ = K Qᵀ`) or MN-major (`kTransA` 1: the
+  /// values read as Vᵀ in `Oᵀ = Vᵀ Pᵀ`).
+  template <int kScaleD, int kTransA, int kN>
+  __device__ static __forceinline__ void mma_narrow_ss(float (&d)[kN / 8][4], std::uint64_t desc_a,
+                                                       std::uint64_t desc_b) {
+    static_assert(kN == 16 || kN == 32, "the narrow shapes are n16 and n32");
+    if constexpr (kN == 16) {
+      if constexpr (kF16)
+        ATTNSTATE_WGMMA_M64N16_SS("f16");
+      else
+        ATTNSTATE_WGMMA_M64N16_SS("bf16");
+    } else {
+      if constexpr (kF16)
+        ATTNSTATE_WGMMA_M64N32_SS("f16");
+      else
+        ATTNSTATE_WGMMA_M64N32_SS("bf16");
+    }
+  }
 };
+
+#undef ATTNSTATE_WGMMA_M64N32_SS
+#undef ATTNSTATE_WGMMA_M64N16_SS
+#undef ATTNSTATE_WGMMA_ACC16
+#undef ATTNSTATE_WGMMA_ACC8
 
 #undef ATTNSTATE_WGMMA_M64N64_SS
 #undef ATTNSTATE_WGMMA_M64N128_SS

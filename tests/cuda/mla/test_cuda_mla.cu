@@ -127,24 +127,36 @@ catalog::Family family_of(const cuda::MlaDecodePlan& plan) {
   return catalog::kRows[static_cast<std::size_t>(plan.kernel_id())].family;
 }
 
-/// The MLA decode kernels the device runs: mma.sync, and the wgmma kernel where the planner's
-/// automatic choice takes it (an sm_90 device running sm_90a code).
-std::vector<cuda::MlaDecodeKernel> device_kernels() {
+/// The MLA decode kernels the device runs for requests of `rows` query rows (`heads · q_len`):
+/// mma.sync, and the wgmma kernel where the planner's automatic choice takes it (an sm_90 device
+/// running sm_90a code), with the narrow wgmma kernel besides for at most 32 rows.
+std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
   cuda::MlaDecodeProblem pr;
   pr.batch = 1;
   pr.heads = 16;
   const std::int32_t len = 1;
   const bool ws = family_of(cuda::plan_mla_decode(pr, &len, DecodeOptions{}, 1)) ==
                   catalog::Family::kMlaDecodeWs;
+  if (ws && rows <= catalog::kMlaNarrowRows)
+    return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
+            cuda::MlaDecodeKernel::kWgmmaNarrow};
   if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
   return {cuda::MlaDecodeKernel::kMma};
 }
 
 /// A kernel's name in failure messages.
 std::string kernel_name(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma ? "wgmma"
-         : k == cuda::MlaDecodeKernel::kMma ? "mma.sync"
-                                            : "auto";
+  return k == cuda::MlaDecodeKernel::kWgmma         ? "wgmma"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow ? "wgmma-narrow"
+         : k == cuda::MlaDecodeKernel::kMma         ? "mma.sync"
+                                                    : "auto";
+}
+
+/// The catalog family of a kernel choice other than `kAuto`.
+catalog::Family family_of(cuda::MlaDecodeKernel k) {
+  return k == cuda::MlaDecodeKernel::kWgmma         ? catalog::Family::kMlaDecodeWs
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow ? catalog::Family::kMlaDecodeNarrow
+                                                    : catalog::Family::kMlaDecode;
 }
 
 /// Plans (on `kernel`, checked to be the plan's row) and runs the CUDA MLA decode of `h` (scale
@@ -156,10 +168,7 @@ HostState run_cuda(const MlaHost& h, const DeviceMla& d, DecodeOptions options, 
   const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), options,
                                                          attnstate_test::device_sms(), kernel);
   if (kernel != cuda::MlaDecodeKernel::kAuto)
-    EXPECT_EQ(family_of(plan), kernel == cuda::MlaDecodeKernel::kWgmma
-                                   ? catalog::Family::kMlaDecodeWs
-                                   : catalog::Family::kMlaDecode)
-        << plan.to_string();
+    EXPECT_EQ(family_of(plan), family_of(kernel)) << plan.to_string();
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, plan.workspace_bytes()));
   cuda::init_mla_decode_workspace(plan, ws.get(), ws.bytes());
   DeviceState out(h.tokens(), h.cfg.heads, h.cfg.kv_lora_rank, out_dtype, base);
@@ -243,7 +252,7 @@ TEST(MlaCuda, LargeMatrixMatchesTheReference) {
     if (c.sinks) add_sinks(h, seed);
     ++seed;
     const DeviceMla d(h);
-    for (const cuda::MlaDecodeKernel k : device_kernels())
+    for (const cuda::MlaDecodeKernel k : device_kernels(c.heads * c.q_len))
       for (const DecodeOptions& o :
            {fixed_count(1), fixed_count(3), fixed_size(32), DecodeOptions{}}) {
         const HostState out = run_cuda(h, d, o, c.out, c.base, c.one_pool, nullptr, k);
@@ -276,7 +285,7 @@ TEST(MlaCuda, EveryPathOnASmallProblem) {
     if (c.sinks) add_sinks(h, seed);
     ++seed;
     const DeviceMla d(h);
-    for (const cuda::MlaDecodeKernel k : device_kernels())
+    for (const cuda::MlaDecodeKernel k : device_kernels(c.heads * c.q_len))
       for (const DecodeOptions& o : {fixed_count(1), fixed_count(3), fixed_count(5)}) {
         const HostState out = run_cuda(h, d, o, c.out, c.base, false, nullptr, k);
         EXPECT_EQ(compare_with_reference(h, out), "")
@@ -288,49 +297,60 @@ TEST(MlaCuda, EveryPathOnASmallProblem) {
 TEST(MlaCuda, LargeLogitsAndLongRequests) {
   ATTNSTATE_REQUIRE_GPU();
   // scores in the hundreds (the running max moves), and requests of many tiles and splits
-  MlaConfig cfg;
-  cfg.q_gain = 40.f;
-  cfg.q_len = 2;
-  cfg.heads = 32;
-  cfg.page_size = 64;
-  cfg.seq_lens = {1500, 77, 4096};
-  const MlaHost h = make_mla_host(cfg, 11);
-  const DeviceMla d(h);
-  for (const cuda::MlaDecodeKernel k : device_kernels())
-    for (const DecodeOptions& o : {fixed_count(1), fixed_count(7), DecodeOptions{}}) {
-      const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
-      EXPECT_EQ(compare_with_reference(h, out), "") << kernel_name(k) << " " << o.num_splits;
+  // (16 heads: 32 rows, for the narrow kernel alone; the others run the 64 rows of 32 heads)
+  for (const std::int64_t heads : {32, 16}) {
+    MlaConfig cfg;
+    cfg.q_gain = 40.f;
+    cfg.q_len = 2;
+    cfg.heads = heads;
+    cfg.page_size = 64;
+    cfg.seq_lens = {1500, 77, 4096};
+    const MlaHost h = make_mla_host(cfg, 11);
+    const DeviceMla d(h);
+    for (const cuda::MlaDecodeKernel k : device_kernels(cfg.heads * cfg.q_len)) {
+      if (heads == 16 && k != cuda::MlaDecodeKernel::kWgmmaNarrow) continue;
+      for (const DecodeOptions& o : {fixed_count(1), fixed_count(7), DecodeOptions{}}) {
+        const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
+        EXPECT_EQ(compare_with_reference(h, out), "")
+            << kernel_name(k) << " heads " << heads << " " << o.num_splits;
+      }
     }
+  }
 }
 
 TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
   ATTNSTATE_REQUIRE_GPU();
-  // a request with no keys, one shorter than q_len: its first rows see nothing
+  // a request with no keys, one shorter than q_len: its first rows see nothing (q_len 2: the
+  // rows of the narrow kernel, run by it alone)
   MlaConfig cfg;
-  cfg.q_len = 3;
   cfg.seq_lens = {0, 1};
-  for (bool sinks : {false, true}) {
-    MlaHost h = make_mla_host(cfg, 3);
-    if (sinks) add_sinks(h, 3);
-    const DeviceMla d(h);
-    for (const cuda::MlaDecodeKernel k : device_kernels())
-      for (const DecodeOptions& o : {fixed_count(1), fixed_count(2)}) {
-        SCOPED_TRACE(kernel_name(k));
-        const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
-        for (std::int64_t t = 0; t < 5; ++t)  // request 0's three rows, request 1's first two
-          for (std::int64_t hd = 0; hd < cfg.heads; ++hd) {
-            const float lse = out.lse_values()[static_cast<std::size_t>(t * cfg.heads + hd)];
-            if (sinks)  // the sink's logit, through base 2 and back
-              EXPECT_NEAR(lse, h.problem.sinks[static_cast<std::size_t>(hd)], 1e-5f)
-                  << t << " " << hd;
-            else
-              EXPECT_TRUE(std::isinf(lse) && lse < 0) << t << " " << hd << " " << lse;
-            for (std::int64_t x = 0; x < cfg.kv_lora_rank; ++x)
-              ASSERT_EQ(out.o_tensor().get((t * cfg.heads + hd) * cfg.kv_lora_rank + x), 0.f);
-          }
-        EXPECT_EQ(compare_with_reference(h, out), "");
-      }
-  }
+  for (const std::int64_t q_len : {3, 2})
+    for (bool sinks : {false, true}) {
+      cfg.q_len = q_len;
+      MlaHost h = make_mla_host(cfg, 3);
+      if (sinks) add_sinks(h, 3);
+      const DeviceMla d(h);
+      for (const cuda::MlaDecodeKernel k : device_kernels(cfg.heads * cfg.q_len))
+        for (const DecodeOptions& o : {fixed_count(1), fixed_count(2)}) {
+          if (q_len == 2 && k != cuda::MlaDecodeKernel::kWgmmaNarrow) continue;
+          SCOPED_TRACE(kernel_name(k) + " q_len " + std::to_string(q_len));
+          const HostState out =
+              run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
+          // request 0's q_len rows, request 1's first q_len - 1
+          for (std::int64_t t = 0; t < 2 * q_len - 1; ++t)
+            for (std::int64_t hd = 0; hd < cfg.heads; ++hd) {
+              const float lse = out.lse_values()[static_cast<std::size_t>(t * cfg.heads + hd)];
+              if (sinks)  // the sink's logit, through base 2 and back
+                EXPECT_NEAR(lse, h.problem.sinks[static_cast<std::size_t>(hd)], 1e-5f)
+                    << t << " " << hd;
+              else
+                EXPECT_TRUE(std::isinf(lse) && lse < 0) << t << " " << hd << " " << lse;
+              for (std::int64_t x = 0; x < cfg.kv_lora_rank; ++x)
+                ASSERT_EQ(out.o_tensor().get((t * cfg.heads + hd) * cfg.kv_lora_rank + x), 0.f);
+            }
+          EXPECT_EQ(compare_with_reference(h, out), "");
+        }
+    }
 }
 
 TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
@@ -346,7 +366,7 @@ TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
   // split whatever the automatic chooser takes: 3 splits (the ticket merge) and splits of 256
   // tokens (4 of the planned 900: the stacked merge, its stack of the replay's 2 requests)
   for (DecodeOptions o : {fixed_count(3), fixed_size(256)})
-    for (const cuda::MlaDecodeKernel k : device_kernels()) {
+    for (const cuda::MlaDecodeKernel k : device_kernels(big.heads * big.q_len)) {
       o.scale = hs.problem.scale;
       const cuda::MlaDecodePlan plan = cuda::plan_mla_decode(problem_of(hb), hb.seq_lens.data(), o,
                                                              attnstate_test::device_sms(), k);
@@ -374,7 +394,7 @@ TEST(MlaCuda, SplitStatesMergedWithMergeStatesEqualTheOnePassState) {
   cfg.seq_lens = {200, 97, 16};
   const MlaHost h = make_mla_host(cfg, 31);
   const DeviceMla d(h);
-  for (const cuda::MlaDecodeKernel k : device_kernels()) {
+  for (const cuda::MlaDecodeKernel k : device_kernels(cfg.heads * cfg.q_len)) {
     SCOPED_TRACE(kernel_name(k));
     const std::int64_t B = h.batch, H = cfg.heads, L = cfg.kv_lora_rank, S = 3;
     const HostState one =
@@ -500,7 +520,7 @@ TEST(MlaCudaKit, LargeDrawsPassEveryLawOfTheKit) {
   o.problems.q_dtypes = {DType::kBF16};
   o.problems.ckv_dtypes = {DType::kBF16, DType::kE4M3, DType::kE5M2};
   o.problems.sink_percent = 50;
-  for (const cuda::MlaDecodeKernel k : device_kernels()) {
+  for (const cuda::MlaDecodeKernel k : device_kernels(32)) {  // (q_len 1, at most 32 heads)
     g_kit_kernel = k;
     const attnstate::testing::KernelCheckReport report =
         attnstate::testing::check_mla_kernel(cuda_mla_kernel, o);
@@ -651,6 +671,28 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
     EXPECT_EQ(wg.workspace_bytes(), mma.workspace_bytes());
     if (!attnstate_test::gpu_available())
       EXPECT_EQ(family_of(plan(cuda::MlaDecodeKernel::kAuto)), catalog::Family::kMlaDecode);
+    // the narrow kernel: its own row of the latent dtype, never the automatic choice, the same
+    // splits and workspace; refused by name past 32 rows
+    for (const std::int64_t q_len : {1, 2}) {
+      pr.q_len = q_len;
+      const cuda::MlaDecodePlan nw = plan(cuda::MlaDecodeKernel::kWgmmaNarrow);
+      const catalog::Row& rn = catalog::kRows[static_cast<std::size_t>(nw.kernel_id())];
+      EXPECT_EQ(rn.family, catalog::Family::kMlaDecodeNarrow) << nw.to_string();
+      EXPECT_EQ(rn.kv, dt[0]);
+      EXPECT_EQ(rn.tile_rows, 32) << nw.to_string();
+      EXPECT_EQ(nw.splits().max_splits, plan(cuda::MlaDecodeKernel::kMma).splits().max_splits);
+      EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
+      EXPECT_NE(family_of(plan(cuda::MlaDecodeKernel::kAuto)), catalog::Family::kMlaDecodeNarrow);
+    }
+    for (const std::int64_t q_len : {3, 4}) {
+      pr.q_len = q_len;
+      expect_named_error([&] { (void)plan(cuda::MlaDecodeKernel::kWgmmaNarrow); },
+                         Status::kNotSupported, "kernel", kPlanFn);
+    }
+    pr.q_len = 1;
+    pr.heads = 48;
+    expect_named_error([&] { (void)plan(cuda::MlaDecodeKernel::kWgmmaNarrow); },
+                       Status::kNotSupported, "kernel", kPlanFn);
   }
   expect_named_error(
       [&] {
@@ -730,7 +772,8 @@ TEST(MlaCudaErrors, TheRunNamesEachArgument) {
   host.space = MemorySpace::kHost;
   expect_named_error(run(qn, qp, host, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
                      "kv.space", kRunFn);
-  if (device_kernels().size() == 1) {  // a device without the wgmma kernel: its plan is refused
+  if (device_kernels(cfg.heads * cfg.q_len).size() ==
+      1) {  // a device without the wgmma kernel: its plan is refused
     const cuda::MlaDecodePlan wg =
         cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), o, attnstate_test::device_sms(),
                               cuda::MlaDecodeKernel::kWgmma);

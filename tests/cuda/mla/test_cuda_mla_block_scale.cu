@@ -81,18 +81,29 @@ cuda::MlaDecodeProblem problem_of(const BlockScaleHost& h) {
   return pr;
 }
 
-/// The MLA decode kernels the device runs (as test_cuda_mla.cu: the wgmma one where the planner's
-/// automatic choice takes it).
-std::vector<cuda::MlaDecodeKernel> device_kernels() {
+/// The MLA decode kernels the device runs for requests of `rows` query rows (as
+/// test_cuda_mla.cu: the wgmma one where the planner's automatic choice takes it, the narrow one
+/// besides for at most 32 rows).
+std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
   cuda::MlaDecodeProblem pr;
   pr.batch = 1;
   pr.heads = 16;
   const std::int32_t len = 1;
   const cuda::MlaDecodePlan p = cuda::plan_mla_decode(pr, &len, DecodeOptions{}, 1);
-  if (catalog::kRows[static_cast<std::size_t>(p.kernel_id())].family ==
-      catalog::Family::kMlaDecodeWs)
-    return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
+  const bool ws = catalog::kRows[static_cast<std::size_t>(p.kernel_id())].family ==
+                  catalog::Family::kMlaDecodeWs;
+  if (ws && rows <= catalog::kMlaNarrowRows)
+    return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
+            cuda::MlaDecodeKernel::kWgmmaNarrow};
+  if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
   return {cuda::MlaDecodeKernel::kMma};
+}
+
+/// A kernel's name in failure messages.
+std::string kernel_name(cuda::MlaDecodeKernel k) {
+  return k == cuda::MlaDecodeKernel::kWgmma         ? " wgmma"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow ? " wgmma-narrow"
+                                                    : " mma.sync";
 }
 
 HostState run_cuda(const BlockScaleHost& h, const DeviceBlockScale& d, DecodeOptions options,
@@ -171,14 +182,14 @@ TEST(MlaCudaBlockScale, BothKernelsMatchTheReferences) {
   const std::vector<Shape> shapes = {
       {64, 1, 16, {1000, 1, 64, 130}}, {64, 2, 128, {300, 77}},
       {16, 4, 64, {200, 4, 33}},       {1, 1, 16, {45, 3}},
-      {33, 3, 32, {100, 70}},
+      {33, 3, 32, {100, 70}},          {16, 2, 16, {150, 1, 64}},
   };
   std::uint64_t seed = 100;
   for (const Shape& s : shapes) {
     const BlockScaleHost h = host_of(s.page, s.q_len, s.heads, s.lens, seed++);
     const DeviceBlockScale d(h);
     const HostState cpu = run_cpu(h);
-    for (const cuda::MlaDecodeKernel k : device_kernels())
+    for (const cuda::MlaDecodeKernel k : device_kernels(s.heads * s.q_len))
       for (const DecodeOptions& o : {DecodeOptions{}, [] {
                                        DecodeOptions f;
                                        f.policy = SplitPolicy::kFixedCount;
@@ -186,8 +197,7 @@ TEST(MlaCudaBlockScale, BothKernelsMatchTheReferences) {
                                        return f;
                                      }()}) {
         SCOPED_TRACE("page " + std::to_string(s.page) + " q_len " + std::to_string(s.q_len) +
-                     " heads " + std::to_string(s.heads) +
-                     (k == cuda::MlaDecodeKernel::kWgmma ? " wgmma" : " mma.sync") +
+                     " heads " + std::to_string(s.heads) + kernel_name(k) +
                      (o.policy == SplitPolicy::kFixedCount ? " 3 splits" : " planned"));
         const HostState gpu = run_cuda(h, d, o, k);
         EXPECT_LE(attnstate_test::block_scale_state_error(h, gpu, kAtolBf16Values, kRtolBf16Values,
@@ -203,7 +213,7 @@ TEST(MlaCudaBlockScale, OtherOutputsAndBase2) {
   const BlockScaleHost h = host_of(64, 1, 16, {500, 90}, 7);
   const DeviceBlockScale d(h);
   const HostState cpu = run_cpu(h);
-  for (const cuda::MlaDecodeKernel k : device_kernels()) {
+  for (const cuda::MlaDecodeKernel k : device_kernels(16)) {  // (16 heads, q_len 1)
     // bf16 outputs round o once more: within the CPU tolerance still
     const HostState gpu = run_cuda(h, d, DecodeOptions{}, k, DType::kBF16, LseBase::kBase2);
     EXPECT_LE(error_vs_cpu(gpu, cpu), 1.0);
