@@ -599,13 +599,6 @@ inline constexpr Group kGroups[] = {
                                                   false, kSinks, kNeedsWgmma, Family::kMlaDecode),
                                     detail::kMlaWsTile),
                       compiled::IntList<kMlaHeadDim>{}),
-    // the narrow MLA decode on wgmma (sm_90a; requests of at most 32 rows), the same dtypes and
-    // variants; elsewhere the mma.sync rows
-    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecodeNarrow, mask(DType::kBF16),
-                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
-                                                  false, kSinks, kNeedsWgmma, Family::kMlaDecode),
-                                    detail::kMlaNarrowTile),
-                      compiled::IntList<kMlaHeadDim>{}),
     // MLA cascade levels (cuda/kernels/mla/): the decode's dtypes; fp32 partial states out (the
     // sinks are merged by the merge of the levels)
     detail::with_dims(
@@ -614,6 +607,13 @@ inline constexpr Group kGroups[] = {
                                     kPlain, kNeedsNothing, Family::kMlaCascade),
                       detail::kMlaTile),
         compiled::IntList<kMlaHeadDim>{}),
+    // the narrow MLA decode on wgmma (sm_90a; requests of at most 32 rows), the same dtypes and
+    // variants; elsewhere the mma.sync rows (last: the other rows keep their ids)
+    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecodeNarrow, mask(DType::kBF16),
+                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
+                                                  false, kSinks, kNeedsWgmma, Family::kMlaDecode),
+                                    detail::kMlaNarrowTile),
+                      compiled::IntList<kMlaHeadDim>{}),
 };
 
 namespace detail {
