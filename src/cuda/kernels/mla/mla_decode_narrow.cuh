@@ -179,10 +179,11 @@ __device__ __forceinline__ void mla_narrow_softmax(float (&sn)[kN / 8][4], MlaNa
     }
 #pragma unroll
   for (int i = 0; i < kR; ++i) {
-    float m = fmaxf(sn[i / 2][i & 1], sn[i / 2][2 + (i & 1)]);
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+    // (the NaN-propagating max of `tile::online_softmax_step`)
+    float m = math::nan_max(sn[i / 2][i & 1], sn[i / 2][2 + (i & 1)]);
+    m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, 16));
     mx[i] = m;
   }
   // row c of the thread's i: 8 (i / 2) + 2 (lane % 4) + i % 2; lanes 0..3 hold the warp's maxima
@@ -194,7 +195,8 @@ __device__ __forceinline__ void mla_narrow_softmax(float (&sn)[kN / 8][4], MlaNa
 #pragma unroll
   for (int i = 0; i < kR; ++i) {
     const int c = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
-    const float m = fmaxf(fmaxf(red[c], red[kN + c]), fmaxf(red[2 * kN + c], red[3 * kN + c]));
+    const float m = math::nan_max(math::nan_max(red[c], red[kN + c]),
+                                  math::nan_max(red[2 * kN + c], red[3 * kN + c]));
     r.al[i] = r.os[i].rescale(m);
     const float p0 = r.os[i].prob(sn[i / 2][i & 1]);
     const float p1 = r.os[i].prob(sn[i / 2][2 + (i & 1)]);
