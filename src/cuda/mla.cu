@@ -154,7 +154,8 @@ bool current_device_wgmma() {
 }
 
 /// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
-/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled;
+/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled, the
+/// narrow row for at most `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache;
 /// `kWgmma`: refused by name without one); the narrow row for `kWgmmaNarrow` (refused by name
 /// without one, or for more than `kMlaNarrowRows` rows).
 int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
@@ -176,6 +177,13 @@ int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel 
       throw_argument(fn, "kernel", catalog::not_supported_message(q), "kWgmmaNarrow",
                      Status::kNotSupported);
     return narrow;
+  }
+  // kAuto on a wgmma device: the narrow kernel for few rows of a bf16 latent cache (where it
+  // measured faster than the 64-row tile), else the wgmma kernel
+  if (kernel == MlaDecodeKernel::kAuto && problem.ckv_dtype == DType::kBF16 &&
+      problem.q_len * problem.heads <= tuning::kMlaNarrowAutoRows) {
+    const int narrow = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeNarrow));
+    if (narrow >= 0) return narrow;
   }
   const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeWs);
   const int ws = catalog::find_id(q);

@@ -58,6 +58,12 @@ inline constexpr std::int64_t kCascadeReserveDecodeCtasPerSm = 2;
 /// CTAs on every SM) folds the shared levels' states (`CascadeTuning::decode_fold` automatic).
 inline constexpr std::int64_t kCascadeFoldMaxDecodeWaves = 2;
 
+/// MLA decode, `MlaDecodeKernel::kAuto` on a wgmma device: requests of at most this many rows
+/// (heads × q_len) over a bf16 latent cache take the narrow kernel (the transposed products);
+/// more rows (at 32 its tensor work per key doubles) and fp8 caches (its one consumer
+/// warpgroup waits on the producer's conversion) take the 64-row wgmma kernel.
+inline constexpr std::int64_t kMlaNarrowAutoRows = 16;
+
 }  // namespace tuning
 }  // namespace cuda
 }  // namespace attnstate

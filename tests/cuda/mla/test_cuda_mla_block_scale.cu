@@ -90,8 +90,8 @@ std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
   pr.heads = 16;
   const std::int32_t len = 1;
   const cuda::MlaDecodePlan p = cuda::plan_mla_decode(pr, &len, DecodeOptions{}, 1);
-  const bool ws = catalog::kRows[static_cast<std::size_t>(p.kernel_id())].family ==
-                  catalog::Family::kMlaDecodeWs;
+  const bool ws =
+      catalog::kRows[static_cast<std::size_t>(p.kernel_id())].family != catalog::Family::kMlaDecode;
   if (ws && rows <= catalog::kMlaNarrowRows)
     return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
             cuda::MlaDecodeKernel::kWgmmaNarrow};
