@@ -25,6 +25,13 @@
 /// the layer loop); `--stream 0|1` plans every decode without split requests again with
 /// `DecodeOptions::kernel = kSplit` or `kStreamed` (the same split layout; default: the
 /// automatic choice); `--explore` also times the one-split plan on the streamed kernel (`s1st`).
+/// `--latency` runs only the batch-1 latency sweep (`run_latency`): batch 1 × {1k, 2k, 4k, 8k}
+/// × the compiled head dims of {64, 128, 256} × 32/8 and 64/8 heads, every split count, merge
+/// path, depth, the streamed kernel and the automatic layout over fewer CTAs per SM, each checked
+/// against the CPU decode and timed (L2 flushed), the best and the automatic plan also as
+/// programmatic launches; one line per row (`--latency-all`: every alternative too), every
+/// alternative in the `--csv` file; `--reps` sets its timed calls (default 31); exits 2 when a
+/// check fails.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "attnstate/cpu/decode.hpp"
 #include "attnstate/cuda/check.hpp"
 #include "attnstate/cuda/decode.hpp"
 #include "bench_util.cuh"
@@ -186,12 +194,335 @@ std::string ctx_str(int ctx) {
   return ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "k" : std::to_string(ctx);
 }
 
+// ---- --latency: the alternatives of a batch-1 call (issue 33, "latency path for small batches")
+
+/// The kernel ahead of a chained decode (the latency sweep's "chain" columns): it does nothing
+/// but let the next programmatic launch of the stream start (the role of the kernel that writes
+/// the queries and the new keys ahead of a decode step).
+__global__ void producer_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+/// One alternative of the latency sweep: its name and the options that plan it.
+struct LatAlt {
+  std::string name;
+  DecodeOptions opt;
+};
+
+/// What one alternative's plan resolved to, in words: "s<splits> c<cluster> st<stages>" or
+/// "s1 streamed".
+std::string plan_str(const cuda::DecodePlan& p, int ctx) {
+  if (p.kernel() == DecodeKernel::kStreamed) return "s1 streamed";
+  char b[64];
+  std::snprintf(b, sizeof b, "s%d/%d c%d st%d", p.splits().splits_for(ctx),
+                p.splits().chunk_for(ctx), p.split_launch().cluster, p.split_launch().stages);
+  return b;
+}
+
+/// The alternatives of one row: the automatic plan, the automatic layout over fewer CTA slots per
+/// SM (`plan_ctas_per_sm` 1..3; refused past the kernel's occupancy), then every split count
+/// from 1 to 128 (fixed split size, exact count) with every merge the kernel takes (the cluster
+/// merge up to 8 splits, the workspace merge alone or in groups of each divisor up to 8) at
+/// both depths (the short-split depth where the head dim has one), and the one-split plan on
+/// the streamed kernel. Plans the planner refuses are dropped by the caller.
+std::vector<LatAlt> latency_alternatives(int ctx) {
+  std::vector<LatAlt> alts;
+  alts.push_back({"auto", DecodeOptions{}});
+  for (int per_sm = 1; per_sm <= 3; ++per_sm) {
+    DecodeOptions o;
+    o.plan_ctas_per_sm = per_sm;
+    alts.push_back({"auto/" + std::to_string(per_sm) + "sm", o});
+  }
+  for (int ns : {1, 2, 4, 8, 16, 32, 64, 128}) {
+    int size = (ctx + ns - 1) / ns;
+    size = (size + kSplitGranularity - 1) / kSplitGranularity * kSplitGranularity;
+    if (ns > 1 && (ctx + size - 1) / size != ns) continue;
+    DecodeOptions base;
+    base.policy = SplitPolicy::kFixedSize;
+    base.split_size = size;
+    base.kernel = DecodeKernel::kSplit;
+    std::vector<int> clusters;
+    if (ns > 1) {
+      if (ns <= 8) clusters.push_back(ns);
+      clusters.push_back(1);
+      for (int c = 2; c <= std::min(8, ns - 1); ++c)
+        if (ns % c == 0) clusters.push_back(c);
+    } else {
+      clusters.push_back(0);
+    }
+    for (int c : clusters)
+      for (int stages : {3, 2}) {
+        DecodeOptions o = base;
+        o.split_cluster = c;
+        o.split_stages = stages;
+        alts.push_back(
+            {"s" + std::to_string(ns) + " c" + std::to_string(c) + " st" + std::to_string(stages),
+             o});
+      }
+    if (ns == 1) {
+      DecodeOptions o = base;
+      o.kernel = DecodeKernel::kStreamed;
+      alts.push_back({"s1 streamed", o});
+    }
+  }
+  return alts;
+}
+
+/// The batch-1 latency sweep: batch 1 × {1k, 2k, 4k, 8k} keys × the compiled head dims of
+/// {64, 128, 256} × groups 4 and 8 (32/8 and 64/8 heads), bf16, pages of 16 (block table). Every
+/// alternative (`latency_alternatives`) runs once on NaN-poisoned outputs and is checked against
+/// the CPU decode (one split), then is timed (medians of `reps` calls, L2 flushed); the best
+/// alternative is timed again as a programmatic launch, as is the automatic plan. Prints one
+/// line per row (the automatic plan, the best, both with PDL); `all` prints every alternative;
+/// `csv` gets every alternative. Returns the number of failed checks.
+int run_latency(Bench& bench, int reps, const std::string& csv_path, bool all) {
+  constexpr int kLatPage = 16, kLatHkv = 8, kMaxCtx = 8192;
+  const int ctxs[] = {1024, 2048, 4096, 8192};
+  FILE* csv = nullptr;
+  if (!csv_path.empty()) {
+    csv = std::fopen(csv_path.c_str(), "w");
+    if (csv)
+      std::fprintf(csv,
+                   "heads_q,heads_kv,head_dim,ctx,alt,plan,pdl,time_us,chain_us,maxdiff_o,"
+                   "maxdiff_lse,ok\n");
+  }
+  std::printf(
+      "# latency: batch 1, H_kv %d, bf16, pages of %d (block table), L2 flushed, medians of %d; "
+      "softmax scale 0.5 (a sharp softmax, so that the check sees the merge); check: |o - cpu| "
+      "<= 1e-2 and |lse - cpu| <= 1e-3 (1 + |lse|), outputs NaN-poisoned first\n",
+      kLatHkv, kLatPage, reps);
+  std::printf(
+      "# columns: the automatic plan (splits/split size, cluster, depth) and the best alternative "
+      "(flushed single calls); both as programmatic launches; 'chain': producer_kernel then the "
+      "decode timed together, plain and programmatic (a programmatic decode may be placed while "
+      "the producer runs)\n");
+  std::printf("%-7s %4s %5s | %7s %-18s | %7s %-22s | %7s %7s | %7s %7s %7s %7s | %6s %4s %s\n",
+              "Hq/Hkv", "D", "ctx", "auto_us", "auto plan", "best_us", "best", "a+pdl", "b+pdl",
+              "ch_a", "ch_a+p", "ch_b", "ch_b+p", "b/auto", "alts", "check");
+  int failures = 0;
+  const int pages = kMaxCtx / kLatPage;
+  for (int D : {64, 128, 256}) {
+    // this head dim compiled? (a plan of one request answers; kNotSupported: skip it)
+    DecodeProblem probe;
+    probe.batch = 1;
+    probe.heads_q = 32;
+    probe.heads_kv = kLatHkv;
+    probe.head_dim = D;
+    probe.q_dtype = probe.kv_dtype = DType::kBF16;
+    const std::int32_t probe_len = 1024;
+    try {
+      (void)cuda::plan_decode(probe, &probe_len, DecodeOptions{}, bench.num_sms);
+    } catch (const Error& e) {
+      if (e.status() != Status::kNotSupported) throw;
+      std::printf("# head dim %d: not compiled in this build, skipped\n", D);
+      continue;
+    }
+    const std::size_t pool = static_cast<std::size_t>(pages) * kLatPage * kLatHkv * D;
+    const std::size_t q_elems = static_cast<std::size_t>(64) * D;
+    std::uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *o = nullptr;
+    float* lse = nullptr;
+    std::int32_t *d_bt = nullptr, *d_len = nullptr;
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&k, pool * 2));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&v, pool * 2));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&o, q_elems * 2));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&lse, 64 * 4));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&d_bt, pages * 4));
+    ATTNSTATE_CUDA_CHECK(cudaMalloc(&d_len, 4));
+    // fresh inputs for each head dim (seeds differ from the main sweep's)
+    bench_util::fill_bf16<<<bench.num_sms * 8, 512, 0, bench.stream>>>(k, pool, 11u + D);
+    ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
+    bench_util::fill_bf16<<<bench.num_sms * 8, 512, 0, bench.stream>>>(v, pool, 12u + D);
+    ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
+    bench_util::fill_bf16<<<64, 256, 0, bench.stream>>>(q, q_elems, 13u + D);
+    ATTNSTATE_CHECK_LAUNCH(bench.stream, "fill_bf16");
+    // the block table of the main sweep (identity), so the automatic plan's time compares
+    std::vector<std::int32_t> bt(static_cast<std::size_t>(pages));
+    for (int i = 0; i < pages; ++i) bt[i] = i;
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_bt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<std::uint16_t> hk(pool), hv(pool), hq(q_elems);
+    ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(bench.stream));
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(hk.data(), k, pool * 2, cudaMemcpyDeviceToHost));
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(hv.data(), v, pool * 2, cudaMemcpyDeviceToHost));
+    ATTNSTATE_CUDA_CHECK(cudaMemcpy(hq.data(), q, q_elems * 2, cudaMemcpyDeviceToHost));
+    void* ws = nullptr;
+    std::size_t ws_bytes = 0;
+    for (int hq_n : {32, 64})
+      for (int ctx : ctxs) {
+        ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_len, &ctx, 4, cudaMemcpyHostToDevice));
+        DecodeProblem pr;
+        pr.batch = 1;
+        pr.q_len = 1;
+        pr.heads_q = hq_n;
+        pr.heads_kv = kLatHkv;
+        pr.head_dim = D;
+        pr.q_dtype = pr.kv_dtype = DType::kBF16;
+        PagedKvCache kv;
+        kv.k = k;
+        kv.v = v;
+        kv.dtype = DType::kBF16;
+        kv.layout = KvLayout::kNHD;
+        kv.num_pages = pages;
+        kv.page_size = kLatPage;
+        kv.heads_kv = kLatHkv;
+        kv.head_dim = D;
+        kv.block_table = d_bt;
+        kv.block_table_stride = pages;
+        kv.seq_lens = d_len;
+        kv.batch = 1;
+        kv.space = MemorySpace::kDevice;
+        const ConstTensorView qv =
+            make_tensor_view(q, DType::kBF16, {1, 1, hq_n, D}, MemorySpace::kDevice);
+        const StateView out = make_state_view(o, DType::kBF16, lse, 1, hq_n, D, LseBase::kNatural,
+                                              MemorySpace::kDevice);
+        // the CPU reference: one split, f32 state
+        PagedKvCache hkv = kv;
+        hkv.k = hk.data();
+        hkv.v = hv.data();
+        hkv.block_table = bt.data();
+        hkv.seq_lens = &ctx;
+        hkv.space = MemorySpace::kHost;
+        std::vector<float> ref_o(static_cast<std::size_t>(hq_n) * D), ref_lse(hq_n);
+        constexpr float kScale = 0.5f;
+        {
+          SplitLayout one;
+          one.policy = SplitPolicy::kFixedCount;
+          one.num_splits = one.max_splits = 1;
+          cpu::decode(make_tensor_view(hq.data(), DType::kBF16, {1, 1, hq_n, D}), hkv, one, kScale,
+                      make_state_view(ref_o.data(), DType::kF32, ref_lse.data(), 1, hq_n, D,
+                                      LseBase::kNatural));
+        }
+        std::vector<std::uint16_t> got_o(static_cast<std::size_t>(hq_n) * D);
+        std::vector<float> got_lse(hq_n);
+        struct Result {
+          std::string name, plan;
+          double t = 0;
+          bool ok = false;
+          DecodeOptions opt;
+          double chain = 0;  // producer_kernel then the decode, timed together
+        };
+        std::vector<Result> results;
+        const auto run_alt = [&](const std::string& name, DecodeOptions opt, bool pdl,
+                                 bool chain = false) {
+          opt.scale = kScale;
+          opt.programmatic_launch = pdl;
+          cuda::DecodePlan p;
+          try {
+            p = cuda::plan_decode(pr, &ctx, opt, bench.num_sms);
+          } catch (const Error& e) {  // a launch this head dim does not take (e.g. its depth)
+            if (e.status() != Status::kInvalidArgument && e.status() != Status::kNotSupported)
+              throw;
+            if (all) std::printf("  %-16s refused: %s\n", name.c_str(), e.what());
+            return Result{};
+          }
+          if (p.workspace_bytes() > ws_bytes) {
+            if (ws != nullptr) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
+            ws_bytes = p.workspace_bytes();
+            ATTNSTATE_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+          }
+          cuda::init_decode_workspace(p, ws, ws_bytes, bench.stream);
+          // the check: poisoned outputs, one run, against the CPU
+          ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(o, 0xFF, q_elems * 2, bench.stream));
+          ATTNSTATE_CUDA_CHECK(cudaMemsetAsync(lse, 0xFF, 64 * 4, bench.stream));
+          cuda::run_decode(p, qv, kv, out, ws, ws_bytes, bench.stream);
+          ATTNSTATE_CUDA_CHECK(cudaStreamSynchronize(bench.stream));
+          ATTNSTATE_CUDA_CHECK(
+              cudaMemcpy(got_o.data(), o, got_o.size() * 2, cudaMemcpyDeviceToHost));
+          ATTNSTATE_CUDA_CHECK(
+              cudaMemcpy(got_lse.data(), lse, got_lse.size() * 4, cudaMemcpyDeviceToHost));
+          double d_o = 0, d_lse = 0;
+          bool ok = true;
+          for (std::size_t i = 0; i < got_o.size(); ++i) {
+            const double d = std::fabs(detail::bf16_bits_to_float(got_o[i]) - ref_o[i]);
+            if (!(d <= 1e-2)) ok = false;
+            d_o = std::isnan(d) || d > d_o ? d : d_o;
+          }
+          for (int h = 0; h < hq_n; ++h) {
+            const double d = std::fabs(got_lse[h] - ref_lse[h]);
+            if (!(d <= 1e-3 * (1.0 + std::fabs(ref_lse[h])))) ok = false;
+            d_lse = std::isnan(d) || d > d_lse ? d : d_lse;
+          }
+          Result r{name, plan_str(p, ctx), 0.0, ok, opt};
+          r.t = bench.time_us(
+              reps, [&] { cuda::run_decode(p, qv, kv, out, ws, ws_bytes, bench.stream); });
+          if (chain)  // behind a kernel of the stream: a programmatic launch may start early
+            r.chain = bench.time_us(reps, [&] {
+              producer_kernel<<<1, 32, 0, bench.stream>>>();
+              ATTNSTATE_CHECK_LAUNCH(bench.stream, "producer_kernel");
+              cuda::run_decode(p, qv, kv, out, ws, ws_bytes, bench.stream);
+            });
+          if (!ok) {
+            ++failures;
+            std::printf("CHECK FAILED %d/%d D%d %s %s (%s)%s: maxdiff o %.3g lse %.3g\n", hq_n,
+                        kLatHkv, D, ctx_str(ctx).c_str(), name.c_str(), r.plan.c_str(),
+                        pdl ? " pdl" : "", d_o, d_lse);
+          }
+          if (all)
+            std::printf("  %-16s %-22s%s %8.2f us%s\n", name.c_str(), r.plan.c_str(),
+                        pdl ? " pdl" : "    ", r.t, ok ? "" : " CHECK FAILED");
+          if (csv)
+            std::fprintf(csv, "%d,%d,%d,%d,%s,%s,%d,%.3f,%.3f,%.3g,%.3g,%d\n", hq_n, kLatHkv, D,
+                         ctx, name.c_str(), r.plan.c_str(), pdl ? 1 : 0, r.t, r.chain, d_o, d_lse,
+                         ok ? 1 : 0);
+          return r;
+        };
+        if (all) std::printf("%d/%d D%d %s:\n", hq_n, kLatHkv, D, ctx_str(ctx).c_str());
+        const int failures_before = failures;
+        for (const LatAlt& a : latency_alternatives(ctx)) {
+          Result r = run_alt(a.name, a.opt, false);
+          if (!r.name.empty()) results.push_back(r);
+        }
+        if (results.empty() || results[0].name != "auto") {
+          std::printf("%d/%d D%d %s: the automatic plan was refused\n", hq_n, kLatHkv, D,
+                      ctx_str(ctx).c_str());
+          continue;
+        }
+        const Result au = results[0];
+        std::size_t bi = 0;
+        for (std::size_t i = 1; i < results.size(); ++i)
+          if (results[i].ok && (!results[bi].ok || results[i].t < results[bi].t)) bi = i;
+        const Result best = results[bi];
+        // the two again, as programmatic launches and behind a producer kernel
+        const Result au_c = run_alt("auto", au.opt, false, true);
+        const Result au_pdl = run_alt("auto", au.opt, true, true);
+        const Result best_c = run_alt(best.name, best.opt, false, true);
+        const Result best_pdl = run_alt(best.name, best.opt, true, true);
+        char hd[16];
+        std::snprintf(hd, sizeof hd, "%d/%d", hq_n, kLatHkv);
+        std::printf(
+            "%-7s %4d %5s | %7.2f %-18s | %7.2f %-22s | %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f | "
+            "%5.2fx %4zu %s\n",
+            hd, D, ctx_str(ctx).c_str(), au.t, au.plan.c_str(), best.t,
+            (best.name.compare(0, 4, "auto") == 0 ? best.name + "=" + best.plan : best.name)
+                .substr(0, 22)
+                .c_str(),
+            au_pdl.t, best_pdl.t, au_c.chain, au_pdl.chain, best_c.chain, best_pdl.chain,
+            best.t / au.t, results.size(), failures == failures_before ? "ok" : "FAILED");
+        std::fflush(stdout);
+      }
+    if (ws != nullptr) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
+    ATTNSTATE_CUDA_CHECK(cudaFree(k));
+    ATTNSTATE_CUDA_CHECK(cudaFree(v));
+    ATTNSTATE_CUDA_CHECK(cudaFree(q));
+    ATTNSTATE_CUDA_CHECK(cudaFree(o));
+    ATTNSTATE_CUDA_CHECK(cudaFree(lse));
+    ATTNSTATE_CUDA_CHECK(cudaFree(d_bt));
+    ATTNSTATE_CUDA_CHECK(cudaFree(d_len));
+  }
+  if (csv) std::fclose(csv);
+  std::printf("# latency: %d failed checks\n", failures);
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string csv_path;
   bool quick = false, explore = false, no_s1 = false, hnd = false, floors = false;
-  bool host_time = false, timeline = false, programmatic = false;
+  bool host_time = false, timeline = false, programmatic = false, latency = false;
+  bool latency_all = false;
   int force_splits = 0, reps_arg = 0, layers = 0, stream_mode = -1;
   std::vector<Point> points;
   Bench bench;
@@ -226,6 +557,10 @@ int main(int argc, char** argv) {
       programmatic = true;
     else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc)
       layers = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--latency"))
+      latency = true;
+    else if (!std::strcmp(argv[i], "--latency-all"))
+      latency = latency_all = true;
     else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc)
       stream_mode = std::atoi(argv[++i]) != 0 ? 1 : 0;
   }
@@ -244,6 +579,11 @@ int main(int argc, char** argv) {
     const bench_util::Device device = bench_util::current_device();
     const cudaDeviceProp& prop = device.prop;
     bench.init(device.num_sms);
+    if (latency) {
+      std::printf("# %s, %d SMs\n", prop.name, bench.num_sms);
+      const int failed = run_latency(bench, reps_arg > 0 ? reps_arg : 31, csv_path, latency_all);
+      return failed == 0 ? 0 : 2;
+    }
 
     int max_batch = 1;
     std::int64_t max_pages = 64;  // pages of all requests of one point

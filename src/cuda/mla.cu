@@ -74,6 +74,9 @@ void check_options(const char* fn, const DecodeOptions& o) {
                    decode_str(o.split_cluster), Status::kNotSupported);
   if (o.programmatic_launch)
     throw_argument(fn, "options.programmatic_launch", "false", "true", Status::kNotSupported);
+  if (o.plan_ctas_per_sm != 0)
+    throw_argument(fn, "options.plan_ctas_per_sm", "0 (the MLA planner's own slots)",
+                   decode_str(o.plan_ctas_per_sm), Status::kNotSupported);
 }
 
 /// The workspace of a split plan: the partial states and the tickets of the ticket merge, or the

@@ -427,9 +427,25 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
   if (!catalog::compiled(split))
     throw_argument(fn, "options.variant", catalog::not_supported_message(split),
                    catalog::variants_string(variants), Status::kNotSupported);
+  // the slots the automatic layout fills: the kernel's occupancy, or fewer CTAs per SM asked
+  if (options.plan_ctas_per_sm != 0) {
+    if (options.policy != SplitPolicy::kAuto)
+      throw_argument(fn, "options.plan_ctas_per_sm",
+                     "0 unless options.policy is kAuto (the slots size the automatic layout)",
+                     str(options.plan_ctas_per_sm));
+    if (options.plan_ctas_per_sm < 0 || options.plan_ctas_per_sm > f.ctas_per_sm)
+      throw_argument(fn, "options.plan_ctas_per_sm",
+                     "0 (the planner's) or 1.." + str(f.ctas_per_sm) +
+                         " (the split kernel's CTAs per SM at head dim " + str(problem.head_dim) +
+                         ")",
+                     str(options.plan_ctas_per_sm));
+  }
+  const int per_sm = options.plan_ctas_per_sm != 0 ? options.plan_ctas_per_sm
+                     : f.plan_ctas_per_sm > 0      ? std::min(f.plan_ctas_per_sm, f.ctas_per_sm)
+                                                   : f.ctas_per_sm;
   DecodeChoice c;
   c.row_tiles = decode_row_tiles(problem, f.tile_rows);
-  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * f.ctas_per_sm;
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * per_sm;
   c.splits =
       options.policy == SplitPolicy::kAuto
           ? auto_layout(fn, problem, seq_lens_host, options, slots, c.row_tiles, f)

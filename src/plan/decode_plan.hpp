@@ -67,6 +67,9 @@ struct DecodeFacts {
   /// wave heuristic's.
   bool balance_uniform = false;
   int min_split_tokens = cuda::tuning::kDecodeMinSplitTokens;  ///< Shortest planned split.
+  /// CTAs per SM whose slots the automatic layout fills (0: `ctas_per_sm`; at most that many
+  /// are used); `DecodeOptions::plan_ctas_per_sm` overrides it.
+  int plan_ctas_per_sm = cuda::tuning::kDecodePlanCtasPerSm;
   /// Clusters of `c` CTAs (index `c`, 2..`kMaxCluster`) of the split kernel the device keeps
   /// resident at once: `[0]` at the default depth, `[1]` in the short-split configuration;
   /// 0 for sizes never used.
@@ -203,7 +206,9 @@ catalog::Family decode_run_family(int kernel_id, catalog::Variants variants, int
 
 /// Resolves a decode plan (checks first, naming `fn`; `Status::kNotSupported` for a variant no
 /// compiled split kernel of the problem's dtypes takes, naming `options.variant`): the split
-/// layout (`kAuto`: `auto_layout` on `num_sms · ctas_per_sm` slots), the streamed kernel
+/// layout (`kAuto`: `auto_layout` on `num_sms · ctas_per_sm` slots; `options.plan_ctas_per_sm`
+/// per SM when not 0, else `facts.plan_ctas_per_sm` when not 0, at most `ctas_per_sm`), the
+/// streamed kernel
 /// (automatic policy, one split per request, a streamed row in the catalog for the problem and
 /// the variant, requests up to `stream_max_tokens` keys, at least 3/4 of the
 /// streamed kernel's warps busy on every SM), the split kernel's launch for the planned
@@ -213,7 +218,8 @@ catalog::Family decode_run_family(int kernel_id, catalog::Variants variants, int
 /// field: `options.kernel` (`kStreamed` only with one split per request and a streamed row for
 /// the problem and variant, else `kInvalidArgument` / `kNotSupported`), `options.split_stages`
 /// (a depth the catalog compiles for the problem) and `options.split_cluster` (1, the split
-/// count up to `max_cluster`, or a smaller divisor of it up to `ws_group`). Throws when the
+/// count up to `max_cluster`, or a smaller divisor of it up to `ws_group`) and
+/// `options.plan_ctas_per_sm` (0, or 1..`ctas_per_sm` with the `kAuto` policy). Throws when the
 /// grid exceeds 2^31 − 1 CTAs.
 DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                             const std::int32_t* seq_lens_host, const DecodeOptions& options,

@@ -39,6 +39,11 @@ inline constexpr int kDecodeEmptyCtaTokens = 64;
 inline constexpr int kDecodeMergeCostTokens = 512;
 /// Decode, automatic policy: splits shorter than this are never planned (fixed costs dominate).
 inline constexpr int kDecodeMinSplitTokens = 64;
+/// Decode, automatic policy: CTAs per SM whose slots the split layout fills (0: the split
+/// kernel's occupancy at its default depth; more are never used). Fewer slots give a call of few
+/// requests fewer, longer splits; `DecodeOptions::plan_ctas_per_sm` overrides it per plan
+/// (`bench_decode --latency` times both).
+inline constexpr int kDecodePlanCtasPerSm = 0;
 
 /// Cascade: splits per segment the level heuristic (`plan::choose_chunk`) may choose, at most.
 inline constexpr int kCascadeMaxLevelSplits = 64;

@@ -144,6 +144,44 @@ TEST(PlanDecode, AutoLayoutOfAShortRequestFitsOneCluster) {
   EXPECT_GT(m.max_splits, 8);
 }
 
+TEST(PlanDecode, FewerCtasPerSmGiveFewerLongerSplits) {
+  // batch 1 × 8 KV heads × 8192 keys, 132 SMs: at the kernel's 2 CTAs per SM the heuristic
+  // fills 264 slots (32 splits of 256); asked for 1 CTA per SM it fills 132 (16 splits of 512)
+  const std::vector<std::int32_t> lens = {8192};
+  const plan::DecodeChoice a =
+      plan::resolve_decode(kFn, problem(1, 8, 128), lens.data(), DecodeOptions{}, 132, facts());
+  EXPECT_EQ(a.splits.max_splits, 32);
+  EXPECT_EQ(a.splits.split_size, 256);
+  DecodeOptions one;
+  one.plan_ctas_per_sm = 1;
+  const plan::DecodeChoice b =
+      plan::resolve_decode(kFn, problem(1, 8, 128), lens.data(), one, 132, facts());
+  EXPECT_EQ(b.splits.max_splits, 16);
+  EXPECT_EQ(b.splits.split_size, 512);
+  EXPECT_EQ(b.grid, 8 * 16);
+  // the kernel's own occupancy asked for: the automatic plan
+  DecodeOptions two;
+  two.plan_ctas_per_sm = facts().ctas_per_sm;
+  const plan::DecodeChoice c =
+      plan::resolve_decode(kFn, problem(1, 8, 128), lens.data(), two, 132, facts());
+  EXPECT_EQ(c.splits.max_splits, a.splits.max_splits);
+  EXPECT_EQ(c.splits.split_size, a.splits.split_size);
+  // the tuning fact does the same for every plan, the option first; more CTAs per SM than the
+  // kernel keeps resident count as its occupancy
+  plan::DecodeFacts f = facts();
+  f.plan_ctas_per_sm = 1;
+  const plan::DecodeChoice d =
+      plan::resolve_decode(kFn, problem(1, 8, 128), lens.data(), DecodeOptions{}, 132, f);
+  EXPECT_EQ(d.splits.max_splits, 16);
+  EXPECT_EQ(
+      plan::resolve_decode(kFn, problem(1, 8, 128), lens.data(), two, 132, f).splits.max_splits,
+      32);
+  f.plan_ctas_per_sm = 8;
+  EXPECT_EQ(plan::resolve_decode(kFn, problem(1, 8, 128), lens.data(), DecodeOptions{}, 132, f)
+                .splits.max_splits,
+            32);
+}
+
 TEST(PlanDecode, AutoLayoutRoundsALongSplitCountToTheMultipleWithinOneWave) {
   // 1 KV head, 20 slots, 20480 keys: the heuristic takes 19 splits of 1088; rounded up to 20
   // splits of 1024 (the grid of 20 CTAs stays within the slots)
@@ -423,6 +461,14 @@ TEST(PlanDecode, HandChoicesAreCheckedByName) {
   o = eight;
   o.kernel = static_cast<attnstate::DecodeKernel>(7);
   refused(o, Status::kInvalidArgument, "options.kernel");
+  o = DecodeOptions{};
+  o.plan_ctas_per_sm = facts().ctas_per_sm + 1;  // more than the kernel keeps resident
+  refused(o, Status::kInvalidArgument, "options.plan_ctas_per_sm");
+  o.plan_ctas_per_sm = -1;
+  refused(o, Status::kInvalidArgument, "options.plan_ctas_per_sm");
+  o = eight;  // a fixed policy: the slots size only the automatic layout
+  o.plan_ctas_per_sm = 1;
+  refused(o, Status::kInvalidArgument, "options.plan_ctas_per_sm");
   o = eight;
   o.split_stages = 5;  // no such depth
   refused(o, Status::kInvalidArgument, "options.split_stages");

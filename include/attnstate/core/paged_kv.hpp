@@ -144,6 +144,10 @@ struct DecodeOptions {
   /// (at most 8: the cluster merge) or a smaller divisor of it up to 8 (the workspace merge in
   /// groups).
   int split_cluster = 0;
+  /// CTAs per SM the automatic split policy (`policy = kAuto`) plans to fill: 0 (the planner:
+  /// the split kernel's occupancy at its default depth) or 1..that occupancy. Fewer slots give
+  /// fewer, longer splits (a latency-bound call of few requests pays less merge).
+  int plan_ctas_per_sm = 0;
   /// Launch the decode as a programmatic dependent launch (sm_90 and later; see
   /// `cuda::DecodePlan::programmatic_launch`).
   bool programmatic_launch = false;

@@ -131,8 +131,8 @@ enum class MlaDecodeKernel : std::uint8_t {
 /// @param options        scale (0 → `1/sqrt(kv_lora_rank + rope_dim)`), split policy; the variant
 ///                       must be plain (`options.variant`), and the GQA decode's hand choices
 ///                       (`options.kernel`, `options.split_stages`, `options.split_cluster`,
-///                       `options.programmatic_launch`) left at their defaults: each is refused
-///                       by name (`kNotSupported`).
+///                       `options.programmatic_launch`, `options.plan_ctas_per_sm`) left at
+///                       their defaults: each is refused by name (`kNotSupported`).
 /// @param num_sms        SMs of the device, ≥ 1.
 /// @param kernel         the kernel (`MlaDecodeKernel`).
 /// @throws Error naming the argument on a violation.

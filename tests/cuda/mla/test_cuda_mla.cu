@@ -588,6 +588,10 @@ TEST(MlaCudaErrors, ThePlannerNamesEachArgument) {
   expect_named_error(plan(small_problem(), bad), Status::kNotSupported, "options.split_cluster",
                      kPlanFn);
   bad = DecodeOptions{};
+  bad.plan_ctas_per_sm = 1;
+  expect_named_error(plan(small_problem(), bad), Status::kNotSupported, "options.plan_ctas_per_sm",
+                     kPlanFn);
+  bad = DecodeOptions{};
   bad.scale = NAN;
   expect_named_error(plan(small_problem(), bad), Status::kInvalidArgument, "options.scale",
                      kPlanFn);
