@@ -84,18 +84,15 @@ template <bool kSplit, int kN>
 __device__ __forceinline__ void mla_narrow_issue_s(const MlaWsSmem& sm, int st,
                                                    float (&sn)[kN / 8][4], float (&sp)[kN / 8][4]) {
   using Wg = arch::Wgmma<__nv_bfloat16>;
-  // the descriptor words of `mla_ws_issue_s` (its A the K tile here, its B the query tile)
-  constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
-  const std::uint32_t q_lo = ((arch::smem_addr(sm.q) & 0x3FFFFu) >> 4) | (1u << 16);
-  const std::uint32_t k_lo = ((sm.stage(st) & 0x3FFFFu) >> 4) | (1u << 16);
+  const MlaWsScoreDescs d(sm,
+                          st);  // (`mla_ws_issue_s`'s: its A the K tile here, its B the queries)
   arch::fence_regs(sn);
   if constexpr (kSplit) arch::fence_regs(sp);
   arch::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kMlaHeadDim / 16; ++ks) {
-    const std::uint32_t off = ((ks >> 2) * kMlaWsPartBytes + (ks & 3) * 32) >> 4;
-    const std::uint64_t kd = arch::desc_join(k_lo + off, kHi);
-    const std::uint64_t qd = arch::desc_join(q_lo + off, kHi);
+    const std::uint64_t kd = d.k(ks);
+    const std::uint64_t qd = d.q(ks);
     constexpr int kRope = kMlaLoraRank / 16;
     if (ks == 0 || (kSplit && ks == kRope)) {
       if (kSplit && ks == kRope)

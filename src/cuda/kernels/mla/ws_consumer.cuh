@@ -87,22 +87,14 @@ __device__ __forceinline__ void mla_ws_issue_s(const MlaWsSmem& sm, int st,
                                                float (&sn)[kMlaWsTileKeys / 8][4],
                                                float (&sp)[kMlaWsTileKeys / 8][4]) {
   using Wg = arch::Wgmma<__nv_bfloat16>;
-  // descriptors as two words: the low one the start address >> 4 and the leading byte offset
-  // (16 bytes: unused by the swizzled K-major layout), plus each k-step's offset >> 4 (no carry:
-  // shared addresses are below 2^18); the high one the 8-row groups' stride (1024 bytes) and the
-  // 128-byte swizzle
-  constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
-  const std::uint32_t q_lo = ((arch::smem_addr(sm.q) & 0x3FFFFu) >> 4) | (1u << 16);
-  const std::uint32_t k_lo = ((sm.stage(st) & 0x3FFFFu) >> 4) | (1u << 16);
+  const MlaWsScoreDescs d(sm, st);
   arch::fence_regs(sn);
   if constexpr (kSplit) arch::fence_regs(sp);
   arch::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kMlaHeadDim / 16; ++ks) {
-    // k-step ks: 16 columns of part ks / 4 (32 bytes into its 128-byte rows)
-    const std::uint32_t off = ((ks >> 2) * kMlaWsPartBytes + (ks & 3) * 32) >> 4;
-    const std::uint64_t qd = arch::desc_join(q_lo + off, kHi);
-    const std::uint64_t kd = arch::desc_join(k_lo + off, kHi);
+    const std::uint64_t qd = d.q(ks);
+    const std::uint64_t kd = d.k(ks);
     constexpr int kRope = kMlaLoraRank / 16;
     if (ks == 0 || (kSplit && ks == kRope)) {
       if (kSplit && ks == kRope)

@@ -264,6 +264,29 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
   }
 }
 
+/// The wgmma descriptors of the scores' k-step `ks` over the query tile and the K tile of ring
+/// stage `st` (both K-major, 128-byte swizzled, 64-column parts `kMlaWsPartBytes` apart), as two
+/// words: the low one the start address >> 4 and the leading byte offset (16 bytes: unused by the
+/// swizzled K-major layout), plus the k-step's offset >> 4 (no carry: shared addresses are below
+/// 2^18; k-step ks: 16 columns of part ks / 4, 32 bytes into its 128-byte rows); the high one the
+/// 8-row groups' stride (1024 bytes) and the 128-byte swizzle.
+struct MlaWsScoreDescs {
+  static constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
+  std::uint32_t q_lo, k_lo;
+  __device__ __forceinline__ MlaWsScoreDescs(const MlaWsSmem& sm, int st)
+      : q_lo(((arch::smem_addr(sm.q) & 0x3FFFFu) >> 4) | (1u << 16)),
+        k_lo(((sm.stage(st) & 0x3FFFFu) >> 4) | (1u << 16)) {}
+  __device__ static __forceinline__ std::uint32_t off(int ks) {
+    return ((ks >> 2) * kMlaWsPartBytes + (ks & 3) * 32) >> 4;
+  }
+  __device__ __forceinline__ std::uint64_t q(int ks) const {
+    return arch::desc_join(q_lo + off(ks), kHi);
+  }
+  __device__ __forceinline__ std::uint64_t k(int ks) const {
+    return arch::desc_join(k_lo + off(ks), kHi);
+  }
+};
+
 }  // namespace detail
 }  // namespace cuda
 }  // namespace attnstate
