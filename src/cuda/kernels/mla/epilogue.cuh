@@ -171,6 +171,29 @@ __device__ __forceinline__ void mla_merge_splits(const MlaParams& p, const MlaCt
   }
 }
 
+/// The wgmma kernels' epilogue after the state is in shared memory (`o`, `lse`; every thread
+/// past the barrier that published it): the CTA's coordinates read again (registers the loops
+/// had to themselves), then the split's slot of the stack (`p.stack_rows` > 0), the output rows
+/// (one split), or the partial state, the ticket (barrier `bar_id`, `is_last` its flag) and, in
+/// the CTA holding the last one, the merge of the splits.
+__device__ __forceinline__ void mla_rows_out(const MlaParams& p, int tid, const float* o,
+                                             const float* lse, int* is_last, int bar_id) {
+  const MlaCta c = mla_schedule(p);
+  if (p.stack_rows > 0) {  // the stacked merge (merge_states after the kernel)
+    mla_write_split_stack(p, c, tid, o, lse);
+    return;
+  }
+  const int n_splits = p.splits.splits_for(mla_length(p, c));
+  if (n_splits == 1) {
+    mla_store_rows(p, c, tid, o, lse);
+    return;
+  }
+  const std::int64_t tile_id = static_cast<std::int64_t>(c.b) * p.row_tiles + c.mt;
+  mla_write_partial(p, c, tid, tile_id, o, lse);
+  if (!mla_ticket(p, tid, tile_id, n_splits, is_last, bar_id)) return;
+  mla_merge_splits(p, c, tid, tile_id, n_splits);
+}
+
 }  // namespace detail
 }  // namespace cuda
 }  // namespace attnstate

@@ -365,20 +365,7 @@ __global__ void __launch_bounds__(kMlaNarrowThreads, 1)
   }
   // ---- epilogue (the mma.sync kernel's, all 256 threads) ----
   __syncthreads();  // the state in shared memory; the producer's last copies landed long before
-  const MlaCta c = mla_schedule(p);
-  if (p.stack_rows > 0) {
-    mla_write_split_stack(p, c, tid, sm.o, sm.lse);
-    return;
-  }
-  const int n_splits = p.splits.splits_for(mla_length(p, c));
-  if (n_splits == 1) {
-    mla_store_rows(p, c, tid, sm.o, sm.lse);
-    return;
-  }
-  const std::int64_t tile_id = static_cast<std::int64_t>(c.b) * p.row_tiles + c.mt;
-  mla_write_partial(p, c, tid, tile_id, sm.o, sm.lse);
-  if (!mla_ticket(p, tid, tile_id, n_splits, sm.is_last)) return;
-  mla_merge_splits(p, c, tid, tile_id, n_splits);
+  mla_rows_out(p, tid, sm.o, sm.lse, sm.is_last, 0);
 #elif defined(__CUDA_ARCH__)
   __trap();  // not built for sm_90a: the run never launches it (DeviceFacts::wgmma())
 #endif

@@ -110,26 +110,12 @@ __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const M
     mla_ws_pv_loop(w, n_tiles);
   }
 
-  // ---- epilogue: the normalised state (V's scale applied), by the consumers' 256 threads; the
-  // CTA's coordinates read again (registers the loops had to themselves) ----
+  // ---- epilogue: the normalised state (V's scale applied), by the consumers' 256 threads ----
   mla_ws_share_stats(wg, tid & 127, reinterpret_cast<float*>(sm.p), os);
   const float v_scale = kFp8 ? p.ckv_scale.at(0) : 1.f;
   mla_state_to_smem(acc, os, warp, lane, v_scale, sm.o, sm.lse);
   arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
-  const MlaCta c = mla_schedule(p);
-  if (p.stack_rows > 0) {  // the stacked merge (merge_states after the kernel)
-    mla_write_split_stack(p, c, tid, sm.o, sm.lse);
-    return;
-  }
-  const int n_splits = p.splits.splits_for(mla_length(p, c));
-  if (n_splits == 1) {
-    mla_store_rows(p, c, tid, sm.o, sm.lse);
-    return;
-  }
-  const std::int64_t tile_id = static_cast<std::int64_t>(c.b) * p.row_tiles + c.mt;
-  mla_write_partial(p, c, tid, tile_id, sm.o, sm.lse);
-  if (!mla_ticket(p, tid, tile_id, n_splits, sm.is_last, kMlaWsBarEpilogue)) return;
-  mla_merge_splits(p, c, tid, tile_id, n_splits);
+  mla_rows_out(p, tid, sm.o, sm.lse, sm.is_last, kMlaWsBarEpilogue);
 #elif defined(__CUDA_ARCH__)
   __trap();  // not built for sm_90a: the run never launches it (DeviceFacts::wgmma())
 #endif
