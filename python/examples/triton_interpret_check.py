@@ -28,6 +28,29 @@ import triton_split_kv  # noqa: E402  (its DEVICE is now "cpu": the kit's inputs
 # Small problems keep a run to tens of seconds: every program instance is run in Python.
 LAPTOP_OPTIONS = dict(triton_split_kv.KIT_OPTIONS, head_dims=(16, 32), max_keys=96)
 # [interpret-setup]
+
+
+def _index_scalars_by_item():
+    """Triton's interpreter holds a scalar as a one-element array, and up to Triton 3.6 gives it to
+    Python (`range(begin, end, BLOCK_N)` over runtime bounds) as int(array): a TypeError from
+    NumPy 2.4 on (int() of an array with ndim > 0). Triton 3.7 takes the element first
+    (triton-lang/triton#9171); this does so for the older ones too. The interpreter sets
+    tl.tensor's methods at each launch (3.6: in a scope that restores them), so this wraps that."""
+    from triton.runtime import interpreter
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "_index_by_item", False):
+        return
+
+    def patched(tensor, *scope):
+        patch_tensor(tensor, *scope)
+        set_attr = scope[0].set_attr if scope else setattr
+        set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched._index_by_item = True
+    interpreter._patch_lang_tensor = patched
+
+
+_index_scalars_by_item()
 BUGS = {
     "mixed_base": dict(base_bug=True),  # exp(lse) of base-2 LSEs: split_merge / exactness
     "no_max": dict(max_bug=True),  # exp2(lse) overflows: large_logits
