@@ -221,6 +221,18 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
   SplitLayout l = plan_split_layout(problem, seq_lens, options, slots, problem.heads_kv * row_tiles,
                                     fn, "seq_lens_host", "options");
   const std::int64_t max_len = max_length(problem, seq_lens);
+  // few requests: the heuristic fills every slot with splits of a long request, however short;
+  // beyond a cluster's worth of them, splits stay at least `wave_min_split_tokens` long
+  const std::int64_t min_chunk = f.wave_min_split_tokens;
+  if (min_chunk > 0 && l.policy == SplitPolicy::kFixedSize && l.split_size < min_chunk &&
+      max_len > static_cast<std::int64_t>(f.max_cluster) * f.cluster_tokens) {
+    const std::int64_t chunk = round_up(min_chunk, kSplitGranularity);
+    const std::int64_t n = (max_len + chunk - 1) / chunk;
+    if (n <= kMaxSplits) {
+      l.split_size = static_cast<std::int32_t>(chunk);
+      l.max_splits = static_cast<std::int32_t>(n);
+    }
+  }
   // lengths that differ (or any, with `balance_uniform`): the layout balanced over all of them,
   // when the model says it is faster than the one sized from the longest request alone
   const bool ragged =

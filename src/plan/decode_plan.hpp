@@ -67,6 +67,9 @@ struct DecodeFacts {
   /// wave heuristic's.
   bool balance_uniform = false;
   int min_split_tokens = cuda::tuning::kDecodeMinSplitTokens;  ///< Shortest planned split.
+  /// Shortest split the wave heuristic gives a request longer than `max_cluster` ×
+  /// `cluster_tokens` keys (0: no floor).
+  int wave_min_split_tokens = cuda::tuning::kDecodeWaveMinSplitTokens;
   /// CTAs per SM whose slots the automatic layout fills (0: `ctas_per_sm`; at most that many
   /// are used); `DecodeOptions::plan_ctas_per_sm` overrides it.
   int plan_ctas_per_sm = cuda::tuning::kDecodePlanCtasPerSm;

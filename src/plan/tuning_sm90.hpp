@@ -39,6 +39,11 @@ inline constexpr int kDecodeEmptyCtaTokens = 64;
 inline constexpr int kDecodeMergeCostTokens = 512;
 /// Decode, automatic policy: splits shorter than this are never planned (fixed costs dominate).
 inline constexpr int kDecodeMinSplitTokens = 64;
+/// Decode, automatic policy: a request longer than a cluster's worth of splits
+/// (`kDecodeMaxCluster` × `kDecodeClusterTokens`) is not split finer than this by the wave
+/// heuristic: when few requests leave slots to fill, more splits than this size gives share an
+/// SM's bandwidth and lengthen the merge (batch 1 at 4k–8k keys: bench/RESULTS.md).
+inline constexpr int kDecodeWaveMinSplitTokens = 256;
 /// Decode, automatic policy: CTAs per SM whose slots the split layout fills (0: the split
 /// kernel's occupancy at its default depth; more are never used). Fewer slots give a call of few
 /// requests fewer, longer splits; `DecodeOptions::plan_ctas_per_sm` overrides it per plan

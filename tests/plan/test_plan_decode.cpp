@@ -182,6 +182,42 @@ TEST(PlanDecode, FewerCtasPerSmGiveFewerLongerSplits) {
             32);
 }
 
+TEST(PlanDecode, FewRequestsKeepSplitsOfAtLeastTheWaveFloor) {
+  // head dim 64 (4 CTAs per SM: 528 slots on 132 SMs), batch 1 × 8 KV heads: the heuristic
+  // alone would fill the slots with 64 splits of 64 (4k) or 128 (8k) keys
+  const plan::DecodeFacts f = plan::decode_kernel_facts(64, 2);
+  ASSERT_EQ(f.ctas_per_sm, 4);
+  const auto layout = [&](std::int32_t len, const plan::DecodeFacts& g) {
+    const std::vector<std::int32_t> lens = {len};
+    return plan::resolve_decode(kFn, problem(1, 8, 64), lens.data(), DecodeOptions{}, 132, g)
+        .splits;
+  };
+  EXPECT_EQ(layout(4096, f).split_size, 256);
+  EXPECT_EQ(layout(4096, f).max_splits, 16);
+  EXPECT_EQ(layout(8192, f).split_size, 256);
+  EXPECT_EQ(layout(8192, f).max_splits, 32);
+  // within a cluster's worth of splits (8 × 256 keys) the cluster rule decides: unchanged
+  EXPECT_EQ(layout(2048, f).split_size, 256);
+  EXPECT_EQ(layout(2048, f).max_splits, 8);
+  EXPECT_EQ(layout(1024, f).split_size, 128);
+  // the floor off: the heuristic's layout
+  plan::DecodeFacts off = f;
+  off.wave_min_split_tokens = 0;
+  // long requests: the heuristic's splits are longer than the floor already
+  EXPECT_GT(layout(65536, off).split_size, 256);
+  EXPECT_EQ(layout(65536, f).max_splits, layout(65536, off).max_splits);
+  EXPECT_EQ(layout(4096, off).split_size, 64);
+  EXPECT_EQ(layout(4096, off).max_splits, 64);
+  // many requests: the heuristic does not split them that finely
+  const std::vector<std::int32_t> many(16, 4096);
+  const SplitLayout m =
+      plan::resolve_decode(kFn, problem(16, 8, 64), many.data(), DecodeOptions{}, 132, off).splits;
+  EXPECT_GE(m.split_size, 256);
+  EXPECT_EQ(plan::resolve_decode(kFn, problem(16, 8, 64), many.data(), DecodeOptions{}, 132, f)
+                .splits.split_size,
+            m.split_size);
+}
+
 TEST(PlanDecode, AutoLayoutRoundsALongSplitCountToTheMultipleWithinOneWave) {
   // 1 KV head, 20 slots, 20480 keys: the heuristic takes 19 splits of 1088; rounded up to 20
   // splits of 1024 (the grid of 20 CTAs stays within the slots)
