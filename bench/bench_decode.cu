@@ -194,6 +194,42 @@ std::string ctx_str(int ctx) {
   return ctx % 1024 == 0 ? std::to_string(ctx / 1024) + "k" : std::to_string(ctx);
 }
 
+/// The bf16 decode of one bench row: `batch` requests of `heads_q` / `heads_kv` heads of
+/// `head_dim`, one query each, over the paged cache `k` / `v` (`num_pages` pages of `page`
+/// tokens, `layout`) with the device block table `bt` (`bt_stride` ids per request) and lengths
+/// `lens`.
+struct DecodeRow {
+  DecodeProblem problem;
+  PagedKvCache kv;
+};
+
+DecodeRow bf16_decode_row(int batch, int heads_q, int heads_kv, int head_dim, const void* k,
+                          const void* v, KvLayout layout, std::int64_t num_pages, int page,
+                          const std::int32_t* bt, std::int64_t bt_stride,
+                          const std::int32_t* lens) {
+  DecodeRow r;
+  r.problem.batch = batch;
+  r.problem.q_len = 1;
+  r.problem.heads_q = heads_q;
+  r.problem.heads_kv = heads_kv;
+  r.problem.head_dim = head_dim;
+  r.problem.q_dtype = r.problem.kv_dtype = DType::kBF16;
+  r.kv.k = k;
+  r.kv.v = v;
+  r.kv.dtype = DType::kBF16;
+  r.kv.layout = layout;
+  r.kv.num_pages = num_pages;
+  r.kv.page_size = page;
+  r.kv.heads_kv = heads_kv;
+  r.kv.head_dim = head_dim;
+  r.kv.block_table = bt;
+  r.kv.block_table_stride = bt_stride;
+  r.kv.seq_lens = lens;
+  r.kv.batch = batch;
+  r.kv.space = MemorySpace::kDevice;
+  return r;
+}
+
 // ---- --latency: the alternatives of a batch-1 call (issue 33, "latency path for small batches")
 
 /// The kernel ahead of a chained decode (the latency sweep's "chain" columns): it does nothing
@@ -352,27 +388,10 @@ int run_latency(Bench& bench, int reps, const std::string& csv_path, bool all) {
     for (int hq_n : {32, 64})
       for (int ctx : ctxs) {
         ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_len, &ctx, 4, cudaMemcpyHostToDevice));
-        DecodeProblem pr;
-        pr.batch = 1;
-        pr.q_len = 1;
-        pr.heads_q = hq_n;
-        pr.heads_kv = kLatHkv;
-        pr.head_dim = D;
-        pr.q_dtype = pr.kv_dtype = DType::kBF16;
-        PagedKvCache kv;
-        kv.k = k;
-        kv.v = v;
-        kv.dtype = DType::kBF16;
-        kv.layout = KvLayout::kNHD;
-        kv.num_pages = pages;
-        kv.page_size = kLatPage;
-        kv.heads_kv = kLatHkv;
-        kv.head_dim = D;
-        kv.block_table = d_bt;
-        kv.block_table_stride = pages;
-        kv.seq_lens = d_len;
-        kv.batch = 1;
-        kv.space = MemorySpace::kDevice;
+        const DecodeRow row = bf16_decode_row(1, hq_n, kLatHkv, D, k, v, KvLayout::kNHD, pages,
+                                              kLatPage, d_bt, pages, d_len);
+        const DecodeProblem& pr = row.problem;
+        const PagedKvCache& kv = row.kv;
         const ConstTensorView qv =
             make_tensor_view(q, DType::kBF16, {1, 1, hq_n, D}, MemorySpace::kDevice);
         const StateView out = make_state_view(o, DType::kBF16, lse, 1, hq_n, D, LseBase::kNatural,
@@ -677,27 +696,11 @@ int main(int argc, char** argv) {
       const int hq = pt.hq, batch = pt.batch, ctx = pt.ctx;
       std::vector<std::int32_t> lens(batch, ctx);
       ATTNSTATE_CUDA_CHECK(cudaMemcpy(d_lens, lens.data(), batch * 4, cudaMemcpyHostToDevice));
-      DecodeProblem pr;
-      pr.batch = batch;
-      pr.q_len = 1;
-      pr.heads_q = hq;
-      pr.heads_kv = kHeadsKv;
-      pr.head_dim = kHeadDim;
-      pr.q_dtype = pr.kv_dtype = DType::kBF16;
-      PagedKvCache kv;
-      kv.k = k;
-      kv.v = v;
-      kv.dtype = DType::kBF16;
-      kv.layout = hnd ? KvLayout::kHND : KvLayout::kNHD;
-      kv.num_pages = num_pages;
-      kv.page_size = kPage;
-      kv.heads_kv = kHeadsKv;
-      kv.head_dim = kHeadDim;
-      kv.block_table = d_bt;
-      kv.block_table_stride = (ctx + kPage - 1) / kPage;
-      kv.seq_lens = d_lens;
-      kv.batch = batch;
-      kv.space = MemorySpace::kDevice;
+      const DecodeRow row = bf16_decode_row(batch, hq, kHeadsKv, kHeadDim, k, v,
+                                            hnd ? KvLayout::kHND : KvLayout::kNHD, num_pages, kPage,
+                                            d_bt, (ctx + kPage - 1) / kPage, d_lens);
+      const DecodeProblem& pr = row.problem;
+      const PagedKvCache& kv = row.kv;
       const ConstTensorView qv =
           make_tensor_view(q, DType::kBF16, {batch, 1, hq, kHeadDim}, MemorySpace::kDevice);
       const StateView out = make_state_view(o, DType::kBF16, lse, batch, hq, kHeadDim,
