@@ -8,7 +8,11 @@ L2 flush (a 256 MiB read). Writes CSV rows: backend, section, d, heads_q, heads_
 time_us, gbps, frac_copy, copy_gbps (a backend that refuses a shape is left out, with a note on
 stderr).
 
-    python3 bench/peers/sdpa_decode.py --csv sdpa.csv [--sections uniform,shapes] [--reps 21]
+    python3 bench/peers/sdpa_decode.py --csv sdpa.csv [--sections uniform,shapes,pages,latency]
+        [--reps 21]
+
+Sections: uniform (bench_decode's sweep), shapes and pages (bench_decode_serving's), latency
+(bench_decode --latency: batch 1 x {1k, 2k, 4k, 8k} x head dims {64, 128, 256} x 32/8 and 64/8).
 """
 
 import argparse
@@ -58,6 +62,11 @@ def shapes(sections):
     if "pages" in sections:
         for batch in (4, 16):
             out.append(("pages", 128, 32, 8, batch, 32768))
+    if "latency" in sections:  # bench_decode --latency: batch 1, 8 KV heads
+        for d in (64, 128, 256):
+            for hq in (32, 64):
+                for ctx in (1024, 2048, 4096, 8192):
+                    out.append(("latency", d, hq, 8, 1, ctx))
     return out
 
 
