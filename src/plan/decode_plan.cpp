@@ -76,6 +76,8 @@ DecodeFacts decode_kernel_facts(std::int64_t head_dim, int kv_bytes) {
   DecodeFacts f;  // the shape and tuning constants are its defaults
   f.ctas_per_sm = catalog::decode_ctas_per_sm(static_cast<int>(head_dim), f.stages, kv_bytes);
   f.stream_warps = catalog::stream_warps(static_cast<int>(head_dim));
+  // the floor was measured on 16-bit caches only (fp8 splits stream half the bytes per key)
+  if (kv_bytes != 2) f.wave_min_split_tokens = 0;
   return f;
 }
 

@@ -42,7 +42,8 @@ inline constexpr int kDecodeMinSplitTokens = 64;
 /// Decode, automatic policy: a request longer than a cluster's worth of splits
 /// (`kDecodeMaxCluster` × `kDecodeClusterTokens`) is not split finer than this by the wave
 /// heuristic: when few requests leave slots to fill, more splits than this size gives share an
-/// SM's bandwidth and lengthen the merge (batch 1 at 4k–8k keys: bench/RESULTS.md).
+/// SM's bandwidth and lengthen the merge (batch 1 at 4k–8k keys: bench/RESULTS.md). 16-bit
+/// caches only (fp8 plans keep the heuristic's splits).
 inline constexpr int kDecodeWaveMinSplitTokens = 256;
 /// Decode, automatic policy: CTAs per SM whose slots the split layout fills (0: the split
 /// kernel's occupancy at its default depth; more are never used). Fewer slots give a call of few

@@ -185,6 +185,8 @@ TEST(PlanDecode, FewerCtasPerSmGiveFewerLongerSplits) {
 TEST(PlanDecode, FewRequestsKeepSplitsOfAtLeastTheWaveFloor) {
   // head dim 64 (4 CTAs per SM: 528 slots on 132 SMs), batch 1 × 8 KV heads: the heuristic
   // alone would fill the slots with 64 splits of 64 (4k) or 128 (8k) keys
+  if (!plan::decode_head_dim_supported(64)) GTEST_SKIP() << "needs head dim 64 compiled";
+  EXPECT_EQ(plan::decode_kernel_facts(64, 1).wave_min_split_tokens, 0) << "16-bit caches only";
   const plan::DecodeFacts f = plan::decode_kernel_facts(64, 2);
   ASSERT_EQ(f.ctas_per_sm, 4);
   const auto layout = [&](std::int32_t len, const plan::DecodeFacts& g) {
