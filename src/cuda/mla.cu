@@ -36,7 +36,28 @@
 
 namespace attnstate {
 namespace cuda {
+
 namespace detail {
+
+int mla_narrow2_resident_ctas(int rows) {
+  if (rows != 16 && rows != 32)
+    throw_argument("attnstate::cuda::detail::mla_narrow2_resident_ctas", "rows", "16 or 32",
+                   decode_str(rows));
+  const int smem = static_cast<int>(catalog::mla_narrow2_smem_bytes());
+  int blocks = 0;
+  if (rows == 16) {
+    constexpr auto k = &mla_decode_narrow2_kernel<tile::kKvSame, false, 16>;
+    raise_smem_limit<k>(smem);
+    ATTNSTATE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kMlaNarrowThreads, smem));
+  } else {
+    constexpr auto k = &mla_decode_narrow2_kernel<tile::kKvSame, false, 32>;
+    raise_smem_limit<k>(smem);
+    ATTNSTATE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kMlaNarrowThreads, smem));
+  }
+  return blocks;
+}
 
 /// The runner's access to a plan's recorded data.
 struct MlaDecodePlanAccess {

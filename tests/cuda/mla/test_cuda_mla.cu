@@ -27,6 +27,7 @@
 #include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
 #include "catalog/catalog.hpp"
+#include "cuda/mla_common.hpp"
 #include "cuda_test_utils.hpp"
 #include "mla_device.hpp"
 #include "mla_problem.hpp"
@@ -358,6 +359,18 @@ TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
           EXPECT_EQ(compare_with_reference(h, out), "");
         }
     }
+}
+
+TEST(MlaCuda, TheTwoCtaNarrowKernelKeepsTwoCtasPerSm) {
+  ATTNSTATE_REQUIRE_GPU();
+  // its shared memory and registers (setmaxnreg within 128 a thread) leave room for two CTAs,
+  // which its split layout fills: the point of the configuration
+  const std::vector<cuda::MlaDecodeKernel> ks = device_kernels(32);
+  if (std::find(ks.begin(), ks.end(), cuda::MlaDecodeKernel::kWgmmaNarrow2) == ks.end())
+    GTEST_SKIP() << "no wgmma kernels on this device";
+  for (const int rows : {16, 32})
+    EXPECT_EQ(cuda::detail::mla_narrow2_resident_ctas(rows), catalog::kMlaNarrow2CtasPerSm)
+        << rows << " rows";
 }
 
 TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
