@@ -48,7 +48,8 @@ using namespace attnstate;
 
 using namespace mla_inputs;
 
-/// The most query rows a request of `MlaDecodeKernel::kWgmmaNarrow` may have (`heads · q_len`).
+/// The most query rows a request of `MlaDecodeKernel::kWgmmaNarrow` (or `kWgmmaNarrow2`) may have
+/// (`heads · q_len`).
 constexpr int kNarrowRows = 32;
 
 const char* kUsage =
@@ -56,15 +57,18 @@ const char* kUsage =
     "  --splits N         force N splits per request (default: the planner's choice)\n"
     "  --kernel K         auto (the planner's choice: wgmma on sm_90a), mma, wgmma, narrow\n"
     "                     (the narrow wgmma kernel: rows of at most 32 query rows, others\n"
-    "                     skipped), both (each row twice, mma.sync then wgmma: an A/B in one\n"
-    "                     run) or all (mma.sync, wgmma, then narrow where the rows fit it)\n"
+    "                     skipped), narrow2 (the narrow kernel's two-CTA configuration, the\n"
+    "                     same rows), both (each row twice, mma.sync then wgmma: an A/B in one\n"
+    "                     run) or all (mma.sync, wgmma, then narrow and narrow2 where the rows\n"
+    "                     fit them)\n"
     "  --no-check         skip the CPU check of request 0\n"
     "  --help             this text (no CUDA call)\n"
     "Rows: heads, q_len, dtype, batch, ctx, page, splits, median us (L2 flushed), GB/s and its\n"
     "fraction of the device copy, TFLOP/s and its fraction of the measured bf16 tensor peak,\n"
     "the floor max(bytes/copy, FLOP/peak) in us, time / floor, the check of request 0, and\n"
     "the kernel that ran (mma: cp.async + mma.sync; wgmma: warp-specialised wgmma; narrow: the\n"
-    "transposed wgmma kernel of at most 32 rows).\n"
+    "transposed wgmma kernel of at most 32 rows, one CTA per SM; narrow2: the same, two CTAs\n"
+    "per SM).\n"
     "Shapes:\n";
 
 void fill(void* p, std::size_t n, DType dt, std::uint32_t seed, float amp, int sms,
@@ -262,14 +266,16 @@ int main(int argc, char** argv) {
           kernels = {cuda::MlaDecodeKernel::kWgmma};
         else if (k == "narrow")
           kernels = {cuda::MlaDecodeKernel::kWgmmaNarrow};
+        else if (k == "narrow2")
+          kernels = {cuda::MlaDecodeKernel::kWgmmaNarrow2};
         else if (k == "both")
           kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
         else if (k == "all")
           kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
-                     cuda::MlaDecodeKernel::kWgmmaNarrow};
+                     cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2};
         else
           throw std::invalid_argument(
-              "--kernel takes auto, mma, wgmma, narrow, both or all, not '" + k + "'");
+              "--kernel takes auto, mma, wgmma, narrow, narrow2, both or all, not '" + k + "'");
       } else {
         throw std::invalid_argument("unknown or incomplete option '" + a + "'");
       }
@@ -381,15 +387,18 @@ int main(int argc, char** argv) {
         opt.num_splits = force_splits;
       }
       for (const cuda::MlaDecodeKernel kernel : kernels) {
-        // the narrow kernel takes at most 32 rows: larger shapes are skipped for it
-        if (kernel == cuda::MlaDecodeKernel::kWgmmaNarrow && pt.heads * pt.q_len > kNarrowRows)
+        // the narrow kernels take at most 32 rows: larger shapes are skipped for them
+        if ((kernel == cuda::MlaDecodeKernel::kWgmmaNarrow ||
+             kernel == cuda::MlaDecodeKernel::kWgmmaNarrow2) &&
+            pt.heads * pt.q_len > kNarrowRows)
           continue;
         const cuda::MlaDecodePlan plan =
             cuda::plan_mla_decode(pr, lens.data(), opt, bench.num_sms, kernel);
         const std::string plan_str = plan.to_string();
-        const char* kernel_str = plan_str.find("narrow") != std::string::npos  ? "narrow"
-                                 : plan_str.find("wgmma") != std::string::npos ? "wgmma"
-                                                                               : "mma";
+        const char* kernel_str = plan_str.find("two CTAs") != std::string::npos ? "narrow2"
+                                 : plan_str.find("narrow") != std::string::npos ? "narrow"
+                                 : plan_str.find("wgmma") != std::string::npos  ? "wgmma"
+                                                                                : "mma";
         if (plan.workspace_bytes() > ws_cap) {
           if (ws) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
           ws_cap = plan.workspace_bytes();

@@ -64,9 +64,14 @@ enum class Family : std::uint8_t {
   /// M, the rows its N), one CTA per (request, split), 64-key tiles; head dim `kMlaHeadDim`, `kv`
   /// the latent part's dtype; on devices without `wgmma`, `kMlaDecode`.
   kMlaDecodeNarrow = 19,
+  /// `mla_decode_narrow2_kernel`: the narrow MLA decode sized for two CTAs per SM (a query tile
+  /// of `kMlaNarrowRows` rows, a ring of `kMlaNarrow2Stages` 64-key tile), so that one CTA's
+  /// fixed costs and compute overlap the other's copies; the same requests, dtypes and
+  /// variants as `kMlaDecodeNarrow`; on devices without `wgmma`, `kMlaDecode`.
+  kMlaDecodeNarrow2 = 20,
 };
 /// Number of families.
-inline constexpr int kFamilies = 20;
+inline constexpr int kFamilies = 21;
 
 /// True for the merges' families.
 constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6 && static_cast<int>(f) <= 15; }
@@ -231,6 +236,9 @@ inline constexpr Tile kMlaTile{kMlaTileRows, kMlaTileKeys, kMlaStages, 0};
 inline constexpr Tile kMlaWsTile{kMlaTileRows, kMlaWsTileKeys, kMlaWsStages, 0};
 // The narrow wgmma MLA decode: at most 32 rows, the wgmma kernel's ring (one CTA per SM).
 inline constexpr Tile kMlaNarrowTile{kMlaNarrowRows, kMlaWsTileKeys, kMlaWsStages, 0};
+// The two-CTA narrow wgmma MLA decode: at most 32 rows, a one-stage ring (two CTAs per SM).
+inline constexpr Tile kMlaNarrow2Tile{kMlaNarrowRows, kMlaWsTileKeys, kMlaNarrow2Stages,
+                                      kMlaNarrow2CtasPerSm};
 using ShortHeadDims =
     compiled::Intersect<compiled::DecodeHeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8HeadDims =
@@ -613,6 +621,13 @@ inline constexpr Group kGroups[] = {
                                                   mask(DType::kBF16) | detail::kFp8, kStateDTypes,
                                                   false, kSinks, kNeedsWgmma, Family::kMlaDecode),
                                     detail::kMlaNarrowTile),
+                      compiled::IntList<kMlaHeadDim>{}),
+    // the two-CTA narrow MLA decode (sm_90a; the narrow row's requests, dtypes and variants;
+    // last: the other rows keep their ids)
+    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecodeNarrow2, mask(DType::kBF16),
+                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
+                                                  false, kSinks, kNeedsWgmma, Family::kMlaDecode),
+                                    detail::kMlaNarrow2Tile),
                       compiled::IntList<kMlaHeadDim>{}),
 };
 

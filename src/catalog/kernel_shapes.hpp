@@ -242,5 +242,37 @@ ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_narrow_smem_bytes() {
 static_assert(mla_narrow_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
 static_assert(2 * kMlaNarrowRows <= kMlaTileRows, "two probability tiles in the wgmma kernel's");
 
+// ---- the two-CTA narrow MLA decode (cuda/kernels/mla/mla_decode_narrow2.cuh) ----
+
+/// Stages of the two-CTA narrow configuration's ring of `kMlaWsTileKeys`-key tiles (the M of
+/// `Sᵀ = K Qᵀ` is the 64 keys of a tile, so a stage cannot be smaller): one, so that two CTAs
+/// fit an SM and one CTA's copies stream while the other computes or runs its fixed costs.
+inline constexpr int kMlaNarrow2Stages = 1;
+/// Resident CTAs per SM the two-CTA narrow configuration is sized for.
+inline constexpr int kMlaNarrow2CtasPerSm = 2;
+/// Bytes of its carve-up (1024-aligned base): the query tile of `kMlaNarrowRows` rows (bf16,
+/// `kMlaHeadDim` columns), the ring, one probability tile (bf16, `kMlaNarrowRows` ×
+/// `kMlaWsTileKeys`), the rows' exchange (fp32, 4 warps × `kMlaNarrowRows`) and LSEs, the
+/// stages' "full" and "empty" mbarriers and the ticket flag; the epilogue's normalised `o`
+/// (fp32, `kMlaNarrowRows × kMlaLoraRank`) reuses the query tile and the ring.
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_narrow2_carve_bytes() {
+  return std::int64_t{kMlaNarrowRows} * kMlaHeadDim * 2 +
+         std::int64_t{kMlaNarrow2Stages} * kMlaWsTileKeys * kMlaHeadDim * 2 +
+         std::int64_t{kMlaNarrowRows} * kMlaWsTileKeys * 2 + 4 * kMlaNarrowRows * 4 +
+         kMlaNarrowRows * 4 + 2 * kMlaNarrow2Stages * 8 + 16;
+}
+/// Bytes of its dynamic shared memory: the carve-up rounded up to 1 KiB (the slack lets a base
+/// that is not 1024-aligned be aligned up, where it is small enough; the kernel checks).
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_narrow2_smem_bytes() {
+  return (mla_narrow2_carve_bytes() + 1023) / 1024 * 1024;
+}
+static_assert(kMlaNarrow2CtasPerSm * (mla_narrow2_smem_bytes() + kDecodeSmemReservedPerCta) <=
+                  kDecodeSmemPerSm,
+              "two CTAs of the two-CTA narrow configuration per sm_90 SM");
+static_assert(std::int64_t{kMlaNarrowRows} * kMlaLoraRank * 4 <=
+                  std::int64_t{kMlaNarrowRows} * kMlaHeadDim * 2 +
+                      std::int64_t{kMlaNarrow2Stages} * kMlaWsTileKeys * kMlaHeadDim * 2,
+              "the epilogue's o rows fit in the query tile and the ring");
+
 }  // namespace catalog
 }  // namespace attnstate

@@ -23,6 +23,7 @@
 #include "cuda/device_cache.hpp"
 #include "cuda/kernels/mla/mla_decode.cuh"
 #include "cuda/kernels/mla/mla_decode_narrow.cuh"
+#include "cuda/kernels/mla/mla_decode_narrow2.cuh"
 #include "cuda/kernels/mla/mla_decode_ws.cuh"
 #include "cuda/kernels/mla/params.cuh"
 #include "cuda/launch.hpp"
@@ -35,7 +36,28 @@
 
 namespace attnstate {
 namespace cuda {
+
 namespace detail {
+
+int mla_narrow2_resident_ctas(int rows) {
+  if (rows != 16 && rows != 32)
+    throw_argument("attnstate::cuda::detail::mla_narrow2_resident_ctas", "rows", "16 or 32",
+                   decode_str(rows));
+  const int smem = static_cast<int>(catalog::mla_narrow2_smem_bytes());
+  int blocks = 0;
+  if (rows == 16) {
+    constexpr auto k = &mla_decode_narrow2_kernel<tile::kKvSame, false, 16>;
+    raise_smem_limit<k>(smem);
+    ATTNSTATE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kMlaNarrowThreads, smem));
+  } else {
+    constexpr auto k = &mla_decode_narrow2_kernel<tile::kKvSame, false, 32>;
+    raise_smem_limit<k>(smem);
+    ATTNSTATE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kMlaNarrowThreads, smem));
+  }
+  return blocks;
+}
 
 /// The runner's access to a plan's recorded data.
 struct MlaDecodePlanAccess {
@@ -120,17 +142,18 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
 }
 
 /// The rows of an MLA decode family `F` (`kMlaLaunchTable`): the mma.sync kernel's, the wgmma
-/// kernel's (`kMlaDecodeWs`) or the narrow wgmma kernel's (`kMlaDecodeNarrow`, its instances by
-/// `narrow_kernel`).
+/// kernel's (`kMlaDecodeWs`) or a narrow wgmma kernel's (`kMlaDecodeNarrow`, `kMlaDecodeNarrow2`:
+/// its instances by `narrow_kernel`).
 template <catalog::Family F>
 struct DecodeRows {
   using Params = detail::MlaParams;
   static constexpr catalog::Family kFamily = F;
   static constexpr bool kWs = F == catalog::Family::kMlaDecodeWs;
-  static constexpr const char* kName = F == catalog::Family::kMlaDecodeNarrow
-                                           ? "mla_decode_narrow_kernel"
-                                       : kWs ? "mla_decode_ws_kernel"
-                                             : "mla_decode_kernel";
+  static constexpr const char* kName =
+      F == catalog::Family::kMlaDecodeNarrow    ? "mla_decode_narrow_kernel"
+      : F == catalog::Family::kMlaDecodeNarrow2 ? "mla_decode_narrow2_kernel"
+      : kWs                                     ? "mla_decode_ws_kernel"
+                                                : "mla_decode_kernel";
   template <int kKv, bool kBlock>
   static constexpr auto kernel() {
     if constexpr (kWs)
@@ -140,7 +163,10 @@ struct DecodeRows {
   }
   template <int kKv, bool kBlock, int kN>
   static constexpr auto narrow_kernel() {
-    return &detail::mla_decode_narrow_kernel<kKv, kBlock, kN>;
+    if constexpr (F == catalog::Family::kMlaDecodeNarrow2)
+      return &detail::mla_decode_narrow2_kernel<kKv, kBlock, kN>;
+    else
+      return &detail::mla_decode_narrow_kernel<kKv, kBlock, kN>;
   }
   /// The cache fields of the kernel's argument.
   static const detail::MlaParams& mla(const Params& p) { return p; }
@@ -159,26 +185,28 @@ bool current_device_wgmma() {
 /// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
 /// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled, the
 /// narrow row for at most `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache;
-/// `kWgmma`: refused by name without one); the narrow row for `kWgmmaNarrow` (refused by name
-/// without one, or for more than `kMlaNarrowRows` rows).
+/// `kWgmma`: refused by name without one); the narrow row for `kWgmmaNarrow`, the two-CTA narrow
+/// row for `kWgmmaNarrow2` (refused by name without one, or for more than `kMlaNarrowRows` rows).
 int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
                bool wgmma) {
   const int mma = catalog::find_id(mla_query(problem));
   if (kernel == MlaDecodeKernel::kMma || (kernel == MlaDecodeKernel::kAuto && !wgmma)) return mma;
-  if (kernel == MlaDecodeKernel::kWgmmaNarrow) {
+  if (kernel == MlaDecodeKernel::kWgmmaNarrow || kernel == MlaDecodeKernel::kWgmmaNarrow2) {
+    const bool two = kernel == MlaDecodeKernel::kWgmmaNarrow2;
+    const char* name = two ? "kWgmmaNarrow2" : "kWgmmaNarrow";
     const std::int64_t rows = problem.q_len * problem.heads;  // (bounded: checked problem)
     if (rows > catalog::kMlaNarrowRows)
       throw_argument(fn, "kernel",
-                     "kWgmmaNarrow for at most " + decode_str(catalog::kMlaNarrowRows) +
+                     std::string(name) + " for at most " + decode_str(catalog::kMlaNarrowRows) +
                          " rows (heads × q_len)",
                      decode_str(rows) + " rows (" + decode_str(problem.heads) + " heads × q_len " +
                          decode_str(problem.q_len) + ")",
                      Status::kNotSupported);
-    const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeNarrow);
+    const catalog::Query q = mla_query(
+        problem, two ? catalog::Family::kMlaDecodeNarrow2 : catalog::Family::kMlaDecodeNarrow);
     const int narrow = catalog::find_id(q);
     if (narrow < 0)
-      throw_argument(fn, "kernel", catalog::not_supported_message(q), "kWgmmaNarrow",
-                     Status::kNotSupported);
+      throw_argument(fn, "kernel", catalog::not_supported_message(q), name, Status::kNotSupported);
     return narrow;
   }
   // kAuto on a wgmma device: the narrow kernel for few rows of a bf16 latent cache (where it
@@ -303,6 +331,8 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
                      ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
                  : family == catalog::Family::kMlaDecodeNarrow
                      ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow>>[id]
+                 : family == catalog::Family::kMlaDecodeNarrow2
+                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow2>>[id]
                      : detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecode>>[id];
   if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
@@ -346,8 +376,9 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   if (num_sms < 1) throw_argument(fn, "num_sms", ">= 1", decode_str(num_sms));
   check_options(fn, options);
   if (kernel != MlaDecodeKernel::kAuto && kernel != MlaDecodeKernel::kMma &&
-      kernel != MlaDecodeKernel::kWgmma && kernel != MlaDecodeKernel::kWgmmaNarrow)
-    throw_argument(fn, "kernel", "kAuto, kMma, kWgmma or kWgmmaNarrow",
+      kernel != MlaDecodeKernel::kWgmma && kernel != MlaDecodeKernel::kWgmmaNarrow &&
+      kernel != MlaDecodeKernel::kWgmmaNarrow2)
+    throw_argument(fn, "kernel", "kAuto, kMma, kWgmma, kWgmmaNarrow or kWgmmaNarrow2",
                    "value " + decode_str(static_cast<int>(kernel)));
   const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,
                                                        problem.kv_lora_rank + problem.rope_dim);
@@ -362,8 +393,11 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   dp.head_dim = problem.kv_lora_rank + problem.rope_dim;
   dp.q_dtype = problem.q_dtype;
   dp.kv_dtype = problem.ckv_dtype;
+  // the slots of the automatic layout: the two-CTA narrow kernel's SMs hold two CTAs each
+  const int ctas_per_sm =
+      kernel == MlaDecodeKernel::kWgmmaNarrow2 ? catalog::kMlaNarrow2CtasPerSm : 1;
   const SplitLayout splits =
-      plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms, row_tiles);
+      plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms, row_tiles, ctas_per_sm);
   MlaDecodePlan plan;
   MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
   d.problem = problem;

@@ -36,6 +36,12 @@ using attnstate::detail::throw_argument;
 // The planner's facts for the MLA kernels (plan/mla_plan.hpp, host-only and tested there).
 using plan::mla_facts;
 
+/// Resident CTAs per SM of the two-CTA narrow MLA decode's instance of `rows` (16 or 32) rows
+/// over a bf16 latent cache on the current device (its shared-memory limit raised first, as its
+/// launch does): what `catalog::kMlaNarrow2CtasPerSm` promises, for the tests. Defined in
+/// cuda/mla.cu.
+int mla_narrow2_resident_ctas(int rows);
+
 /// The catalog query of a problem's kernel of `family` (the decode's, or the cascade's levels).
 inline catalog::Query mla_query(const MlaDecodeProblem& pr,
                                 catalog::Family family = catalog::Family::kMlaDecode) {

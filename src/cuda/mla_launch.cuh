@@ -42,13 +42,16 @@ void launch_mla_kernel(const Params& p, std::int64_t grid, int threads, int smem
 /// The launch of `K`'s row over `kKv` (with the latent part's block scales: `kBlock`) on `grid`
 /// CTAs on `stream` (`kMlaThreads` threads, or the wgmma decode's `kMlaWsWarps` warps, and the
 /// family's shared memory: the mma.sync kernels stage the block scales besides; the narrow
-/// decode's family, `K::narrow_kernel<kKv, kBlock, kN>()`, its instance of 16 or 32 rows).
+/// decodes' families, `K::narrow_kernel<kKv, kBlock, kN>()`, its instance of 16 or 32 rows).
 template <class K, int kKv, bool kBlock>
 void launch_mla_instance(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
   constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs;  // (its own CTA shape)
-  if constexpr (K::kFamily == catalog::Family::kMlaDecodeNarrow) {
-    // the narrow decode: products of 16 rows where the request's rows fit them, else 32
-    const int smem = static_cast<int>(catalog::mla_narrow_smem_bytes());
+  if constexpr (K::kFamily == catalog::Family::kMlaDecodeNarrow ||
+                K::kFamily == catalog::Family::kMlaDecodeNarrow2) {
+    // the narrow decodes: products of 16 rows where the request's rows fit them, else 32
+    const int smem = static_cast<int>(K::kFamily == catalog::Family::kMlaDecodeNarrow2
+                                          ? catalog::mla_narrow2_smem_bytes()
+                                          : catalog::mla_narrow_smem_bytes());
     if (K::mla(p).rows <= 16)
       launch_mla_kernel<K::template narrow_kernel<kKv, kBlock, 16>()>(
           p, grid, catalog::kMlaNarrowWarps * 32, smem, stream, K::kName);

@@ -98,15 +98,18 @@ inline DecodeFacts mla_decode_facts(std::int64_t rows = catalog::kMlaTileRows) {
 }
 
 /// The MLA decode's split layout for `batch` requests of `q_len × heads` rows (`row_tiles` tiles
-/// of 64 each) over one latent head of `head_dim` keys, on `num_sms` SMs: `auto_layout` with
-/// `mla_decode_facts` for `SplitPolicy::kAuto`, else `plan_split_layout`. Errors name `fn`,
-/// `seq_lens_host` and `options`.
+/// of 64 each) over one latent head of `head_dim` keys, on `num_sms` SMs of `ctas_per_sm`
+/// resident CTAs each (the kernel's: 1, or `kMlaNarrow2CtasPerSm` for the two-CTA narrow
+/// kernel): `auto_layout` with `mla_decode_facts` for `SplitPolicy::kAuto`, else
+/// `plan_split_layout`. Errors name `fn`, `seq_lens_host` and `options`.
 inline SplitLayout mla_decode_layout(const char* fn, const DecodeProblem& problem,
                                      const std::int32_t* seq_lens_host,
-                                     const DecodeOptions& options, int num_sms, int row_tiles) {
+                                     const DecodeOptions& options, int num_sms, int row_tiles,
+                                     int ctas_per_sm = 1) {
   // the fullest tile's rows: its merge is the longest
-  const DecodeFacts facts = mla_decode_facts(
+  DecodeFacts facts = mla_decode_facts(
       std::min<std::int64_t>(catalog::kMlaTileRows, problem.q_len * problem.heads_q));
+  facts.ctas_per_sm = ctas_per_sm;
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * facts.ctas_per_sm;
   return options.policy == SplitPolicy::kAuto
              ? auto_layout(fn, problem, seq_lens_host, options, slots, row_tiles, facts)

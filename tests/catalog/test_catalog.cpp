@@ -134,6 +134,7 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   EXPECT_EQ(rows_of(Family::kMlaDecode), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaDecodeWs), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaDecodeNarrow), 1 + fp8);
+  EXPECT_EQ(rows_of(Family::kMlaDecodeNarrow2), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaCascade), 1 + fp8);
   int total = 0;
   for (int f = 0; f < catalog::kFamilies; ++f) total += rows_of(static_cast<Family>(f));
@@ -152,7 +153,8 @@ TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
     // the MLA decode and cascade: one head dim, the key width (latent + rotary)
     EXPECT_TRUE(catalog::is_merge(r.family) ? merge_dim
                 : r.family == Family::kMlaDecode || r.family == Family::kMlaCascade ||
-                        r.family == Family::kMlaDecodeWs || r.family == Family::kMlaDecodeNarrow
+                        r.family == Family::kMlaDecodeWs || r.family == Family::kMlaDecodeNarrow ||
+                        r.family == Family::kMlaDecodeNarrow2
                     ? r.head_dim == catalog::kMlaHeadDim
                     : compiled::contains(compiled::BuildHeadDims{}, r.head_dim))
         << catalog::to_string(r.family) << " at head dim " << r.head_dim;
@@ -169,7 +171,8 @@ TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
       f.out = r.out;
       // (the narrow MLA decode's fallback runs its few rows in its own, larger tiles)
       f.tile_rows = r.family == Family::kDecodeStream || catalog::is_merge(r.family) ||
-                            r.family == Family::kMlaDecodeNarrow
+                            r.family == Family::kMlaDecodeNarrow ||
+                            r.family == Family::kMlaDecodeNarrow2
                         ? 0
                         : r.tile_rows;
       EXPECT_TRUE(catalog::compiled(f)) << catalog::to_string(r.family) << " " << r.head_dim;
@@ -343,6 +346,15 @@ TEST(Catalog, CascadeLevelRowsStateTheirCtasPerSm) {
   };
   int levels = 0;
   for (const catalog::Row& r : catalog::kRows) {
+    if (r.family == Family::kMlaDecodeNarrow2) {
+      // (the two-CTA narrow MLA decode states the CTAs its shared memory is sized for, which
+      // its automatic split layout fills)
+      EXPECT_EQ(r.ctas_per_sm, catalog::kMlaNarrow2CtasPerSm);
+      EXPECT_LE(
+          r.ctas_per_sm * (catalog::mla_narrow2_smem_bytes() + catalog::kDecodeSmemReservedPerCta),
+          catalog::kDecodeSmemPerSm);
+      continue;
+    }
     if (!level(r.family)) {
       EXPECT_EQ(r.ctas_per_sm, 0) << catalog::to_string(r.family);
       continue;

@@ -21,6 +21,7 @@ using attnstate::kSplitGranularity;
 using attnstate::SplitLayout;
 using attnstate::SplitPolicy;
 namespace plan = attnstate::plan;
+namespace catalog = attnstate::catalog;
 
 constexpr const char* kFn = "test";
 constexpr int kSms = 132;  // an H100 SXM
@@ -181,6 +182,40 @@ TEST(PlanMla, TheFixedPoliciesAreTheDecodes) {
   EXPECT_EQ(a.max_splits, 16);
   EXPECT_EQ(a.split_size, b.split_size);
   EXPECT_EQ(a.max_splits, b.max_splits);
+}
+
+TEST(PlanMla, TheTwoCtaNarrowKernelPlansTwiceTheSlots) {
+  // the automatic layout over two resident CTAs per SM (the two-CTA narrow kernel): the model's
+  // layout on twice the slots; a short batch takes at least the one-CTA layout's splits
+  for (const std::int64_t batch : {1, 8, 128}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const DecodeProblem p = mla_problem(batch, 16);
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), 65536);
+    const SplitLayout two = plan::mla_decode_layout(kFn, p, lens.data(), DecodeOptions{}, kSms, 1,
+                                                    catalog::kMlaNarrow2CtasPerSm);
+    plan::DecodeFacts f = plan::mla_decode_facts(16);
+    f.ctas_per_sm = catalog::kMlaNarrow2CtasPerSm;
+    const SplitLayout ref =
+        plan::auto_layout(kFn, p, lens.data(), DecodeOptions{}, 2 * std::int64_t{kSms}, 1, f);
+    EXPECT_EQ(two.policy, ref.policy);
+    EXPECT_EQ(two.split_size, ref.split_size);
+    EXPECT_EQ(two.max_splits, ref.max_splits);
+    const SplitLayout one = plan::mla_decode_layout(kFn, p, lens.data(), DecodeOptions{}, kSms, 1);
+    if (batch == 1) {
+      EXPECT_GE(two.max_splits, one.max_splits);
+    }
+  }
+  // the fixed policies do not depend on the slots
+  const DecodeProblem p = mla_problem(2, 16);
+  const std::vector<std::int32_t> lens = {4096, 300};
+  DecodeOptions o;
+  o.policy = SplitPolicy::kFixedCount;
+  o.num_splits = 7;
+  const SplitLayout a = plan::mla_decode_layout(kFn, p, lens.data(), o, kSms, 1);
+  const SplitLayout b =
+      plan::mla_decode_layout(kFn, p, lens.data(), o, kSms, 1, catalog::kMlaNarrow2CtasPerSm);
+  EXPECT_EQ(a.max_splits, b.max_splits);
+  EXPECT_EQ(a.num_splits, b.num_splits);
 }
 
 }  // namespace

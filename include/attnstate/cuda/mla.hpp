@@ -118,6 +118,10 @@ enum class MlaDecodeKernel : std::uint8_t {
   /// name), the products transposed so that 64 keys, not the few rows, fill the instruction's M
   /// (a run on a device without sm_90a code is refused, as `kWgmma`); not chosen by `kAuto`.
   kWgmmaNarrow = 3,
+  /// `kWgmmaNarrow`'s requests and products in a configuration of two CTAs per SM (a query tile
+  /// of 32 rows, a one-stage ring of 64-key tiles: one CTA's fixed costs and compute overlap the
+  /// other's copies); refused as `kWgmmaNarrow`; not chosen by `kAuto`.
+  kWgmmaNarrow2 = 4,
 };
 
 /// Plans an MLA decode on the host: the split layout of `options.policy` from the real lengths

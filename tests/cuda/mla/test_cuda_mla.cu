@@ -27,6 +27,7 @@
 #include "attnstate/testing/mla.hpp"
 #include "attnstate/testing/tolerance.hpp"
 #include "catalog/catalog.hpp"
+#include "cuda/mla_common.hpp"
 #include "cuda_test_utils.hpp"
 #include "mla_device.hpp"
 #include "mla_problem.hpp"
@@ -139,24 +140,31 @@ std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
       family_of(cuda::plan_mla_decode(pr, &len, DecodeOptions{}, 1)) != catalog::Family::kMlaDecode;
   if (ws && rows <= catalog::kMlaNarrowRows)
     return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
-            cuda::MlaDecodeKernel::kWgmmaNarrow};
+            cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2};
   if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
   return {cuda::MlaDecodeKernel::kMma};
 }
 
+/// Whether `k` is one of the narrow kernels (requests of at most 32 rows).
+bool is_narrow(cuda::MlaDecodeKernel k) {
+  return k == cuda::MlaDecodeKernel::kWgmmaNarrow || k == cuda::MlaDecodeKernel::kWgmmaNarrow2;
+}
+
 /// A kernel's name in failure messages.
 std::string kernel_name(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma         ? "wgmma"
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow ? "wgmma-narrow"
-         : k == cuda::MlaDecodeKernel::kMma         ? "mma.sync"
-                                                    : "auto";
+  return k == cuda::MlaDecodeKernel::kWgmma          ? "wgmma"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow  ? "wgmma-narrow"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2 ? "wgmma-narrow2"
+         : k == cuda::MlaDecodeKernel::kMma          ? "mma.sync"
+                                                     : "auto";
 }
 
 /// The catalog family of a kernel choice other than `kAuto`.
 catalog::Family family_of(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma         ? catalog::Family::kMlaDecodeWs
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow ? catalog::Family::kMlaDecodeNarrow
-                                                    : catalog::Family::kMlaDecode;
+  return k == cuda::MlaDecodeKernel::kWgmma          ? catalog::Family::kMlaDecodeWs
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow  ? catalog::Family::kMlaDecodeNarrow
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2 ? catalog::Family::kMlaDecodeNarrow2
+                                                     : catalog::Family::kMlaDecode;
 }
 
 /// Plans (on `kernel`, checked to be the plan's row) and runs the CUDA MLA decode of `h` (scale
@@ -308,7 +316,7 @@ TEST(MlaCuda, LargeLogitsAndLongRequests) {
     const MlaHost h = make_mla_host(cfg, 11);
     const DeviceMla d(h);
     for (const cuda::MlaDecodeKernel k : device_kernels(cfg.heads * cfg.q_len)) {
-      if (heads == 16 && k != cuda::MlaDecodeKernel::kWgmmaNarrow) continue;
+      if (heads == 16 && !is_narrow(k)) continue;
       for (const DecodeOptions& o : {fixed_count(1), fixed_count(7), DecodeOptions{}}) {
         const HostState out = run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
         EXPECT_EQ(compare_with_reference(h, out), "")
@@ -332,7 +340,7 @@ TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
       const DeviceMla d(h);
       for (const cuda::MlaDecodeKernel k : device_kernels(cfg.heads * cfg.q_len))
         for (const DecodeOptions& o : {fixed_count(1), fixed_count(2)}) {
-          if (q_len == 2 && k != cuda::MlaDecodeKernel::kWgmmaNarrow) continue;
+          if (q_len == 2 && !is_narrow(k)) continue;
           SCOPED_TRACE(kernel_name(k) + " q_len " + std::to_string(q_len));
           const HostState out =
               run_cuda(h, d, o, DType::kF32, LseBase::kNatural, false, nullptr, k);
@@ -351,6 +359,18 @@ TEST(MlaCuda, EmptyRowsAreTheIdentityOrTheSink) {
           EXPECT_EQ(compare_with_reference(h, out), "");
         }
     }
+}
+
+TEST(MlaCuda, TheTwoCtaNarrowKernelKeepsTwoCtasPerSm) {
+  ATTNSTATE_REQUIRE_GPU();
+  // its shared memory and registers (setmaxnreg within 128 a thread) leave room for two CTAs,
+  // which its split layout fills: the point of the configuration
+  const std::vector<cuda::MlaDecodeKernel> ks = device_kernels(32);
+  if (std::find(ks.begin(), ks.end(), cuda::MlaDecodeKernel::kWgmmaNarrow2) == ks.end())
+    GTEST_SKIP() << "no wgmma kernels on this device";
+  for (const int rows : {16, 32})
+    EXPECT_EQ(cuda::detail::mla_narrow2_resident_ctas(rows), catalog::kMlaNarrow2CtasPerSm)
+        << rows << " rows";
 }
 
 TEST(MlaCuda, ReplaysAPlanForFewerAndShorterRequests) {
@@ -675,17 +695,20 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
     EXPECT_EQ(wg.workspace_bytes(), mma.workspace_bytes());
     if (!attnstate_test::gpu_available())
       EXPECT_EQ(family_of(plan(cuda::MlaDecodeKernel::kAuto)), catalog::Family::kMlaDecode);
-    // the narrow kernel: its own row of the latent dtype, the same splits and workspace;
+    // the narrow kernels: each its own row of the latent dtype, the same splits and workspace;
     // refused by name past 32 rows
     for (const std::int64_t q_len : {1, 2}) {
       pr.q_len = q_len;
-      const cuda::MlaDecodePlan nw = plan(cuda::MlaDecodeKernel::kWgmmaNarrow);
-      const catalog::Row& rn = catalog::kRows[static_cast<std::size_t>(nw.kernel_id())];
-      EXPECT_EQ(rn.family, catalog::Family::kMlaDecodeNarrow) << nw.to_string();
-      EXPECT_EQ(rn.kv, dt[0]);
-      EXPECT_EQ(rn.tile_rows, 32) << nw.to_string();
-      EXPECT_EQ(nw.splits().max_splits, plan(cuda::MlaDecodeKernel::kMma).splits().max_splits);
-      EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
+      for (const cuda::MlaDecodeKernel k :
+           {cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2}) {
+        const cuda::MlaDecodePlan nw = plan(k);
+        const catalog::Row& rn = catalog::kRows[static_cast<std::size_t>(nw.kernel_id())];
+        EXPECT_EQ(rn.family, family_of(k)) << nw.to_string();
+        EXPECT_EQ(rn.kv, dt[0]);
+        EXPECT_EQ(rn.tile_rows, 32) << nw.to_string();
+        EXPECT_EQ(nw.splits().max_splits, plan(cuda::MlaDecodeKernel::kMma).splits().max_splits);
+        EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
+      }
       // the automatic choice on a wgmma device: narrow for at most 16 rows of a bf16 cache
       const catalog::Family fa = family_of(plan(cuda::MlaDecodeKernel::kAuto));
       if (fa != catalog::Family::kMlaDecode)
@@ -693,15 +716,17 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
                   dt[0] == DType::kBF16 && pr.heads * q_len <= 16)
             << "q_len " << q_len;
     }
-    for (const std::int64_t q_len : {3, 4}) {
-      pr.q_len = q_len;
-      expect_named_error([&] { (void)plan(cuda::MlaDecodeKernel::kWgmmaNarrow); },
-                         Status::kNotSupported, "kernel", kPlanFn);
+    for (const cuda::MlaDecodeKernel k :
+         {cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2}) {
+      for (const std::int64_t q_len : {3, 4}) {
+        pr.q_len = q_len;
+        expect_named_error([&] { (void)plan(k); }, Status::kNotSupported, "kernel", kPlanFn);
+      }
+      pr.q_len = 1;
+      pr.heads = 48;
+      expect_named_error([&] { (void)plan(k); }, Status::kNotSupported, "kernel", kPlanFn);
+      pr.heads = small_problem().heads;
     }
-    pr.q_len = 1;
-    pr.heads = 48;
-    expect_named_error([&] { (void)plan(cuda::MlaDecodeKernel::kWgmmaNarrow); },
-                       Status::kNotSupported, "kernel", kPlanFn);
   }
   expect_named_error(
       [&] {

@@ -94,16 +94,17 @@ std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
       catalog::kRows[static_cast<std::size_t>(p.kernel_id())].family != catalog::Family::kMlaDecode;
   if (ws && rows <= catalog::kMlaNarrowRows)
     return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
-            cuda::MlaDecodeKernel::kWgmmaNarrow};
+            cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2};
   if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
   return {cuda::MlaDecodeKernel::kMma};
 }
 
 /// A kernel's name in failure messages.
 std::string kernel_name(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma         ? " wgmma"
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow ? " wgmma-narrow"
-                                                    : " mma.sync";
+  return k == cuda::MlaDecodeKernel::kWgmma          ? " wgmma"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow  ? " wgmma-narrow"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2 ? " wgmma-narrow2"
+                                                     : " mma.sync";
 }
 
 HostState run_cuda(const BlockScaleHost& h, const DeviceBlockScale& d, DecodeOptions options,

@@ -119,11 +119,11 @@ struct MlaRowLayout {
 /// Copies the CTA's query rows into the query tile at `q_s` (shared address; chunk `c` of row `r`
 /// at `Layout::at(r, c)`) with the CTA's `kThreads` threads: row `r` is head `(row0 + r) % group`
 /// of token `(row0 + r) / group`, its 64 latent chunks from `q_nope`, its 8 rotary ones from
-/// `q_pe`; rows past the request's are zero-filled.
-template <int kThreads = kMlaThreads, class Layout = MlaRowLayout>
+/// `q_pe`; rows past the request's are zero-filled (a tile of `kRows` rows).
+template <int kThreads = kMlaThreads, class Layout = MlaRowLayout, int kRows = kMlaTileRows>
 __device__ __forceinline__ void mla_load_queries(const MlaParams& p, const MlaCta& c, int tid,
                                                  std::uint32_t q_s) {
-  constexpr int kChunks = kMlaTileRows * kMlaRowChunks;
+  constexpr int kChunks = kRows * kMlaRowChunks;
 #pragma unroll 1
   for (int i = tid; i < kChunks; i += kThreads) {
     const int r = i / kMlaRowChunks;

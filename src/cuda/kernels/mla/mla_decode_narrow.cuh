@@ -78,14 +78,13 @@ struct MlaNarrowRows {
   float acc[kMlaNarrowSlices][kN / 8][4];
 };
 
-/// `Sᵀ` of the tile in stage `st`: the latent columns into `sn`, the rotary ones into `sp`
-/// (`kSplit`: an fp8 cache, whose parts have their own K scales; else all into `sn`), one group.
-template <bool kSplit, int kN>
-__device__ __forceinline__ void mla_narrow_issue_s(const MlaWsSmem& sm, int st,
-                                                   float (&sn)[kN / 8][4], float (&sp)[kN / 8][4]) {
+/// `Sᵀ` of the tile of the descriptors `d` (`k(ks)`, `q(ks)`: a K tile and the query tile, as
+/// `MlaWsScoreDescs`): the latent columns into `sn`, the rotary ones into `sp` (`kSplit`: an fp8
+/// cache, whose parts have their own K scales; else all into `sn`), one group.
+template <bool kSplit, int kN, class Descs>
+__device__ __forceinline__ void mla_narrow_issue_s(const Descs& d, float (&sn)[kN / 8][4],
+                                                   float (&sp)[kN / 8][4]) {
   using Wg = arch::Wgmma<__nv_bfloat16>;
-  const MlaWsScoreDescs d(sm,
-                          st);  // (`mla_ws_issue_s`'s: its A the K tile here, its B the queries)
   arch::fence_regs(sn);
   if constexpr (kSplit) arch::fence_regs(sp);
   arch::wgmma_fence();
@@ -112,8 +111,8 @@ __device__ __forceinline__ void mla_narrow_issue_s(const MlaWsSmem& sm, int st,
 /// (latent columns `64 s ..`) from part `s` read MN-major (leading byte offset: the parts'
 /// 8 KiB, unused by an M of one part; stride byte offset: 8-token groups, 1024 bytes); `P`
 /// K-major (k-step `kk`: 32 bytes into its 128-byte rows; 8-row groups 1024 bytes apart).
-template <int kN>
-__device__ __forceinline__ void mla_narrow_issue_pv(const MlaWsSmem& sm, int st, std::uint32_t pb,
+template <int kN, class Smem>
+__device__ __forceinline__ void mla_narrow_issue_pv(const Smem& sm, int st, std::uint32_t pb,
                                                     MlaNarrowRows<kN>& r) {
   using Wg = arch::Wgmma<__nv_bfloat16>;
   constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
@@ -249,14 +248,15 @@ __device__ __forceinline__ void mla_narrow_consume(const MlaParams& p, const Mla
     if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * st);
   };
   arch::mbar_wait(sm.full0, 0);
-  mla_narrow_issue_s<kFp8, kN>(sm, 0, sn, sp);
+  // (`mla_ws_issue_s`'s descriptors: their A the K tile here, their B the queries)
+  mla_narrow_issue_s<kFp8, kN>(MlaWsScoreDescs(sm, 0), sn, sp);
   arch::wgmma_wait<0>();
   scores_done(0);
 #pragma unroll 1
   for (int t = 1; t < n_tiles; ++t) {
     const int st = t % kMlaWsStages, stp = (t - 1) % kMlaWsStages;
     arch::mbar_wait(sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
-    mla_narrow_issue_s<kFp8, kN>(sm, st, sn, sp);                            // Sᵀ_t
+    mla_narrow_issue_s<kFp8, kN>(MlaWsScoreDescs(sm, st), sn, sp);           // Sᵀ_t
     mla_narrow_rescale(r);                                                   // Oᵀ *= alpha_{t-1}
     mla_narrow_issue_pv(sm, stp, p0 + ((t - 1) & 1) * kMlaNarrowPBytes, r);  // += P_{t-1} V_{t-1}
     arch::wgmma_wait<1>();  // Sᵀ_t is done (P V still runs)

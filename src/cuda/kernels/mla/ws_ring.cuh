@@ -222,27 +222,25 @@ __device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta
 /// `cp.async`, then the tile's "full" arrival (one per warp, after the async-proxy fence); fp8:
 /// the rotary part
 /// (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`, with its block scales
-/// when `kBlock`) converted to bf16 and stored, then the "full" arrival.
-template <int kKv, bool kBlock = false>
-__device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c,
-                                               const MlaWsSmem& sm, int pt, int lane, int begin,
-                                               int end, int n_tiles) {
+/// when `kBlock`) converted to bf16 and stored, then the "full" arrival. `Smem` (`full0`,
+/// `empty0`, `stage(st)`) holds a ring of `kStages` stages (the two-CTA narrow kernel's: one).
+template <int kKv, bool kBlock = false, int kStages = kMlaWsStages, class Smem = MlaWsSmem>
+__device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c, const Smem& sm,
+                                               int pt, int lane, int begin, int end, int n_tiles) {
   const auto arrive_full = [&](int t) {
     arch::fence_proxy_async();  // generic-proxy writes (cp.async, stores) → read by wgmma
     __syncwarp();
-    if (lane == 0) arch::mbar_arrive(sm.full0 + 8 * (t % kMlaWsStages));
+    if (lane == 0) arch::mbar_arrive(sm.full0 + 8 * (t % kStages));
   };
   const auto wait_empty = [&](int t) {
-    if (t >= kMlaWsStages)
-      arch::mbar_wait(sm.empty0 + 8 * (t % kMlaWsStages), ((t / kMlaWsStages) - 1) & 1);
+    if (t >= kStages) arch::mbar_wait(sm.empty0 + 8 * (t % kStages), ((t / kStages) - 1) & 1);
   };
   if constexpr (kKv == tile::kKvSame) {
     const std::uint64_t policy = arch::l2_evict_first_policy();
 #pragma unroll 1
     for (int t = 0; t < n_tiles; ++t) {
       wait_empty(t);
-      mla_ws_copy_tile(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kMlaWsStages),
-                       policy);
+      mla_ws_copy_tile(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kStages), policy);
       arch::cp_async_commit();
       // tile t landed (this thread's copies), then its arrival: never held back by the next
       // tile's "empty", which the consumers may complete only after this "full" (warpgroup 0
@@ -255,7 +253,7 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
     for (int t = 0; t < n_tiles; ++t) {
       wait_empty(t);
       const int t0 = begin + t * kMlaWsTileKeys;
-      const std::uint32_t dst = sm.stage(t % kMlaWsStages);
+      const std::uint32_t dst = sm.stage(t % kStages);
       mla_ws_rope_fp8<kKv>(p, c, pt, t0, end, dst);  // (a bf16 one's copies in flight meanwhile)
       mla_ws_convert_latent<kKv, kBlock>(p, c, pt, t0, end, dst);
       arch::cp_async_wait<0>();
