@@ -172,6 +172,75 @@ __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t
   }
 }
 
+/// Two 16-key tiles of a warp over fp8 K/V in one step (first keys `t0[0]`, `t0[1]`; K and V
+/// stages at `k_stage[i]` / `v_stage[i]`): as `attention_tile_fp8` for each, with the work of
+/// both side by side so that their chains overlap — each k-step's query fragment serves both
+/// tiles' score MMAs (four independent accumulator chains), one online-softmax step over the 32
+/// keys (`online_softmax_runs`), and each output n-tile takes both tiles' `P V` MMAs. The score
+/// of every key is the same sum as `attention_tile_fp8` forms; only the softmax's running max
+/// moves once per 32 keys instead of per 16 (rounding only).
+template <int D, int kKv, class QFrag, class Scores>
+__device__ __forceinline__ void attention_pair_fp8(QFrag&& q_frag,
+                                                   const std::uint32_t (&k_stage)[2],
+                                                   const std::uint32_t (&v_stage)[2],
+                                                   const int (&t0)[2], const int (&lim)[2],
+                                                   float s2_scale, math::OnlineSoftmax (&os)[2],
+                                                   float (&o_acc)[D / 8][4], const Scores& scores) {
+  using Mma = arch::Mma16816<__half>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float sc[4][4];  // n-tiles 2i, 2i + 1: tile i's keys 0-7 and 8-15
+#pragma unroll
+  for (int n = 0; n < 4; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) arch::ldmatrix_x4(r[i], k_stage[i] + fp8_lane_offset<D>(lane, j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-step 2j + h
+      std::uint32_t a[4];
+      q_frag(2 * j + h, a);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        Mma::mma(sc[2 * i], a, fp8x2_to_f16x2<kKv>(r[i][2 * h]),
+                 fp8x2_to_f16x2<kKv>(r[i][2 * h] >> 16));
+        Mma::mma(sc[2 * i + 1], a, fp8x2_to_f16x2<kKv>(r[i][2 * h + 1]),
+                 fp8x2_to_f16x2<kKv>(r[i][2 * h + 1] >> 16));
+      }
+    }
+  }
+
+  float pr[4][4];
+  online_softmax_runs<32, D, 16>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
+
+  std::uint32_t pa[2][4];  // f16 probabilities of each tile
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    pa[i][0] = Mma::pack(pr[2 * i][0], pr[2 * i][1]);
+    pa[i][1] = Mma::pack(pr[2 * i][2], pr[2 * i][3]);
+    pa[i][2] = Mma::pack(pr[2 * i + 1][0], pr[2 * i + 1][1]);
+    pa[i][3] = Mma::pack(pr[2 * i + 1][2], pr[2 * i + 1][3]);
+  }
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      arch::ldmatrix_x4_trans(r[i], v_stage[i] + fp8_lane_offset<D>(lane, j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // chunk g = 2j + h, as in `attention_tile_fp8`
+      const int g = 2 * j + h;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const std::uint32_t even = __byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x6420);
+        const std::uint32_t odd = __byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x7531);
+        Mma::mma(o_acc[2 * g], pa[i], fp8x2_to_f16x2<kKv>(even), fp8x2_to_f16x2<kKv>(even >> 16));
+        Mma::mma(o_acc[2 * g + 1], pa[i], fp8x2_to_f16x2<kKv>(odd), fp8x2_to_f16x2<kKv>(odd >> 16));
+      }
+    }
+  }
+}
+
 /// As `store_warp_state` (tile/partial_state.cuh) for accumulators in the fp8 column order:
 /// lane `l` holds elements `16 g + 4 (l % 4) .. + 3` of chunk `g` in n-tiles `2g` (even
 /// elements) and `2g + 1` (odd ones), multiplied by `v_scale` on the way.
