@@ -26,6 +26,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/convert.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/softmax_step.cuh"
@@ -178,7 +179,9 @@ __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t
 /// tiles' score MMAs (four independent accumulator chains), one online-softmax step over the 32
 /// keys (`online_softmax_runs`), and each output n-tile takes both tiles' `P V` MMAs. The score
 /// of every key is the same sum as `attention_tile_fp8` forms; only the softmax's running max
-/// moves once per 32 keys instead of per 16 (rounding only).
+/// moves once per 32 keys instead of per 16 (rounding only). Each fp8 quadruple converts with no
+/// shift of its upper pair (`arch::fp8x4_to_f16x2x2`), and the block maxima take no branch
+/// (`Base2MaxNanInsn`: the same values).
 template <int D, int kKv, class QFrag, class Scores>
 __device__ __forceinline__ void attention_pair_fp8(QFrag&& q_frag,
                                                    const std::uint32_t (&k_stage)[2],
@@ -202,16 +205,19 @@ __device__ __forceinline__ void attention_pair_fp8(QFrag&& q_frag,
       q_frag(2 * j + h, a);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        Mma::mma(sc[2 * i], a, fp8x2_to_f16x2<kKv>(r[i][2 * h]),
-                 fp8x2_to_f16x2<kKv>(r[i][2 * h] >> 16));
-        Mma::mma(sc[2 * i + 1], a, fp8x2_to_f16x2<kKv>(r[i][2 * h + 1]),
-                 fp8x2_to_f16x2<kKv>(r[i][2 * h + 1] >> 16));
+        std::uint32_t b[4];
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(r[i][2 * h], b[0], b[1]);
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(r[i][2 * h + 1], b[2], b[3]);
+        Mma::mma(sc[2 * i], a, b[0], b[1]);
+        Mma::mma(sc[2 * i + 1], a, b[2], b[3]);
       }
     }
   }
 
   float pr[4][4];
-  online_softmax_runs<32, D, 16>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
+  // the block maxima without branches: 16 scores a row per step (`Base2MaxNanInsn`)
+  online_softmax_runs<32, D, 16, Base2MaxNanInsn>(sc, pr, o_acc, os, lim, t0, s2_scale, lane,
+                                                  scores);
 
   std::uint32_t pa[2][4];  // f16 probabilities of each tile
 #pragma unroll
@@ -232,10 +238,13 @@ __device__ __forceinline__ void attention_pair_fp8(QFrag&& q_frag,
       const int g = 2 * j + h;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const std::uint32_t even = __byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x6420);
-        const std::uint32_t odd = __byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x7531);
-        Mma::mma(o_acc[2 * g], pa[i], fp8x2_to_f16x2<kKv>(even), fp8x2_to_f16x2<kKv>(even >> 16));
-        Mma::mma(o_acc[2 * g + 1], pa[i], fp8x2_to_f16x2<kKv>(odd), fp8x2_to_f16x2<kKv>(odd >> 16));
+        std::uint32_t b[4];
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(__byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x6420),
+                                               b[0], b[1]);
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(__byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x7531),
+                                               b[2], b[3]);
+        Mma::mma(o_acc[2 * g], pa[i], b[0], b[1]);
+        Mma::mma(o_acc[2 * g + 1], pa[i], b[2], b[3]);
       }
     }
   }

@@ -22,6 +22,14 @@ struct Base2NanMax {
   __device__ static __forceinline__ float max(float a, float b) { return math::nan_max(a, b); }
 };
 
+/// As `Base2NanMax`, the block maxima in one instruction each (`arch::max_nan`, no branch): the
+/// value of `math::nan_max` but for the sign of a zero max, which no exponential, rescale or LSE
+/// computed from it tells apart (`2^(s - m)` and `m + log2 l` are the same for `m = ±0`).
+struct Base2MaxNanInsn {
+  using State = math::OnlineSoftmax;
+  __device__ static __forceinline__ float max(float a, float b) { return arch::max_nan(a, b); }
+};
+
 /// Exclusive key limits of this thread's rows lane/4 and lane/4 + 8 of a tile whose first row
 /// is query row `row0` (`rows` valid rows): a query token (`p.group` rows each, `p.q_len`
 /// tokens) sees the keys up to its own position at the end of the `len` keys, and none at or
