@@ -298,7 +298,10 @@ std::string DecodePlan::to_string() const {
     return std::string(catalog::to_string(r.family)) + ", kernel " + decode_str(id) +
            " (head dim " + decode_str(r.head_dim) + ", " + attnstate::to_string(r.q) +
            " queries, " + attnstate::to_string(r.kv) + " K/V, " + decode_str(r.stages) +
-           " stages, " + catalog::variants_string(r.variants) + ")";
+           " stages, " +
+           (r.tile_keys == catalog::kDecodePairKeys ? "32 keys a warp's step (paired), "
+                                                    : std::string()) +
+           catalog::variants_string(r.variants) + ")";
   };
   const int S = d_.splits.max_splits;
   const int c = d_.split.cluster;

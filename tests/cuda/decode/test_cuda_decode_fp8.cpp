@@ -501,6 +501,43 @@ void expect_error(Fn&& fn, attnstate::Status status, const std::string& arg) {
   expect_named_error(fn, status, arg);
 }
 
+TEST(CudaDecodeFp8, ThePairedDepthsAreTakenOnlyByHand) {
+  // No GPU needed: single-split plans make no device query. The automatic plan keeps 16-key
+  // steps; split_stages 4 and 6 plan the paired rows (32 keys a warp's step), named in words.
+  namespace catalog = attnstate::catalog;
+  if (depths(128).size() < 3) GTEST_SKIP() << "no paired fp8 rows in this build";
+  DecodeProblem pr;
+  pr.batch = 2;
+  pr.heads_q = 32;
+  pr.heads_kv = 8;
+  pr.head_dim = 128;
+  pr.q_dtype = DType::kBF16;
+  pr.kv_dtype = DType::kE4M3;
+  const std::vector<std::int32_t> lens = {900, 40};
+  DecodeOptions o = policy(SplitPolicy::kFixedCount, 1);
+  o.kernel = attnstate::DecodeKernel::kSplit;
+  const cuda::DecodePlan a = cuda::plan_decode(pr, lens.data(), o, 132);
+  EXPECT_EQ(catalog::kRows[static_cast<std::size_t>(a.kernel_id())].tile_keys,
+            catalog::kDecodeTileRows);
+  EXPECT_EQ(a.to_string().find("paired"), std::string::npos) << a.to_string();
+  for (const int depth : {catalog::kDecodePairStages, catalog::kDecodePairDeepStages}) {
+    const cuda::DecodePlan b = cuda::plan_decode(pr, lens.data(), at_depth(o, depth), 132);
+    const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(b.kernel_id())];
+    EXPECT_EQ(r.tile_keys, catalog::kDecodePairKeys);
+    EXPECT_EQ(r.stages, depth);
+    EXPECT_EQ(b.split_launch().stages, depth);
+    EXPECT_NE(b.to_string().find("32 keys a warp's step (paired)"), std::string::npos)
+        << b.to_string();
+    EXPECT_NE(b.to_string().find("options.split_stages = " + std::to_string(depth)),
+              std::string::npos)
+        << b.to_string();
+  }
+  // not over a 16-bit cache
+  pr.kv_dtype = DType::kBF16;
+  expect_error([&] { cuda::plan_decode(pr, lens.data(), at_depth(o, 4), 132); },
+               attnstate::Status::kInvalidArgument, "options.split_stages");
+}
+
 TEST(CudaDecodeFp8, UnsupportedCasesAndBadScalesAreNamed) {
   using attnstate::Status;
   DecodeProblem pr;
