@@ -121,7 +121,7 @@ struct Row {
   Variants variants = 0;   ///< Variants it takes (beyond plain attention).
   int stages = 0;          ///< Pipeline depth (0: none).
   int tile_rows = 0;       ///< Query rows of a CTA tile (the merge: rows per CTA).
-  int tile_keys = 0;       ///< Keys per K/V tile (0: none).
+  int tile_keys = 0;       ///< Keys per K/V tile (the paired decode: a warp's step; 0: none).
   /// Resident CTAs per SM the kernel is built for (the register budget its launch bounds give
   /// each thread), which the planners size their grids by; 0: set by its shared memory (the
   /// decode: `decode_ctas_per_sm`) or none (the merge).
