@@ -13,7 +13,10 @@
 ///          heads, head dim 64, sinks, window 128) and Gemma-2-like (head dim 256, cap 50,
 ///          window 4096) shapes, each beside the plain decode of the keys its rows see;
 ///        - `fp8`: e4m3 and e5m2 caches (per-tensor scales, bf16 queries) beside the bf16 cache
-///          of the same batch: uniform batches and two ragged ones, GB/s of the bytes each reads.
+///          of the same batch: uniform batches and two ragged ones, GB/s of the bytes each reads;
+///          each with the automatic plan and with the split kernel's paired configuration
+///          (`split_stages` 4 and 6: 32 keys a warp's step, which the automatic plan never
+///          takes), each with its speedup over bf16.
 ///
 /// bf16, NHD pages (`--hnd`: HND), page ids in order (`--scatter`: a random permutation). Each
 /// time is the median of `--reps` (default 21) event-timed calls, each after an L2 flush.
@@ -81,6 +84,7 @@ struct Shape {
   AttentionVariant variant;  // plain unless the variants section sets one
   DType kv = DType::kBF16;   // bf16, or an fp8 cache (the fp8 section; bf16 queries)
   bool sinks = false;        // attention sinks fused into the final merge (the variants section)
+  int split_stages = 0;      // the split kernel at this depth (0: the automatic plan's kernel)
   std::int64_t tokens() const { return std::accumulate(lens.begin(), lens.end(), std::int64_t{0}); }
   double kv_bytes() const {
     return 2.0 * static_cast<double>(size_of(kv)) * static_cast<double>(tokens()) * hkv * d;
@@ -134,6 +138,10 @@ Timed time_decode(Env& env, const Shape& s, const std::vector<std::int32_t>& max
       [&] {
         DecodeOptions o;
         o.variant = s.variant;
+        if (s.split_stages != 0) {
+          o.kernel = DecodeKernel::kSplit;
+          o.split_stages = s.split_stages;
+        }
         return o;
       }(),
       env.num_sms);
@@ -314,11 +322,14 @@ __global__ void fill_fp8(unsigned char* p, std::size_t n, std::uint32_t seed) {
 }
 
 /// fp8 caches beside bf16 in the same run: uniform batches and a ragged one, e4m3 and e5m2, GB/s
-/// of the bytes each reads. Runs last: it overwrites the pools with fp8 bytes.
+/// of the bytes each reads; the automatic plan, then the split kernel's paired configuration at
+/// ring depths 4 and 6 (`pair4`, `pair6`: their plans, times and speedups over bf16). Runs last:
+/// it overwrites the pools with fp8 bytes.
 void fp8(Env& env, bool quick) {
   std::printf("\n## fp8 KV (32/8 heads, head dim 128, pages of 16; bf16 queries)\n");
-  std::printf("%-8s %5s %7s %6s %15s %9s %7s %6s %9s %8s\n", "lens", "batch", "ctx", "kv", "plan",
-              "time_us", "GB/s", "%copy", "bf16_us", "speedup");
+  std::printf("%-8s %5s %7s %6s %15s %9s %7s %6s %9s %8s %15s %9s %8s %15s %9s %8s\n", "lens",
+              "batch", "ctx", "kv", "plan", "time_us", "GB/s", "%copy", "bf16_us", "speedup",
+              "pair4_plan", "pair4_us", "speedup", "pair6_plan", "pair6_us", "speedup");
   const std::size_t bytes = env.pool_elems * 2;
   struct Pt {
     const char* dist;
@@ -346,15 +357,32 @@ void fp8(Env& env, bool quick) {
     for (DType f : {DType::kE4M3, DType::kE5M2}) {
       s.kv = f;
       const Timed t = time_decode(env, s);
-      std::printf("%-8s %5d %7d %6s %15s %9.1f %7.0f %6.1f %9.1f %8.3f\n", pt.dist, pt.batch,
-                  pt.ctx, to_string(f), plan_str(t.plan).c_str(), t.us, gbps(s, t.us),
-                  100 * gbps(s, t.us) / env.copy_gbps, b.us, b.us / t.us);
+      Timed pair[2];
+      for (int i = 0; i < 2; ++i) {
+        Shape ps = s;
+        ps.split_stages = i == 0 ? 4 : 6;
+        pair[i] = time_decode(env, ps);
+      }
+      std::printf(
+          "%-8s %5d %7d %6s %15s %9.1f %7.0f %6.1f %9.1f %8.3f %15s %9.1f %8.3f %15s %9.1f "
+          "%8.3f\n",
+          pt.dist, pt.batch, pt.ctx, to_string(f), plan_str(t.plan).c_str(), t.us, gbps(s, t.us),
+          100 * gbps(s, t.us) / env.copy_gbps, b.us, b.us / t.us, plan_str(pair[0].plan).c_str(),
+          pair[0].us, b.us / pair[0].us, plan_str(pair[1].plan).c_str(), pair[1].us,
+          b.us / pair[1].us);
       if (env.csv)
         std::fprintf(env.csv, "fp8,%s,%d,%.0f,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.4f,%s,%.2f,%.1f\n",
                      pt.dist, pt.batch, s.kv_bytes() / (1 << 20), s.hq, s.hkv, s.d, s.page,
                      *std::max_element(s.lens.begin(), s.lens.end()), plan_str(t.plan).c_str(),
                      t.us, gbps(s, t.us), gbps(s, t.us) / env.copy_gbps, to_string(f), b.us,
                      env.copy_gbps);
+      for (int i = 0; env.csv && i < 2; ++i)
+        std::fprintf(env.csv,
+                     "fp8_pair%d,%s,%d,%.0f,%d,%d,%d,%d,%d,%s,%.2f,%.1f,%.4f,%s,%.2f,%.1f\n",
+                     i == 0 ? 4 : 6, pt.dist, pt.batch, s.kv_bytes() / (1 << 20), s.hq, s.hkv, s.d,
+                     s.page, *std::max_element(s.lens.begin(), s.lens.end()),
+                     plan_str(pair[i].plan).c_str(), pair[i].us, gbps(s, pair[i].us),
+                     gbps(s, pair[i].us) / env.copy_gbps, to_string(f), b.us, env.copy_gbps);
     }
     s.kv = DType::kBF16;
   }

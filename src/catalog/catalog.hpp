@@ -126,7 +126,7 @@ struct Row {
   Variants variants = 0;   ///< Variants it takes (beyond plain attention).
   int stages = 0;          ///< Pipeline depth (0: none).
   int tile_rows = 0;       ///< Query rows of a CTA tile (the merge: rows per CTA).
-  int tile_keys = 0;       ///< Keys per K/V tile (0: none).
+  int tile_keys = 0;       ///< Keys per K/V tile (the paired decode: a warp's step; 0: none).
   /// Resident CTAs per SM the kernel is built for (the register budget its launch bounds give
   /// each thread), which the planners size their grids by; 0: set by its shared memory (the
   /// decode: `decode_ctas_per_sm`) or none (the merge).
@@ -205,6 +205,9 @@ inline constexpr DTypeMask k16Bit = mask(DType::kF16) | mask(DType::kBF16);
 inline constexpr DTypeMask kFp8 = mask(DType::kE4M3) | mask(DType::kE5M2);
 inline constexpr Tile kDecodeTile{kDecodeTileRows, kDecodeTileRows, kDecodeStages};
 inline constexpr Tile kDecodeShortTile{kDecodeTileRows, kDecodeTileRows, kDecodeShortStages};
+// The paired configuration (fp8): 32 keys a warp's step, rings of two and of three steps.
+inline constexpr Tile kDecodePairTile{kDecodeTileRows, kDecodePairKeys, kDecodePairStages};
+inline constexpr Tile kDecodePairDeepTile{kDecodeTileRows, kDecodePairKeys, kDecodePairDeepStages};
 inline constexpr Tile kStreamTile{kDecodeTileRows, kDecodeTileRows, kDecodeStreamStages};
 // The cascade level tiles (rows, keys, stages, CTAs per SM). mma.sync: 16 rows at 3 stages
 // (two CTAs per SM) or 2 (four: more CTAs for short splits), 64 rows (two) and 128 (one);
@@ -245,6 +248,10 @@ using ShortFp8HeadDims =
     compiled::Intersect<compiled::DecodeFp8HeadDims, compiled::IntList<kDecodeShortHeadDim>>::type;
 using ShortFp8VariantHeadDims = compiled::Intersect<compiled::DecodeFp8VariantHeadDims,
                                                     compiled::IntList<kDecodeShortHeadDim>>::type;
+using PairFp8HeadDims =
+    compiled::Intersect<compiled::DecodeFp8HeadDims, compiled::IntList<kDecodePairHeadDim>>::type;
+using PairFp8VariantHeadDims = compiled::Intersect<compiled::DecodeFp8VariantHeadDims,
+                                                   compiled::IntList<kDecodePairHeadDim>>::type;
 
 }  // namespace detail
 
@@ -384,6 +391,21 @@ inline constexpr Group kGroups[] = {
                                     kNeedsNothing, Family::kDecodeSplit),
                       detail::kDecodeShortTile),
         detail::ShortFp8VariantHeadDims{}),
+    // the paired configuration over fp8 caches (`kDecodePairKeys` keys a warp's step), at its
+    // head dim, both ring depths: plain, then the variant instance. After every other split row:
+    // only `DecodeOptions::split_stages` takes it, never the automatic plan.
+    detail::with_dims(
+        detail::tiles(
+            detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8, kStateDTypes, false,
+                          kSinks | kPriorStates, kNeedsNothing, Family::kDecodeSplit),
+            detail::kDecodePairTile, detail::kDecodePairDeepTile),
+        detail::PairFp8HeadDims{}),
+    detail::with_dims(
+        detail::tiles(detail::group(Family::kDecodeSplit, detail::k16Bit, detail::kFp8,
+                                    kStateDTypes, false, kWindow | kSoftCap | kSinks | kPriorStates,
+                                    kNeedsNothing, Family::kDecodeSplit),
+                      detail::kDecodePairTile, detail::kDecodePairDeepTile),
+        detail::PairFp8VariantHeadDims{}),
     // streamed decode: one split per request, aligned query rows, pages of whole 16-key tiles,
     // no prior states; else the plan's split launch; plain (sinks), then the variant instance
     // (window, soft cap, sinks)

@@ -33,6 +33,18 @@ inline constexpr int kDecodeShortStages = 2;
 inline constexpr int kDecodeShortHeadDim = 128;
 /// Splits of at most this many tokens run in the short-split configuration (0 disables it).
 inline constexpr std::int32_t kDecodeShortTokens = 256;
+/// Keys a warp takes per step in the paired configuration (fp8 caches): two of its 16-key tiles,
+/// whose score and `P V` chains it runs side by side, with one online-softmax update for both.
+/// An fp8 tile is half the bytes of a 16-bit one, so its dependent chain (copy wait, fragment
+/// loads, conversions, MMAs, softmax) is twice as long per byte: two independent ones per warp
+/// hide its latency. Only `DecodeOptions::split_stages` selects it (the automatic plan does not).
+inline constexpr int kDecodePairKeys = 2 * kDecodeTileRows;
+/// Ring depths (16-key tiles per warp, an even count: whole steps) of the paired configuration:
+/// two steps (three CTAs per SM at its head dim), and three (two CTAs per SM).
+inline constexpr int kDecodePairStages = 4;
+inline constexpr int kDecodePairDeepStages = 6;
+/// The head dim of the paired configuration's instances (the only one).
+inline constexpr int kDecodePairHeadDim = 128;
 /// Largest split count merged inside a thread-block cluster through distributed shared memory
 /// (no workspace round trip, no ticket); more splits merge through the workspace. 1 disables the
 /// cluster merge; at most 8 (the portable cluster size).

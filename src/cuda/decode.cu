@@ -100,10 +100,11 @@ catalog::Query split_row(std::int64_t head_dim, DType q_dt, DType dt, int stages
 }
 
 /// Fills `f.resident_clusters` for the split kernel of (`head_dim`, KV dtype `dt`, query dtype
-/// `q_dt`) on the current device: the plain rows at the default depth (`[0]`) and at the
-/// short-split depth (`[1]`, where the catalog holds one), through the launch table.
-void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, plan::DecodeFacts& f) {
-  const int depths[2] = {detail::kDecodeStages, detail::kDecodeShortStages};
+/// `q_dt`) on the current device: the plain rows at the default depth (`[0]`) and at the plan's
+/// other depth `other` (`[1]`, where the catalog holds one: the short-split depth, or one
+/// `DecodeOptions::split_stages` named), through the launch table.
+void query_occupancy(std::int64_t head_dim, DType dt, DType q_dt, int other, plan::DecodeFacts& f) {
+  const int depths[2] = {detail::kDecodeStages, other};
   for (int row = 0; row < 2; ++row) {
     const catalog::Query q = split_row(head_dim, q_dt, dt, depths[row]);
     const int id = catalog::find_id(q);
@@ -297,7 +298,10 @@ std::string DecodePlan::to_string() const {
     return std::string(catalog::to_string(r.family)) + ", kernel " + decode_str(id) +
            " (head dim " + decode_str(r.head_dim) + ", " + attnstate::to_string(r.q) +
            " queries, " + attnstate::to_string(r.kv) + " K/V, " + decode_str(r.stages) +
-           " stages, " + catalog::variants_string(r.variants) + ")";
+           " stages, " +
+           (r.tile_keys == catalog::kDecodePairKeys ? "32 keys a warp's step (paired), "
+                                                    : std::string()) +
+           catalog::variants_string(r.variants) + ")";
   };
   const int S = d_.splits.max_splits;
   const int c = d_.split.cluster;
@@ -344,7 +348,10 @@ DecodePlan plan_decode(const DecodeProblem& problem, const std::int32_t* seq_len
   // requests, the device's occupancy (queried once per device) for the merge's clusters
   plan::DecodeChoice c = plan::resolve_decode(fn, problem, lens, options, num_sms, facts);
   if (c.grid > 0 && c.splits.max_splits > 1) {
-    query_occupancy(problem.head_dim, problem.kv_dtype, problem.q_dtype, facts);
+    const int other = c.split_ids[1] >= 0
+                          ? catalog::kRows[static_cast<std::size_t>(c.split_ids[1])].stages
+                          : detail::kDecodeShortStages;
+    query_occupancy(problem.head_dim, problem.kv_dtype, problem.q_dtype, other, facts);
     c.split = plan::resolve_split_launch(facts, c.split_ids, c.splits, num_sms, c.grid,
                                          c.forced_stages, c.forced_cluster);
   }

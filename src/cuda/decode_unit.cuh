@@ -42,9 +42,9 @@ constexpr bool in_unit() {
 /// Clusters of each size (index 2..8) of one split-kernel instance resident at once on the
 /// current device: its dynamic shared-memory limit raised, then one occupancy query per size,
 /// once per device.
-template <int D, bool kBF16, int kStages, int kKv>
+template <int D, bool kBF16, int kStages, int kKv, int kKeys>
 const std::array<int, plan::kMaxCluster + 1>& resident_clusters() {
-  constexpr auto kernel = decode_split_kv_kernel<D, kBF16, kStages, false, kKv>;
+  constexpr auto kernel = decode_split_kv_kernel<D, kBF16, kStages, false, kKv, kKeys>;
   static PerDevice<std::array<int, plan::kMaxCluster + 1>> cache;
   return cache.current([](int) {
     const int smem = static_cast<int>(decode_smem_bytes(D, kStages, kKv == tile::kKvSame ? 2 : 1));
@@ -66,10 +66,10 @@ const std::array<int, plan::kMaxCluster + 1>& resident_clusters() {
   });
 }
 
-/// The split kernel on `grid` CTAs (clusters of `p.cluster`).
-template <int D, bool kBF16, int kStages, bool kVariant, int kKv>
+/// The split kernel on `grid` CTAs (clusters of `p.cluster`), `kKeys` keys a warp's step.
+template <int D, bool kBF16, int kStages, bool kVariant, int kKv, int kKeys>
 void launch_split(const DecodeParams& p, const DecodeLaunch& l, cudaStream_t stream) {
-  constexpr auto kernel = decode_split_kv_kernel<D, kBF16, kStages, kVariant, kKv>;
+  constexpr auto kernel = decode_split_kv_kernel<D, kBF16, kStages, kVariant, kKv, kKeys>;
   const int smem = static_cast<int>(decode_smem_bytes(D, kStages, kKv == tile::kKvSame ? 2 : 1));
   raise_smem_limit<kernel>(smem);  // on the device of this run (cached per device)
   LaunchConfig c;
@@ -113,7 +113,7 @@ bool launch_row(int id, const DecodeParams& p, const DecodeLaunch& l, cudaStream
     if constexpr (r.family == catalog::Family::kDecodeStream)
       launch_stream<D, kBF16, kVariant, tile::kv_policy(r.kv)>(p, l, stream);
     else
-      launch_split<D, kBF16, r.stages, kVariant, tile::kv_policy(r.kv)>(p, l, stream);
+      launch_split<D, kBF16, r.stages, kVariant, tile::kv_policy(r.kv), r.tile_keys>(p, l, stream);
     return true;
   } else {
     return false;
@@ -127,7 +127,8 @@ const ResidentClusters* clusters_row(int id) {
   if constexpr (in_unit<D, U, I>() && (U == DecodeUnit::kSplit || U == DecodeUnit::kFp8)) {
     if (id != static_cast<int>(I)) return nullptr;
     constexpr catalog::Row r = catalog::kRows[I];
-    return &resident_clusters<D, r.q == DType::kBF16, r.stages, tile::kv_policy(r.kv)>();
+    return &resident_clusters<D, r.q == DType::kBF16, r.stages, tile::kv_policy(r.kv),
+                              r.tile_keys>();
   } else {
     return nullptr;
   }

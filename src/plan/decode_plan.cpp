@@ -313,7 +313,13 @@ SplitLaunch resolve_split_launch(const DecodeFacts& f, const int (&split_ids)[2]
 
 bool split_launch_valid(const DecodeFacts& f, const int (&split_ids)[2], const SplitLayout& splits,
                         const SplitLaunch& launch, const char** why) {
-  if (launch.stages != f.stages && !(split_ids[1] >= 0 && launch.stages == f.short_stages)) {
+  // the other row's depth: the short-split one, or one a hand choice named
+  const bool other =
+      split_ids[1] >= 0 &&
+      (launch.stages == f.short_stages ||
+       (split_ids[1] < catalog::kNumRows &&
+        launch.stages == catalog::kRows[static_cast<std::size_t>(split_ids[1])].stages));
+  if (launch.stages != f.stages && !other) {
     *why = "a compiled pipeline depth";
     return false;
   }
@@ -398,18 +404,37 @@ std::string kernel_str(DecodeKernel k) {
   return "value " + str(static_cast<int>(k));
 }
 
+/// The depths of the split rows answering `split` (any depth): the default `f.stages` first,
+/// then the others ascending, as "3, 2 or 4".
+std::string depths_string(const catalog::Query& split, const DecodeFacts& f) {
+  std::vector<int> depths;
+  for (const catalog::Row* r = catalog::find(split); r != nullptr; r = catalog::find_next(split, r))
+    if (std::find(depths.begin(), depths.end(), r->stages) == depths.end())
+      depths.push_back(r->stages);
+  std::sort(depths.begin(), depths.end(), [&](int a, int b) {
+    return a == f.stages ? b != f.stages : b == f.stages ? false : a < b;
+  });
+  std::string s;
+  for (std::size_t i = 0; i < depths.size(); ++i)
+    s += std::string(i == 0 ? "" : i + 1 == depths.size() ? " or " : ", ") + str(depths[i]);
+  return s;
+}
+
 /// Checks the split launch `options` asks for (`split_stages`, `split_cluster`; 0 = the rule's)
-/// against the compiled split rows (`c.split_ids`) and the layout, naming the field.
+/// against the compiled split rows (`c.split_ids`: the default depth's and the other one's, the
+/// rows answering `split`) and the layout, naming the field.
 void check_forced_launch(const char* fn, const DecodeOptions& options, const DecodeFacts& f,
-                         DecodeChoice& c) {
+                         const catalog::Query& split, DecodeChoice& c) {
   if (options.split_stages != 0) {
-    const bool ok = (options.split_stages == f.stages && c.split_ids[0] >= 0) ||
-                    (options.split_stages == f.short_stages && c.split_ids[1] >= 0);
+    const bool ok =
+        (options.split_stages == f.stages && c.split_ids[0] >= 0) ||
+        (c.split_ids[1] >= 0 &&
+         options.split_stages == catalog::kRows[static_cast<std::size_t>(c.split_ids[1])].stages);
     if (!ok)
-      throw_argument(fn, "options.split_stages",
-                     "0 (the planner's) or a depth compiled for the problem: " + str(f.stages) +
-                         (c.split_ids[1] >= 0 ? " or " + str(f.short_stages) : std::string()),
-                     str(options.split_stages));
+      throw_argument(
+          fn, "options.split_stages",
+          "0 (the planner's) or a depth compiled for the problem: " + depths_string(split, f),
+          str(options.split_stages));
     c.forced_stages = options.split_stages;
   }
   if (options.split_cluster != 0) {
@@ -454,9 +479,15 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
                          ")",
                      str(options.plan_ctas_per_sm));
   }
-  const int per_sm = options.plan_ctas_per_sm != 0 ? options.plan_ctas_per_sm
-                     : f.plan_ctas_per_sm > 0      ? std::min(f.plan_ctas_per_sm, f.ctas_per_sm)
-                                                   : f.ctas_per_sm;
+  int per_sm = options.plan_ctas_per_sm != 0 ? options.plan_ctas_per_sm
+               : f.plan_ctas_per_sm > 0      ? std::min(f.plan_ctas_per_sm, f.ctas_per_sm)
+                                             : f.ctas_per_sm;
+  // a depth asked by hand that keeps fewer CTAs resident (the paired configuration): no more
+  // slots than it has (a depth the catalog lacks is refused below)
+  if (options.split_stages > 0)
+    per_sm = std::min(per_sm, catalog::decode_ctas_per_sm(static_cast<int>(problem.head_dim),
+                                                          options.split_stages,
+                                                          is_fp8(problem.kv_dtype) ? 1 : 2));
   DecodeChoice c;
   c.row_tiles = decode_row_tiles(problem, f.tile_rows);
   const std::int64_t slots = static_cast<std::int64_t>(num_sms) * per_sm;
@@ -471,8 +502,10 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
   catalog::Query depth = split;
   depth.stages = f.stages;
   c.split_ids[0] = catalog::find_id(depth);
-  depth.stages = f.short_stages;
-  c.split_ids[1] = f.short_stages != f.stages ? catalog::find_id(depth) : -1;
+  // the plan's other depth: the short-split one, or the one `options.split_stages` names
+  depth.stages = options.split_stages > 0 && options.split_stages != f.stages ? options.split_stages
+                                                                              : f.short_stages;
+  c.split_ids[1] = depth.stages != f.stages ? catalog::find_id(depth) : -1;
   // Automatic policy, one split each, requests up to the cap and enough items to keep at least
   // 3/4 of the streamed kernel's warps busy on every SM: the streamed kernel (its warps' copies
   // run on from one item into the next). With fewer items its SMs hold too few warps to hide
@@ -511,7 +544,7 @@ DecodeChoice resolve_decode(const char* fn, const DecodeProblem& problem,
   }
   c.streamed = c.reason == DecodeReason::kStreamedAuto || c.reason == DecodeReason::kStreamedAsked;
   c.stream_id = c.streamed ? stream_id : -1;
-  check_forced_launch(fn, options, f, c);
+  check_forced_launch(fn, options, f, split, c);
   c.grid = grid;
   c.split = resolve_split_launch(f, c.split_ids, c.splits, num_sms, grid, c.forced_stages,
                                  c.forced_cluster);

@@ -100,7 +100,14 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
       static_cast<int>(compiled::DecodeFp8HeadDims::size() + ShortFp8::size() +
                        compiled::DecodeFp8VariantHeadDims::size() + ShortFp8Variant::size()) *
       dtypes * fp8;
-  EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8);  // plain and variant, each K/V
+  // the paired configuration over fp8: plain and variant at its head dim, two ring depths
+  using PairFp8 = compiled::Intersect<compiled::DecodeFp8HeadDims,
+                                      compiled::IntList<catalog::kDecodePairHeadDim>>::type;
+  using PairFp8Variant = compiled::Intersect<compiled::DecodeFp8VariantHeadDims,
+                                             compiled::IntList<catalog::kDecodePairHeadDim>>::type;
+  const int pair8 = static_cast<int>(PairFp8::size() + PairFp8Variant::size()) * 2 * dtypes * fp8;
+  // plain and variant, each K/V
+  EXPECT_EQ(rows_of(Family::kDecodeSplit), 2 * split16 + split8 + pair8);
   EXPECT_EQ(rows_of(Family::kDecodeStream),  // plain, variant; 16-bit and each fp8 K/V
             (static_cast<int>(compiled::DecodeStreamHeadDims::size()) +
              static_cast<int>(compiled::DecodeStreamFp8HeadDims::size()) * fp8) *
@@ -397,9 +404,22 @@ TEST(Catalog, PlannerFactsAgreeWithTheRows) {
       const int bytes = attnstate::is_fp8(r.kv) ? 1 : 2;
       const plan::DecodeFacts f = plan::decode_kernel_facts(r.head_dim, bytes);
       EXPECT_EQ(f.tile_rows, r.tile_rows);
-      EXPECT_TRUE(r.stages == f.stages ||
-                  (r.stages == f.short_stages && r.head_dim == catalog::kDecodeShortHeadDim))
-          << r.head_dim << " stages " << r.stages;
+      // 16-key steps at the default or the short-split depth; or the paired configuration (fp8,
+      // its head dim, an even ring of tiles)
+      const bool paired = r.tile_keys == catalog::kDecodePairKeys;
+      if (paired) {
+        EXPECT_TRUE(
+            attnstate::is_fp8(r.kv) && r.head_dim == catalog::kDecodePairHeadDim &&
+            (r.stages == catalog::kDecodePairStages || r.stages == catalog::kDecodePairDeepStages))
+            << r.head_dim << " stages " << r.stages;
+        // a depth of its own: `DecodeOptions::split_stages` names it
+        EXPECT_TRUE(r.stages != f.stages && r.stages != f.short_stages) << r.stages;
+      } else {
+        EXPECT_EQ(r.tile_keys, f.tile_rows);
+        EXPECT_TRUE(r.stages == f.stages ||
+                    (r.stages == f.short_stages && r.head_dim == catalog::kDecodeShortHeadDim))
+            << r.head_dim << " stages " << r.stages;
+      }
       EXPECT_EQ(f.ctas_per_sm, catalog::decode_ctas_per_sm(r.head_dim, f.stages, bytes));
       EXPECT_TRUE(plan::decode_head_dim_supported(r.head_dim));
     } else if (r.family == Family::kDecodeStream) {

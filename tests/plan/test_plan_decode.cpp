@@ -543,6 +543,70 @@ TEST(PlanDecode, HandChoicesAreCheckedByName) {
       8);
 }
 
+TEST(PlanDecode, PairedFp8DepthsAreTakenOnlyByHand) {
+  // the paired fp8 rows (32 keys a warp's step, rings of 4 and 6 tiles): never the automatic
+  // plan's; `options.split_stages` takes them (plain or with a variant) and the automatic layout
+  // then fills only the CTAs per SM they keep resident; a problem without them refuses the depth
+  // by name, listing the depths it has
+  namespace catalog = attnstate::catalog;
+  if (!compiled::contains(compiled::DecodeFp8HeadDims{}, catalog::kDecodePairHeadDim))
+    GTEST_SKIP() << "no fp8 decode at the paired head dim";
+  const std::vector<std::int32_t> lens = {131072};
+  DecodeProblem pr = problem(1, 8, catalog::kDecodePairHeadDim);
+  pr.kv_dtype = DType::kE4M3;
+  plan::DecodeFacts f = plan::decode_kernel_facts(catalog::kDecodePairHeadDim, 1);
+  for (auto& row : f.resident_clusters)
+    for (int c = 2; c <= plan::kMaxCluster; ++c) row[c] = 1000;
+  const plan::DecodeChoice automatic =
+      plan::resolve_decode(kFn, pr, lens.data(), DecodeOptions{}, 132, f);
+  const catalog::Row& ar = catalog::kRows[static_cast<std::size_t>(automatic.kernel_id())];
+  EXPECT_EQ(ar.tile_keys, f.tile_rows);
+  EXPECT_EQ(automatic.split.stages, f.stages);
+  for (const int depth : {catalog::kDecodePairStages, catalog::kDecodePairDeepStages})
+    for (const float cap : {0.f, 30.f}) {
+      SCOPED_TRACE("depth " + std::to_string(depth) + " cap " + std::to_string(cap));
+      DecodeOptions o;
+      o.split_stages = depth;
+      o.variant.logits_soft_cap = cap;
+      const plan::DecodeChoice c = plan::resolve_decode(kFn, pr, lens.data(), o, 132, f);
+      ASSERT_GE(c.split_ids[1], 0);
+      EXPECT_EQ(c.kernel_id(), c.split_ids[1]);
+      const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(c.kernel_id())];
+      EXPECT_EQ(r.stages, depth);
+      EXPECT_EQ(r.tile_keys, catalog::kDecodePairKeys);
+      EXPECT_EQ(r.kv, DType::kE4M3);
+      EXPECT_EQ(c.split.stages, depth);
+      // a grid of at most the depth's resident CTAs (fewer than the default depth's)
+      const int per_sm = catalog::decode_ctas_per_sm(catalog::kDecodePairHeadDim, depth, 1);
+      EXPECT_LT(per_sm, f.ctas_per_sm);
+      EXPECT_LE(c.grid, 132 * per_sm);
+      if (cap == 0.f) EXPECT_LT(c.grid, automatic.grid);
+      const char* why = nullptr;
+      EXPECT_TRUE(plan::split_launch_valid(f, c.split_ids, c.splits, c.split, &why));
+      // kept for a smaller grid (a smaller run batch)
+      EXPECT_EQ(plan::resolve_split_launch(f, c.split_ids, c.splits, 132, c.grid / 2,
+                                           c.forced_stages, c.forced_cluster)
+                    .stages,
+                depth);
+    }
+  // 16-bit caches have no paired rows
+  DecodeOptions o;
+  o.split_stages = catalog::kDecodePairStages;
+  const Error e = error_of([&] {
+    plan::resolve_decode(kFn, problem(1, 8, catalog::kDecodePairHeadDim), lens.data(), o, 132,
+                         facts());
+  });
+  EXPECT_EQ(e.status(), Status::kInvalidArgument);
+  const std::string what = e.what();
+  EXPECT_NE(what.find("options.split_stages"), std::string::npos) << what;
+  EXPECT_NE(what.find("3 or 2"), std::string::npos) << what;
+  // the fp8 problem names its paired depths among its own
+  o.split_stages = 5;
+  const std::string fp8_what =
+      error_of([&] { plan::resolve_decode(kFn, pr, lens.data(), o, 132, f); }).what();
+  EXPECT_NE(fp8_what.find("3, 2, 4 or 6"), std::string::npos) << fp8_what;
+}
+
 TEST(PlanDecode, StreamedPlanFallsBackOnRunTimeConditions) {
   namespace catalog = attnstate::catalog;
   using catalog::Family;

@@ -132,13 +132,15 @@ struct DecodeOptions {
 
   // CUDA backend only (`cuda::plan_decode` checks them; the CPU backend ignores them): hand
   // choices of the kernel and its launch, for comparisons and tests. Each choice gives the same
-  // results up to rounding (the launch overrides: the same bits).
+  // results up to rounding (the launch overrides: the same bits, but for the paired depths).
 
   /// The kernel: `kAuto` (the planner), `kSplit`, or `kStreamed` (refused by name unless every
   /// request has one split and a streamed instance takes the problem and variant).
   DecodeKernel kernel = DecodeKernel::kAuto;
   /// The split kernel's pipeline depth: 0 (the planner), or a compiled depth (3, or 2 at head
-  /// dim 128).
+  /// dim 128; over fp8 caches at head dim 128 also 4 and 6: the paired configuration, whose warps
+  /// take 32 keys a step, which the planner never picks; its results differ from the other
+  /// depths' by rounding, and the automatic layout then fills only the CTAs it keeps resident).
   int split_stages = 0;
   /// CTAs per thread-block cluster of the split kernel: 0 (the planner), 1, the split count
   /// (at most 8: the cluster merge) or a smaller divisor of it up to 8 (the workspace merge in

@@ -26,6 +26,7 @@
 
 #include "attnstate/core/dtype.hpp"
 #include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/convert.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/tile/attention_tile.cuh"
 #include "cuda/tile/softmax_step.cuh"
@@ -168,6 +169,83 @@ __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t
       const std::uint32_t odd = __byte_perm(r[2 * h], r[2 * h + 1], 0x7531);
       Mma::mma(o_acc[2 * g], pa, fp8x2_to_f16x2<kKv>(even), fp8x2_to_f16x2<kKv>(even >> 16));
       Mma::mma(o_acc[2 * g + 1], pa, fp8x2_to_f16x2<kKv>(odd), fp8x2_to_f16x2<kKv>(odd >> 16));
+    }
+  }
+}
+
+/// Two 16-key tiles of a warp over fp8 K/V in one step (first keys `t0[0]`, `t0[1]`; K and V
+/// stages at `k_stage[i]` / `v_stage[i]`): as `attention_tile_fp8` for each, with the work of
+/// both side by side so that their chains overlap — each k-step's query fragment serves both
+/// tiles' score MMAs (four independent accumulator chains), one online-softmax step over the 32
+/// keys (`online_softmax_runs`), and each output n-tile takes both tiles' `P V` MMAs. The score
+/// of every key is the same sum as `attention_tile_fp8` forms; only the softmax's running max
+/// moves once per 32 keys instead of per 16 (rounding only). Each fp8 quadruple converts with no
+/// shift of its upper pair (`arch::fp8x4_to_f16x2x2`), and the block maxima take no branch
+/// (`Base2MaxNanInsn`: the same values).
+template <int D, int kKv, class QFrag, class Scores>
+__device__ __forceinline__ void attention_pair_fp8(QFrag&& q_frag,
+                                                   const std::uint32_t (&k_stage)[2],
+                                                   const std::uint32_t (&v_stage)[2],
+                                                   const int (&t0)[2], const int (&lim)[2],
+                                                   float s2_scale, math::OnlineSoftmax (&os)[2],
+                                                   float (&o_acc)[D / 8][4], const Scores& scores) {
+  using Mma = arch::Mma16816<__half>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float sc[4][4];  // n-tiles 2i, 2i + 1: tile i's keys 0-7 and 8-15
+#pragma unroll
+  for (int n = 0; n < 4; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) arch::ldmatrix_x4(r[i], k_stage[i] + fp8_lane_offset<D>(lane, j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-step 2j + h
+      std::uint32_t a[4];
+      q_frag(2 * j + h, a);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        std::uint32_t b[4];
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(r[i][2 * h], b[0], b[1]);
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(r[i][2 * h + 1], b[2], b[3]);
+        Mma::mma(sc[2 * i], a, b[0], b[1]);
+        Mma::mma(sc[2 * i + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  float pr[4][4];
+  // the block maxima without branches: 16 scores a row per step (`Base2MaxNanInsn`)
+  online_softmax_runs<32, D, 16, Base2MaxNanInsn>(sc, pr, o_acc, os, lim, t0, s2_scale, lane,
+                                                  scores);
+
+  std::uint32_t pa[2][4];  // f16 probabilities of each tile
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    pa[i][0] = Mma::pack(pr[2 * i][0], pr[2 * i][1]);
+    pa[i][1] = Mma::pack(pr[2 * i][2], pr[2 * i][3]);
+    pa[i][2] = Mma::pack(pr[2 * i + 1][0], pr[2 * i + 1][1]);
+    pa[i][3] = Mma::pack(pr[2 * i + 1][2], pr[2 * i + 1][3]);
+  }
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    std::uint32_t r[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      arch::ldmatrix_x4_trans(r[i], v_stage[i] + fp8_lane_offset<D>(lane, j));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // chunk g = 2j + h, as in `attention_tile_fp8`
+      const int g = 2 * j + h;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        std::uint32_t b[4];
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(__byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x6420),
+                                               b[0], b[1]);
+        arch::fp8x4_to_f16x2x2<kKv == kKvE4M3>(__byte_perm(r[i][2 * h], r[i][2 * h + 1], 0x7531),
+                                               b[2], b[3]);
+        Mma::mma(o_acc[2 * g], pa[i], b[0], b[1]);
+        Mma::mma(o_acc[2 * g + 1], pa[i], b[2], b[3]);
+      }
     }
   }
 }

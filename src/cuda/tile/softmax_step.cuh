@@ -22,6 +22,14 @@ struct Base2NanMax {
   __device__ static __forceinline__ float max(float a, float b) { return math::nan_max(a, b); }
 };
 
+/// As `Base2NanMax`, the block maxima in one instruction each (`arch::max_nan`, no branch): the
+/// value of `math::nan_max` but for the sign of a zero max, which no exponential, rescale or LSE
+/// computed from it tells apart (`2^(s - m)` and `m + log2 l` are the same for `m = ±0`).
+struct Base2MaxNanInsn {
+  using State = math::OnlineSoftmax;
+  __device__ static __forceinline__ float max(float a, float b) { return arch::max_nan(a, b); }
+};
+
 /// Exclusive key limits of this thread's rows lane/4 and lane/4 + 8 of a tile whose first row
 /// is query row `row0` (`rows` valid rows): a query token (`p.group` rows each, `p.q_len`
 /// tokens) sees the keys up to its own position at the end of the `len` keys, and none at or
@@ -84,20 +92,25 @@ struct VariantScores {
   }
 };
 
-/// One online-softmax step over a score tile of `NK` keys (`s`: the raw scores `q·k`, two
-/// columns per n-tile of 8 keys, key `t0 + 8n + 2(lane % 4) + e`): scales them by `scale` (base
-/// 2), masks keys at or past `lim[h]`, raises each row's running max (the block max reduced over
-/// the quad), rescales the rows' accumulator `acc` (D / 8 n-tiles) when any row of the warp's
-/// max moved, and leaves the unnormalised probabilities in `pr`, their sum added to the state.
-/// `lane`: this thread's lane (the caller's, so that it is computed once). The block maxima go
-/// through `Policy::max`; the exponentials are the state's (`rescale`, `prob`). `scores` maps a
-/// dot product to its base-2 score (`PlainScores`: times `scale`; `VariantScores`).
-template <int NK, int D, class Policy = Base2NanMax, class Scores = PlainScores>
-__device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float (&pr)[NK / 8][4],
+/// One online-softmax step over a score block of `NK` keys made of runs of `kRunKeys`
+/// consecutive keys (`s`: the raw scores `q·k`, two columns per n-tile of 8 keys; n-tile `n`
+/// holds key `t0[n / (kRunKeys / 8)] + 8 (n % (kRunKeys / 8)) + 2(lane % 4) + e`): scales them
+/// by `scale` (base 2), masks keys at or past `lim[h]`, raises each row's running max (the block
+/// max reduced over the quad), rescales the rows' accumulator `acc` (D / 8 n-tiles) when any row
+/// of the warp's max moved, and leaves the unnormalised probabilities in `pr`, their sum added to
+/// the state. `lane`: this thread's lane (the caller's, so that it is computed once). The block
+/// maxima go through `Policy::max`; the exponentials are the state's (`rescale`, `prob`).
+/// `scores` maps a dot product to its base-2 score (`PlainScores`: times `scale`;
+/// `VariantScores`).
+template <int NK, int D, int kRunKeys, class Policy = Base2NanMax, class Scores = PlainScores>
+__device__ __forceinline__ void online_softmax_runs(float (&s)[NK / 8][4], float (&pr)[NK / 8][4],
                                                     float (&acc)[D / 8][4],
                                                     typename Policy::State (&os)[2],
-                                                    const int (&lim)[2], int t0, float scale,
+                                                    const int (&lim)[2],
+                                                    const int (&t0)[NK / kRunKeys], float scale,
                                                     int lane, const Scores& scores = Scores()) {
+  static_assert(kRunKeys % 8 == 0 && NK % kRunKeys == 0, "runs of whole n-tiles");
+  constexpr int kRunTiles = kRunKeys / 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float bm = math::neg_inf();
@@ -105,7 +118,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float
     for (int j = 0; j < NK / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int t = t0 + j * 8 + 2 * (lane & 3) + e;
+        const int t = t0[j / kRunTiles] + (j % kRunTiles) * 8 + 2 * (lane & 3) + e;
         float v = scores(s[j][2 * h + e], scale, t, h);
         if (t >= lim[h]) v = math::neg_inf();
         s[j][2 * h + e] = v;
@@ -136,6 +149,17 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float
     }
     os[h].add(psum);
   }
+}
+
+/// `online_softmax_runs` over `NK` consecutive keys from `t0`.
+template <int NK, int D, class Policy = Base2NanMax, class Scores = PlainScores>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NK / 8][4], float (&pr)[NK / 8][4],
+                                                    float (&acc)[D / 8][4],
+                                                    typename Policy::State (&os)[2],
+                                                    const int (&lim)[2], int t0, float scale,
+                                                    int lane, const Scores& scores = Scores()) {
+  const int t0s[1] = {t0};
+  online_softmax_runs<NK, D, NK, Policy, Scores>(s, pr, acc, os, lim, t0s, scale, lane, scores);
 }
 
 }  // namespace tile

@@ -4,7 +4,9 @@
 ///        bf16 and f16 queries, the three kinds of scale (a host value, a device scalar, per KV
 ///        head), scales 1, 2^-10 and 2^8, stored values over the whole format range, every split
 ///        policy, pages of 1, 5, 16 and 32 tokens (NHD and HND, CSR and block table), ragged
-///        lengths with empty and one-token requests, q_len up to 4; NaN encodings propagate; a
+///        lengths with empty and one-token requests, q_len up to 4, at the planner's depth and, at
+///        head dim 128, at the paired configuration's (`split_stages` 4 and 6: 32 keys a warp's
+///        step, also in the variant and NaN cases); NaN encodings propagate; a
 ///        graph replays with the scale its device buffer holds at replay; runs are bitwise
 ///        repeatable; windows and soft caps (the fp8 variant instance) match the CPU decode; the
 ///        cases not compiled and bad scale pointers get named errors.
@@ -22,6 +24,7 @@
 #include "attnstate/core/error.hpp"
 #include "attnstate/cpu/decode.hpp"
 #include "attnstate/cuda/decode.hpp"
+#include "catalog/catalog.hpp"
 #include "common/compiled.hpp"
 #include "cuda_test_utils.hpp"
 #include "decode_device_problem.hpp"
@@ -192,8 +195,19 @@ struct Fp8Run {
 /// The f16-operand decode's bound (P and the queries are f16 operands on the tensor cores).
 constexpr double kOTol = 4e-3;
 
+/// "" when the plan of `r` runs the split kernel at the depth `opt` names (when it names one).
+std::string check_depth(const Fp8Run& r, const DecodeOptions& opt) {
+  if (opt.split_stages == 0) return "";
+  const attnstate::catalog::Row& row =
+      attnstate::catalog::kRows[static_cast<std::size_t>(r.plan.kernel_id())];
+  return row.family == attnstate::catalog::Family::kDecodeSplit && row.stages == opt.split_stages
+             ? ""
+             : "the plan holds another kernel: " + r.plan.to_string();
+}
+
 std::string check_case(const Fp8Problem& p, ScaleKind kind, const DecodeOptions& opt) {
   Fp8Run r(p, kind, opt);
+  if (!check_depth(r, opt).empty()) return check_depth(r, opt);
   const auto got = r.run();
   const auto again = r.run();
   if (got.first != again.first || got.second != again.second) return "not bitwise repeatable";
@@ -207,6 +221,7 @@ std::string check_variant_case(const Fp8Problem& p, ScaleKind kind, const Decode
                                attnstate::DecodeKernel kernel) {
   Fp8Run r(p, kind, opt);
   if (r.plan.kernel() != kernel) return "the plan holds another kernel";
+  if (!check_depth(r, opt).empty()) return check_depth(r, opt);
   const auto got = r.run();
   const auto again = r.run();
   if (got.first != again.first || got.second != again.second) return "not bitwise repeatable";
@@ -228,6 +243,29 @@ DecodeOptions policy(SplitPolicy pol, int n) {
   return o;
 }
 
+/// The split kernel's depths a case runs at head dim `D`: the planner's (0), and the paired
+/// configuration's (32 keys a warp's step, rings of 4 and 6 tiles) where it is compiled.
+std::vector<int> depths(std::int64_t D) {
+  namespace catalog = attnstate::catalog;
+  std::vector<int> d = {0};
+  if (D == catalog::kDecodePairHeadDim &&
+      attnstate::compiled::contains(attnstate::compiled::DecodeFp8HeadDims{}, D)) {
+    d.push_back(catalog::kDecodePairStages);
+    d.push_back(catalog::kDecodePairDeepStages);
+  }
+  return d;
+}
+
+/// `o` at the split kernel's depth `depth` (0: the planner's; else the split kernel asked for
+/// at that depth).
+DecodeOptions at_depth(DecodeOptions o, int depth) {
+  if (depth != 0) {
+    o.kernel = attnstate::DecodeKernel::kSplit;
+    o.split_stages = depth;
+  }
+  return o;
+}
+
 TEST(CudaDecodeFp8, MatchesTheDequantisedReference) {
   ATTNSTATE_REQUIRE_GPU();
   const std::uint64_t seed = std::random_device{}();
@@ -244,6 +282,7 @@ TEST(CudaDecodeFp8, MatchesTheDequantisedReference) {
       {2, 16, 2, 256, 5, attnstate::KvLayout::kHND, true},
       {4, 28, 4, 128, 32, attnstate::KvLayout::kHND, false},
       {1, 64, 8, 256, 16, attnstate::KvLayout::kNHD, false},
+      {3, 16, 4, 128, 5, attnstate::KvLayout::kHND, true},
   };
   const float scales[] = {1.f, 0x1p-10f, 0x1p8f};
   int n = 0;
@@ -259,14 +298,17 @@ TEST(CudaDecodeFp8, MatchesTheDequantisedReference) {
         // full-range codes at the scale that maps the format's largest value to 1
         const float scale = full ? (fmt == DType::kE4M3 ? 1.f / 448 : 1.f / 57344) : scales[n % 3];
         const Fp8Problem p = make_fp8_problem(cfg, fmt, scale, kind, full, gen());
-        for (const DecodeOptions& opt :
-             {policy(SplitPolicy::kAuto, 0), policy(SplitPolicy::kFixedCount, 3),
-              policy(SplitPolicy::kFixedSize, 64)}) {
-          SCOPED_TRACE(p.fp8.cfg.name() + " scale " + std::to_string(scale) + " kind " +
-                       std::to_string(static_cast<int>(kind)) + (full ? " full-range" : "") +
-                       " policy " + std::to_string(static_cast<int>(opt.policy)));
-          EXPECT_EQ(check_case(p, kind, opt), "");
-        }
+        for (const int depth : depths(c.D))
+          for (const DecodeOptions& pol :
+               {policy(SplitPolicy::kAuto, 0), policy(SplitPolicy::kFixedCount, 3),
+                policy(SplitPolicy::kFixedSize, 64)}) {
+            const DecodeOptions opt = at_depth(pol, depth);
+            SCOPED_TRACE(p.fp8.cfg.name() + " scale " + std::to_string(scale) + " kind " +
+                         std::to_string(static_cast<int>(kind)) + (full ? " full-range" : "") +
+                         " policy " + std::to_string(static_cast<int>(opt.policy)) + " depth " +
+                         std::to_string(depth));
+            EXPECT_EQ(check_case(p, kind, opt), "");
+          }
         ++n;
       }
 }
@@ -299,18 +341,21 @@ TEST(CudaDecodeFp8, WindowsAndSoftCapsMatchTheCpuDecodeOfTheDequantisedCache) {
              {attnstate::kNoWindow, std::int64_t{0}, std::int64_t{37}, std::int64_t{300}})
           for (float cap : {0.f, 5.f, 30.f}) {
             if (window == attnstate::kNoWindow && cap == 0.f) continue;  // the plain instance
-            for (DecodeOptions opt :
-                 {policy(SplitPolicy::kAuto, 0), policy(SplitPolicy::kFixedCount, 3),
-                  policy(SplitPolicy::kFixedSize, 64)}) {
-              opt.variant.window_left = window;
-              opt.variant.logits_soft_cap = cap;
-              SCOPED_TRACE(p.fp8.cfg.name() + " window " + std::to_string(window) + " cap " +
-                           std::to_string(cap) + " policy " +
-                           std::to_string(static_cast<int>(opt.policy)));
-              EXPECT_EQ(
-                  check_variant_case(p, ScaleKind::kPerHead, opt, attnstate::DecodeKernel::kSplit),
-                  "");
-            }
+            for (const int depth : depths(D))
+              for (const DecodeOptions& pol :
+                   {policy(SplitPolicy::kAuto, 0), policy(SplitPolicy::kFixedCount, 3),
+                    policy(SplitPolicy::kFixedSize, 64)}) {
+                DecodeOptions opt = at_depth(pol, depth);
+                opt.variant.window_left = window;
+                opt.variant.logits_soft_cap = cap;
+                SCOPED_TRACE(p.fp8.cfg.name() + " window " + std::to_string(window) + " cap " +
+                             std::to_string(cap) + " policy " +
+                             std::to_string(static_cast<int>(opt.policy)) + " depth " +
+                             std::to_string(depth));
+                EXPECT_EQ(check_variant_case(p, ScaleKind::kPerHead, opt,
+                                             attnstate::DecodeKernel::kSplit),
+                          "");
+              }
           }
       }
   }
@@ -366,42 +411,44 @@ TEST(CudaDecodeFp8, TheStreamedKernelMatchesTheCpuDecode) {
 
 TEST(CudaDecodeFp8, NanEncodingsPropagateToTheRowsThatSeeThem) {
   ATTNSTATE_REQUIRE_GPU();
-  for (DType fmt : {DType::kE4M3, DType::kE5M2}) {
-    SCOPED_TRACE(attnstate::to_string(fmt));
-    DecodeConfig cfg = shape_config(1, 16, 2, 128, 16, attnstate::KvLayout::kNHD, false,
-                                    DType::kBF16, DType::kF32);
-    cfg.seq_lens = {300, 90, 1000};
-    Fp8Problem p = make_fp8_problem(cfg, fmt, 0.5f, ScaleKind::kHostValue, false, 11);
-    const DecodeOptions opt =
-        policy(SplitPolicy::kFixedSize, 64);  // rows depend on their own request
-    Fp8Run clean(p, ScaleKind::kHostValue, opt);
-    const auto base = clean.run();
-    // a NaN code in key 37 of request 0's K (KV head 1), and in key 5 of request 2's V (head 0)
-    Fp8Problem bad = p;
-    bad.fp8.k[static_cast<std::size_t>(bad.fp8.kv_offset(0, 37, 1) + 3)] = 0x7F | 0x80;
-    bad.fp8.v[static_cast<std::size_t>(bad.fp8.kv_offset(2, 5, 0) + 9)] = 0x7F;
-    Fp8Run r(bad, ScaleKind::kHostValue, opt);
-    const auto got = r.run();
-    const std::int64_t hq = cfg.heads_q, D = cfg.head_dim, group = hq / cfg.heads_kv;
-    const float* go = reinterpret_cast<const float*>(got.first.data());
-    const float* bo = reinterpret_cast<const float*>(base.first.data());
-    for (std::int64_t b = 0; b < 3; ++b)
-      for (std::int64_t h = 0; h < hq; ++h) {
-        const bool nan_row = (b == 0 && h / group == 1) || (b == 2 && h / group == 0);
-        const std::int64_t row = b * hq + h;
-        for (std::int64_t d = 0; d < D; ++d) {
-          const float x = go[row * D + d];
-          if (nan_row) {
-            // V's NaN reaches column 9 only; K's NaN score reaches every column
-            if (b == 0 || d == 9) {
-              EXPECT_TRUE(std::isnan(x)) << b << " " << h << " " << d;
+  // at every depth (the paired ones: a NaN in either tile of a step)
+  for (const int depth : depths(128))
+    for (DType fmt : {DType::kE4M3, DType::kE5M2}) {
+      SCOPED_TRACE(std::string(attnstate::to_string(fmt)) + " depth " + std::to_string(depth));
+      DecodeConfig cfg = shape_config(1, 16, 2, 128, 16, attnstate::KvLayout::kNHD, false,
+                                      DType::kBF16, DType::kF32);
+      cfg.seq_lens = {300, 90, 1000};
+      Fp8Problem p = make_fp8_problem(cfg, fmt, 0.5f, ScaleKind::kHostValue, false, 11);
+      const DecodeOptions opt =
+          at_depth(policy(SplitPolicy::kFixedSize, 64), depth);  // rows depend on their own request
+      Fp8Run clean(p, ScaleKind::kHostValue, opt);
+      const auto base = clean.run();
+      // a NaN code in key 37 of request 0's K (KV head 1), and in key 5 of request 2's V (head 0)
+      Fp8Problem bad = p;
+      bad.fp8.k[static_cast<std::size_t>(bad.fp8.kv_offset(0, 37, 1) + 3)] = 0x7F | 0x80;
+      bad.fp8.v[static_cast<std::size_t>(bad.fp8.kv_offset(2, 5, 0) + 9)] = 0x7F;
+      Fp8Run r(bad, ScaleKind::kHostValue, opt);
+      const auto got = r.run();
+      const std::int64_t hq = cfg.heads_q, D = cfg.head_dim, group = hq / cfg.heads_kv;
+      const float* go = reinterpret_cast<const float*>(got.first.data());
+      const float* bo = reinterpret_cast<const float*>(base.first.data());
+      for (std::int64_t b = 0; b < 3; ++b)
+        for (std::int64_t h = 0; h < hq; ++h) {
+          const bool nan_row = (b == 0 && h / group == 1) || (b == 2 && h / group == 0);
+          const std::int64_t row = b * hq + h;
+          for (std::int64_t d = 0; d < D; ++d) {
+            const float x = go[row * D + d];
+            if (nan_row) {
+              // V's NaN reaches column 9 only; K's NaN score reaches every column
+              if (b == 0 || d == 9) {
+                EXPECT_TRUE(std::isnan(x)) << b << " " << h << " " << d;
+              }
+            } else {
+              EXPECT_EQ(std::memcmp(&x, &bo[row * D + d], 4), 0) << b << " " << h << " " << d;
             }
-          } else {
-            EXPECT_EQ(std::memcmp(&x, &bo[row * D + d], 4), 0) << b << " " << h << " " << d;
           }
         }
-      }
-  }
+    }
 }
 
 TEST(CudaDecodeFp8, AGraphReplaysWithTheScaleItsBufferHolds) {
@@ -452,6 +499,43 @@ TEST(CudaDecodeFp8, AGraphReplaysWithTheScaleItsBufferHolds) {
 template <class Fn>
 void expect_error(Fn&& fn, attnstate::Status status, const std::string& arg) {
   expect_named_error(fn, status, arg);
+}
+
+TEST(CudaDecodeFp8, ThePairedDepthsAreTakenOnlyByHand) {
+  // No GPU needed: single-split plans make no device query. The automatic plan keeps 16-key
+  // steps; split_stages 4 and 6 plan the paired rows (32 keys a warp's step), named in words.
+  namespace catalog = attnstate::catalog;
+  if (depths(128).size() < 3) GTEST_SKIP() << "no paired fp8 rows in this build";
+  DecodeProblem pr;
+  pr.batch = 2;
+  pr.heads_q = 32;
+  pr.heads_kv = 8;
+  pr.head_dim = 128;
+  pr.q_dtype = DType::kBF16;
+  pr.kv_dtype = DType::kE4M3;
+  const std::vector<std::int32_t> lens = {900, 40};
+  DecodeOptions o = policy(SplitPolicy::kFixedCount, 1);
+  o.kernel = attnstate::DecodeKernel::kSplit;
+  const cuda::DecodePlan a = cuda::plan_decode(pr, lens.data(), o, 132);
+  EXPECT_EQ(catalog::kRows[static_cast<std::size_t>(a.kernel_id())].tile_keys,
+            catalog::kDecodeTileRows);
+  EXPECT_EQ(a.to_string().find("paired"), std::string::npos) << a.to_string();
+  for (const int depth : {catalog::kDecodePairStages, catalog::kDecodePairDeepStages}) {
+    const cuda::DecodePlan b = cuda::plan_decode(pr, lens.data(), at_depth(o, depth), 132);
+    const catalog::Row& r = catalog::kRows[static_cast<std::size_t>(b.kernel_id())];
+    EXPECT_EQ(r.tile_keys, catalog::kDecodePairKeys);
+    EXPECT_EQ(r.stages, depth);
+    EXPECT_EQ(b.split_launch().stages, depth);
+    EXPECT_NE(b.to_string().find("32 keys a warp's step (paired)"), std::string::npos)
+        << b.to_string();
+    EXPECT_NE(b.to_string().find("options.split_stages = " + std::to_string(depth)),
+              std::string::npos)
+        << b.to_string();
+  }
+  // not over a 16-bit cache
+  pr.kv_dtype = DType::kBF16;
+  expect_error([&] { cuda::plan_decode(pr, lens.data(), at_depth(o, 4), 132); },
+               attnstate::Status::kInvalidArgument, "options.split_stages");
 }
 
 TEST(CudaDecodeFp8, UnsupportedCasesAndBadScalesAreNamed) {

@@ -20,6 +20,7 @@ namespace detail {
 // planner's facts and the tests).
 using catalog::kDecodeMaxCluster;
 using catalog::kDecodeMaxWsGroup;
+using catalog::kDecodePairKeys;
 using catalog::kDecodeShortStages;
 using catalog::kDecodeShortTokens;
 using catalog::kDecodeSmemPerSm;

@@ -7,7 +7,9 @@
 ///   through a cp.async pipeline (`kStages` deep: 3, or 2 in the short-split configuration that
 ///   fits one more CTA per SM) of 16-byte chunks into XOR-swizzled shared memory, computes
 ///   `S = Q Kᵀ` and `O += P V` on tensor cores and keeps its own online softmax
-///   (`math::OnlineSoftmax`, base 2) for its two rows per thread.
+///   (`math::OnlineSoftmax`, base 2) for its two rows per thread. Over fp8 caches the paired
+///   configuration (`kKeys = kDecodePairKeys`, a ring of 4 or 6 tiles) takes the warp's tiles two
+///   at a time, their chains side by side and one softmax update per 32 keys.
 /// - The warps' states are merged in warp order through shared memory. A request with one split
 ///   writes the output directly. Otherwise the split states are merged in split order with the
 ///   core max-subtracted merge (`split_merge` / `split_finalize`), either
@@ -89,8 +91,11 @@ namespace detail {
 /// (`tile::Fp8Kv`: then the tile is `tile::attention_tile_fp8`, on f16 tensor cores, with the
 /// queries in f16 — bf16 rows scaled by a power of two into the f16 range — and the
 /// dequantisation scales of `p.k_scale` / `p.v_scale`); `kVariant` applies `p`'s sliding window
-/// and soft cap (the splits then cover each request's keys from its first row's window on).
-template <int D, bool kBF16, int kStages, bool kVariant = false, int kKv = tile::kKvSame>
+/// and soft cap (the splits then cover each request's keys from its first row's window on);
+/// `kKeys`: keys a warp takes per step, one 16-key tile or, over fp8, two
+/// (`kDecodePairKeys`: `tile::attention_pair_fp8`, `kStages` then an even ring of tiles).
+template <int D, bool kBF16, int kStages, bool kVariant = false, int kKv = tile::kKvSame,
+          int kKeys = kDecodeTileRows>
 __global__ void __launch_bounds__(kDecodeWarps * 32,
                                   decode_ctas_per_sm(D, kStages, kKv == tile::kKvSame ? 2 : 1))
     decode_split_kv_kernel(const DecodeParams p) {
@@ -164,9 +169,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32,
     // ---- mainloop: this warp's tiles of the split ----
     float o_acc[D / 8][4];  // [n-tile of the output]
     math::OnlineSoftmax os[2];
-    split_mainloop<D, kBF16, kStages, kVariant, kKv>(p, cta, warp, lane, len, range, pg.csr_base,
-                                                     spec_pid, spec_t0, sm.q_s, sm.pipe, sm.row_s2,
-                                                     o_acc, os);
+    split_mainloop<D, kBF16, kStages, kVariant, kKv, kKeys>(p, cta, warp, lane, len, range,
+                                                            pg.csr_base, spec_pid, spec_t0, sm.q_s,
+                                                            sm.pipe, sm.row_s2, o_acc, os);
     // ---- epilogue: the warps' states merged (fixed warp order) into the split's slot ----
     split_warp_merge<D, kOw, kFp8>(
         p, tid, warp, lane, cta.hkv, cta.rows_here, o_acc, os, ow, sm.mw, sm.lw, tile_id, S, cta.s,

@@ -2,7 +2,8 @@
 /// @brief The mainloop of the split decode kernel (internal): a warp's 16-token tiles of its
 ///        split (tiles w, w + 4, ...) through its cp.async ring in shared memory (`kStages`
 ///        deep), each tile's `S = Q Kᵀ`, scores policy and `O += P V` on tensor cores
-///        (`decode_tile`, or `tile::attention_tile_fp8` over an fp8 cache) into the warp's
+///        (`decode_tile`, or `tile::attention_tile_fp8` over an fp8 cache; in the paired fp8
+///        configuration two tiles a step, `tile::attention_pair_fp8`) into the warp's
 ///        accumulator and online softmax. A part of the kernel's composition
 ///        (`decode_split_kv_kernel`), inlined there.
 #pragma once
@@ -37,8 +38,8 @@ namespace detail {
 /// `q_s` (fp8: each row's score factor in `row_s2`), accumulated into `o_acc` (zeroed here) and
 /// `os` (two rows per thread: lane / 4 and lane / 4 + 8). The warp's ring is its share of
 /// `pipe`. The first tiles' copies are issued before the barrier that publishes the queries in
-/// shared memory.
-template <int D, bool kBF16, int kStages, bool kVariant, int kKv, int kSpec>
+/// shared memory. `kKeys`: keys a step, one tile or (fp8, `kDecodePairKeys`) two.
+template <int D, bool kBF16, int kStages, bool kVariant, int kKv, int kKeys, int kSpec>
 __device__ __forceinline__ void split_mainloop(
     const DecodeParams& p, const SplitCta& c, const int& warp, const int& lane, const int& len,
     const TokenRange& range, const std::int64_t& csr_base, const std::int32_t (&spec_pid)[kSpec],
@@ -51,6 +52,9 @@ __device__ __forceinline__ void split_mainloop(
   constexpr int kRows = kDecodeTileRows;
   constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
   constexpr int kNT = D / 8;             // n-tiles of the output
+  // paired steps: fp8 only, whole steps in the ring
+  static_assert(kKeys == kRows || (kKeys == kDecodePairKeys && kFp8 && kStages % 2 == 0),
+                "16-key steps, or paired fp8 steps over a ring of whole steps");
 
   int lim[2];  // exclusive key ends of rows lane/4 and lane/4 + 8
   tile::causal_row_limits(p, lane, c.rows_here, c.row0, len, range.end, lim);
@@ -114,50 +118,105 @@ __device__ __forceinline__ void split_mainloop(
 #pragma unroll
   for (int j = 0; j < kNT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.f;
 
-    // The first tiles' copies (one code path with the main loop's: rolled).
+  if constexpr (kKeys != kRows) {
+    // Paired steps: the warp's tiles two at a time (tiles it and it + 1 of the warp, keys 64
+    // apart), from ring slots `it % kStages` and the next, one copy group per step. A warp with
+    // an odd tile count also loads the tile after its last (keys past the range: zero-filled,
+    // never read from memory), so that its last step's second tile holds zeros, not stale or
+    // uninitialised bytes (`0 · NaN` would reach the output).
+    const int pair_tiles = (my_tiles + 1) & ~1;
+    // The first steps' copies (rolled, as the 16-key loop's: one copy code path).
 #pragma unroll 1
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < my_tiles) load_tile(st, st, first_pid(st));
-    arch::cp_async_commit();
-  }
-  // The page ids (or row offsets) of the next tiles to load are fetched two iterations ahead:
-  // a page-table read that misses L2 then has two tiles of work to arrive in, not one (pages
-  // smaller than a tile need a fresh read per tile).
-  std::int64_t pid_next = first_pid(kStages - 1);
-  std::int64_t pid_after = first_pid(kStages);
-  __syncthreads();  // queries in shared memory
-  // the fp8 kernel's scores: each row's factor (`row_s2`), then the variant's map
-  std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores> row_scores;
-  if constexpr (kFp8) {
-    if constexpr (kVariant) static_cast<tile::VariantScores&>(row_scores) = scores;
+    for (int st = 0; st < kStages - 2; ++st) {
+      if (st < pair_tiles) load_tile(st, st, first_pid(st));
+      if (st % 2 == 1) arch::cp_async_commit();
+    }
+    // page ids (or row offsets) two tiles ahead, as below
+    std::int64_t pid_next = first_pid(kStages - 2);
+    std::int64_t pid_after = first_pid(kStages - 1);
+    __syncthreads();  // queries in shared memory
+    // the fp8 kernel's scores: each row's factor (`row_s2`), then the variant's map
+    std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores> row_scores;
+    if constexpr (kFp8) {
+      if constexpr (kVariant) static_cast<tile::VariantScores&>(row_scores) = scores;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
-  }
+      for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
+    }
 
-  for (int it = 0; it < my_tiles; ++it) {
-    const int nxt = it + kStages - 1;
-    if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
-    pid_next = pid_after;
-    pid_after = tile_pid(nxt + 2);
-    arch::cp_async_commit();
-    arch::cp_async_wait<kStages - 1>();
-    __syncwarp();
-#if ATTNSTATE_PROBES
-    if (it == 0) ATTNSTATE_DECODE_MARK(5);
-#endif
-
-    const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
-    const int t0 = range.begin + (warp + kWarps * it) * kRows;
     auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
       arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
     };
-    if constexpr (kFp8)
-      tile::attention_tile_fp8<D, kKv>(q_frag, ks, ks + kTileBytes, t0, lim, p.s2_scale, os, o_acc,
+    for (int it = 0; it < my_tiles; it += 2) {
+      // the copies of the step `kStages / 2 - 1` ahead, then this step's wait
+      const int nxt = it + kStages - 2;
+#pragma unroll 1
+      for (int u = nxt; u < nxt + 2; ++u) {
+        if (u < pair_tiles) load_tile(u, u % kStages, pid_next);
+        pid_next = pid_after;
+        pid_after = tile_pid(u + 2);
+      }
+      arch::cp_async_commit();
+      arch::cp_async_wait<kStages / 2 - 1>();
+      __syncwarp();
+#if ATTNSTATE_PROBES
+      if (it == 0) ATTNSTATE_DECODE_MARK(5);
+#endif
+      const std::uint32_t ka = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
+      const std::uint32_t kb = ring + static_cast<std::uint32_t>((it + 1) % kStages) * kStageBytes;
+      const std::uint32_t k_stage[2] = {ka, kb};
+      const std::uint32_t v_stage[2] = {ka + kTileBytes, kb + kTileBytes};
+      const int t0a = range.begin + (warp + kWarps * it) * kRows;
+      const int t0[2] = {t0a, t0a + kWarps * kRows};
+      tile::attention_pair_fp8<D, kKv>(q_frag, k_stage, v_stage, t0, lim, p.s2_scale, os, o_acc,
                                        row_scores);
-    else
-      decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, a_x, b_x, t0, lim, p.s2_scale, os,
-                                      o_acc, scores);
-    __syncwarp();
+      __syncwarp();
+    }
+  } else {
+    // The first tiles' copies (one code path with the main loop's: rolled).
+#pragma unroll 1
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < my_tiles) load_tile(st, st, first_pid(st));
+      arch::cp_async_commit();
+    }
+    // The page ids (or row offsets) of the next tiles to load are fetched two iterations ahead:
+    // a page-table read that misses L2 then has two tiles of work to arrive in, not one (pages
+    // smaller than a tile need a fresh read per tile).
+    std::int64_t pid_next = first_pid(kStages - 1);
+    std::int64_t pid_after = first_pid(kStages);
+    __syncthreads();  // queries in shared memory
+    // the fp8 kernel's scores: each row's factor (`row_s2`), then the variant's map
+    std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores> row_scores;
+    if constexpr (kFp8) {
+      if constexpr (kVariant) static_cast<tile::VariantScores&>(row_scores) = scores;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
+    }
+
+    for (int it = 0; it < my_tiles; ++it) {
+      const int nxt = it + kStages - 1;
+      if (nxt < my_tiles) load_tile(nxt, nxt % kStages, pid_next);
+      pid_next = pid_after;
+      pid_after = tile_pid(nxt + 2);
+      arch::cp_async_commit();
+      arch::cp_async_wait<kStages - 1>();
+      __syncwarp();
+#if ATTNSTATE_PROBES
+      if (it == 0) ATTNSTATE_DECODE_MARK(5);
+#endif
+
+      const std::uint32_t ks = ring + static_cast<std::uint32_t>(it % kStages) * kStageBytes;
+      const int t0 = range.begin + (warp + kWarps * it) * kRows;
+      auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
+        arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
+      };
+      if constexpr (kFp8)
+        tile::attention_tile_fp8<D, kKv>(q_frag, ks, ks + kTileBytes, t0, lim, p.s2_scale, os,
+                                         o_acc, row_scores);
+      else
+        decode_tile<D, kBF16, kVariant>(q_frag, ks, a_row, b_row, a_x, b_x, t0, lim, p.s2_scale, os,
+                                        o_acc, scores);
+      __syncwarp();
+    }
   }
   arch::cp_async_wait<0>();
   ATTNSTATE_DECODE_MARK(6);
