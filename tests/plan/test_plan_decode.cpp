@@ -580,7 +580,9 @@ TEST(PlanDecode, PairedFp8DepthsAreTakenOnlyByHand) {
       const int per_sm = catalog::decode_ctas_per_sm(catalog::kDecodePairHeadDim, depth, 1);
       EXPECT_LT(per_sm, f.ctas_per_sm);
       EXPECT_LE(c.grid, 132 * per_sm);
-      if (cap == 0.f) EXPECT_LT(c.grid, automatic.grid);
+      if (cap == 0.f) {
+        EXPECT_LT(c.grid, automatic.grid);
+      }
       const char* why = nullptr;
       EXPECT_TRUE(plan::split_launch_valid(f, c.split_ids, c.splits, c.split, &why));
       // kept for a smaller grid (a smaller run batch)
