@@ -225,14 +225,15 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
   const std::int64_t max_len = max_length(problem, seq_lens);
   // few requests: the heuristic fills every slot with splits of a long request, however short;
   // beyond a cluster's worth of them, splits stay at least `wave_min_split_tokens` long
-  const std::int64_t min_chunk = f.wave_min_split_tokens;
+  const std::int64_t min_chunk = round_up(f.wave_min_split_tokens, kSplitGranularity);
+  bool floored = false;
   if (min_chunk > 0 && l.policy == SplitPolicy::kFixedSize && l.split_size < min_chunk &&
       max_len > static_cast<std::int64_t>(f.max_cluster) * f.cluster_tokens) {
-    const std::int64_t chunk = round_up(min_chunk, kSplitGranularity);
-    const std::int64_t n = (max_len + chunk - 1) / chunk;
+    const std::int64_t n = (max_len + min_chunk - 1) / min_chunk;
     if (n <= kMaxSplits) {
-      l.split_size = static_cast<std::int32_t>(chunk);
+      l.split_size = static_cast<std::int32_t>(min_chunk);
       l.max_splits = static_cast<std::int32_t>(n);
+      floored = true;
     }
   }
   // lengths that differ (or any, with `balance_uniform`): the layout balanced over all of them,
@@ -247,7 +248,10 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
         layout_cost(seq_lens, problem.batch, ctas, b.split_size, b.max_splits, slots, f);
     const double cost_l =
         layout_cost(seq_lens, problem.batch, ctas, l.split_size, l.max_splits, slots, f);
-    if (cost_b < 0.97 * cost_l) l = b;
+    if (cost_b < 0.97 * cost_l) {
+      l = b;
+      floored = false;
+    }
   }
   // short requests: at most a cluster's worth of splits, merged in distributed shared memory,
   // rather than many tiny splits merged through the workspace
@@ -266,7 +270,9 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
     const std::int64_t target = round_up(l.max_splits, mult);
     const std::int64_t grid = problem.batch * problem.heads_kv * row_tiles * target;
     const std::int64_t chunk = round_up((max_len + target - 1) / target, kSplitGranularity);
-    if (target <= kMaxSplits && grid <= slots && chunk > 0 &&
+    // a floored layout keeps its floor: the rounding would only shorten its splits again
+    const bool keeps_floor = !floored || chunk >= min_chunk;
+    if (target <= kMaxSplits && grid <= slots && chunk > 0 && keeps_floor &&
         (max_len + chunk - 1) / chunk == target) {
       l.split_size = static_cast<std::int32_t>(chunk);
       l.max_splits = static_cast<std::int32_t>(target);

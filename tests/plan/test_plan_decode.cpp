@@ -202,6 +202,10 @@ TEST(PlanDecode, FewRequestsKeepSplitsOfAtLeastTheWaveFloor) {
   EXPECT_EQ(layout(2048, f).split_size, 256);
   EXPECT_EQ(layout(2048, f).max_splits, 8);
   EXPECT_EQ(layout(1024, f).split_size, 128);
+  // 4300 keys: 17 splits of 256; the rounding to a multiple of the cluster's split count (18
+  // splits of 240) would go under the floor again, so it is not taken
+  EXPECT_EQ(layout(4300, f).split_size, 256);
+  EXPECT_EQ(layout(4300, f).max_splits, 17);
   // the floor off: the heuristic's layout
   plan::DecodeFacts off = f;
   off.wave_min_split_tokens = 0;
