@@ -224,7 +224,7 @@ SplitLayout auto_layout(const char* fn, const DecodeProblem& problem, const std:
                                     fn, "seq_lens_host", "options");
   const std::int64_t max_len = max_length(problem, seq_lens);
   // few requests: the heuristic fills every slot with splits of a long request, however short;
-  // beyond a cluster's worth of them, splits stay at least `wave_min_split_tokens` long
+  // beyond a cluster's worth of them, shorter splits are raised to `wave_min_split_tokens`
   const std::int64_t min_chunk = round_up(f.wave_min_split_tokens, kSplitGranularity);
   bool floored = false;
   if (min_chunk > 0 && l.policy == SplitPolicy::kFixedSize && l.split_size < min_chunk &&
