@@ -183,8 +183,9 @@ bool current_device_wgmma() {
 }
 
 /// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
-/// wgmma row where `kernel` asks for it (`kAuto`: where `wgmma` holds and one is compiled, the
-/// narrow row for at most `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache;
+/// wgmma row where `kernel` asks for it (`kAuto`, the two-CTA narrow kernel not taken by the
+/// plan: where `wgmma` holds and one is compiled, the narrow row for at most
+/// `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache;
 /// `kWgmma`: refused by name without one); the narrow row for `kWgmmaNarrow`, the two-CTA narrow
 /// row for `kWgmmaNarrow2` (refused by name without one, or for more than `kMlaNarrowRows` rows).
 int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
@@ -393,19 +394,34 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   dp.head_dim = problem.kv_lora_rank + problem.rope_dim;
   dp.q_dtype = problem.q_dtype;
   dp.kv_dtype = problem.ckv_dtype;
-  // the slots of the automatic layout: the two-CTA narrow kernel's SMs hold two CTAs each
-  const int ctas_per_sm =
-      kernel == MlaDecodeKernel::kWgmmaNarrow2 ? catalog::kMlaNarrow2CtasPerSm : 1;
-  const SplitLayout splits =
-      plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms, row_tiles, ctas_per_sm);
+  const bool wgmma = kernel == MlaDecodeKernel::kAuto && current_device_wgmma();
+  // the slots of the automatic layout: the two-CTA narrow kernel's SMs hold two CTAs each;
+  // `kAuto` takes that kernel for few rows where its layout keeps the splits long enough
+  // (`plan::mla_narrow2_layout_ok`)
+  MlaDecodeKernel chosen = kernel;
+  SplitLayout splits;
+  bool planned = false;
+  if (wgmma && problem.q_len * problem.heads <= tuning::kMlaNarrowAutoRows &&
+      catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeNarrow2)) >= 0) {
+    const SplitLayout two = plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms,
+                                                    row_tiles, catalog::kMlaNarrow2CtasPerSm);
+    if (plan::mla_narrow2_layout_ok(two, seq_lens_host, problem.batch)) {
+      chosen = MlaDecodeKernel::kWgmmaNarrow2;
+      splits = two;
+      planned = true;
+    }
+  }
+  if (!planned)
+    splits = plan::mla_decode_layout(
+        fn, dp, seq_lens_host, options, num_sms, row_tiles,
+        chosen == MlaDecodeKernel::kWgmmaNarrow2 ? catalog::kMlaNarrow2CtasPerSm : 1);
   MlaDecodePlan plan;
   MlaDecodePlanData& d = MlaDecodePlanAccess::data(plan);
   d.problem = problem;
   d.splits = splits;
   d.scale = scale;
   d.catalog_fingerprint = catalog::kFingerprint;
-  d.kernel_id =
-      kernel_row(fn, problem, kernel, kernel == MlaDecodeKernel::kAuto && current_device_wgmma());
+  d.kernel_id = kernel_row(fn, problem, chosen, wgmma);
   d.row_tiles = row_tiles;
   d.num_sms = num_sms;
   WorkspaceLayout w;

@@ -117,5 +117,21 @@ inline SplitLayout mla_decode_layout(const char* fn, const DecodeProblem& proble
                                  "seq_lens_host", "options");
 }
 
+/// The shortest split of a request, in keys, at which the two-CTA narrow kernel
+/// (`MlaDecodeKernel::kWgmmaNarrow2`) is taken by `kAuto`: it needs two CTAs on each SM, so a few
+/// requests are cut into twice the one-CTA kernel's splits, and splits this short pay their
+/// fixed costs and the stacked merge of twice the partial states for no overlap gained.
+inline constexpr std::int32_t kMlaNarrow2MinSplitKeys = 512;
+
+/// Whether the two-CTA narrow kernel's automatic `layout` keeps every request of `seq_lens_host`
+/// (`batch` lengths) whole or in splits of at least `kMlaNarrow2MinSplitKeys` keys (the longest
+/// request has the most splits, so it alone decides).
+inline bool mla_narrow2_layout_ok(const SplitLayout& layout, const std::int32_t* seq_lens_host,
+                                  std::int64_t batch) {
+  std::int32_t longest = 0;
+  for (std::int64_t b = 0; b < batch; ++b) longest = std::max(longest, seq_lens_host[b]);
+  return layout.splits_for(longest) == 1 || layout.chunk_for(longest) >= kMlaNarrow2MinSplitKeys;
+}
+
 }  // namespace plan
 }  // namespace attnstate

@@ -70,8 +70,10 @@ inline constexpr std::int64_t kCascadeReserveDecodeCtasPerSm = 2;
 inline constexpr std::int64_t kCascadeFoldMaxDecodeWaves = 2;
 
 /// MLA decode, `MlaDecodeKernel::kAuto` on a wgmma device: requests of at most this many rows
-/// (heads × q_len) over a bf16 latent cache take the narrow kernel (the transposed products);
-/// more rows (at 32 its tensor work per key doubles) and fp8 caches (its one consumer
+/// (heads × q_len) take the two-CTA narrow kernel (bf16 and fp8 latent caches) where its
+/// automatic layout cuts no request into splits shorter than `plan::kMlaNarrow2MinSplitKeys`,
+/// else the one-CTA narrow kernel over a bf16 latent cache; more rows (at 32 the narrow kernels'
+/// tensor work per key doubles) and the other fp8 cases (the one-CTA narrow kernel's one consumer
 /// warpgroup waits on the producer's conversion) take the 64-row wgmma kernel.
 inline constexpr std::int64_t kMlaNarrowAutoRows = 16;
 

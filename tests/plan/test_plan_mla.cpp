@@ -218,4 +218,40 @@ TEST(PlanMla, TheTwoCtaNarrowKernelPlansTwiceTheSlots) {
   EXPECT_EQ(a.num_splits, b.num_splits);
 }
 
+TEST(PlanMla, TheTwoCtaKernelIsAutomaticWhereItsSplitsStayLong) {
+  // `kAuto`'s rule for the two-CTA narrow kernel: its automatic layout must keep every request
+  // whole or in splits of at least `kMlaNarrow2MinSplitKeys` keys. 16 heads at q_len 1 (one row
+  // tile) on 132 SMs: a lone request of 64k keys would be cut into about 256 splits of 256
+  // keys (refused), 32 requests of 4k into splits of 512 (taken), a lone request of 4k into
+  // splits of 64 (refused), many short requests stay whole (taken).
+  struct Case {
+    std::int64_t batch;
+    std::int32_t len;
+    bool ok;
+  };
+  for (const Case& c : {Case{1, 65536, false}, Case{32, 4096, true}, Case{32, 65536, true},
+                        Case{128, 4096, true}, Case{1, 4096, false}, Case{256, 300, true}}) {
+    SCOPED_TRACE("batch " + std::to_string(c.batch) + " × " + std::to_string(c.len));
+    const DecodeProblem p = mla_problem(c.batch, 16);
+    const std::vector<std::int32_t> lens(static_cast<std::size_t>(c.batch), c.len);
+    const SplitLayout two = plan::mla_decode_layout(kFn, p, lens.data(), DecodeOptions{}, kSms, 1,
+                                                    catalog::kMlaNarrow2CtasPerSm);
+    const bool ok = plan::mla_narrow2_layout_ok(two, lens.data(), c.batch);
+    EXPECT_EQ(ok, c.ok) << two.max_splits << " splits of " << two.chunk_for(c.len);
+    EXPECT_EQ(ok,
+              two.splits_for(c.len) == 1 || two.chunk_for(c.len) >= plan::kMlaNarrow2MinSplitKeys);
+  }
+  // the longest request decides: a short request beside it does not
+  const std::vector<std::int32_t> lens = {300, 65536};
+  SplitLayout l;
+  l.policy = SplitPolicy::kFixedSize;
+  l.split_size = 256;
+  l.max_splits = 256;
+  EXPECT_FALSE(plan::mla_narrow2_layout_ok(l, lens.data(), 2));
+  l.split_size = 512;
+  l.max_splits = 128;
+  EXPECT_TRUE(plan::mla_narrow2_layout_ok(l, lens.data(), 2));
+  EXPECT_TRUE(plan::mla_narrow2_layout_ok(l, lens.data(), 1));  // 300 keys: one split
+}
+
 }  // namespace

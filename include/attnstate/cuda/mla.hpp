@@ -110,17 +110,21 @@ class MlaDecodePlan {
 /// The kernel of an MLA decode plan (`plan_mla_decode`'s hand choice, for comparisons and tests;
 /// each gives the same results up to rounding).
 enum class MlaDecodeKernel : std::uint8_t {
-  kAuto = 0,   ///< The wgmma kernel where the current device runs it (sm_90a), else `kMma`.
+  /// On a device that runs the wgmma kernels (sm_90a): for at most 16 query rows, the two-CTA
+  /// narrow kernel where its automatic split layout cuts no request into splits shorter than
+  /// 512 keys, else the narrow kernel over a bf16 latent cache; otherwise the wgmma kernel.
+  /// Elsewhere `kMma`.
+  kAuto = 0,
   kMma = 1,    ///< `cp.async` + `mma.sync` m16n8k16, 32-key tiles (every architecture built).
   kWgmma = 2,  ///< Hopper `wgmma`, warp-specialised, 64-key tiles (a run on a device without
                ///< sm_90a code is refused: `Status::kNotSupported`).
   /// Hopper `wgmma` for requests of at most 32 query rows (`heads · q_len`; more are refused by
   /// name), the products transposed so that 64 keys, not the few rows, fill the instruction's M
-  /// (a run on a device without sm_90a code is refused, as `kWgmma`); not chosen by `kAuto`.
+  /// (a run on a device without sm_90a code is refused, as `kWgmma`); `kAuto`'s choice as above.
   kWgmmaNarrow = 3,
   /// `kWgmmaNarrow`'s requests and products in a configuration of two CTAs per SM (a query tile
   /// of 32 rows, a one-stage ring of 64-key tiles: one CTA's fixed costs and compute overlap the
-  /// other's copies); refused as `kWgmmaNarrow`; not chosen by `kAuto`.
+  /// other's copies); refused as `kWgmmaNarrow`; `kAuto`'s choice for few rows (above).
   kWgmmaNarrow2 = 4,
 };
 

@@ -286,7 +286,9 @@ TEST(CudaDecodeFp8, MatchesTheDequantisedReference) {
   };
   const float scales[] = {1.f, 0x1p-10f, 0x1p8f};
   int n = 0;
-  for (const Case& c : cases)
+  for (const Case& c : cases) {
+    // a build of fewer head dims (ATTNSTATE_CUDA_HEAD_DIMS) runs the cases it compiled
+    if (!attnstate::compiled::contains(attnstate::compiled::DecodeFp8HeadDims{}, c.D)) continue;
     for (DType fmt : {DType::kE4M3, DType::kE5M2})
       for (DType qd : {DType::kBF16, DType::kF16}) {
         DecodeConfig cfg =
@@ -311,6 +313,8 @@ TEST(CudaDecodeFp8, MatchesTheDequantisedReference) {
           }
         ++n;
       }
+  }
+  EXPECT_GT(n, 0) << "no fp8 head dim of the cases compiled";
 }
 
 TEST(CudaDecodeFp8, WindowsAndSoftCapsMatchTheCpuDecodeOfTheDequantisedCache) {

@@ -709,12 +709,23 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         EXPECT_EQ(nw.splits().max_splits, plan(cuda::MlaDecodeKernel::kMma).splits().max_splits);
         EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
       }
-      // the automatic choice on a wgmma device: narrow for at most 16 rows of a bf16 cache
-      const catalog::Family fa = family_of(plan(cuda::MlaDecodeKernel::kAuto));
-      if (fa != catalog::Family::kMlaDecode)
-        EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow,
-                  dt[0] == DType::kBF16 && pr.heads * q_len <= 16)
+      // the automatic choice on a wgmma device, for at most 16 rows: the two-CTA narrow kernel
+      // where its splits stay long, else narrow over a bf16 cache; else the wgmma kernel
+      const cuda::MlaDecodePlan ap = plan(cuda::MlaDecodeKernel::kAuto);
+      const catalog::Family fa = family_of(ap);
+      if (fa != catalog::Family::kMlaDecode) {
+        const bool few = pr.heads * q_len <= 16;
+        const bool two =
+            few && attnstate::plan::mla_narrow2_layout_ok(
+                       plan(cuda::MlaDecodeKernel::kWgmmaNarrow2).splits(), lens.data(), pr.batch);
+        EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow2, two) << "q_len " << q_len;
+        EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow, few && !two && dt[0] == DType::kBF16)
             << "q_len " << q_len;
+        if (two) {
+          EXPECT_EQ(ap.splits().max_splits,
+                    plan(cuda::MlaDecodeKernel::kWgmmaNarrow2).splits().max_splits);
+        }
+      }
     }
     for (const cuda::MlaDecodeKernel k :
          {cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2}) {
