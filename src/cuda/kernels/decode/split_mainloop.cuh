@@ -32,6 +32,18 @@ namespace attnstate {
 namespace cuda {
 namespace detail {
 
+/// The fp8 kernel's scores `rs`: each row's factor (`row_s2`, rows lane / 4 and lane / 4 + 8),
+/// then the variant's map (`scores`). Nothing for a 16-bit cache.
+template <bool kFp8, bool kVariant, class RowScores>
+__device__ __forceinline__ void set_row_scores(RowScores& rs, const tile::VariantScores& scores,
+                                               const float* row_s2, int lane) {
+  if constexpr (kFp8) {
+    if constexpr (kVariant) static_cast<tile::VariantScores&>(rs) = scores;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rs.s2[h] = row_s2[(lane >> 2) + 8 * h];
+  }
+}
+
 /// Warp `warp`'s tiles of the token `range` of CTA `c` (request length `len`; page ids from the
 /// block table or from the CSR page ids at `csr_base`, those of its first tiles from the
 /// speculative loads `spec_pid`, made for a split starting at `spec_t0`) against the queries in
@@ -52,6 +64,9 @@ __device__ __forceinline__ void split_mainloop(
   constexpr int kRows = kDecodeTileRows;
   constexpr int kTileElems = kRows * D;  // one K or V tile of 16 tokens
   constexpr int kNT = D / 8;             // n-tiles of the output
+  // the fp8 kernel's scores (`set_row_scores`)
+  using RowScores =
+      std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores>;
   // paired steps: fp8 only, whole steps in the ring
   static_assert(kKeys == kRows || (kKeys == kDecodePairKeys && kFp8 && kStages % 2 == 0),
                 "16-key steps, or paired fp8 steps over a ring of whole steps");
@@ -135,13 +150,8 @@ __device__ __forceinline__ void split_mainloop(
     std::int64_t pid_next = first_pid(kStages - 2);
     std::int64_t pid_after = first_pid(kStages - 1);
     __syncthreads();  // queries in shared memory
-    // the fp8 kernel's scores: each row's factor (`row_s2`), then the variant's map
-    std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores> row_scores;
-    if constexpr (kFp8) {
-      if constexpr (kVariant) static_cast<tile::VariantScores&>(row_scores) = scores;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
-    }
+    RowScores row_scores;
+    set_row_scores<kFp8, kVariant>(row_scores, scores, row_s2, lane);
 
     auto q_frag = [&](int kk, std::uint32_t(&a)[4]) {
       arch::ldmatrix_x4(a, q_lane + ((32u * kk) ^ a_x));
@@ -184,13 +194,8 @@ __device__ __forceinline__ void split_mainloop(
     std::int64_t pid_next = first_pid(kStages - 1);
     std::int64_t pid_after = first_pid(kStages);
     __syncthreads();  // queries in shared memory
-    // the fp8 kernel's scores: each row's factor (`row_s2`), then the variant's map
-    std::conditional_t<kVariant, tile::RowScaledVariantScores, tile::RowScaledScores> row_scores;
-    if constexpr (kFp8) {
-      if constexpr (kVariant) static_cast<tile::VariantScores&>(row_scores) = scores;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) row_scores.s2[h] = row_s2[(lane >> 2) + 8 * h];
-    }
+    RowScores row_scores;
+    set_row_scores<kFp8, kVariant>(row_scores, scores, row_s2, lane);
 
     for (int it = 0; it < my_tiles; ++it) {
       const int nxt = it + kStages - 1;
