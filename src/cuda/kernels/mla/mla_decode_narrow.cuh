@@ -311,6 +311,68 @@ __device__ __forceinline__ void mla_narrow_state_to_smem(MlaNarrowRows<kN>& r, f
   }
 }
 
+/// A narrow CTA's work: its coordinates, its request's clamped length, its split's keys and their
+/// `n_tiles` 64-key tiles (none past the request's splits).
+struct MlaNarrowWork {
+  MlaCta c;
+  std::int32_t len;
+  TokenRange range;
+  int n_tiles;
+};
+
+/// The CTA prologue of both narrow kernels (`kStages`: the ring's stages; `QLayout`, `kRows`: the
+/// query tile's layout and rows, as `mla_load_queries`): the schedule and split into `w`, the
+/// ring's mbarriers, the query tile, then a block barrier. False, before any barrier, for a CTA
+/// past the request's splits with no stacked rows to write (the wgmma kernel's early exit):
+/// every thread of it returns.
+template <int kStages, class QLayout, int kRows, class Smem>
+__device__ __forceinline__ bool mla_narrow_prologue(const MlaParams& p, const Smem& sm, int tid,
+                                                    MlaNarrowWork& w) {
+  w.c = mla_schedule(p);
+  w.len = mla_length(p, w.c);
+  const bool past = w.c.s >= p.splits.splits_for(w.len);
+  if (past && p.stack_rows == 0) return false;
+  // (branches, not `?:`: the `?:` form compiled the kernels to other register numbers)
+  if (past) {
+    w.range = TokenRange{0, 0};
+  } else {
+    w.range = p.splits.range(w.len, w.c.s);
+  }
+  w.n_tiles = (w.range.end - w.range.begin + kMlaWsTileKeys - 1) / kMlaWsTileKeys;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      arch::mbar_init(sm.full0 + 8 * s, 4);   // the producer's warps
+      arch::mbar_init(sm.empty0 + 8 * s, 4);  // the consumer's warps
+    }
+    arch::fence_mbar_init();
+  }
+  mla_load_queries<kMlaNarrowThreads, QLayout, kRows>(p, w.c, tid, arch::smem_addr(sm.q));
+  arch::cp_async_commit();
+  arch::cp_async_wait<0>();
+  arch::fence_proxy_async();  // the query tile (cp.async) → read by wgmma
+  __syncthreads();
+  return true;
+}
+
+/// The consumer's rows before the first tile: each row's key limit (its token's causal end
+/// within the split; 0 for a row past the request's), fresh statistics, unit factors and a zero
+/// `Oᵀ`.
+template <int kN>
+__device__ __forceinline__ void mla_narrow_rows_init(const MlaParams& p, const MlaNarrowWork& w,
+                                                     int lane, MlaNarrowRows<kN>& r) {
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) {
+    const int row = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
+    const int e = w.len - p.q_len + (w.c.row0 + row) / p.group + 1;  // causal end of its token
+    r.lim[i] = row < w.c.rows_here ? min(w.range.end, e) - w.range.begin : 0;
+    r.os[i] = math::OnlineSoftmax{};
+    r.al[i] = 1.f;
+  }
+#pragma unroll
+  for (int s = 0; s < kMlaNarrowSlices; ++s) tile::zero_frags(r.acc[s]);
+}
+
 /// The narrow wgmma MLA decode kernel over a latent part of `kKv` (`kBlock`: with its block
 /// scales), `kN` (16 or 32) the rows of its products (the request's rows, at most `kN`).
 template <int kKv, bool kBlock, int kN>
@@ -326,39 +388,14 @@ __global__ void __launch_bounds__(kMlaNarrowThreads, 1)
   const int lane = tid & 31;
   MlaNarrowRows<kN> r;
   {
-    const MlaCta c = mla_schedule(p);
-    const std::int32_t len = mla_length(p, c);
-    const bool past = c.s >= p.splits.splits_for(len);
-    if (past && p.stack_rows == 0) return;  // (the wgmma kernel's: past the request's splits)
-    const TokenRange range = past ? TokenRange{0, 0} : p.splits.range(len, c.s);
-    const int n_tiles = (range.end - range.begin + kMlaWsTileKeys - 1) / kMlaWsTileKeys;
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < kMlaWsStages; ++s) {
-        arch::mbar_init(sm.full0 + 8 * s, 4);   // the producer's warps
-        arch::mbar_init(sm.empty0 + 8 * s, 4);  // the consumer's warps
-      }
-      arch::fence_mbar_init();
-    }
-    mla_load_queries<kMlaNarrowThreads, MlaWsLayout>(p, c, tid, arch::smem_addr(sm.q));
-    arch::cp_async_commit();
-    arch::cp_async_wait<0>();
-    arch::fence_proxy_async();  // the query tile (cp.async) → read by wgmma
-    __syncthreads();
+    MlaNarrowWork w;
+    if (!mla_narrow_prologue<kMlaWsStages, MlaWsLayout, kMlaTileRows>(p, sm, tid, w)) return;
     if (warp >= 4) {
-      mla_ws_produce<kKv, kBlock>(p, c, sm, tid - 128, lane, range.begin, range.end, n_tiles);
+      mla_ws_produce<kKv, kBlock>(p, w.c, sm, tid - 128, lane, w.range.begin, w.range.end,
+                                  w.n_tiles);
     } else {
-#pragma unroll
-      for (int i = 0; i < kN / 4; ++i) {
-        const int row = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
-        const int e = len - p.q_len + (c.row0 + row) / p.group + 1;  // causal end of its token
-        r.lim[i] = row < c.rows_here ? min(range.end, e) - range.begin : 0;
-        r.os[i] = math::OnlineSoftmax{};
-        r.al[i] = 1.f;
-      }
-#pragma unroll
-      for (int s = 0; s < kMlaNarrowSlices; ++s) tile::zero_frags(r.acc[s]);
-      if (n_tiles > 0) mla_narrow_consume<kKv, kN>(p, sm, r, n_tiles, warp, lane);
+      mla_narrow_rows_init(p, w, lane, r);
+      if (w.n_tiles > 0) mla_narrow_consume<kKv, kN>(p, sm, r, w.n_tiles, warp, lane);
       mla_narrow_state_to_smem(r, mla_narrow_red(sm), warp, lane, kFp8 ? p.ckv_scale.at(0) : 1.f,
                                sm.o, sm.lse);
     }

@@ -1,8 +1,9 @@
 /// @file kernels/mla/mla_decode_narrow2.cuh
 /// @brief The narrow MLA decode in a configuration of two CTAs per SM (internal, sm_90a): the
-///        narrow kernel's requests (at most `kMlaNarrowRows` query rows), products and epilogue,
-///        over a query tile of `kMlaNarrowRows` rows and a ring of `kMlaNarrow2Stages` 64-key
-///        tiles, so that a CTA fits half an SM's shared memory and half its registers.
+///        narrow kernel's requests (at most `kMlaNarrowRows` query rows), CTA prologue
+///        (`mla_narrow_prologue`), products and epilogue, over a query tile of `kMlaNarrowRows`
+///        rows and a ring of `kMlaNarrow2Stages` 64-key tiles, so that a CTA fits half an SM's
+///        shared memory and half its registers.
 ///
 /// Why one stage: `Sᵀ = K Qᵀ` takes the 64 keys of a tile as the wgmma's M (fixed at 64), so a
 /// stage holds 64 keys × 576 columns (72 KiB); with the 32-row query tile (36 KiB) one stage is
@@ -178,44 +179,18 @@ __global__ void __launch_bounds__(kMlaNarrowThreads, catalog::kMlaNarrow2CtasPer
   const int lane = tid & 31;
   MlaNarrowRows<kN> r;
   {
-    const MlaCta c = mla_schedule(p);
-    const std::int32_t len = mla_length(p, c);
-    const bool past = c.s >= p.splits.splits_for(len);
-    if (past && p.stack_rows == 0) return;  // (the wgmma kernel's: past the request's splits)
-    const TokenRange range = past ? TokenRange{0, 0} : p.splits.range(len, c.s);
-    const int n_tiles = (range.end - range.begin + kMlaWsTileKeys - 1) / kMlaWsTileKeys;
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < kMlaNarrow2Stages; ++s) {
-        arch::mbar_init(sm.full0 + 8 * s, 4);   // the producer's warps
-        arch::mbar_init(sm.empty0 + 8 * s, 4);  // the consumer's warps
-      }
-      arch::fence_mbar_init();
-    }
-    mla_load_queries<kMlaNarrowThreads, MlaNarrow2QLayout, kMlaNarrowRows>(p, c, tid,
-                                                                           arch::smem_addr(sm.q));
-    arch::cp_async_commit();
-    arch::cp_async_wait<0>();
-    arch::fence_proxy_async();  // the query tile (cp.async) → read by wgmma
-    __syncthreads();
+    MlaNarrowWork w;
+    if (!mla_narrow_prologue<kMlaNarrow2Stages, MlaNarrow2QLayout, kMlaNarrowRows>(p, sm, tid, w))
+      return;
     if (warp >= 4) {
       arch::setmaxnreg_dec<kMlaNarrow2ProducerRegs<kFp8, kN>>();
-      mla_ws_produce<kKv, kBlock, kMlaNarrow2Stages>(p, c, sm, tid - 128, lane, range.begin,
-                                                     range.end, n_tiles);
+      mla_ws_produce<kKv, kBlock, kMlaNarrow2Stages>(p, w.c, sm, tid - 128, lane, w.range.begin,
+                                                     w.range.end, w.n_tiles);
       arch::setmaxnreg_inc<kMlaNarrow2EpilogueRegs>();  // (once the consumer gave its share back)
     } else {
       arch::setmaxnreg_inc<kMlaNarrow2ConsumerRegs<kFp8, kN>>();
-#pragma unroll
-      for (int i = 0; i < kN / 4; ++i) {
-        const int row = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
-        const int e = len - p.q_len + (c.row0 + row) / p.group + 1;  // causal end of its token
-        r.lim[i] = row < c.rows_here ? min(range.end, e) - range.begin : 0;
-        r.os[i] = math::OnlineSoftmax{};
-        r.al[i] = 1.f;
-      }
-#pragma unroll
-      for (int s = 0; s < kMlaNarrowSlices; ++s) tile::zero_frags(r.acc[s]);
-      if (n_tiles > 0) mla_narrow2_consume<kKv, kN>(p, sm, r, n_tiles, warp, lane);
+      mla_narrow_rows_init(p, w, lane, r);
+      if (w.n_tiles > 0) mla_narrow2_consume<kKv, kN>(p, sm, r, w.n_tiles, warp, lane);
       mla_narrow_state_to_smem(r, sm.red, warp, lane, kFp8 ? p.ckv_scale.at(0) : 1.f, sm.o, sm.lse);
       arch::setmaxnreg_dec<kMlaNarrow2EpilogueRegs>();
     }
