@@ -92,6 +92,65 @@ struct VariantScores {
   }
 };
 
+/// The first half of an online-softmax step (`online_softmax_runs`) for row `h` of this thread
+/// (lane/4 + 8 h): scores `s` of the block (`NK` keys in runs of `kRunKeys` from `t0`) scaled by
+/// `scale` (base 2) through `scores`, keys at or past `lim[h]` masked, in place; returns the
+/// row's block max reduced over the quad (`Policy::max`).
+template <int NK, int kRunKeys, class Policy, class Scores>
+__device__ __forceinline__ float softmax_block_max(float (&s)[NK / 8][4], const int (&lim)[2],
+                                                   const int (&t0)[NK / kRunKeys], float scale,
+                                                   int lane, const Scores& scores, int h) {
+  static_assert(kRunKeys % 8 == 0 && NK % kRunKeys == 0, "runs of whole n-tiles");
+  constexpr int kRunTiles = kRunKeys / 8;
+  float bm = math::neg_inf();
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int t = t0[j / kRunTiles] + (j % kRunTiles) * 8 + 2 * (lane & 3) + e;
+      float v = scores(s[j][2 * h + e], scale, t, h);
+      if (t >= lim[h]) v = math::neg_inf();
+      s[j][2 * h + e] = v;
+      bm = Policy::max(bm, v);
+    }
+  }
+  bm = Policy::max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+  bm = Policy::max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
+  return bm;
+}
+
+/// The second half of an online-softmax step for row `h`: the row's running max raised to cover
+/// its block max `bm`, the row's accumulator `acc` (D / 8 n-tiles) rescaled when any row of the
+/// warp's max moved, the unnormalised probabilities of the masked scores `s` into `pr`, their
+/// sum added to the state.
+template <int NK, int D, class Policy>
+__device__ __forceinline__ void softmax_block_probs(float (&s)[NK / 8][4], float (&pr)[NK / 8][4],
+                                                    float (&acc)[D / 8][4],
+                                                    typename Policy::State (&os)[2], float bm,
+                                                    int h) {
+  const float alpha = os[h].rescale(bm);
+  // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
+  // (the common case after the first tiles), bitwise the same result.
+  if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      acc[j][2 * h] *= alpha;
+      acc[j][2 * h + 1] *= alpha;
+    }
+  }
+  float psum = 0.f;
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float pv = os[h].prob(s[j][2 * h + e]);
+      pr[j][2 * h + e] = pv;
+      psum += pv;
+    }
+  }
+  os[h].add(psum);
+}
+
 /// One online-softmax step over a score block of `NK` keys made of runs of `kRunKeys`
 /// consecutive keys (`s`: the raw scores `q·k`, two columns per n-tile of 8 keys; n-tile `n`
 /// holds key `t0[n / (kRunKeys / 8)] + 8 (n % (kRunKeys / 8)) + 2(lane % 4) + e`): scales them
@@ -109,45 +168,11 @@ __device__ __forceinline__ void online_softmax_runs(float (&s)[NK / 8][4], float
                                                     const int (&lim)[2],
                                                     const int (&t0)[NK / kRunKeys], float scale,
                                                     int lane, const Scores& scores = Scores()) {
-  static_assert(kRunKeys % 8 == 0 && NK % kRunKeys == 0, "runs of whole n-tiles");
-  constexpr int kRunTiles = kRunKeys / 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float bm = math::neg_inf();
-#pragma unroll
-    for (int j = 0; j < NK / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = t0[j / kRunTiles] + (j % kRunTiles) * 8 + 2 * (lane & 3) + e;
-        float v = scores(s[j][2 * h + e], scale, t, h);
-        if (t >= lim[h]) v = math::neg_inf();
-        s[j][2 * h + e] = v;
-        bm = Policy::max(bm, v);
-      }
-    }
-    bm = Policy::max(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-    bm = Policy::max(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
-    const float alpha = os[h].rescale(bm);
-    // Multiplying by 1 is the identity: skip the rescale when no row of the warp's max moved
-    // (the common case after the first tiles), bitwise the same result.
-    if (__any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        acc[j][2 * h] *= alpha;
-        acc[j][2 * h + 1] *= alpha;
-      }
-    }
-    float psum = 0.f;
-#pragma unroll
-    for (int j = 0; j < NK / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pv = os[h].prob(s[j][2 * h + e]);
-        pr[j][2 * h + e] = pv;
-        psum += pv;
-      }
-    }
-    os[h].add(psum);
+    const float bm =
+        softmax_block_max<NK, kRunKeys, Policy, Scores>(s, lim, t0, scale, lane, scores, h);
+    softmax_block_probs<NK, D, Policy>(s, pr, acc, os, bm, h);
   }
 }
 

@@ -44,6 +44,9 @@ struct MlaWsWarp {
   std::uint32_t (&pf)[kMlaWsTileKeys / 16][4];
 
   /// O += P V over the warpgroup's columns of the tile in stage `st`, one wgmma group.
+  /// `kBalanced` (the balanced kernel): `pf[0..1]` hold keys `32 wg ..` (the warpgroup's own
+  /// probabilities), `pf[2..3]` keys `32 (1 - wg) ..` (the other's); else `pf[kk]` keys `16 kk ..`.
+  template <bool kBalanced = false>
   __device__ __forceinline__ void issue_pv(int st) {
     using Wg = arch::Wgmma<__nv_bfloat16>;
     // columns 256 wg..: parts 4 wg.. (8 KiB apart: the leading byte offset); keys 16 kk..: two
@@ -52,11 +55,17 @@ struct MlaWsWarp {
     constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
     const std::uint32_t vb = sm.stage(st) + static_cast<std::uint32_t>(wg) * 4 * kMlaWsPartBytes;
     const std::uint32_t v_lo = ((vb & 0x3FFFFu) >> 4) | ((kMlaWsPartBytes >> 4) << 16);
+    // (the warpgroup's own 32 keys: 4096 bytes >> 4 per warpgroup)
+    const std::uint32_t own = kBalanced ? static_cast<std::uint32_t>(wg) * (4096u >> 4) : 0u;
     arch::fence_regs(acc);
     arch::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kMlaWsTileKeys / 16; ++kk)
-      Wg::mma_o256<1>(acc, pf[kk], arch::desc_join(v_lo + kk * (2048u >> 4), kHi));
+    for (int kk = 0; kk < kMlaWsTileKeys / 16; ++kk) {
+      const std::uint32_t k_off =
+          kBalanced ? (kk < 2 ? own : (4096u >> 4) - own) + (kk & 1) * (2048u >> 4)
+                    : kk * (2048u >> 4);
+      Wg::mma_o256<1>(acc, pf[kk], arch::desc_join(v_lo + k_off, kHi));
+    }
     arch::wgmma_commit();
   }
 
@@ -79,15 +88,26 @@ struct MlaWsWarp {
   }
 };
 
-/// Warpgroup 0's scores of the tile in stage `st` for all 64 rows: the latent columns into `sn`,
-/// the rotary ones into `sp` (`kSplit`: an fp8 cache, whose parts have their own K scales; else
-/// all into `sn`), one wgmma group.
-template <bool kSplit>
-__device__ __forceinline__ void mla_ws_issue_s(const MlaWsSmem& sm, int st,
-                                               float (&sn)[kMlaWsTileKeys / 8][4],
-                                               float (&sp)[kMlaWsTileKeys / 8][4]) {
+/// One k-step of the scores of `kN` keys (64: m64n64k16; 32: m64n32k16), both operands in
+/// shared memory (K-major).
+template <int kScaleD, int kN>
+__device__ __forceinline__ void mla_ws_mma_s(float (&d)[kN / 8][4], std::uint64_t qd,
+                                             std::uint64_t kd) {
   using Wg = arch::Wgmma<__nv_bfloat16>;
-  const MlaWsScoreDescs d(sm, st);
+  if constexpr (kN == kMlaWsTileKeys)
+    Wg::mma_s64_ss<kScaleD>(d, qd, kd);
+  else
+    Wg::mma_narrow_ss<kScaleD, 0, kN>(d, qd, kd);
+}
+
+/// The scores of the tile in stage `st` for all 64 rows over its `kN` keys from `key0` (64:
+/// warpgroup 0 of the wgmma kernel; 32: a warpgroup's half in the balanced kernel): the latent
+/// columns into `sn`, the rotary ones into `sp` (`kSplit`: an fp8 cache, whose parts have their
+/// own K scales; else all into `sn`), one wgmma group.
+template <bool kSplit, int kN = kMlaWsTileKeys>
+__device__ __forceinline__ void mla_ws_issue_s(const MlaWsSmem& sm, int st, float (&sn)[kN / 8][4],
+                                               float (&sp)[kN / 8][4], int key0 = 0) {
+  const MlaWsScoreDescs d(sm, st, key0);
   arch::fence_regs(sn);
   if constexpr (kSplit) arch::fence_regs(sp);
   arch::wgmma_fence();
@@ -98,16 +118,70 @@ __device__ __forceinline__ void mla_ws_issue_s(const MlaWsSmem& sm, int st,
     constexpr int kRope = kMlaLoraRank / 16;
     if (ks == 0 || (kSplit && ks == kRope)) {
       if (kSplit && ks == kRope)
-        Wg::mma_s64_ss<0>(sp, qd, kd);
+        mla_ws_mma_s<0, kN>(sp, qd, kd);
       else
-        Wg::mma_s64_ss<0>(sn, qd, kd);
+        mla_ws_mma_s<0, kN>(sn, qd, kd);
     } else if (kSplit && ks > kRope) {
-      Wg::mma_s64_ss<1>(sp, qd, kd);
+      mla_ws_mma_s<1, kN>(sp, qd, kd);
     } else {
-      Wg::mma_s64_ss<1>(sn, qd, kd);
+      mla_ws_mma_s<1, kN>(sn, qd, kd);
     }
   }
   arch::wgmma_commit();
+}
+
+/// The exclusive key ends of this thread's rows (warp `wl` of a consumer warpgroup), counted from
+/// the split's first key `begin` (`tile::causal_row_limits`; one register less than absolute).
+__device__ __forceinline__ void mla_ws_row_limits(const MlaParams& p, int wl, int lane, int begin,
+                                                  int (&lim)[2]) {
+  const MlaCta c = mla_schedule(p);
+  const std::int32_t len = mla_length(p, c);
+  tile::causal_row_limits(p, lane, c.rows_here - 16 * wl, c.row0 + 16 * wl, len,
+                          p.splits.range(len, c.s).end, lim);
+  lim[0] -= begin;
+  lim[1] -= begin;
+}
+
+/// An fp8 cache's scores of `kN` keys: the latent part's (`sn`) and the rotary part's (`sp`)
+/// times their K scales, into `sn`.
+template <int kN>
+__device__ __forceinline__ void mla_ws_join_parts(float (&sn)[kN / 8][4],
+                                                  const float (&sp)[kN / 8][4], float ckv_k,
+                                                  float kpe_k) {
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sn[n][i] = ckv_k * sn[n][i] + kpe_k * sp[n][i];
+}
+
+/// The probabilities' buffer (`MlaWsSmem::p`: 64 rows of 64 keys, bf16, swizzled as the tiles):
+/// the store base of this thread's rows `r0` and `r0 + 8`. Word i of the A fragment of k-step kk
+/// (row r0 + 8 (i % 2), keys 16 kk + 8 (i / 2) + 2 (lane % 4)) is chunk c = 2 kk + i / 2 of the
+/// row at (c ^ (r0 % 8)) · 16, i.e. the base (bits 4..6 clear) with (r0 % 8) · 16 added, XOR
+/// c · 16: one register, an immediate per store (`mla_ws_store_p`).
+__device__ __forceinline__ std::uint32_t mla_ws_p_store_base(const MlaWsSmem& sm, int r0,
+                                                             int lane) {
+  return (arch::smem_addr(sm.p) + r0 * 128 + 4 * (lane & 3)) + ((r0 & 7) << 4);
+}
+/// The A fragments `pf` of `kSteps` k-steps into the probabilities' buffer at the store base
+/// `base` (`mla_ws_p_store_base`, XOR the first k-step's chunk · 16).
+template <int kSteps>
+__device__ __forceinline__ void mla_ws_store_p(std::uint32_t base,
+                                               const std::uint32_t (&pf)[kSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t a = (base ^ ((2 * kk + (i >> 1)) << 4)) + 1024 * (i & 1);
+      arch::st_shared_b32(a, pf[kk][i]);
+    }
+}
+/// The `ldmatrix` base of thread `lane` of warp `wl` in the probabilities' buffer: its row
+/// r = 16 wl + lane % 16, chunk 2 kk + lane / 16 at ((2 kk + lane / 16) ^ (r % 8)) · 16, i.e. the
+/// base XOR 32 kk (as `mla_ws_store_p` stores them).
+__device__ __forceinline__ std::uint32_t mla_ws_p_load_base(const MlaWsSmem& sm, int wl, int lane) {
+  const int lr = 16 * wl + (lane & 15);
+  return arch::smem_addr(sm.p) + lr * 128 + ((((lane >> 4) ^ lr) & 7) << 4);
 }
 
 /// Warpgroup 0 (warp `w.wl`): the split's `n_tiles` (> 0) tiles from `begin`: scores, the online
@@ -121,15 +195,8 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
   constexpr bool kFp8 = kKv != tile::kKvSame;
   constexpr int kN = kMlaWsTileKeys / 8;
   const int lane = w.lane;
-  int lim[2];  // exclusive key ends of this thread's rows, counted from `begin` (one register less)
-  {
-    const MlaCta c = mla_schedule(p);
-    const std::int32_t len = mla_length(p, c);
-    tile::causal_row_limits(p, lane, c.rows_here - 16 * w.wl, c.row0 + 16 * w.wl, len,
-                            p.splits.range(len, c.s).end, lim);
-    lim[0] -= begin;
-    lim[1] -= begin;
-  }
+  int lim[2];  // exclusive key ends of this thread's rows, counted from `begin`
+  mla_ws_row_limits(p, w.wl, lane, begin, lim);
   // the K scales of the parts (fp8; read once: a pointed-to scale is read on the device)
   const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
   const float kpe_k = kFp8 && p.kpe_fp8 ? p.kpe_scale.at(0) : 1.f;
@@ -138,12 +205,7 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
   const int r0 = 16 * w.wl + (lane >> 2);
   // the softmax of tile t (scores in sn, sp): the probabilities in sn, the factors in al
   const auto softmax = [&](int t) {
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int n = 0; n < kN; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sn[n][i] = ckv_k * sn[n][i] + kpe_k * sp[n][i];
-    }
+    if constexpr (kFp8) mla_ws_join_parts<kMlaWsTileKeys>(sn, sp, ckv_k, kpe_k);
     float f[1][4] = {{1.f, 1.f, 1.f, 1.f}};  // (the step's rescale of a one-column accumulator)
     tile::online_softmax_step<kMlaWsTileKeys, 8>(sn, sn, f, os, lim, t * kMlaWsTileKeys, p.s2_scale,
                                                  lane);
@@ -154,18 +216,7 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
   const auto publish = [&](int t) {
     tile::pack_p<__nv_bfloat16, kMlaWsTileKeys>(sn, w.pf);
     if (t > 0) arch::named_sync(kMlaWsBarPEmpty, 2 * 128);  // warpgroup 1 read P of t - 1
-    // word i of pf[kk]: row r0 + 8 (i % 2), keys 16 kk + 8 (i / 2) + 2 (lane % 4): chunk
-    // c = 2 kk + i / 2 of the row at (c ^ (r0 % 8)) · 16, i.e. the thread's base (bits 4..6
-    // clear) with (r0 % 8) · 16 added, XOR c · 16: one register, an immediate per store
-    const std::uint32_t pbase =
-        (arch::smem_addr(w.sm.p) + r0 * 128 + 4 * (lane & 3)) + ((r0 & 7) << 4);
-#pragma unroll
-    for (int kk = 0; kk < kMlaWsTileKeys / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const std::uint32_t a = (pbase ^ ((2 * kk + (i >> 1)) << 4)) + 1024 * (i & 1);
-        arch::st_shared_b32(a, w.pf[kk][i]);
-      }
+    mla_ws_store_p(mla_ws_p_store_base(w.sm, r0, lane), w.pf);
     if ((lane & 3) == 0) {
       w.sm.alpha[r0] = al[0];
       w.sm.alpha[r0 + 8] = al[1];
@@ -225,10 +276,7 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
 __device__ __forceinline__ void mla_ws_pv_loop(MlaWsWarp& w, int n_tiles) {
   const int lane = w.lane;
   const int r0 = 16 * w.wl + (lane >> 2);
-  // the thread's ldmatrix row r = 16 wl + lane % 16, chunk 2 kk + lane / 16 at
-  // ((2 kk + lane / 16) ^ (r % 8)) · 16: its base XOR 32 kk (as `publish` stores them)
-  const int lr = 16 * w.wl + (lane & 15);
-  const std::uint32_t pbase = arch::smem_addr(w.sm.p) + lr * 128 + ((((lane >> 4) ^ lr) & 7) << 4);
+  const std::uint32_t pbase = mla_ws_p_load_base(w.sm, w.wl, lane);
 #pragma unroll 1
   for (int t = 0; t < n_tiles; ++t) {
     const int st = t % kMlaWsStages;

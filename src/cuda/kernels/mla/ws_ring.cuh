@@ -267,13 +267,15 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
 /// words: the low one the start address >> 4 and the leading byte offset (16 bytes: unused by the
 /// swizzled K-major layout), plus the k-step's offset >> 4 (no carry: shared addresses are below
 /// 2^18; k-step ks: 16 columns of part ks / 4, 32 bytes into its 128-byte rows); the high one the
-/// 8-row groups' stride (1024 bytes) and the 128-byte swizzle.
+/// 8-row groups' stride (1024 bytes) and the 128-byte swizzle. `key0` (a multiple of 8): the K
+/// tile's rows read from that key on (the balanced kernel's half of a tile).
 struct MlaWsScoreDescs {
   static constexpr std::uint32_t kHi = (1024u >> 4) | (1u << 30);
   std::uint32_t q_lo, k_lo;
-  __device__ __forceinline__ MlaWsScoreDescs(const MlaWsSmem& sm, int st)
+  __device__ __forceinline__ MlaWsScoreDescs(const MlaWsSmem& sm, int st, int key0 = 0)
       : q_lo(((arch::smem_addr(sm.q) & 0x3FFFFu) >> 4) | (1u << 16)),
-        k_lo(((sm.stage(st) & 0x3FFFFu) >> 4) | (1u << 16)) {}
+        k_lo((((sm.stage(st) + static_cast<std::uint32_t>(key0) * 128) & 0x3FFFFu) >> 4) |
+             (1u << 16)) {}
   __device__ static __forceinline__ std::uint32_t off(int ks) {
     return ((ks >> 2) * kMlaWsPartBytes + (ks & 3) * 32) >> 4;
   }
