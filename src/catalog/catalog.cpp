@@ -84,6 +84,8 @@ const char* to_string(Family f) {
       return "MLA decode (wgmma, narrow: at most 32 rows)";
     case Family::kMlaDecodeNarrow2:
       return "MLA decode (wgmma, narrow, two CTAs per SM: at most 32 rows)";
+    case Family::kMlaDecodeWsBalanced:
+      return "MLA decode (wgmma, warp-specialised, balanced consumers)";
   }
   return "unknown family";
 }

@@ -69,9 +69,13 @@ enum class Family : std::uint8_t {
   /// fixed costs and compute overlap the other's copies; the same requests, dtypes and
   /// variants as `kMlaDecodeNarrow`; on devices without `wgmma`, `kMlaDecode`.
   kMlaDecodeNarrow2 = 20,
+  /// `mla_decode_ws_balanced_kernel`: `kMlaDecodeWs` with its two consumer warpgroups balanced
+  /// (each computes the scores of half of every tile's keys, then `P V` over its columns); the
+  /// same CTAs, tiles, dtypes and variants; on devices without `wgmma`, `kMlaDecode`.
+  kMlaDecodeWsBalanced = 21,
 };
 /// Number of families.
-inline constexpr int kFamilies = 21;
+inline constexpr int kFamilies = 22;
 
 /// True for the merges' families.
 constexpr bool is_merge(Family f) { return static_cast<int>(f) >= 6 && static_cast<int>(f) <= 15; }
@@ -650,6 +654,13 @@ inline constexpr Group kGroups[] = {
                                                   mask(DType::kBF16) | detail::kFp8, kStateDTypes,
                                                   false, kSinks, kNeedsWgmma, Family::kMlaDecode),
                                     detail::kMlaNarrow2Tile),
+                      compiled::IntList<kMlaHeadDim>{}),
+    // the balanced wgmma MLA decode (sm_90a; the wgmma row's requests, dtypes, variants and
+    // tiles; last: the other rows keep their ids)
+    detail::with_dims(detail::tiles(detail::group(Family::kMlaDecodeWsBalanced, mask(DType::kBF16),
+                                                  mask(DType::kBF16) | detail::kFp8, kStateDTypes,
+                                                  false, kSinks, kNeedsWgmma, Family::kMlaDecode),
+                                    detail::kMlaWsTile),
                       compiled::IntList<kMlaHeadDim>{}),
 };
 

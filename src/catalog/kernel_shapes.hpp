@@ -235,6 +235,13 @@ ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_ws_smem_bytes() {
          2 * kMlaWsStages * 8 + 16;
 }
 static_assert(mla_ws_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
+/// Bytes of the dynamic shared memory of the balanced wgmma MLA decode (both consumer warpgroups
+/// compute scores, each of half of a tile's keys): the wgmma kernel's, then the rows' block maxima
+/// the two exchange (fp32, 2 warpgroups × `kMlaTileRows`).
+ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_ws_balanced_smem_bytes() {
+  return mla_ws_smem_bytes() + 2 * kMlaTileRows * 4;
+}
+static_assert(mla_ws_balanced_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
 
 // ---- the narrow MLA decode on Hopper wgmma (cuda/kernels/mla/mla_decode_narrow.cuh) ----
 

@@ -2,7 +2,8 @@
 /// @brief CUDA MLA decode: `plan_mla_decode` (the decode's length-aware split chooser with the
 ///        MLA kernel's facts; the kernel's row), the argument checks of a run, the workspace
 ///        layout and the launch of the catalog row the plan names (`kernels/mla/mla_decode.cuh`,
-///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma; `kernels/mla/mla_decode_narrow.cuh`,
+///        mma.sync; `kernels/mla/mla_decode_ws.cuh`, wgmma, and its balanced variant;
+///        `kernels/mla/mla_decode_narrow.cuh`,
 ///        wgmma for at most 32 rows), then, from
 ///        `plan::kMlaStackMergeSplits` splits, `merge_states` over the stacked splits.
 #include <array>
@@ -142,21 +143,25 @@ bool workspace_layout(const MlaDecodePlanData& d, WorkspaceLayout* w) {
 }
 
 /// The rows of an MLA decode family `F` (`kMlaLaunchTable`): the mma.sync kernel's, the wgmma
-/// kernel's (`kMlaDecodeWs`) or a narrow wgmma kernel's (`kMlaDecodeNarrow`, `kMlaDecodeNarrow2`:
-/// its instances by `narrow_kernel`).
+/// kernel's (`kMlaDecodeWs`), its balanced variant's (`kMlaDecodeWsBalanced`) or a narrow wgmma
+/// kernel's (`kMlaDecodeNarrow`, `kMlaDecodeNarrow2`: its instances by `narrow_kernel`).
 template <catalog::Family F>
 struct DecodeRows {
   using Params = detail::MlaParams;
   static constexpr catalog::Family kFamily = F;
   static constexpr bool kWs = F == catalog::Family::kMlaDecodeWs;
+  static constexpr bool kBalanced = F == catalog::Family::kMlaDecodeWsBalanced;
   static constexpr const char* kName =
       F == catalog::Family::kMlaDecodeNarrow    ? "mla_decode_narrow_kernel"
       : F == catalog::Family::kMlaDecodeNarrow2 ? "mla_decode_narrow2_kernel"
       : kWs                                     ? "mla_decode_ws_kernel"
+      : kBalanced                               ? "mla_decode_ws_balanced_kernel"
                                                 : "mla_decode_kernel";
   template <int kKv, bool kBlock>
   static constexpr auto kernel() {
-    if constexpr (kWs)
+    if constexpr (kBalanced)
+      return &detail::mla_decode_ws_balanced_kernel<kKv, kBlock>;
+    else if constexpr (kWs)
       return &detail::mla_decode_ws_kernel<kKv, kBlock>;
     else
       return &detail::mla_decode_kernel<kKv, kBlock>;
@@ -186,7 +191,8 @@ bool current_device_wgmma() {
 /// wgmma row where `kernel` asks for it (`kAuto`, the two-CTA narrow kernel not taken by the
 /// plan: where `wgmma` holds and one is compiled, the narrow row for at most
 /// `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache;
-/// `kWgmma`: refused by name without one); the narrow row for `kWgmmaNarrow`, the two-CTA narrow
+/// `kWgmma`: refused by name without one); the balanced wgmma row for `kWgmmaBalanced` (refused by
+/// name without one); the narrow row for `kWgmmaNarrow`, the two-CTA narrow
 /// row for `kWgmmaNarrow2` (refused by name without one, or for more than `kMlaNarrowRows` rows).
 int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel kernel,
                bool wgmma) {
@@ -217,11 +223,13 @@ int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel 
     const int narrow = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeNarrow));
     if (narrow >= 0) return narrow;
   }
-  const catalog::Query q = mla_query(problem, catalog::Family::kMlaDecodeWs);
+  const bool balanced = kernel == MlaDecodeKernel::kWgmmaBalanced;
+  const catalog::Query q = mla_query(
+      problem, balanced ? catalog::Family::kMlaDecodeWsBalanced : catalog::Family::kMlaDecodeWs);
   const int ws = catalog::find_id(q);
-  if (ws < 0 && kernel == MlaDecodeKernel::kWgmma)
-    throw_argument(fn, "kernel", catalog::not_supported_message(q), "kWgmma",
-                   Status::kNotSupported);
+  if (ws < 0 && (kernel == MlaDecodeKernel::kWgmma || balanced))
+    throw_argument(fn, "kernel", catalog::not_supported_message(q),
+                   balanced ? "kWgmmaBalanced" : "kWgmma", Status::kNotSupported);
   return ws >= 0 ? ws : mma;
 }
 
@@ -328,13 +336,16 @@ void launch(const MlaDecodePlan& plan, const ConstTensorView& q_nope, const Cons
   p.sinks = w.stacked ? nullptr : sinks.logits;  // the stacked merge merges the sinks
   const auto id = static_cast<std::size_t>(d.kernel_id);
   const catalog::Family family = catalog::kRows[id].family;
-  const auto l = family == catalog::Family::kMlaDecodeWs
-                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
-                 : family == catalog::Family::kMlaDecodeNarrow
-                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow>>[id]
-                 : family == catalog::Family::kMlaDecodeNarrow2
-                     ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow2>>[id]
-                     : detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecode>>[id];
+  const auto l =
+      family == catalog::Family::kMlaDecodeWs
+          ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWs>>[id]
+      : family == catalog::Family::kMlaDecodeNarrow
+          ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow>>[id]
+      : family == catalog::Family::kMlaDecodeNarrow2
+          ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeNarrow2>>[id]
+      : family == catalog::Family::kMlaDecodeWsBalanced
+          ? detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecodeWsBalanced>>[id]
+          : detail::kMlaLaunchTable<DecodeRows<catalog::Family::kMlaDecode>>[id];
   if (l == nullptr)  // a plan of this build names an MLA row (checked by its fingerprint)
     throw_argument(kRunFn, "plan", "a plan naming an MLA decode row",
                    "kernel id " + decode_str(d.kernel_id), Status::kInternal);
@@ -378,8 +389,9 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   check_options(fn, options);
   if (kernel != MlaDecodeKernel::kAuto && kernel != MlaDecodeKernel::kMma &&
       kernel != MlaDecodeKernel::kWgmma && kernel != MlaDecodeKernel::kWgmmaNarrow &&
-      kernel != MlaDecodeKernel::kWgmmaNarrow2)
-    throw_argument(fn, "kernel", "kAuto, kMma, kWgmma, kWgmmaNarrow or kWgmmaNarrow2",
+      kernel != MlaDecodeKernel::kWgmmaNarrow2 && kernel != MlaDecodeKernel::kWgmmaBalanced)
+    throw_argument(fn, "kernel",
+                   "kAuto, kMma, kWgmma, kWgmmaNarrow, kWgmmaNarrow2 or kWgmmaBalanced",
                    "value " + decode_str(static_cast<int>(kernel)));
   const float scale = attnstate::detail::resolve_scale(fn, "options.scale", options.scale,
                                                        problem.kv_lora_rank + problem.rope_dim);

@@ -40,12 +40,14 @@ void launch_mla_kernel(const Params& p, std::int64_t grid, int threads, int smem
 }
 
 /// The launch of `K`'s row over `kKv` (with the latent part's block scales: `kBlock`) on `grid`
-/// CTAs on `stream` (`kMlaThreads` threads, or the wgmma decode's `kMlaWsWarps` warps, and the
-/// family's shared memory: the mma.sync kernels stage the block scales besides; the narrow
+/// CTAs on `stream` (`kMlaThreads` threads, or the wgmma decodes' `kMlaWsWarps` warps, and the
+/// family's shared memory: the mma.sync kernels stage the block scales besides, the balanced
+/// wgmma decode exchanges its rows' maxima besides; the narrow
 /// decodes' families, `K::narrow_kernel<kKv, kBlock, kN>()`, its instance of 16 or 32 rows).
 template <class K, int kKv, bool kBlock>
 void launch_mla_instance(const typename K::Params& p, std::int64_t grid, cudaStream_t stream) {
-  constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs;  // (its own CTA shape)
+  constexpr bool kBalanced = K::kFamily == catalog::Family::kMlaDecodeWsBalanced;
+  constexpr bool kWs = K::kFamily == catalog::Family::kMlaDecodeWs || kBalanced;  // (its CTA)
   if constexpr (K::kFamily == catalog::Family::kMlaDecodeNarrow ||
                 K::kFamily == catalog::Family::kMlaDecodeNarrow2) {
     // the narrow decodes: products of 16 rows where the request's rows fit them, else 32
@@ -59,9 +61,10 @@ void launch_mla_instance(const typename K::Params& p, std::int64_t grid, cudaStr
       launch_mla_kernel<K::template narrow_kernel<kKv, kBlock, 32>()>(
           p, grid, catalog::kMlaNarrowWarps * 32, smem, stream, K::kName);
   } else {
-    const int smem = static_cast<int>(kWs ? catalog::mla_ws_smem_bytes()
-                                          : catalog::mla_smem_bytes(kKv != tile::kKvSame) +
-                                                (kBlock ? kMlaBlockScaleSmem : 0));
+    const int smem = static_cast<int>(kBalanced ? catalog::mla_ws_balanced_smem_bytes()
+                                      : kWs     ? catalog::mla_ws_smem_bytes()
+                                                : catalog::mla_smem_bytes(kKv != tile::kKvSame) +
+                                                  (kBlock ? kMlaBlockScaleSmem : 0));
     launch_mla_kernel<K::template kernel<kKv, kBlock>()>(
         p, grid, kWs ? catalog::kMlaWsWarps * 32 : kMlaThreads, smem, stream, K::kName);
   }

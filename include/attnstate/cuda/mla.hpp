@@ -126,6 +126,11 @@ enum class MlaDecodeKernel : std::uint8_t {
   /// of 32 rows, a one-stage ring of 64-key tiles: one CTA's fixed costs and compute overlap the
   /// other's copies); refused as `kWgmmaNarrow`; `kAuto`'s choice for few rows (above).
   kWgmmaNarrow2 = 4,
+  /// `kWgmma`'s CTAs and tiles with its two consumer warpgroups balanced: each computes the
+  /// scores of half of every 64-key tile (the two exchange their rows' maxima, so the online
+  /// softmax stays exact, and their probabilities), then `P V` over its 256 output columns;
+  /// refused as `kWgmma`; not chosen by `kAuto` (yet).
+  kWgmmaBalanced = 5,
 };
 
 /// Plans an MLA decode on the host: the split layout of `options.policy` from the real lengths

@@ -15,6 +15,12 @@
 ///   statistics of warpgroup 0 handed to warpgroup 1, `mla_state_to_smem`, then `mla_store_rows`
 ///   (one split) or `mla_write_partial`, `mla_ticket` and `mla_merge_splits`, or, for the
 ///   stacked merge, `mla_write_split_stack` (also by a split past its request's).
+///
+/// Its balanced variant (`mla_decode_ws_balanced_kernel`, the same body with `kBalanced`) has
+/// both consumer warpgroups compute the scores, each of half of every tile's keys, exchange
+/// their rows' maxima and probabilities, then add `P V` over their columns
+/// (`ws_balanced.cuh`: `mla_ws_balanced_loop`); its rows' sums are the two warpgroups' added in
+/// the epilogue. The producer, the ring and the epilogues are the same.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +34,7 @@
 #include "cuda/kernels/mla/epilogue.cuh"
 #include "cuda/kernels/mla/loader.cuh"
 #include "cuda/kernels/mla/params.cuh"
+#include "cuda/kernels/mla/ws_balanced.cuh"
 #include "cuda/kernels/mla/ws_consumer.cuh"
 #include "cuda/kernels/mla/ws_ring.cuh"
 #include "cuda/tile/fp8_kv.cuh"
@@ -39,10 +46,22 @@ namespace detail {
 
 /// Warpgroup 0's running softmax statistics of its rows handed to warpgroup 1 (whose threads
 /// hold the same rows) through shared memory `x` (the probabilities' buffer, free once both
-/// warpgroups are past their loops): `os` of warpgroup 1 becomes warpgroup 0's.
+/// warpgroups are past their loops): `os` of warpgroup 1 becomes warpgroup 0's. `kBalanced`:
+/// both hold the same maxima, each the sum over its own keys; each adds the other's sums (in
+/// either order the same bits).
+template <bool kBalanced = false>
 __device__ __forceinline__ void mla_ws_share_stats(int wg, int t, float* x,
                                                    math::OnlineSoftmax (&os)[2]) {
   arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);  // both loops done (P read, wgmma waited)
+  if constexpr (kBalanced) {
+    float2* sums = reinterpret_cast<float2*>(x);
+    sums[128 * wg + t] = make_float2(os[0].l, os[1].l);
+    arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
+    const float2 v = sums[128 * (1 - wg) + t];
+    os[0].l += v.x;
+    os[1].l += v.y;
+    return;
+  }
   float4* slot = reinterpret_cast<float4*>(x) + t;
   if (wg == 0) *slot = make_float4(os[0].m, os[0].l, os[1].m, os[1].l);
   arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
@@ -55,10 +74,11 @@ __device__ __forceinline__ void mla_ws_share_stats(int wg, int t, float* x,
   }
 }
 
-/// The wgmma MLA decode kernel over a latent part of `kKv` (`tile::Fp8Kv`: bf16, or an fp8
-/// format converted to bf16 by the producer; `kBlock`: with the fp8 latent part's block scales).
-template <int kKv, bool kBlock = false>
-__global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const MlaParams p) {
+/// The body of the wgmma MLA decode kernels over a latent part of `kKv` (`tile::Fp8Kv`: bf16, or
+/// an fp8 format converted to bf16 by the producer; `kBlock`: with the fp8 latent part's block
+/// scales); `kBalanced`: the balanced consumers (`mla_ws_balanced_loop`).
+template <int kKv, bool kBlock, bool kBalanced>
+__device__ __forceinline__ void mla_decode_ws_body(const MlaParams& p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kFp8 = kKv != tile::kKvSame;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -104,14 +124,16 @@ __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const M
   std::uint32_t pf[kMlaWsTileKeys / 16][4];
   MlaWsWarp w{sm, wg, warp & 3, lane, acc, pf};
   math::OnlineSoftmax os[2];
-  if (wg == 0) {
+  if constexpr (kBalanced) {
+    if (n_tiles > 0) mla_ws_balanced_loop<kKv>(p, w, begin, n_tiles, os);
+  } else if (wg == 0) {
     if (n_tiles > 0) mla_ws_scores_loop<kKv>(p, w, begin, n_tiles, os);
   } else {
     mla_ws_pv_loop(w, n_tiles);
   }
 
   // ---- epilogue: the normalised state (V's scale applied), by the consumers' 256 threads ----
-  mla_ws_share_stats(wg, tid & 127, reinterpret_cast<float*>(sm.p), os);
+  mla_ws_share_stats<kBalanced>(wg, tid & 127, reinterpret_cast<float*>(sm.p), os);
   const float v_scale = kFp8 ? p.ckv_scale.at(0) : 1.f;
   mla_state_to_smem(acc, os, warp, lane, v_scale, sm.o, sm.lse);
   arch::named_sync(kMlaWsBarEpilogue, kMlaThreads);
@@ -119,6 +141,20 @@ __global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const M
 #elif defined(__CUDA_ARCH__)
   __trap();  // not built for sm_90a: the run never launches it (DeviceFacts::wgmma())
 #endif
+}
+
+/// The wgmma MLA decode kernel (`mla_decode_ws_body`: warpgroup 0 the scores).
+template <int kKv, bool kBlock = false>
+__global__ void __launch_bounds__(kMlaWsThreads, 1) mla_decode_ws_kernel(const MlaParams p) {
+  mla_decode_ws_body<kKv, kBlock, false>(p);
+}
+
+/// The balanced wgmma MLA decode kernel (`mla_decode_ws_body`: both consumer warpgroups compute
+/// the scores of half of every tile's keys).
+template <int kKv, bool kBlock = false>
+__global__ void __launch_bounds__(kMlaWsThreads, 1)
+    mla_decode_ws_balanced_kernel(const MlaParams p) {
+  mla_decode_ws_body<kKv, kBlock, true>(p);
 }
 
 }  // namespace detail

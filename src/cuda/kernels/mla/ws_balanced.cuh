@@ -1,0 +1,162 @@
+/// @file kernels/mla/ws_balanced.cuh
+/// @brief The consumer warpgroups of the balanced wgmma MLA decode kernel (internal): each of the
+///        two computes the scores of half of every 64-key tile (warpgroup `wg`: keys `32 wg ..`,
+///        `S = Q Kᵀ` over the 576 columns in 36 k-steps of `wgmma` m64n32k16, both operands in
+///        shared memory), the two exchange their rows' block maxima through shared memory so
+///        that both raise every row's running max alike (the online softmax stays exact: the
+///        same max, the same rescale factors in both; each keeps the sum of its own keys'
+///        probabilities, added in the epilogue), each publishes its probabilities (bf16) in the
+///        buffer of the wgmma kernel and reads the other's half back (`ldmatrix`), then each adds
+///        `P V` of all 64 keys over its 256 output columns (m64n256k16, P from registers). As in
+///        the wgmma kernel, the scores of tile `t` are issued before `P V` of tile `t - 1`, and
+///        the softmax runs while that does. Part of `mla_decode_ws_balanced_kernel`, inlined
+///        there.
+///
+/// Per tile, two named barriers of both warpgroups: the block maxima written (`kMlaWsBarMax`),
+/// the probabilities written (`kMlaWsBarP`). Each buffer's next write comes after the other
+/// barrier, which the reader reaches only once it has read: no barrier for "read".
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attnstate/core/online_softmax.hpp"
+#include "cuda/arch/barrier.cuh"
+#include "cuda/arch/memory.cuh"
+#include "cuda/arch/mma.cuh"
+#include "cuda/arch/wgmma.cuh"
+#include "cuda/kernels/mla/loader.cuh"
+#include "cuda/kernels/mla/params.cuh"
+#include "cuda/kernels/mla/ws_consumer.cuh"
+#include "cuda/kernels/mla/ws_ring.cuh"
+#include "cuda/tile/cascade_level_block.cuh"
+#include "cuda/tile/fp8_kv.cuh"
+#include "cuda/tile/softmax_step.cuh"
+
+namespace attnstate {
+namespace cuda {
+namespace detail {
+
+/// Named barriers of the balanced kernel's consumers (both warpgroups): the rows' block maxima
+/// written, the probabilities written (the wgmma kernel's ids; the epilogue's is its own).
+constexpr int kMlaWsBarMax = kMlaWsBarPEmpty;
+constexpr int kMlaWsBarP = kMlaWsBarPFull;
+/// Keys of a tile whose scores one warpgroup computes.
+constexpr int kMlaWsHalfKeys = kMlaWsTileKeys / 2;
+
+/// The rows' block maxima `[warpgroup][64 rows]` (fp32), after the wgmma kernel's carve-up.
+__device__ __forceinline__ float* mla_ws_balanced_max(const MlaWsSmem& sm) {
+  return reinterpret_cast<float*>(sm.is_last + 4);
+}
+static_assert(1024 + (kMlaWsStages + 1) * kMlaWsTileBytes + kMlaTileRows * kMlaWsTileKeys * 2 +
+                      2 * kMlaTileRows * 4 + 16 * kMlaWsStages + 16 + 2 * kMlaTileRows * 4 <=
+                  catalog::mla_ws_balanced_smem_bytes(),
+              "the maxima's buffer within the catalog's shared memory");
+
+/// A consumer warpgroup of the balanced kernel (warp `w.wl` of warpgroup `w.wg`): the split's
+/// `n_tiles` (> 0) tiles from `begin`: the scores of its half of each, the online softmax of its
+/// rows (their key limits: `tile::causal_row_limits`) into `os` (the running max of all the
+/// tile's keys; the sum of its own keys' probabilities), the probabilities exchanged, `P V` over
+/// its columns.
+template <int kKv>
+__device__ __forceinline__ void mla_ws_balanced_loop(const MlaParams& p, MlaWsWarp& w, int begin,
+                                                     int n_tiles, math::OnlineSoftmax (&os)[2]) {
+  constexpr bool kFp8 = kKv != tile::kKvSame;
+  constexpr int kHalf = kMlaWsHalfKeys;
+  constexpr int kN = kHalf / 8;
+  using Policy = tile::Base2NanMax;
+  static_assert(kHalf / 16 == 2, "a warpgroup's own probabilities are two k-steps of P V");
+  const int lane = w.lane;
+  int lim[2];  // exclusive key ends of this thread's rows, counted from `begin`
+  mla_ws_row_limits(p, w.wl, lane, begin, lim);
+  // the K scales of the parts (fp8; read once: a pointed-to scale is read on the device)
+  const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
+  const float kpe_k = kFp8 && p.kpe_fp8 ? p.kpe_scale.at(0) : 1.f;
+  float sn[kN][4], sp[kN][4];  // (the softmax leaves the probabilities in sn)
+  float al[2] = {1.f, 1.f};    // the rows' factors of the last softmax step
+  const int r0 = 16 * w.wl + (lane >> 2);
+  const int key0 = kHalf * w.wg;  // the warpgroup's keys in a tile
+  float* const red = mla_ws_balanced_max(w.sm);
+  // the softmax of tile t (scores in sn, sp): each row's block max over both halves (through
+  // `red`: both warpgroups read both in the same order, so that their maxima are the same bits),
+  // the probabilities in sn, the factors in al
+  const auto softmax = [&](int t) {
+    if constexpr (kFp8) mla_ws_join_parts<kHalf>(sn, sp, ckv_k, kpe_k);
+    const int t0[1] = {t * kMlaWsTileKeys + key0};
+    float bm[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      bm[h] = tile::softmax_block_max<kHalf, kHalf, Policy>(sn, lim, t0, p.s2_scale, lane,
+                                                            tile::PlainScores(), h);
+    if ((lane & 3) == 0) {
+      red[kMlaTileRows * w.wg + r0] = bm[0];
+      red[kMlaTileRows * w.wg + r0 + 8] = bm[1];
+    }
+    arch::named_sync(kMlaWsBarMax, 2 * 128);
+    float f[1][4] = {{1.f, 1.f, 1.f, 1.f}};  // (the step's rescale of a one-column accumulator)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      tile::softmax_block_probs<kHalf, 8, Policy>(sn, sn, f, os,
+                                                  Policy::max(red[r], red[kMlaTileRows + r]), h);
+    }
+    al[0] = f[0][0];
+    al[1] = f[0][2];
+  };
+  // this warpgroup's probabilities into pf[0..1] and the buffer, the other's from the buffer
+  // into pf[2..3]
+  const std::uint32_t store_base =
+      mla_ws_p_store_base(w.sm, r0, lane) ^ (static_cast<std::uint32_t>(w.wg) << 6);
+  const std::uint32_t load_base =
+      mla_ws_p_load_base(w.sm, w.wl, lane) ^ (static_cast<std::uint32_t>(1 - w.wg) << 6);
+  const auto publish = [&]() {
+    std::uint32_t own[kHalf / 16][4];
+    tile::pack_p<__nv_bfloat16, kHalf>(sn, own);
+#pragma unroll
+    for (int kk = 0; kk < kHalf / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w.pf[kk][i] = own[kk][i];
+    mla_ws_store_p(store_base, own);
+    arch::named_sync(kMlaWsBarP, 2 * 128);
+#pragma unroll
+    for (int kk = 0; kk < kHalf / 16; ++kk)
+      arch::ldmatrix_x4(w.pf[kHalf / 16 + kk], load_base ^ (32u * kk));
+  };
+
+  arch::mbar_wait(w.sm.full0, 0);
+  mla_ws_issue_s<kFp8, kHalf>(w.sm, 0, sn, sp, key0);
+  arch::wgmma_wait<0>();
+  arch::fence_regs(sn);
+  if constexpr (kFp8) arch::fence_regs(sp);
+  softmax(0);
+  publish();
+#pragma unroll 1
+  for (int t = 1; t < n_tiles; ++t) {
+    const int st = t % kMlaWsStages, stp = (t - 1) % kMlaWsStages;
+    arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
+    mla_ws_issue_s<kFp8, kHalf>(w.sm, st, sn, sp, key0);  // S_t (this warpgroup's half)
+    w.rescale(al);                                        // O *= alpha_{t-1}
+    w.issue_pv<true>(stp);                                // O += P_{t-1} V_{t-1}
+    arch::wgmma_wait<1>();                                // S_t is done (P V still runs)
+    arch::fence_regs(sn);
+    if constexpr (kFp8) arch::fence_regs(sp);
+    softmax(t);
+    arch::fence_regs(sn);
+    arch::wgmma_wait<0>();  // P_{t-1} V_{t-1} is done: its stage is free, pf may be rewritten
+    arch::fence_regs(w.acc);
+    w.release(stp);
+    publish();
+  }
+  const int stl = (n_tiles - 1) % kMlaWsStages;
+  w.rescale(al);
+  w.issue_pv<true>(stl);
+  arch::wgmma_wait<0>();
+  arch::fence_regs(w.acc);
+  w.release(stl);
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attnstate
