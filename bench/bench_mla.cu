@@ -58,15 +58,18 @@ const char* kUsage =
     "  --kernel K         auto (the planner's choice: wgmma on sm_90a), mma, wgmma, narrow\n"
     "                     (the narrow wgmma kernel: rows of at most 32 query rows, others\n"
     "                     skipped), narrow2 (the narrow kernel's two-CTA configuration, the\n"
-    "                     same rows), both (each row twice, mma.sync then wgmma: an A/B in one\n"
-    "                     run) or all (mma.sync, wgmma, then narrow and narrow2 where the rows\n"
+    "                     same rows), balanced (the wgmma kernel with both consumer warpgroups\n"
+    "                     computing scores), both (each row twice, mma.sync then wgmma: an A/B\n"
+    "                     in one run), balanced-ab (each row twice, wgmma then balanced) or all\n"
+    "                     (mma.sync, wgmma, balanced, then narrow and narrow2 where the rows\n"
     "                     fit them)\n"
     "  --no-check         skip the CPU check of request 0\n"
     "  --help             this text (no CUDA call)\n"
     "Rows: heads, q_len, dtype, batch, ctx, page, splits, median us (L2 flushed), GB/s and its\n"
     "fraction of the device copy, TFLOP/s and its fraction of the measured bf16 tensor peak,\n"
     "the floor max(bytes/copy, FLOP/peak) in us, time / floor, the check of request 0, and\n"
-    "the kernel that ran (mma: cp.async + mma.sync; wgmma: warp-specialised wgmma; narrow: the\n"
+    "the kernel that ran (mma: cp.async + mma.sync; wgmma: warp-specialised wgmma; balanced: the\n"
+    "same, its two consumer warpgroups each computing half of every tile's scores; narrow: the\n"
     "transposed wgmma kernel of at most 32 rows, one CTA per SM; narrow2: the same, two CTAs\n"
     "per SM).\n"
     "Shapes:\n";
@@ -268,14 +271,21 @@ int main(int argc, char** argv) {
           kernels = {cuda::MlaDecodeKernel::kWgmmaNarrow};
         else if (k == "narrow2")
           kernels = {cuda::MlaDecodeKernel::kWgmmaNarrow2};
+        else if (k == "balanced")
+          kernels = {cuda::MlaDecodeKernel::kWgmmaBalanced};
+        else if (k == "balanced-ab")
+          kernels = {cuda::MlaDecodeKernel::kWgmma, cuda::MlaDecodeKernel::kWgmmaBalanced};
         else if (k == "both")
           kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
         else if (k == "all")
           kernels = {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
-                     cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2};
+                     cuda::MlaDecodeKernel::kWgmmaBalanced, cuda::MlaDecodeKernel::kWgmmaNarrow,
+                     cuda::MlaDecodeKernel::kWgmmaNarrow2};
         else
           throw std::invalid_argument(
-              "--kernel takes auto, mma, wgmma, narrow, narrow2, both or all, not '" + k + "'");
+              "--kernel takes auto, mma, wgmma, narrow, narrow2, balanced, both, balanced-ab or "
+              "all, not '" +
+              k + "'");
       } else {
         throw std::invalid_argument("unknown or incomplete option '" + a + "'");
       }
@@ -395,10 +405,11 @@ int main(int argc, char** argv) {
         const cuda::MlaDecodePlan plan =
             cuda::plan_mla_decode(pr, lens.data(), opt, bench.num_sms, kernel);
         const std::string plan_str = plan.to_string();
-        const char* kernel_str = plan_str.find("two CTAs") != std::string::npos ? "narrow2"
-                                 : plan_str.find("narrow") != std::string::npos ? "narrow"
-                                 : plan_str.find("wgmma") != std::string::npos  ? "wgmma"
-                                                                                : "mma";
+        const char* kernel_str = plan_str.find("two CTAs") != std::string::npos   ? "narrow2"
+                                 : plan_str.find("narrow") != std::string::npos   ? "narrow"
+                                 : plan_str.find("balanced") != std::string::npos ? "balanced"
+                                 : plan_str.find("wgmma") != std::string::npos    ? "wgmma"
+                                                                                  : "mma";
         if (plan.workspace_bytes() > ws_cap) {
           if (ws) ATTNSTATE_CUDA_CHECK(cudaFree(ws));
           ws_cap = plan.workspace_bytes();

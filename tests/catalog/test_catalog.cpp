@@ -142,6 +142,7 @@ TEST(Catalog, RowsExpandAsTheLaunchersInstantiate) {
   EXPECT_EQ(rows_of(Family::kMlaDecodeWs), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaDecodeNarrow), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaDecodeNarrow2), 1 + fp8);
+  EXPECT_EQ(rows_of(Family::kMlaDecodeWsBalanced), 1 + fp8);
   EXPECT_EQ(rows_of(Family::kMlaCascade), 1 + fp8);
   int total = 0;
   for (int f = 0; f < catalog::kFamilies; ++f) total += rows_of(static_cast<Family>(f));
@@ -161,7 +162,8 @@ TEST(Catalog, EveryRowIsOneInstanceOfABuildHeadDim) {
     EXPECT_TRUE(catalog::is_merge(r.family) ? merge_dim
                 : r.family == Family::kMlaDecode || r.family == Family::kMlaCascade ||
                         r.family == Family::kMlaDecodeWs || r.family == Family::kMlaDecodeNarrow ||
-                        r.family == Family::kMlaDecodeNarrow2
+                        r.family == Family::kMlaDecodeNarrow2 ||
+                        r.family == Family::kMlaDecodeWsBalanced
                     ? r.head_dim == catalog::kMlaHeadDim
                     : compiled::contains(compiled::BuildHeadDims{}, r.head_dim))
         << catalog::to_string(r.family) << " at head dim " << r.head_dim;

@@ -6,7 +6,8 @@
 ///        sinks, every state dtype and base, outputs poisoned with NaN first; split states merged
 ///        with `cuda::merge_states` against the one-pass state; the kit's MLA laws on a CUDA
 ///        adapter; argument errors naming the argument. Every GPU test runs each kernel the
-///        device runs (`device_kernels`: mma.sync, and the wgmma one on sm_90a). GPU tests skip
+///        device runs (`device_kernels`: mma.sync, and on sm_90a the wgmma one and its balanced
+///        variant, the narrow ones for at most 32 rows). GPU tests skip
 ///        without a GPU; the planner's errors and its kernel rows (host only) run everywhere.
 #include <gtest/gtest.h>
 
@@ -130,7 +131,8 @@ catalog::Family family_of(const cuda::MlaDecodePlan& plan) {
 
 /// The MLA decode kernels the device runs for requests of `rows` query rows (`heads · q_len`):
 /// mma.sync, and the wgmma kernels where the planner's automatic choice takes one (an sm_90 device
-/// running sm_90a code), with the narrow wgmma kernel besides for at most 32 rows.
+/// running sm_90a code: the wgmma kernel and its balanced variant), with the narrow wgmma kernels
+/// besides for at most 32 rows.
 std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
   cuda::MlaDecodeProblem pr;
   pr.batch = 1;
@@ -140,8 +142,11 @@ std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
       family_of(cuda::plan_mla_decode(pr, &len, DecodeOptions{}, 1)) != catalog::Family::kMlaDecode;
   if (ws && rows <= catalog::kMlaNarrowRows)
     return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
-            cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2};
-  if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
+            cuda::MlaDecodeKernel::kWgmmaBalanced, cuda::MlaDecodeKernel::kWgmmaNarrow,
+            cuda::MlaDecodeKernel::kWgmmaNarrow2};
+  if (ws)
+    return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
+            cuda::MlaDecodeKernel::kWgmmaBalanced};
   return {cuda::MlaDecodeKernel::kMma};
 }
 
@@ -152,19 +157,21 @@ bool is_narrow(cuda::MlaDecodeKernel k) {
 
 /// A kernel's name in failure messages.
 std::string kernel_name(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma          ? "wgmma"
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow  ? "wgmma-narrow"
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2 ? "wgmma-narrow2"
-         : k == cuda::MlaDecodeKernel::kMma          ? "mma.sync"
-                                                     : "auto";
+  return k == cuda::MlaDecodeKernel::kWgmma           ? "wgmma"
+         : k == cuda::MlaDecodeKernel::kWgmmaBalanced ? "wgmma-balanced"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow   ? "wgmma-narrow"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2  ? "wgmma-narrow2"
+         : k == cuda::MlaDecodeKernel::kMma           ? "mma.sync"
+                                                      : "auto";
 }
 
 /// The catalog family of a kernel choice other than `kAuto`.
 catalog::Family family_of(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma          ? catalog::Family::kMlaDecodeWs
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow  ? catalog::Family::kMlaDecodeNarrow
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2 ? catalog::Family::kMlaDecodeNarrow2
-                                                     : catalog::Family::kMlaDecode;
+  return k == cuda::MlaDecodeKernel::kWgmma           ? catalog::Family::kMlaDecodeWs
+         : k == cuda::MlaDecodeKernel::kWgmmaBalanced ? catalog::Family::kMlaDecodeWsBalanced
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow   ? catalog::Family::kMlaDecodeNarrow
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2  ? catalog::Family::kMlaDecodeNarrow2
+                                                      : catalog::Family::kMlaDecode;
 }
 
 /// Plans (on `kernel`, checked to be the plan's row) and runs the CUDA MLA decode of `h` (scale
@@ -693,6 +700,17 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
     // the same splits and workspace: the kernels share the split chooser and the epilogues
     EXPECT_EQ(wg.splits().max_splits, mma.splits().max_splits);
     EXPECT_EQ(wg.workspace_bytes(), mma.workspace_bytes());
+    // the balanced wgmma kernel: its own row of the latent dtype and the wgmma row's tiles,
+    // splits and workspace
+    const cuda::MlaDecodePlan bal = plan(cuda::MlaDecodeKernel::kWgmmaBalanced);
+    const catalog::Row& rb = catalog::kRows[static_cast<std::size_t>(bal.kernel_id())];
+    EXPECT_EQ(rb.family, catalog::Family::kMlaDecodeWsBalanced) << bal.to_string();
+    EXPECT_EQ(rb.kv, dt[0]);
+    EXPECT_EQ(rb.tile_rows, rw.tile_rows) << bal.to_string();
+    EXPECT_EQ(rb.tile_keys, 64) << bal.to_string();
+    EXPECT_NE(bal.to_string().find("balanced"), std::string::npos) << bal.to_string();
+    EXPECT_EQ(bal.splits().max_splits, mma.splits().max_splits);
+    EXPECT_EQ(bal.workspace_bytes(), mma.workspace_bytes());
     if (!attnstate_test::gpu_available())
       EXPECT_EQ(family_of(plan(cuda::MlaDecodeKernel::kAuto)), catalog::Family::kMlaDecode);
     // the narrow kernels: each its own row of the latent dtype, the same splits and workspace;
@@ -818,13 +836,15 @@ TEST(MlaCudaErrors, TheRunNamesEachArgument) {
   expect_named_error(run(qn, qp, host, out.view, ws.get(), ws.bytes()), Status::kInvalidArgument,
                      "kv.space", kRunFn);
   if (device_kernels(cfg.heads * cfg.q_len).size() ==
-      1) {  // a device without the wgmma kernel: its plan is refused
-    const cuda::MlaDecodePlan wg =
-        cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), o, attnstate_test::device_sms(),
-                              cuda::MlaDecodeKernel::kWgmma);
-    expect_named_error(
-        [&] { cuda::run_mla_decode(wg, qn, qp, kv, out.view, ws.get(), ws.bytes()); },
-        Status::kNotSupported, "plan", kRunFn);
+      1) {  // a device without the wgmma kernels: their plans are refused
+    for (const cuda::MlaDecodeKernel k :
+         {cuda::MlaDecodeKernel::kWgmma, cuda::MlaDecodeKernel::kWgmmaBalanced}) {
+      const cuda::MlaDecodePlan wg = cuda::plan_mla_decode(problem_of(h), h.seq_lens.data(), o,
+                                                           attnstate_test::device_sms(), k);
+      expect_named_error(
+          [&] { cuda::run_mla_decode(wg, qn, qp, kv, out.view, ws.get(), ws.bytes()); },
+          Status::kNotSupported, "plan", kRunFn);
+    }
   }
 }
 

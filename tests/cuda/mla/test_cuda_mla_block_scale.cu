@@ -82,8 +82,8 @@ cuda::MlaDecodeProblem problem_of(const BlockScaleHost& h) {
 }
 
 /// The MLA decode kernels the device runs for requests of `rows` query rows (as
-/// test_cuda_mla.cu: the wgmma one where the planner's automatic choice takes it, the narrow one
-/// besides for at most 32 rows).
+/// test_cuda_mla.cu: the wgmma one and its balanced variant where the planner's automatic choice
+/// takes a wgmma kernel, the narrow ones besides for at most 32 rows).
 std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
   cuda::MlaDecodeProblem pr;
   pr.batch = 1;
@@ -94,17 +94,21 @@ std::vector<cuda::MlaDecodeKernel> device_kernels(std::int64_t rows) {
       catalog::kRows[static_cast<std::size_t>(p.kernel_id())].family != catalog::Family::kMlaDecode;
   if (ws && rows <= catalog::kMlaNarrowRows)
     return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
-            cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2};
-  if (ws) return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma};
+            cuda::MlaDecodeKernel::kWgmmaBalanced, cuda::MlaDecodeKernel::kWgmmaNarrow,
+            cuda::MlaDecodeKernel::kWgmmaNarrow2};
+  if (ws)
+    return {cuda::MlaDecodeKernel::kMma, cuda::MlaDecodeKernel::kWgmma,
+            cuda::MlaDecodeKernel::kWgmmaBalanced};
   return {cuda::MlaDecodeKernel::kMma};
 }
 
 /// A kernel's name in failure messages.
 std::string kernel_name(cuda::MlaDecodeKernel k) {
-  return k == cuda::MlaDecodeKernel::kWgmma          ? " wgmma"
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow  ? " wgmma-narrow"
-         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2 ? " wgmma-narrow2"
-                                                     : " mma.sync";
+  return k == cuda::MlaDecodeKernel::kWgmma           ? " wgmma"
+         : k == cuda::MlaDecodeKernel::kWgmmaBalanced ? " wgmma-balanced"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow   ? " wgmma-narrow"
+         : k == cuda::MlaDecodeKernel::kWgmmaNarrow2  ? " wgmma-narrow2"
+                                                      : " mma.sync";
 }
 
 HostState run_cuda(const BlockScaleHost& h, const DeviceBlockScale& d, DecodeOptions options,
