@@ -190,7 +190,8 @@ bool current_device_wgmma() {
 /// The catalog row of `kernel` for `problem` (checked: a compiled mma.sync row exists): the
 /// wgmma row where `kernel` asks for it (`kAuto`, the two-CTA narrow kernel not taken by the
 /// plan: where `wgmma` holds and one is compiled, the narrow row for at most
-/// `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache;
+/// `tuning::kMlaNarrowAutoRows` rows of a bf16 latent cache, the balanced row for at least
+/// `tuning::kMlaBalancedAutoRows` rows of one;
 /// `kWgmma`: refused by name without one); the balanced wgmma row for `kWgmmaBalanced` (refused by
 /// name without one); the narrow row for `kWgmmaNarrow`, the two-CTA narrow
 /// row for `kWgmmaNarrow2` (refused by name without one, or for more than `kMlaNarrowRows` rows).
@@ -222,6 +223,12 @@ int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel 
       problem.q_len * problem.heads <= tuning::kMlaNarrowAutoRows) {
     const int narrow = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeNarrow));
     if (narrow >= 0) return narrow;
+  }
+  // kAuto on a wgmma device: the balanced kernel for whole 64-row tiles of a bf16 latent cache
+  if (kernel == MlaDecodeKernel::kAuto && problem.ckv_dtype == DType::kBF16 &&
+      problem.q_len * problem.heads >= tuning::kMlaBalancedAutoRows) {
+    const int bal = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeWsBalanced));
+    if (bal >= 0) return bal;
   }
   const bool balanced = kernel == MlaDecodeKernel::kWgmmaBalanced;
   const catalog::Query q = mla_query(

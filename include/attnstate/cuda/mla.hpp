@@ -112,8 +112,8 @@ class MlaDecodePlan {
 enum class MlaDecodeKernel : std::uint8_t {
   /// On a device that runs the wgmma kernels (sm_90a): for at most 16 query rows, the two-CTA
   /// narrow kernel where its automatic split layout cuts no request into splits shorter than
-  /// 512 keys, else the narrow kernel over a bf16 latent cache; otherwise the wgmma kernel.
-  /// Elsewhere `kMma`.
+  /// 512 keys, else the narrow kernel over a bf16 latent cache; for at least 64 rows of a bf16
+  /// latent cache the balanced wgmma kernel; otherwise the wgmma kernel. Elsewhere `kMma`.
   kAuto = 0,
   kMma = 1,    ///< `cp.async` + `mma.sync` m16n8k16, 32-key tiles (every architecture built).
   kWgmma = 2,  ///< Hopper `wgmma`, warp-specialised, 64-key tiles (a run on a device without
@@ -129,7 +129,7 @@ enum class MlaDecodeKernel : std::uint8_t {
   /// `kWgmma`'s CTAs and tiles with its two consumer warpgroups balanced: each computes the
   /// scores of half of every 64-key tile (the two exchange their rows' maxima, so the online
   /// softmax stays exact, and their probabilities), then `P V` over its 256 output columns;
-  /// refused as `kWgmma`; not chosen by `kAuto` (yet).
+  /// refused as `kWgmma`; `kAuto`'s choice for at least 64 rows of a bf16 latent cache.
   kWgmmaBalanced = 5,
 };
 

@@ -728,7 +728,8 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
       }
       // the automatic choice on a wgmma device, for at most 16 rows: the two-CTA narrow kernel
-      // where its splits stay long, else narrow over a bf16 cache; else the wgmma kernel
+      // where its splits stay long, else narrow over a bf16 cache; from 64 rows of a bf16 cache
+      // the balanced wgmma kernel; else the wgmma kernel
       const cuda::MlaDecodePlan ap = plan(cuda::MlaDecodeKernel::kAuto);
       const catalog::Family fa = family_of(ap);
       if (fa != catalog::Family::kMlaDecode) {
@@ -739,11 +740,25 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow2, two) << "q_len " << q_len;
         EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow, few && !two && dt[0] == DType::kBF16)
             << "q_len " << q_len;
+        EXPECT_EQ(fa == catalog::Family::kMlaDecodeWsBalanced,
+                  pr.heads * q_len >= 64 && dt[0] == DType::kBF16)
+            << "q_len " << q_len;
         if (two) {
           EXPECT_EQ(ap.splits().max_splits,
                     plan(cuda::MlaDecodeKernel::kWgmmaNarrow2).splits().max_splits);
         }
       }
+    }
+    // whole 64-row tiles: the balanced wgmma kernel over a bf16 cache, the wgmma one over fp8
+    for (const std::int64_t heads : {64, 128}) {
+      pr.q_len = 1;
+      pr.heads = heads;
+      const catalog::Family fw = family_of(plan(cuda::MlaDecodeKernel::kAuto));
+      if (fw != catalog::Family::kMlaDecode)
+        EXPECT_EQ(fw, dt[0] == DType::kBF16 ? catalog::Family::kMlaDecodeWsBalanced
+                                            : catalog::Family::kMlaDecodeWs)
+            << heads << " heads";
+      pr.heads = small_problem().heads;
     }
     for (const cuda::MlaDecodeKernel k :
          {cuda::MlaDecodeKernel::kWgmmaNarrow, cuda::MlaDecodeKernel::kWgmmaNarrow2}) {
