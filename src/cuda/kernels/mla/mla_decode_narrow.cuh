@@ -57,13 +57,9 @@ constexpr std::uint32_t kMlaNarrowPBytes = kMlaNarrowRows * 128;
 /// Latent columns per `Oᵀ` slice (one part of a tile).
 constexpr int kMlaNarrowSlices = kMlaLoraRank / 64;
 
-/// The row exchange buffer `red` [4 warps][kMlaNarrowRows] after the wgmma kernel's carve-up.
-__device__ __forceinline__ float* mla_narrow_red(const MlaWsSmem& sm) {
-  return reinterpret_cast<float*>(sm.is_last + 4);
-}
-static_assert(1024 + (kMlaWsStages + 1) * kMlaWsTileBytes + kMlaTileRows * kMlaWsTileKeys * 2 +
-                      2 * kMlaTileRows * 4 + 16 * kMlaWsStages + 16 + 4 * kMlaNarrowRows * 4 <=
-                  catalog::mla_narrow_smem_bytes(),
+/// The row exchange buffer `red` [4 warps][kMlaNarrowRows]: the wgmma kernel's tail
+/// (`MlaWsSmem::tail`).
+static_assert(kMlaWsCarveBytes + 4 * kMlaNarrowRows * 4 <= catalog::mla_narrow_smem_bytes(),
               "the exchange buffer within the catalog's shared memory");
 
 /// The consumer's state of its `kN / 4` rows (row `i = 2 j + e`: `8 j + 2 (lane % 4) + e`): the
@@ -230,7 +226,7 @@ __device__ __forceinline__ void mla_narrow_consume(const MlaParams& p, const Mla
   constexpr bool kFp8 = kKv != tile::kKvSame;
   const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
   const float kpe_k = kFp8 && p.kpe_fp8 ? p.kpe_scale.at(0) : 1.f;
-  float* red = mla_narrow_red(sm);
+  float* red = sm.tail();
   const std::uint32_t p0 = arch::smem_addr(sm.p);
   float sn[kN / 8][4], sp[kN / 8][4];
   const auto scores_done = [&](int t) {
@@ -396,8 +392,8 @@ __global__ void __launch_bounds__(kMlaNarrowThreads, 1)
     } else {
       mla_narrow_rows_init(p, w, lane, r);
       if (w.n_tiles > 0) mla_narrow_consume<kKv, kN>(p, sm, r, w.n_tiles, warp, lane);
-      mla_narrow_state_to_smem(r, mla_narrow_red(sm), warp, lane, kFp8 ? p.ckv_scale.at(0) : 1.f,
-                               sm.o, sm.lse);
+      mla_narrow_state_to_smem(r, sm.tail(), warp, lane, kFp8 ? p.ckv_scale.at(0) : 1.f, sm.o,
+                               sm.lse);
     }
   }
   // ---- epilogue (the mma.sync kernel's, all 256 threads) ----

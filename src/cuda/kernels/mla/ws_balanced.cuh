@@ -46,13 +46,9 @@ constexpr int kMlaWsBarP = kMlaWsBarPFull;
 /// Keys of a tile whose scores one warpgroup computes.
 constexpr int kMlaWsHalfKeys = kMlaWsTileKeys / 2;
 
-/// The rows' block maxima `[warpgroup][64 rows]` (fp32), after the wgmma kernel's carve-up.
-__device__ __forceinline__ float* mla_ws_balanced_max(const MlaWsSmem& sm) {
-  return reinterpret_cast<float*>(sm.is_last + 4);
-}
-static_assert(1024 + (kMlaWsStages + 1) * kMlaWsTileBytes + kMlaTileRows * kMlaWsTileKeys * 2 +
-                      2 * kMlaTileRows * 4 + 16 * kMlaWsStages + 16 + 2 * kMlaTileRows * 4 <=
-                  catalog::mla_ws_balanced_smem_bytes(),
+/// The rows' block maxima `[warpgroup][64 rows]` (fp32): the wgmma kernel's tail
+/// (`MlaWsSmem::tail`).
+static_assert(kMlaWsCarveBytes + 2 * kMlaTileRows * 4 <= catalog::mla_ws_balanced_smem_bytes(),
               "the maxima's buffer within the catalog's shared memory");
 
 /// A consumer warpgroup of the balanced kernel (warp `w.wl` of warpgroup `w.wg`): the split's
@@ -78,7 +74,7 @@ __device__ __forceinline__ void mla_ws_balanced_loop(const MlaParams& p, MlaWsWa
   float al[2] = {1.f, 1.f};    // the rows' factors of the last softmax step
   const int r0 = 16 * w.wl + (lane >> 2);
   const int key0 = kHalf * w.wg;  // the warpgroup's keys in a tile
-  float* const red = mla_ws_balanced_max(w.sm);
+  float* const red = w.sm.tail();
   // the softmax of tile t (scores in sn, sp): each row's block max over both halves (through
   // `red`: both warpgroups read both in the same order, so that their maxima are the same bits),
   // the probabilities in sn, the factors in al

@@ -88,6 +88,9 @@ struct MlaWsSmem {
     is_last = reinterpret_cast<int*>(lse + kMlaTileRows + 4 * kMlaWsStages);
     o = reinterpret_cast<float*>(base);
   }
+  /// The bytes after the carve-up (`kMlaWsCarveBytes` from the unaligned base), which the narrow
+  /// and balanced kernels' catalog sizes extend for their exchange buffers (fp32).
+  __device__ __forceinline__ float* tail() const { return reinterpret_cast<float*>(is_last + 4); }
   /// Shared address of stage `st` of the ring.
   __device__ __forceinline__ std::uint32_t stage(int st) const {
     return arch::smem_addr(kv) + static_cast<std::uint32_t>(st) * kMlaWsTileBytes;
@@ -102,9 +105,11 @@ struct MlaWsSmem {
     arch::fence_mbar_init();
   }
 };
-static_assert(1024 + (kMlaWsStages + 1) * kMlaWsTileBytes + kMlaTileRows * kMlaWsTileKeys * 2 +
-                      2 * kMlaTileRows * 4 + 16 * kMlaWsStages + 16 <=
-                  catalog::mla_ws_smem_bytes(),
+/// Bytes of `MlaWsSmem`'s carve-up, its worst-case alignment of the base included.
+constexpr std::int64_t kMlaWsCarveBytes = 1024 + (kMlaWsStages + 1) * kMlaWsTileBytes +
+                                          kMlaTileRows * kMlaWsTileKeys * 2 + 2 * kMlaTileRows * 4 +
+                                          16 * kMlaWsStages + 16;
+static_assert(kMlaWsCarveBytes <= catalog::mla_ws_smem_bytes(),
               "the carve-up within the catalog's shared memory");
 
 /// The layout of the wgmma kernel's tiles (`mla_ws_offset`), for `mla_load_queries`.
