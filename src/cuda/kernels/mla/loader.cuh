@@ -141,23 +141,37 @@ __device__ __forceinline__ void mla_load_queries(const MlaParams& p, const MlaCt
   }
 }
 
-/// The stored rows of token `pos` of the CTA's request (one page-table read): its latent part
-/// `ckv`, its rotary part `kpe` and (when asked) its block scales `*bscale` (the page id clamped
-/// to the pool).
-__device__ __forceinline__ void mla_token_parts(const MlaParams& p, const MlaCta& c, int pos,
-                                                const unsigned char*& ckv,
-                                                const unsigned char*& kpe,
-                                                const unsigned char** bscale = nullptr) {
+/// The page holding token `pos` of the CTA's request (one page-table read; the id clamped to the
+/// pool), apart from `mla_slot_parts` so that a loop can issue a tile's reads ahead of its copies.
+__device__ __forceinline__ std::int64_t mla_token_page(const MlaParams& p, const MlaCta& c,
+                                                       int pos) {
   const std::int64_t pidx = pos / p.page_size;
-  const std::int64_t slot = pos % p.page_size;
   const std::int64_t id = p.block_table != nullptr
                               ? p.block_table[c.b * p.block_table_stride + pidx]
                               : p.page_indices[c.csr_base + pidx];
-  const std::int64_t page = tile::clamp_page(id, p.num_pages);
+  return tile::clamp_page(id, p.num_pages);
+}
+
+/// The stored rows of slot `slot` of page `page`: its latent part `ckv`, its rotary part `kpe`
+/// and (when asked) its block scales `*bscale`.
+__device__ __forceinline__ void mla_slot_parts(const MlaParams& p, std::int64_t page,
+                                               std::int64_t slot, const unsigned char*& ckv,
+                                               const unsigned char*& kpe,
+                                               const unsigned char** bscale = nullptr) {
   ckv = p.ckv + page * p.ckv_page_bytes + slot * p.ckv_token_bytes;
   kpe = p.kpe + page * p.kpe_page_bytes + slot * p.kpe_token_bytes;
   if (bscale != nullptr)
     *bscale = p.ckv_bscale + page * p.bscale_page_bytes + slot * p.bscale_token_bytes;
+}
+
+/// The stored rows of token `pos` of the CTA's request (one page-table read): `mla_slot_parts`
+/// of its page and slot.
+__device__ __forceinline__ void mla_token_parts(const MlaParams& p, const MlaCta& c, int pos,
+                                                const unsigned char*& ckv,
+                                                const unsigned char*& kpe,
+                                                const unsigned char** bscale = nullptr) {
+  const std::int64_t slot = pos % p.page_size;  // (beside the page's division: one of both)
+  mla_slot_parts(p, mla_token_page(p, c, pos), slot, ckv, kpe, bscale);
 }
 
 /// Copies the K/V tile of the keys from `t0` (those at or past `end` zero-filled) into stage

@@ -117,19 +117,49 @@ struct MlaWsLayout {
   __device__ static __forceinline__ std::uint32_t at(int r, int c) { return mla_ws_offset(r, c); }
 };
 
+/// Keys of a tile a producer thread handles: `pt / 8 + 16 i`.
+constexpr int kMlaWsThreadKeys = kMlaWsTileKeys / 16;
+
+/// The pages of producer thread `pt`'s keys of the tile from `t0` (-1: at or past `end`): the
+/// tile's page-table reads issued together, before the copies of the tile ahead that need them,
+/// rather than one dependent read per key in front of that key's copies.
+__device__ __forceinline__ void mla_ws_tile_pages(const MlaParams& p, const MlaCta& c, int pt,
+                                                  int t0, int end,
+                                                  std::int32_t (&page)[kMlaWsThreadKeys]) {
+#pragma unroll
+  for (int i = 0; i < kMlaWsThreadKeys; ++i) {
+    const int pos = t0 + pt / 8 + 16 * i;
+    // (a page id of the table is an int32, so the clamped one is too)
+    page[i] = pos < end ? static_cast<std::int32_t>(mla_token_page(p, c, pos)) : -1;
+  }
+}
+
+/// `page[i]` by selects (a loop kept rolled, to spare the producer's registers, would otherwise
+/// index the array in local memory).
+__device__ __forceinline__ std::int32_t mla_ws_page_at(const std::int32_t (&page)[kMlaWsThreadKeys],
+                                                       int i) {
+  std::int32_t v = page[0];
+#pragma unroll
+  for (int u = 1; u < kMlaWsThreadKeys; ++u)
+    if (i == u) v = page[u];
+  return v;
+}
+
 /// A bf16 cache: producer thread `pt` (0..127) copies its chunks of the tile of keys from `t0`
-/// (those at or past `end` zero-filled) into the stage at `dst`: tokens `pt / 8 + 16 i`, chunks
-/// `pt % 8 + 8 j` of each (128 contiguous bytes per 8 threads), one page-table read a token.
-__device__ __forceinline__ void mla_ws_copy_tile(const MlaParams& p, const MlaCta& c, int pt,
-                                                 int t0, int end, std::uint32_t dst,
-                                                 std::uint64_t policy) {
+/// (on the pages `page` of `mla_ws_tile_pages`; those at or past the end zero-filled) into the
+/// stage at `dst`: tokens `pt / 8 + 16 i`, chunks `pt % 8 + 8 j` of each (128 contiguous bytes
+/// per 8 threads).
+__device__ __forceinline__ void mla_ws_copy_tile(const MlaParams& p, int pt, int t0,
+                                                 const std::int32_t (&page)[kMlaWsThreadKeys],
+                                                 std::uint32_t dst, std::uint64_t policy) {
 #pragma unroll 1
-  for (int i = 0; i < kMlaWsTileKeys / 16; ++i) {
+  for (int i = 0; i < kMlaWsThreadKeys; ++i) {
     const int k = pt / 8 + 16 * i;
-    const bool valid = t0 + k < end;
+    const std::int32_t pg = mla_ws_page_at(page, i);
+    const bool valid = pg >= 0;
     const unsigned char* ckv = p.ckv;
     const unsigned char* kpe = p.kpe;
-    if (valid) mla_token_parts(p, c, t0 + k, ckv, kpe);
+    if (valid) mla_slot_parts(p, pg, (t0 + k) % p.page_size, ckv, kpe);
     const int bytes = valid ? 16 : 0;
 #pragma unroll
     for (int j = 0; j < kMlaRowChunks / 8; ++j) {
@@ -242,14 +272,19 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
   };
   if constexpr (kKv == tile::kKvSame) {
     const std::uint64_t policy = arch::l2_evict_first_policy();
+    std::int32_t page[kMlaWsThreadKeys];
+    mla_ws_tile_pages(p, c, pt, begin, end, page);
 #pragma unroll 1
     for (int t = 0; t < n_tiles; ++t) {
+      const int t0 = begin + t * kMlaWsTileKeys;
       wait_empty(t);
-      mla_ws_copy_tile(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kStages), policy);
+      mla_ws_copy_tile(p, pt, t0, page, sm.stage(t % kStages), policy);
       arch::cp_async_commit();
-      // tile t landed (this thread's copies), then its arrival: never held back by the next
-      // tile's "empty", which the consumers may complete only after this "full" (warpgroup 0
-      // releases tile t - 1 once it has issued the scores of tile t)
+      // the next tile's pages read while this one's copies fly; tile t landed (this thread's
+      // copies), then its arrival: never held back by the next tile's "empty", which the
+      // consumers may complete only after this "full" (warpgroup 0 releases tile t - 1 once it
+      // has issued the scores of tile t)
+      if (t + 1 < n_tiles) mla_ws_tile_pages(p, c, pt, t0 + kMlaWsTileKeys, end, page);
       arch::cp_async_wait<0>();
       arrive_full(t);
     }
