@@ -77,11 +77,12 @@ inline constexpr std::int64_t kCascadeFoldMaxDecodeWaves = 2;
 /// warpgroup waits on the producer's conversion) take the 64-row wgmma kernel.
 inline constexpr std::int64_t kMlaNarrowAutoRows = 16;
 /// MLA decode, `MlaDecodeKernel::kAuto` on a wgmma device: requests of at least this many rows
-/// (whole 64-row tiles, where the tensor work per tile is what the balanced kernel spreads over
-/// both consumer warpgroups) of a bf16 latent cache take the balanced wgmma kernel; fp8 caches
-/// keep the wgmma kernel (the balanced one measured slower there: its two warpgroups' scores wait
-/// on the producer's conversion). See bench/RESULTS.md, session 28.
-inline constexpr std::int64_t kMlaBalancedAutoRows = 64;
+/// of a bf16 latent cache (a 64-row tile's tensor work does not depend on how many of its rows
+/// are real, and the balanced kernel spreads it over both consumer warpgroups; measured from 32
+/// rows) take the balanced wgmma kernel; fp8 caches keep the wgmma kernel (the balanced one
+/// measured slower there: its two warpgroups' scores wait on the producer's conversion). See
+/// bench/RESULTS.md, sessions 28 and 29.
+inline constexpr std::int64_t kMlaBalancedAutoRows = 32;
 
 }  // namespace tuning
 }  // namespace cuda

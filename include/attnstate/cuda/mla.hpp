@@ -112,7 +112,7 @@ class MlaDecodePlan {
 enum class MlaDecodeKernel : std::uint8_t {
   /// On a device that runs the wgmma kernels (sm_90a): for at most 16 query rows, the two-CTA
   /// narrow kernel where its automatic split layout cuts no request into splits shorter than
-  /// 512 keys, else the narrow kernel over a bf16 latent cache; for at least 64 rows of a bf16
+  /// 512 keys, else the narrow kernel over a bf16 latent cache; for at least 32 rows of a bf16
   /// latent cache the balanced wgmma kernel; otherwise the wgmma kernel. Elsewhere `kMma`.
   kAuto = 0,
   kMma = 1,    ///< `cp.async` + `mma.sync` m16n8k16, 32-key tiles (every architecture built).

@@ -33,6 +33,7 @@
 #include "mla_device.hpp"
 #include "mla_problem.hpp"
 #include "plan/mla_plan.hpp"
+#include "plan/tuning_sm90.hpp"
 
 namespace {
 
@@ -727,13 +728,13 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         EXPECT_EQ(nw.splits().max_splits, plan(cuda::MlaDecodeKernel::kMma).splits().max_splits);
         EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
       }
-      // the automatic choice on a wgmma device, for at most 16 rows: the two-CTA narrow kernel
-      // where its splits stay long, else narrow over a bf16 cache; from 64 rows of a bf16 cache
-      // the balanced wgmma kernel; else the wgmma kernel
+      // the automatic choice on a wgmma device, for few rows: the two-CTA narrow kernel where its
+      // splits stay long, else narrow over a bf16 cache; from kMlaBalancedAutoRows rows of a
+      // bf16 cache the balanced wgmma kernel; else the wgmma kernel
       const cuda::MlaDecodePlan ap = plan(cuda::MlaDecodeKernel::kAuto);
       const catalog::Family fa = family_of(ap);
       if (fa != catalog::Family::kMlaDecode) {
-        const bool few = pr.heads * q_len <= 16;
+        const bool few = pr.heads * q_len <= cuda::tuning::kMlaNarrowAutoRows;
         const bool two =
             few && attnstate::plan::mla_narrow2_layout_ok(
                        plan(cuda::MlaDecodeKernel::kWgmmaNarrow2).splits(), lens.data(), pr.batch);
@@ -741,7 +742,7 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow, few && !two && dt[0] == DType::kBF16)
             << "q_len " << q_len;
         EXPECT_EQ(fa == catalog::Family::kMlaDecodeWsBalanced,
-                  pr.heads * q_len >= 64 && dt[0] == DType::kBF16)
+                  pr.heads * q_len >= cuda::tuning::kMlaBalancedAutoRows && dt[0] == DType::kBF16)
             << "q_len " << q_len;
         if (two) {
           EXPECT_EQ(ap.splits().max_splits,
@@ -749,8 +750,10 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         }
       }
     }
-    // whole 64-row tiles: the balanced wgmma kernel over a bf16 cache, the wgmma one over fp8
-    for (const std::int64_t heads : {64, 128}) {
+    // from kMlaBalancedAutoRows rows: the balanced wgmma kernel over a bf16 cache, the wgmma
+    // one over fp8
+    static_assert(cuda::tuning::kMlaBalancedAutoRows <= 32, "the heads below take it");
+    for (const std::int64_t heads : {32, 64, 128}) {
       pr.q_len = 1;
       pr.heads = heads;
       const catalog::Family fw = family_of(plan(cuda::MlaDecodeKernel::kAuto));
