@@ -145,6 +145,21 @@ __device__ __forceinline__ std::int32_t mla_ws_page_at(const std::int32_t (&page
   return v;
 }
 
+/// Producer thread `pt`'s chunks `pt % 8 + 8 j` of key `k` of a tile (its parts `ckv`, `kpe`;
+/// zero-filled unless `valid`) into the stage at `dst` (128 contiguous bytes per 8 threads).
+__device__ __forceinline__ void mla_ws_copy_key(int pt, int k, const unsigned char* ckv,
+                                                const unsigned char* kpe, bool valid,
+                                                std::uint32_t dst, std::uint64_t policy) {
+  const int bytes = valid ? 16 : 0;
+#pragma unroll
+  for (int j = 0; j < kMlaRowChunks / 8; ++j) {
+    const int col = pt % 8 + 8 * j;
+    const unsigned char* src =
+        col < kMlaLatentChunks ? ckv + 16 * col : kpe + 16 * (col - kMlaLatentChunks);
+    tile::kv_copy_16(dst + mla_ws_offset(k, col), src, bytes, policy);
+  }
+}
+
 /// A bf16 cache: producer thread `pt` (0..127) copies its chunks of the tile of keys from `t0`
 /// (on the pages `page` of `mla_ws_tile_pages`; those at or past the end zero-filled) into the
 /// stage at `dst`: tokens `pt / 8 + 16 i`, chunks `pt % 8 + 8 j` of each (128 contiguous bytes
@@ -160,14 +175,23 @@ __device__ __forceinline__ void mla_ws_copy_tile(const MlaParams& p, int pt, int
     const unsigned char* ckv = p.ckv;
     const unsigned char* kpe = p.kpe;
     if (valid) mla_slot_parts(p, pg, (t0 + k) % p.page_size, ckv, kpe);
-    const int bytes = valid ? 16 : 0;
-#pragma unroll
-    for (int j = 0; j < kMlaRowChunks / 8; ++j) {
-      const int col = pt % 8 + 8 * j;
-      const unsigned char* src =
-          col < kMlaLatentChunks ? ckv + 16 * col : kpe + 16 * (col - kMlaLatentChunks);
-      tile::kv_copy_16(dst + mla_ws_offset(k, col), src, bytes, policy);
-    }
+    mla_ws_copy_key(pt, k, ckv, kpe, valid, dst, policy);
+  }
+}
+
+/// `mla_ws_copy_tile` with each key's page read in front of its copies (from `t0`; keys at or past
+/// `end` zero-filled).
+__device__ __forceinline__ void mla_ws_copy_tile_keys(const MlaParams& p, const MlaCta& c, int pt,
+                                                      int t0, int end, std::uint32_t dst,
+                                                      std::uint64_t policy) {
+#pragma unroll 1
+  for (int i = 0; i < kMlaWsThreadKeys; ++i) {
+    const int k = pt / 8 + 16 * i;
+    const bool valid = t0 + k < end;
+    const unsigned char* ckv = p.ckv;
+    const unsigned char* kpe = p.kpe;
+    if (valid) mla_token_parts(p, c, t0 + k, ckv, kpe);
+    mla_ws_copy_key(pt, k, ckv, kpe, valid, dst, policy);
   }
 }
 
@@ -254,11 +278,12 @@ __device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta
 /// The producer warpgroup (thread `pt` 0..127, lane `lane`): the split's `n_tiles` tiles from
 /// `begin` (keys at or past `end` zero) into the ring, each stage refilled once its "empty"
 /// completed (the copies of one tile in flight while the consumers compute the other). bf16:
-/// `cp.async`, then the tile's "full" arrival (one per warp, after the async-proxy fence); fp8:
-/// the rotary part
-/// (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`, with its block scales
-/// when `kBlock`) converted to bf16 and stored, then the "full" arrival. `Smem` (`full0`,
-/// `empty0`, `stage(st)`) holds a ring of `kStages` stages (the two-CTA narrow kernel's: one).
+/// `cp.async` (a ring of several stages with the tile's page ids read ahead,
+/// `mla_ws_tile_pages`), then the tile's "full" arrival (one per warp, after the async-proxy
+/// fence); fp8: the rotary part (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`,
+/// with its block scales when `kBlock`) converted to bf16 and stored, then the "full" arrival.
+/// `Smem` (`full0`, `empty0`, `stage(st)`) holds a ring of `kStages` stages (the two-CTA narrow
+/// kernel's: one).
 template <int kKv, bool kBlock = false, int kStages = kMlaWsStages, class Smem = MlaWsSmem>
 __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c, const Smem& sm,
                                                int pt, int lane, int begin, int end, int n_tiles) {
@@ -270,7 +295,7 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
   const auto wait_empty = [&](int t) {
     if (t >= kStages) arch::mbar_wait(sm.empty0 + 8 * (t % kStages), ((t / kStages) - 1) & 1);
   };
-  if constexpr (kKv == tile::kKvSame) {
+  if constexpr (kKv == tile::kKvSame && kStages > 1) {
     const std::uint64_t policy = arch::l2_evict_first_policy();
     std::int32_t page[kMlaWsThreadKeys];
     mla_ws_tile_pages(p, c, pt, begin, end, page);
@@ -285,6 +310,19 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
       // consumers may complete only after this "full" (warpgroup 0 releases tile t - 1 once it
       // has issued the scores of tile t)
       if (t + 1 < n_tiles) mla_ws_tile_pages(p, c, pt, t0 + kMlaWsTileKeys, end, page);
+      arch::cp_async_wait<0>();
+      arrive_full(t);
+    }
+  } else if constexpr (kKv == tile::kKvSame) {
+    // one stage (the two-CTA kernel): each key's page read in front of its copies (reading the
+    // tile's pages ahead measured slower there on pages of one token)
+    const std::uint64_t policy = arch::l2_evict_first_policy();
+#pragma unroll 1
+    for (int t = 0; t < n_tiles; ++t) {
+      wait_empty(t);
+      mla_ws_copy_tile_keys(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kStages),
+                            policy);
+      arch::cp_async_commit();
       arch::cp_async_wait<0>();
       arrive_full(t);
     }
