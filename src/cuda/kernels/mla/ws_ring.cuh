@@ -119,6 +119,11 @@ struct MlaWsLayout {
 
 /// Keys of a tile a producer thread handles: `pt / 8 + 16 i`.
 constexpr int kMlaWsThreadKeys = kMlaWsTileKeys / 16;
+/// Pages of at least this many tokens have a ring of several stages read a tile's page ids ahead
+/// (`mla_ws_tile_pages`); smaller pages, and the one-stage ring of the two-CTA kernel, read each
+/// key's page in front of its copies (the read-ahead measured slower there: bench/RESULTS.md,
+/// session 29).
+constexpr int kMlaWsPagesAheadMinPage = 16;
 
 /// The pages of producer thread `pt`'s keys of the tile from `t0` (-1: at or past `end`): the
 /// tile's page-table reads issued together, before the copies of the tile ahead that need them,
@@ -278,12 +283,12 @@ __device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta
 /// The producer warpgroup (thread `pt` 0..127, lane `lane`): the split's `n_tiles` tiles from
 /// `begin` (keys at or past `end` zero) into the ring, each stage refilled once its "empty"
 /// completed (the copies of one tile in flight while the consumers compute the other). bf16:
-/// `cp.async` (a ring of several stages with the tile's page ids read ahead,
-/// `mla_ws_tile_pages`), then the tile's "full" arrival (one per warp, after the async-proxy
-/// fence); fp8: the rotary part (`mla_ws_rope_fp8`) and the latent part (`mla_ws_convert_latent`,
-/// with its block scales when `kBlock`) converted to bf16 and stored, then the "full" arrival.
-/// `Smem` (`full0`, `empty0`, `stage(st)`) holds a ring of `kStages` stages (the two-CTA narrow
-/// kernel's: one).
+/// `cp.async` (a ring of several stages over pages of at least `kMlaWsPagesAheadMinPage` tokens
+/// with the tile's page ids read ahead, `mla_ws_tile_pages`), then the tile's "full" arrival (one
+/// per warp, after the async-proxy fence); fp8: the rotary part (`mla_ws_rope_fp8`) and the latent
+/// part (`mla_ws_convert_latent`, with its block scales when `kBlock`) converted to bf16 and
+/// stored, then the "full" arrival. `Smem` (`full0`, `empty0`, `stage(st)`) holds a ring of
+/// `kStages` stages (the two-CTA narrow kernel's: one).
 template <int kKv, bool kBlock = false, int kStages = kMlaWsStages, class Smem = MlaWsSmem>
 __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c, const Smem& sm,
                                                int pt, int lane, int begin, int end, int n_tiles) {
@@ -295,28 +300,27 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
   const auto wait_empty = [&](int t) {
     if (t >= kStages) arch::mbar_wait(sm.empty0 + 8 * (t % kStages), ((t / kStages) - 1) & 1);
   };
-  if constexpr (kKv == tile::kKvSame && kStages > 1) {
+  if constexpr (kKv == tile::kKvSame) {
     const std::uint64_t policy = arch::l2_evict_first_policy();
-    std::int32_t page[kMlaWsThreadKeys];
-    mla_ws_tile_pages(p, c, pt, begin, end, page);
+    if (kStages > 1 && p.page_size >= kMlaWsPagesAheadMinPage) {
+      std::int32_t page[kMlaWsThreadKeys];
+      mla_ws_tile_pages(p, c, pt, begin, end, page);
 #pragma unroll 1
-    for (int t = 0; t < n_tiles; ++t) {
-      const int t0 = begin + t * kMlaWsTileKeys;
-      wait_empty(t);
-      mla_ws_copy_tile(p, pt, t0, page, sm.stage(t % kStages), policy);
-      arch::cp_async_commit();
-      // the next tile's pages read while this one's copies fly; tile t landed (this thread's
-      // copies), then its arrival: never held back by the next tile's "empty", which the
-      // consumers may complete only after this "full" (warpgroup 0 releases tile t - 1 once it
-      // has issued the scores of tile t)
-      if (t + 1 < n_tiles) mla_ws_tile_pages(p, c, pt, t0 + kMlaWsTileKeys, end, page);
-      arch::cp_async_wait<0>();
-      arrive_full(t);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int t0 = begin + t * kMlaWsTileKeys;
+        wait_empty(t);
+        mla_ws_copy_tile(p, pt, t0, page, sm.stage(t % kStages), policy);
+        arch::cp_async_commit();
+        // the next tile's pages read while this one's copies fly; tile t landed (this thread's
+        // copies), then its arrival: never held back by the next tile's "empty", which the
+        // consumers may complete only after this "full" (warpgroup 0 releases tile t - 1 once
+        // it has issued the scores of tile t)
+        if (t + 1 < n_tiles) mla_ws_tile_pages(p, c, pt, t0 + kMlaWsTileKeys, end, page);
+        arch::cp_async_wait<0>();
+        arrive_full(t);
+      }
+      return;
     }
-  } else if constexpr (kKv == tile::kKvSame) {
-    // one stage (the two-CTA kernel): each key's page read in front of its copies (reading the
-    // tile's pages ahead measured slower there on pages of one token)
-    const std::uint64_t policy = arch::l2_evict_first_policy();
 #pragma unroll 1
     for (int t = 0; t < n_tiles; ++t) {
       wait_empty(t);
