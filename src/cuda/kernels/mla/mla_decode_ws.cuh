@@ -8,7 +8,7 @@
 /// - scheduler and prologue (`loader.cuh`): `mla_schedule`, `mla_length`, the split's keys, the
 ///   query tile's copies by every thread (`mla_load_queries` in the layout of
 ///   `ws_ring.cuh`);
-/// - producer (`ws_ring.cuh`): `mla_ws_produce` (cp.async, or fp8 loads converted to bf16);
+/// - producer (`ws_ring.cuh`): `mla_ws_produce` (cp.async; fp8 bytes converted in the stage);
 /// - consumers (`ws_consumer.cuh`): `mla_ws_scores_loop` (warpgroup 0), `mla_ws_pv_loop`
 ///   (warpgroup 1);
 /// - epilogues (`epilogue.cuh`, the mma.sync kernel's, by the consumers' 256 threads): the row

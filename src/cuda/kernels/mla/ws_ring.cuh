@@ -4,8 +4,8 @@
 ///        the CTA's shared memory (`MlaWsSmem`: the query tile, the K/V ring and its "full" /
 ///        "empty" mbarriers, the probabilities and the rows' factors) and the producer warpgroup
 ///        (`mla_ws_produce`: both parts of each token of a 64-key tile into one row of the ring,
-///        with `cp.async` over a bf16 cache, converting fp8 bytes to bf16 on their way in). Parts
-///        of `mla_decode_ws_kernel`, inlined there.
+///        with `cp.async`; an fp8 cache's bytes copied into the stage, then converted to bf16
+///        there). Parts of `mla_decode_ws_kernel`, inlined there.
 ///
 /// A tile of rows (64 query rows, or 64 tokens) is 9 parts of 64 columns (8 latent, 1 rotary),
 /// each part 64 rows of 128 bytes, 16-byte chunk `c % 8` of row `r` at `(c % 8) ^ (r % 8)` (the
@@ -200,83 +200,81 @@ __device__ __forceinline__ void mla_ws_copy_tile_keys(const MlaParams& p, const 
   }
 }
 
-/// An fp8 latent part: producer thread `pt` converts its chunks of the tile of keys from `t0`
-/// into the stage at `dst`: tokens `pt / 8 + 16 i` (one at a time: the producer's registers),
-/// stored chunks `pt % 8 + 8 j` (16 fp8 values each: bf16 chunks `2 (pt % 8 + 8 j)` and `+ 1`);
-/// keys at or past `end` zero. `kBlock`: each token's 4 block scales loaded with its bytes (one
-/// 16-byte load), stored chunk `pt % 8 + 8 j` times scale `j` (128 columns a block).
+/// An fp8 cache's tile of keys from `t0` into the stage at `dst` (bf16, keys at or past `end`
+/// zero), by producer thread `pt`: first every copy of the tile in flight at once (`cp.async`,
+/// one round trip a tile, as over bf16): of its tokens `pt / 8 + 16 i`, the latent part's stored
+/// chunks `c = pt % 8 + 8 q` (16 fp8 values each) into the stage's bf16 chunk `2 c + 1` of the
+/// token's row, a bf16 rotary part's chunk `pt % 8` where it belongs, an fp8 one's chunk `pt % 8`
+/// (`pt % 8 < 4`) into bf16 chunk `64 + 2 (pt % 8) + 1`, and with `kBlock` the token's 4 block
+/// scales (one 16-byte load into registers); then, once they landed, each stored chunk converted
+/// in place to bf16 chunks `2 c` and `2 c + 1` (the thread's own bytes, read before its own two
+/// stores: no other thread's), times its block's scale with `kBlock` (128 columns a block).
 template <int kKv, bool kBlock = false>
-__device__ __forceinline__ void mla_ws_convert_latent(const MlaParams& p, const MlaCta& c, int pt,
-                                                      int t0, int end, std::uint32_t dst) {
-  constexpr int kChunks = kMlaLoraRank / 16 / 8;  // stored chunks a thread converts per token
+__device__ __forceinline__ void mla_ws_fp8_tile(const MlaParams& p, const MlaCta& c, int pt, int t0,
+                                                int end, std::uint32_t dst, std::uint64_t policy) {
+  constexpr int kChunks = kMlaLoraRank / 16 / 8;  // stored chunks of a token per thread
+  static_assert(kChunks == kMlaBlocks && kMlaBlockCols == 8 * 16,
+                "a thread's q-th latent chunk lies in block q");
   const int j = pt % 8;
+  // the block scales (fp32 bits), with kBlock (written and read by selects: the loops stay
+  // rolled, to spare the producer's registers)
+  uint4 s[kMlaWsThreadKeys];
 #pragma unroll 1
-  for (int i = 0; i < kMlaWsTileKeys / 16; ++i) {
+  for (int i = 0; i < kMlaWsThreadKeys; ++i) {
     const int k = pt / 8 + 16 * i;
-    uint4 w[kChunks];
+    const bool valid = t0 + k < end;
+    const int bytes = valid ? 16 : 0;
+    const unsigned char* ckv = p.ckv;
+    const unsigned char* kpe = p.kpe;
+    const unsigned char* bs = nullptr;
+    if (valid) mla_token_parts(p, c, t0 + k, ckv, kpe, kBlock ? &bs : nullptr);
 #pragma unroll
-    for (int q = 0; q < kChunks; ++q) w[q] = make_uint4(0u, 0u, 0u, 0u);
-    uint4 s = make_uint4(0u, 0u, 0u, 0u);  // the block scales (fp32 bits), with kBlock
-    if (t0 + k < end) {
-      const unsigned char* ckv;
-      const unsigned char* kpe;
-      const unsigned char* bs = nullptr;
-      mla_token_parts(p, c, t0 + k, ckv, kpe, kBlock ? &bs : nullptr);
+    for (int q = 0; q < kChunks; ++q)
+      tile::kv_copy_16(dst + mla_ws_offset(k, 2 * (j + 8 * q) + 1), ckv + 16 * (j + 8 * q), bytes,
+                       policy);
+    if (!p.kpe_fp8)
+      tile::kv_copy_16(dst + mla_ws_offset(k, kMlaLatentChunks + j), kpe + 16 * j, bytes, policy);
+    else if (j < kMlaRopeDim / 16)
+      tile::kv_copy_16(dst + mla_ws_offset(k, kMlaLatentChunks + 2 * j + 1), kpe + 16 * j, bytes,
+                       policy);
+    if constexpr (kBlock) {
+      const uint4 v = valid ? arch::ld_global_nc_no_allocate(bs) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-      for (int q = 0; q < kChunks; ++q)
-        w[q] = arch::ld_global_nc_no_allocate(ckv + 16 * (j + 8 * q));
-      if constexpr (kBlock) s = arch::ld_global_nc_no_allocate(bs);
+      for (int u = 0; u < kMlaWsThreadKeys; ++u)
+        if (i == u) s[u] = v;
     }
-    static_assert(kChunks == kMlaBlocks && kMlaBlockCols == 8 * 16,
-                  "a thread's q-th latent chunk lies in block q");
-    const std::uint32_t sc[kMlaBlocks] = {s.x, s.y, s.z, s.w};
+  }
+  arch::cp_async_commit();
+  arch::cp_async_wait<0>();
+#pragma unroll 1
+  for (int i = 0; i < kMlaWsThreadKeys; ++i) {
+    const int k = pt / 8 + 16 * i;
+    uint4 si = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kBlock) {
+#pragma unroll
+      for (int u = 0; u < kMlaWsThreadKeys; ++u)
+        if (i == u) si = s[u];
+    }
+    const std::uint32_t sc[kMlaBlocks] = {si.x, si.y, si.z, si.w};
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
+      const int cs = j + 8 * q;
+      const uint4 w = arch::ld_shared_v4(dst + mla_ws_offset(k, 2 * cs + 1));
       uint4 lo, hi;
       if constexpr (kBlock)
-        fp8x16_to_bf16<kKv, true>(w[q], lo, hi, __uint_as_float(sc[q]));
+        fp8x16_to_bf16<kKv, true>(w, lo, hi, __uint_as_float(sc[q]));
       else
-        fp8x16_to_bf16<kKv>(w[q], lo, hi);
-      arch::st_shared_v4(dst + mla_ws_offset(k, 2 * (j + 8 * q)), lo);
-      arch::st_shared_v4(dst + mla_ws_offset(k, 2 * (j + 8 * q) + 1), hi);
+        fp8x16_to_bf16<kKv>(w, lo, hi);
+      arch::st_shared_v4(dst + mla_ws_offset(k, 2 * cs), lo);
+      arch::st_shared_v4(dst + mla_ws_offset(k, 2 * cs + 1), hi);
     }
-  }
-}
-
-/// The rotary part under an fp8 latent part, into the stage at `dst`: bf16, copied (`cp.async`,
-/// tokens `pt / 8 + 16 i`, chunk `pt % 8`, one commit group); fp8, converted (tokens
-/// `pt / 4 + 32 i`, stored chunk `pt % 4`: bf16 chunks `64 + 2 (pt % 4)` and `+ 1`). Keys at or
-/// past `end` zero.
-template <int kKv>
-__device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta& c, int pt, int t0,
-                                                int end, std::uint32_t dst) {
-  if (!p.kpe_fp8) {
-#pragma unroll 1
-    for (int i = 0; i < kMlaWsTileKeys / 16; ++i) {
-      const int k = pt / 8 + 16 * i;
-      const unsigned char* ckv = p.ckv;
-      const unsigned char* kpe = p.kpe;
-      if (t0 + k < end) mla_token_parts(p, c, t0 + k, ckv, kpe);
-      arch::cp_async_16_zfill(dst + mla_ws_offset(k, kMlaLatentChunks + pt % 8),
-                              kpe + 16 * (pt % 8), t0 + k < end ? 16 : 0);
+    if (p.kpe_fp8 && j < kMlaRopeDim / 16) {
+      const std::uint32_t at = dst + mla_ws_offset(k, kMlaLatentChunks + 2 * j + 1);
+      uint4 lo, hi;
+      fp8x16_to_bf16<kKv>(arch::ld_shared_v4(at), lo, hi);
+      arch::st_shared_v4(dst + mla_ws_offset(k, kMlaLatentChunks + 2 * j), lo);
+      arch::st_shared_v4(at, hi);
     }
-    arch::cp_async_commit();
-    return;
-  }
-#pragma unroll 1
-  for (int i = 0; i < kMlaWsTileKeys / 32; ++i) {
-    const int k = pt / 4 + 32 * i;
-    uint4 w = make_uint4(0u, 0u, 0u, 0u);
-    if (t0 + k < end) {
-      const unsigned char* ckv;
-      const unsigned char* kpe;
-      mla_token_parts(p, c, t0 + k, ckv, kpe);
-      w = arch::ld_global_nc_no_allocate(kpe + 16 * (pt % 4));
-    }
-    uint4 lo, hi;
-    fp8x16_to_bf16<kKv>(w, lo, hi);
-    arch::st_shared_v4(dst + mla_ws_offset(k, kMlaLatentChunks + 2 * (pt % 4)), lo);
-    arch::st_shared_v4(dst + mla_ws_offset(k, kMlaLatentChunks + 2 * (pt % 4) + 1), hi);
   }
 }
 
@@ -285,9 +283,9 @@ __device__ __forceinline__ void mla_ws_rope_fp8(const MlaParams& p, const MlaCta
 /// completed (the copies of one tile in flight while the consumers compute the other). bf16:
 /// `cp.async` (a ring of several stages over pages of at least `kMlaWsPagesAheadMinPage` tokens
 /// with the tile's page ids read ahead, `mla_ws_tile_pages`), then the tile's "full" arrival (one
-/// per warp, after the async-proxy fence); fp8: the rotary part (`mla_ws_rope_fp8`) and the latent
-/// part (`mla_ws_convert_latent`, with its block scales when `kBlock`) converted to bf16 and
-/// stored, then the "full" arrival. `Smem` (`full0`, `empty0`, `stage(st)`) holds a ring of
+/// per warp, after the async-proxy fence); fp8: the tile's bytes copied into the stage and
+/// converted there (`mla_ws_fp8_tile`, with the block scales when `kBlock`), then the "full"
+/// arrival. `Smem` (`full0`, `empty0`, `stage(st)`) holds a ring of
 /// `kStages` stages (the two-CTA narrow kernel's: one).
 template <int kKv, bool kBlock = false, int kStages = kMlaWsStages, class Smem = MlaWsSmem>
 __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta& c, const Smem& sm,
@@ -331,14 +329,12 @@ __device__ __forceinline__ void mla_ws_produce(const MlaParams& p, const MlaCta&
       arrive_full(t);
     }
   } else {
+    const std::uint64_t policy = arch::l2_evict_first_policy();
 #pragma unroll 1
     for (int t = 0; t < n_tiles; ++t) {
       wait_empty(t);
-      const int t0 = begin + t * kMlaWsTileKeys;
-      const std::uint32_t dst = sm.stage(t % kStages);
-      mla_ws_rope_fp8<kKv>(p, c, pt, t0, end, dst);  // (a bf16 one's copies in flight meanwhile)
-      mla_ws_convert_latent<kKv, kBlock>(p, c, pt, t0, end, dst);
-      arch::cp_async_wait<0>();
+      mla_ws_fp8_tile<kKv, kBlock>(p, c, pt, begin + t * kMlaWsTileKeys, end, sm.stage(t % kStages),
+                                   policy);
       arrive_full(t);
     }
   }
