@@ -252,14 +252,14 @@ inline constexpr int kMlaNarrowRows = 32;
 /// Warps per CTA: one consumer warpgroup (scores, softmax, all 512 output columns) and the
 /// producer warpgroup of the wgmma kernel (its ring of `kMlaWsTileKeys`-key tiles).
 inline constexpr int kMlaNarrowWarps = 8;
-/// Bytes of its dynamic shared memory: the wgmma kernel's (the probabilities' buffer holds two
-/// tiles of `kMlaNarrowRows` rows), then the rows' partial maxima and sums the consumer's four
+/// Bytes of its dynamic shared memory: the wgmma kernel's (its probabilities' buffer holds the
+/// `kMlaNarrowRows` rows'), then the rows' partial maxima and sums the consumer's four
 /// warps exchange (fp32, 4 warps × `kMlaNarrowRows`).
 ATTNSTATE_HOST_DEVICE constexpr std::int64_t mla_narrow_smem_bytes() {
   return mla_ws_smem_bytes() + 4 * kMlaNarrowRows * 4;
 }
 static_assert(mla_narrow_smem_bytes() <= 232448, "within an sm_90 CTA's shared memory");
-static_assert(2 * kMlaNarrowRows <= kMlaTileRows, "two probability tiles in the wgmma kernel's");
+static_assert(kMlaNarrowRows <= kMlaTileRows, "the probabilities within the wgmma kernel's buffer");
 
 // ---- the two-CTA narrow MLA decode (cuda/kernels/mla/mla_decode_narrow2.cuh) ----
 

@@ -12,14 +12,14 @@
 ///   `16 wl + lane / 4` and `+ 8` of rows `8 j + 2 (lane % 4)` and `+ 1`; a row's tile maximum
 ///   over the warp's 16 keys by shuffles (lanes `^ 4, 8, 16`), over the 4 warps through shared
 ///   memory (`red`); its sum kept per thread (every factor is the row's own) until the end;
-/// - the probabilities as `P` [row][key] (bf16, one 128-byte swizzled row per query row, two
-///   buffers alternating by tile), the async-proxy fence and the warpgroup's barrier;
+/// - the probabilities as `P` [row][key] (bf16, one 128-byte swizzled row per query row, one
+///   buffer), the async-proxy fence and the warpgroup's barrier;
 /// - `Oᵀ = Vᵀ Pᵀ` in 8 slices of 64 latent columns (m64nNk16, 4 k-steps each): A = Vᵀ, the V
 ///   tile read MN-major (`tnspA`: each part's 64 latent columns are the contiguous 128 bytes of
 ///   a token's row, 8-token groups 1024 bytes apart: the layout the wgmma kernel's `P V` reads as
 ///   its MN-major B); B = `Pᵀ`, `P` read K-major (a row's 64 keys contiguous).
-/// The scores of tile `t` are issued before `P V` of tile `t - 1`, and the softmax runs while
-/// that does (the wgmma kernel's order). The epilogue is the mma.sync kernel's (`epilogue.cuh`)
+/// Each tile's `P V` completes and its stage is released before the next tile's scores
+/// (`mla_narrow_consume`). The epilogue is the mma.sync kernel's (`epilogue.cuh`)
 /// by all 256 threads (`kMlaThreads`): the producer waits there for the consumer's state.
 #pragma once
 
@@ -52,8 +52,6 @@ constexpr int kMlaNarrowThreads = kMlaNarrowWarps * 32;
 static_assert(kMlaNarrowThreads == kMlaThreads, "the epilogue's threads are the CTA's");
 /// The consumer warpgroup's named barrier (the row maxima exchanged, the probabilities stored).
 constexpr int kMlaNarrowBar = 1;
-/// Bytes between the two probability buffers (32 rows of 128 bytes; 1024-aligned: the swizzle).
-constexpr std::uint32_t kMlaNarrowPBytes = kMlaNarrowRows * 128;
 /// Latent columns per `Oᵀ` slice (one part of a tile).
 constexpr int kMlaNarrowSlices = kMlaLoraRank / 64;
 
@@ -216,20 +214,27 @@ __device__ __forceinline__ void mla_narrow_softmax(float (&sn)[kN / 8][4], MlaNa
   arch::named_sync(kMlaNarrowBar, 128);
 }
 
-/// The consumer warpgroup (warp `wl`): the split's `n_tiles` (> 0) tiles, scores of tile `t`
-/// issued before `P V` of tile `t - 1`, each stage released (one arrival per warp) once its
-/// `P V` is done.
-template <int kKv, int kN>
-__device__ __forceinline__ void mla_narrow_consume(const MlaParams& p, const MlaWsSmem& sm,
+/// The consumer warpgroup (warp `wl`): the split's `n_tiles` (> 0) tiles in order over a ring of
+/// `kStages` stages of `Smem` (`full0`, `empty0`, `p`; `Descs(sm, st)`: the scores' descriptors
+/// of stage `st`), each one's scores, softmax (its probabilities into the one buffer `p`: every
+/// warp waited the previous tile's `P V` before this softmax's maxima exchange, through `red`)
+/// and `P V`, then its stage released (one arrival per warp). A stage is held only while its own
+/// tile is computed: the producer loads the next tiles meanwhile.
+template <int kKv, int kN, int kStages, class Descs, class Smem>
+__device__ __forceinline__ void mla_narrow_consume(const MlaParams& p, const Smem& sm, float* red,
                                                    MlaNarrowRows<kN>& r, int n_tiles, int wl,
                                                    int lane) {
   constexpr bool kFp8 = kKv != tile::kKvSame;
   const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
   const float kpe_k = kFp8 && p.kpe_fp8 ? p.kpe_scale.at(0) : 1.f;
-  float* red = sm.tail();
-  const std::uint32_t p0 = arch::smem_addr(sm.p);
+  const std::uint32_t pb = arch::smem_addr(sm.p);
   float sn[kN / 8][4], sp[kN / 8][4];
-  const auto scores_done = [&](int t) {
+#pragma unroll 1
+  for (int t = 0; t < n_tiles; ++t) {
+    const int st = t % kStages;
+    arch::mbar_wait(sm.full0 + 8 * st, (t / kStages) & 1);
+    mla_narrow_issue_s<kFp8, kN>(Descs(sm, st), sn, sp);
+    arch::wgmma_wait<0>();
     arch::fence_regs(sn);
     if constexpr (kFp8) {
       arch::fence_regs(sp);
@@ -238,37 +243,13 @@ __device__ __forceinline__ void mla_narrow_consume(const MlaParams& p, const Mla
 #pragma unroll
         for (int q = 0; q < 4; ++q) sn[j][q] = ckv_k * sn[j][q] + kpe_k * sp[j][q];
     }
-    mla_narrow_softmax<kN>(sn, r, red, p0 + (t & 1) * kMlaNarrowPBytes, t, wl, lane, p.s2_scale);
-  };
-  const auto release = [&](int st) {
-    if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * st);
-  };
-  arch::mbar_wait(sm.full0, 0);
-  // (`mla_ws_issue_s`'s descriptors: their A the K tile here, their B the queries)
-  mla_narrow_issue_s<kFp8, kN>(MlaWsScoreDescs(sm, 0), sn, sp);
-  arch::wgmma_wait<0>();
-  scores_done(0);
-#pragma unroll 1
-  for (int t = 1; t < n_tiles; ++t) {
-    const int st = t % kMlaWsStages, stp = (t - 1) % kMlaWsStages;
-    arch::mbar_wait(sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
-    mla_narrow_issue_s<kFp8, kN>(MlaWsScoreDescs(sm, st), sn, sp);           // Sᵀ_t
-    mla_narrow_rescale(r);                                                   // Oᵀ *= alpha_{t-1}
-    mla_narrow_issue_pv(sm, stp, p0 + ((t - 1) & 1) * kMlaNarrowPBytes, r);  // += P_{t-1} V_{t-1}
-    arch::wgmma_wait<1>();  // Sᵀ_t is done (P V still runs)
-    // (P_t goes to the buffer P_{t-2} used: its P V was waited by every warp before the maxima
-    // exchange of this softmax)
-    scores_done(t);
-    arch::wgmma_wait<0>();  // P_{t-1} V_{t-1} is done: its stage is free
+    mla_narrow_softmax<kN>(sn, r, red, pb, t, wl, lane, p.s2_scale);
+    mla_narrow_rescale(r);               // Oᵀ *= alpha_t
+    mla_narrow_issue_pv(sm, st, pb, r);  // += P_t V_t
+    arch::wgmma_wait<0>();
     mla_narrow_fence_acc(r);
-    release(stp);
+    if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * st);
   }
-  const int stl = (n_tiles - 1) % kMlaWsStages;
-  mla_narrow_rescale(r);
-  mla_narrow_issue_pv(sm, stl, p0 + ((n_tiles - 1) & 1) * kMlaNarrowPBytes, r);
-  arch::wgmma_wait<0>();
-  mla_narrow_fence_acc(r);
-  release(stl);
 }
 
 /// The consumer's normalised state (V's scale `v_scale` applied) into `o` [64][512] and the rows'
@@ -391,7 +372,9 @@ __global__ void __launch_bounds__(kMlaNarrowThreads, 1)
                                   w.n_tiles);
     } else {
       mla_narrow_rows_init(p, w, lane, r);
-      if (w.n_tiles > 0) mla_narrow_consume<kKv, kN>(p, sm, r, w.n_tiles, warp, lane);
+      if (w.n_tiles > 0)
+        mla_narrow_consume<kKv, kN, kMlaWsStages, MlaWsScoreDescs>(p, sm, sm.tail(), r, w.n_tiles,
+                                                                   warp, lane);
       mla_narrow_state_to_smem(r, sm.tail(), warp, lane, kFp8 ? p.ckv_scale.at(0) : 1.f, sm.o,
                                sm.lse);
     }

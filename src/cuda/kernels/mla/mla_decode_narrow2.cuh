@@ -127,42 +127,6 @@ struct MlaNarrow2ScoreDescs {
   }
 };
 
-/// The consumer warpgroup (warp `wl`): the split's `n_tiles` (> 0) tiles in order, each one's
-/// scores, softmax (its probabilities into the one buffer: every warp waited the previous
-/// tile's `P V` before this softmax's maxima exchange) and `P V`, then its stage released (one
-/// arrival per warp).
-template <int kKv, int kN>
-__device__ __forceinline__ void mla_narrow2_consume(const MlaParams& p, const MlaNarrow2Smem& sm,
-                                                    MlaNarrowRows<kN>& r, int n_tiles, int wl,
-                                                    int lane) {
-  constexpr bool kFp8 = kKv != tile::kKvSame;
-  const float ckv_k = kFp8 ? p.ckv_scale.at(0) : 1.f;
-  const float kpe_k = kFp8 && p.kpe_fp8 ? p.kpe_scale.at(0) : 1.f;
-  const std::uint32_t pb = arch::smem_addr(sm.p);
-  float sn[kN / 8][4], sp[kN / 8][4];
-#pragma unroll 1
-  for (int t = 0; t < n_tiles; ++t) {
-    const int st = t % kMlaNarrow2Stages;
-    arch::mbar_wait(sm.full0 + 8 * st, (t / kMlaNarrow2Stages) & 1);
-    mla_narrow_issue_s<kFp8, kN>(MlaNarrow2ScoreDescs(sm, st), sn, sp);
-    arch::wgmma_wait<0>();
-    arch::fence_regs(sn);
-    if constexpr (kFp8) {
-      arch::fence_regs(sp);
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) sn[j][q] = ckv_k * sn[j][q] + kpe_k * sp[j][q];
-    }
-    mla_narrow_softmax<kN>(sn, r, sm.red, pb, t, wl, lane, p.s2_scale);
-    mla_narrow_rescale(r);               // Oᵀ *= alpha_t
-    mla_narrow_issue_pv(sm, st, pb, r);  // += P_t V_t
-    arch::wgmma_wait<0>();
-    mla_narrow_fence_acc(r);
-    if (lane == 0) arch::mbar_arrive(sm.empty0 + 8 * st);
-  }
-}
-
 /// The two-CTA narrow wgmma MLA decode kernel over a latent part of `kKv` (`kBlock`: with its
 /// block scales), `kN` (16 or 32) the rows of its products (the request's rows, at most `kN`).
 template <int kKv, bool kBlock, int kN>
@@ -190,7 +154,9 @@ __global__ void __launch_bounds__(kMlaNarrowThreads, catalog::kMlaNarrow2CtasPer
     } else {
       arch::setmaxnreg_inc<kMlaNarrow2ConsumerRegs<kFp8, kN>>();
       mla_narrow_rows_init(p, w, lane, r);
-      if (w.n_tiles > 0) mla_narrow2_consume<kKv, kN>(p, sm, r, w.n_tiles, warp, lane);
+      if (w.n_tiles > 0)
+        mla_narrow_consume<kKv, kN, kMlaNarrow2Stages, MlaNarrow2ScoreDescs>(p, sm, sm.red, r,
+                                                                             w.n_tiles, warp, lane);
       mla_narrow_state_to_smem(r, sm.red, warp, lane, kFp8 ? p.ckv_scale.at(0) : 1.f, sm.o, sm.lse);
       arch::setmaxnreg_dec<kMlaNarrow2EpilogueRegs>();
     }

@@ -8,9 +8,8 @@
 ///        probabilities, added in the epilogue), each publishes its probabilities (bf16) in the
 ///        buffer of the wgmma kernel and reads the other's half back (`ldmatrix`), then each adds
 ///        `P V` of all 64 keys over its 256 output columns (m64n256k16, P from registers). As in
-///        the wgmma kernel, the scores of tile `t` are issued before `P V` of tile `t - 1`, and
-///        the softmax runs while that does. Part of `mla_decode_ws_balanced_kernel`, inlined
-///        there.
+///        the wgmma kernel, each tile's `P V` completes and its stage is released before the
+///        next tile's scores. Part of `mla_decode_ws_balanced_kernel`, inlined there.
 ///
 /// Per tile, two named barriers of both warpgroups: the block maxima written (`kMlaWsBarMax`),
 /// the probabilities written (`kMlaWsBarP`). Each buffer's next write comes after the other
@@ -121,36 +120,22 @@ __device__ __forceinline__ void mla_ws_balanced_loop(const MlaParams& p, MlaWsWa
       arch::ldmatrix_x4(w.pf[kHalf / 16 + kk], load_base ^ (32u * kk));
   };
 
-  arch::mbar_wait(w.sm.full0, 0);
-  mla_ws_issue_s<kFp8, kHalf>(w.sm, 0, sn, sp, key0);
-  arch::wgmma_wait<0>();
-  arch::fence_regs(sn);
-  if constexpr (kFp8) arch::fence_regs(sp);
-  softmax(0);
-  publish();
 #pragma unroll 1
-  for (int t = 1; t < n_tiles; ++t) {
-    const int st = t % kMlaWsStages, stp = (t - 1) % kMlaWsStages;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int st = t % kMlaWsStages;
     arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
     mla_ws_issue_s<kFp8, kHalf>(w.sm, st, sn, sp, key0);  // S_t (this warpgroup's half)
-    w.rescale(al);                                        // O *= alpha_{t-1}
-    w.issue_pv<true>(stp);                                // O += P_{t-1} V_{t-1}
-    arch::wgmma_wait<1>();                                // S_t is done (P V still runs)
+    arch::wgmma_wait<0>();
     arch::fence_regs(sn);
     if constexpr (kFp8) arch::fence_regs(sp);
     softmax(t);
-    arch::fence_regs(sn);
-    arch::wgmma_wait<0>();  // P_{t-1} V_{t-1} is done: its stage is free, pf may be rewritten
-    arch::fence_regs(w.acc);
-    w.release(stp);
     publish();
+    w.rescale(al);          // O *= alpha_t
+    w.issue_pv<true>(st);   // O += P_t V_t
+    arch::wgmma_wait<0>();  // its stage is free, pf may be rewritten
+    arch::fence_regs(w.acc);
+    w.release(st);
   }
-  const int stl = (n_tiles - 1) % kMlaWsStages;
-  w.rescale(al);
-  w.issue_pv<true>(stl);
-  arch::wgmma_wait<0>();
-  arch::fence_regs(w.acc);
-  w.release(stl);
 }
 
 }  // namespace detail

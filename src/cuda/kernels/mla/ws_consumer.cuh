@@ -5,8 +5,8 @@
 ///        (`tile::online_softmax_step`, base 2, the rescale factors kept for later), and
 ///        publishes the probabilities (bf16) and the factors in shared memory; both warpgroups
 ///        then add `P V` over their 256 output columns (m64n256k16, P from registers, V the
-///        tile's first 512 columns read MN-major). Warpgroup 0 issues the scores of tile `t`
-///        before `P V` of tile `t - 1` and runs the softmax while that runs. Parts of
+///        tile's first 512 columns read MN-major). Each tile's `P V` completes and its stage is
+///        released before the next tile's scores are issued (`mla_ws_scores_loop`). Parts of
 ///        `mla_decode_ws_kernel`, inlined there.
 ///
 /// The accumulator fragments of a warp of a warpgroup (warp `wl` of 4: rows `16 wl + lane / 4`
@@ -187,8 +187,7 @@ __device__ __forceinline__ std::uint32_t mla_ws_p_load_base(const MlaWsSmem& sm,
 /// Warpgroup 0 (warp `w.wl`): the split's `n_tiles` (> 0) tiles from `begin`: scores, the online
 /// softmax of its rows (their key limits: `tile::causal_row_limits`) into `os`, the probabilities
 /// and the rows' factors published for warpgroup 1 (named barriers: `kMlaWsBarPEmpty` before a
-/// write, `kMlaWsBarPFull` after it), and its own `P V` (over a bf16 cache issued after the next
-/// tile's scores, running while their softmax does).
+/// write, `kMlaWsBarPFull` after it), and its own `P V`, done before the next tile's scores.
 template <int kKv>
 __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp& w, int begin,
                                                    int n_tiles, math::OnlineSoftmax (&os)[2]) {
@@ -234,33 +233,20 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
 #pragma unroll 1
   for (int t = 1; t < n_tiles; ++t) {
     const int st = t % kMlaWsStages, stp = (t - 1) % kMlaWsStages;
-    if constexpr (!kFp8) {
-      arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
-      mla_ws_issue_s<kFp8>(w.sm, st, sn, sp);  // S_t
-      w.rescale(al);                           // O *= alpha_{t-1}
-      w.issue_pv(stp);                         // O += P_{t-1} V_{t-1}
-      arch::wgmma_wait<1>();                   // S_t is done (P V still runs)
-      arch::fence_regs(sn);
-      softmax(t);
-      arch::fence_regs(sn);
-      arch::wgmma_wait<0>();  // P_{t-1} V_{t-1} is done: its stage is free, pf may be rewritten
-      arch::fence_regs(w.acc);
-      w.release(stp);
-    } else {
-      // fp8: the two score accumulators leave no registers for P V in flight beside them, so
-      // P V of tile t - 1 completes before the scores of tile t are issued
-      w.rescale(al);
-      w.issue_pv(stp);
-      arch::wgmma_wait<0>();
-      arch::fence_regs(w.acc);
-      w.release(stp);
-      arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
-      mla_ws_issue_s<kFp8>(w.sm, st, sn, sp);
-      arch::wgmma_wait<0>();
-      arch::fence_regs(sn);
-      arch::fence_regs(sp);
-      softmax(t);
-    }
+    // P V of tile t - 1 completes (its stage released) before the scores of tile t are issued:
+    // with two stages, a stage held through the next tile's scores would leave the producer no
+    // tile ahead to load while the consumers compute
+    w.rescale(al);
+    w.issue_pv(stp);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(w.acc);
+    w.release(stp);
+    arch::mbar_wait(w.sm.full0 + 8 * st, (t / kMlaWsStages) & 1);
+    mla_ws_issue_s<kFp8>(w.sm, st, sn, sp);
+    arch::wgmma_wait<0>();
+    arch::fence_regs(sn);
+    if constexpr (kFp8) arch::fence_regs(sp);
+    softmax(t);
     publish(t);
   }
   const int stl = (n_tiles - 1) % kMlaWsStages;
