@@ -139,14 +139,14 @@ __device__ __forceinline__ void mla_ws_tile_pages(const MlaParams& p, const MlaC
   }
 }
 
-/// `page[i]` by selects (a loop kept rolled, to spare the producer's registers, would otherwise
-/// index the array in local memory).
-__device__ __forceinline__ std::int32_t mla_ws_page_at(const std::int32_t (&page)[kMlaWsThreadKeys],
-                                                       int i) {
-  std::int32_t v = page[0];
+/// `a[i]` (`i` in `[0, N)`) by selects: a loop the producer keeps rolled, to spare its registers,
+/// would otherwise index the array in local memory.
+template <class T, int N>
+__device__ __forceinline__ T mla_ws_pick(const T (&a)[N], int i) {
+  T v = a[0];
 #pragma unroll
-  for (int u = 1; u < kMlaWsThreadKeys; ++u)
-    if (i == u) v = page[u];
+  for (int u = 1; u < N; ++u)
+    if (i == u) v = a[u];
   return v;
 }
 
@@ -175,7 +175,7 @@ __device__ __forceinline__ void mla_ws_copy_tile(const MlaParams& p, int pt, int
 #pragma unroll 1
   for (int i = 0; i < kMlaWsThreadKeys; ++i) {
     const int k = pt / 8 + 16 * i;
-    const std::int32_t pg = mla_ws_page_at(page, i);
+    const std::int32_t pg = mla_ws_pick(page, i);
     const bool valid = pg >= 0;
     const unsigned char* ckv = p.ckv;
     const unsigned char* kpe = p.kpe;
@@ -249,12 +249,7 @@ __device__ __forceinline__ void mla_ws_fp8_tile(const MlaParams& p, const MlaCta
 #pragma unroll 1
   for (int i = 0; i < kMlaWsThreadKeys; ++i) {
     const int k = pt / 8 + 16 * i;
-    uint4 si = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kBlock) {
-#pragma unroll
-      for (int u = 0; u < kMlaWsThreadKeys; ++u)
-        if (i == u) si = s[u];
-    }
+    const uint4 si = kBlock ? mla_ws_pick(s, i) : make_uint4(0u, 0u, 0u, 0u);
     const std::uint32_t sc[kMlaBlocks] = {si.x, si.y, si.z, si.w};
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
