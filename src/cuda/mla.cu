@@ -218,7 +218,7 @@ int kernel_row(const char* fn, const MlaDecodeProblem& problem, MlaDecodeKernel 
     return narrow;
   }
   // kAuto on a wgmma device: the narrow kernel for few rows of a bf16 latent cache (where it
-  // measured faster than the 64-row tile), else the wgmma kernel
+  // measured faster than the 64-row tile and than the two-CTA kernel), else the wgmma kernel
   if (kernel == MlaDecodeKernel::kAuto && problem.ckv_dtype == DType::kBF16 &&
       problem.q_len * problem.heads <= tuning::kMlaNarrowAutoRows) {
     const int narrow = catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeNarrow));
@@ -415,12 +415,13 @@ MlaDecodePlan plan_mla_decode(const MlaDecodeProblem& problem, const std::int32_
   dp.kv_dtype = problem.ckv_dtype;
   const bool wgmma = kernel == MlaDecodeKernel::kAuto && current_device_wgmma();
   // the slots of the automatic layout: the two-CTA narrow kernel's SMs hold two CTAs each;
-  // `kAuto` takes that kernel for few rows where its layout keeps the splits long enough
-  // (`plan::mla_narrow2_layout_ok`)
+  // `kAuto` takes that kernel for few rows of an fp8 latent cache where its layout keeps the
+  // splits long enough (`plan::mla_narrow2_layout_ok`)
   MlaDecodeKernel chosen = kernel;
   SplitLayout splits;
   bool planned = false;
   if (wgmma && problem.q_len * problem.heads <= tuning::kMlaNarrowAutoRows &&
+      problem.ckv_dtype != DType::kBF16 &&
       catalog::find_id(mla_query(problem, catalog::Family::kMlaDecodeNarrow2)) >= 0) {
     const SplitLayout two = plan::mla_decode_layout(fn, dp, seq_lens_host, options, num_sms,
                                                     row_tiles, catalog::kMlaNarrow2CtasPerSm);

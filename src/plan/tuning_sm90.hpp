@@ -70,11 +70,12 @@ inline constexpr std::int64_t kCascadeReserveDecodeCtasPerSm = 2;
 inline constexpr std::int64_t kCascadeFoldMaxDecodeWaves = 2;
 
 /// MLA decode, `MlaDecodeKernel::kAuto` on a wgmma device: requests of at most this many rows
-/// (heads × q_len) take the two-CTA narrow kernel (bf16 and fp8 latent caches) where its
-/// automatic layout cuts no request into splits shorter than `plan::kMlaNarrow2MinSplitKeys`,
-/// else the one-CTA narrow kernel over a bf16 latent cache; more rows (at 32 the narrow kernels'
-/// tensor work per key doubles) and the other fp8 cases (the one-CTA narrow kernel's one consumer
-/// warpgroup waits on the producer's conversion) take the 64-row wgmma kernel.
+/// (heads × q_len) take the one-CTA narrow kernel over a bf16 latent cache (since its consumer
+/// runs in order, faster than the two-CTA kernel on every measured row but batch 1 × 4k:
+/// bench/RESULTS.md, session 30), and over an fp8 cache the two-CTA narrow kernel where its
+/// automatic layout cuts no request into splits shorter than `plan::kMlaNarrow2MinSplitKeys`
+/// (two producers an SM: the fp8 conversion is the producer's); more rows (at 32 the narrow
+/// kernels' tensor work per key doubles) and the other fp8 cases take the 64-row wgmma kernel.
 inline constexpr std::int64_t kMlaNarrowAutoRows = 16;
 /// MLA decode, `MlaDecodeKernel::kAuto` on a wgmma device: requests of at least this many rows
 /// of a bf16 latent cache (a 64-row tile's tensor work does not depend on how many of its rows

@@ -110,10 +110,11 @@ class MlaDecodePlan {
 /// The kernel of an MLA decode plan (`plan_mla_decode`'s hand choice, for comparisons and tests;
 /// each gives the same results up to rounding).
 enum class MlaDecodeKernel : std::uint8_t {
-  /// On a device that runs the wgmma kernels (sm_90a): for at most 16 query rows, the two-CTA
-  /// narrow kernel where its automatic split layout cuts no request into splits shorter than
-  /// 512 keys, else the narrow kernel over a bf16 latent cache; for at least 32 rows of a bf16
-  /// latent cache the balanced wgmma kernel; otherwise the wgmma kernel. Elsewhere `kMma`.
+  /// On a device that runs the wgmma kernels (sm_90a): for at most 16 query rows, the narrow
+  /// kernel over a bf16 latent cache, and over an fp8 one the two-CTA narrow kernel where its
+  /// automatic split layout cuts no request into splits shorter than 512 keys; for at least 32
+  /// rows of a bf16 latent cache the balanced wgmma kernel; otherwise the wgmma kernel.
+  /// Elsewhere `kMma`.
   kAuto = 0,
   kMma = 1,    ///< `cp.async` + `mma.sync` m16n8k16, 32-key tiles (every architecture built).
   kWgmma = 2,  ///< Hopper `wgmma`, warp-specialised, 64-key tiles (a run on a device without
@@ -124,12 +125,13 @@ enum class MlaDecodeKernel : std::uint8_t {
   kWgmmaNarrow = 3,
   /// `kWgmmaNarrow`'s requests and products in a configuration of two CTAs per SM (a query tile
   /// of 32 rows, a one-stage ring of 64-key tiles: one CTA's fixed costs and compute overlap the
-  /// other's copies); refused as `kWgmmaNarrow`; `kAuto`'s choice for few rows (above).
+  /// other's copies); refused as `kWgmmaNarrow`; `kAuto`'s choice for few rows of an fp8 latent
+  /// cache (above).
   kWgmmaNarrow2 = 4,
   /// `kWgmma`'s CTAs and tiles with its two consumer warpgroups balanced: each computes the
   /// scores of half of every 64-key tile (the two exchange their rows' maxima, so the online
   /// softmax stays exact, and their probabilities), then `P V` over its 256 output columns;
-  /// refused as `kWgmma`; `kAuto`'s choice for at least 64 rows of a bf16 latent cache.
+  /// refused as `kWgmma`; `kAuto`'s choice for at least 32 rows of a bf16 latent cache.
   kWgmmaBalanced = 5,
 };
 

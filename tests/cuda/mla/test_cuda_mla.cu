@@ -728,18 +728,19 @@ TEST(MlaCudaErrors, PlansNameTheKernelAsked) {
         EXPECT_EQ(nw.splits().max_splits, plan(cuda::MlaDecodeKernel::kMma).splits().max_splits);
         EXPECT_EQ(nw.workspace_bytes(), plan(cuda::MlaDecodeKernel::kMma).workspace_bytes());
       }
-      // the automatic choice on a wgmma device, for few rows: the two-CTA narrow kernel where its
-      // splits stay long, else narrow over a bf16 cache; from kMlaBalancedAutoRows rows of a
-      // bf16 cache the balanced wgmma kernel; else the wgmma kernel
+      // the automatic choice on a wgmma device, for few rows: narrow over a bf16 cache, the
+      // two-CTA narrow kernel over fp8 where its splits stay long; from kMlaBalancedAutoRows rows
+      // of a bf16 cache the balanced wgmma kernel; else the wgmma kernel
       const cuda::MlaDecodePlan ap = plan(cuda::MlaDecodeKernel::kAuto);
       const catalog::Family fa = family_of(ap);
       if (fa != catalog::Family::kMlaDecode) {
         const bool few = pr.heads * q_len <= cuda::tuning::kMlaNarrowAutoRows;
         const bool two =
-            few && attnstate::plan::mla_narrow2_layout_ok(
-                       plan(cuda::MlaDecodeKernel::kWgmmaNarrow2).splits(), lens.data(), pr.batch);
+            few && dt[0] != DType::kBF16 &&
+            attnstate::plan::mla_narrow2_layout_ok(
+                plan(cuda::MlaDecodeKernel::kWgmmaNarrow2).splits(), lens.data(), pr.batch);
         EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow2, two) << "q_len " << q_len;
-        EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow, few && !two && dt[0] == DType::kBF16)
+        EXPECT_EQ(fa == catalog::Family::kMlaDecodeNarrow, few && dt[0] == DType::kBF16)
             << "q_len " << q_len;
         EXPECT_EQ(fa == catalog::Family::kMlaDecodeWsBalanced,
                   pr.heads * q_len >= cuda::tuning::kMlaBalancedAutoRows && dt[0] == DType::kBF16)
