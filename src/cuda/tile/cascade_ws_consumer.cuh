@@ -239,16 +239,8 @@ struct WsConsumer {
     float nm[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      // OnlineSoftmax::rescale: a factor 1 while nothing was seen, 0 from an empty row
-      // (2^-inf), NaN once a max is NaN
-      const float m_old = os[rr].m;
-      const float m_new = arch::max_nan(m_old, bmax[rr] * sc);
-      const bool none = m_new == math::neg_inf();
-      alpha[rr] = none ? 1.f : arch::ex2_approx_ftz(m_old - m_new);
-      os[rr].l *= alpha[rr];
-      os[rr].m = m_new;
+      alpha[rr] = flat_rescale(os[rr], bmax[rr] * sc, nm[rr]);
       moved |= alpha[rr] != 1.f;
-      nm[rr] = none ? 0.f : -m_new;
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {

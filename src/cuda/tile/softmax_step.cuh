@@ -30,6 +30,23 @@ struct Base2MaxNanInsn {
   __device__ static __forceinline__ float max(float a, float b) { return arch::max_nan(a, b); }
 };
 
+/// `math::OnlineSoftmax::rescale` without branches (the wgmma consumers' flat statistics): the
+/// row's running max raised to cover `block_max` (`max.NaN`), the returned factor
+/// `2^{m_old - m_new}` on `ex2.approx.ftz` (1 while nothing was seen, 0 from an empty row, NaN
+/// once the max is NaN) applied to the row's sum, and in `neg_m` the exponent offset of its
+/// probabilities `2^{s + neg_m}` (`-m_new`; 0 for a row still at -inf, whose scores are all -inf).
+__device__ __forceinline__ float flat_rescale(math::OnlineSoftmax& os, float block_max,
+                                              float& neg_m) {
+  const float m_old = os.m;
+  const float m_new = arch::max_nan(m_old, block_max);
+  const bool none = m_new == math::neg_inf();
+  const float alpha = none ? 1.f : arch::ex2_approx_ftz(m_old - m_new);
+  os.l *= alpha;
+  os.m = m_new;
+  neg_m = none ? 0.f : -m_new;
+  return alpha;
+}
+
 /// Exclusive key limits of this thread's rows lane/4 and lane/4 + 8 of a tile whose first row
 /// is query row `row0` (`rows` valid rows): a query token (`p.group` rows each, `p.q_len`
 /// tokens) sees the keys up to its own position at the end of the `len` keys, and none at or

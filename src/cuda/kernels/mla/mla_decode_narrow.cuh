@@ -31,6 +31,7 @@
 #include "attnstate/core/online_softmax.hpp"
 #include "cuda/arch/barrier.cuh"
 #include "cuda/arch/memory.cuh"
+#include "cuda/arch/special.cuh"
 #include "cuda/arch/wgmma.cuh"
 #include "cuda/kernels/mla/epilogue.cuh"
 #include "cuda/kernels/mla/loader.cuh"
@@ -169,11 +170,11 @@ __device__ __forceinline__ void mla_narrow_softmax(float (&sn)[kN / 8][4], MlaNa
     }
 #pragma unroll
   for (int i = 0; i < kR; ++i) {
-    // (the NaN-propagating max of `tile::online_softmax_step`)
-    float m = math::nan_max(sn[i / 2][i & 1], sn[i / 2][2 + (i & 1)]);
-    m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-    m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, 8));
-    m = math::nan_max(m, __shfl_xor_sync(0xffffffffu, m, 16));
+    // (`max.NaN`: `math::nan_max` in one instruction, no branch)
+    float m = arch::max_nan(sn[i / 2][i & 1], sn[i / 2][2 + (i & 1)]);
+    m = arch::max_nan(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    m = arch::max_nan(m, __shfl_xor_sync(0xffffffffu, m, 8));
+    m = arch::max_nan(m, __shfl_xor_sync(0xffffffffu, m, 16));
     mx[i] = m;
   }
   // row c of the thread's i: 8 (i / 2) + 2 (lane % 4) + i % 2; lanes 0..3 hold the warp's maxima
@@ -185,8 +186,8 @@ __device__ __forceinline__ void mla_narrow_softmax(float (&sn)[kN / 8][4], MlaNa
 #pragma unroll
   for (int i = 0; i < kR; ++i) {
     const int c = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
-    const float m = math::nan_max(math::nan_max(red[c], red[kN + c]),
-                                  math::nan_max(red[2 * kN + c], red[3 * kN + c]));
+    const float m = arch::max_nan(arch::max_nan(red[c], red[kN + c]),
+                                  arch::max_nan(red[2 * kN + c], red[3 * kN + c]));
     r.al[i] = r.os[i].rescale(m);
     const float p0 = r.os[i].prob(sn[i / 2][i & 1]);
     const float p1 = r.os[i].prob(sn[i / 2][2 + (i & 1)]);

@@ -61,7 +61,6 @@ __device__ __forceinline__ void mla_ws_balanced_loop(const MlaParams& p, MlaWsWa
   constexpr bool kFp8 = kKv != tile::kKvSame;
   constexpr int kHalf = kMlaWsHalfKeys;
   constexpr int kN = kHalf / 8;
-  using Policy = tile::Base2NanMax;
   static_assert(kHalf / 16 == 2, "a warpgroup's own probabilities are two k-steps of P V");
   const int lane = w.lane;
   int lim[2];  // exclusive key ends of this thread's rows, counted from `begin`
@@ -79,26 +78,17 @@ __device__ __forceinline__ void mla_ws_balanced_loop(const MlaParams& p, MlaWsWa
   // the probabilities in sn, the factors in al
   const auto softmax = [&](int t) {
     if constexpr (kFp8) mla_ws_join_parts<kHalf>(sn, sp, ckv_k, kpe_k);
-    const int t0[1] = {t * kMlaWsTileKeys + key0};
     float bm[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      bm[h] = tile::softmax_block_max<kHalf, kHalf, Policy>(sn, lim, t0, p.s2_scale, lane,
-                                                            tile::PlainScores(), h);
+    mla_ws_flat_max<kHalf>(sn, lim, t * kMlaWsTileKeys + key0, p.s2_scale, lane, bm);
     if ((lane & 3) == 0) {
       red[kMlaTileRows * w.wg + r0] = bm[0];
       red[kMlaTileRows * w.wg + r0 + 8] = bm[1];
     }
     arch::named_sync(kMlaWsBarMax, 2 * 128);
-    float f[1][4] = {{1.f, 1.f, 1.f, 1.f}};  // (the step's rescale of a one-column accumulator)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 8 * h;
-      tile::softmax_block_probs<kHalf, 8, Policy>(sn, sn, f, os,
-                                                  Policy::max(red[r], red[kMlaTileRows + r]), h);
-    }
-    al[0] = f[0][0];
-    al[1] = f[0][2];
+    for (int h = 0; h < 2; ++h)
+      bm[h] = arch::max_nan(red[r0 + 8 * h], red[kMlaTileRows + r0 + 8 * h]);
+    mla_ws_flat_probs<kHalf>(sn, os, bm, al);
   };
   // this warpgroup's probabilities into pf[0..1] and the buffer, the other's from the buffer
   // into pf[2..3]

@@ -2,7 +2,8 @@
 /// @brief The consumer warpgroups of the wgmma MLA decode kernel (internal). Warpgroup 0 computes
 ///        each tile's scores `S = Q Kᵀ` (64 rows × 64 keys over the 576 columns: 36 k-steps of
 ///        `wgmma` m64n64k16, both operands in shared memory), the online softmax of its rows
-///        (`tile::online_softmax_step`, base 2, the rescale factors kept for later), and
+///        (`mla_ws_flat_max`, `mla_ws_flat_probs`: base 2, branch-free, the probabilities on
+///        `ex2.approx.ftz`; the rescale factors kept for later), and
 ///        publishes the probabilities (bf16) and the factors in shared memory; both warpgroups
 ///        then add `P V` over their 256 output columns (m64n256k16, P from registers, V the
 ///        tile's first 512 columns read MN-major). Each tile's `P V` completes and its stage is
@@ -23,6 +24,7 @@
 #include "cuda/arch/barrier.cuh"
 #include "cuda/arch/memory.cuh"
 #include "cuda/arch/mma.cuh"
+#include "cuda/arch/special.cuh"
 #include "cuda/arch/wgmma.cuh"
 #include "cuda/kernels/mla/loader.cuh"
 #include "cuda/kernels/mla/params.cuh"
@@ -154,6 +156,68 @@ __device__ __forceinline__ void mla_ws_join_parts(float (&sn)[kN / 8][4],
     for (int i = 0; i < 4; ++i) sn[n][i] = ckv_k * sn[n][i] + kpe_k * sp[n][i];
 }
 
+/// The first half of the consumers' online-softmax step (branch-free, as the cascade's
+/// `kWsFlatStats`): this thread's `kN` scores of rows `h` (lane / 4 + 8 h; n-tile j: keys
+/// `t0 + 8 j + 2 (lane % 4) + e`, counted as `lim`) scaled to base 2 by `s2_scale` in place, keys
+/// at or past `lim[h]` set to -inf (skipped when no key of the warp's is), and the rows' block
+/// maxima reduced over the quad into `bm`. The thread's maxima are `fmaxf` trees (a NaN score is
+/// left out of them, but its probability is NaN: the row ends NaN), the quad's `max.NaN`.
+template <int kN>
+__device__ __forceinline__ void mla_ws_flat_max(float (&s)[kN / 8][4], const int (&lim)[2], int t0,
+                                                float s2_scale, int lane, float (&bm)[2]) {
+  const int k = t0 + 2 * (lane & 3);
+  if (__all_sync(0xffffffffu, t0 + kN <= min(lim[0], lim[1]))) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) s[j][q] *= s2_scale;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        s[j][q] = k + 8 * j + (q & 1) < lim[q >> 1] ? s[j][q] * s2_scale : math::neg_inf();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) m[(j & 1) * 2 + e] = fmaxf(m[(j & 1) * 2 + e], s[j][2 * h + e]);
+    bm[h] = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) bm[h] = arch::max_nan(bm[h], __shfl_xor_sync(0xffffffffu, bm[h], 1));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) bm[h] = arch::max_nan(bm[h], __shfl_xor_sync(0xffffffffu, bm[h], 2));
+}
+
+/// The second half (branch-free): each row's running max raised to cover its block max `bm[h]`
+/// and its factor `al[h]` (`tile::flat_rescale`), then the probabilities `2^{s - m_new}` in
+/// place (`ex2.approx.ftz`: -inf gives 0, as does a row still at -inf) and their sum added.
+template <int kN>
+__device__ __forceinline__ void mla_ws_flat_probs(float (&s)[kN / 8][4],
+                                                  math::OnlineSoftmax (&os)[2],
+                                                  const float (&bm)[2], float (&al)[2]) {
+  float nm[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) al[h] = tile::flat_rescale(os[h], bm[h], nm[h]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = s[j][2 * h + e];
+        v = arch::ex2_approx_ftz(v + nm[h]);
+        ps[e] += v;
+      }
+    os[h].add(ps[0] + ps[1]);
+  }
+}
+
 /// The probabilities' buffer (`MlaWsSmem::p`: 64 rows of 64 keys, bf16, swizzled as the tiles):
 /// the store base of this thread's rows `r0` and `r0 + 8`. Word i of the A fragment of k-step kk
 /// (row r0 + 8 (i % 2), keys 16 kk + 8 (i / 2) + 2 (lane % 4)) is chunk c = 2 kk + i / 2 of the
@@ -205,11 +269,9 @@ __device__ __forceinline__ void mla_ws_scores_loop(const MlaParams& p, MlaWsWarp
   // the softmax of tile t (scores in sn, sp): the probabilities in sn, the factors in al
   const auto softmax = [&](int t) {
     if constexpr (kFp8) mla_ws_join_parts<kMlaWsTileKeys>(sn, sp, ckv_k, kpe_k);
-    float f[1][4] = {{1.f, 1.f, 1.f, 1.f}};  // (the step's rescale of a one-column accumulator)
-    tile::online_softmax_step<kMlaWsTileKeys, 8>(sn, sn, f, os, lim, t * kMlaWsTileKeys, p.s2_scale,
-                                                 lane);
-    al[0] = f[0][0];
-    al[1] = f[0][2];
+    float bm[2];
+    mla_ws_flat_max<kMlaWsTileKeys>(sn, lim, t * kMlaWsTileKeys, p.s2_scale, lane, bm);
+    mla_ws_flat_probs<kMlaWsTileKeys>(sn, os, bm, al);
   };
   // P and the rows' factors into shared memory for warpgroup 1
   const auto publish = [&](int t) {
