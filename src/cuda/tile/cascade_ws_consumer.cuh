@@ -218,43 +218,14 @@ struct WsConsumer {
           }
     }
     float bmax[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float bm[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          bm[(n & 1) * 2 + e] = fmaxf(bm[(n & 1) * 2 + e], s[n][2 * rr + e]);
-      bmax[rr] = fmaxf(fmaxf(bm[0], bm[1]), fmaxf(bm[2], bm[3]));
-    }
-    // (a NaN score is left out of the max but its probability is NaN: the row ends NaN;
-    // arch::max_nan is math::nan_max in one instruction, for this per-tile row max)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-      bmax[rr] = arch::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-      bmax[rr] = arch::max_nan(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+    flat_block_max<BN>(s, bmax);
     float nm[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       alpha[rr] = flat_rescale(os[rr], bmax[rr] * sc, nm[rr]);
       moved |= alpha[rr] != 1.f;
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float ps[2] = {0.f, 0.f};
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& sv = s[n][2 * rr + e];
-          sv = arch::ex2_approx_ftz(fmaf(sv, sc, nm[rr]));
-          ps[e] += sv;
-        }
-      os[rr].add(ps[0] + ps[1]);
-    }
+    flat_probs<BN, true>(s, os, nm, sc);
   }
 
   /// The softmax step on the core's accumulator (`math::OnlineSoftmax::rescale`) and `exp2f`.

@@ -47,6 +47,47 @@ __device__ __forceinline__ float flat_rescale(math::OnlineSoftmax& os, float blo
   return alpha;
 }
 
+/// The block maxima of the rows of a thread's m16 accumulator fragment (`kN` keys: n-tile j,
+/// word q of row q / 2) into `bm`: `fmaxf` trees over the thread's keys (a NaN score is left out,
+/// but its probability is NaN: the row ends NaN), then `max.NaN` over the quad.
+template <int kN>
+__device__ __forceinline__ void flat_block_max(const float (&s)[kN / 8][4], float (&bm)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float m[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) m[(j & 1) * 2 + e] = fmaxf(m[(j & 1) * 2 + e], s[j][2 * h + e]);
+    bm[h] = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) bm[h] = arch::max_nan(bm[h], __shfl_xor_sync(0xffffffffu, bm[h], 1));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) bm[h] = arch::max_nan(bm[h], __shfl_xor_sync(0xffffffffu, bm[h], 2));
+}
+
+/// The probabilities of the same fragment in place (`ex2.approx.ftz`: -inf gives 0) and their
+/// sums added to the rows' statistics: `2^{fma(s, sc, neg_m)}` of raw scores with `kScale`, else
+/// `2^{s + neg_m}` of scores already scaled to base 2 (`sc` unused); `neg_m` from `flat_rescale`.
+template <int kN, bool kScale>
+__device__ __forceinline__ void flat_probs(float (&s)[kN / 8][4], math::OnlineSoftmax (&os)[2],
+                                           const float (&neg_m)[2], float sc) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = s[j][2 * h + e];
+        v = arch::ex2_approx_ftz(kScale ? fmaf(v, sc, neg_m[h]) : v + neg_m[h]);
+        ps[e] += v;
+      }
+    os[h].add(ps[0] + ps[1]);
+  }
+}
+
 /// Exclusive key limits of this thread's rows lane/4 and lane/4 + 8 of a tile whose first row
 /// is query row `row0` (`rows` valid rows): a query token (`p.group` rows each, `p.q_len`
 /// tokens) sees the keys up to its own position at the end of the `len` keys, and none at or

@@ -178,19 +178,7 @@ __device__ __forceinline__ void mla_ws_flat_max(float (&s)[kN / 8][4], const int
       for (int q = 0; q < 4; ++q)
         s[j][q] = k + 8 * j + (q & 1) < lim[q >> 1] ? s[j][q] * s2_scale : math::neg_inf();
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float m[4] = {math::neg_inf(), math::neg_inf(), math::neg_inf(), math::neg_inf()};
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) m[(j & 1) * 2 + e] = fmaxf(m[(j & 1) * 2 + e], s[j][2 * h + e]);
-    bm[h] = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) bm[h] = arch::max_nan(bm[h], __shfl_xor_sync(0xffffffffu, bm[h], 1));
-#pragma unroll
-  for (int h = 0; h < 2; ++h) bm[h] = arch::max_nan(bm[h], __shfl_xor_sync(0xffffffffu, bm[h], 2));
+  tile::flat_block_max<kN>(s, bm);
 }
 
 /// The second half (branch-free): each row's running max raised to cover its block max `bm[h]`
@@ -203,19 +191,7 @@ __device__ __forceinline__ void mla_ws_flat_probs(float (&s)[kN / 8][4],
   float nm[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) al[h] = tile::flat_rescale(os[h], bm[h], nm[h]);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float ps[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& v = s[j][2 * h + e];
-        v = arch::ex2_approx_ftz(v + nm[h]);
-        ps[e] += v;
-      }
-    os[h].add(ps[0] + ps[1]);
-  }
+  tile::flat_probs<kN, false>(s, os, nm, 1.f);
 }
 
 /// The probabilities' buffer (`MlaWsSmem::p`: 64 rows of 64 keys, bf16, swizzled as the tiles):
