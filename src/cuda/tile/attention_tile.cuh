@@ -83,9 +83,10 @@ __device__ __forceinline__ void attention_tile(QFrag&& q_frag, std::uint32_t k_l
     arch::Mma16816<arch::B16<kBF16>>::mma(sc[1], a, bk[2], bk[3]);
   }
 
-  // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1).
+  // Online softmax over the tile (base 2), rows lane/4 (h = 0) and lane/4 + 8 (h = 1); the
+  // block maxima one `max.NaN` each (`Base2MaxNanInsn`: `math::nan_max`'s values, no branch).
   float pr[2][4];
-  online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
+  online_softmax_step<16, D, Base2MaxNanInsn>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
   pv_accumulate<D, kBF16>(pr, v_lane, a_x, o_acc);
 }
 

@@ -153,7 +153,7 @@ __device__ __forceinline__ void attention_tile_fp8(QFrag&& q_frag, std::uint32_t
   }
 
   float pr[2][4];
-  online_softmax_step<16, D>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
+  online_softmax_step<16, D, Base2MaxNanInsn>(sc, pr, o_acc, os, lim, t0, s2_scale, lane, scores);
 
   std::uint32_t pa[4];
   p_operand<false>(pr, pa);  // f16 probabilities
