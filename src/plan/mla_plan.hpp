@@ -22,8 +22,11 @@ namespace plan {
 inline constexpr int kMlaCtaCostTokens = 64;
 inline constexpr int kMlaEmptyCtaTokens = 16;
 inline constexpr int kMlaMergeCostTokens = 256;
-// The shortest planned split: two K/V tiles.
-inline constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaTileKeys;
+// The shortest planned split: two of the wgmma kernels' 64-key tiles (four of the mma.sync
+// kernel's). A split of one tile loads nothing while it computes and pays a CTA's fixed costs
+// for 64 keys: a lone request of 4k keys at 16 heads ran faster in 32 splits than in 64
+// (bench/RESULTS.md, session 34).
+inline constexpr int kMlaMinSplitTokens = 2 * catalog::kMlaWsTileKeys;
 
 /// Bytes of one cached key: 576 bf16 columns (an fp8 cache reads fewer; the model counts bf16).
 inline constexpr int kMlaKeyBytes = catalog::kMlaHeadDim * 2;

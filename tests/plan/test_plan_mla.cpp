@@ -119,12 +119,13 @@ struct Case {
 };
 
 // The split counts the model gives on 132 SMs. At batch 1 the splits merge through the stack
-// (its per-split cost spread over the SMs), so a lone request still fills the SMs; with 128 heads
+// (its per-split cost spread over the SMs), so a lone request still fills the SMs, in splits of
+// at least two 64-key tiles (`kMlaMinSplitTokens`: 32 splits of 4k keys); with 128 heads
 // (two CTAs a split) fewer, as each split's partial states double; from batch 32 the requests
 // fill the wave, the ticket merge of 2 or 4 splits is the cheaper, and the layouts are those of
 // the wave heuristic (4 splits of 32 CTAs, 2 of 64, 1 from 128 CTAs a split).
 const Case kCases[] = {
-    {1, 16, 4096, 64},  {1, 128, 4096, 32},  {1, 16, 65536, 128}, {1, 128, 65536, 61},
+    {1, 16, 4096, 32},  {1, 128, 4096, 32},  {1, 16, 65536, 128}, {1, 128, 65536, 61},
     {32, 16, 4096, 4},  {32, 128, 4096, 2},  {32, 16, 65536, 4},  {32, 128, 65536, 2},
     {128, 16, 4096, 1}, {128, 128, 4096, 1}, {128, 16, 65536, 1}, {128, 128, 65536, 1},
 };
@@ -223,7 +224,7 @@ TEST(PlanMla, TheTwoCtaKernelIsAutomaticWhereItsSplitsStayLong) {
   // whole or in splits of at least `kMlaNarrow2MinSplitKeys` keys. 16 heads at q_len 1 (one row
   // tile) on 132 SMs: a lone request of 64k keys would be cut into about 256 splits of 256
   // keys (refused), 32 requests of 4k into splits of 512 (taken), a lone request of 4k into
-  // splits of 64 (refused), many short requests stay whole (taken).
+  // splits of 128 (refused), many short requests stay whole (taken).
   struct Case {
     std::int64_t batch;
     std::int32_t len;
